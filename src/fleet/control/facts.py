@@ -1,0 +1,30 @@
+"""Gather a host's facts in one round trip."""
+
+from __future__ import annotations
+
+from fleet.facts import HostFacts, parse_facts, probe_script
+from fleet.inventory import Host
+from fleet.transport import Transport
+
+
+def model_path(host: Host, model: str) -> str:
+    """A playbook's model, as a path on the host (relative paths live under the host's models_dir)."""
+    if model.startswith(("/", "~/")):
+        return model
+    return f"{host.settings.models_dir.rstrip('/')}/{model}"
+
+
+def read_facts(transport: Transport, host: Host, *, model: str | None = None, engine: str | None = None) -> HostFacts:
+    s = host.settings
+    pythons = [s.engines[engine]] if engine and engine in s.engines else []
+    pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
+    script = probe_script(
+        python_candidates=pythons,
+        gpu_devices=s.gpu_devices,
+        engines={str(k): v for k, v in s.engines.items()},
+        model_path=model_path(host, model) if model else None,
+        state_dir=s.state_dir,
+        disk_paths=[s.models_dir, s.log_dir, s.state_dir],
+    )
+    result = transport.run(script, timeout_s=60)
+    return parse_facts(host.name, result.text)

@@ -1,0 +1,65 @@
+"""The one exception tree fleet raises. Only `fleet.cli` catches `FleetError`.
+
+FleetError                      message: "<subject>: <what failed> (<evidence>). <what to do>"
+├── ConfigError                 inventory / playbook / CLI input is wrong; nothing was touched
+├── TransportError              the host could not be reached or a command could not run
+│   ├── HostUnreachable         TCP/SSH connection failed or timed out
+│   ├── HostKeyError            unknown or changed host key
+│   └── AuthError               authentication refused
+├── PreflightError              the plan cannot work on this host; nothing was stopped
+├── LockedError                 another fleet run holds the host's lock
+├── UnsafeToKill                GPU holders fleet must not kill without --force
+└── DeployFailed                the engine did not come up and fleet gave up
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base of every error fleet reports to a person. `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}".strip()
+
+
+class ConfigError(FleetError):
+    exit_code = 2
+
+
+class TransportError(FleetError):
+    exit_code = 3
+
+
+class HostUnreachable(TransportError):
+    pass
+
+
+class HostKeyError(TransportError):
+    pass
+
+
+class AuthError(TransportError):
+    pass
+
+
+class PreflightError(FleetError):
+    exit_code = 4
+
+
+class LockedError(FleetError):
+    exit_code = 5
+
+
+class UnsafeToKill(FleetError):
+    exit_code = 6
+
+
+class DeployFailed(FleetError):
+    exit_code = 7

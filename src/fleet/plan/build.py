@@ -1,0 +1,278 @@
+"""Host facts + inventory host + playbook → ModelSpec, LaunchPlan and pre-flight verdicts. Pure.
+
+Pre-flight refuses, before anything on the host is stopped: a quantization the GPU cannot run in this
+engine version, weights that do not fit, an impossible TP, a missing engine or model, a port held by
+something fleet may not stop, and a log disk that is full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fleet.facts import HostFacts
+from fleet.inventory import Host, NamedPlaybook
+from fleet.model import ModelConfigError, ModelSpec, parse_model_spec
+from fleet.plan import (
+    Fix,
+    GpuSummary,
+    LaunchPlan,
+    LearnedFix,
+    Verdict,
+    Version,
+    Wishes,
+    choose_tp,
+    parse_version,
+    plan_launch,
+    show_version,
+)
+
+# Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
+# less 2 GiB); the rest is KV cache, activations and CUDA graphs. A tighter fit starts, then OOMs.
+WEIGHTS_MAX_SHARE = 0.85
+MIN_LOG_DISK_BYTES = 200 << 20
+
+
+def gpu_summary(facts: HostFacts) -> GpuSummary | None:
+    if not facts.gpus:
+        return None
+    g = facts.gpus[0]
+    return GpuSummary(
+        g.name, len(facts.gpus), g.sm, min(x.memory_total_mib for x in facts.gpus), all(x.nvlink for x in facts.gpus)
+    )
+
+
+def learned_key(host: str, model_path: str, engine: str, version: Version | None) -> str:
+    return f"{host}|{model_path}|{engine}|{show_version(version)}"
+
+
+def learned_fixes(facts: HostFacts, key: str) -> tuple[LearnedFix, ...]:
+    table = facts.remote.learned or {}
+    entries = table.get(key, []) if isinstance(table, dict) else []
+    out = []
+    for e in entries:
+        try:
+            out.append(LearnedFix(str(e["signature"]), Fix.from_json(e["fix"]), str(e.get("learned_at", "?"))))
+        except (KeyError, TypeError, AssertionError, IndexError):
+            continue  # a damaged entry is ignored, never fatal
+    return tuple(out)
+
+
+def wishes_for(host: Host, playbook: NamedPlaybook) -> Wishes:
+    pb = playbook.spec
+    spec = pb.speculative
+    return Wishes(
+        engine=pb.engine,
+        served_name=pb.served_name,
+        port=pb.port,
+        bind_address=host.settings.bind_address,
+        speculative=bool(spec and spec.enabled),
+        speculative_steps=spec.steps if spec else 1,
+        speculative_topk=spec.topk if spec else 1,
+        context_length=pb.context_length,
+        mem_fraction=pb.mem_fraction,
+        tp=pb.tp,
+        extra_args=tuple(pb.extra_args),
+        env=tuple(sorted(pb.env.items())),
+        secret_env=tuple(pb.secret_env),
+        literal=pb.literal,
+    )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: LaunchPlan | None
+    model: ModelSpec | None
+    gpus: GpuSummary | None
+    wishes: Wishes
+    learned_key: str
+    verdicts: tuple[Verdict, ...]  # pre-flight + plan verdicts
+
+    @property
+    def errors(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.level == "error"]
+
+
+def _err(rule: str, message: str) -> Verdict:
+    return Verdict("error", rule, message)
+
+
+def build_plan(host: Host, playbook: NamedPlaybook, facts: HostFacts, model_path: str) -> PlanResult:
+    pb = playbook.spec
+    where = f"{playbook.name} on {host.name}"
+    wishes = wishes_for(host, playbook)
+    verdicts: list[Verdict] = []
+    install = facts.engines.get(pb.engine)
+    version = parse_version(install.version) if install else None
+    if install is None:
+        verdicts.append(
+            _err(
+                "engine-missing",
+                f"{where}: no {pb.engine} environment in the inventory (engines: {pb.engine}: /path/to/python).",
+            )
+        )
+    elif install.error or version is None:
+        verdicts.append(
+            _err(
+                "engine-missing",
+                f"{where}: {pb.engine} is not installed in {install.python} "
+                f"({install.error or 'version unknown'}). Install it or fix engines: in the inventory.",
+            )
+        )
+    gpus = gpu_summary(facts)
+    if gpus is None:
+        verdicts.append(
+            _err("no-gpus", f"{where}: no GPUs found ({facts.gpu_error or 'NVML and nvidia-smi report none'}).")
+        )
+    model: ModelSpec | None = None
+    m = facts.model
+    if m is None or not m.exists:
+        verdicts.append(
+            _err(
+                "model-missing",
+                f"{where}: model directory {model_path} does not exist on the host. "
+                "Copy the model there or fix model: in the playbook.",
+            )
+        )
+    else:
+        try:
+            model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes)
+        except ModelConfigError as exc:
+            verdicts.append(
+                _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
+            )
+    key = learned_key(host.name, model_path, pb.engine, version)
+    if model is None or gpus is None or install is None:
+        return PlanResult(None, model, gpus, wishes, key, tuple(verdicts))
+    plan = plan_launch(
+        model=model,
+        gpus=gpus,
+        engine_version=version,
+        python=install.python,
+        wishes=wishes,
+        learned=learned_fixes(facts, key),
+    )
+    verdicts += preflight(where, plan, model, gpus, facts, host)
+    plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))
+    return PlanResult(plan, model, gpus, wishes, key, plan.verdicts)
+
+
+def _tp_of(plan: LaunchPlan) -> int:
+    f = plan.flag("--tp-size") or plan.flag("--tensor-parallel-size")
+    return int(f.value) if f and f.value and f.value.isdigit() else 1
+
+
+def preflight(
+    where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, facts: HostFacts, host: Host
+) -> list[Verdict]:
+    out: list[Verdict] = []
+    v = plan.engine_version
+    cc = f"{gpus.sm // 10}.{gpus.sm % 10}"
+    # quantization the GPU cannot run (engines.md §1.7)
+    if model.nvfp4:
+        min_sm = (80 if v is not None and v >= (0, 5, 23) else 100) if plan.engine == "sglang" else 80
+        if gpus.sm < min_sm:
+            out.append(
+                _err(
+                    "quant-capability",
+                    f"{where}: NVFP4 needs compute capability >= {min_sm / 10:.1f} in "
+                    f"{plan.engine} {show_version(v)}; {gpus.name} is {cc}. Pick a Blackwell host"
+                    f"{' or SGLang >= 0.5.23 (Marlin, slow)' if plan.engine == 'sglang' else ''}.",
+                )
+            )
+        elif gpus.sm < 100:
+            out.append(
+                Verdict(
+                    "warning",
+                    "quant-capability",
+                    f"{where}: NVFP4 on {cc} runs through the Marlin W4A16 fallback: it works but is slow.",
+                )
+            )
+    if model.quantization == "fp8" and gpus.sm < 89:
+        out.append(
+            _err(
+                "quant-capability",
+                f"{where}: FP8 weights need compute capability >= 8.9; {gpus.name} is "
+                f"{cc} (fp8e4nv unsupported). Use a BF16/AWQ/GPTQ checkpoint.",
+            )
+        )
+    tp = _tp_of(plan)
+    if tp > gpus.count:
+        out.append(_err("tp", f"{where}: TP {tp} exceeds the {gpus.count} GPUs of the host. Lower tp:."))
+    if model.num_attention_heads and model.num_attention_heads % tp:
+        out.append(
+            _err(
+                "tp",
+                f"{where}: TP {tp} does not divide the {model.num_attention_heads} attention heads. Use a divisor.",
+            )
+        )
+    # fit (the headroom rule is stated in the message)
+    if model.weights_bytes and tp <= gpus.count:
+        per_gpu_mib = model.weights_bytes / tp / (1 << 20)
+        frac_flag = plan.flag("--mem-fraction-static") or plan.flag("--gpu-memory-utilization")
+        budget = gpus.memory_mib * WEIGHTS_MAX_SHARE
+        rule = f"at most {WEIGHTS_MAX_SHARE:.0%} of each GPU's memory"
+        if frac_flag and frac_flag.value:
+            budget = gpus.memory_mib * float(frac_flag.value) - 2048
+            rule = f"mem fraction {frac_flag.value} x GPU memory, less 2 GiB for the KV cache"
+        if per_gpu_mib > budget:
+            out.append(
+                _err(
+                    "fit",
+                    f"{where}: weights need {per_gpu_mib / 1024:.1f} GiB per GPU at TP {tp}, more than "
+                    f"{budget / 1024:.1f} GiB ({rule}; {gpus.memory_mib / 1024:.1f} GiB per GPU). Use more "
+                    "GPUs or a smaller/quantized checkpoint.",
+                )
+            )
+    # the port: fleet stops engine servers, never anything else
+    holder = facts.port_holder(plan.port)
+    if holder is not None:
+        server_pids = {p.pid for p in facts.servers}
+        if holder.pid not in server_pids:
+            who = f"pid {holder.pid}" if holder.pid else "a process fleet cannot see (another user?)"
+            out.append(
+                _err(
+                    "port-held",
+                    f"{where}: port {plan.port} is held by {who}, which is not an inference "
+                    "server fleet may stop. Stop it or choose another port: in the playbook.",
+                )
+            )
+    log_suffix = host.settings.log_dir.removeprefix("~")  # the probe reports ~/ paths expanded
+    log_disk = next((d for d in facts.disks if d.path.endswith(log_suffix)), None)
+    if log_disk and log_disk.free_bytes is not None and log_disk.free_bytes < MIN_LOG_DISK_BYTES:
+        out.append(
+            _err(
+                "disk-full",
+                f"{where}: only {log_disk.free_bytes >> 20} MiB free for logs in {log_disk.path}. "
+                "Free disk space there first.",
+            )
+        )
+    out += facts_warnings(host, facts)
+    return out
+
+
+def facts_warnings(host: Host, facts: HostFacts) -> list[Verdict]:
+    exp = host.settings.expected_gpus
+    out: list[Verdict] = []
+    if exp is None:
+        return out
+    if len(facts.gpus) != exp.count:
+        out.append(
+            Verdict(
+                "warning",
+                "expected-gpus",
+                f"{host.name}: inventory expects {exp.count} GPUs, the host reports {len(facts.gpus)}.",
+            )
+        )
+    if exp.compute_capability and facts.gpus and facts.gpus[0].compute_capability != exp.compute_capability:
+        out.append(
+            Verdict(
+                "warning",
+                "expected-gpus",
+                f"{host.name}: inventory expects compute capability "
+                f"{exp.compute_capability}, the host reports {facts.gpus[0].compute_capability}.",
+            )
+        )
+    return out
+
+
+__all__ = ["PlanResult", "build_plan", "choose_tp", "gpu_summary", "learned_fixes", "wishes_for"]

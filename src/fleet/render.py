@@ -1,0 +1,96 @@
+"""Human-readable output (rich). Imported only by commands that print tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from fleet.facts import HostFacts
+
+console = Console(highlight=False)
+
+
+def mib(value: int | None) -> str:
+    return "?" if value is None else f"{value / 1024:.1f} GiB"
+
+
+def render_facts(f: HostFacts) -> None:
+    console.print(
+        f"[bold]{f.host}[/] ({f.hostname}, user {f.user}) — GPUs via {f.gpu_source}, "
+        f"driver {f.driver_version or '?'}, CUDA {f.cuda_version or '?'}"
+    )
+    if f.gpu_error:
+        console.print(f"  [yellow]GPU query problem:[/] {f.gpu_error}")
+    t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes")
+    for g in f.gpus:
+        procs = ", ".join(f"{p.pid} ({mib(p.used_mib)})" for p in g.processes) or "-"
+        t.add_row(
+            str(g.index),
+            g.name,
+            g.compute_capability,
+            f"{mib(g.memory_used_mib)} / {mib(g.memory_total_mib)}",
+            f"{g.temperature_c}°C" if g.temperature_c is not None else "?",
+            procs,
+        )
+    console.print(t)
+    for name, e in sorted(f.engines.items()):
+        console.print(
+            f"  engine {name}: {e.version or 'not installed'} ({e.python}){' — ' + e.error if e.error else ''}"
+        )
+    if f.holders:
+        console.print("  GPU device holders:")
+        for p in f.holders:
+            console.print(f"    pid {p.pid} user {p.user}: {p.cmdline[:120]}")
+    if f.servers:
+        console.print("  inference servers:")
+        for p in f.servers:
+            ports = ",".join(map(str, p.ports)) or "-"
+            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {p.cmdline[:120]}")
+    for d in f.disks:
+        console.print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
+    if f.model:
+        m = f.model
+        size = f"{m.weights_bytes / 1e9:.1f} GB" if m.weights_bytes else "size unknown"
+        console.print(f"  model {m.path}: {'present' if m.exists else 'MISSING'}, {size}")
+
+
+def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa: UP037 - lazy import below
+    import shlex
+
+    plan = result.plan
+    if result.model:
+        console.print(f"[bold]{playbook}[/] on [bold]{host}[/]: {result.model.describe()}")
+    if result.gpus:
+        g = result.gpus
+        console.print(
+            f"  GPUs: {g.count}x {g.name} (SM{g.sm}, {g.memory_mib / 1024:.0f} GiB, "
+            f"{'NVLink' if g.nvlink else 'PCIe only'})"
+        )
+    if plan:
+        console.print(f"  engine: {plan.engine} {'.'.join(map(str, plan.engine_version or ()))}")
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for f in plan.flags:  # one line per rule: its flags, then why
+            groups.setdefault((f.rule, f.reason, f.source), []).append(" ".join(f.words()))
+        for (rule, reason, source), words in groups.items():
+            console.print(f"  {'  '.join(words)}", markup=False, soft_wrap=True)
+            console.print(
+                f"      [{rule}] {reason}{' (' + source + ')' if source else ''}",
+                style="dim",
+                markup=False,
+                soft_wrap=True,
+            )
+        for e in plan.env:
+            console.print(f"  env {e.name}={e.value}  [{e.rule}] {e.reason}", markup=False, soft_wrap=True)
+        for name in plan.secret_env:
+            console.print(f"  env {name}=<secret, sent through a 0600 file>")
+        if plan.applied_fixes:
+            console.print(f"  learned fixes applied: {', '.join(plan.applied_fixes)}")
+        env = " ".join(f"{e.name}={shlex.quote(e.value)}" for e in plan.env)
+        console.print("\n[bold]command:[/]", soft_wrap=True)
+        console.print(f"{env} {shlex.join(plan.argv())}", soft_wrap=True, markup=False)
+    style = {"error": "red", "crash": "red", "warning": "yellow", "info": "cyan"}
+    for v in result.verdicts:
+        console.print(f"{v.level} [{v.rule}] {v.message}", style=style.get(v.level), markup=False, soft_wrap=True)
+
+
+from fleet.plan.build import PlanResult  # noqa: E402 - only for the annotation above

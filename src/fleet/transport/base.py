@@ -1,0 +1,53 @@
+"""The one seam between fleet and a host: run a shell script there, get bytes and an exit code back.
+
+Everything above this layer takes a `Transport` and never builds one (`fleet.transport.connect`
+does). A script is sent as one `sh -c` command: one exec channel, one network round trip once the
+connection is up. Data that must not appear in `ps` (secrets) travels on the channel's stdin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+    @property
+    def error_text(self) -> str:
+        return self.stderr.decode("utf-8", errors="replace")
+
+
+OnChunk = Callable[[bytes], bool]
+"""Called with each piece of stdout as it arrives; return False to stop the command early."""
+
+
+class Transport(Protocol):
+    host_name: str
+    commands_run: int  # exec channels opened so far: the round-trip count the benchmark reports
+
+    def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
+        """Run `script` with /bin/sh on the host and wait for it."""
+        ...
+
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+        """Run `script`, handing stdout to `on_chunk` as it arrives; returns the exit code (-1 if stopped)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def sh_command(script: str) -> str:
+    """The command line for a script: the login shell may be anything, so hand it to /bin/sh explicitly."""
+    import shlex
+
+    return f"exec /bin/sh -c {shlex.quote(script)}"

@@ -1,0 +1,79 @@
+"""The simulated host's GPU state: static data from `host.json`, live usage from running engines.
+
+Read by the stand-in `pynvml`, the stand-in `nvidia-smi` and the engine simulator, so all three agree.
+A running simulated engine process registers what it holds in `run/gpu/<pid>.json`; entries of dead
+processes are ignored (and pruned), like NVML forgetting a process that exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def host_dir() -> Path:
+    value = os.environ.get("SIM_HOST_DIR")
+    if not value:
+        raise RuntimeError("SIM_HOST_DIR is not set: not running on a simulated host")
+    return Path(value)
+
+
+def load_host(root: Path | None = None) -> dict[str, Any]:
+    root = root or host_dir()
+    data: dict[str, Any] = json.loads((root / "host.json").read_text())
+    return data
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def usage(root: Path | None = None) -> list[dict[str, int]]:
+    """[{pid, gpu, used_mib}] for live processes."""
+    root = root or host_dir()
+    out: list[dict[str, int]] = []
+    run = root / "run" / "gpu"
+    if not run.is_dir():
+        return out
+    for entry in run.glob("*.json"):
+        try:
+            rec = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(int(rec["pid"])):
+            out.append(rec)
+        else:
+            entry.unlink(missing_ok=True)
+    return out
+
+
+def register(gpu: int, used_mib: int, root: Path | None = None) -> None:
+    root = root or host_dir()
+    run = root / "run" / "gpu"
+    run.mkdir(parents=True, exist_ok=True)
+    tmp = run / f".{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "gpu": gpu, "used_mib": used_mib}))
+    tmp.replace(run / f"{os.getpid()}.json")
+
+
+def gpu_table(root: Path | None = None) -> list[dict[str, Any]]:
+    """Per GPU: static facts plus used memory and processes right now."""
+    host = load_host(root)
+    live = usage(root)
+    table = []
+    for i, g in enumerate(host["gpus"]):
+        procs = [{"pid": u["pid"], "used_mib": u["used_mib"]} for u in live if u["gpu"] == i]
+        for f in g.get("foreign_processes", []):
+            if _alive(int(f["pid"])):
+                procs.append({"pid": int(f["pid"]), "used_mib": int(f["used_mib"])})
+        used = g.get("baseline_used_mib", 0) + sum(p["used_mib"] for p in procs)
+        table.append({**g, "index": i, "memory_used_mib": min(used, g["memory_total_mib"]), "processes": procs})
+    return table

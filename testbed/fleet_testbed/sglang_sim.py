@@ -1,0 +1,746 @@
+"""SGLang engine simulator: takes SGLang's real flags, prints SGLang's real log lines and tracebacks.
+
+Launched exactly like the real engine (`<python> -m sglang.launch_server ...` or `sglang serve ...`)
+through the stand-in `sglang` package of a simulated host. Behaviour is a table of conditions, each
+citing the engines.md fact it reproduces (see `RESOLUTION_RULES` and `RUNTIME_RULES`). It is test
+equipment: fleet never imports it.
+
+Traceback frames whose line numbers engines.md records (server_args.py 845/883/2236/2453/3521,
+speculative_hook.py 1162, loader.py 244, scheduler.py 3938, engine.py 1187) are exact; other frames
+are shaped like the real ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from fleet_testbed import gpustate
+from fleet_testbed.sglang_flags import RENAMED, Version, build_parser, parse_version
+
+SITE = "/opt/sglang/.venv/lib/python3.12/site-packages/sglang"
+HYBRID_ARCHS = {
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+}
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+class SimError(Exception):
+    """An exception the real engine raises; `frames` is the traceback it prints."""
+
+    def __init__(self, exc_type: str, message: str, frames: list[tuple[str, int, str, str]]) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.frames = frames
+
+    def traceback_text(self, head: list[tuple[str, int, str, str]]) -> str:
+        lines = ["Traceback (most recent call last):"]
+        for file, line, func, src in [*head, *self.frames]:
+            lines.append(f'  File "{file}", line {line}, in {func}')
+            if src:
+                lines.append(f"    {src}")
+        lines.append(f"{self.exc_type}: {self.message}" if self.message else self.exc_type)
+        return "\n".join(lines)
+
+
+LAUNCHER_HEAD = [
+    ("<frozen runpy>", 198, "_run_module_as_main", ""),
+    ("<frozen runpy>", 88, "_run_code", ""),
+    (f"{SITE}/launch_server.py", 24, "<module>", "server_args = prepare_server_args(sys.argv[1:])"),
+    (f"{SITE}/srt/server_args.py", 5916, "prepare_server_args", "return ServerArgs.from_cli_args(raw_args)"),
+    (
+        f"{SITE}/srt/server_args.py",
+        5428,
+        "from_cli_args",
+        "return cls(**{attr: getattr(args, attr) for attr in attrs})",
+    ),
+    ("<string>", 330, "__init__", ""),
+]
+
+
+@dataclass
+class Model:
+    path: str
+    config: dict[str, Any]
+    quant_algo: str | None
+    weights_bytes: int
+
+    @property
+    def text(self) -> dict[str, Any]:
+        tc = self.config.get("text_config")
+        return tc if isinstance(tc, dict) else self.config
+
+    @property
+    def arch(self) -> str:
+        return str((self.config.get("architectures") or ["?"])[0])
+
+    @property
+    def hybrid(self) -> bool:  # engines.md §4.2
+        return self.arch in HYBRID_ARCHS or "linear_attention" in self.text.get("layer_types", [])
+
+    @property
+    def moe(self) -> bool:
+        return int(self.text.get("num_experts") or 0) > 0
+
+    @property
+    def nvfp4(self) -> bool:
+        return bool(self.quant_algo and "FP4" in self.quant_algo.upper())
+
+
+def load_model(path: str) -> Model:
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.exists():
+        raise SimError(
+            "OSError",
+            f"{path} does not appear to have a file named config.json. Checkout "
+            f"'https://huggingface.co/{path}/tree/main' for available files.",
+            [(f"{SITE}/srt/utils/hf_transformers_utils.py", 262, "get_config", "config = AutoConfig.from_pretrained(")],
+        )
+    config = json.loads(cfg_path.read_text())
+    quant = (config.get("quantization_config") or {}).get("quant_algo")
+    hq = Path(path) / "hf_quant_config.json"
+    if quant is None and hq.exists():
+        quant = json.loads(hq.read_text()).get("quantization", {}).get("quant_algo")
+    index = Path(path) / "model.safetensors.index.json"
+    size = json.loads(index.read_text())["metadata"]["total_size"] if index.exists() else 1 << 30
+    return Model(path, config, quant, int(size))
+
+
+@dataclass
+class Resolved:
+    args: Any
+    version: Version
+    model: Model
+    gpus: list[dict[str, Any]]
+    env: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+    garbage: bool = False
+    spec_v2: bool = False
+
+    @property
+    def sm(self) -> int:
+        major, minor = self.gpus[0]["compute_capability"].split(".")
+        return int(major) * 10 + int(minor)
+
+
+def _strategy_attr(version: Version) -> str:
+    return "mamba_radix_cache_strategy" if version >= RENAMED else "mamba_scheduler_strategy"
+
+
+def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: dict[str, str]) -> Resolved:
+    """Parse + resolve like `prepare_server_args` / `ServerArgs.__post_init__`. argparse errors exit 2."""
+    args = build_parser(version).parse_args(argv)
+    model = load_model(args.model_path)
+    r = Resolved(args, version, model, gpus, env)
+    algo = (args.speculative_algorithm or "").upper()
+    strategy_attr = _strategy_attr(version)
+    strategy = getattr(args, strategy_attr, None) or "auto"
+
+    # engines.md §1.2 + §2.1: mamba strategy resolution, model-specific adjustments run first (0.5.11 L845)
+    if model.hybrid and version >= (0, 5, 9):
+        if strategy == "auto":  # 0.5.14+: auto -> extra_buffer for these archs; before: no_buffer (0.5.11 L1079)
+            strategy = "extra_buffer" if version >= RENAMED and not args.disable_radix_cache else "no_buffer"
+        setattr(args, strategy_attr, strategy)
+        if algo in ("NEXTN", "EAGLE", "EAGLE3") and strategy == "no_buffer" and not args.disable_radix_cache:
+            if version < (0, 5, 10):
+                r.warnings.append(
+                    f"Disabling radix cache since speculative decoding for {model.arch} is not "
+                    "supported with radix cache yet."
+                )
+                args.disable_radix_cache = True
+            elif version < RENAMED:
+                raise SimError(
+                    "ValueError",
+                    (
+                        f"Speculative decoding for {model.arch} is not compatible with radix cache when using "
+                        "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use "
+                        "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+                    ),
+                    [
+                        (
+                            f"{SITE}/srt/server_args.py",
+                            845,
+                            "__post_init__",
+                            "self._handle_model_specific_adjustments()",
+                        ),
+                        (
+                            f"{SITE}/srt/server_args.py",
+                            2236,
+                            "_handle_model_specific_adjustments",
+                            "self._handle_mamba_radix_cache(",
+                        ),
+                        (f"{SITE}/srt/server_args.py", 2453, "_handle_mamba_radix_cache", "raise ValueError("),
+                    ],
+                )
+            else:  # engines.md §1.2: 0.5.23 mamba_hook.py L158
+                raise SimError(
+                    "AssertionError",
+                    "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True.",
+                    [
+                        (
+                            f"{SITE}/srt/arg_groups/mamba_hook.py",
+                            158,
+                            "validate_mamba_no_buffer",
+                            "assert not server_args.enable_overlap_schedule, (",
+                        )
+                    ],
+                )
+
+    # engines.md §1.3 / §2.1: the bare AssertionError (0.5.11 L3521, 0.5.23 speculative_hook.py L1162)
+    if algo:
+        if args.speculative_num_steps is None and (
+            args.speculative_eagle_topk is not None or args.speculative_num_draft_tokens is not None
+        ):
+            if version >= (0, 5, 20):
+                frames = [
+                    (
+                        f"{SITE}/srt/arg_groups/speculative_hook.py",
+                        1162,
+                        "_handle_eagle_family",
+                        "and self.speculative_num_draft_tokens is None",
+                    )
+                ]
+            else:
+                frames = [
+                    (f"{SITE}/srt/server_args.py", 883, "__post_init__", "self._handle_speculative_decoding()"),
+                    (
+                        f"{SITE}/srt/server_args.py",
+                        3521,
+                        "_handle_speculative_decoding",
+                        "and self.speculative_num_draft_tokens is None",
+                    ),
+                ]
+            raise SimError("AssertionError", "", frames)
+        if args.speculative_num_steps is None:  # auto_choose_speculative_params
+            args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens = 3, 1, 4
+        if args.speculative_eagle_topk == 1 and args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
+            r.warnings.append(
+                "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
+            )
+            args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+        if args.max_running_requests is None:
+            args.max_running_requests = 48
+            r.warnings.append(
+                "Max running requests is reset to 48 for speculative decoding. You can override this "
+                "by explicitly setting --max-running-requests."
+            )
+        if algo == "NEXTN":
+            args.speculative_algorithm = "EAGLE"
+        # engines.md §1.9: SGLANG_ENABLE_SPEC_V2 default False <= 0.5.10, True 0.5.11-0.5.13, gone from 0.5.14
+        default_v2 = version >= (0, 5, 11)
+        flag = env.get("SGLANG_ENABLE_SPEC_V2")
+        v2 = default_v2 if flag is None or version >= RENAMED else flag.lower() in ("1", "true")
+        if (args.speculative_eagle_topk or 1) > 1 or not v2:
+            r.spec_v2 = False
+            r.warnings.append(
+                "Spec v1 is used for eagle/eagle3/standalone speculative decoding because SGLANG_ENABLE_SPEC_V2=False"
+                if not v2
+                else "Spec v1 is used because topk > 1"
+            )
+        else:
+            r.spec_v2 = True
+            r.warnings.append("Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.")
+
+    # engines.md §1.6: hybrid GDN attention allow-list on Blackwell
+    if model.hybrid and r.sm >= 100 and args.attention_backend:
+        allowed = (
+            {"triton", "trtllm_mha", "flashinfer"}
+            if version >= (0, 5, 20)
+            else {"triton", "trtllm_mha", "fa4", "flashinfer"}
+        )
+        if args.attention_backend not in allowed:
+            raise SimError(
+                "AssertionError",
+                (
+                    f"Only {sorted(allowed)} backends are supported on Blackwell GPUs for hybrid GDN models. Got "
+                    f"prefill={args.attention_backend}, decode={args.attention_backend}"
+                ),
+                [(f"{SITE}/srt/layers/attention/attention_registry.py", 233, "attn_backend_wrapper", "assert (")],
+            )
+    if args.mem_fraction_static is None:  # engines.md §1.8: 0.745 on 96 GB, 0.717 on 48 GB
+        args.mem_fraction_static = 0.745 if gpus[0]["memory_total_mib"] > 60000 else 0.717
+    if args.served_model_name is None:
+        args.served_model_name = args.model_path
+    return r
+
+
+def prepare_server_args(argv: list[str]) -> Resolved:
+    """What the stand-in `sglang.srt.server_args.prepare_server_args` does: fleet's pre-flight check calls it."""
+    host = gpustate.load_host()
+    return resolve(argv, parse_version(host["sglang_version"]), gpustate.gpu_table(), dict(os.environ))
+
+
+# --- the running server ----------------------------------------------------------------------------------
+
+
+def _ts(tp: int | None = None) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"[{stamp} TP{tp}]" if tp is not None else f"[{stamp}]"
+
+
+def log(msg: str, tp: int | None = None) -> None:
+    sys.stdout.write(f"{_ts(tp)} {msg}\n")
+    sys.stdout.flush()
+
+
+def uvicorn(msg: str) -> None:
+    sys.stdout.write(f"INFO:     {msg}\n")
+    sys.stdout.flush()
+
+
+ANSWERS = [  # what the simulated model says; the smoke prompts of the shipped playbooks are here
+    (re.compile(r"capital of france", re.I), " Paris."),
+    (re.compile(r"2\s*\+\s*2", re.I), " 4"),
+    (re.compile(r"color of the sky|colour of the sky", re.I), " Blue."),
+]
+GARBAGE = " !!!!!!!!!!!!!!!!"  # engines.md §1.4: flashinfer_cutedsl on SM120 "Produces Invalid Output"
+
+
+class Server:
+    def __init__(self, r: Resolved, scale: float) -> None:
+        self.r = r
+        self.scale = scale
+        self.status = "Starting"
+        self.requests_served = 0
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.started = time.time()
+        self.lock = threading.Lock()
+
+    def answer(self, prompt: str) -> str:
+        if self.r.garbage:
+            return GARBAGE
+        for pattern, text in ANSWERS:
+            if pattern.search(prompt):
+                return text
+        return " I am a simulated model."
+
+    def generate(self, prompt: str) -> str:
+        with self.lock:
+            self.requests_served += 1
+            n = self.requests_served
+        # engines.md §2.2: extra_buffer + spec v2 runtime TypeError on 0.5.13-0.5.14, after the first requests
+        a = self.r.args
+        strategy = getattr(a, "mamba_radix_cache_strategy", None) or getattr(a, "mamba_scheduler_strategy", None)
+        if (
+            (0, 5, 13) <= self.r.version <= (0, 5, 14)
+            and self.r.spec_v2
+            and strategy == "extra_buffer"
+            and self.r.model.hybrid
+            and n >= 2
+        ):
+            threading.Thread(target=self.crash_scheduler, daemon=True).start()
+            raise ConnectionAbortedError
+        return self.answer(prompt)
+
+    def crash_scheduler(self) -> None:
+        err = SimError(
+            "TypeError",
+            "'NoneType' object cannot be interpreted as an integer",
+            [
+                (f"{SITE}/srt/managers/scheduler.py", 3935, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+                (
+                    f"{SITE}/srt/speculative/eagle_info_v2.py",
+                    212,
+                    "prepare_for_v2_verify",
+                    "batch.seq_lens_cpu, self.draft_token_num)",
+                ),
+                (
+                    f"{SITE}/srt/managers/schedule_batch.py",
+                    1890,
+                    "set_mamba_track_indices_from_reqs",
+                    "mamba_track_indices[i] = int(req.mamba_last_track_seqlen)",
+                ),
+            ],
+        )
+        self.child_failed(err, tp=0)
+
+    def child_failed(self, err: SimError, tp: int) -> None:
+        """engines.md §2.2/§5.16: scheduler traceback, then the parent's sigquit line, then the tree dies."""
+        sys.stdout.write(f"{_ts(tp)} Scheduler hit an exception: {err.traceback_text([])}\n\n")
+        sys.stdout.flush()
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.kill_tree()
+
+    def kill_tree(self) -> None:
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                child.kill()
+        os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree(include_parent=True)
+
+
+def _spawn_child(title: str, gpu: int | None, used_mib: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleet_testbed.sim_child", title, str(-1 if gpu is None else gpu), str(used_mib)],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _sleep(server: Server, seconds: float) -> None:
+    time.sleep(seconds * server.scale)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "uvicorn"
+    sim: Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access log format
+        uvicorn(
+            f'{self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {args[1]} '
+            f"{'OK' if str(args[1]) == '200' else ''}".rstrip()
+        )
+
+    def _json(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        s, a = self.sim, self.sim.r.args
+        path = self.path.split("?")[0]
+        if path in ("/health", "/health_generate"):  # engines.md §3.2: 503 while starting and while draining
+            self._json(200 if s.status == "Up" else 503, {})
+        elif path == "/v1/models":
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": a.served_model_name, "object": "model", "owned_by": "sglang", "max_model_len": 262144}
+                    ],
+                },
+            )
+        elif path in ("/model_info", "/get_model_info"):
+            self._json(
+                200,
+                {
+                    "model_path": a.model_path,
+                    "tokenizer_path": a.model_path,
+                    "is_generation": True,
+                    "architectures": [s.r.model.arch],
+                    "weight_version": "default",
+                },
+            )
+        elif path in ("/server_info", "/get_server_info"):
+            self._json(
+                200,
+                {
+                    **{k: v for k, v in vars(a).items()},
+                    "version": ".".join(map(str, s.r.version)),
+                    "internal_states": [{"requests_served": s.requests_served}],
+                },
+            )
+        elif path == "/metrics" and a.enable_metrics:
+            body = f"sglang:num_requests_total {s.requests_served}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        s = self.sim
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._json(400, {"error": "invalid JSON"})
+            return
+        path = self.path.split("?")[0]
+        if s.status == "Draining":
+            self._json(503, {"error": "server is shutting down"})
+            return
+        if path == "/v1/chat/completions":
+            prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        elif path in ("/v1/completions", "/generate"):
+            prompt = str(body.get("prompt") or body.get("text") or "")
+        else:
+            self._json(404, {"detail": "Not Found"})
+            return
+        try:
+            text = s.generate(prompt)
+        except ConnectionAbortedError:
+            self.close_connection = True
+            return
+        if path == "/v1/chat/completions":
+            self._json(
+                200,
+                {
+                    "object": "chat.completion",
+                    "model": s.r.args.served_model_name,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                },
+            )
+        elif path == "/v1/completions":
+            self._json(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": s.r.args.served_model_name,
+                    "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                },
+            )
+        else:
+            self._json(200, {"text": text, "meta_info": {"finish_reason": {"type": "stop"}}})
+
+
+def _fail_launcher(err: SimError) -> None:
+    sys.stderr.write(err.traceback_text(LAUNCHER_HEAD) + "\n")
+    sys.stderr.flush()
+    sys.exit(1)
+
+
+def _free_mib(gpu: dict[str, Any]) -> int:
+    return int(gpu["memory_total_mib"] - gpu["memory_used_mib"])
+
+
+def serve(argv: list[str]) -> None:
+    host = gpustate.load_host()
+    version = parse_version(host["sglang_version"])
+    gpus = gpustate.gpu_table()
+    try:
+        r = resolve(argv, version, gpus, dict(os.environ))
+    except SimError as err:
+        _fail_launcher(err)
+        return
+    a, m = r.args, r.model
+    scale = float(os.environ.get("SIM_SPEED", host.get("startup_scale", 1.0)))
+    server = Server(r, scale)
+    Handler.sim = server
+    sigterm = threading.Event()
+
+    def on_sigterm(signum: int, frame: Any) -> None:  # engines.md §3.3
+        log(f"SIGTERM received. signum={signum} Draining requests and shutting down...")
+        server.status = "Draining"
+        sigterm.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    shown = ", ".join(f"{k}={v!r}" for k, v in vars(a).items())
+    log(f"server_args=ServerArgs({shown})")
+    for w in r.warnings:
+        log(w)
+    tp = a.tp_size
+    if tp > len(gpus):
+        err = SimError(
+            "RuntimeError",
+            f"CUDA error: invalid device ordinal (tp_size={tp}, visible GPUs={len(gpus)})",
+            [(f"{SITE}/srt/managers/scheduler.py", 3938, "run_scheduler_process", "")],
+        )
+        server.children = []
+        sys.stdout.write(f"{_ts(len(gpus))} Scheduler hit an exception: {err.traceback_text([])}\n")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    weights_mib = m.weights_bytes // tp // (1 << 20)
+    total_mib = gpus[0]["memory_total_mib"]
+    free_mib = min(_free_mib(g) for g in gpus[:tp])
+    # children: one scheduler per TP rank holding its GPU (engines.md §3.4 titles), plus the detokenizer
+    for rank in range(tp):
+        server.children.append(
+            _spawn_child(f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", rank, 600)
+        )
+    server.children.append(_spawn_child("sglang::detokenizer", None, 0))
+    _sleep(server, 0.2)
+    for rank in range(tp):
+        log("Init torch distributed begin.", rank)
+    _sleep(server, 0.2)
+    if tp > 2 and host.get("interconnect", "pcie") == "pcie" and not a.disable_custom_all_reduce:
+        log(
+            "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs. To silence "
+            "this warning, specify disable_custom_all_reduce=True explicitly.",
+            0,
+        )
+    log(f"Load weight begin. avail mem={free_mib / 1024:.2f} GB", 0)
+    _sleep(server, 0.3)
+
+    def scheduler_error(err: SimError) -> None:
+        server.child_failed(err, tp=0)
+
+    # engines.md §1.7 / §5.13: NVFP4 minimum capability (100 up to 0.5.22, 80 from 0.5.23), checked at load
+    if m.nvfp4:
+        min_cap = 80 if version >= (0, 5, 23) else 100
+        if r.sm < min_cap:
+            scheduler_error(
+                SimError(
+                    "ValueError",
+                    (
+                        f"The quantization method modelopt_fp4 is not supported for the current GPU. Minimum capability: "
+                        f"{min_cap}. Current capability: {r.sm}."
+                    ),
+                    [
+                        (f"{SITE}/srt/managers/scheduler.py", 3938, "run_scheduler_process", ""),
+                        (f"{SITE}/srt/model_loader/loader.py", 244, "_get_quantization_config", "raise ValueError("),
+                    ],
+                )
+            )
+    # engines.md §5.7: weights that do not fit are a CUDA OOM while loading
+    if weights_mib > free_mib:
+        scheduler_error(
+            SimError(
+                "torch.OutOfMemoryError",
+                (
+                    f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of {total_mib / 1024:.2f} "
+                    f"GiB of which {max(free_mib - weights_mib, 0) / 1024:.2f} GiB is free."
+                ),
+                [(f"{SITE}/srt/model_loader/loader.py", 610, "load_weights_and_postprocess", "")],
+            )
+        )
+    # engines.md §1.4 / §5.10: SM120 NVFP4 MoE with auto/flashinfer_trtllm has no trtllm-gen cubins
+    if m.nvfp4 and m.moe and 120 <= r.sm < 130 and a.moe_runner_backend in ("auto", "flashinfer_trtllm"):
+        scheduler_error(
+            SimError(
+                "NotImplementedError",
+                (
+                    "FlashInfer TRTLLM-gen FP4 MoE: no cubin for sm_120 (Unsupported architecture); none of the configured "
+                    "backends are usable on sm120"
+                ),
+                [
+                    (
+                        f"{SITE}/srt/layers/quantization/modelopt_quant.py",
+                        1988,
+                        "create_moe_runner",
+                        "self.runner = MoeRunner(MoeRunnerBackend.FLASHINFER_TRTLLM, moe_runner_config)",
+                    ),
+                ],
+            )
+        )
+    if m.nvfp4 and m.moe and 120 <= r.sm < 130 and a.moe_runner_backend == "flashinfer_cutedsl":
+        r.garbage = True  # engines.md §1.4: flashinfer issue #2723, invalid output rather than a crash
+    log(
+        f"Load weight end. type={m.arch}, dtype=torch.bfloat16, avail mem={(free_mib - weights_mib) / 1024:.2f} GB, "
+        f"mem usage={weights_mib / 1024:.2f} GB.",
+        0,
+    )
+    want_mib = int(total_mib * a.mem_fraction_static)
+    # engines.md §5.5 / §5.7: too high a fraction is a CUDA OOM, too low leaves no KV pool
+    if want_mib > free_mib:
+        scheduler_error(
+            SimError(
+                "torch.OutOfMemoryError",
+                (
+                    f"CUDA out of memory. Tried to allocate {(want_mib - weights_mib) / 1024:.2f} GiB. GPU 0 has a total "
+                    f"capacity of {total_mib / 1024:.2f} GiB of which {(free_mib - weights_mib) / 1024:.2f} GiB is free."
+                ),
+                [(f"{SITE}/srt/mem_cache/memory_pool.py", 721, "_create_buffers", "")],
+            )
+        )
+    kv_mib = want_mib - weights_mib
+    if kv_mib < 1024:
+        scheduler_error(
+            SimError(
+                "RuntimeError",
+                (
+                    "Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+                    f"mem_fraction_static={a.mem_fraction_static}"
+                ),
+                [(f"{SITE}/srt/model_executor/pool_configurator.py", 41, "configure", "raise RuntimeError(")],
+            )
+        )
+    _register_pool(server, tp, want_mib)  # the KV pool is now allocated on every rank
+    tokens = kv_mib * 1024 // 64
+    log(f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB", 0)
+    if not a.disable_cuda_graph:
+        bs = a.cuda_graph_max_bs if version < RENAMED else a.cuda_graph_max_bs_decode
+        log(
+            f"Capture cuda graph begin. This can take up to several minutes. avail mem={(free_mib - want_mib) / 1024:.2f}"
+            f" GB",
+            0,
+        )
+        _sleep(server, 0.2)
+        log(
+            f"Capture cuda graph end. Time elapsed: {0.2 * scale:.2f} s. mem usage=0.50 GB. avail mem="
+            f"{(free_mib - want_mib) / 1024:.2f} GB. max_bs={bs or 512}",
+            0,
+        )
+    log(
+        f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests="
+        f"{a.max_running_requests or 2048}, context_len=262144, available_gpu_mem={(free_mib - want_mib) / 1024:.2f} GB",
+        0,
+    )
+    # uvicorn binds last: a held port is only discovered after the model loaded (engines.md §5.8)
+    try:
+        httpd = ThreadingHTTPServer((a.host, a.port), Handler)
+    except OSError as exc:
+        uvicorn(f"Started server process [{os.getpid()}]")
+        sys.stdout.write(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+            f"('{a.host}', {a.port}): address already in use\n"
+        )
+        sys.stdout.flush()
+        server.kill_tree()
+        return
+    uvicorn(f"Started server process [{os.getpid()}]")
+    uvicorn("Waiting for application startup.")
+    uvicorn("Application startup complete.")
+    uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=_watch_children, args=(server,), daemon=True).start()
+    if not a.skip_server_warmup:  # engines.md §3.1: the ready line comes after a warmup generate
+        _sleep(server, 0.1)
+        server.answer("warmup")
+        uvicorn(f'127.0.0.1:{40000 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
+    server.status = "Up"
+    log(READY_LINE)
+    while not sigterm.wait(0.5):
+        pass
+    _sleep(server, 0.1)
+    log("Gracefully exiting... Remaining number of requests 0.")
+    for child in server.children:
+        child.kill()
+    httpd.shutdown()
+    sys.exit(0)
+
+
+def _register_pool(server: Server, tp: int, mib: int) -> None:
+    run = gpustate.host_dir() / "run" / "gpu"
+    for rank, child in enumerate(server.children[:tp]):
+        rec = run / f"{child.pid}.json"
+        tmp = run / f".{child.pid}.tmp"
+        run.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"pid": child.pid, "gpu": rank, "used_mib": mib}))
+        tmp.replace(rec)
+
+
+def _watch_children(server: Server) -> None:
+    """A child that dies makes the main process die too (SIGQUIT to the parent in the real engine)."""
+    while True:
+        for child in server.children:
+            if child.poll() is not None and server.status != "Draining":
+                log("Received sigquit from a child process. It usually means the child failed.")
+                server.kill_tree()
+        time.sleep(0.2)
+
+
+def set_pdeathsig() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): children die with the main process (engines.md §3.3)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,299 @@
+"""Lay out simulated GPU hosts and serve each with a real OpenSSH sshd on its own loopback address.
+
+A simulated host is a directory: `host.json` (GPUs, driver, SGLang version), device files standing in
+for /dev/nvidia*, an engine Python environment whose `sglang` and `pynvml` are the stand-ins, a
+`nvidia-smi`, and real-shaped model directories. Its sshd runs in a PID namespace of its own
+(`unshare --pid --mount-proc`, when root) so `ps`, `pgrep`, `fuser` and `kill` on that host see only
+that host's processes, as on separate machines. Teardown is by pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TESTBED = Path(__file__).resolve().parent
+MODELS = TESTBED / "models"
+
+RTX_PRO_6000 = {
+    "name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    "compute_capability": "12.0",
+    "memory_total_mib": 97887,
+}
+RTX_A6000 = {"name": "NVIDIA RTX A6000", "compute_capability": "8.6", "memory_total_mib": 49140}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    address: str
+    gpu: dict[str, Any]
+    gpu_count: int
+    sglang_version: str
+    interconnect: str = "pcie"
+    driver_version: str = "580.95.05"
+    cuda_version: str = "13.0"
+
+
+BLACKWELL = HostSpec("blackwell", "127.0.0.2", RTX_PRO_6000, 8, "0.5.11")
+CT129 = HostSpec("ct129", "127.0.0.3", RTX_A6000, 2, "0.5.11")
+
+
+def extra_host(i: int) -> HostSpec:
+    """Scale-test hosts: 127.0.1.i, 2x A6000 each."""
+    return HostSpec(f"sim{i:03d}", f"127.0.1.{i}", RTX_A6000, 2, "0.5.11")
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path:
+    """Create (or refresh) the directory of one simulated host; returns it."""
+    hdir = root / spec.name
+    gpus = [
+        {
+            **spec.gpu,
+            "uuid": f"GPU-{abs(hash((spec.name, i))) % 10**8:08d}-sim0-0000-0000-{i:012d}",
+            "temperature_c": 34 + i,
+            "ecc_uncorrected": 0,
+            "throttle_reasons": 0,
+            "retired_pages_pending": False,
+        }
+        for i in range(spec.gpu_count)
+    ]
+    host = {
+        "name": spec.name,
+        "gpus": gpus,
+        "interconnect": spec.interconnect,
+        "driver_version": spec.driver_version,
+        "cuda_version": spec.cuda_version,
+        "sglang_version": spec.sglang_version,
+        "startup_scale": float(os.environ.get("SIM_SPEED", "1.0")),
+    }
+    _write(hdir / "host.json", json.dumps(host, indent=1))
+    for i in range(spec.gpu_count):
+        _write(hdir / "dev" / f"nvidia{i}", "")
+    _write(hdir / "dev" / "nvidiactl", "")
+    _write(hdir / "dev" / "nvidia-uvm", "")
+    env = f'export SIM_HOST_DIR="{hdir}" PYTHONPATH="{hdir}/env/site:{TESTBED.parent}"\n'
+    _write(hdir / "env" / "bin" / "python", f'#!/bin/sh\n{env}exec "{python}" "$@"\n', 0o755)
+    _write(
+        hdir / "env" / "bin" / "sglang",
+        f'#!/bin/sh\n{env}exec -a sglang "{python}" -c "import sys; sys.argv[0]=\'sglang\'; '
+        f'from sglang.cli.main import main; main()" "$@"\n',
+        0o755,
+    )
+    _write(hdir / "bin" / "nvidia-smi", f'#!/bin/sh\n{env}exec "{python}" -m fleet_testbed.nvidia_smi "$@"\n', 0o755)
+    site = hdir / "env" / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    for name in ("sglang", "pynvml.py"):
+        link = site / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(TESTBED / "simpkgs" / name)
+    for old in site.glob("sglang-*.dist-info"):
+        shutil.rmtree(old)
+    _write(
+        site / f"sglang-{spec.sglang_version}.dist-info" / "METADATA",
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {spec.sglang_version}\n",
+    )
+    for model in MODELS.iterdir():
+        dest = hdir / "models" / model.name
+        if not dest.exists():
+            shutil.copytree(model, dest)
+    for sub in ("state", "logs", "run/gpu"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    return hdir
+
+
+def set_host(hdir: Path, **changes: Any) -> None:
+    """Change host.json (e.g. sglang_version, an injected ECC error) of a simulated host."""
+    host = json.loads((hdir / "host.json").read_text())
+    host.update(changes)
+    (hdir / "host.json").write_text(json.dumps(host, indent=1))
+    if "sglang_version" in changes:
+        site = hdir / "env" / "site"
+        for old in site.glob("sglang-*.dist-info"):
+            shutil.rmtree(old)
+        _write(
+            site / f"sglang-{changes['sglang_version']}.dist-info" / "METADATA",
+            f"Metadata-Version: 2.1\nName: sglang\nVersion: {changes['sglang_version']}\n",
+        )
+
+
+# --- sshd ------------------------------------------------------------------------------------------------
+
+
+def ensure_keys(root: Path) -> tuple[Path, Path]:
+    """Throwaway host key and client key for the whole sandbox."""
+    keys = root / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    os.chmod(keys, 0o700)
+    for name in ("host_ed25519", "id_ed25519"):
+        if not (keys / name).exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    auth = keys / "authorized_keys"
+    auth.write_text((keys / "id_ed25519.pub").read_text())
+    auth.chmod(0o600)
+    return keys / "host_ed25519", keys / "id_ed25519"
+
+
+def sshd_binary() -> str:
+    for candidate in ("/usr/sbin/sshd", shutil.which("sshd") or ""):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise RuntimeError("OpenSSH sshd not found: install openssh-server (make test does it on Debian)")
+
+
+def _wait_port(address: str, port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex((address, port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"sshd on {address}:{port} did not come up within {timeout_s} s")
+
+
+def start_sshd(root: Path, hdir: Path, address: str, port: int) -> int:
+    host_key, _ = ensure_keys(root)
+    cfg = hdir / "sshd_config"
+    path_env = f"{hdir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    _write(
+        cfg,
+        "\n".join(
+            [
+                f"ListenAddress {address}:{port}",
+                f"HostKey {host_key}",
+                f"AuthorizedKeysFile {root}/keys/authorized_keys",
+                f"PidFile {hdir}/sshd.pid",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "MaxSessions 200",
+                "MaxStartups 500",
+                "LogLevel ERROR",
+                f"SetEnv SIM_HOST_DIR={hdir} PATH={path_env}",
+                "",
+            ]
+        ),
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation directory
+    cmd = [sshd_binary(), "-D", "-e", "-f", str(cfg)]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *cmd]
+    log = open(hdir / "sshd.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    (hdir / "sshd.outer.pid").write_text(str(proc.pid))
+    _wait_port(address, port)
+    return proc.pid
+
+
+def stop_sshd(hdir: Path) -> None:
+    pid_file = hdir / "sshd.outer.pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text())
+    with contextlib.suppress(ProcessLookupError):  # --kill-child takes the namespace's processes with it
+        os.killpg(pid, signal.SIGKILL)
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.02)
+    pid_file.unlink(missing_ok=True)
+
+
+def host_key_line(root: Path, address: str, port: int) -> str:
+    pub = (root / "keys" / "host_ed25519.pub").read_text().split()
+    return f"[{address}]:{port} {pub[0]} {pub[1]}\n"
+
+
+def inventory_yaml(root: Path, specs: list[HostSpec], port: int) -> str:
+    """An inventory for these simulated hosts (what inventory/sandbox.yaml holds for the default root)."""
+    lines = [
+        "# Simulated fleet on loopback (made by `python -m fleet_testbed up`).",
+        "defaults:",
+        f"  port: {port}",
+        f"  identity_file: {root}/keys/id_ed25519",
+        "  connect_timeout_s: 5",
+        "hosts:",
+    ]
+    for s in specs:
+        h = root / s.name
+        lines += [
+            f"  {s.name}:",
+            f"    address: {s.address}",
+            f"    bind_address: {s.address}",
+            f"    engines: {{sglang: {h}/env/bin/python}}",
+            f"    models_dir: {h}/models",
+            f"    state_dir: {h}/state",
+            f"    log_dir: {h}/logs",
+            f"    gpu_devices: {h}/dev/nvidia*",
+        ]
+    groups = {"sim": [s.name for s in specs]}
+    lines.append("groups:")
+    for g, members in groups.items():
+        lines += [f"  {g}:", f"    hosts: [{', '.join(members)}]"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    specs: list[HostSpec]
+    port: int
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory.yaml"
+
+    def host_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def env(self) -> dict[str, str]:
+        return {"FLEET_KNOWN_HOSTS": str(self.known_hosts), "FLEET_SSH_CONFIG": str(self.root / "ssh_config")}
+
+
+def up(root: Path, specs: list[HostSpec], port: int = 2222, python: str = sys.executable) -> Sandbox:
+    root.mkdir(parents=True, exist_ok=True)
+    ensure_keys(root)
+    (root / "ssh_config").write_text("# fleet sandbox: nothing from ~/.ssh/config\n")
+    known = []
+    for spec in specs:
+        hdir = build_host(root, spec, python)
+        stop_sshd(hdir)
+        start_sshd(root, hdir, spec.address, port)
+        known.append(host_key_line(root, spec.address, port))
+    (root / "known_hosts").write_text("".join(known))
+    (root / "inventory.yaml").write_text(inventory_yaml(root, specs, port))
+    (root / "sandbox.json").write_text(json.dumps({"hosts": [s.name for s in specs], "port": port}))
+    return Sandbox(root, specs, port)
+
+
+def down(root: Path) -> None:
+    for pid_file in root.glob("*/sshd.outer.pid"):
+        stop_sshd(pid_file.parent)

@@ -1,0 +1,106 @@
+"""Stand-in for `pynvml` (nvidia-ml-py) on a simulated host: same call names, data from host.json.
+
+Only the calls fleet's probe makes are provided; anything else raises NVMLError like a missing symbol.
+"""
+
+from fleet_testbed import gpustate
+
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+_inited = False
+
+
+class NVMLError(Exception):
+    pass
+
+
+class _Mem:
+    def __init__(self, total, used):
+        self.total, self.used, self.free = total, used, total - used
+
+
+class _Proc:
+    def __init__(self, pid, used):
+        self.pid, self.usedGpuMemory = pid, used
+
+
+def _table():
+    if not _inited:
+        raise NVMLError("Uninitialized")
+    return gpustate.gpu_table()
+
+
+def nvmlInit():
+    global _inited
+    if gpustate.load_host().get("nvml_broken"):
+        raise NVMLError("Driver Not Loaded")
+    _inited = True
+
+
+def nvmlShutdown():
+    global _inited
+    _inited = False
+
+
+def nvmlDeviceGetCount():
+    return len(_table())
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    if i >= len(_table()):
+        raise NVMLError("Invalid Argument")
+    return i
+
+
+def nvmlDeviceGetName(h):
+    return _table()[h]["name"]
+
+
+def nvmlDeviceGetUUID(h):
+    return _table()[h]["uuid"]
+
+
+def nvmlDeviceGetCudaComputeCapability(h):
+    major, minor = _table()[h]["compute_capability"].split(".")
+    return int(major), int(minor)
+
+
+def nvmlDeviceGetMemoryInfo(h):
+    g = _table()[h]
+    return _Mem(g["memory_total_mib"] << 20, g["memory_used_mib"] << 20)
+
+
+def nvmlDeviceGetNvLinkState(h, link):
+    if gpustate.load_host().get("interconnect", "pcie") != "nvlink":
+        raise NVMLError("Not Supported")
+    return 1
+
+
+def nvmlDeviceGetTemperature(h, sensor):
+    return _table()[h].get("temperature_c", 35)
+
+
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return [_Proc(p["pid"], p["used_mib"] << 20) for p in _table()[h]["processes"]]
+
+
+def nvmlDeviceGetTotalEccErrors(h, error_type, counter_type):
+    return _table()[h].get("ecc_uncorrected", 0)
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(h):
+    return _table()[h].get("throttle_reasons", 0)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(h):
+    return 1 if _table()[h].get("retired_pages_pending") else 0
+
+
+def nvmlSystemGetDriverVersion():
+    return gpustate.load_host().get("driver_version", "580.95.05")
+
+
+def nvmlSystemGetCudaDriverVersion():
+    major, minor = gpustate.load_host().get("cuda_version", "13.0").split(".")
+    return int(major) * 1000 + int(minor) * 10
