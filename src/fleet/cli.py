@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,6 +183,325 @@ def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> N
         render_plan(result, host.name, pb.name)
     if result.errors:
         raise click.exceptions.Exit(4)
+
+
+class Reporter:
+    """Progress of a deploy on stderr: phases always; the live log line on a terminal."""
+
+    def __init__(self, host: str, quiet: bool = False, show_log: bool = False) -> None:
+        self.host = host
+        self.quiet = quiet
+        self.show_log = show_log
+        self.started = time.monotonic()
+        self.attempt = 1
+        self.max = 1
+        self.tty = sys.stderr.isatty()
+        self.last_line = ""
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            if self.tty and self.last_line:
+                sys.stderr.write("\r\x1b[K")
+            click.echo(text, err=True)
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        elapsed = time.monotonic() - self.started
+        h = self.host
+        if event == "planned":
+            learned = data["learned"]
+            self.say(f"{h}: {data['model']}")
+            if learned:
+                self.say(f"{h}: starting with learned fixes: {', '.join(learned)}")
+        elif event == "attempt":
+            self.attempt, self.max = data["attempt"], data["max"]
+            self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
+        elif event == "engine_check":
+            self.say(f"{h}: engine's own argument check: {data['verdict']}")
+        elif event == "stopped":
+            groups: dict[int, list[dict[str, Any]]] = {}
+            for p in data["stopped"]:
+                groups.setdefault(p["pgid"], []).append(p)
+            for members in groups.values():
+                main = next((p for p in members if "sglang" in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
+                self.say(f"{h}: stopped {main['why']} pid {main['pid']} (+{len(members) - 1} in its group): "
+                         f"{main['cmdline'][:90]}")
+            mem = data.get("memory") or {}
+            if data["stopped"] and mem.get("before_mib") is not None:
+                freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
+                self.say(f"{h}: GPU memory released: {freed / 1024:.1f} GiB in {mem['waited_s']:.1f}s")
+        elif event == "launched":
+            self.say(f"{h}: launched pid {data['pid']}, log {data['log']} [{elapsed:5.1f}s]")
+        elif event == "log":
+            if self.show_log:
+                self.say(f"  | {data['line']}")
+            elif self.tty and not self.quiet:
+                line = data["line"][: max(20, shutil.get_terminal_size().columns - 30)]
+                sys.stderr.write(f"\r\x1b[K{h} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
+                sys.stderr.flush()
+                self.last_line = line
+        elif event == "diagnosed":
+            d = data["diagnosis"]
+            self.say(f"{h}: attempt {data['attempt']} {data['outcome']}: {d['category']}"
+                     f"{' (' + d['signature'] + ')' if d['signature'] else ''} — {d['explanation']}")
+            for line in d["evidence"][:4]:
+                self.say(f"    > {line}")
+        elif event == "relaunching":
+            where = "re-checking (nothing was stopped)" if data["nothing_stopped"] else "relaunching"
+            self.say(f"{h}: {where} with the fix: {data['fix']} (attempt {data['attempt']}/{data['max']})")
+        elif event == "reconnecting":
+            self.say(f"{h}: connection dropped; reconnecting and resuming the log at byte {data['offset']}")
+        elif event == "lock_taken_over":
+            prev = data["previous"]
+            self.say(f"{h}: took over a stale lock of {prev.get('owner')} ({prev.get('command')})")
+        elif event == "ready":
+            self.say(f"{h}: ready; smoke answer {data['smoke'].get('text', '')!r} [{elapsed:5.1f}s]")
+
+
+def _print_result(r: Any) -> None:
+    if r.ok:
+        fixes = f"; fixed on the way: {', '.join(r.new_fixes)}" if r.new_fixes else ""
+        click.echo(f"{r.host}: {r.playbook} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in "
+                   f"{r.ready_s:.1f}s{fixes}.")
+        if r.learned_applied:
+            click.echo(f"{r.host}: learned fixes used: {', '.join(r.learned_applied)}")
+        return
+    last = r.attempts[-1]
+    d = last.diagnosis
+    click.echo(f"{r.host}: {r.playbook} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
+    if d is not None:
+        click.echo(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}",
+                   err=True)
+        for line in d.evidence:
+            click.echo(f"  evidence: {line}", err=True)
+    if last.log:
+        click.echo(f"  log: {last.log}", err=True)
+    if r.log_tail:
+        click.echo("  last log lines:", err=True)
+        for line in r.log_tail[-40:]:
+            click.echo(f"    {line}", err=True)
+
+
+def _result_json(r: Any) -> dict[str, Any]:
+    return {"host": r.host, "playbook": r.playbook, "ok": r.ok, "reason": r.reason, "endpoint": r.endpoint,
+            "ready_s": round(r.ready_s, 3), "round_trips": r.round_trips, "learned_applied": list(r.learned_applied),
+            "new_fixes": r.new_fixes, "argv": r.plan.argv(),
+            "attempts": [{"n": a.number, "outcome": a.outcome, "fix": a.fix, "log": a.log, "seconds": round(a.seconds, 3),
+                          "diagnosis": a.diagnosis.to_json() if a.diagnosis else None} for a in r.attempts]}
+
+
+@cli.command()
+@click.argument("playbook")
+@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
+@click.option("--force", is_flag=True, help="Also kill foreign GPU holders (other users, GPU daemons); lists them.")
+@click.option("--no-engine-check", is_flag=True, help="Skip the engine's own argument check before stopping anything.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
+@click.pass_obj
+def deploy(ctx: Context, playbook: str, host_name: str | None, force: bool, no_engine_check: bool, as_json: bool,
+           show_log: bool) -> None:
+    """Deploy a playbook to a host: plan, pre-flight, stop stale servers, free GPUs, launch, watch, prove.
+
+    Known crashes are diagnosed and relaunched with their fix (each fix at most once, bounded attempts);
+    unknown ones fail fast with the traceback. Exit 0 when the server answers the smoke prompt correctly.
+
+    \b
+    Example:
+      fleet deploy qwen35-nvfp4 --host blackwell
+    """
+    from fleet.control import ops
+
+    pb = ctx.playbook(playbook)
+    host = ctx.host(host_name, pb)
+    reporter = Reporter(host.name, quiet=as_json, show_log=show_log)
+    with transport_for(ctx, host) as t:
+        result = ops.deploy(t, host, pb, force=force, engine_check=not no_engine_check, progress=reporter)
+    if as_json:
+        _emit_json(_result_json(result))
+    else:
+        _print_result(result)
+    if not result.ok:
+        raise click.exceptions.Exit(7)
+
+
+def _each_host(ctx: Context, host_name: str | None, all_hosts: bool, fn: Any) -> list[tuple[str, Any, Exception | None]]:
+    """Run fn(transport, host) on the chosen hosts in parallel; one host failing does not stop the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not host_name and not all_hosts:
+        raise ConfigError("no host given.", "Pass --host NAME or --all.")
+    hosts = ctx.inventory.select([host_name] if host_name else None)
+
+    def one(host: Host) -> tuple[str, Any, Exception | None]:
+        try:
+            with transport_for(ctx, host) as t:
+                return host.name, fn(t, host), None
+        except FleetError as exc:
+            return host.name, None, exc
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        return list(pool.map(one, hosts))
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group.")
+@click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
+@click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")
+@click.pass_obj
+def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+    """Redeploy the plan recorded on the host(s), with learned fixes, through the same loop.
+
+    \b
+    Example:
+      fleet restart --host blackwell
+    """
+    from fleet.control import ops
+
+    results = _each_host(ctx, host_name, all_hosts,
+                         lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name)))
+    failed = False
+    for name, r, err in results:
+        if err:
+            click.echo(f"{name}: error: {err}", err=True)
+            failed = True
+        else:
+            _print_result(r)
+            failed |= not r.ok
+    if failed:
+        raise click.exceptions.Exit(7)
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group.")
+@click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
+@click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")
+@click.pass_obj
+def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+    """Stop fleet's server (and any stale inference server) on the host(s), free the GPUs; state becomes "stopped".
+
+    \b
+    Example:
+      fleet stop --host ct129
+    """
+    from fleet.control import ops
+
+    failed = False
+    for name, out, err in _each_host(ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force)):
+        if err:
+            click.echo(f"{name}: error: {err}", err=True)
+            failed = True
+            continue
+        stopped = out.get("stopped", [])
+        click.echo(f"{name}: stopped {len(stopped)} process(es)"
+                   + "".join(f"\n  pid {p['pid']} ({p['why']}): {p['cmdline'][:100]}" for p in stopped))
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
+@click.pass_obj
+def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
+    """One line per host: playbook, engine and version, pid, port, uptime, status, last outcome.
+
+    \b
+    Example:
+      fleet status
+    """
+    from fleet.control import ops
+    from fleet.control.facts import read_facts
+
+    rows = []
+    for name, row, err in _each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):
+        rows.append(row if row else {"host": name, "status": "unreachable", "error": str(err)})
+    if as_json:
+        for row in rows:
+            _emit_json(row)
+        return
+    for r in rows:
+        if r.get("error"):
+            click.echo(f"{r['host']:<12} unreachable  {r['error']}")
+            continue
+        up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
+        click.echo(f"{r['host']:<12} {r['status']:<8} {r.get('playbook') or '-':<18} "
+                   f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} pid {r.get('pid') or '-':<7} "
+                   f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
+                   f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}")
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
+@click.option("-n", "lines", default=100, show_default=True, help="How many lines of the end to print first.")
+@click.pass_obj
+def logs(ctx: Context, host_name: str, follow: bool, lines: int) -> None:
+    """Print (or follow) the current server log of a host over SSH.
+
+    \b
+    Example:
+      fleet logs --host blackwell -n 50 -f
+    """
+    from fleet.control import ops
+
+    host = ctx.host(host_name)
+
+    def sink(chunk: bytes) -> bool:
+        sys.stdout.write(chunk.decode("utf-8", "replace"))
+        sys.stdout.flush()
+        return True
+
+    with transport_for(ctx, host) as t:
+        code = ops.logs(t, host, lines=lines, follow=follow, sink=sink)
+    if code not in (0, -1):
+        raise click.exceptions.Exit(code)
+
+
+@cli.command()
+@click.argument("source", required=False)
+@click.option("--host", "-H", "host_name", help="Diagnose the host's current server log instead of a file.")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), help="Engine the log comes from (narrows signatures).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: str | None, as_json: bool) -> None:
+    """Classify an engine log (a file, - for stdin, or a host's current log) with the crash knowledge base.
+
+    \b
+    Examples:
+      fleet diagnose server.log --json
+      docker logs sglang 2>&1 | fleet diagnose -
+      fleet diagnose --host blackwell
+    """
+    from fleet.crashes import Context as CrashContext
+    from fleet.crashes import diagnose as run_diagnosis
+    from fleet.crashes import load_signatures
+
+    if host_name:
+        from fleet.control import ops
+
+        host = ctx.host(host_name)
+        chunks: list[bytes] = []
+        with transport_for(ctx, host) as t:
+            ops.logs(t, host, lines=5000, follow=False, sink=lambda c: chunks.append(c) is None)
+        text = b"".join(chunks).decode("utf-8", "replace")
+    elif source in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host.") from exc
+    user_dir = Path("crashes")
+    d = run_diagnosis(text.splitlines(), CrashContext(engine=engine),
+                      load_signatures([user_dir] if user_dir.is_dir() else []))
+    if as_json:
+        _emit_json(d.to_json())
+        return
+    click.echo(f"{d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}")
+    if d.fix:
+        click.echo(f"fix: {d.fix.describe()}")
+    for line in d.evidence:
+        click.echo(f"evidence: {line}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -224,7 +224,7 @@ def preflight(
                 )
             )
     # the port: fleet stops engine servers, never anything else
-    holder = facts.port_holder(plan.port)
+    holder = facts.port_holder(plan.port, host.settings.bind_address)
     if holder is not None:
         server_pids = {p.pid for p in facts.servers}
         if holder.pid not in server_pids:

@@ -1,0 +1,423 @@
+"""Runs ON the host (sent as `python -c`): lock, engine pre-flight check, stop stale servers, free the
+GPUs, launch detached, record state — one round trip. Prints one JSON document.
+
+Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
+Safety rules it enforces itself, whatever the caller says:
+  - it never signals pid 1, its own process group, sshd, or a process group holding non-engine processes;
+  - foreign GPU holders (other users, GPU daemons, non-engine processes) are refused unless the kill
+    policy is "force", and refused holders are reported before anything is stopped.
+Secrets arrive on stdin as JSON and are written to a 0600 file the launcher sources and deletes.
+"""
+
+import fcntl
+import glob
+import json
+import os
+import pwd
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ENGINE_RE = re.compile(
+    r"sglang::|sglang\.launch_server|sglang serve|sglang\.srt|sglang\.data_parallel"
+    r"|VLLM::|vllm serve|vllm\.entrypoints"
+)
+LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
+SAFELISTED = re.compile(r"^(nvidia-persistenced|nv-hostengine|dcgm\w*|Xorg|X|Xwayland|gdm\w*|sddm|lightdm|gnome-shell|kwin\w*)$")
+LAUNCHER = (
+    'set -a; . "$1"; set +a; rm -f "$1"; exitfile="$2"; shift 2; '
+    '"$@" </dev/null; echo $? > "$exitfile.tmp"; mv "$exitfile.tmp" "$exitfile"'
+)
+
+
+def expand(path):
+    return os.path.expanduser(path) if path else path
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path, data, mode=0o600):
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def proc(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        with open("/proc/%d/status" % pid) as f:
+            status = f.read()
+    except OSError:
+        return None
+    rest = stat.rsplit(")", 1)[-1].split()
+    uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return {"pid": pid, "ppid": int(rest[1]), "pgid": int(rest[2]), "uid": uid, "user": user,
+            "comm": stat[stat.find("(") + 1: stat.rfind(")")], "cmdline": cmd[:500]}
+
+
+def all_procs():
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            p = proc(int(name))
+            if p:
+                out[p["pid"]] = p
+    return out
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def is_engine(p):
+    return bool(ENGINE_RE.search(p["cmdline"])) or (" %s " % LAUNCH_MARK) in p["cmdline"]
+
+
+def port_owner(port, bind_address="0.0.0.0"):
+    """(pid, held) of the listener a server binding bind_address:port would collide with."""
+    wild = ("00000000", "00000000000000000000000000000000")
+    want = None
+    if bind_address not in ("0.0.0.0", "::"):
+        want = "".join("%02X" % int(x) for x in reversed(bind_address.split("."))) if "." in bind_address else None
+    inodes = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].split(":")[1], 16) == port:
+                addr = parts[1].split(":")[0]
+                if want is None or addr in wild or addr == want:
+                    inodes[parts[9]] = True
+    if not inodes:
+        return None, False
+    for pid in all_procs():
+        try:
+            for fd in os.listdir("/proc/%d/fd" % pid):
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return pid, True
+        except OSError:
+            continue
+    return None, True  # held, owner invisible (another user's process)
+
+
+# --- lock ----------------------------------------------------------------------------------------------
+
+
+def take_lock(a):
+    state_dir = expand(a["state_dir"])
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, "lock.json")
+    with open(os.path.join(state_dir, "lock.guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        cur = read_json(path)
+        age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
+        if cur is not None and cur.get("run_id") != a["run_id"] and age is not None and age < a["lease_s"]:
+            return {"status": "held", "owner": cur.get("owner"), "since": cur.get("since"), "age_s": age,
+                    "command": cur.get("command")}
+        taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
+        if cur is None or cur.get("run_id") != a["run_id"]:
+            write_json(path, {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(),
+                              "command": a.get("command")})
+        else:
+            os.utime(path)
+        return {"status": "taken", "taken_over": taken_over}
+
+
+def release_lock(state_dir, run_id):
+    path = os.path.join(expand(state_dir), "lock.json")
+    cur = read_json(path)
+    if cur is None or cur.get("run_id") == run_id:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# --- engine pre-flight check ---------------------------------------------------------------------------
+
+CHECKS = {
+    "sglang": "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n",
+    "vllm": (
+        "import sys\n"
+        "try:\n"
+        "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "except ImportError:\n"
+        "    from vllm.utils import FlexibleArgumentParser\n"
+        "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+        "make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+    ),
+}
+
+
+def engine_check(c):
+    code = CHECKS.get(c["engine"])
+    if not code:
+        return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
+    env = dict(os.environ, **c.get("env", {}))
+    try:
+        p = subprocess.run([expand(c["python"]), "-c", code] + c["args"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env=env, timeout=c.get("timeout_s", 180))
+    except subprocess.TimeoutExpired:
+        return {"verdict": "could_not_check", "output": "the check timed out"}
+    except OSError as exc:
+        return {"verdict": "could_not_check", "output": str(exc)}
+    out = p.stdout.decode("utf-8", "replace")[-20000:]
+    if p.returncode == 0:
+        return {"verdict": "accepted", "output": out[-2000:]}
+    if p.returncode == 2 and "error:" in out:
+        return {"verdict": "rejected", "output": out}
+    if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):
+        return {"verdict": "rejected", "output": out}
+    return {"verdict": "could_not_check", "output": out}
+
+
+# --- stop and free -------------------------------------------------------------------------------------
+
+
+def holders(device_glob):
+    files = sorted(glob.glob(expand(device_glob)))
+    pids = set()
+    if files:
+        try:
+            out = subprocess.run(["fuser"] + files, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+            pids = set(int(t) for t in re.findall(rb"\d+", out))
+        except OSError:  # no fuser: scan /proc
+            real = set(os.path.realpath(f) for f in files)
+            for pid in all_procs():
+                try:
+                    if any(os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real
+                           for fd in os.listdir("/proc/%d/fd" % pid)):
+                        pids.add(pid)
+                except OSError:
+                    continue
+    return pids
+
+
+def nvml_pids_and_memory():
+    try:
+        import pynvml as n
+        n.nvmlInit()
+    except Exception:
+        return set(), None
+    try:
+        pids, used = set(), []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
+            try:
+                pids |= set(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h))
+            except Exception:
+                pass
+        return pids, used
+    finally:
+        n.nvmlShutdown()
+
+
+def classify(a, procs):
+    """Split GPU holders and stale servers into what fleet stops and what it must not touch."""
+    me = os.getuid()
+    own_pgid = os.getpgid(0)
+    recorded = a.get("recorded_pgid")
+    targets, refused = {}, []
+    candidates = set(p for p, info in procs.items() if is_engine(info))
+    owner, held = port_owner(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (None, False)
+    if owner:
+        candidates.add(owner)
+    gpu_holders = holders(a["gpu_devices"]) | nvml_pids_and_memory()[0]
+    candidates |= gpu_holders
+    for pid in sorted(candidates):
+        info = procs.get(pid)
+        if info is None or pid in (1, os.getpid()) or info["pgid"] == own_pgid or info["comm"] == "sshd":
+            continue
+        fleets = recorded is not None and info["pgid"] == recorded
+        engine = is_engine(info)
+        why = None
+        if SAFELISTED.match(info["comm"]):
+            why = "GPU daemon %s" % info["comm"]
+        elif info["uid"] != me and not fleets:
+            why = "process of user %s" % info["user"]
+        elif not engine and not fleets:
+            why = "not an inference server" if pid != owner else "holds port %d, not an inference server" % a["port"]
+        if why and a["kill_policy"] != "force":
+            refused.append(dict(info, why=why))
+            continue
+        targets[pid] = dict(info, why=why or ("fleet's server" if fleets else "inference server"))
+    if owner is None and held and a.get("port"):
+        refused.append({"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]})
+    return targets, refused
+
+
+def stop_targets(targets, procs, drain_s):
+    """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL."""
+    own_pgid = os.getpgid(0)
+    groups = {}
+    for pid, info in targets.items():
+        groups.setdefault(info["pgid"], []).append(pid)
+    signalled = []
+    for pgid, pids in groups.items():
+        members = [p for p in procs.values() if p["pgid"] == pgid]
+        whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
+        signalled.append(("group", pgid) if whole else ("pids", pids))
+    for kind, what in signalled:
+        try:
+            if kind == "group":
+                os.killpg(what, signal.SIGTERM)
+            else:
+                for pid in what:
+                    os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + drain_s
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.05)
+    forced = []
+    for kind, what in signalled:
+        try:
+            if kind == "group":
+                os.killpg(what, signal.SIGKILL)
+                forced.append(what)
+            else:
+                for pid in what:
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        forced.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + 5
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.05)
+    return [{"pid": p, "pgid": t["pgid"], "user": t["user"], "cmdline": t["cmdline"][:200], "why": t["why"]}
+            for p, t in sorted(targets.items())], forced
+
+
+def wait_memory_released(before, timeout_s, ignore_mib):
+    start = time.time()
+    used = nvml_pids_and_memory()[1]
+    while used is not None and time.time() - start < timeout_s:
+        if all(u <= ignore_mib for u in used):
+            break
+        time.sleep(0.1)
+        used = nvml_pids_and_memory()[1]
+    return before, used, time.time() - start
+
+
+# --- launch --------------------------------------------------------------------------------------------
+
+
+def launch(a, secrets):
+    log_dir = expand(a["log_dir"])
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    base = os.path.join(log_dir, "%s-%s-attempt%d" % (a["name"], stamp, a["attempt"]))
+    log_path = base + ".log"
+    exit_path = base + ".exit"
+    env_path = base + ".env"
+    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        for k, v in sorted(list(a["env"].items()) + list(secrets.items())):
+            f.write("%s=%s\n" % (k, shlex.quote(v)))
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    child = subprocess.Popen(
+        ["/bin/sh", "-c", LAUNCHER, LAUNCH_MARK, env_path, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
+        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True, close_fds=True,
+        cwd=log_dir,
+    )
+    os.close(log_fd)
+    latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
+    try:
+        os.unlink(latest)
+    except OSError:
+        pass
+    os.symlink(os.path.basename(log_path), latest)
+    return {"pid": child.pid, "pgid": child.pid, "log": log_path, "exit_file": exit_path, "started": time.time()}
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    secrets = json.loads(sys.stdin.read() or "{}")
+    out = {"host": socket.gethostname()}
+    lock = take_lock(a["lock"])
+    out["lock"] = lock
+    if lock["status"] == "held":
+        return out
+    state_dir = expand(a["lock"]["state_dir"])
+    if a.get("release_lock_only"):
+        release_lock(state_dir, a["lock"]["run_id"])
+        return out
+    if a.get("check"):
+        out["check"] = engine_check(a["check"])
+        if out["check"]["verdict"] == "rejected":
+            return out
+    procs = all_procs()
+    targets, refused = classify(a["free"], procs)
+    out["refused"] = refused
+    if refused:
+        return out
+    before = nvml_pids_and_memory()[1]
+    out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
+    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"])
+    out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
+    for sweep in range(3):  # children that outlived their parent (JIT workers), by title
+        left = [p for p in all_procs().values() if is_engine(p) and p["uid"] == os.getuid()
+                and p["pgid"] != os.getpgid(0)]
+        if not left:
+            break
+        for p in left:
+            try:
+                os.kill(p["pid"], signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    if a.get("launch"):
+        if a["state_update"]:
+            write_json(os.path.join(state_dir, "state.json"), a["state_update"])
+        out["launched"] = launch(a["launch"], secrets)
+        st = read_json(os.path.join(state_dir, "state.json")) or {}
+        st.update({"pid": out["launched"]["pid"], "pgid": out["launched"]["pgid"], "log": out["launched"]["log"],
+                   "exit_file": out["launched"]["exit_file"], "started": out["launched"]["started"]})
+        write_json(os.path.join(state_dir, "state.json"), st)
+    elif a.get("state_update") is not None:
+        write_json(os.path.join(state_dir, "state.json"), a["state_update"])
+    if a.get("release_lock"):
+        release_lock(state_dir, a["lock"]["run_id"])
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        result = main()
+    except Exception as exc:
+        import traceback
+        result = {"error": "%s: %s" % (type(exc).__name__, exc), "traceback": traceback.format_exc()[-3000:]}
+    sys.stdout.write(json.dumps(result))
