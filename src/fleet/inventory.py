@@ -148,15 +148,18 @@ class Inventory:
 _HOST_KEYS = set(HostSettings.model_fields)
 
 
-def _pydantic_error(doc: YamlDoc, base: KeyPath, err: ValidationError, origins: Mapping[str, int]) -> ConfigError:
+def _pydantic_error(
+    doc: YamlDoc, key_base: KeyPath, err: ValidationError, origins: Mapping[str, int], known: str
+) -> ConfigError:
+    """The first pydantic error as `file:line: field "x" <what>`. `origins`: line each merged key came from."""
     first = err.errors()[0]
     loc = tuple(first["loc"])
     field = ".".join(str(p) for p in loc) or "(top)"
-    line = origins.get(str(loc[0])) if loc else None
-    where = f"{doc.path}:{line}" if line else doc.where((*base, *loc))
+    exact = doc.lines.get((*key_base, *loc)) if len(loc) > 1 else None
+    line = exact or (origins.get(str(loc[0])) if loc else None)
+    where = f"{doc.path}:{line}" if line else doc.where((*key_base, *loc))
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        known = ", ".join(sorted(_HOST_KEYS)) if base[:1] != ("playbook",) else ""
         return ConfigError(f'{where}: unknown key "{field}".', f"Known keys: {known}." if known else "Remove it.")
     if first["type"] == "missing":
         return ConfigError(f'{where}: required field "{field}" is missing.', "Add it.")
@@ -250,7 +253,7 @@ def parse_inventory(doc: YamlDoc) -> Inventory:
         try:
             settings = HostSettings.model_validate(merged)
         except ValidationError as exc:
-            raise _pydantic_error(doc, ("hosts", hname), exc, origins) from None
+            raise _pydantic_error(doc, ("hosts", hname), exc, origins, ", ".join(sorted(_HOST_KEYS))) from None
         if settings.connection == "ssh" and not settings.address:
             raise ConfigError(
                 f'{doc.where(("hosts", hname))}: host "{hname}" has no address.',
@@ -371,7 +374,7 @@ def parse_playbook(doc: YamlDoc, name: str) -> NamedPlaybook:
     try:
         spec = Playbook.model_validate(data)
     except ValidationError as exc:
-        raise _pydantic_error(doc, ("playbook",), exc, origins) from None
+        raise _pydantic_error(doc, (), exc, origins, ", ".join(sorted(Playbook.model_fields))) from None
     return NamedPlaybook(name, doc.path, spec)
 
 

@@ -169,6 +169,9 @@ def _wait_port(address: str, port: int, timeout_s: float = 10.0) -> None:
     raise RuntimeError(f"sshd on {address}:{port} did not come up within {timeout_s} s")
 
 
+_DAEMONS: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def start_sshd(root: Path, hdir: Path, address: str, port: int) -> int:
     host_key, _ = ensure_keys(root)
     cfg = hdir / "sshd_config"
@@ -198,8 +201,9 @@ def start_sshd(root: Path, hdir: Path, address: str, port: int) -> int:
     cmd = [sshd_binary(), "-D", "-e", "-f", str(cfg)]
     if os.geteuid() == 0 and shutil.which("unshare"):
         cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *cmd]
-    log = open(hdir / "sshd.log", "ab")  # noqa: SIM115 - handed to the daemon
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    with open(hdir / "sshd.log", "ab") as log:  # the daemon keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    _DAEMONS[proc.pid] = proc  # keep the handle: a collected Popen of a live process warns
     (hdir / "sshd.outer.pid").write_text(str(proc.pid))
     _wait_port(address, port)
     return proc.pid
@@ -212,6 +216,8 @@ def stop_sshd(hdir: Path) -> None:
     pid = int(pid_file.read_text())
     with contextlib.suppress(ProcessLookupError):  # --kill-child takes the namespace's processes with it
         os.killpg(pid, signal.SIGKILL)
+    if pid in _DAEMONS:
+        _DAEMONS.pop(pid).wait(timeout=10)
     for _ in range(100):
         try:
             os.kill(pid, 0)
@@ -292,6 +298,46 @@ def up(root: Path, specs: list[HostSpec], port: int = 2222, python: str = sys.ex
     (root / "inventory.yaml").write_text(inventory_yaml(root, specs, port))
     (root / "sandbox.json").write_text(json.dumps({"hosts": [s.name for s in specs], "port": port}))
     return Sandbox(root, specs, port)
+
+
+RESET_SCRIPT = r"""
+import os, signal
+me = os.getpid()
+keep = {1, me, os.getppid()}
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) in keep:
+        continue
+    try:
+        comm = open("/proc/%s/comm" % name).read().strip()
+    except OSError:
+        continue
+    if comm == "sshd" or comm.startswith("sshd"):
+        continue
+    try:
+        os.kill(int(name), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def reset_host(sb: Sandbox, spec: HostSpec) -> None:
+    """Kill every process on a simulated host (but its sshd) and wipe its state, logs and GPU usage."""
+    hdir = sb.host_dir(spec.name)
+    import shlex
+
+    subprocess.run([*ssh_argv(sb, spec), f"python3 -c {shlex.quote(RESET_SCRIPT)}"], check=False, capture_output=True,
+                   timeout=30)
+    for sub in ("state", "logs", "run"):
+        shutil.rmtree(hdir / sub, ignore_errors=True)
+    for sub in ("state", "logs", "run/gpu"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    build_host(sb.root, spec)
+
+
+def ssh_argv(sb: Sandbox, spec: HostSpec) -> list[str]:
+    """A plain OpenSSH command line to a simulated host (the benchmark's floor, tests' side door)."""
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={sb.known_hosts}", "-o",
+            "StrictHostKeyChecking=yes", "-i", str(sb.root / "keys" / "id_ed25519"), "-p", str(sb.port), spec.address]
 
 
 def down(root: Path) -> None:

@@ -1,0 +1,85 @@
+"""Shared fixtures: the simulated fleet (real sshd per host on loopback, PID namespaces) and a CLI runner.
+
+Tests never read the developer's ~/.ssh: FLEET_KNOWN_HOSTS / FLEET_SSH_CONFIG point into the sandbox.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "testbed"))
+
+from fleet_testbed import simhost  # noqa: E402
+
+from fleet.cli import main  # noqa: E402
+
+TEST_PORT = 2322  # the demo sandbox uses 2222; both can run at once
+BLACKWELL = replace(simhost.BLACKWELL, address="127.0.2.2")
+CT129 = replace(simhost.CT129, address="127.0.2.3")
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*argv: str) -> CliResult:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(argv))
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def _sshd_available() -> bool:
+    return any(os.path.exists(p) for p in ("/usr/sbin/sshd",)) and shutil.which("ssh") is not None
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> simhost.Sandbox:
+    if not _sshd_available():
+        pytest.fail("OpenSSH sshd is not installed: run `make test` (it installs openssh-server)")
+    os.environ["SIM_SPEED"] = os.environ.get("SIM_SPEED", "0.3")
+    root = tmp_path_factory.mktemp("fleet-sandbox")
+    sb = simhost.up(root, [BLACKWELL, CT129], TEST_PORT)
+    yield sb
+    simhost.down(root)
+
+
+@pytest.fixture
+def fleet_env(sandbox: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch) -> simhost.Sandbox:
+    """A clean simulated fleet and fleet's environment pointing at it."""
+    for spec in (BLACKWELL, CT129):
+        simhost.reset_host(sandbox, spec)
+    for key, value in sandbox.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("FLEET_INVENTORY", str(sandbox.inventory))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(ROOT / "playbooks"))
+    return sandbox
+
+
+class Background:
+    """A process started for a test (a decoy GPU holder, a stale server) that is always reaped."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()

@@ -1,0 +1,76 @@
+"""`fleet facts` against simulated GPU hosts over a real sshd: one command execution, real-shaped data."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import BLACKWELL, CT129, Background, run_cli
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.ssh
+
+
+def test_facts_of_blackwell_show_eight_sm120_gpus_in_one_round_trip(fleet_env: simhost.Sandbox) -> None:
+    r = run_cli("facts", "--host", "blackwell", "--json", "--model", "Qwen3.5-397B-A17B-NVFP4")
+    assert r.code == 0, r.err
+    facts = json.loads(r.out)
+    assert facts["round_trips"] == 1
+    gpus = facts["gpu"]["gpus"]
+    assert len(gpus) == 8
+    assert {g["compute_capability"] for g in gpus} == {"12.0"}
+    assert facts["gpu"]["source"] == "nvml"
+    assert facts["engines"]["sglang"]["version"] == "0.5.11"
+    assert facts["model"]["config"]["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    assert facts["model"]["quant_config"]["quantization"]["quant_algo"] == "NVFP4"
+    assert facts["model"]["weights_bytes"] == 233_900_000_000
+
+
+def test_facts_of_ct129_show_two_a6000(fleet_env: simhost.Sandbox) -> None:
+    r = run_cli("facts", "--host", "ct129", "--json")
+    facts = json.loads(r.out)
+    assert [g["name"] for g in facts["gpu"]["gpus"]] == ["NVIDIA RTX A6000"] * 2
+    assert facts["gpu"]["gpus"][0]["compute_capability"] == "8.6"
+    assert facts["gpu"]["gpus"][0]["nvlink"] is False
+
+
+def test_facts_fall_back_to_nvidia_smi_when_nvml_is_broken(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), nvml_broken=True)
+    facts = json.loads(run_cli("facts", "--host", "ct129", "--json").out)
+    assert facts["gpu"]["source"] == "nvidia-smi"
+    assert "Driver Not Loaded" in facts["gpu"]["nvml_error"]
+    assert len(facts["gpu"]["gpus"]) == 2
+    assert facts["gpu"]["driver_version"] == "580.95.05"
+
+
+def test_missing_gpu_tools_are_reported_not_raised(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), nvml_broken=True, nvidia_smi_broken=True)
+    r = run_cli("facts", "--host", "ct129", "--json")
+    assert r.code == 0
+    facts = json.loads(r.out)
+    assert facts["gpu"]["gpus"] == []
+
+
+def test_device_holders_are_listed_with_user_and_command(fleet_env: simhost.Sandbox) -> None:
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia0"
+    with Background([*simhost.ssh_argv(fleet_env, CT129), f"exec 3<{dev}; exec sleep 30"]):
+        for _ in range(50):
+            facts = json.loads(run_cli("facts", "--host", "ct129", "--json").out)
+            if facts["devices"]["holders"]:
+                break
+            time.sleep(0.1)
+        assert [h["comm"] for h in facts["devices"]["holders"]] == ["sleep"]
+        assert facts["devices"]["holders"][0]["user"] == "root"
+
+
+def test_facts_of_one_host_do_not_see_processes_of_another(fleet_env: simhost.Sandbox) -> None:
+    fake_server = "exec -a 'python -m sglang.launch_server' sleep 30"
+    with Background([*simhost.ssh_argv(fleet_env, BLACKWELL), fake_server]):
+        for _ in range(50):
+            seen = [s["cmdline"] for s in json.loads(run_cli("facts", "--host", "blackwell", "--json").out)["servers"]]
+            if seen == ["python -m sglang.launch_server 30"]:
+                break
+            time.sleep(0.1)
+        assert seen == ["python -m sglang.launch_server 30"]
+        assert json.loads(run_cli("facts", "--host", "ct129", "--json").out)["servers"] == []

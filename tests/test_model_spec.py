@@ -1,0 +1,68 @@
+"""config.json (+ hf_quant_config.json, safetensors index) → ModelSpec, over real-shaped configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factsdata import CONFIGS, model_files
+
+from fleet.model import ModelConfigError, parse_model_spec
+
+
+def spec_of(name: str):  # type: ignore[no-untyped-def]
+    if name.endswith(".json"):
+        return parse_model_spec("/m", json.loads((CONFIGS / name).read_text()), None, None)
+    files = model_files(name)
+    return parse_model_spec("/m", files["config"], files["quant_config"], files["weights_bytes"])
+
+
+@pytest.mark.parametrize(
+    ("model", "arch", "hybrid", "linear", "layers", "mtp", "quant", "sglang_quant", "experts", "heads", "kv"),
+    [
+        ("Qwen3.5-397B-A17B-NVFP4", "Qwen3_5MoeForConditionalGeneration", True, 45, 60, 1, "nvfp4", "modelopt_fp4",
+         512, 32, 2),
+        ("Qwen3.6-27B", "Qwen3_5ForConditionalGeneration", True, 48, 64, 1, "bf16", None, 0, 24, 4),
+        ("qwen3-next-80b-a3b.json", "Qwen3NextForCausalLM", True, 36, 48, 1, "bf16", None, 512, 16, 2),
+        ("llama-3.1-8b.json", "LlamaForCausalLM", False, 0, 32, 0, "bf16", None, 0, 32, 8),
+        ("llama-3.1-8b-fp8.json", "LlamaForCausalLM", False, 0, 32, 0, "fp8", "fp8", 0, 32, 8),
+    ],
+)
+def test_model_traits_are_read_from_the_config(
+    model: str, arch: str, hybrid: bool, linear: int, layers: int, mtp: int, quant: str, sglang_quant: str | None,
+    experts: int, heads: int, kv: int,
+) -> None:
+    s = spec_of(model)
+    assert (s.architecture, s.hybrid, len(s.linear_attention_layers), s.num_layers, s.mtp_layers) == (
+        arch, hybrid, linear, layers, mtp)
+    assert (s.quantization, s.sglang_quantization, s.num_experts, s.num_attention_heads, s.num_kv_heads) == (
+        quant, sglang_quant, experts, heads, kv)
+
+
+def test_qwen36_layer_pattern_is_three_linear_then_one_full() -> None:
+    s = spec_of("Qwen3.6-27B")
+    assert s.linear_attention_layers[:6] == (0, 1, 2, 4, 5, 6)
+    assert 3 not in s.linear_attention_layers and 63 not in s.linear_attention_layers
+
+
+def test_qwen3_next_layer_pattern_is_derived_from_the_interval() -> None:
+    s = spec_of("qwen3-next-80b-a3b.json")  # flat config, no layer_types: (i+1) % 4 == 0 is full attention
+    assert 3 not in s.linear_attention_layers and 7 not in s.linear_attention_layers
+    assert {0, 1, 2, 4} <= set(s.linear_attention_layers)
+
+
+def test_nvfp4_is_found_in_hf_quant_config_alone() -> None:
+    files = model_files("Qwen3.5-397B-A17B-NVFP4")
+    cfg = {k: v for k, v in files["config"].items() if k != "quantization_config"}
+    s = parse_model_spec("/m", cfg, files["quant_config"], None)
+    assert (s.quantization, s.sglang_quantization) == ("nvfp4", "modelopt_fp4")
+
+
+def test_weight_size_comes_from_the_safetensors_index() -> None:
+    assert spec_of("Qwen3.5-397B-A17B-NVFP4").weights_bytes == 233_900_000_000
+
+
+@pytest.mark.parametrize("config", [None, [], "text"])
+def test_a_missing_or_malformed_config_is_a_clear_error(config: object) -> None:
+    with pytest.raises(ModelConfigError, match="config.json is missing or not a JSON object"):
+        parse_model_spec("/m", config, None, None)  # type: ignore[arg-type]

@@ -1,0 +1,232 @@
+"""The planner: golden command lines for the motivating deployments, each rule firing and not firing,
+user flags winning (but flagged), learned fixes applied, and pre-flight refusals."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from factsdata import B200, RTX_A6000, RTX_PRO_6000, facts
+
+from fleet.inventory import Host, NamedPlaybook, load_inventory, load_playbook
+from fleet.plan import KNOWN_CRASHES, SGLANG_RULES, Fix, apply_fix, args_dict, spell
+from fleet.plan.build import PlanResult, build_plan
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+INVENTORY = load_inventory(ROOT / "inventory" / "hosts.yaml")
+
+
+def host(name: str) -> Host:
+    return INVENTORY.hosts[name]
+
+
+def playbook(name: str, **changes: object) -> NamedPlaybook:
+    pb = load_playbook(name, ROOT / "playbooks")
+    return replace(pb, spec=pb.spec.model_copy(update=changes)) if changes else pb
+
+
+BLACKWELL_GPUS = (RTX_PRO_6000, 8)
+CT129_GPUS = (RTX_A6000, 2)
+
+
+def plan(pb: NamedPlaybook, host_name: str, gpus: tuple, version: str = "0.5.11", engine: str = "sglang",
+         **kw: object) -> PlanResult:
+    model = {"Qwen3.5-397B-A17B-NVFP4": "Qwen3.5-397B-A17B-NVFP4", "Qwen3.6-27B": "Qwen3.6-27B"}[pb.spec.model]
+    f = facts(host_name, gpus[0], gpus[1], engine=engine, version=version, model=model, **kw)  # type: ignore[arg-type]
+    return build_plan(host(host_name), pb, f, f"/models/{model}")
+
+
+def golden(name: str, result: PlanResult) -> None:
+    """Compare the whole command line with tests/golden/NAME.txt (UPDATE_GOLDEN=1 rewrites it)."""
+    assert result.plan is not None
+    lines = [shlex.join(result.plan.argv()[:3]), *(shlex.join(f.words()) for f in result.plan.flags)]
+    text = " \\\n  ".join(lines) + "\n# env: " + " ".join(f"{e.name}={e.value}" for e in result.plan.env) + "\n"
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"plan differs from {path} (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_golden_qwen35_nvfp4_on_blackwell_sglang_0511() -> None:
+    r = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS)
+    assert not r.errors
+    a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+    assert a["--tp-size"] == "8"
+    assert (a["--speculative-algorithm"], a["--speculative-num-steps"], a["--speculative-eagle-topk"],
+            a["--speculative-num-draft-tokens"]) == ("NEXTN", "1", "1", "2")
+    assert a["--mamba-scheduler-strategy"] == "extra_buffer" and "--mamba-radix-cache-strategy" not in a
+    assert (a["--moe-runner-backend"], a["--fp4-gemm-backend"]) == ("flashinfer_cutlass", "flashinfer_cudnn")
+    assert any(v.rule == "quantization" and "NVFP4" in v.message for v in r.verdicts)
+    assert not [v for v in r.verdicts if v.level == "crash"]
+    golden("qwen35-nvfp4-blackwell-sglang-0.5.11", r)
+
+
+def test_golden_qwen35_nvfp4_on_blackwell_sglang_0523_uses_the_renamed_flag() -> None:
+    r = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS, version="0.5.23")
+    a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+    assert a["--mamba-radix-cache-strategy"] == "extra_buffer" and "--mamba-scheduler-strategy" not in a
+    assert "SGLANG_ENABLE_SPEC_V2" not in {e.name for e in r.plan.env}  # type: ignore[union-attr]
+    golden("qwen35-nvfp4-blackwell-sglang-0.5.23", r)
+
+
+def test_golden_qwen36_27b_on_ct129_sglang_0511() -> None:
+    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS)
+    assert not r.errors
+    a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+    assert a["--tp-size"] == "2" and a["--speculative-num-steps"] == "1"
+    assert a["--mamba-scheduler-strategy"] == "extra_buffer"
+    assert not {"--moe-runner-backend", "--fp4-gemm-backend", "--attention-backend", "--disable-custom-all-reduce"} & set(a)
+    golden("qwen36-27b-ct129-sglang-0.5.11", r)
+
+
+@pytest.mark.parametrize(("pb_name", "host_name", "gpus", "tp"), [
+    ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "8"), ("qwen36-27b", "ct129", CT129_GPUS, "2")])
+def test_golden_vllm_plans_use_mtp_speculative_config(pb_name: str, host_name: str, gpus: tuple, tp: str) -> None:
+    r = plan(playbook(pb_name, engine="vllm"), host_name, gpus, version="0.33.0", engine="vllm")
+    assert r.plan is not None and r.plan.module() == "vllm.entrypoints.openai.api_server"
+    a = args_dict(r.plan.engine_args())
+    assert a["--tensor-parallel-size"] == tp
+    assert a["--speculative-config"] == '{"method":"mtp","num_speculative_tokens":1}'
+    golden(f"{pb_name}-{host_name}-vllm-0.33.0", r)
+
+
+def test_qwen35_nvfp4_on_ct129_is_refused_in_preflight_on_0511() -> None:
+    r = plan(playbook("qwen35-nvfp4"), "ct129", CT129_GPUS)
+    messages = [v.message for v in r.errors]
+    assert ("qwen35-nvfp4 on ct129: NVFP4 needs compute capability >= 10.0 in sglang 0.5.11; NVIDIA RTX A6000 is 8.6. "
+            "Pick a Blackwell host or SGLang >= 0.5.23 (Marlin, slow).") in messages
+    assert any(m.startswith("qwen35-nvfp4 on ct129: weights need 108.9 GiB per GPU at TP 2") for m in messages)
+
+
+def test_nvfp4_on_ampere_with_0523_is_a_slow_warning_not_a_capability_refusal() -> None:
+    r = plan(playbook("qwen35-nvfp4"), "ct129", CT129_GPUS, version="0.5.23")
+    assert [v.rule for v in r.errors] == ["fit"]
+    assert any(v.level == "warning" and "Marlin" in v.message for v in r.verdicts)
+
+
+RULE_CASES = [
+    # rule id, (playbook, host, gpus, version, overrides), fires?
+    ("speculative-mtp", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), True),
+    ("speculative-mtp", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {"speculative": None}), False),
+    ("hybrid-spec-extra-buffer-old", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), True),
+    ("hybrid-spec-extra-buffer-old", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.14", {}), False),
+    ("hybrid-spec-extra-buffer", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.14", {}), True),
+    ("hybrid-spec-extra-buffer", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), False),
+    ("sm120-nvfp4-moe-runner", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
+    ("sm120-nvfp4-moe-runner", ("qwen35-nvfp4", "blackwell", (B200, 8), "0.5.11", {}), False),
+    ("sm120-nvfp4-fp4-gemm", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
+    ("sm120-nvfp4-fp4-gemm", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), False),
+    ("hybrid-blackwell-attention", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
+    ("hybrid-blackwell-attention", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), False),
+    ("pcie-custom-all-reduce", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
+    ("pcie-custom-all-reduce", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), False),
+    ("cuda-graph-max-bs", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {"extra_args": []}), False),
+]
+
+
+@pytest.mark.parametrize(("rule", "case", "fires"), RULE_CASES,
+                         ids=[f"{r}-{'fires' if f else 'quiet'}-{c[3]}-{c[1]}" for r, c, f in RULE_CASES])
+def test_each_rule_fires_only_when_it_should(rule: str, case: tuple, fires: bool) -> None:
+    pb_name, host_name, gpus, version, overrides = case
+    r = plan(playbook(pb_name, **overrides), host_name, gpus, version=version)
+    assert r.plan is not None
+    assert (rule in {f.rule for f in r.plan.flags}) is fires
+
+
+def test_the_speculative_flags_come_all_three_or_none() -> None:
+    for steps in (1, 3):
+        from fleet.inventory import Speculative
+
+        r = plan(playbook("qwen36-27b", speculative=Speculative(steps=steps)), "ct129", CT129_GPUS)
+        a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+        assert a["--speculative-num-draft-tokens"] == str(steps + 1)
+        assert {"--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"} <= set(a)
+
+
+def test_pcie_rule_does_not_fire_with_nvlink() -> None:
+    r = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS, nvlink=True)
+    assert "--disable-custom-all-reduce" not in r.plan.engine_args()  # type: ignore[union-attr]
+
+
+def test_user_flags_win_but_known_crashes_are_flagged() -> None:
+    r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS)
+    a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+    assert "--speculative-num-steps" not in a and a["--speculative-num-draft-tokens"] == "2"
+    crashes = {v.rule for v in r.verdicts if v.level == "crash"}
+    assert crashes == {"spec-params-incomplete", "hybrid-spec-no-buffer"}
+
+
+def test_a_user_flag_replaces_the_derived_one_in_place() -> None:
+    r = plan(playbook("qwen35-nvfp4", extra_args=["--tp", "4", "--moe-runner-backend", "flashinfer_cutedsl"]),
+             "blackwell", BLACKWELL_GPUS)
+    a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
+    assert a["--tp-size"] == "4" and "--tp" not in a
+    assert a["--moe-runner-backend"] == "flashinfer_cutedsl"
+    assert "sm120-nvfp4-cutedsl-garbage" in {v.rule for v in r.verdicts if v.level == "crash"}
+
+
+def test_learned_fixes_are_applied_and_named() -> None:
+    key = "blackwell|/models/Qwen3.5-397B-A17B-NVFP4|sglang|0.5.11"
+    learned = {key: [{"signature": "sglang-spec-params-incomplete", "learned_at": "2026-11-29 10:00:00",
+                      "fix": Fix(derive="speculative_num_steps").to_json()}]}
+    r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS, learned=learned)
+    assert r.plan is not None and r.plan.applied_fixes == ("sglang-spec-params-incomplete",)
+    assert args_dict(r.plan.engine_args())["--speculative-num-steps"] == "1"
+    assert "spec-params-incomplete" not in {v.rule for v in r.verdicts}
+
+
+def test_learned_fixes_of_another_engine_version_are_not_applied() -> None:
+    key = "blackwell|/models/Qwen3.5-397B-A17B-NVFP4|sglang|0.5.10"
+    learned = {key: [{"signature": "x", "learned_at": "-", "fix": Fix(derive="speculative_num_steps").to_json()}]}
+    r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS, learned=learned)
+    assert r.plan is not None and r.plan.applied_fixes == ()
+
+
+def test_fixes_are_spelled_for_the_engine_version() -> None:
+    r = plan(playbook("qwen36-27b", speculative=None), "ct129", CT129_GPUS, version="0.5.23")
+    fixed = apply_fix(r.plan, Fix(set_flags=(("--mamba-scheduler-strategy", "extra_buffer"),)), "x", "y")  # type: ignore[arg-type]
+    assert args_dict(fixed.engine_args())["--mamba-radix-cache-strategy"] == "extra_buffer"
+    assert spell("--cuda-graph-max-bs", (0, 5, 20)) == "--cuda-graph-max-bs-decode"
+    assert spell("--cuda-graph-max-bs", (0, 5, 13)) == "--cuda-graph-max-bs"
+
+
+def test_respell_fix_renames_old_flags_keeping_values() -> None:
+    r = plan(playbook("qwen36-27b", extra_args=["--mamba-scheduler-strategy", "extra_buffer", "--cuda-graph-max-bs",
+                                                 "32"]), "ct129", CT129_GPUS, version="0.5.23")
+    assert {"old-mamba-flag", "ambiguous-cuda-graph-flag"} <= {v.rule for v in r.verdicts if v.level == "crash"}
+    fixed = apply_fix(r.plan, Fix(derive="respell_renamed_flags"), "respell", "why")  # type: ignore[arg-type]
+    a = args_dict(fixed.engine_args())
+    assert a["--mamba-radix-cache-strategy"] == "extra_buffer" and a["--cuda-graph-max-bs-decode"] == "32"
+    assert "--mamba-scheduler-strategy" not in a and "--cuda-graph-max-bs" not in a
+
+
+def test_port_held_by_a_non_server_is_refused() -> None:
+    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS,
+             listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}])
+    assert [v.rule for v in r.errors] == ["port-held"]
+    assert "port 30000 is held by pid 4242" in r.errors[0].message
+
+
+def test_port_held_by_an_inference_server_is_not_refused() -> None:
+    server = {"pid": 4242, "ppid": 1, "pgid": 4242, "uid": 1000, "user": "ops", "comm": "python",
+              "cmdline": "python -m sglang.launch_server --port 30000", "ports": [{"address": "0.0.0.0", "port": 30000}]}
+    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS,
+             listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}], servers=[server])
+    assert not r.errors
+
+
+def test_every_rule_and_known_crash_has_a_reason() -> None:
+    assert all(rule.reason for rule in SGLANG_RULES)
+    assert all(k.message for k in KNOWN_CRASHES)
+
+
+def test_derived_plans_never_trip_a_known_crash() -> None:
+    for pb_name, host_name, gpus in (("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS), ("qwen36-27b", "ct129", CT129_GPUS),
+                                     ("qwen36-27b", "blackwell", BLACKWELL_GPUS)):
+        for version in ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.15", "0.5.20", "0.5.23"):
+            r = plan(playbook(pb_name), host_name, gpus, version=version)
+            assert not [v for v in r.verdicts if v.level == "crash"], (pb_name, version)
