@@ -13,6 +13,7 @@ are shaped like the real ones.
 from __future__ import annotations
 
 import contextlib
+import contextlib
 import ctypes
 import json
 import os
@@ -389,6 +390,7 @@ def _spawn_child(title: str, gpu: int | None, used_mib: int) -> subprocess.Popen
     return subprocess.Popen(
         [sys.executable, "-m", "fleet_testbed.sim_child", title, str(-1 if gpu is None else gpu), str(used_mib)],
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
     )
 
 
@@ -562,6 +564,10 @@ def serve(argv: list[str]) -> None:
             _spawn_child(f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", rank, 600)
         )
     server.children.append(_spawn_child("sglang::detokenizer", None, 0))
+    for child in server.children:  # each child reports once titled and holding its GPU
+        assert child.stdout is not None
+        child.stdout.readline()
+        child.stdout.close()
     _sleep(server, 0.2)
     for rank in range(tp):
         log("Init torch distributed begin.", rank)
@@ -705,10 +711,11 @@ def serve(argv: list[str]) -> None:
     log(READY_LINE)
     while not sigterm.wait(0.5):
         pass
-    _sleep(server, 0.1)
+    time.sleep(float(os.environ.get("SIM_DRAIN_S", "0.3")))  # draining: /health answers 503 meanwhile
     log("Gracefully exiting... Remaining number of requests 0.")
     for child in server.children:
         child.kill()
+        child.wait()
     httpd.shutdown()
     sys.exit(0)
 

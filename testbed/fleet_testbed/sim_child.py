@@ -28,6 +28,8 @@ def main() -> None:
             held.append(open(root / "dev" / name, "rb"))  # noqa: SIM115 - held open on purpose
         gpustate.register(gpu, used_mib)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.write(1, b"up\n")  # the parent waits for every child, as SGLang waits for its schedulers
+    os.close(1)
     parent = os.getppid()
     while os.getppid() == parent:
         time.sleep(0.5)

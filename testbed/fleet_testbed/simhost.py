@@ -90,12 +90,14 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
     _write(hdir / "dev" / "nvidia-uvm", "")
     env = f'export SIM_HOST_DIR="{hdir}" PYTHONPATH="{hdir}/env/site:{TESTBED.parent}"\n'
     _write(hdir / "env" / "bin" / "python", f'#!/bin/sh\n{env}exec "{python}" "$@"\n', 0o755)
-    _write(
-        hdir / "env" / "bin" / "sglang",
-        f'#!/bin/sh\n{env}exec -a sglang "{python}" -c "import sys; sys.argv[0]=\'sglang\'; '
-        f'from sglang.cli.main import main; main()" "$@"\n',
-        0o755,
+    console = (  # like pip's console script: `/path/python /path/bin/sglang serve ...` in ps
+        f"#!{python}\nimport os, sys\n"
+        f"os.environ['SIM_HOST_DIR'] = {str(hdir)!r}\n"
+        f"os.environ['PYTHONPATH'] = {f'{hdir}/env/site:{TESTBED.parent}'!r}\n"
+        f"sys.path[:0] = os.environ['PYTHONPATH'].split(':')\n"
+        "from sglang.cli.main import main\nmain()\n"
     )
+    _write(hdir / "env" / "bin" / "sglang", console, 0o755)
     _write(hdir / "bin" / "nvidia-smi", f'#!/bin/sh\n{env}exec "{python}" -m fleet_testbed.nvidia_smi "$@"\n', 0o755)
     site = hdir / "env" / "site"
     site.mkdir(parents=True, exist_ok=True)
