@@ -18,9 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "testbed"))
 
-from fleet_testbed import simhost  # noqa: E402
-
 from fleet.cli import main  # noqa: E402
+from fleet_testbed import simhost  # noqa: E402
 
 TEST_PORT = 2322  # the demo sandbox uses 2222; both can run at once
 BLACKWELL = replace(simhost.BLACKWELL, address="127.0.2.2")
@@ -74,8 +73,9 @@ class Background:
     def __init__(self, argv: list[str]) -> None:
         import subprocess
 
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def __enter__(self) -> Background:
         return self

@@ -19,21 +19,54 @@ def model_files(name: str) -> dict[str, Any]:
     d = MODELS / name
     quant = d / "hf_quant_config.json"
     index = json.loads((d / "model.safetensors.index.json").read_text())
-    return {"config": json.loads((d / "config.json").read_text()),
-            "quant_config": json.loads(quant.read_text()) if quant.exists() else None,
-            "weights_bytes": index["metadata"]["total_size"]}
+    return {
+        "config": json.loads((d / "config.json").read_text()),
+        "quant_config": json.loads(quant.read_text()) if quant.exists() else None,
+        "weights_bytes": index["metadata"]["total_size"],
+    }
 
 
-def facts(host: str, gpu: tuple[str, str, int], count: int, *, engine: str = "sglang", version: str = "0.5.11",
-          model: str | None = None, model_path: str | None = None, nvlink: bool = False,
-          listeners: list[dict[str, Any]] | None = None, servers: list[dict[str, Any]] | None = None,
-          learned: dict[str, Any] | None = None) -> HostFacts:
+def facts(
+    host: str,
+    gpu: tuple[str, str, int],
+    count: int,
+    *,
+    engine: str = "sglang",
+    version: str = "0.5.11",
+    model: str | None = None,
+    model_path: str | None = None,
+    nvlink: bool = False,
+    listeners: list[dict[str, Any]] | None = None,
+    servers: list[dict[str, Any]] | None = None,
+    learned: dict[str, Any] | None = None,
+) -> HostFacts:
     name, cc, mem = gpu
     raw: dict[str, Any] = {
-        "hostname": host, "user": "ops", "uid": 1000, "time": 1.0e9, "boot_time": 0, "clock_ticks": 100,
-        "gpu": {"source": "nvml", "driver_version": "580.95.05", "cuda_version": "13.0", "gpus": [
-            {"index": i, "name": name, "uuid": f"GPU-{i}", "compute_capability": cc, "memory_total_mib": mem,
-             "memory_used_mib": 0, "temperature_c": 30, "processes": [], "nvlink": nvlink} for i in range(count)]},
+        "hostname": host,
+        "user": "ops",
+        "uid": 1000,
+        "time": 1.0e9,
+        "boot_time": 0,
+        "clock_ticks": 100,
+        "gpu": {
+            "source": "nvml",
+            "driver_version": "580.95.05",
+            "cuda_version": "13.0",
+            "gpus": [
+                {
+                    "index": i,
+                    "name": name,
+                    "uuid": f"GPU-{i}",
+                    "compute_capability": cc,
+                    "memory_total_mib": mem,
+                    "memory_used_mib": 0,
+                    "temperature_c": 30,
+                    "processes": [],
+                    "nvlink": nvlink,
+                }
+                for i in range(count)
+            ],
+        },
         "devices": {"device_files": [], "holders": []},
         "servers": servers or [],
         "listeners": listeners or [],

@@ -3,6 +3,7 @@ and for capturing real simulator logs as diagnosis samples."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,8 +19,15 @@ from fleet_testbed import simhost
 READY = "The server is fired up and ready to roll!"
 
 
-def make_host(root: Path, *, name: str = "h", gpu: dict[str, Any] = simhost.RTX_PRO_6000, count: int = 8,
-              version: str = "0.5.11", address: str = "127.0.3.1") -> Path:
+def make_host(
+    root: Path,
+    *,
+    name: str = "h",
+    gpu: dict[str, Any] = simhost.RTX_PRO_6000,
+    count: int = 8,
+    version: str = "0.5.11",
+    address: str = "127.0.3.1",
+) -> Path:
     spec = replace(simhost.BLACKWELL, name=name, gpu=gpu, gpu_count=count, sglang_version=version, address=address)
     return simhost.build_host(root, spec)
 
@@ -34,8 +42,13 @@ def env(hdir: Path) -> dict[str, str]:
 
 def run(hdir: Path, args: list[str], extra_env: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, str]:
     """Run to completion (a launcher error or a crash); returns (exit code, stdout+stderr)."""
-    p = subprocess.run([str(hdir / "env" / "bin" / "python"), "-m", "sglang.launch_server", *args],
-                       capture_output=True, text=True, timeout=timeout, env={**env(hdir), **(extra_env or {})})
+    p = subprocess.run(
+        [str(hdir / "env" / "bin" / "python"), "-m", "sglang.launch_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env(hdir), **(extra_env or {})},
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -45,9 +58,13 @@ class Running:
     def __init__(self, hdir: Path, args: list[str], extra_env: dict[str, str] | None = None) -> None:
         self.log_path = hdir / "logs" / f"sim-{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen([str(hdir / "env" / "bin" / "python"), "-m", "sglang.launch_server", *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**env(hdir), **(extra_env or {})})
+        self.proc = subprocess.Popen(
+            [str(hdir / "env" / "bin" / "python"), "-m", "sglang.launch_server", *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**env(hdir), **(extra_env or {})},
+        )
 
     def text(self) -> str:
         return self.log_path.read_text()
@@ -66,17 +83,16 @@ class Running:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         self.log.close()
 
 
 def http(url: str, body: dict[str, Any] | None = None) -> tuple[int | None, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -87,5 +103,7 @@ def http(url: str, body: dict[str, Any] | None = None) -> tuple[int | None, Any]
 
 
 def chat(address: str, port: int, prompt: str, served: str = "m") -> tuple[int | None, Any]:
-    return http(f"http://{address}:{port}/v1/chat/completions",
-                {"model": served, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8})
+    return http(
+        f"http://{address}:{port}/v1/chat/completions",
+        {"model": served, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8},
+    )

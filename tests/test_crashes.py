@@ -7,21 +7,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import simengine as sim
-from fleet_testbed import gpustate, simhost
 
+import simengine as sim
 from fleet.crashes import Context, GiveUp, Relaunch, builtin_signatures, decide, diagnose, normalize, traceback_of
 from fleet.plan import Fix
+from fleet_testbed import gpustate, simhost
 
 Q35, Q36 = "Qwen3.5-397B-A17B-NVFP4", "Qwen3.6-27B"
 SM120 = Context(engine="sglang", version=(0, 5, 11), hybrid=True, nvfp4=True, moe=True, sm=120)
 SM86 = Context(engine="sglang", version=(0, 5, 11), hybrid=True, sm=86)
-HANDWRITTEN = ["--tp", "8", "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "2",
-               "--speculative-eagle-topk", "1"]
+HANDWRITTEN = [
+    "--tp",
+    "8",
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-draft-tokens",
+    "2",
+    "--speculative-eagle-topk",
+    "1",
+]
 
 
-def sim_log(tmp: Path, version: str, model: str, args: list[str], *, gpu: dict = simhost.RTX_PRO_6000,
-            count: int = 8) -> list[str]:
+def sim_log(
+    tmp: Path, version: str, model: str, args: list[str], *, gpu: dict = simhost.RTX_PRO_6000, count: int = 8
+) -> list[str]:
     hdir = sim.make_host(tmp, name=f"h{version}{count}", gpu=gpu, count=count, version=version)
     _, out = sim.run(hdir, ["--model-path", sim.model(hdir, model), "--host", "127.0.3.2", "--port", "31100", *args])
     return out.splitlines()
@@ -30,26 +39,89 @@ def sim_log(tmp: Path, version: str, model: str, args: list[str], *, gpu: dict =
 # Captured from the simulator at test time: (name, version, model, args, gpu, count, context, signature)
 SIM_CASES = [
     ("hybrid-no-buffer", "0.5.11", Q35, HANDWRITTEN, simhost.RTX_PRO_6000, 8, SM120, "sglang-spec-hybrid-no-buffer"),
-    ("params-incomplete", "0.5.11", Q35, [*HANDWRITTEN, "--mamba-scheduler-strategy", "extra_buffer"],
-     simhost.RTX_PRO_6000, 8, SM120, "sglang-spec-params-incomplete"),
-    ("params-incomplete-0523", "0.5.23", Q35, HANDWRITTEN, simhost.RTX_PRO_6000, 8,
-     Context(engine="sglang", version=(0, 5, 23), sm=120), "sglang-spec-params-incomplete"),
-    ("no-buffer-overlap", "0.5.23", Q35, [*HANDWRITTEN, "--speculative-num-steps", "1", "--mamba-radix-cache-strategy",
-                                          "no_buffer"], simhost.RTX_PRO_6000, 8,
-     Context(engine="sglang", version=(0, 5, 23)), "sglang-no-buffer-overlap"),
-    ("old-flag-removed", "0.5.20", Q36, ["--mamba-scheduler-strategy", "extra_buffer"], simhost.RTX_A6000, 2,
-     Context(engine="sglang", version=(0, 5, 20)), "sglang-renamed-flag-unrecognized"),
-    ("ambiguous", "0.5.20", Q36, ["--cuda-graph-max-bs", "16"], simhost.RTX_A6000, 2,
-     Context(engine="sglang", version=(0, 5, 20)), "sglang-renamed-flag-ambiguous"),
+    (
+        "params-incomplete",
+        "0.5.11",
+        Q35,
+        [*HANDWRITTEN, "--mamba-scheduler-strategy", "extra_buffer"],
+        simhost.RTX_PRO_6000,
+        8,
+        SM120,
+        "sglang-spec-params-incomplete",
+    ),
+    (
+        "params-incomplete-0523",
+        "0.5.23",
+        Q35,
+        HANDWRITTEN,
+        simhost.RTX_PRO_6000,
+        8,
+        Context(engine="sglang", version=(0, 5, 23), sm=120),
+        "sglang-spec-params-incomplete",
+    ),
+    (
+        "no-buffer-overlap",
+        "0.5.23",
+        Q35,
+        [*HANDWRITTEN, "--speculative-num-steps", "1", "--mamba-radix-cache-strategy", "no_buffer"],
+        simhost.RTX_PRO_6000,
+        8,
+        Context(engine="sglang", version=(0, 5, 23)),
+        "sglang-no-buffer-overlap",
+    ),
+    (
+        "old-flag-removed",
+        "0.5.20",
+        Q36,
+        ["--mamba-scheduler-strategy", "extra_buffer"],
+        simhost.RTX_A6000,
+        2,
+        Context(engine="sglang", version=(0, 5, 20)),
+        "sglang-renamed-flag-unrecognized",
+    ),
+    (
+        "ambiguous",
+        "0.5.20",
+        Q36,
+        ["--cuda-graph-max-bs", "16"],
+        simhost.RTX_A6000,
+        2,
+        Context(engine="sglang", version=(0, 5, 20)),
+        "sglang-renamed-flag-ambiguous",
+    ),
     ("unknown-flag", "0.5.11", Q36, ["--enable-turbo"], simhost.RTX_A6000, 2, SM86, "argparse-unrecognized"),
-    ("invalid-choice", "0.5.11", Q36, ["--moe-runner-backend", "marlin"], simhost.RTX_A6000, 2, SM86,
-     "argparse-invalid-choice"),
+    (
+        "invalid-choice",
+        "0.5.11",
+        Q36,
+        ["--moe-runner-backend", "marlin"],
+        simhost.RTX_A6000,
+        2,
+        SM86,
+        "argparse-invalid-choice",
+    ),
     ("nvfp4-on-a6000", "0.5.11", Q35, ["--tp", "2"], simhost.RTX_A6000, 2, SM86, "sglang-quant-min-capability"),
     ("sm120-trtllm-moe", "0.5.11", Q35, ["--tp", "8"], simhost.RTX_PRO_6000, 8, SM120, "sm120-nvfp4-trtllm-moe"),
-    ("gdn-attention-sm120", "0.5.11", Q36, ["--attention-backend", "fa3", "--tp", "2"], simhost.RTX_PRO_6000, 2,
-     SM120, "hybrid-gdn-attention-allowlist-sm120"),
-    ("kv-not-enough", "0.5.11", Q36, ["--tp", "2", "--mem-fraction-static", "0.55"], simhost.RTX_A6000, 2, SM86,
-     "sglang-kv-not-enough-memory"),
+    (
+        "gdn-attention-sm120",
+        "0.5.11",
+        Q36,
+        ["--attention-backend", "fa3", "--tp", "2"],
+        simhost.RTX_PRO_6000,
+        2,
+        SM120,
+        "hybrid-gdn-attention-allowlist-sm120",
+    ),
+    (
+        "kv-not-enough",
+        "0.5.11",
+        Q36,
+        ["--tp", "2", "--mem-fraction-static", "0.55"],
+        simhost.RTX_A6000,
+        2,
+        SM86,
+        "sglang-kv-not-enough-memory",
+    ),
     ("no-config", "0.5.11", "Missing-Model", [], simhost.RTX_A6000, 2, SM86, "model-files-missing"),
 ]
 
@@ -66,31 +138,65 @@ def test_simulator_crash_logs_are_diagnosed(tmp_path: Path, case: tuple) -> None
 def test_cuda_oom_at_startup_from_the_simulator(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, gpu=simhost.RTX_A6000, count=2)
     simhost.set_host(hdir, gpus=[{**g, "baseline_used_mib": 12000} for g in gpustate.load_host(hdir)["gpus"]])
-    _, out = sim.run(hdir, ["--model-path", sim.model(hdir, Q36), "--port", "31101", "--host", "127.0.3.2", "--tp",
-                            "2", "--mem-fraction-static", "0.9"])
+    _, out = sim.run(
+        hdir,
+        [
+            "--model-path",
+            sim.model(hdir, Q36),
+            "--port",
+            "31101",
+            "--host",
+            "127.0.3.2",
+            "--tp",
+            "2",
+            "--mem-fraction-static",
+            "0.9",
+        ],
+    )
     d = diagnose(out.splitlines(), SM86)
     assert (d.category, d.signature) == ("cuda_oom_startup", "cuda-oom-startup")
 
 
 def test_runtime_typeerror_of_extra_buffer_spec_v2_is_not_fixable(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, gpu=simhost.RTX_A6000, count=2, version="0.5.13")
-    args = ["--model-path", sim.model(hdir, Q36), "--host", "127.0.3.2", "--port", "31102", "--tp", "2",
-            "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "2", "--mamba-scheduler-strategy", "extra_buffer"]
+    args = [
+        "--model-path",
+        sim.model(hdir, Q36),
+        "--host",
+        "127.0.3.2",
+        "--port",
+        "31102",
+        "--tp",
+        "2",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "1",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "2",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+    ]
     with sim.Running(hdir, args) as s:
         assert s.wait_for(sim.READY)
         sim.chat("127.0.3.2", 31102, "one")
         sim.chat("127.0.3.2", 31102, "two")
         assert s.wait_for("Received sigquit")
         d = diagnose(s.text().splitlines(), Context(engine="sglang", version=(0, 5, 13), hybrid=True, sm=86))
-    assert (d.category, d.signature, d.fix) == ("spec_decode_hybrid_mamba",
-                                                "sglang-spec-extra-buffer-runtime-typeerror", None)
+    assert (d.category, d.signature, d.fix) == (
+        "spec_decode_hybrid_mamba",
+        "sglang-spec-extra-buffer-runtime-typeerror",
+        None,
+    )
 
 
 def test_a_healthy_simulator_startup_is_healthy(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, gpu=simhost.RTX_A6000, count=2)
-    with sim.Running(hdir, ["--model-path", sim.model(hdir, Q36), "--host", "127.0.3.2", "--port", "31103",
-                            "--tp", "2"]) as s:
+    with sim.Running(
+        hdir, ["--model-path", sim.model(hdir, Q36), "--host", "127.0.3.2", "--port", "31103", "--tp", "2"]
+    ) as s:
         assert s.wait_for(sim.READY)
         lines = s.text().splitlines()
     assert diagnose(lines, SM86).category == "healthy"
@@ -98,53 +204,133 @@ def test_a_healthy_simulator_startup_is_healthy(tmp_path: Path) -> None:
 
 # Error texts as the engines print them (engines.md §5 and real-engine-cpu.md), with log prefixes.
 TEXT_CASES = [
-    ("fp8-on-ampere", "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
-                      "('fp8e4b15', 'fp8e5')", Context(), "fp8-on-ampere"),
-    ("trtllm-mha", "[2026-11-29 10:00:00 TP0] ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs "
-                   "(SM100)", Context(engine="sglang"), "sm120-trtllm-attention"),
-    ("fmha-runner", "RuntimeError: TllmGenFmhaRunner: fmhaRunner.cuh:30: Unsupported architecture",
-     Context(engine="sglang"), "sm120-trtllm-attention"),
-    ("gdn-allowlist-b200", "AssertionError: Only {'triton', 'trtllm_mha', 'flashinfer'} backends are supported on "
-                           "Blackwell GPUs for hybrid GDN models. Got prefill=fa4, decode=fa4",
-     Context(engine="sglang", sm=100), "hybrid-gdn-attention-allowlist"),
-    ("vllm-head-dim", "(EngineCore pid=4242) ERROR 11-29 10:00:00 [core.py:700] RuntimeError: Unsupported CPU "
-                      "attention configuration: head_dim=16", Context(engine="vllm"), "vllm-cpu-head-dim"),
-    ("vllm-kv", "(EngineCore pid=77) ValueError: No available memory for the cache blocks. Try increasing "
-                "`gpu_memory_utilization` when initializing the engine.", Context(engine="vllm"),
-     "vllm-kv-cache-too-small"),
-    ("graph-capture", "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 1.50 GiB\n"
-                      "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
-     Context(engine="sglang"), "cuda-graph-capture-failed"),
-    ("runtime-oom", "The server is fired up and ready to roll!\n[2026-11-29 11:00:00 TP3] torch.OutOfMemoryError: "
-                    "CUDA out of memory. Tried to allocate 20.00 MiB", Context(), "cuda-oom-runtime"),
-    ("port-aux", "ValueError: metrics_port at 40290 is not available in 30 seconds. metrics_port is used by a process "
-                 "already. process.name()='sglang'", Context(), "port-in-use"),
-    ("port-uvicorn", "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address "
-                     "already in use", Context(), "port-in-use"),
-    ("nccl", "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.21.5\n"
-             "ncclUnhandledCudaError: Call to CUDA function failed.", Context(), "nccl-p2p"),
-    ("illegal", "RuntimeError: CUDA error: an illegal memory access was encountered", Context(),
-     "illegal-memory-access"),
+    (
+        "fp8-on-ampere",
+        "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
+        "('fp8e4b15', 'fp8e5')",
+        Context(),
+        "fp8-on-ampere",
+    ),
+    (
+        "trtllm-mha",
+        "[2026-11-29 10:00:00 TP0] ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100)",
+        Context(engine="sglang"),
+        "sm120-trtllm-attention",
+    ),
+    (
+        "fmha-runner",
+        "RuntimeError: TllmGenFmhaRunner: fmhaRunner.cuh:30: Unsupported architecture",
+        Context(engine="sglang"),
+        "sm120-trtllm-attention",
+    ),
+    (
+        "gdn-allowlist-b200",
+        "AssertionError: Only {'triton', 'trtllm_mha', 'flashinfer'} backends are supported on "
+        "Blackwell GPUs for hybrid GDN models. Got prefill=fa4, decode=fa4",
+        Context(engine="sglang", sm=100),
+        "hybrid-gdn-attention-allowlist",
+    ),
+    (
+        "vllm-head-dim",
+        "(EngineCore pid=4242) ERROR 11-29 10:00:00 [core.py:700] RuntimeError: Unsupported CPU "
+        "attention configuration: head_dim=16",
+        Context(engine="vllm"),
+        "vllm-cpu-head-dim",
+    ),
+    (
+        "vllm-kv",
+        "(EngineCore pid=77) ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.",
+        Context(engine="vllm"),
+        "vllm-kv-cache-too-small",
+    ),
+    (
+        "graph-capture",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 1.50 GiB\n"
+        "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+        Context(engine="sglang"),
+        "cuda-graph-capture-failed",
+    ),
+    (
+        "runtime-oom",
+        "The server is fired up and ready to roll!\n[2026-11-29 11:00:00 TP3] torch.OutOfMemoryError: "
+        "CUDA out of memory. Tried to allocate 20.00 MiB",
+        Context(),
+        "cuda-oom-runtime",
+    ),
+    (
+        "port-aux",
+        "ValueError: metrics_port at 40290 is not available in 30 seconds. metrics_port is used by a process "
+        "already. process.name()='sglang'",
+        Context(),
+        "port-in-use",
+    ),
+    (
+        "port-uvicorn",
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+        Context(),
+        "port-in-use",
+    ),
+    (
+        "nccl",
+        "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.21.5\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.",
+        Context(),
+        "nccl-p2p",
+    ),
+    (
+        "illegal",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        Context(),
+        "illegal-memory-access",
+    ),
     ("jit", "ninja: build stopped: subcommand failed.", Context(), "jit-compile"),
-    ("remote-code", "ValueError: The repository for /models/x contains custom code which must be executed to "
-                    "correctly load the model.", Context(), "trust-remote-code"),
-    ("unknown-arch", "ValueError: The checkpoint you are trying to load has model type `qwen3_5_moe` but "
-                     "Transformers does not recognize this architecture.", Context(), "unknown-architecture"),
+    (
+        "remote-code",
+        "ValueError: The repository for /models/x contains custom code which must be executed to "
+        "correctly load the model.",
+        Context(),
+        "trust-remote-code",
+    ),
+    (
+        "unknown-arch",
+        "ValueError: The checkpoint you are trying to load has model type `qwen3_5_moe` but "
+        "Transformers does not recognize this architecture.",
+        Context(),
+        "unknown-architecture",
+    ),
     ("torchvision", "RuntimeError: operator torchvision::nms does not exist", Context(), "dependency-mismatch"),
     ("no-module", "ModuleNotFoundError: No module named 'sgl_kernel'", Context(), "dependency-mismatch"),
-    ("driver", "RuntimeError: The NVIDIA driver on your system is too old (found version 12020).", Context(),
-     "driver-mismatch"),
-    ("health-timeout", "[2026-11-29 10:00:00] Health check failed. Server couldn't get a response from detokenizer "
-                       "for last 20 seconds.", Context(), "worker-timeout"),
+    (
+        "driver",
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 12020).",
+        Context(),
+        "driver-mismatch",
+    ),
+    (
+        "health-timeout",
+        "[2026-11-29 10:00:00] Health check failed. Server couldn't get a response from detokenizer "
+        "for last 20 seconds.",
+        Context(),
+        "worker-timeout",
+    ),
     ("no-progress", "[fleet] no log progress for 300 s", Context(), "fleet-no-progress"),
-    ("cutedsl-garbage", "[fleet] smoke check failed: garbage output (answer ' !!!!!!')",
-     Context(engine="sglang", sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")), "sm120-cutedsl-garbage"),
+    (
+        "cutedsl-garbage",
+        "[fleet] smoke check failed: garbage output (answer ' !!!!!!')",
+        Context(engine="sglang", sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")),
+        "sm120-cutedsl-garbage",
+    ),
     ("garbage", "[fleet] smoke check failed: garbage output (answer 'zzz')", Context(sm=86), "garbage-output"),
     ("oom-killer", "Killed", Context(), "killed-by-signal"),
     ("sigkill", "[fleet] engine killed by signal 9", Context(), "killed-by-signal"),
-    ("child-failed", "[2026-11-29 10:00:00 TP2] Scheduler hit an exception: Traceback (most recent call last):\n"
-                     '  File "x.py", line 1, in f\nZeroDivisionError: division by zero', Context(),
-     "engine-child-failed"),
+    (
+        "child-failed",
+        "[2026-11-29 10:00:00 TP2] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nZeroDivisionError: division by zero',
+        Context(),
+        "engine-child-failed",
+    ),
 ]
 
 
@@ -155,32 +341,50 @@ def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: Context, si
 
 NEAR_MISSES = [
     # (text, context, signature that must NOT match)
-    ("[2026-11-29 10:00:00] server_args=ServerArgs(speculative_algorithm='NEXTN', mamba_scheduler_strategy='no_buffer')",
-     SM120, "sglang-spec-hybrid-no-buffer"),
-    ("AssertionError: mamba extra_buffer is not supported for FooForCausalLM model", SM120,
-     "sglang-spec-params-incomplete"),
-    ("Traceback (most recent call last):\n  File \"a.py\", line 3, in g\nTypeError: 'NoneType' object cannot be "
-     "interpreted as an integer", SM86, "sglang-spec-extra-buffer-runtime-typeerror"),
+    (
+        "[2026-11-29 10:00:00] server_args=ServerArgs(speculative_algorithm='NEXTN', "
+        "mamba_scheduler_strategy='no_buffer')",
+        SM120,
+        "sglang-spec-hybrid-no-buffer",
+    ),
+    (
+        "AssertionError: mamba extra_buffer is not supported for FooForCausalLM model",
+        SM120,
+        "sglang-spec-params-incomplete",
+    ),
+    (
+        "Traceback (most recent call last):\n  File \"a.py\", line 3, in g\nTypeError: 'NoneType' object cannot be "
+        "interpreted as an integer",
+        SM86,
+        "sglang-spec-extra-buffer-runtime-typeerror",
+    ),
     ("sglang serve: error: unrecognized arguments: --enable-turbo", SM86, "sglang-renamed-flag-unrecognized"),
-    ("WARNING: --cuda-graph-max-bs is deprecated, use --cuda-graph-max-bs-decode instead.", SM86,
-     "sglang-renamed-flag-ambiguous"),
+    (
+        "WARNING: --cuda-graph-max-bs is deprecated, use --cuda-graph-max-bs-decode instead.",
+        SM86,
+        "sglang-renamed-flag-ambiguous",
+    ),
     ("INFO: invalid choice of backend ignored", SM86, "argparse-invalid-choice"),
     ("Quantization method modelopt_fp4 is supported on this GPU", SM120, "sglang-quant-min-capability"),
     ("Using trtllm attention backend", SM120, "sm120-trtllm-attention"),
-    ("Load weight end. type=Qwen3_5MoeForConditionalGeneration, avail mem=30.00 GB, mem usage=28.00 GB.", SM120,
-     "cuda-oom-startup"),
+    (
+        "Load weight end. type=Qwen3_5MoeForConditionalGeneration, avail mem=30.00 GB, mem usage=28.00 GB.",
+        SM120,
+        "cuda-oom-startup",
+    ),
     ("INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)", SM120, "port-in-use"),
     ("NCCL INFO Init COMPLETE\nNCCL version 2.21.5+cuda12.4", SM120, "nccl-p2p"),
     ("Killed 3 stale requests", SM120, "killed-by-signal"),
     ("[fleet] smoke check failed: HTTP 500 (Internal Server Error)", SM120, "garbage-output"),
     ("Loading safetensors checkpoint shards: 100% Completed | 94/94", SM120, "model-files-missing"),
-    ("Failed to import from vllm._C with ModuleNotFoundError('No module named vllm._C')", SM120,
-     "dependency-mismatch"),
+    ("Failed to import from vllm._C with ModuleNotFoundError('No module named vllm._C')", SM120, "dependency-mismatch"),
     ("watchdog_timeout=300", SM120, "worker-timeout"),
     ("Not enough memory for prefix cache; evicting", SM120, "sglang-kv-not-enough-memory"),
-    ("[fleet] smoke check failed: garbage output (answer ' !!!')", Context(sm=120, argv=("--moe-runner-backend",
-                                                                                         "flashinfer_cutlass")),
-     "sm120-cutedsl-garbage"),
+    (
+        "[fleet] smoke check failed: garbage output (answer ' !!!')",
+        Context(sm=120, argv=("--moe-runner-backend", "flashinfer_cutlass")),
+        "sm120-cutedsl-garbage",
+    ),
 ]
 
 
@@ -190,27 +394,51 @@ def test_near_misses_do_not_match(text: str, ctx: Context, signature: str) -> No
 
 
 def test_every_signature_has_a_sample_and_a_near_miss() -> None:
-    sampled = {c[-1] for c in SIM_CASES} | {c[3] for c in TEXT_CASES} | {"cuda-oom-startup",
-                                                                          "sglang-spec-extra-buffer-runtime-typeerror"}
+    sampled = (
+        {c[-1] for c in SIM_CASES}
+        | {c[3] for c in TEXT_CASES}
+        | {"cuda-oom-startup", "sglang-spec-extra-buffer-runtime-typeerror"}
+    )
     near = {c[2] for c in NEAR_MISSES}
     ids = {s.id for s in builtin_signatures()}
     assert ids - sampled == set()
-    generic = {"argparse-unrecognized", "cuda-graph-capture-failed", "cuda-oom-runtime", "vllm-kv-cache-too-small",
-               "fp8-on-ampere", "sm120-nvfp4-trtllm-moe", "hybrid-gdn-attention-allowlist",
-               "hybrid-gdn-attention-allowlist-sm120", "vllm-cpu-head-dim", "illegal-memory-access", "jit-compile",
-               "trust-remote-code", "unknown-architecture", "driver-mismatch", "fleet-no-progress", "engine-child-failed",
-               "sglang-no-buffer-overlap"}
+    generic = {
+        "argparse-unrecognized",
+        "cuda-graph-capture-failed",
+        "cuda-oom-runtime",
+        "vllm-kv-cache-too-small",
+        "fp8-on-ampere",
+        "sm120-nvfp4-trtllm-moe",
+        "hybrid-gdn-attention-allowlist",
+        "hybrid-gdn-attention-allowlist-sm120",
+        "vllm-cpu-head-dim",
+        "illegal-memory-access",
+        "jit-compile",
+        "trust-remote-code",
+        "unknown-architecture",
+        "driver-mismatch",
+        "fleet-no-progress",
+        "engine-child-failed",
+        "sglang-no-buffer-overlap",
+    }
     assert ids - near - generic == set()
 
 
 def test_messy_prefixes_are_stripped() -> None:
-    raw = ["sglang_1  | [2026-11-29 10:00:00 TP3] Load weight begin.",
-           "(EngineCore pid=12) INFO 11-29 10:00:00 [core.py:1] init engine took 1.0 s",
-           "2026-11-29T10:00:00.123Z \x1b[31mValueError: boom\x1b[0m",
-           "[TP0] Scheduler hit an exception: Traceback (most recent call last):\\n  File \"a\", line 1\\nKeyError: 'x'"]
-    assert normalize(raw) == ["Load weight begin.", "init engine took 1.0 s", "ValueError: boom",
-                              "Scheduler hit an exception: Traceback (most recent call last):", '  File "a", line 1',
-                              "KeyError: 'x'"]
+    raw = [
+        "sglang_1  | [2026-11-29 10:00:00 TP3] Load weight begin.",
+        "(EngineCore pid=12) INFO 11-29 10:00:00 [core.py:1] init engine took 1.0 s",
+        "2026-11-29T10:00:00.123Z \x1b[31mValueError: boom\x1b[0m",
+        "[TP0] Scheduler hit an exception: Traceback (most recent call last):\\n  File \"a\", line 1\\nKeyError: 'x'",
+    ]
+    assert normalize(raw) == [
+        "Load weight begin.",
+        "init engine took 1.0 s",
+        "ValueError: boom",
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "a", line 1',
+        "KeyError: 'x'",
+    ]
 
 
 def test_docker_compose_prefixed_valueerror_is_still_recognised(tmp_path: Path) -> None:
@@ -225,8 +453,12 @@ def test_unknown_traceback_is_unknown_with_evidence() -> None:
 
 
 def test_whole_traceback_is_captured_not_a_tail() -> None:
-    lines = ["noise"] * 100 + ["Traceback (most recent call last):"] + ['  File "f", line %d, in g' % i
-                                                                          for i in range(60)] + ["ValueError: x", "after"]
+    lines = (
+        ["noise"] * 100
+        + ["Traceback (most recent call last):"]
+        + [f'  File "f", line {i}, in g' for i in range(60)]
+        + ["ValueError: x", "after"]
+    )
     tb = traceback_of(lines)
     assert tb[0].startswith("Traceback") and tb[-1] == "ValueError: x" and len(tb) == 62
 
@@ -260,10 +492,14 @@ def test_a_known_failure_without_fix_gives_up_with_its_explanation() -> None:
     d = diagnose(["RuntimeError: CUDA error: an illegal memory access was encountered"])
     decision = decide(d, [], 1, 3)
     assert isinstance(decision, GiveUp)
-    assert decision.reason == ("known failure without an automatic fix: a kernel faulted (engine bug or a broken "
-                               "backend for this GPU); not fixable by relaunching")
+    assert decision.reason == (
+        "known failure without an automatic fix: a kernel faulted (engine bug or a broken "
+        "backend for this GPU); not fixable by relaunching"
+    )
 
 
 def test_fix_round_trips_through_json() -> None:
-    fix = Fix(set_flags=(("--x", None), ("--y", "1")), remove_flags=("--z",), set_env=(("A", "1"),), derive="sweep_port")
+    fix = Fix(
+        set_flags=(("--x", None), ("--y", "1")), remove_flags=("--z",), set_env=(("A", "1"),), derive="sweep_port"
+    )
     assert Fix.from_json(fix.to_json()) == fix

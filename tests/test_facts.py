@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+
 from conftest import BLACKWELL, CT129, Background, run_cli
 from fleet_testbed import simhost
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
 
+from conftest import ROOT, run_cli
 from fleet.errors import ConfigError
 from fleet.inventory import load_inventory, load_playbook
 
@@ -20,37 +20,76 @@ INVENTORY_CASES = [
     ("no-hosts", "defaults: {}\n", "inv.yaml:1: no hosts defined."),
     ("unknown-top-key", "hosts:\n  a:\n" + GOOD_HOST + "hostz: {}\n", 'inv.yaml:4: unknown key "hostz".'),
     ("unknown-host-key", "hosts:\n  a:\n    address: gpu1\n    adress: gpu1\n", 'inv.yaml:4: unknown key "adress".'),
-    ("duplicate-host", "hosts:\n  ct129:\n    address: a\n  blackwell:\n    address: b\n  ct129:\n    address: c\n",
-     'inv.yaml:6: key "ct129" is listed twice (also line 2).'),
-    ("port-type", "hosts:\n  a:\n    address: gpu1\n    port: twenty-two\n",
-     'inv.yaml:4: field "port" Input should be a valid integer (got \'twenty-two\').'),
-    ("port-range", "hosts:\n  a:\n    address: gpu1\n    port: 70000\n",
-     'inv.yaml:4: field "port" Input should be less than or equal to 65535 (got 70000).'),
+    (
+        "duplicate-host",
+        "hosts:\n  ct129:\n    address: a\n  blackwell:\n    address: b\n  ct129:\n    address: c\n",
+        'inv.yaml:6: key "ct129" is listed twice (also line 2).',
+    ),
+    (
+        "port-type",
+        "hosts:\n  a:\n    address: gpu1\n    port: twenty-two\n",
+        "inv.yaml:4: field \"port\" Input should be a valid integer (got 'twenty-two').",
+    ),
+    (
+        "port-range",
+        "hosts:\n  a:\n    address: gpu1\n    port: 70000\n",
+        'inv.yaml:4: field "port" Input should be less than or equal to 65535 (got 70000).',
+    ),
     ("missing-address", "hosts:\n  a:\n    port: 22\n", 'inv.yaml:2: host "a" has no address.'),
-    ("bad-connection", "hosts:\n  a:\n    address: x\n    connection: telnet\n",
-     'inv.yaml:4: field "connection" Input should be \'ssh\' or \'local\' (got \'telnet\').'),
-    ("unknown-group-member", "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  gpu:\n    hosts: [a, b]\n",
-     'inv.yaml:6: group "gpu" lists unknown host "b".'),
-    ("group-vars-unknown-key", "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  g:\n    hosts: [a]\n    vars: {colour: 1}\n",
-     'inv.yaml:7: unknown key "colour".'),
+    (
+        "bad-connection",
+        "hosts:\n  a:\n    address: x\n    connection: telnet\n",
+        "inv.yaml:4: field \"connection\" Input should be 'ssh' or 'local' (got 'telnet').",
+    ),
+    (
+        "unknown-group-member",
+        "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  gpu:\n    hosts: [a, b]\n",
+        'inv.yaml:6: group "gpu" lists unknown host "b".',
+    ),
+    (
+        "group-vars-unknown-key",
+        "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  g:\n    hosts: [a]\n    vars: {colour: 1}\n",
+        'inv.yaml:7: unknown key "colour".',
+    ),
     ("host-name-shell", "hosts:\n  'a;rm -rf /':\n" + GOOD_HOST, 'inv.yaml:2: host name "a;rm -rf /" is not allowed.'),
-    ("address-injection", "hosts:\n  a:\n    address: 'gpu1; touch /tmp/pwned'\n",
-     'inv.yaml:3: field "address" must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes) '
-     "(got 'gpu1; touch /tmp/pwned')."),
-    ("state-dir-traversal", "hosts:\n  a:\n    address: x\n    state_dir: /var/lib/../../etc\n",
-     'inv.yaml:4: field "state_dir" must not contain \'..\' components (got \'/var/lib/../../etc\').'),
-    ("relative-log-dir", "hosts:\n  a:\n    address: x\n    log_dir: logs\n",
-     'inv.yaml:4: field "log_dir" must be an absolute path (or start with ~/) made of letters, digits and ._/+@- '
-     "(got 'logs')."),
+    (
+        "address-injection",
+        "hosts:\n  a:\n    address: 'gpu1; touch /tmp/pwned'\n",
+        'inv.yaml:3: field "address" must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes) '
+        "(got 'gpu1; touch /tmp/pwned').",
+    ),
+    (
+        "state-dir-traversal",
+        "hosts:\n  a:\n    address: x\n    state_dir: /var/lib/../../etc\n",
+        "inv.yaml:4: field \"state_dir\" must not contain '..' components (got '/var/lib/../../etc').",
+    ),
+    (
+        "relative-log-dir",
+        "hosts:\n  a:\n    address: x\n    log_dir: logs\n",
+        'inv.yaml:4: field "log_dir" must be an absolute path (or start with ~/) made of letters, digits and ._/+@- '
+        "(got 'logs').",
+    ),
     ("anchor-bomb", "x: &a [1, 2]\ny: *a\nhosts: {}\n", "inv.yaml:1: YAML anchors and aliases are not supported."),
-    ("kill-policy", "hosts:\n  a:\n    address: x\n    kill_policy: always\n",
-     'inv.yaml:4: field "kill_policy" Input should be \'safe\' or \'force\' (got \'always\').'),
-    ("error-from-defaults", "defaults:\n  port: -1\nhosts:\n  a:\n" + GOOD_HOST,
-     'inv.yaml:2: field "port" Input should be greater than or equal to 1 (got -1).'),
-    ("group-host-clash", "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  a:\n    hosts: [a]\n",
-     'inv.yaml:5: group "a" has the same name as a host (line 2).'),
-    ("engine-unknown", "hosts:\n  a:\n    address: x\n    engines: {tgi: /usr/bin/python3}\n",
-     'inv.yaml:4: field "engines.tgi.[key]" Input should be \'sglang\' or \'vllm\' (got \'tgi\').'),
+    (
+        "kill-policy",
+        "hosts:\n  a:\n    address: x\n    kill_policy: always\n",
+        "inv.yaml:4: field \"kill_policy\" Input should be 'safe' or 'force' (got 'always').",
+    ),
+    (
+        "error-from-defaults",
+        "defaults:\n  port: -1\nhosts:\n  a:\n" + GOOD_HOST,
+        'inv.yaml:2: field "port" Input should be greater than or equal to 1 (got -1).',
+    ),
+    (
+        "group-host-clash",
+        "hosts:\n  a:\n" + GOOD_HOST + "groups:\n  a:\n    hosts: [a]\n",
+        'inv.yaml:5: group "a" has the same name as a host (line 2).',
+    ),
+    (
+        "engine-unknown",
+        "hosts:\n  a:\n    address: x\n    engines: {tgi: /usr/bin/python3}\n",
+        "inv.yaml:4: field \"engines.tgi.[key]\" Input should be 'sglang' or 'vllm' (got 'tgi').",
+    ),
 ]
 
 
@@ -97,8 +136,10 @@ def test_shipped_inventories_validate() -> None:
 
 def test_group_vars_apply_and_host_vars_win(tmp_path: Path) -> None:
     path = tmp_path / "inv.yaml"
-    path.write_text("defaults:\n  port: 2200\nhosts:\n  a:\n    address: x\n  b:\n    address: y\n    port: 2201\n"
-                    "groups:\n  g:\n    hosts: [a, b]\n    vars: {kill_policy: force, port: 2202}\n")
+    path.write_text(
+        "defaults:\n  port: 2200\nhosts:\n  a:\n    address: x\n  b:\n    address: y\n    port: 2201\n"
+        "groups:\n  g:\n    hosts: [a, b]\n    vars: {kill_policy: force, port: 2202}\n"
+    )
     inv = load_inventory(path)
     assert inv.hosts["a"].settings.port == 2202
     assert inv.hosts["b"].settings.port == 2201
@@ -106,30 +147,57 @@ def test_group_vars_apply_and_host_vars_win(tmp_path: Path) -> None:
     assert [h.name for h in inv.select(["g"])] == ["a", "b"]
 
 
-PLAYBOOK_OK = ("engine: sglang\nmodel: M\nserved_name: m\nsmoke:\n  prompt: hi\n  expect: hello\n")
+PLAYBOOK_OK = "engine: sglang\nmodel: M\nserved_name: m\nsmoke:\n  prompt: hi\n  expect: hello\n"
 PLAYBOOK_CASES = [
-    ("missing-engine", "model: M\nserved_name: m\nsmoke: {prompt: a, expect: b}\n",
-     'pb.yaml:1: required field "engine" is missing.'),
-    ("unknown-engine", PLAYBOOK_OK.replace("sglang", "tgi"),
-     'pb.yaml:1: field "engine" Input should be \'sglang\' or \'vllm\' (got \'tgi\').'),
+    (
+        "missing-engine",
+        "model: M\nserved_name: m\nsmoke: {prompt: a, expect: b}\n",
+        'pb.yaml:1: required field "engine" is missing.',
+    ),
+    (
+        "unknown-engine",
+        PLAYBOOK_OK.replace("sglang", "tgi"),
+        "pb.yaml:1: field \"engine\" Input should be 'sglang' or 'vllm' (got 'tgi').",
+    ),
     ("unknown-key", PLAYBOOK_OK + "speculatve: true\n", 'pb.yaml:7: unknown key "speculatve".'),
-    ("mem-fraction", PLAYBOOK_OK + "mem_fraction: 1.5\n",
-     'pb.yaml:7: field "mem_fraction" Input should be less than 1 (got 1.5).'),
+    (
+        "mem-fraction",
+        PLAYBOOK_OK + "mem_fraction: 1.5\n",
+        'pb.yaml:7: field "mem_fraction" Input should be less than 1 (got 1.5).',
+    ),
     ("tp-zero", PLAYBOOK_OK + "tp: 0\n", 'pb.yaml:7: field "tp" Input should be greater than or equal to 1 (got 0).'),
-    ("negative-port", PLAYBOOK_OK + "port: -5\n",
-     'pb.yaml:7: field "port" Input should be greater than or equal to 1024 (got -5).'),
-    ("extra-args-injection", PLAYBOOK_OK + "extra_args: ['--x', '$(touch /tmp/pwned)']\n",
-     'pb.yaml:7: field "extra_args" contains characters fleet refuses to send to a host: \'$\'.'),
-    ("env-backticks", PLAYBOOK_OK + "env: {A: '`id`'}\n",
-     'pb.yaml:7: field "env" contains characters fleet refuses to send to a host: \'`\'.'),
+    (
+        "negative-port",
+        PLAYBOOK_OK + "port: -5\n",
+        'pb.yaml:7: field "port" Input should be greater than or equal to 1024 (got -5).',
+    ),
+    (
+        "extra-args-injection",
+        PLAYBOOK_OK + "extra_args: ['--x', '$(touch /tmp/pwned)']\n",
+        "pb.yaml:7: field \"extra_args\" contains characters fleet refuses to send to a host: '$'.",
+    ),
+    (
+        "env-backticks",
+        PLAYBOOK_OK + "env: {A: '`id`'}\n",
+        "pb.yaml:7: field \"env\" contains characters fleet refuses to send to a host: '`'.",
+    ),
     ("env-name", PLAYBOOK_OK + "env: {'A B': x}\n", "pb.yaml:7: field \"env\" has an invalid variable name 'A B'."),
-    ("served-name-newline", PLAYBOOK_OK.replace("served_name: m", 'served_name: "m\\nrm -rf /"'),
-     'pb.yaml:3: field "served_name" must be letters, digits and ._:/- (at most 128) (got \'m\\nrm -rf /\').'),
-    ("model-traversal", PLAYBOOK_OK.replace("model: M", "model: ../../etc"),
-     'pb.yaml:2: field "model" must not contain \'..\' components (got \'../../etc\').'),
-    ("bad-regex", PLAYBOOK_OK.replace("expect: hello", "expect: '('"),
-     'pb.yaml:6: field "smoke.expect" is not a valid regular expression (missing ), unterminated subpattern at '
-     "position 0) (got '(').")
+    (
+        "served-name-newline",
+        PLAYBOOK_OK.replace("served_name: m", 'served_name: "m\\nrm -rf /"'),
+        "pb.yaml:3: field \"served_name\" must be letters, digits and ._:/- (at most 128) (got 'm\\nrm -rf /').",
+    ),
+    (
+        "model-traversal",
+        PLAYBOOK_OK.replace("model: M", "model: ../../etc"),
+        "pb.yaml:2: field \"model\" must not contain '..' components (got '../../etc').",
+    ),
+    (
+        "bad-regex",
+        PLAYBOOK_OK.replace("expect: hello", "expect: '('"),
+        'pb.yaml:6: field "smoke.expect" is not a valid regular expression (missing ), unterminated subpattern at '
+        "position 0) (got '(').",
+    ),
 ]
 
 

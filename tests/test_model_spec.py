@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from factsdata import CONFIGS, model_files
 
+from factsdata import CONFIGS, model_files
 from fleet.model import ModelConfigError, parse_model_spec
 
 
@@ -20,8 +20,19 @@ def spec_of(name: str):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("model", "arch", "hybrid", "linear", "layers", "mtp", "quant", "sglang_quant", "experts", "heads", "kv"),
     [
-        ("Qwen3.5-397B-A17B-NVFP4", "Qwen3_5MoeForConditionalGeneration", True, 45, 60, 1, "nvfp4", "modelopt_fp4",
-         512, 32, 2),
+        (
+            "Qwen3.5-397B-A17B-NVFP4",
+            "Qwen3_5MoeForConditionalGeneration",
+            True,
+            45,
+            60,
+            1,
+            "nvfp4",
+            "modelopt_fp4",
+            512,
+            32,
+            2,
+        ),
         ("Qwen3.6-27B", "Qwen3_5ForConditionalGeneration", True, 48, 64, 1, "bf16", None, 0, 24, 4),
         ("qwen3-next-80b-a3b.json", "Qwen3NextForCausalLM", True, 36, 48, 1, "bf16", None, 512, 16, 2),
         ("llama-3.1-8b.json", "LlamaForCausalLM", False, 0, 32, 0, "bf16", None, 0, 32, 8),
@@ -29,14 +40,33 @@ def spec_of(name: str):  # type: ignore[no-untyped-def]
     ],
 )
 def test_model_traits_are_read_from_the_config(
-    model: str, arch: str, hybrid: bool, linear: int, layers: int, mtp: int, quant: str, sglang_quant: str | None,
-    experts: int, heads: int, kv: int,
+    model: str,
+    arch: str,
+    hybrid: bool,
+    linear: int,
+    layers: int,
+    mtp: int,
+    quant: str,
+    sglang_quant: str | None,
+    experts: int,
+    heads: int,
+    kv: int,
 ) -> None:
     s = spec_of(model)
     assert (s.architecture, s.hybrid, len(s.linear_attention_layers), s.num_layers, s.mtp_layers) == (
-        arch, hybrid, linear, layers, mtp)
+        arch,
+        hybrid,
+        linear,
+        layers,
+        mtp,
+    )
     assert (s.quantization, s.sglang_quantization, s.num_experts, s.num_attention_heads, s.num_kv_heads) == (
-        quant, sglang_quant, experts, heads, kv)
+        quant,
+        sglang_quant,
+        experts,
+        heads,
+        kv,
+    )
 
 
 def test_qwen36_layer_pattern_is_three_linear_then_one_full() -> None:

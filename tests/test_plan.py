@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT
 from factsdata import B200, RTX_A6000, RTX_PRO_6000, facts
-
 from fleet.inventory import Host, NamedPlaybook, load_inventory, load_playbook
 from fleet.plan import KNOWN_CRASHES, SGLANG_RULES, Fix, apply_fix, args_dict, spell
 from fleet.plan.build import PlanResult, build_plan
@@ -33,8 +33,9 @@ BLACKWELL_GPUS = (RTX_PRO_6000, 8)
 CT129_GPUS = (RTX_A6000, 2)
 
 
-def plan(pb: NamedPlaybook, host_name: str, gpus: tuple, version: str = "0.5.11", engine: str = "sglang",
-         **kw: object) -> PlanResult:
+def plan(
+    pb: NamedPlaybook, host_name: str, gpus: tuple, version: str = "0.5.11", engine: str = "sglang", **kw: object
+) -> PlanResult:
     model = {"Qwen3.5-397B-A17B-NVFP4": "Qwen3.5-397B-A17B-NVFP4", "Qwen3.6-27B": "Qwen3.6-27B"}[pb.spec.model]
     f = facts(host_name, gpus[0], gpus[1], engine=engine, version=version, model=model, **kw)  # type: ignore[arg-type]
     return build_plan(host(host_name), pb, f, f"/models/{model}")
@@ -56,8 +57,12 @@ def test_golden_qwen35_nvfp4_on_blackwell_sglang_0511() -> None:
     assert not r.errors
     a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
     assert a["--tp-size"] == "8"
-    assert (a["--speculative-algorithm"], a["--speculative-num-steps"], a["--speculative-eagle-topk"],
-            a["--speculative-num-draft-tokens"]) == ("NEXTN", "1", "1", "2")
+    assert (
+        a["--speculative-algorithm"],
+        a["--speculative-num-steps"],
+        a["--speculative-eagle-topk"],
+        a["--speculative-num-draft-tokens"],
+    ) == ("NEXTN", "1", "1", "2")
     assert a["--mamba-scheduler-strategy"] == "extra_buffer" and "--mamba-radix-cache-strategy" not in a
     assert (a["--moe-runner-backend"], a["--fp4-gemm-backend"]) == ("flashinfer_cutlass", "flashinfer_cudnn")
     assert any(v.rule == "quantization" and "NVFP4" in v.message for v in r.verdicts)
@@ -79,12 +84,19 @@ def test_golden_qwen36_27b_on_ct129_sglang_0511() -> None:
     a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
     assert a["--tp-size"] == "2" and a["--speculative-num-steps"] == "1"
     assert a["--mamba-scheduler-strategy"] == "extra_buffer"
-    assert not {"--moe-runner-backend", "--fp4-gemm-backend", "--attention-backend", "--disable-custom-all-reduce"} & set(a)
+    assert not {
+        "--moe-runner-backend",
+        "--fp4-gemm-backend",
+        "--attention-backend",
+        "--disable-custom-all-reduce",
+    } & set(a)
     golden("qwen36-27b-ct129-sglang-0.5.11", r)
 
 
-@pytest.mark.parametrize(("pb_name", "host_name", "gpus", "tp"), [
-    ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "8"), ("qwen36-27b", "ct129", CT129_GPUS, "2")])
+@pytest.mark.parametrize(
+    ("pb_name", "host_name", "gpus", "tp"),
+    [("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "8"), ("qwen36-27b", "ct129", CT129_GPUS, "2")],
+)
 def test_golden_vllm_plans_use_mtp_speculative_config(pb_name: str, host_name: str, gpus: tuple, tp: str) -> None:
     r = plan(playbook(pb_name, engine="vllm"), host_name, gpus, version="0.33.0", engine="vllm")
     assert r.plan is not None and r.plan.module() == "vllm.entrypoints.openai.api_server"
@@ -97,8 +109,10 @@ def test_golden_vllm_plans_use_mtp_speculative_config(pb_name: str, host_name: s
 def test_qwen35_nvfp4_on_ct129_is_refused_in_preflight_on_0511() -> None:
     r = plan(playbook("qwen35-nvfp4"), "ct129", CT129_GPUS)
     messages = [v.message for v in r.errors]
-    assert ("qwen35-nvfp4 on ct129: NVFP4 needs compute capability >= 10.0 in sglang 0.5.11; NVIDIA RTX A6000 is 8.6. "
-            "Pick a Blackwell host or SGLang >= 0.5.23 (Marlin, slow).") in messages
+    assert (
+        "qwen35-nvfp4 on ct129: NVFP4 needs compute capability >= 10.0 in sglang 0.5.11; NVIDIA RTX A6000 is 8.6. "
+        "Pick a Blackwell host or SGLang >= 0.5.23 (Marlin, slow)."
+    ) in messages
     assert any(m.startswith("qwen35-nvfp4 on ct129: weights need 108.9 GiB per GPU at TP 2") for m in messages)
 
 
@@ -128,8 +142,11 @@ RULE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("rule", "case", "fires"), RULE_CASES,
-                         ids=[f"{r}-{'fires' if f else 'quiet'}-{c[3]}-{c[1]}" for r, c, f in RULE_CASES])
+@pytest.mark.parametrize(
+    ("rule", "case", "fires"),
+    RULE_CASES,
+    ids=[f"{r}-{'fires' if f else 'quiet'}-{c[3]}-{c[1]}" for r, c, f in RULE_CASES],
+)
 def test_each_rule_fires_only_when_it_should(rule: str, case: tuple, fires: bool) -> None:
     pb_name, host_name, gpus, version, overrides = case
     r = plan(playbook(pb_name, **overrides), host_name, gpus, version=version)
@@ -161,8 +178,11 @@ def test_user_flags_win_but_known_crashes_are_flagged() -> None:
 
 
 def test_a_user_flag_replaces_the_derived_one_in_place() -> None:
-    r = plan(playbook("qwen35-nvfp4", extra_args=["--tp", "4", "--moe-runner-backend", "flashinfer_cutedsl"]),
-             "blackwell", BLACKWELL_GPUS)
+    r = plan(
+        playbook("qwen35-nvfp4", extra_args=["--tp", "4", "--moe-runner-backend", "flashinfer_cutedsl"]),
+        "blackwell",
+        BLACKWELL_GPUS,
+    )
     a = args_dict(r.plan.engine_args())  # type: ignore[union-attr]
     assert a["--tp-size"] == "4" and "--tp" not in a
     assert a["--moe-runner-backend"] == "flashinfer_cutedsl"
@@ -171,8 +191,15 @@ def test_a_user_flag_replaces_the_derived_one_in_place() -> None:
 
 def test_learned_fixes_are_applied_and_named() -> None:
     key = "blackwell|/models/Qwen3.5-397B-A17B-NVFP4|sglang|0.5.11"
-    learned = {key: [{"signature": "sglang-spec-params-incomplete", "learned_at": "2026-11-29 10:00:00",
-                      "fix": Fix(derive="speculative_num_steps").to_json()}]}
+    learned = {
+        key: [
+            {
+                "signature": "sglang-spec-params-incomplete",
+                "learned_at": "2026-11-29 10:00:00",
+                "fix": Fix(derive="speculative_num_steps").to_json(),
+            }
+        ]
+    }
     r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS, learned=learned)
     assert r.plan is not None and r.plan.applied_fixes == ("sglang-spec-params-incomplete",)
     assert args_dict(r.plan.engine_args())["--speculative-num-steps"] == "1"
@@ -195,8 +222,12 @@ def test_fixes_are_spelled_for_the_engine_version() -> None:
 
 
 def test_respell_fix_renames_old_flags_keeping_values() -> None:
-    r = plan(playbook("qwen36-27b", extra_args=["--mamba-scheduler-strategy", "extra_buffer", "--cuda-graph-max-bs",
-                                                 "32"]), "ct129", CT129_GPUS, version="0.5.23")
+    r = plan(
+        playbook("qwen36-27b", extra_args=["--mamba-scheduler-strategy", "extra_buffer", "--cuda-graph-max-bs", "32"]),
+        "ct129",
+        CT129_GPUS,
+        version="0.5.23",
+    )
     assert {"old-mamba-flag", "ambiguous-cuda-graph-flag"} <= {v.rule for v in r.verdicts if v.level == "crash"}
     fixed = apply_fix(r.plan, Fix(derive="respell_renamed_flags"), "respell", "why")  # type: ignore[arg-type]
     a = args_dict(fixed.engine_args())
@@ -205,17 +236,31 @@ def test_respell_fix_renames_old_flags_keeping_values() -> None:
 
 
 def test_port_held_by_a_non_server_is_refused() -> None:
-    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS,
-             listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}])
+    r = plan(
+        playbook("qwen36-27b"), "ct129", CT129_GPUS, listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}]
+    )
     assert [v.rule for v in r.errors] == ["port-held"]
     assert "port 30000 is held by pid 4242" in r.errors[0].message
 
 
 def test_port_held_by_an_inference_server_is_not_refused() -> None:
-    server = {"pid": 4242, "ppid": 1, "pgid": 4242, "uid": 1000, "user": "ops", "comm": "python",
-              "cmdline": "python -m sglang.launch_server --port 30000", "ports": [{"address": "0.0.0.0", "port": 30000}]}
-    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS,
-             listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}], servers=[server])
+    server = {
+        "pid": 4242,
+        "ppid": 1,
+        "pgid": 4242,
+        "uid": 1000,
+        "user": "ops",
+        "comm": "python",
+        "cmdline": "python -m sglang.launch_server --port 30000",
+        "ports": [{"address": "0.0.0.0", "port": 30000}],
+    }
+    r = plan(
+        playbook("qwen36-27b"),
+        "ct129",
+        CT129_GPUS,
+        listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 4242}],
+        servers=[server],
+    )
     assert not r.errors
 
 
@@ -225,8 +270,11 @@ def test_every_rule_and_known_crash_has_a_reason() -> None:
 
 
 def test_derived_plans_never_trip_a_known_crash() -> None:
-    for pb_name, host_name, gpus in (("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS), ("qwen36-27b", "ct129", CT129_GPUS),
-                                     ("qwen36-27b", "blackwell", BLACKWELL_GPUS)):
+    for pb_name, host_name, gpus in (
+        ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS),
+        ("qwen36-27b", "ct129", CT129_GPUS),
+        ("qwen36-27b", "blackwell", BLACKWELL_GPUS),
+    ):
         for version in ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.15", "0.5.20", "0.5.23"):
             r = plan(playbook(pb_name), host_name, gpus, version=version)
             assert not [v for v in r.verdicts if v.level == "crash"], (pb_name, version)

@@ -10,15 +10,31 @@ import time
 from pathlib import Path
 
 import pytest
+
 import simengine as sim
 from fleet_testbed import gpustate, simhost
 
 Q35 = "Qwen3.5-397B-A17B-NVFP4"
 Q36 = "Qwen3.6-27B"
-HANDWRITTEN = ["--tp", "8", "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "2",
-               "--speculative-eagle-topk", "1", "--trust-remote-code"]
-GOOD_SM120 = ["--moe-runner-backend", "flashinfer_cutlass", "--fp4-gemm-backend", "flashinfer_cudnn",
-              "--mem-fraction-static", "0.85"]
+HANDWRITTEN = [
+    "--tp",
+    "8",
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-draft-tokens",
+    "2",
+    "--speculative-eagle-topk",
+    "1",
+    "--trust-remote-code",
+]
+GOOD_SM120 = [
+    "--moe-runner-backend",
+    "flashinfer_cutlass",
+    "--fp4-gemm-backend",
+    "flashinfer_cudnn",
+    "--mem-fraction-static",
+    "0.85",
+]
 
 
 @pytest.fixture
@@ -37,6 +53,7 @@ def base(hdir: Path, model: str, port: int) -> list[str]:
 
 # --- argparse, per version (engines.md §1.1, §7.1) ------------------------------------------------------
 
+
 def test_unknown_flag_is_an_argparse_error_exit_2(blackwell: Path) -> None:
     code, out = sim.run(blackwell, [*base(blackwell, Q36, 31001), "--bogus-flag", "1"])
     assert code == 2
@@ -44,13 +61,20 @@ def test_unknown_flag_is_an_argparse_error_exit_2(blackwell: Path) -> None:
     assert out.startswith("usage: sglang serve")
 
 
-@pytest.mark.parametrize(("version", "flag", "accepted"), [
-    ("0.5.11", "--mamba-scheduler-strategy", True), ("0.5.11", "--mamba-radix-cache-strategy", False),
-    ("0.5.15", "--mamba-scheduler-strategy", True), ("0.5.15", "--mamba-radix-cache-strategy", True),
-    ("0.5.20", "--mamba-scheduler-strategy", False), ("0.5.23", "--mamba-radix-cache-strategy", True),
-])
-def test_the_mamba_strategy_flag_rename_follows_the_version(tmp_path: Path, version: str, flag: str,
-                                                             accepted: bool) -> None:
+@pytest.mark.parametrize(
+    ("version", "flag", "accepted"),
+    [
+        ("0.5.11", "--mamba-scheduler-strategy", True),
+        ("0.5.11", "--mamba-radix-cache-strategy", False),
+        ("0.5.15", "--mamba-scheduler-strategy", True),
+        ("0.5.15", "--mamba-radix-cache-strategy", True),
+        ("0.5.20", "--mamba-scheduler-strategy", False),
+        ("0.5.23", "--mamba-radix-cache-strategy", True),
+    ],
+)
+def test_the_mamba_strategy_flag_rename_follows_the_version(
+    tmp_path: Path, version: str, flag: str, accepted: bool
+) -> None:
     hdir = sim.make_host(tmp_path, version=version)
     code, out = sim.run(hdir, [*base(hdir, Q36, 31002), flag, "bogus_value_to_stop_early"])
     if accepted:  # known flag: argparse then rejects the value with the choices
@@ -64,8 +88,10 @@ def test_cuda_graph_max_bs_is_ambiguous_from_0520(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, version="0.5.20")
     code, out = sim.run(hdir, [*base(hdir, Q36, 31003), "--cuda-graph-max-bs", "32"])
     assert code == 2
-    assert ("sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
-            "--cuda-graph-max-bs-prefill") in out
+    assert (
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+        "--cuda-graph-max-bs-prefill"
+    ) in out
 
 
 def test_deprecated_alias_warns_on_0515(tmp_path: Path) -> None:
@@ -83,23 +109,26 @@ def test_moe_runner_choices_follow_the_version(tmp_path: Path, version: str, cho
 
 # --- resolution errors (engines.md §2.1) ----------------------------------------------------------------
 
+
 def test_nextn_on_hybrid_without_extra_buffer_is_the_real_valueerror_on_0511(blackwell: Path) -> None:
     code, out = sim.run(blackwell, [*base(blackwell, Q35, 31006), *HANDWRITTEN])
     assert code == 1
     assert out.splitlines()[-1] == (
         "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache "
         "when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use "
-        "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
+        "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+    )
     assert 'sglang/srt/server_args.py", line 2453, in _handle_mamba_radix_cache' in out
 
 
 def test_draft_tokens_without_num_steps_is_a_bare_assertion_error(blackwell: Path) -> None:
-    code, out = sim.run(blackwell, [*base(blackwell, Q35, 31007), *HANDWRITTEN, "--mamba-scheduler-strategy",
-                                    "extra_buffer"])
+    code, out = sim.run(
+        blackwell, [*base(blackwell, Q35, 31007), *HANDWRITTEN, "--mamba-scheduler-strategy", "extra_buffer"]
+    )
     lines = out.splitlines()
     assert code == 1 and lines[-1] == "AssertionError"
     assert lines[-2].strip() == "and self.speculative_num_draft_tokens is None"
-    assert 'line 3521, in _handle_speculative_decoding' in out
+    assert "line 3521, in _handle_speculative_decoding" in out
 
 
 def test_draft_tokens_without_num_steps_on_0523_points_at_speculative_hook(tmp_path: Path) -> None:
@@ -118,15 +147,34 @@ def test_on_0509_radix_cache_is_disabled_with_a_warning_instead(tmp_path: Path) 
 
 def test_explicit_no_buffer_with_spec_on_0523_is_the_overlap_assertion(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, version="0.5.23")
-    code, out = sim.run(hdir, [*base(hdir, Q35, 31010), *HANDWRITTEN, "--speculative-num-steps", "1",
-                               "--mamba-radix-cache-strategy", "no_buffer"])
-    assert out.splitlines()[-1] == ("AssertionError: no_buffer do not support overlap schedule. Try to set "
-                                    "disable_overlap_schedule=True.")
+    code, out = sim.run(
+        hdir,
+        [
+            *base(hdir, Q35, 31010),
+            *HANDWRITTEN,
+            "--speculative-num-steps",
+            "1",
+            "--mamba-radix-cache-strategy",
+            "no_buffer",
+        ],
+    )
+    assert out.splitlines()[-1] == (
+        "AssertionError: no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True."
+    )
 
 
 def test_the_fixed_command_starts_and_answers(blackwell: Path) -> None:
-    args = [*base(blackwell, Q35, 31011), *HANDWRITTEN, "--speculative-num-steps", "1", "--mamba-scheduler-strategy",
-            "extra_buffer", *GOOD_SM120, "--served-model-name", "m"]
+    args = [
+        *base(blackwell, Q35, 31011),
+        *HANDWRITTEN,
+        "--speculative-num-steps",
+        "1",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+        *GOOD_SM120,
+        "--served-model-name",
+        "m",
+    ]
     with sim.Running(blackwell, args) as s:
         assert s.wait_for(sim.READY), s.text()
         text = s.text()
@@ -144,11 +192,14 @@ def test_the_fixed_command_starts_and_answers(blackwell: Path) -> None:
 
 # --- load-time and runtime failures (engines.md §1.4, §1.7, §5) -------------------------------------------
 
+
 def test_nvfp4_below_minimum_capability_fails_at_load_on_0511(a6000: Path) -> None:
     code, out = sim.run(a6000, [*base(a6000, Q35, 31012), "--tp", "2"])
     assert "Scheduler hit an exception: Traceback (most recent call last):" in out
-    assert ("ValueError: The quantization method modelopt_fp4 is not supported for the current GPU. Minimum "
-            "capability: 100. Current capability: 86.") in out
+    assert (
+        "ValueError: The quantization method modelopt_fp4 is not supported for the current GPU. Minimum "
+        "capability: 100. Current capability: 86."
+    ) in out
     assert "Received sigquit from a child process. It usually means the child failed." in out
     assert code == -signal.SIGKILL or code == 137
 
@@ -169,8 +220,10 @@ def test_sm120_cutedsl_serves_garbage_instead_of_crashing(blackwell: Path) -> No
 
 def test_too_low_mem_fraction_leaves_no_kv_pool(a6000: Path) -> None:
     code, out = sim.run(a6000, [*base(a6000, Q36, 31015), "--tp", "2", "--mem-fraction-static", "0.55"])
-    assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
-            "mem_fraction_static=0.55") in out
+    assert (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+        "mem_fraction_static=0.55"
+    ) in out
 
 
 def test_too_high_mem_fraction_with_memory_taken_is_a_cuda_oom(a6000: Path) -> None:
@@ -187,16 +240,29 @@ def test_held_port_is_found_only_when_uvicorn_binds(a6000: Path) -> None:
         holder.bind(("127.0.3.1", 31017))
         holder.listen()
         code, out = sim.run(a6000, [*base(a6000, Q36, 31017), "--tp", "2"])
-    assert ("ERROR:    [Errno 98] error while attempting to bind on address ('127.0.3.1', 31017): address already "
-            "in use") in out
+    assert (
+        "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.3.1', 31017): address already in use"
+    ) in out
     assert out.index("KV Cache is allocated") < out.index("Errno 98")
 
 
 def test_extra_buffer_spec_v2_on_0513_crashes_after_the_first_request(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, name="a", gpu=simhost.RTX_A6000, count=2, version="0.5.13")
-    args = [*base(hdir, Q36, 31018), "--tp", "2", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "1",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2", "--mamba-scheduler-strategy",
-            "extra_buffer"]
+    args = [
+        *base(hdir, Q36, 31018),
+        "--tp",
+        "2",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "1",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "2",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+    ]
     with sim.Running(hdir, args) as s:
         assert s.wait_for(sim.READY), s.text()
         assert sim.chat("127.0.3.1", 31018, "What is the capital of France?")[0] == 200
@@ -208,9 +274,21 @@ def test_extra_buffer_spec_v2_on_0513_crashes_after_the_first_request(tmp_path: 
 
 def test_extra_buffer_spec_v2_on_0512_keeps_serving(tmp_path: Path) -> None:
     hdir = sim.make_host(tmp_path, name="a", gpu=simhost.RTX_A6000, count=2, version="0.5.12")
-    args = [*base(hdir, Q36, 31019), "--tp", "2", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "1",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2", "--mamba-scheduler-strategy",
-            "extra_buffer"]
+    args = [
+        *base(hdir, Q36, 31019),
+        "--tp",
+        "2",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "1",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "2",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+    ]
     with sim.Running(hdir, args) as s:
         assert s.wait_for(sim.READY), s.text()
         for _ in range(3):
@@ -218,6 +296,7 @@ def test_extra_buffer_spec_v2_on_0512_keeps_serving(tmp_path: Path) -> None:
 
 
 # --- process tree, device files, NVML, shutdown (engines.md §3.3, §3.4) -----------------------------------
+
 
 def _titles(pgid: int) -> list[str]:
     out = subprocess.run(["ps", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True).stdout
@@ -254,13 +333,21 @@ def test_sigkill_of_the_group_takes_every_child(a6000: Path) -> None:
 
 
 def test_sglang_serve_entry_point_runs_the_same_simulator(a6000: Path) -> None:
-    p = subprocess.run([str(a6000 / "env" / "bin" / "sglang"), "serve", "--model-path", sim.model(a6000, Q36),
-                        "--bogus"], capture_output=True, text=True, env=sim.env(a6000))
+    p = subprocess.run(
+        [str(a6000 / "env" / "bin" / "sglang"), "serve", "--model-path", sim.model(a6000, Q36), "--bogus"],
+        capture_output=True,
+        text=True,
+        env=sim.env(a6000),
+    )
     assert p.returncode == 2 and "sglang serve: error: unrecognized arguments: --bogus" in p.stderr
 
 
 def test_prepare_server_args_gives_the_launchers_verdict_without_starting(blackwell: Path) -> None:
     check = "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n"
-    p = subprocess.run([str(blackwell / "env" / "bin" / "python"), "-c", check, *base(blackwell, Q35, 31022),
-                        *HANDWRITTEN], capture_output=True, text=True, env=sim.env(blackwell))
+    p = subprocess.run(
+        [str(blackwell / "env" / "bin" / "python"), "-c", check, *base(blackwell, Q35, 31022), *HANDWRITTEN],
+        capture_output=True,
+        text=True,
+        env=sim.env(blackwell),
+    )
     assert p.returncode == 1 and "is not compatible with radix cache" in p.stderr

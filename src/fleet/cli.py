@@ -185,6 +185,18 @@ def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> N
         raise click.exceptions.Exit(4)
 
 
+def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
+    """One line per process group fleet stopped: its main command and how many processes went with it."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for p in stopped:
+        groups.setdefault(p["pgid"], []).append(p)
+    lines = []
+    for members in groups.values():
+        main = next((p for p in members if "sglang." in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
+        lines.append(f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group): {main['cmdline'][:100]}")
+    return lines
+
+
 class Reporter:
     """Progress of a deploy on stderr: phases always; the live log line on a terminal."""
 
@@ -218,13 +230,8 @@ class Reporter:
         elif event == "engine_check":
             self.say(f"{h}: engine's own argument check: {data['verdict']}")
         elif event == "stopped":
-            groups: dict[int, list[dict[str, Any]]] = {}
-            for p in data["stopped"]:
-                groups.setdefault(p["pgid"], []).append(p)
-            for members in groups.values():
-                main = next((p for p in members if "sglang" in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
-                self.say(f"{h}: stopped {main['why']} pid {main['pid']} (+{len(members) - 1} in its group): "
-                         f"{main['cmdline'][:90]}")
+            for line in describe_stopped(data["stopped"]):
+                self.say(f"{h}: stopped {line}")
             mem = data.get("memory") or {}
             if data["stopped"] and mem.get("before_mib") is not None:
                 freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
@@ -241,8 +248,10 @@ class Reporter:
                 self.last_line = line
         elif event == "diagnosed":
             d = data["diagnosis"]
-            self.say(f"{h}: attempt {data['attempt']} {data['outcome']}: {d['category']}"
-                     f"{' (' + d['signature'] + ')' if d['signature'] else ''} — {d['explanation']}")
+            self.say(
+                f"{h}: attempt {data['attempt']} {data['outcome']}: {d['category']}"
+                f"{' (' + d['signature'] + ')' if d['signature'] else ''} — {d['explanation']}"
+            )
             for line in d["evidence"][:4]:
                 self.say(f"    > {line}")
         elif event == "relaunching":
@@ -260,8 +269,10 @@ class Reporter:
 def _print_result(r: Any) -> None:
     if r.ok:
         fixes = f"; fixed on the way: {', '.join(r.new_fixes)}" if r.new_fixes else ""
-        click.echo(f"{r.host}: {r.playbook} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in "
-                   f"{r.ready_s:.1f}s{fixes}.")
+        click.echo(
+            f"{r.host}: {r.playbook} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in "
+            f"{r.ready_s:.1f}s{fixes}."
+        )
         if r.learned_applied:
             click.echo(f"{r.host}: learned fixes used: {', '.join(r.learned_applied)}")
         return
@@ -269,8 +280,9 @@ def _print_result(r: Any) -> None:
     d = last.diagnosis
     click.echo(f"{r.host}: {r.playbook} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
     if d is not None:
-        click.echo(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}",
-                   err=True)
+        click.echo(
+            f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True
+        )
         for line in d.evidence:
             click.echo(f"  evidence: {line}", err=True)
     if last.log:
@@ -282,11 +294,29 @@ def _print_result(r: Any) -> None:
 
 
 def _result_json(r: Any) -> dict[str, Any]:
-    return {"host": r.host, "playbook": r.playbook, "ok": r.ok, "reason": r.reason, "endpoint": r.endpoint,
-            "ready_s": round(r.ready_s, 3), "round_trips": r.round_trips, "learned_applied": list(r.learned_applied),
-            "new_fixes": r.new_fixes, "argv": r.plan.argv(),
-            "attempts": [{"n": a.number, "outcome": a.outcome, "fix": a.fix, "log": a.log, "seconds": round(a.seconds, 3),
-                          "diagnosis": a.diagnosis.to_json() if a.diagnosis else None} for a in r.attempts]}
+    return {
+        "host": r.host,
+        "playbook": r.playbook,
+        "ok": r.ok,
+        "reason": r.reason,
+        "endpoint": r.endpoint,
+        "ready_s": round(r.ready_s, 3),
+        "round_trips": r.round_trips,
+        "learned_applied": list(r.learned_applied),
+        "new_fixes": r.new_fixes,
+        "argv": r.plan.argv(),
+        "attempts": [
+            {
+                "n": a.number,
+                "outcome": a.outcome,
+                "fix": a.fix,
+                "log": a.log,
+                "seconds": round(a.seconds, 3),
+                "diagnosis": a.diagnosis.to_json() if a.diagnosis else None,
+            }
+            for a in r.attempts
+        ],
+    }
 
 
 @cli.command()
@@ -297,8 +327,15 @@ def _result_json(r: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
 @click.pass_obj
-def deploy(ctx: Context, playbook: str, host_name: str | None, force: bool, no_engine_check: bool, as_json: bool,
-           show_log: bool) -> None:
+def deploy(
+    ctx: Context,
+    playbook: str,
+    host_name: str | None,
+    force: bool,
+    no_engine_check: bool,
+    as_json: bool,
+    show_log: bool,
+) -> None:
     """Deploy a playbook to a host: plan, pre-flight, stop stale servers, free GPUs, launch, watch, prove.
 
     Known crashes are diagnosed and relaunched with their fix (each fix at most once, bounded attempts);
@@ -323,7 +360,9 @@ def deploy(ctx: Context, playbook: str, host_name: str | None, force: bool, no_e
         raise click.exceptions.Exit(7)
 
 
-def _each_host(ctx: Context, host_name: str | None, all_hosts: bool, fn: Any) -> list[tuple[str, Any, Exception | None]]:
+def _each_host(
+    ctx: Context, host_name: str | None, all_hosts: bool, fn: Any
+) -> list[tuple[str, Any, Exception | None]]:
     """Run fn(transport, host) on the chosen hosts in parallel; one host failing does not stop the others."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -356,8 +395,9 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
     """
     from fleet.control import ops
 
-    results = _each_host(ctx, host_name, all_hosts,
-                         lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name)))
+    results = _each_host(
+        ctx, host_name, all_hosts, lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name))
+    )
     failed = False
     for name, r, err in results:
         if err:
@@ -391,8 +431,9 @@ def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> N
             failed = True
             continue
         stopped = out.get("stopped", [])
-        click.echo(f"{name}: stopped {len(stopped)} process(es)"
-                   + "".join(f"\n  pid {p['pid']} ({p['why']}): {p['cmdline'][:100]}" for p in stopped))
+        click.echo(
+            f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in describe_stopped(stopped))
+        )
     if failed:
         raise click.exceptions.Exit(1)
 
@@ -423,10 +464,12 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
             click.echo(f"{r['host']:<12} unreachable  {r['error']}")
             continue
         up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
-        click.echo(f"{r['host']:<12} {r['status']:<8} {r.get('playbook') or '-':<18} "
-                   f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} pid {r.get('pid') or '-':<7} "
-                   f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
-                   f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}")
+        click.echo(
+            f"{r['host']:<12} {r['status']:<8} {r.get('playbook') or '-':<18} "
+            f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} pid {r.get('pid') or '-':<7} "
+            f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
+            f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
+        )
 
 
 @cli.command()
@@ -480,8 +523,13 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
 
         host = ctx.host(host_name)
         chunks: list[bytes] = []
+
+        def keep(chunk: bytes) -> bool:
+            chunks.append(chunk)
+            return True
+
         with transport_for(ctx, host) as t:
-            ops.logs(t, host, lines=5000, follow=False, sink=lambda c: chunks.append(c) is None)
+            ops.logs(t, host, lines=5000, follow=False, sink=keep)
         text = b"".join(chunks).decode("utf-8", "replace")
     elif source in (None, "-"):
         text = sys.stdin.read()
@@ -490,10 +538,13 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise ConfigError(f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host.") from exc
+            raise ConfigError(
+                f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host."
+            ) from exc
     user_dir = Path("crashes")
-    d = run_diagnosis(text.splitlines(), CrashContext(engine=engine),
-                      load_signatures([user_dir] if user_dir.is_dir() else []))
+    d = run_diagnosis(
+        text.splitlines(), CrashContext(engine=engine), load_signatures([user_dir] if user_dir.is_dir() else [])
+    )
     if as_json:
         _emit_json(d.to_json())
         return

@@ -13,7 +13,6 @@ are shaped like the real ones.
 from __future__ import annotations
 
 import contextlib
-import contextlib
 import ctypes
 import json
 import os
@@ -584,6 +583,10 @@ def serve(argv: list[str]) -> None:
     def scheduler_error(err: SimError) -> None:
         server.child_failed(err, tp=0)
 
+    injected = host.get("inject_scheduler_error")  # test hook: a failure fleet has never seen
+    if injected:
+        exc_type, _, message = str(injected).partition(": ")
+        scheduler_error(SimError(exc_type, message, [(f"{SITE}/srt/layers/moe/fused_moe.py", 1337, "fused_moe", "")]))
     # engines.md §1.7 / §5.13: NVFP4 minimum capability (100 up to 0.5.22, 80 from 0.5.23), checked at load
     if m.nvfp4:
         min_cap = 80 if version >= (0, 5, 23) else 100

@@ -327,8 +327,9 @@ def reset_host(sb: Sandbox, spec: HostSpec) -> None:
     hdir = sb.host_dir(spec.name)
     import shlex
 
-    subprocess.run([*ssh_argv(sb, spec), f"python3 -c {shlex.quote(RESET_SCRIPT)}"], check=False, capture_output=True,
-                   timeout=30)
+    subprocess.run(
+        [*ssh_argv(sb, spec), f"python3 -c {shlex.quote(RESET_SCRIPT)}"], check=False, capture_output=True, timeout=30
+    )
     for sub in ("state", "logs", "run"):
         shutil.rmtree(hdir / sub, ignore_errors=True)
     for sub in ("state", "logs", "run/gpu"):
@@ -338,8 +339,20 @@ def reset_host(sb: Sandbox, spec: HostSpec) -> None:
 
 def ssh_argv(sb: Sandbox, spec: HostSpec) -> list[str]:
     """A plain OpenSSH command line to a simulated host (the benchmark's floor, tests' side door)."""
-    return ["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={sb.known_hosts}", "-o",
-            "StrictHostKeyChecking=yes", "-i", str(sb.root / "keys" / "id_ed25519"), "-p", str(sb.port), spec.address]
+    return [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={sb.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-i",
+        str(sb.root / "keys" / "id_ed25519"),
+        "-p",
+        str(sb.port),
+        spec.address,
+    ]
 
 
 def down(root: Path) -> None:

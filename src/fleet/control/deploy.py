@@ -7,6 +7,7 @@ Each relaunch costs act + watch. The policy (`fleet.crashes.decide`) is pure; th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -20,12 +21,12 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from fleet.crashes import Context, Diagnosis, GiveUp, decide, diagnose, traceback_of
-from fleet.errors import DeployFailed, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
+from fleet.errors import HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
+from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
 from fleet.plan.build import PlanResult, build_plan
-from fleet.model import ModelSpec
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -52,16 +53,22 @@ def python_script(python: str, source: str, args: dict[str, Any]) -> str:
     )
 
 
-def run_json(transport: Transport, python: str, source: str, args: dict[str, Any], stdin: bytes = b"",
-             timeout_s: float = 300.0) -> dict[str, Any]:
+def run_json(
+    transport: Transport, python: str, source: str, args: dict[str, Any], stdin: bytes = b"", timeout_s: float = 300.0
+) -> dict[str, Any]:
     result = transport.run(python_script(python, source, args), stdin=stdin, timeout_s=timeout_s)
     try:
         data: dict[str, Any] = json.loads(result.text)
     except ValueError as exc:
-        raise TransportError(f"{transport.host_name}: a remote step returned no JSON (exit {result.exit_code}: "
-                             f"{(result.text + result.error_text)[-300:]!r}).", "") from exc
+        raise TransportError(
+            f"{transport.host_name}: a remote step returned no JSON (exit {result.exit_code}: "
+            f"{(result.text + result.error_text)[-300:]!r}).",
+            "",
+        ) from exc
     if "error" in data:
-        raise TransportError(f"{transport.host_name}: a remote step failed ({data['error']}).", data.get("traceback", ""))
+        raise TransportError(
+            f"{transport.host_name}: a remote step failed ({data['error']}).", data.get("traceback", "")
+        )
     return data
 
 
@@ -105,21 +112,42 @@ def run_id() -> str:
 
 
 def owner() -> str:
-    return f"{os.environ.get('USER') or os.environ.get('LOGNAME') or 'unknown'}@{socket.gethostname()} pid {os.getpid()}"
+    return (
+        f"{os.environ.get('USER') or os.environ.get('LOGNAME') or 'unknown'}@{socket.gethostname()} pid {os.getpid()}"
+    )
 
 
 def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> Context:
-    return Context(engine=plan.engine, version=plan.engine_version, hybrid=model.hybrid, nvfp4=model.nvfp4,
-                   moe=model.moe, sm=gpus.sm, argv=tuple(plan.engine_args()))
+    return Context(
+        engine=plan.engine,
+        version=plan.engine_version,
+        hybrid=model.hybrid,
+        nvfp4=model.nvfp4,
+        moe=model.moe,
+        sm=gpus.sm,
+        argv=tuple(plan.engine_args()),
+    )
 
 
 class Deployer:
     """One deploy (or restart) of one host; holds the transport, the plan and what happened so far."""
 
-    def __init__(self, transport: Transport, host: Host, *, playbook_name: str, smoke: dict[str, Any],
-                 kill_policy: str, secrets: dict[str, str], progress: Progress = _noop, engine_check: bool = True,
-                 max_attempts: int = 4, ready_timeout_s: float = 900.0, progress_timeout_s: float = 300.0,
-                 drain_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        host: Host,
+        *,
+        playbook_name: str,
+        smoke: dict[str, Any],
+        kill_policy: str,
+        secrets: dict[str, str],
+        progress: Progress = _noop,
+        engine_check: bool = True,
+        max_attempts: int = 4,
+        ready_timeout_s: float = 900.0,
+        progress_timeout_s: float = 300.0,
+        drain_s: float = 15.0,
+    ) -> None:
         self.t = transport
         self.host = host
         self.playbook_name = playbook_name
@@ -138,16 +166,38 @@ class Deployer:
     # -- remote steps ---------------------------------------------------------------------------------
 
     def _lock_args(self, command: str) -> dict[str, Any]:
-        return {"state_dir": self.host.settings.state_dir, "run_id": self.run_id, "owner": self.owner,
-                "lease_s": LOCK_LEASE_S, "command": command}
+        return {
+            "state_dir": self.host.settings.state_dir,
+            "run_id": self.run_id,
+            "owner": self.owner,
+            "lease_s": LOCK_LEASE_S,
+            "command": command,
+        }
 
     def _free_args(self, port: int | None, recorded_pgid: int | None) -> dict[str, Any]:
-        return {"port": port, "bind_address": self.host.settings.bind_address,
-                "gpu_devices": self.host.settings.gpu_devices, "kill_policy": self.kill_policy,
-                "recorded_pgid": recorded_pgid, "drain_s": self.drain_s, "memory_wait_s": 30.0, "idle_mib": 1024}
+        return {
+            "port": port,
+            "bind_address": self.host.settings.bind_address,
+            "gpu_devices": self.host.settings.gpu_devices,
+            "kill_policy": self.kill_policy,
+            "recorded_pgid": recorded_pgid,
+            "drain_s": self.drain_s,
+            "memory_wait_s": 30.0,
+            "idle_mib": 1024,
+        }
 
-    def act(self, plan: LaunchPlan, *, attempt: int, launch: bool, check: bool, recorded_pgid: int | None,
-            state: dict[str, Any] | None, release_lock: bool = False, command: str = "deploy") -> dict[str, Any]:
+    def act(
+        self,
+        plan: LaunchPlan,
+        *,
+        attempt: int,
+        launch: bool,
+        check: bool,
+        recorded_pgid: int | None,
+        state: dict[str, Any] | None,
+        release_lock: bool = False,
+        command: str = "deploy",
+    ) -> dict[str, Any]:
         args: dict[str, Any] = {
             "lock": self._lock_args(command),
             "free": self._free_args(plan.port, recorded_pgid),
@@ -158,13 +208,25 @@ class Deployer:
         if check:
             args["check"] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args(), "env": env}
         if launch:
-            args["launch"] = {"name": self.playbook_name, "attempt": attempt, "argv": plan.argv(), "env": env,
-                              "log_dir": self.host.settings.log_dir}
-        return run_json(self.t, plan.python, remote_source("remote_act.py"), args,
-                        stdin=json.dumps(self.secrets).encode(), timeout_s=self.drain_s + 240)
+            args["launch"] = {
+                "name": self.playbook_name,
+                "attempt": attempt,
+                "argv": plan.argv(),
+                "env": env,
+                "log_dir": self.host.settings.log_dir,
+            }
+        return run_json(
+            self.t,
+            plan.python,
+            remote_source("remote_act.py"),
+            args,
+            stdin=json.dumps(self.secrets).encode(),
+            timeout_s=self.drain_s + 240,
+        )
 
-    def watch(self, plan: LaunchPlan, launched: dict[str, Any], success: dict[str, Any],
-              on_line: Callable[[str], None]) -> list[dict[str, Any]]:
+    def watch(
+        self, plan: LaunchPlan, launched: dict[str, Any], success: dict[str, Any], on_line: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
         """Stream the attempt; reconnect and resume from the last byte offset if the connection drops."""
         offset = 0
         events: list[dict[str, Any]] = []
@@ -187,16 +249,32 @@ class Deployer:
         def once() -> int:
             nonlocal buf
             buf = b""
-            args = {**success, "log": launched["log"], "exit_file": launched["exit_file"], "pgid": launched["pgid"],
-                    "offset": offset, "ready_regex": READY_REGEX[plan.engine], "address": plan.check_address,
-                    "port": plan.port, "served_name": plan.served_name, "smoke": self.smoke,
-                    "ready_timeout_s": self.ready_timeout_s, "progress_timeout_s": self.progress_timeout_s,
-                    "health_timeout_s": 120.0, "state_dir": self.host.settings.state_dir, "run_id": self.run_id}
+            args = {
+                **success,
+                "log": launched["log"],
+                "exit_file": launched["exit_file"],
+                "pgid": launched["pgid"],
+                "offset": offset,
+                "ready_regex": READY_REGEX[plan.engine],
+                "address": plan.check_address,
+                "port": plan.port,
+                "served_name": plan.served_name,
+                "smoke": self.smoke,
+                "ready_timeout_s": self.ready_timeout_s,
+                "progress_timeout_s": self.progress_timeout_s,
+                "health_timeout_s": 120.0,
+                "state_dir": self.host.settings.state_dir,
+                "run_id": self.run_id,
+            }
             script = python_script(plan.python, remote_source("remote_watch.py"), args)
             return self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
 
-        for retry in Retrying(stop=stop_after_attempt(6), wait=wait_exponential(multiplier=0.2, max=5),
-                              retry=retry_if_exception_type(HostUnreachable), reraise=True):
+        for retry in Retrying(
+            stop=stop_after_attempt(6),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception_type(HostUnreachable),
+            reraise=True,
+        ):
             with retry:
                 if retry.retry_state.attempt_number > 1:
                     self.progress("reconnecting", {"offset": offset})
@@ -205,10 +283,18 @@ class Deployer:
 
     # -- the loop -------------------------------------------------------------------------------------
 
-    def run(self, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, wishes: Wishes, *, learned_key: str,
-            learned_existing: list[dict[str, Any]], recorded_pgid: int | None) -> DeployResult:
-        result = DeployResult(self.host.name, self.playbook_name, False, [], plan,
-                              learned_applied=plan.applied_fixes)
+    def run(
+        self,
+        plan: LaunchPlan,
+        model: ModelSpec,
+        gpus: GpuSummary,
+        wishes: Wishes,
+        *,
+        learned_key: str,
+        learned_existing: list[dict[str, Any]],
+        recorded_pgid: int | None,
+    ) -> DeployResult:
+        result = DeployResult(self.host.name, self.playbook_name, False, [], plan, learned_applied=plan.applied_fixes)
         applied: list[str] = []
         new_learned: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -219,79 +305,68 @@ class Deployer:
             result.attempts.append(rec)
             t0 = time.monotonic()
             self.progress("attempt", {"attempt": attempt, "max": self.max_attempts, "argv": plan.argv()})
-            state = {"playbook": self.playbook_name, "host": self.host.name, "engine": plan.engine,
-                     "engine_version": show_version(plan.engine_version), "plan": plan.to_json(),
-                     "smoke": self.smoke, "port": plan.port, "served_name": plan.served_name,
-                     "check_address": plan.check_address, "status": "starting", "attempt": attempt,
-                     "run_id": self.run_id, "deployed_by": self.owner, "updated": time.time(),
-                     "learned_key": learned_key}
-            out = self.act(plan, attempt=attempt, launch=True, check=self.engine_check, recorded_pgid=recorded_pgid,
-                           state=state)
-            lock = out["lock"]
-            if lock["status"] == "held":
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
-                raise LockedError(f"{self.host.name}: locked by {lock.get('owner')} since {since} "
-                                  f"({lock.get('command') or 'deploy'}).",
-                                  f"Wait for it to finish (a lock unrefreshed for {LOCK_LEASE_S:.0f} s is taken over).")
-            if lock.get("taken_over"):
-                self.progress("lock_taken_over", {"previous": lock["taken_over"]})
+            state = {
+                "playbook": self.playbook_name,
+                "host": self.host.name,
+                "engine": plan.engine,
+                "engine_version": show_version(plan.engine_version),
+                "plan": plan.to_json(),
+                "smoke": self.smoke,
+                "port": plan.port,
+                "served_name": plan.served_name,
+                "check_address": plan.check_address,
+                "status": "starting",
+                "attempt": attempt,
+                "run_id": self.run_id,
+                "deployed_by": self.owner,
+                "updated": time.time(),
+                "learned_key": learned_key,
+            }
+            out = self.act(
+                plan, attempt=attempt, launch=True, check=self.engine_check, recorded_pgid=recorded_pgid, state=state
+            )
+            self._stop_if_locked_or_unsafe(out)
             check = out.get("check")
             if check:
                 self.progress("engine_check", {"verdict": check["verdict"]})
             if check and check["verdict"] == "rejected":
                 lines = check["output"].splitlines()
-                diagnosis = diagnose(lines, _context(plan, model, gpus))
-                rec.outcome, rec.diagnosis, rec.seconds = "rejected", diagnosis, time.monotonic() - t0
-                result.log_tail = lines[-30:]
-            elif out.get("refused"):
-                self._release()
-                who = "; ".join(f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}"
-                                for p in out["refused"])
-                raise UnsafeToKill(f"{self.host.name}: GPU/port holders fleet will not kill: {who}.",
-                                   "Stop them yourself, or set kill_policy: force for this host (or pass --force).")
+                rec.outcome = "rejected"
             else:
+                success = {
+                    "success_state": {
+                        "status": "ready",
+                        "attempts": attempt,
+                        "applied_fixes": list(plan.applied_fixes),
+                    },
+                    "learned_key": learned_key,
+                    "learned": [*learned_existing, *new_learned],
+                }
                 result.killed += out.get("stopped", [])
-                self.progress("stopped", {"stopped": out.get("stopped", []), "memory": out.get("memory")})
-                launched = out["launched"]
-                rec.log = launched["log"]
-                self.progress("launched", {"pid": launched["pid"], "log": launched["log"]})
-                lines: list[str] = []
-
-                def on_line(text: str) -> None:
-                    lines.append(text)
-                    self.progress("log", {"line": redact(text, self.secrets)})
-
-                learned_now = [*learned_existing, *new_learned]
-                success = {"success_state": {"status": "ready", "attempts": attempt, "applied_fixes":
-                                             list(plan.applied_fixes)},
-                           "learned_key": learned_key, "learned": learned_now}
-                events = self.watch(plan, launched, success, on_line)
-                rec.seconds = time.monotonic() - t0
+                events, lines = self._watch_attempt(plan, out, rec, success)
                 last = events[-1] if events else {"e": "error", "error": "no events"}
                 if last["e"] == "done":
                     rec.outcome = "ready"
-                    result.ok = True
-                    result.plan = plan
+                    result.ok, result.plan, result.new_fixes = True, plan, applied
                     result.ready_s = time.monotonic() - started
                     result.endpoint = f"http://{plan.check_address}:{plan.port}"
-                    result.new_fixes = applied
                     result.round_trips = self.t.commands_run
-                    smoke_event = next((e for e in reversed(events) if e["e"] == "smoke"), {})
+                    smoke_event = next((e for e in reversed(events) if e["e"] == "smoke"), {"e": "smoke"})
                     self.progress("ready", {"attempt": attempt, "smoke": smoke_event})
                     return result
-                synthetic = _synthetic_line(last)
-                if synthetic and not (synthetic.startswith("[fleet] engine killed") and
-                                      any("Traceback (most recent call last)" in x for x in lines)):
-                    lines.append(synthetic)
-                diagnosis = diagnose(lines, _context(plan, model, gpus))
                 rec.outcome = {"exit": "crashed", "smoke": "smoke_failed", "timeout": "timeout"}.get(last["e"], "error")
-                rec.diagnosis = diagnosis
-                result.log_tail = [redact(x, self.secrets) for x in lines[-40:]]
-                if diagnosis.category != "healthy" and diagnosis.signature is None:
-                    result.log_tail = [redact(x, self.secrets) for x in traceback_of(lines)] or result.log_tail
+                synthetic = _synthetic_line(last)
+                has_traceback = any("Traceback (most recent call last)" in x for x in lines)
+                if synthetic and not (synthetic.startswith("[fleet] engine killed") and has_traceback):
+                    lines.append(synthetic)
+            rec.seconds = time.monotonic() - t0
+            rec.diagnosis = diagnose(lines, _context(plan, model, gpus))
+            tail = traceback_of(lines) if rec.diagnosis.signature is None else lines[-40:]
+            result.log_tail = [redact(x, self.secrets) for x in tail]
             assert rec.diagnosis is not None
-            self.progress("diagnosed", {"attempt": attempt, "diagnosis": rec.diagnosis.to_json(),
-                                        "outcome": rec.outcome})
+            self.progress(
+                "diagnosed", {"attempt": attempt, "diagnosis": rec.diagnosis.to_json(), "outcome": rec.outcome}
+            )
             decision = decide(rec.diagnosis, applied, attempt, self.max_attempts)
             if isinstance(decision, GiveUp):
                 result.reason = decision.reason
@@ -301,32 +376,101 @@ class Deployer:
             plan = relint(apply_fix(plan, decision.fix, decision.signature, decision.reason), model, gpus, wishes)
             applied.append(decision.signature)
             rec.fix = decision.fix.describe()
-            new_learned.append({"signature": decision.signature, "fix": decision.fix.to_json(),
-                                "learned_at": time.strftime("%Y-%m-%d %H:%M:%S")})
-            self.progress("relaunching", {"attempt": attempt + 1, "max": self.max_attempts,
-                                          "signature": decision.signature, "fix": rec.fix,
-                                          "explanation": decision.reason, "elapsed_s": rec.seconds,
-                                          "nothing_stopped": rec.outcome == "rejected"})
+            new_learned.append(
+                {
+                    "signature": decision.signature,
+                    "fix": decision.fix.to_json(),
+                    "learned_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
+            self.progress(
+                "relaunching",
+                {
+                    "attempt": attempt + 1,
+                    "max": self.max_attempts,
+                    "signature": decision.signature,
+                    "fix": rec.fix,
+                    "explanation": decision.reason,
+                    "elapsed_s": rec.seconds,
+                    "nothing_stopped": rec.outcome == "rejected",
+                },
+            )
+
+    def _stop_if_locked_or_unsafe(self, out: dict[str, Any]) -> None:
+        lock = out["lock"]
+        if lock["status"] == "held":
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
+            raise LockedError(
+                f"{self.host.name}: locked by {lock.get('owner')} since {since} ({lock.get('command') or 'deploy'}).",
+                f"Wait for it to finish (a lock unrefreshed for {LOCK_LEASE_S:.0f} s is taken over).",
+            )
+        if lock.get("taken_over"):
+            self.progress("lock_taken_over", {"previous": lock["taken_over"]})
+        if out.get("refused"):
+            self._release()
+            who = "; ".join(
+                f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}"
+                for p in out["refused"]
+            )
+            raise UnsafeToKill(
+                f"{self.host.name}: GPU/port holders fleet will not kill: {who}.",
+                "Stop them yourself, or set kill_policy: force for this host (or pass --force).",
+            )
+
+    def _watch_attempt(
+        self, plan: LaunchPlan, out: dict[str, Any], rec: Attempt, success: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
+        self.progress("stopped", {"stopped": out.get("stopped", []), "memory": out.get("memory")})
+        launched = out["launched"]
+        rec.log = launched["log"]
+        self.progress("launched", {"pid": launched["pid"], "log": launched["log"]})
+        lines: list[str] = []
+
+        def on_line(text: str) -> None:
+            lines.append(text)
+            self.progress("log", {"line": redact(text, self.secrets)})
+
+        return self.watch(plan, launched, success, on_line), lines
 
     def _release(self) -> None:
-        try:
-            run_json(self.t, "python3", remote_source("remote_act.py"),
-                     {"lock": self._lock_args("release"), "release_lock_only": True})
-        except TransportError:
-            pass  # an unreleased lock expires after its lease
+        with contextlib.suppress(TransportError):  # an unreleased lock expires after its lease
+            run_json(
+                self.t,
+                "python3",
+                remote_source("remote_act.py"),
+                {"lock": self._lock_args("release"), "release_lock_only": True},
+            )
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> None:
         """Stop what the failed attempt left running (a server printing garbage must not stay up)."""
-        state = {"playbook": self.playbook_name, "host": self.host.name, "engine": plan.engine,
-                 "plan": plan.to_json(), "status": "failed", "reason": reason, "attempt": rec.number,
-                 "diagnosis": rec.diagnosis.to_json() if rec.diagnosis else None, "updated": time.time(),
-                 "log": rec.log, "smoke": self.smoke, "port": plan.port, "served_name": plan.served_name,
-                 "check_address": plan.check_address}
-        try:
-            self.act(plan, attempt=rec.number, launch=False, check=False, recorded_pgid=None, state=state,
-                     release_lock=True, command="give-up")
-        except TransportError:
-            pass
+        state = {
+            "playbook": self.playbook_name,
+            "host": self.host.name,
+            "engine": plan.engine,
+            "plan": plan.to_json(),
+            "status": "failed",
+            "reason": reason,
+            "attempt": rec.number,
+            "diagnosis": rec.diagnosis.to_json() if rec.diagnosis else None,
+            "updated": time.time(),
+            "log": rec.log,
+            "smoke": self.smoke,
+            "port": plan.port,
+            "served_name": plan.served_name,
+            "check_address": plan.check_address,
+        }
+        with contextlib.suppress(TransportError):
+            self.act(
+                plan,
+                attempt=rec.number,
+                launch=False,
+                check=False,
+                recorded_pgid=None,
+                state=state,
+                release_lock=True,
+                command="give-up",
+            )
 
 
 def _synthetic_line(ev: dict[str, Any]) -> str | None:
@@ -351,12 +495,13 @@ def _synthetic_line(ev: dict[str, Any]) -> str | None:
 def plan_or_refuse(host: Host, playbook: NamedPlaybook, facts: HostFacts, path: str) -> PlanResult:
     result = build_plan(host, playbook, facts, path)
     if result.errors or result.plan is None:
-        raise PreflightError("; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
-                             "Nothing on the host was changed.")
+        raise PreflightError(
+            "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
+            "Nothing on the host was changed.",
+        )
     return result
 
 
 def recorded(facts: HostFacts) -> dict[str, Any]:
     st = facts.remote.state
     return st if isinstance(st, dict) else {}
-

@@ -12,9 +12,9 @@ from fleet.control.facts import model_path, read_facts
 from fleet.errors import ConfigError, LockedError, UnsafeToKill
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
-from fleet.plan import Flag, LaunchPlan, Wishes, parse_version
-from fleet.plan.build import gpu_summary, learned_fixes, wishes_for
 from fleet.model import parse_model_spec
+from fleet.plan import Flag, LaunchPlan, Wishes, parse_version
+from fleet.plan.build import gpu_summary, learned_fixes
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -24,23 +24,42 @@ def _smoke(playbook: NamedPlaybook) -> dict[str, Any]:
     return {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
 
 
-def deploy(t: Transport, host: Host, playbook: NamedPlaybook, *, force: bool, engine_check: bool,
-           progress: Progress) -> DeployResult:
+def deploy(
+    t: Transport, host: Host, playbook: NamedPlaybook, *, force: bool, engine_check: bool, progress: Progress
+) -> DeployResult:
     path = model_path(host, playbook.spec.model)
     facts = read_facts(t, host, model=path, engine=playbook.spec.engine)
     result = plan_or_refuse(host, playbook, facts, path)
     assert result.plan and result.model and result.gpus
-    progress("planned", {"plan": result.plan, "model": result.model.describe(),
-                         "learned": list(result.plan.applied_fixes)})
+    progress(
+        "planned", {"plan": result.plan, "model": result.model.describe(), "learned": list(result.plan.applied_fixes)}
+    )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
-    deployer = Deployer(t, host, playbook_name=playbook.name, smoke=_smoke(playbook),
-                        kill_policy="force" if force else host.settings.kill_policy, secrets=secrets,
-                        progress=progress, engine_check=engine_check, max_attempts=playbook.spec.max_attempts,
-                        ready_timeout_s=playbook.spec.ready_timeout_s)
-    existing = [{"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-                for lf in learned_fixes(facts, result.learned_key)]
-    return deployer.run(result.plan, result.model, result.gpus, result.wishes, learned_key=result.learned_key,
-                        learned_existing=existing, recorded_pgid=_recorded_pgid(facts))
+    deployer = Deployer(
+        t,
+        host,
+        playbook_name=playbook.name,
+        smoke=_smoke(playbook),
+        kill_policy="force" if force else host.settings.kill_policy,
+        secrets=secrets,
+        progress=progress,
+        engine_check=engine_check,
+        max_attempts=playbook.spec.max_attempts,
+        ready_timeout_s=playbook.spec.ready_timeout_s,
+    )
+    existing = [
+        {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
+        for lf in learned_fixes(facts, result.learned_key)
+    ]
+    return deployer.run(
+        result.plan,
+        result.model,
+        result.gpus,
+        result.wishes,
+        learned_key=result.learned_key,
+        learned_existing=existing,
+        recorded_pgid=_recorded_pgid(facts),
+    )
 
 
 def _recorded_pgid(facts: HostFacts) -> int | None:
@@ -55,11 +74,18 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
     from fleet.plan import EnvVar
 
     return LaunchPlan(
-        engine=p["engine"], engine_version=parse_version(p.get("engine_version")), python=p["argv"][0],
+        engine=p["engine"],
+        engine_version=parse_version(p.get("engine_version")),
+        python=p["argv"][0],
         model_path=str(next((f.value for f in flags if f.name in ("--model-path", "--model")), "")),
-        served_name=p["served_name"], port=int(p["port"]), check_address=state.get("check_address", "127.0.0.1"),
-        flags=flags, env=tuple(EnvVar(e["name"], e["value"], e["rule"], e["reason"]) for e in p["env"]),
-        secret_env=tuple(p.get("secret_env", [])), verdicts=(), applied_fixes=tuple(p.get("applied_fixes", [])),
+        served_name=p["served_name"],
+        port=int(p["port"]),
+        check_address=state.get("check_address", "127.0.0.1"),
+        flags=flags,
+        env=tuple(EnvVar(e["name"], e["value"], e["rule"], e["reason"]) for e in p["env"]),
+        secret_env=tuple(p.get("secret_env", [])),
+        verdicts=(),
+        applied_fixes=tuple(p.get("applied_fixes", [])),
     )
 
 
@@ -67,8 +93,10 @@ def restart(t: Transport, host: Host, *, force: bool, progress: Progress) -> Dep
     state_facts = read_facts(t, host)
     state = recorded(state_facts)
     if not state.get("plan"):
-        raise ConfigError(f"{host.name}: nothing recorded to restart (no fleet deployment on this host).",
-                          "Run `fleet deploy PLAYBOOK --host HOST` first.")
+        raise ConfigError(
+            f"{host.name}: nothing recorded to restart (no fleet deployment on this host).",
+            "Run `fleet deploy PLAYBOOK --host HOST` first.",
+        )
     plan = plan_from_state(state)
     facts = read_facts(t, host, model=plan.model_path, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
@@ -77,26 +105,44 @@ def restart(t: Transport, host: Host, *, force: bool, progress: Progress) -> Dep
     gpus = gpu_summary(facts)
     assert gpus is not None
     secrets = read_secrets(plan.secret_env, str(state.get("playbook")))
-    deployer = Deployer(t, host, playbook_name=str(state.get("playbook", "recorded")), smoke=state["smoke"],
-                        kill_policy="force" if force else host.settings.kill_policy, secrets=secrets,
-                        progress=progress)
+    deployer = Deployer(
+        t,
+        host,
+        playbook_name=str(state.get("playbook", "recorded")),
+        smoke=state["smoke"],
+        kill_policy="force" if force else host.settings.kill_policy,
+        secrets=secrets,
+        progress=progress,
+    )
     key = str(state.get("learned_key", ""))
-    existing = [{"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-                for lf in learned_fixes(facts, key)]
+    existing = [
+        {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
+        for lf in learned_fixes(facts, key)
+    ]
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
-    return deployer.run(plan, model, gpus, wishes, learned_key=key, learned_existing=existing,
-                        recorded_pgid=_recorded_pgid(facts))
+    return deployer.run(
+        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(facts)
+    )
 
 
 def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
     facts = read_facts(t, host)
     state = recorded(facts)
     port = state.get("port")
-    deployer = Deployer(t, host, playbook_name=str(state.get("playbook", "-")), smoke={},
-                        kill_policy="force" if force else host.settings.kill_policy, secrets={})
-    args = {"lock": deployer._lock_args("stop"), "free": deployer._free_args(port, _recorded_pgid(facts)),
-            "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
-            "release_lock": True}
+    deployer = Deployer(
+        t,
+        host,
+        playbook_name=str(state.get("playbook", "-")),
+        smoke={},
+        kill_policy="force" if force else host.settings.kill_policy,
+        secrets={},
+    )
+    args = {
+        "lock": deployer._lock_args("stop"),
+        "free": deployer._free_args(port, _recorded_pgid(facts)),
+        "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
+        "release_lock": True,
+    }
     python = next(iter(host.settings.engines.values()), "python3")
     out = run_json(t, python, remote_source("remote_act.py"), args)
     if out["lock"]["status"] == "held":
@@ -118,24 +164,32 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
     status = st.get("status", "none")
     if status == "ready" and not alive:
         status = "dead"
-    return {"host": host.name, "playbook": st.get("playbook"), "engine": st.get("engine"),
-            "engine_version": st.get("engine_version"), "pid": pid if alive else None, "port": st.get("port"),
-            "uptime_s": round(uptime) if uptime is not None else None, "status": status,
-            "attempts": st.get("attempts") or st.get("attempt"), "last_outcome": st.get("reason") or status,
-            "applied_fixes": st.get("applied_fixes", []), "other_servers": len([p for p in facts.servers
-                                                                                 if p.pgid != st.get("pgid")])}
+    return {
+        "host": host.name,
+        "playbook": st.get("playbook"),
+        "engine": st.get("engine"),
+        "engine_version": st.get("engine_version"),
+        "pid": pid if alive else None,
+        "port": st.get("port"),
+        "uptime_s": round(uptime) if uptime is not None else None,
+        "status": status,
+        "attempts": st.get("attempts") or st.get("attempt"),
+        "last_outcome": st.get("reason") or status,
+        "applied_fixes": st.get("applied_fixes", []),
+        "other_servers": len([p for p in facts.servers if p.pgid != st.get("pgid")]),
+    }
 
 
 def logs_script(log_dir: str, name: str | None, lines: int, follow: bool) -> str:
     d = log_dir.replace("~/", "$HOME/", 1) if log_dir.startswith("~/") else shlex.quote(log_dir)
-    pick = (f'f={d}/{shlex.quote(name)}.latest.log' if name else
-            f'f=$(ls -t {d}/*.latest.log 2>/dev/null | head -n 1)')
+    pick = f"f={d}/{shlex.quote(name)}.latest.log" if name else f"f=$(ls -t {d}/*.latest.log 2>/dev/null | head -n 1)"
     follow_flag = "-F" if follow else ""
-    return (f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || {{ echo "fleet: no server log on this host" >&2; exit 3; }}\n'
-            f'exec tail -n {int(lines)} {follow_flag} "$f"\n')
+    return (
+        f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || {{ echo "fleet: no server log on this host" >&2; exit 3; }}\n'
+        f'exec tail -n {int(lines)} {follow_flag} "$f"\n'
+    )
 
 
 def logs(t: Transport, host: Host, *, lines: int, follow: bool, sink: Callable[[bytes], bool]) -> int:
     """Print (or follow) the newest server log on the host: one round trip, streamed as written."""
-    return t.stream(logs_script(host.settings.log_dir, None, lines, follow), sink,
-                    timeout_s=10**7 if follow else 60)
+    return t.stream(logs_script(host.settings.log_dir, None, lines, follow), sink, timeout_s=10**7 if follow else 60)

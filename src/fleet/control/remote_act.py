@@ -27,7 +27,34 @@ ENGINE_RE = re.compile(
     r"|VLLM::|vllm serve|vllm\.entrypoints"
 )
 LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
-SAFELISTED = re.compile(r"^(nvidia-persistenced|nv-hostengine|dcgm\w*|Xorg|X|Xwayland|gdm\w*|sddm|lightdm|gnome-shell|kwin\w*)$")
+# GPU daemons and display servers: never killed unless the kill policy is "force". Matched on the
+# executable's name (argv[0]) and on comm, which the kernel truncates to 15 characters.
+SAFELISTED = (
+    "nvidia-persistenced",
+    "nv-hostengine",
+    "dcgm",
+    "nvidia-dcgm",
+    "Xorg",
+    "X",
+    "Xwayland",
+    "gdm",
+    "gdm-x-session",
+    "sddm",
+    "lightdm",
+    "gnome-shell",
+    "kwin_x11",
+    "kwin_wayland",
+)
+
+
+def safelisted(info):
+    argv0 = os.path.basename(info["cmdline"].split(" ", 1)[0]) if info["cmdline"] else ""
+    for name in SAFELISTED:
+        if argv0 == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
+            return name
+    return None
+
+
 LAUNCHER = (
     'set -a; . "$1"; set +a; rm -f "$1"; exitfile="$2"; shift 2; '
     '"$@" </dev/null; echo $? > "$exitfile.tmp"; mv "$exitfile.tmp" "$exitfile"'
@@ -72,8 +99,15 @@ def proc(pid):
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
-    return {"pid": pid, "ppid": int(rest[1]), "pgid": int(rest[2]), "uid": uid, "user": user,
-            "comm": stat[stat.find("(") + 1: stat.rfind(")")], "cmdline": cmd[:500]}
+    return {
+        "pid": pid,
+        "ppid": int(rest[1]),
+        "pgid": int(rest[2]),
+        "uid": uid,
+        "user": user,
+        "comm": stat[stat.find("(") + 1 : stat.rfind(")")],
+        "cmdline": cmd[:500],
+    }
 
 
 def all_procs():
@@ -109,7 +143,8 @@ def port_owner(port, bind_address="0.0.0.0"):
     inodes = {}
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(path).read().splitlines()[1:]
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -143,12 +178,18 @@ def take_lock(a):
         cur = read_json(path)
         age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
         if cur is not None and cur.get("run_id") != a["run_id"] and age is not None and age < a["lease_s"]:
-            return {"status": "held", "owner": cur.get("owner"), "since": cur.get("since"), "age_s": age,
-                    "command": cur.get("command")}
+            return {
+                "status": "held",
+                "owner": cur.get("owner"),
+                "since": cur.get("since"),
+                "age_s": age,
+                "command": cur.get("command"),
+            }
         taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
         if cur is None or cur.get("run_id") != a["run_id"]:
-            write_json(path, {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(),
-                              "command": a.get("command")})
+            write_json(
+                path, {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
+            )
         else:
             os.utime(path)
         return {"status": "taken", "taken_over": taken_over}
@@ -186,8 +227,13 @@ def engine_check(c):
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
     env = dict(os.environ, **c.get("env", {}))
     try:
-        p = subprocess.run([expand(c["python"]), "-c", code] + c["args"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, env=env, timeout=c.get("timeout_s", 180))
+        p = subprocess.run(
+            [expand(c["python"]), "-c", code] + c["args"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=c.get("timeout_s", 180),
+        )
     except subprocess.TimeoutExpired:
         return {"verdict": "could_not_check", "output": "the check timed out"}
     except OSError as exc:
@@ -216,8 +262,9 @@ def holders(device_glob):
             real = set(os.path.realpath(f) for f in files)
             for pid in all_procs():
                 try:
-                    if any(os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real
-                           for fd in os.listdir("/proc/%d/fd" % pid)):
+                    if any(
+                        os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real for fd in os.listdir("/proc/%d/fd" % pid)
+                    ):
                         pids.add(pid)
                 except OSError:
                     continue
@@ -227,6 +274,7 @@ def holders(device_glob):
 def nvml_pids_and_memory():
     try:
         import pynvml as n
+
         n.nvmlInit()
     except Exception:
         return set(), None
@@ -263,8 +311,9 @@ def classify(a, procs):
         fleets = recorded is not None and info["pgid"] == recorded
         engine = is_engine(info)
         why = None
-        if SAFELISTED.match(info["comm"]):
-            why = "GPU daemon %s" % info["comm"]
+        daemon = safelisted(info)
+        if daemon:
+            why = "GPU daemon %s" % daemon
         elif info["uid"] != me and not fleets:
             why = "process of user %s" % info["user"]
         elif not engine and not fleets:
@@ -274,7 +323,9 @@ def classify(a, procs):
             continue
         targets[pid] = dict(info, why=why or ("fleet's server" if fleets else "inference server"))
     if owner is None and held and a.get("port"):
-        refused.append({"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]})
+        refused.append(
+            {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
+        )
     return targets, refused
 
 
@@ -317,8 +368,10 @@ def stop_targets(targets, procs, drain_s):
     deadline = time.time() + 5
     while time.time() < deadline and any(alive(p) for p in targets):
         time.sleep(0.05)
-    return [{"pid": p, "pgid": t["pgid"], "user": t["user"], "cmdline": t["cmdline"][:200], "why": t["why"]}
-            for p, t in sorted(targets.items())], forced
+    return [
+        {"pid": p, "pgid": t["pgid"], "user": t["user"], "cmdline": t["cmdline"][:200], "why": t["why"]}
+        for p, t in sorted(targets.items())
+    ], forced
 
 
 def wait_memory_released(before, timeout_s, ignore_mib):
@@ -350,7 +403,11 @@ def launch(a, secrets):
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     child = subprocess.Popen(
         ["/bin/sh", "-c", LAUNCHER, LAUNCH_MARK, env_path, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
-        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True, close_fds=True,
+        stdin=subprocess.DEVNULL,
+        stdout=log_fd,
+        stderr=log_fd,
+        start_new_session=True,
+        close_fds=True,
         cwd=log_dir,
     )
     os.close(log_fd)
@@ -388,9 +445,10 @@ def main():
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"])
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
-    for sweep in range(3):  # children that outlived their parent (JIT workers), by title
-        left = [p for p in all_procs().values() if is_engine(p) and p["uid"] == os.getuid()
-                and p["pgid"] != os.getpgid(0)]
+    for _sweep in range(3):  # children that outlived their parent (JIT workers), by title
+        left = [
+            p for p in all_procs().values() if is_engine(p) and p["uid"] == os.getuid() and p["pgid"] != os.getpgid(0)
+        ]
         if not left:
             break
         for p in left:
@@ -404,8 +462,15 @@ def main():
             write_json(os.path.join(state_dir, "state.json"), a["state_update"])
         out["launched"] = launch(a["launch"], secrets)
         st = read_json(os.path.join(state_dir, "state.json")) or {}
-        st.update({"pid": out["launched"]["pid"], "pgid": out["launched"]["pgid"], "log": out["launched"]["log"],
-                   "exit_file": out["launched"]["exit_file"], "started": out["launched"]["started"]})
+        st.update(
+            {
+                "pid": out["launched"]["pid"],
+                "pgid": out["launched"]["pgid"],
+                "log": out["launched"]["log"],
+                "exit_file": out["launched"]["exit_file"],
+                "started": out["launched"]["started"],
+            }
+        )
         write_json(os.path.join(state_dir, "state.json"), st)
     elif a.get("state_update") is not None:
         write_json(os.path.join(state_dir, "state.json"), a["state_update"])
@@ -419,5 +484,6 @@ if __name__ == "__main__":
         result = main()
     except Exception as exc:
         import traceback
+
         result = {"error": "%s: %s" % (type(exc).__name__, exc), "traceback": traceback.format_exc()[-3000:]}
     sys.stdout.write(json.dumps(result))

@@ -38,8 +38,9 @@ def alive_group(pgid):
 
 def http(method, url, body=None, timeout=10.0, headers=None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers=dict({"Content-Type": "application/json"},
-                                                                              **(headers or {})))
+    req = urllib.request.Request(
+        url, data=data, method=method, headers=dict({"Content-Type": "application/json"}, **(headers or {}))
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
@@ -52,9 +53,17 @@ def http(method, url, body=None, timeout=10.0, headers=None):
 def smoke(a):
     s = a["smoke"]
     base = "http://%s:%d" % (a["address"], a["port"])
-    status, text = http("POST", base + "/v1/chat/completions", {
-        "model": a["served_name"], "messages": [{"role": "user", "content": s["prompt"]}],
-        "max_tokens": s["max_tokens"], "temperature": 0}, timeout=s.get("timeout_s", 120))
+    status, text = http(
+        "POST",
+        base + "/v1/chat/completions",
+        {
+            "model": a["served_name"],
+            "messages": [{"role": "user", "content": s["prompt"]}],
+            "max_tokens": s["max_tokens"],
+            "temperature": 0,
+        },
+        timeout=s.get("timeout_s", 120),
+    )
     answer = None
     if status == 200:
         try:

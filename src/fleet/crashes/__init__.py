@@ -22,10 +22,25 @@ import yaml
 from fleet.plan import Fix, Version, args_dict, parse_version
 
 CATEGORIES = (
-    "healthy", "spec_decode_hybrid_mamba", "invalid_flags", "cuda_oom_startup", "kv_cache_oom", "cuda_graph_capture",
-    "port_in_use", "nccl_p2p", "unsupported_arch_or_quant", "jit_compile", "unknown_architecture",
-    "model_files_missing", "dependency_mismatch", "driver_mismatch", "illegal_memory_access", "killed_by_signal",
-    "worker_timeout", "garbage_output", "unknown",
+    "healthy",
+    "spec_decode_hybrid_mamba",
+    "invalid_flags",
+    "cuda_oom_startup",
+    "kv_cache_oom",
+    "cuda_graph_capture",
+    "port_in_use",
+    "nccl_p2p",
+    "unsupported_arch_or_quant",
+    "jit_compile",
+    "unknown_architecture",
+    "model_files_missing",
+    "dependency_mismatch",
+    "driver_mismatch",
+    "illegal_memory_access",
+    "killed_by_signal",
+    "worker_timeout",
+    "garbage_output",
+    "unknown",
 )
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
@@ -42,6 +57,7 @@ class Signature:
     engine: str
     patterns: tuple[re.Pattern[str], ...]
     requires: tuple[re.Pattern[str], ...]
+    unless: tuple[re.Pattern[str], ...]
     versions: tuple[Version, Version] | None
     phase: str | None
     when: dict[str, Any]
@@ -73,15 +89,22 @@ class Diagnosis:
     source: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"category": self.category, "signature": self.signature, "explanation": self.explanation,
-                "fix": self.fix.describe() if self.fix else None, "evidence": list(self.evidence)}
+        return {
+            "category": self.category,
+            "signature": self.signature,
+            "explanation": self.explanation,
+            "fix": self.fix.describe() if self.fix else None,
+            "evidence": list(self.evidence),
+        }
 
 
 _PREFIXES = [
     re.compile(r"^\x1b\[[0-9;]*m"),
     re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
     re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*"),  # ISO timestamp
-    re.compile(r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+|[\w:]+ pid=\d+)[^)]*\)\s*"),
+    re.compile(
+        r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+|[\w:]+ pid=\d+)[^)]*\)\s*"
+    ),
     re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:TP|DP|PP|EP)\d+)*\]\s*"),  # SGLang
     re.compile(r"^\[(?:TP|DP|PP|EP)\d+\]\s*"),
     re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]+\]\s*"),  # vLLM
@@ -135,12 +158,22 @@ def parse_signatures(data: Any, origin: str) -> list[Signature]:
             versions = raw.get("versions")
             lo = parse_version(versions[0]) if versions else None
             hi = parse_version(versions[1]) if versions else None
-            out.append(Signature(
-                id=str(raw["id"]), category=category, engine=str(raw.get("engine", "any")),
-                patterns=_compile(raw["patterns"]), requires=_compile(raw.get("requires") or ()),
-                versions=(lo, hi) if lo and hi else None, phase=raw.get("phase"), when=dict(raw.get("when") or {}),
-                fix=_fix(raw.get("fix")), explanation=str(raw["explanation"]), source=str(raw.get("source", "")),
-            ))
+            out.append(
+                Signature(
+                    id=str(raw["id"]),
+                    category=category,
+                    engine=str(raw.get("engine", "any")),
+                    patterns=_compile(raw["patterns"]),
+                    requires=_compile(raw.get("requires") or ()),
+                    unless=_compile(raw.get("unless") or ()),
+                    versions=(lo, hi) if lo and hi else None,
+                    phase=raw.get("phase"),
+                    when=dict(raw.get("when") or {}),
+                    fix=_fix(raw.get("fix")),
+                    explanation=str(raw["explanation"]),
+                    source=str(raw.get("source", "")),
+                )
+            )
         except (KeyError, TypeError, ValueError, re.error) as exc:
             raise ValueError(f"{origin}: signature #{i + 1}: {exc}") from exc
     return out
@@ -170,7 +203,9 @@ def _conditions_hold(sig: Signature, ctx: Context) -> bool:
     for trait in ("hybrid", "nvfp4", "moe"):
         if trait in w and getattr(ctx, trait) is not None and bool(w[trait]) != getattr(ctx, trait):
             return False
-    if ctx.sm is not None and ("sm_min" in w and ctx.sm < int(w["sm_min"]) or "sm_max" in w and ctx.sm > int(w["sm_max"])):
+    if ctx.sm is not None and (
+        "sm_min" in w and ctx.sm < int(w["sm_min"]) or "sm_max" in w and ctx.sm > int(w["sm_max"])
+    ):
         return False
     if "flag" in w:
         args = args_dict(list(ctx.argv))
@@ -180,7 +215,9 @@ def _conditions_hold(sig: Signature, ctx: Context) -> bool:
     return True
 
 
-def diagnose(lines: Sequence[str], ctx: Context = Context(), signatures: Sequence[Signature] | None = None) -> Diagnosis:
+def diagnose(
+    lines: Sequence[str], ctx: Context = Context(), signatures: Sequence[Signature] | None = None
+) -> Diagnosis:
     """Classify an engine log. A clean startup or steady serving is `healthy`, never a crash."""
     sigs = builtin_signatures() if signatures is None else signatures
     norm = normalize(lines)
@@ -197,14 +234,26 @@ def diagnose(lines: Sequence[str], ctx: Context = Context(), signatures: Sequenc
             continue
         if sig.requires and not all(any(r.search(line) for line in norm) for r in sig.requires):
             continue
+        if any(u.search(line) for u in sig.unless for line in norm):
+            continue
         return Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(norm, hits), sig.source)
     tb = [i for i, line in enumerate(norm) if line.startswith("Traceback (most recent call last)")]
     errors = [i for i, line in enumerate(norm) if re.match(r"^\w*(Error|Exception)\b.*:", line)]
     if tb or errors:
-        return Diagnosis("unknown", None, "a failure that matches no known signature", None,
-                         _evidence(norm, (tb + errors)[:1] + errors[-1:]))
-    return Diagnosis("healthy", None, "clean startup or steady serving" if ready_at is not None else
-                     "no failure in the log", None, ())
+        return Diagnosis(
+            "unknown",
+            None,
+            "a failure that matches no known signature",
+            None,
+            _evidence(norm, (tb + errors)[:1] + errors[-1:]),
+        )
+    return Diagnosis(
+        "healthy",
+        None,
+        "clean startup or steady serving" if ready_at is not None else "no failure in the log",
+        None,
+        (),
+    )
 
 
 def _evidence(norm: list[str], hits: list[int]) -> tuple[str, ...]:

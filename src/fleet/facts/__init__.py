@@ -133,8 +133,14 @@ class HostFacts:
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
         """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
         wild = ("0.0.0.0", "::")
-        return next((lst for lst in self.listeners if lst.port == port and (
-            bind_address in wild or lst.address in wild or lst.address == bind_address)), None)
+        return next(
+            (
+                lst
+                for lst in self.listeners
+                if lst.port == port and (bind_address in wild or lst.address in wild or lst.address == bind_address)
+            ),
+            None,
+        )
 
     def uptime_s(self, proc: Proc) -> float:
         return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))

@@ -569,8 +569,10 @@ def _mem_fraction_flag(flags: list[Flag]) -> tuple[str, float | None]:
         value = _words(flags).get(name)
         if name in _words(flags):
             return name, float(value) if value else None
-    return ("--mem-fraction-static" if any(f.name == "--model-path" for f in flags) else "--gpu-memory-utilization",
-            None)
+    return (
+        "--mem-fraction-static" if any(f.name == "--model-path" for f in flags) else "--gpu-memory-utilization",
+        None,
+    )
 
 
 def _raise_mem_fraction(flags: list[Flag], version: Version | None) -> Derived:
@@ -625,6 +627,10 @@ def apply_fix(plan: LaunchPlan, fix: Fix, rule: str, reason: str) -> LaunchPlan:
         flags = _set_flag(flags, spell(name, plan.engine_version), value, rule, reason)
     env = [e for e in plan.env if e.name not in dict(fix.set_env)]
     env += [EnvVar(n, v, rule, reason) for n, v in fix.set_env]
+    if _words(flags) == _words(list(plan.flags)) and {(e.name, e.value) for e in env} == {
+        (e.name, e.value) for e in plan.env
+    }:
+        return plan  # already in the plan: nothing to apply (and nothing to credit)
     return replace(plan, flags=tuple(flags), env=tuple(env), applied_fixes=(*plan.applied_fixes, rule))
 
 

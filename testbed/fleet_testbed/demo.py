@@ -1,0 +1,78 @@
+"""`make demo`: the whole story on the local simulated fleet, with the real `fleet` command.
+
+Brings up `blackwell` (8x RTX PRO 6000, SM120, SGLang 0.5.11) and `ct129` (2x RTX A6000) behind real
+sshd on loopback, deploys the hand-written Qwen3.5-397B-NVFP4 command (two known crashes, fixed and
+learned), deploys again (one attempt, learned fixes), deploys Qwen3.6-27B, shows status, stops all, and
+tears the fleet down (`--keep` leaves it up for you to try commands; `python -m fleet_testbed down`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from fleet_testbed import simhost
+from fleet_testbed.__main__ import DEFAULT_ROOT
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fleet(*args: str, env: dict[str, str], check: bool = True) -> int:
+    print(f"\n$ fleet {shlex.join(args)}", flush=True)
+    code = subprocess.run([str(Path(sys.executable).parent / "fleet"), *args], env=env, cwd=REPO).returncode
+    if check and code != 0:
+        raise SystemExit(f"demo: `fleet {shlex.join(args)}` exited {code}")
+    return code
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m fleet_testbed.demo")
+    ap.add_argument("--keep", action="store_true", help="leave the simulated fleet running")
+    a = ap.parse_args()
+    os.environ.setdefault("SIM_SPEED", "1.0")
+    print("Bringing up the simulated fleet (real sshd on 127.0.0.2 and 127.0.0.3, port 2222) ...", flush=True)
+    sb = simhost.up(DEFAULT_ROOT, [simhost.BLACKWELL, simhost.CT129], 2222)
+    env = {
+        **os.environ,
+        **sb.env(),
+        "FLEET_INVENTORY": str(REPO / "inventory" / "sandbox.yaml"),
+        "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
+    }
+    try:
+        for spec in sb.specs:
+            simhost.reset_host(sb, spec)
+        fleet("facts", "--host", "blackwell", env=env)
+        print("\n# The command an engineer typed by hand. fleet's rules already know it will crash:")
+        fleet("plan", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
+        print("\n# Launch it as written (skipping the engine's own pre-flight check, to watch the crashes happen):")
+        fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--no-engine-check", env=env)
+        print("\n# Again: the fixes were learned for this host x model x engine version; one attempt.")
+        fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
+        print("\n# fleet's own plan for the same model, and Qwen3.6-27B on the A6000 box:")
+        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", env=env)
+        fleet("deploy", "qwen36-27b", "--host", "ct129", env=env)
+        print("\n# Pre-flight refuses what cannot work, before touching the host:")
+        fleet("plan", "qwen35-nvfp4", "--host", "ct129", env=env, check=False)
+        fleet("status", env=env)
+        fleet("logs", "--host", "ct129", "-n", "3", env=env)
+        fleet("stop", "--all", env=env)
+    finally:
+        if not a.keep:
+            simhost.down(DEFAULT_ROOT)
+            print("\nsimulated fleet down")
+        else:
+            print("\nThe simulated fleet is still up. Try, for example:")
+            for k, v in sb.env().items():
+                print(f"  export {k}={v}")
+            print(f"  export FLEET_INVENTORY={REPO}/inventory/sandbox.yaml PYTHONPATH={REPO}/testbed")
+            print("  .venv/bin/fleet status")
+            print("and `make sandbox-down` when done.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

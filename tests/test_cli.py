@@ -1,0 +1,94 @@
+"""The command line: every subcommand documents itself with an example; errors map to exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from fleet.cli import cli
+
+COMMANDS = sorted(cli.commands)
+
+
+def test_the_commands_the_readme_promises_exist() -> None:
+    assert {"facts", "plan", "deploy", "restart", "stop", "status", "logs", "diagnose"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_has_help_with_an_example(command: str) -> None:
+    r = run_cli(command, "--help")
+    assert r.code == 0
+    assert "Example" in r.out and f"fleet {command}" in r.out
+
+
+def test_top_level_help_lists_examples() -> None:
+    r = run_cli("--help")
+    assert r.code == 0 and "fleet deploy qwen35-nvfp4 --host blackwell" in r.out
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    r = run_cli("deploy", "--no-such-option")
+    assert r.code == 2
+
+
+def test_missing_inventory_is_a_config_error(tmp_path: Path) -> None:
+    r = run_cli("-i", str(tmp_path / "nope.yaml"), "status")
+    assert r.code == 2 and "nope.yaml: cannot read (No such file or directory)." in r.err
+
+
+def test_unknown_host_names_the_known_ones() -> None:
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "facts", "--host", "ct130")
+    assert r.code == 2 and 'no host or group named "ct130"' in r.err and "blackwell, ct129, gpu" in r.err
+
+
+def test_diagnose_reads_stdin_and_prints_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setattr(
+        sys,
+        "stdin",
+        io.StringIO(
+            "ValueError: Speculative decoding for Qwen3NextForCausalLM is not "
+            "compatible with radix cache when using --mamba-scheduler-strategy "
+            "no_buffer.To use radix cache ...\n"
+        ),
+    )
+    r = run_cli("diagnose", "-", "--json")
+    assert r.code == 0
+    assert '"category": "spec_decode_hybrid_mamba"' in r.out and '"signature": "sglang-spec-hybrid-no-buffer"' in r.out
+
+
+def test_diagnose_of_a_healthy_log_is_healthy(tmp_path: Path) -> None:
+    log = tmp_path / "ok.log"
+    log.write_text(
+        "[2026-11-29 10:00:00 TP0] Load weight end.\n[2026-11-29 10:00:09] The server is fired up and ready to roll!\n"
+    )
+    r = run_cli("diagnose", str(log))
+    assert r.code == 0 and r.out.startswith("healthy")
+
+
+def test_user_signatures_in_the_project_directory_are_tried_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "crashes").mkdir()
+    (tmp_path / "crashes" / "site.yaml").write_text(
+        "- id: our-flaky-nfs\n  category: model_files_missing\n  patterns: ['Stale file handle']\n"
+        "  explanation: the NFS model mount went stale; remount it\n  fix: null\n"
+    )
+    (tmp_path / "x.log").write_text("OSError: [Errno 116] Stale file handle\n")
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("diagnose", "x.log")
+    assert r.out.startswith("model_files_missing (our-flaky-nfs)")
+
+
+def test_help_starts_fast_without_importing_ssh_libraries() -> None:
+    code = (
+        "import sys, fleet.cli; fleet.cli.main(['--help']); "
+        "print('LOADED' if {'paramiko', 'fabric', 'rich'} & set(sys.modules) else 'LEAN')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip().endswith("LEAN")

@@ -1,0 +1,288 @@
+"""`fleet deploy` and friends end to end: real sshd, simulated GPU hosts, real processes, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BLACKWELL, CT129, ROOT, Background, run_cli
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def playbooks(fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shipped playbooks plus the test's own, in one directory fleet reads."""
+    d = tmp_path / "playbooks"
+    shutil.copytree(ROOT / "playbooks", d)
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(d))
+    return d
+
+
+def add_playbook(d: Path, name: str, base: str, extra: str) -> str:
+    (d / f"{name}.yaml").write_text((d / f"{base}.yaml").read_text() + extra)
+    return name
+
+
+def remote(sb: simhost.Sandbox, spec: simhost.HostSpec, command: str) -> str:
+    return subprocess.run([*simhost.ssh_argv(sb, spec), command], capture_output=True, text=True, timeout=30).stdout
+
+
+def state(sb: simhost.Sandbox, name: str) -> dict:
+    return json.loads((sb.host_dir(name) / "state" / "state.json").read_text())
+
+
+def engine_pids(sb: simhost.Sandbox, spec: simhost.HostSpec) -> list[int]:
+    out = remote(sb, spec, "pgrep -f '[s]glang.launch_server|[s]glang::' || true")
+    return sorted(int(x) for x in out.split())
+
+
+def test_the_motivating_story_fixes_two_crashes_then_remembers(fleet_env: simhost.Sandbox) -> None:
+    r = run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--no-engine-check", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert [a["outcome"] for a in out["attempts"]] == ["crashed", "crashed", "ready"]
+    assert [a["diagnosis"]["category"] for a in out["attempts"][:2]] == ["spec_decode_hybrid_mamba", "invalid_flags"]
+    assert out["new_fixes"] == ["sglang-spec-hybrid-no-buffer", "sglang-spec-params-incomplete"]
+    argv = out["argv"]
+    assert argv[argv.index("--mamba-scheduler-strategy") + 1] == "extra_buffer"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "1"
+    st = state(fleet_env, "blackwell")
+    assert st["status"] == "ready" and st["attempts"] == 3
+    status, body = _chat(BLACKWELL.address, "What is the capital of France?")
+    assert status == 200 and "Paris" in body
+
+    again = json.loads(run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--json").out)
+    assert again["ok"] and len(again["attempts"]) == 1
+    assert again["learned_applied"] == ["sglang-spec-hybrid-no-buffer", "sglang-spec-params-incomplete"]
+    plan = run_cli("plan", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--json")
+    assert json.loads(plan.out)["plan"]["applied_fixes"] == again["learned_applied"]
+
+
+def test_engine_check_rejects_before_anything_is_stopped(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen35-nvfp4", "--host", "blackwell").code == 0
+    running = state(fleet_env, "blackwell")["pid"]
+    r = run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell")
+    assert r.code == 0, r.err
+    assert r.err.count("re-checking (nothing was stopped)") == 2
+    assert r.err.count("engine's own argument check: rejected") == 2
+    assert r.err.index("engine's own argument check: accepted") < r.err.index("stopped fleet's server")
+    assert state(fleet_env, "blackwell")["pid"] != running
+
+
+def _chat(address: str, prompt: str, port: int = 30000) -> tuple[int | None, str]:
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://{address}:{port}/v1/chat/completions",
+        data=json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())["choices"][0]["message"]["content"]
+    except OSError as exc:
+        return None, str(exc)
+
+
+def _start_stale_server(sb: simhost.Sandbox) -> Background:
+    h = sb.host_dir("ct129")
+    cmd = (
+        f"cd /tmp && setsid {h}/env/bin/python -m sglang.launch_server --model-path {h}/models/Qwen3.6-27B "
+        f"--host {CT129.address} --port 30000 --tp 2 > /tmp/stale.log 2>&1; sleep 60"
+    )
+    return Background([*simhost.ssh_argv(sb, CT129), cmd])
+
+
+def _wait(predicate, timeout: float = 20) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_stale_server_is_stopped_and_gpus_freed(fleet_env: simhost.Sandbox) -> None:
+    with _start_stale_server(fleet_env):
+        assert _wait(lambda: _chat(CT129.address, "hi")[0] == 200)
+        stale = engine_pids(fleet_env, CT129)
+        assert stale
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 0, r.err
+        assert "stopped inference server pid" in r.err
+        assert not set(stale) & set(engine_pids(fleet_env, CT129))
+
+
+def test_decoy_gpu_daemon_is_not_killed_and_nothing_is_stopped(fleet_env: simhost.Sandbox) -> None:
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia0"
+    daemon = fleet_env.host_dir("ct129") / "bin" / "nvidia-persistenced"  # comm: "nvidia-persiste"
+    shutil.copy("/bin/sleep", daemon)
+    with (
+        _start_stale_server(fleet_env),
+        Background([*simhost.ssh_argv(fleet_env, CT129), f"exec 3<{dev}; exec {daemon} 60"]),
+    ):
+        assert _wait(lambda: "nvidia-persistenced" in remote(fleet_env, CT129, "ps -eo args"))
+        assert _wait(lambda: _chat(CT129.address, "hi")[0] == 200)
+        stale = engine_pids(fleet_env, CT129)
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 6
+        assert "GPU/port holders fleet will not kill" in r.err and "GPU daemon nvidia-persistenced" in r.err
+        assert engine_pids(fleet_env, CT129) == stale  # nothing was stopped
+        assert "nvidia-persistenced" in remote(fleet_env, CT129, "ps -eo args")
+        forced = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--force")
+        assert forced.code == 0, forced.err
+        assert "GPU daemon nvidia-persistenced" in forced.err  # --force lists what it killed
+        assert "nvidia-persistenced" not in remote(fleet_env, CT129, "ps -eo args")
+
+
+def test_another_users_gpu_process_is_not_killed(fleet_env: simhost.Sandbox) -> None:
+    subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia1"
+    # opened as root, then the process becomes fleetdecoy's and keeps the descriptor
+    cmd = f"exec 3<{dev}; exec setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 60"
+    decoys = "ps -eo user:20,args | grep '^fleetdecoy .*sleep 60' || true"
+    with Background([*simhost.ssh_argv(fleet_env, CT129), cmd]):
+        assert _wait(lambda: "fleetdecoy" in remote(fleet_env, CT129, decoys))
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 6 and "process of user fleetdecoy" in r.err
+        assert "fleetdecoy" in remote(fleet_env, CT129, decoys)
+
+
+def test_unknown_crash_fails_fast_with_the_traceback(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), inject_scheduler_error="RuntimeError: CUBLAS_STATUS_WEIRD in gemm")
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 7
+    assert "FAILED after 1 attempt(s): unknown failure" in r.err
+    assert "RuntimeError: CUBLAS_STATUS_WEIRD in gemm" in r.err
+    assert "Traceback (most recent call last):" in r.err
+    assert state(fleet_env, "ct129")["status"] == "failed"
+    assert not (fleet_env.host_dir("ct129") / "state" / "lock.json").exists()
+
+
+def test_same_signature_after_its_fix_gives_up(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(
+        fleet_env.host_dir("ct129"),
+        inject_scheduler_error=(
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+            "mem_fraction_static=0.85"
+        ),
+    )
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--json")
+    out = json.loads(r.out)
+    assert r.code == 7 and not out["ok"]
+    assert [a["diagnosis"]["signature"] for a in out["attempts"]] == ["sglang-kv-not-enough-memory"] * 2
+    assert out["reason"] == "sglang-kv-not-enough-memory came back after its fix was applied"
+    assert not engine_pids(fleet_env, CT129)
+
+
+def test_weights_that_cannot_fit_are_refused_before_anything_changes(
+    fleet_env: simhost.Sandbox, playbooks: Path
+) -> None:
+    name = add_playbook(playbooks, "tight", "qwen36-27b", "mem_fraction: 0.55\n")
+    r = run_cli("deploy", name, "--host", "ct129")
+    assert r.code == 4
+    assert "tight on ct129: weights need 25.9 GiB per GPU at TP 2, more than 24.4 GiB" in r.err
+    assert "Nothing on the host was changed." in r.err
+    assert not (fleet_env.host_dir("ct129") / "state" / "state.json").exists()
+
+
+def test_garbage_output_is_caught_by_the_smoke_check_and_fixed(fleet_env: simhost.Sandbox, playbooks: Path) -> None:
+    name = add_playbook(
+        playbooks, "cutedsl", "qwen35-nvfp4", "extra_args: [--moe-runner-backend, flashinfer_cutedsl]\n"
+    )
+    out = json.loads(run_cli("deploy", name, "--host", "blackwell", "--json").out)
+    assert out["ok"]
+    first = out["attempts"][0]
+    assert (first["outcome"], first["diagnosis"]["category"]) == ("smoke_failed", "garbage_output")
+    assert first["diagnosis"]["signature"] == "sm120-cutedsl-garbage"
+    assert out["argv"][out["argv"].index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
+
+
+def test_concurrent_deploys_to_one_host_exactly_one_acts(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=4.0)
+    results: list = []
+    first = threading.Thread(target=lambda: results.append(run_cli("deploy", "qwen36-27b", "--host", "ct129")))
+    first.start()
+    assert _wait(lambda: (fleet_env.host_dir("ct129") / "state" / "lock.json").exists())
+    second = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    first.join()
+    assert second.code == 5 and "ct129: locked by" in second.err and "(deploy)" in second.err
+    assert results[0].code == 0
+
+
+def test_stop_frees_the_port_and_leaves_no_process(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    r = run_cli("stop", "--host", "ct129")
+    assert r.code == 0 and "ct129: stopped" in r.out
+    assert engine_pids(fleet_env, CT129) == []
+    assert _chat(CT129.address, "hi")[0] is None
+    assert state(fleet_env, "ct129")["status"] == "stopped"
+    status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    assert status["status"] == "stopped" and status["pid"] is None
+
+
+def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    before = state(fleet_env, "ct129")
+    r = run_cli("restart", "--host", "ct129")
+    assert r.code == 0, r.err
+    after = state(fleet_env, "ct129")
+    assert after["pid"] != before["pid"] and after["status"] == "ready"
+    assert after["plan"]["argv"] == before["plan"]["argv"]
+
+
+def test_status_logs_and_diagnose_of_a_running_host(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    rows = [json.loads(line) for line in run_cli("status", "--json").out.splitlines()]
+    by_host = {r["host"]: r for r in rows}
+    assert by_host["ct129"]["status"] == "ready" and by_host["ct129"]["engine_version"] == "0.5.11"
+    assert by_host["blackwell"]["status"] == "none"
+    logs = run_cli("logs", "--host", "ct129", "-n", "5")
+    assert "The server is fired up and ready to roll!" in logs.out
+    d = json.loads(run_cli("diagnose", "--host", "ct129", "--json").out)
+    assert d["category"] == "healthy"
+
+
+def test_secrets_never_reach_argv_state_or_output(
+    fleet_env: simhost.Sandbox, playbooks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "hf_SECRETtoken1234567890"
+    monkeypatch.setenv("HF_TOKEN", token)
+    name = add_playbook(playbooks, "withtoken", "qwen36-27b", "secret_env: [HF_TOKEN]\n")
+    r = run_cli("deploy", name, "--host", "ct129", "--json", "--show-log")
+    assert r.code == 0, r.err
+    assert token not in r.out + r.err
+    assert token not in remote(fleet_env, CT129, "ps -eo args")
+    host_files = "".join(p.read_text(errors="replace") for p in fleet_env.host_dir("ct129").glob("*/*") if p.is_file())
+    assert token not in host_files
+    pid = state(fleet_env, "ct129")["pid"]
+    engine = remote(fleet_env, CT129, f"pgrep -P {pid}").split()[0]
+    assert f"HF_TOKEN={token}" in remote(fleet_env, CT129, f"tr '\\0' '\\n' < /proc/{engine}/environ")
+    plan = run_cli("plan", name, "--host", "ct129", "--json")
+    assert token not in plan.out
+
+
+def test_files_fleet_writes_on_the_host_are_private(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    h = fleet_env.host_dir("ct129")
+    for path in [h / "state" / "state.json", *(h / "logs").glob("*.log")]:
+        if not path.is_symlink():
+            assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_missing_secret_is_a_clear_error_before_anything_runs(
+    fleet_env: simhost.Sandbox, playbooks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    name = add_playbook(playbooks, "needstoken", "qwen36-27b", "secret_env: [HF_TOKEN]\n")
+    r = run_cli("deploy", name, "--host", "ct129")
+    assert r.code == 2 and "secret_env lists HF_TOKEN, which is not set in your environment" in r.err
+    assert not (fleet_env.host_dir("ct129") / "state" / "state.json").exists()
