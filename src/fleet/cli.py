@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -553,6 +554,227 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
         click.echo(f"fix: {d.fix.describe()}")
     for line in d.evidence:
         click.echo(f"evidence: {line}")
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
+@click.option("--textfile", type=click.Path(path_type=Path), help="Also write Prometheus text format here (atomic).")
+@click.option("--heal", is_flag=True, help="Restart unhealthy servers through the deploy loop (rate-limited).")
+@click.option("--max-heals-per-hour", default=3, show_default=True, help="Per host, before it counts as crash-looping.")
+@click.option("--skip-generation", is_flag=True, help="Do not send the smoke prompt.")
+@click.option("--deadline", "deadline_s", default=55.0, show_default=True, help="Whole-run deadline in seconds.")
+@click.option(
+    "--unreachable",
+    "unreachable_status",
+    type=click.Choice(["unknown", "critical", "warning"]),
+    default="unknown",
+    show_default=True,
+    help="Status of a host that cannot be reached.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing when every host is OK (for cron).")
+@click.option("--log-file", type=click.Path(path_type=Path), help="Append structured (JSON) logs here.")
+@click.option("--lock-file", type=click.Path(path_type=Path), help="Overlap lock [default ~/.cache/fleet/health.lock].")
+@click.pass_obj
+def health(
+    ctx: Context,
+    host_name: str | None,
+    as_json: bool,
+    textfile: Path | None,
+    heal: bool,
+    max_heals_per_hour: int,
+    skip_generation: bool,
+    deadline_s: float,
+    unreachable_status: str,
+    quiet: bool,
+    log_file: Path | None,
+    lock_file: Path | None,
+) -> None:
+    """Check every host (SSH, server, /health, a real generation, GPUs, Xid, ECC, crash logs); Nagios exit codes.
+
+    Exit 0 all OK, 1 warning, 2 critical, 3 unknown. One SSH round trip per host plus the heal, all hosts
+    in parallel; a second run while one is in progress exits 3 at once.
+
+    \b
+    Examples:
+      fleet health
+      fleet health --json --textfile /var/lib/node_exporter/textfile/fleet.prom
+      fleet health --heal --quiet --log-file ~/.cache/fleet/health.log
+    """
+    import fcntl
+
+    from fleet import log
+    from fleet.health import EXIT_CODE
+
+    if log_file:
+        log.configure(json_file=log_file)
+    logger = log.get(command="health")
+    lock_path = lock_file or cache_dir() / "health.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock_fd:  # held for the whole run: overlapping cron runs do not pile up
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_fd.seek(0)
+            other = lock_fd.read().strip() or "?"
+            click.echo(f"fleet health: another run is in progress ({other}); not starting a second one.", err=True)
+            logger.warning("health_skipped_overlap", other=other)
+            raise click.exceptions.Exit(3) from None
+        lock_fd.seek(0)
+        lock_fd.truncate()
+        lock_fd.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock_fd.flush()
+        overall = _health_run(ctx, host_name, as_json, textfile, heal, max_heals_per_hour, skip_generation,
+                              deadline_s, unreachable_status, quiet, logger)
+    raise click.exceptions.Exit(EXIT_CODE[overall])
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "fleet"
+
+
+def _health_run(ctx: Context, host_name: str | None, as_json: bool, textfile: Path | None, heal: bool,
+                max_heals_per_hour: int, skip_generation: bool, deadline_s: float, unreachable_status: str,
+                quiet: bool, logger: Any) -> str:
+    from fleet.control import health as control
+    from fleet.control import ops
+    from fleet.health import SEVERITY, prometheus_text, worst
+
+    options = control.HealthOptions(
+        skip_generation=skip_generation,
+        heal=heal,
+        max_heals_per_hour=max_heals_per_hour,
+        unreachable_status=unreachable_status,
+    )
+    hosts = ctx.inventory.select([host_name] if host_name else None)
+
+    def one(host: Host) -> Any:
+        with transport_for(ctx, host) as t:
+            result = control.check_host(t, host, options)
+            if heal and result.healable:
+                from fleet.control.facts import read_facts
+
+                heals = read_facts(t, host).remote.heals
+                result = control.heal_host(
+                    t,
+                    host,
+                    result,
+                    heals,
+                    options,
+                    lambda: ops.restart(t, host, force=False, progress=lambda e, d: None),
+                )
+            return result
+
+    results = control.sweep(hosts, one, deadline_s, unreachable_status)
+    results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
+    for r in results:
+        logger.info(
+            "host_checked",
+            host=r.host,
+            status=r.status,
+            heal=r.heal,
+            problems=[f"{c.name}: {c.detail}" for c in r.problems()],
+        )
+    if textfile:
+        tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
+        tmp.write_text(prometheus_text(results, time.time()))
+        os.replace(tmp, textfile)
+    overall = worst([r.status for r in results])
+    if as_json:
+        for r in results:
+            _emit_json(r.to_json())
+    elif not (quiet and overall == "ok"):
+        for r in results:
+            problems = r.problems()
+            summary = "; ".join(f"{c.name}: {c.detail}" for c in problems[:3]) or "all checks ok"
+            click.echo(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")
+            if r.heal:
+                click.echo(f"{'':<12} heal: {r.heal}")
+    return overall
+
+
+CRON_MARK = "# fleet health (managed by `fleet cron`)"
+
+
+@cli.group()
+def cron() -> None:
+    """Manage the crontab entry that runs `fleet health` for the current user.
+
+    \b
+    Example:
+      fleet cron install --schedule "*/5 * * * *" --heal
+    """
+
+
+def _crontab() -> list[str]:
+    import subprocess
+
+    p = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    return p.stdout.splitlines() if p.returncode == 0 else []
+
+
+def _write_crontab(lines: list[str]) -> None:
+    import subprocess
+
+    p = subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n" if lines else "", capture_output=True, text=True)
+    if p.returncode != 0:
+        raise FleetError(f"crontab: could not install the new table ({p.stderr.strip()}).", "Check `crontab -l`.")
+
+
+def _managed(lines: list[str]) -> list[str]:
+    return [line for i, line in enumerate(lines) if line == CRON_MARK or (i and lines[i - 1] == CRON_MARK)]
+
+
+@cron.command("install")
+@click.option("--schedule", default="*/5 * * * *", show_default=True, help="Cron schedule (five fields).")
+@click.option("--heal", is_flag=True, help="Run with --heal.")
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where cron runs log [default ~/.cache/fleet/health.log].",
+)
+@click.pass_obj
+def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None) -> None:
+    """Install (or replace) the entry. Example: fleet cron install --schedule "* * * * *" --heal"""
+    import shlex
+
+    fields = schedule.split()
+    if len(fields) != 5 or not all(re.fullmatch(r"[0-9*/,\-]+", f) for f in fields):
+        raise ConfigError(f'cron schedule "{schedule}" is not five cron fields.', 'Example: --schedule "*/5 * * * *".')
+    log_path = (log_file or cache_dir() / "health.log").resolve()
+    exe = shutil.which("fleet") or str(Path(sys.executable).parent / "fleet")
+    env = " ".join(
+        f"{k}={shlex.quote(str(v))}"
+        for k, v in (
+            ("FLEET_INVENTORY", ctx.inventory_path.resolve()),
+            ("FLEET_PLAYBOOKS", ctx.playbooks_dir.resolve()),
+            *((k, os.environ[k]) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH") if k in os.environ),
+        )
+    )
+    command = (
+        f"{schedule} {env} {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
+        f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
+    )
+    lines = [line for line in _crontab() if line not in _managed(_crontab())]
+    _write_crontab([*lines, CRON_MARK, command])
+    click.echo(f"installed: {command}")
+
+
+@cron.command("show")
+def cron_show() -> None:
+    """Print fleet's entry. Example: fleet cron show"""
+    managed = _managed(_crontab())
+    click.echo("\n".join(managed) if managed else "no fleet entry in this user's crontab")
+
+
+@cron.command("remove")
+def cron_remove() -> None:
+    """Remove fleet's entry, keeping every other line. Example: fleet cron remove"""
+    lines = _crontab()
+    managed = _managed(lines)
+    _write_crontab([line for line in lines if line not in managed])
+    click.echo("removed" if managed else "no fleet entry to remove")
 
 
 def main(argv: list[str] | None = None) -> int:

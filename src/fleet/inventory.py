@@ -71,6 +71,7 @@ class HostSettings(_Strict):
     kill_policy: Literal["safe", "force"] = "safe"
     bind_address: str = "0.0.0.0"
     connect_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    kernel_log: str = "dmesg"  # where health finds NVRM Xid / OOM-killer lines: "dmesg" or a file
     expected_gpus: ExpectedGpus | None = None
 
     @field_validator("address", "proxy_jump", "bind_address")
@@ -96,6 +97,11 @@ class HostSettings(_Strict):
     @classmethod
     def _paths(cls, value: str) -> str:
         return _check_remote_path(value)
+
+    @field_validator("kernel_log")
+    @classmethod
+    def _kernel_log(cls, value: str) -> str:
+        return value if value == "dmesg" else _check_remote_path(value)
 
     @field_validator("engines")
     @classmethod

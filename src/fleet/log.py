@@ -15,7 +15,8 @@ import structlog
 
 
 def configure(*, verbose: bool = False, json_file: Path | None = None) -> None:
-    level = logging.DEBUG if verbose else logging.INFO
+    # events go to the log file when there is one; on a terminal only warnings (or everything with --debug)
+    level = logging.DEBUG if verbose else (logging.INFO if json_file is not None else logging.WARNING)
     processors: list[Any] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

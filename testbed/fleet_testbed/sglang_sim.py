@@ -324,7 +324,7 @@ class Server:
         self.lock = threading.Lock()
 
     def answer(self, prompt: str) -> str:
-        if self.r.garbage:
+        if self.r.garbage or gpustate.load_host().get("serve_garbage"):  # test hook: a server gone bad
             return GARBAGE
         for pattern, text in ANSWERS:
             if pattern.search(prompt):
@@ -477,6 +477,9 @@ class Handler(BaseHTTPRequestHandler):
             prompt = str(body.get("prompt") or body.get("text") or "")
         else:
             self._json(404, {"detail": "Not Found"})
+            return
+        if gpustate.load_host().get("generation_http_500"):  # test hook: healthy but cannot generate
+            self._json(500, {"object": "error", "message": "Internal server error"})
             return
         try:
             text = s.generate(prompt)

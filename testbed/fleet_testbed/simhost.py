@@ -257,6 +257,7 @@ def inventory_yaml(root: Path, specs: list[HostSpec], port: int) -> str:
             f"    state_dir: {h}/state",
             f"    log_dir: {h}/logs",
             f"    gpu_devices: {h}/dev/nvidia*",
+            f"    kernel_log: {h}/kern.log",
         ]
     groups = {"sim": [s.name for s in specs]}
     lines.append("groups:")
@@ -332,6 +333,7 @@ def reset_host(sb: Sandbox, spec: HostSpec) -> None:
     )
     for sub in ("state", "logs", "run"):
         shutil.rmtree(hdir / sub, ignore_errors=True)
+    (hdir / "kern.log").unlink(missing_ok=True)
     for sub in ("state", "logs", "run/gpu"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     build_host(sb.root, spec)

@@ -95,6 +95,7 @@ class RemoteState:
     lock: dict[str, Any] | None
     lock_age_s: float | None
     errors: tuple[str, ...]
+    heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         lock=st.get("lock"),
         lock_age_s=st.get("lock_age_s"),
         errors=tuple(v for k, v in st.items() if k.endswith("_error")),
+        heals=tuple(float(t) for t in (st.get("heals") or []) if isinstance(t, int | float)),
     )
     devices = raw.get("devices", {})
     return HostFacts(

@@ -348,7 +348,7 @@ def _disk(path):
 def _state(state_dir):
     state_dir = os.path.expanduser(state_dir)
     out = {}
-    for name in ("state", "learned", "lock"):
+    for name in ("state", "learned", "lock", "heals"):
         data, error = _json_file(os.path.join(state_dir, name + ".json"))
         out[name] = data
         if error:
@@ -359,8 +359,7 @@ def _state(state_dir):
     return out
 
 
-def main():
-    args = json.loads(sys.argv[1])
+def collect(args):
     listeners = _listeners()
     owners = _socket_owners(listeners)
     ports_by_pid = {}
@@ -405,10 +404,15 @@ def main():
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
         "state": _state(args.get("state_dir", "~/.fleet/state")),
     }
-    sys.stdout.write(json.dumps(facts))
+    return facts
 
 
-if __name__ == "__main__":
+def main():
+    sys.stdout.write(json.dumps(collect(json.loads(sys.argv[1]))))
+
+
+# `fleet health` prepends FLEET_PROBE_AS_LIBRARY = True and appends its own checks to this text.
+if __name__ == "__main__" and not globals().get("FLEET_PROBE_AS_LIBRARY"):
     try:
         main()
     except Exception as exc:  # the probe must always answer with JSON

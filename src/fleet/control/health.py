@@ -1,0 +1,135 @@
+"""`fleet health`: one probe round trip per host, all hosts in parallel under one deadline, optional
+healing through the deploy loop (rate-limited per host; hardware faults are never "healed")."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.control.deploy import python_script
+from fleet.crashes import Context, diagnose
+from fleet.errors import FleetError
+from fleet.facts import parse_facts, probe_source
+from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, evaluate, unreachable
+from fleet.inventory import Host
+from fleet.transport import Transport
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    http_timeout_s: float = 5.0
+    generation_timeout_s: float = 30.0
+    skip_generation: bool = False
+    heal: bool = False
+    max_heals_per_hour: int = 3
+    unreachable_status: str = UNKNOWN
+
+
+def health_source() -> str:
+    from importlib import resources
+
+    own = resources.files("fleet.control").joinpath("remote_health.py").read_text(encoding="utf-8")
+    return "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source() + "\n" + own
+
+
+def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
+    started = time.monotonic()
+    s = host.settings
+    args = {
+        "gpu_devices": s.gpu_devices,
+        "engines": {str(k): v for k, v in s.engines.items()},
+        "state_dir": s.state_dir,
+        "disk_paths": [s.models_dir, s.log_dir, s.state_dir],
+        "http_timeout_s": options.http_timeout_s,
+        "generation_timeout_s": options.generation_timeout_s,
+        "skip_generation": options.skip_generation,
+        "kernel_log": s.kernel_log,
+    }
+    python = next(iter(s.engines.values()), "python3")
+    result = t.run(python_script(python, health_source(), args), timeout_s=options.generation_timeout_s + 60)
+    try:
+        raw: dict[str, Any] = json.loads(result.text)
+    except ValueError:
+        return unreachable(host.name, f"health probe returned no JSON: {(result.text + result.error_text)[-200:]}")
+    if "probe_error" in raw:
+        return unreachable(host.name, f"health probe failed: {raw['probe_error']}")
+    facts = parse_facts(host.name, json.dumps(raw["facts"]))
+    st = facts.remote.state or {}
+    lines = raw.get("log_lines") or []
+    diagnosis = diagnose(lines, Context(engine=st.get("engine"))) if lines else None
+    return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started)
+
+
+RECORD_HEAL = """
+import json, os, sys, time
+d = os.path.expanduser(json.loads(sys.argv[1])["state_dir"])
+p = os.path.join(d, "heals.json")
+try:
+    h = json.load(open(p))
+except (OSError, ValueError):
+    h = []
+h = [x for x in h if x > time.time() - 86400] + [time.time()]
+os.makedirs(d, exist_ok=True)
+json.dump(h, open(p + ".tmp", "w"))
+os.replace(p + ".tmp", p)
+"""
+
+
+def heal_host(
+    t: Transport,
+    host: Host,
+    health: HostHealth,
+    heals: tuple[float, ...],
+    options: HealthOptions,
+    restart: Callable[[], Any],
+) -> HostHealth:
+    """Restart an unhealthy server through the deploy loop, unless the rate limit says it is crash-looping."""
+    recent = [x for x in heals if x > time.time() - 3600]
+    if len(recent) >= options.max_heals_per_hour:
+        return after_heal(
+            health,
+            False,
+            f"not healed: {len(recent)} heals in the last hour (limit "
+            f"{options.max_heals_per_hour}); the server is crash-looping",
+        )
+    t.run(python_script("python3", RECORD_HEAL, {"state_dir": host.settings.state_dir}), timeout_s=30)
+    try:
+        outcome = restart()
+    except FleetError as exc:
+        return after_heal(health, False, f"heal failed: {exc.message}")
+    ok = bool(getattr(outcome, "ok", False))
+    return after_heal(
+        health, ok, "restarted: server ready" if ok else f"restart failed: {getattr(outcome, 'reason', '?')}"
+    )
+
+
+def sweep(
+    hosts: list[Host], run_one: Callable[[Host], HostHealth], deadline_s: float, unreachable_status: str
+) -> list[HostHealth]:
+    """Check every host in parallel; a host that has not answered by the deadline is reported, not waited for."""
+    results: dict[str, HostHealth] = {}
+    started = time.monotonic()
+
+    def worker(h: Host) -> None:
+        try:
+            results[h.name] = run_one(h)
+        except FleetError as exc:
+            results[h.name] = unreachable(h.name, exc.message, unreachable_status, time.monotonic() - started)
+
+    threads = [threading.Thread(target=worker, args=(h,), daemon=True) for h in hosts]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(max(0.0, deadline_s - (time.monotonic() - started)))
+    return [
+        results.get(h.name)
+        or unreachable(h.name, f"no answer within the {deadline_s:.0f} s deadline", unreachable_status, deadline_s)
+        for h in hosts
+    ]
+
+
+__all__ = ["CRITICAL", "HealthOptions", "check_host", "heal_host", "sweep"]

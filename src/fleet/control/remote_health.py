@@ -1,0 +1,174 @@
+"""Runs ON the host, appended to the facts probe's text (`collect` comes from there): everything
+`fleet health` needs in one round trip. Prints one JSON document.
+
+Adds to the facts: the recorded server's process and command line, its HTTP checks (/health,
+/v1/models, a real generation unless skipped or traffic was served since the last check), the new
+server-log lines, new `NVRM: Xid` and OOM-killer lines from the kernel log, and keeps its own
+bookkeeping (offsets, counters) in state_dir/health.json.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HEALTH_LOG_LINES = 2000
+
+
+def _http(method, url, body=None, timeout=5.0):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    start = time.time()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(1 << 20).decode("utf-8", "replace"), time.time() - start
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4096).decode("utf-8", "replace"), time.time() - start
+    except Exception as e:
+        return None, "%s: %s" % (type(e).__name__, e), time.time() - start
+
+
+def _read_new(path, offset, limit=1 << 20):
+    """Bytes appended to `path` since `offset` (from the start if the file shrank: rotated)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return "", 0
+    if offset > size:
+        offset = 0
+    with open(path, "rb") as f:
+        f.seek(max(offset, size - limit))
+        data = f.read()
+    return data.decode("utf-8", "replace"), size
+
+
+def _kernel_lines(source, offset):
+    if source and source != "dmesg":
+        return _read_new(os.path.expanduser(source), offset)
+    try:
+        out = subprocess.run(["dmesg"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=5).stdout
+    except Exception:
+        return "", offset
+    text = out.decode("utf-8", "replace")
+    return text[offset:] if offset <= len(text) else text, len(text)
+
+
+def _metric_total(text):
+    total = None
+    for line in text.splitlines():
+        if line.startswith(("sglang:num_requests_total", "vllm:request_success_total")):
+            try:
+                total = (total or 0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return total
+
+
+def health_main():
+    args = json.loads(sys.argv[1])
+    facts = collect(args)  # noqa: F821 - defined by the probe text this is appended to
+    state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
+    book_path = os.path.join(state_dir, "health.json")
+    try:
+        with open(book_path) as f:
+            book = json.load(f)
+    except (OSError, ValueError):
+        book = {}
+    st = (facts.get("state") or {}).get("state") or {}
+    out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
+    pid = st.get("pid")
+    if isinstance(pid, int) and st.get("status") in ("ready", "starting"):
+        alive = os.path.exists("/proc/%d" % pid)
+        cmd = ""
+        if alive:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().decode("utf-8", "replace").split("\0")
+        recorded = (st.get("plan") or {}).get("argv") or []
+        drift = alive and recorded and [w for w in cmd if w][-len(recorded) :] != recorded
+        group = [p for p in facts["servers"] if p["pgid"] == st.get("pgid")]
+        ports = sorted(set(q["port"] for p in group for q in p.get("ports", [])))
+        out["server"] = {
+            "pid": pid,
+            "alive": alive,
+            "drift": bool(drift),
+            "ports": ports,
+            "port": st.get("port"),
+            "group_pids": [p["pid"] for p in group],
+        }
+    if out["server"] and out["server"]["alive"]:
+        base = "http://%s:%d" % (st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
+        code, body, secs = _http("GET", base + "/health", timeout=args["http_timeout_s"])
+        out["http"]["health"] = {"status": code, "seconds": secs}
+        code, body, secs = _http("GET", base + "/v1/models", timeout=args["http_timeout_s"])
+        try:
+            ids = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
+        except (ValueError, AttributeError):
+            ids = []
+        out["http"]["models"] = {"status": code, "ids": ids}
+        code, body, secs = _http("GET", base + "/metrics", timeout=args["http_timeout_s"])
+        served = _metric_total(body) if code == 200 else None
+        out["http"]["metrics"] = {"status": code, "requests_total": served}
+        traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
+        smoke = st.get("smoke") or {}
+        if args["skip_generation"]:
+            out["http"]["generation"] = {"skipped": "--skip-generation"}
+        elif traffic:
+            out["http"]["generation"] = {"skipped": "served traffic since the last check"}
+        elif smoke.get("prompt"):
+            code, body, secs = _http(
+                "POST",
+                base + "/v1/chat/completions",
+                {
+                    "model": st.get("served_name"),
+                    "messages": [{"role": "user", "content": smoke["prompt"]}],
+                    "max_tokens": smoke.get("max_tokens", 16),
+                    "temperature": 0,
+                },
+                timeout=args["generation_timeout_s"],
+            )
+            answer = None
+            if code == 200:
+                try:
+                    answer = json.loads(body)["choices"][0]["message"]["content"] or ""
+                except (ValueError, KeyError, IndexError, TypeError):
+                    answer = None
+            ok = answer is not None and re.search(smoke["expect"], answer) is not None
+            out["http"]["generation"] = {
+                "status": code,
+                "ok": ok,
+                "seconds": secs,
+                "text": (answer if answer is not None else body)[:300],
+            }
+        book["requests_total"] = served
+    log = st.get("log")
+    if log:
+        text, size = _read_new(log, book.get("log_offset", 0) if book.get("log") == log else 0)
+        out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]
+        book["log"], book["log_offset"] = log, size
+    text, pos = _kernel_lines(args.get("kernel_log"), book.get("kernel_offset", 0))
+    out["kernel"] = [
+        line
+        for line in text.splitlines()
+        if "NVRM: Xid" in line or "Out of memory: Killed" in line or "oom-kill" in line
+    ][-200:]
+    book["kernel_offset"] = pos
+    book["time"] = time.time()
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        tmp = book_path + ".%d.tmp" % os.getpid()
+        with open(tmp, "w") as f:
+            json.dump(book, f)
+        os.replace(tmp, book_path)
+    except OSError as exc:
+        out["bookkeeping_error"] = str(exc)
+    sys.stdout.write(json.dumps(out))
+
+
+try:
+    health_main()
+except Exception as exc:  # always answer with JSON
+    sys.stdout.write(json.dumps({"probe_error": "%s: %s" % (type(exc).__name__, exc)}))

@@ -1,0 +1,209 @@
+"""`fleet health` on real sshd with simulated hosts: exit codes, JSON, Prometheus, healing and its limits,
+hardware faults, unreachable hosts, overlapping runs, and the crontab entry."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import socket
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import CT129, Background, run_cli
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.ssh
+
+
+def health(*args: str) -> tuple[int, list[dict], str]:
+    r = run_cli("health", "--json", *args)
+    return r.code, [json.loads(line) for line in r.out.splitlines()], r.err
+
+
+def by_host(rows: list[dict]) -> dict[str, dict]:
+    return {r["host"]: r for r in rows}
+
+
+def kill_server(sb: simhost.Sandbox) -> None:
+    pgid = json.loads((sb.host_dir("ct129") / "state" / "state.json").read_text())["pgid"]
+    subprocess.run([*simhost.ssh_argv(sb, CT129), f"kill -9 -- -{pgid}"], check=True)
+
+
+def test_all_healthy_exits_0_and_quiet_prints_nothing(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    code, rows, _ = health()
+    assert code == 0 and {r["status"] for r in rows} == {"ok"}
+    gen = next(c for c in by_host(rows)["ct129"]["checks"] if c["name"] == "generation")
+    assert gen["status"] == "ok" and "Paris" in gen["detail"]
+    quiet = run_cli("health", "--quiet", "--lock-file", str(tmp_path / "l"))
+    assert quiet.code == 0 and quiet.out == ""
+
+
+def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    old_pid = json.loads(run_cli("status", "--host", "ct129", "--json").out)["pid"]
+    kill_server(fleet_env)
+    code, rows, _ = health("--host", "ct129")
+    assert code == 2 and rows[0]["status"] == "critical" and rows[0]["healable"]
+    assert any(c["name"] == "server" and "is gone" in c["detail"] for c in rows[0]["checks"])
+    code, rows, _ = health("--host", "ct129", "--heal")
+    assert rows[0]["heal"] == "restarted: server ready" and rows[0]["status"] == "warning" and code == 1
+    status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    assert status["status"] == "ready" and status["pid"] not in (None, old_pid)
+    assert health("--host", "ct129")[0] == 0
+
+
+def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    kill_server(fleet_env)
+    assert health("--host", "ct129", "--heal", "--max-heals-per-hour", "1")[1][0]["heal"] == "restarted: server ready"
+    kill_server(fleet_env)
+    code, rows, _ = health("--host", "ct129", "--heal", "--max-heals-per-hour", "1")
+    assert code == 2
+    assert rows[0]["heal"] == ("not healed: 1 heals in the last hour (limit 1); the server is crash-looping")
+
+
+@pytest.mark.parametrize(("hook", "detail"), [("serve_garbage", "wrong or no answer: answer ' !!!"),
+                                              ("generation_http_500", "wrong or no answer: HTTP 500")])
+def test_healthy_endpoint_but_broken_generation_is_critical(fleet_env: simhost.Sandbox, hook: str,
+                                                            detail: str) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    simhost.set_host(fleet_env.host_dir("ct129"), **{hook: True})
+    code, rows, _ = health("--host", "ct129")
+    checks = {c["name"]: c for c in rows[0]["checks"]}
+    assert code == 2 and checks["http_health"]["status"] == "ok"
+    assert checks["generation"]["status"] == "critical" and checks["generation"]["detail"].startswith(detail)
+
+
+def test_skip_generation_skips_it(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    simhost.set_host(fleet_env.host_dir("ct129"), serve_garbage=True)
+    code, rows, _ = health("--host", "ct129", "--skip-generation")
+    assert code == 0
+    assert {c["name"]: c for c in rows[0]["checks"]}["generation"]["detail"] == "skipped (--skip-generation)"
+
+
+def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    h = fleet_env.host_dir("ct129")
+    (h / "kern.log").write_text("[12345.6] NVRM: Xid (PCI:0000:41:00): 79, pid=0, GPU has fallen off the bus.\n")
+    gpus = json.loads((h / "host.json").read_text())["gpus"]
+    gpus[1]["ecc_uncorrected"] = 2
+    simhost.set_host(h, gpus=gpus)
+    kill_server(fleet_env)
+    code, rows, _ = health("--host", "ct129", "--heal")
+    checks = {c["name"]: c for c in rows[0]["checks"]}
+    assert code == 2 and not rows[0]["healable"] and rows[0]["heal"] is None
+    assert checks["xid 79"]["detail"] == "Xid 79 (GPU has fallen off the bus) on 0000:41:00"
+    assert checks["xid 79"]["hardware"] and checks["gpu1 ecc"]["detail"] == "2 uncorrected ECC errors"
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
+    code, rows, _ = health("--host", "ct129")  # the Xid line was seen; only new kernel lines count
+    assert "xid 79" not in {c["name"] for c in rows[0]["checks"]}
+
+
+def test_new_crash_lines_in_the_server_log_are_reported(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    health("--host", "ct129")
+    log = Path(json.loads((fleet_env.host_dir("ct129") / "state" / "state.json").read_text())["log"])
+    with log.open("a") as f:
+        f.write("[2026-11-29 12:00:00 TP1] RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    code, rows, _ = health("--host", "ct129", "--skip-generation")
+    crash = {c["name"]: c for c in rows[0]["checks"]}["crash_log"]
+    assert code == 2 and crash["detail"].startswith("illegal_memory_access (illegal-memory-access)")
+
+
+def test_json_and_prometheus_outputs_parse(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    prom = tmp_path / "fleet.prom"
+    code, rows, _ = health("--textfile", str(prom))
+    assert {"host", "status", "checks", "gpus", "server_up", "healable", "heal", "duration_s"} <= set(rows[0])
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    status = {s.labels["host"]: s.value for s in families["fleet_host_status"].samples}
+    assert status == {"blackwell": 0.0, "ct129": 0.0}, rows
+    assert {s.labels["host"] for s in families["fleet_server_up"].samples if s.value == 1} == {"ct129"}
+    assert len([s for s in families["fleet_gpu_memory_used_bytes"].samples if s.labels["host"] == "blackwell"]) == 8
+    assert not list(tmp_path.glob(".fleet.prom.*"))  # written atomically: no temp file left
+
+
+def test_a_second_overlapping_run_exits_at_once(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    lock = tmp_path / "health.lock"
+    with lock.open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 1 since earlier")
+        held.flush()
+        start = time.monotonic()
+        r = run_cli("health", "--lock-file", str(lock))
+        assert time.monotonic() - start < 2
+    assert r.code == 3 and "another run is in progress (pid 1 since earlier)" in r.err
+
+
+@pytest.fixture(scope="module")
+def twenty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simhost.Sandbox]:
+    """18 simulated hosts behind real sshd, plus one that refuses and one that never answers SSH."""
+    root = tmp_path_factory.mktemp("twenty")
+    specs = [replace(simhost.extra_host(i), address=f"127.0.4.{i}") for i in range(1, 19)]
+    sb = simhost.up(root, specs, 2422)
+    silent = socket.socket()
+    silent.bind(("127.0.4.100", 2422))
+    silent.listen(50)  # accepts TCP, never speaks SSH
+    inv = sb.inventory.read_text().replace("connect_timeout_s: 5", "connect_timeout_s: 2")
+    inv = inv.replace("hosts:\n", "hosts:\n  refusing:\n    address: 127.0.4.99\n  silent:\n    address: 127.0.4.100\n", 1)
+    path = root / "twenty.yaml"
+    path.write_text(inv)
+    yield path, sb
+    silent.close()
+    simhost.down(root)
+
+
+def test_twenty_hosts_two_unreachable_all_reported_in_time(twenty: tuple[Path, simhost.Sandbox],
+                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path, sb = twenty
+    for k, v in sb.env().items():
+        monkeypatch.setenv(k, v)
+    start = time.monotonic()
+    r = run_cli("-i", str(path), "health", "--json", "--deadline", "30", "--lock-file", str(tmp_path / "l"))
+    elapsed = time.monotonic() - start
+    rows = by_host([json.loads(line) for line in r.out.splitlines()])
+    assert len(rows) == 20 and elapsed < 30
+    assert {rows[h]["status"] for h in ("refusing", "silent")} == {"unknown"}
+    assert "cannot connect" in rows["refusing"]["checks"][0]["detail"]
+    assert sum(1 for row in rows.values() if row["status"] == "ok") == 18
+    assert r.code == 3
+    crit = run_cli("-i", str(path), "health", "--unreachable", "critical", "--lock-file", str(tmp_path / "l"))
+    assert crit.code == 2
+
+
+@pytest.fixture
+def saved_crontab():  # type: ignore[no-untyped-def]
+    before = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    yield
+    if before.returncode == 0:
+        subprocess.run(["crontab", "-"], input=before.stdout, text=True, check=True)
+    else:
+        subprocess.run(["crontab", "-r"], capture_output=True)
+
+
+def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp_path: Path) -> None:
+    subprocess.run(["crontab", "-"], input="# my own line\n0 3 * * * /usr/bin/true\n", text=True, check=True)
+    r = run_cli("cron", "install", "--schedule", "*/5 * * * *", "--heal", "--log-file", str(tmp_path / "h.log"))
+    assert r.code == 0
+    table = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    assert "0 3 * * * /usr/bin/true" in table
+    entry = [line for line in table.splitlines() if "health" in line and not line.startswith("#")]
+    assert len(entry) == 1 and entry[0].startswith("*/5 * * * * ") and " health --quiet --heal --log-file " in entry[0]
+    run_cli("cron", "install", "--schedule", "* * * * *")  # replaces, never duplicates
+    assert subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.count(" health --quiet") == 1
+    assert "* * * * * " in run_cli("cron", "show").out
+    assert run_cli("cron", "remove").out.strip() == "removed"
+    table = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    assert "health" not in table and "0 3 * * * /usr/bin/true" in table
+
+
+def test_cron_schedule_is_validated() -> None:
+    r = run_cli("cron", "install", "--schedule", "every minute; rm -rf /")
+    assert r.code == 2 and "is not five cron fields" in r.err
