@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: demo test unit lint typecheck bench sandbox-up sandbox-down clean
+.PHONY: demo test unit oracle lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,13 +19,21 @@ system-deps:
 demo: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.demo
 
-## test: every test (unit, real sshd, simulated hosts), plus lint and type checks
-test: $(VENV)/.installed system-deps lint typecheck
+## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
+test: $(VENV)/.installed system-deps oracle lint typecheck
 	$(BIN)/pytest -q
 
 ## unit: the pure-core tests only (seconds)
 unit: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not ssh"
+	$(BIN)/pytest -q -m "not ssh and not slow and not realparser"
+
+## oracle: the real SGLang 0.5.11/0.5.23 argument parsers on CPU (../shared/tools/sglang-oracle, ~2.6 GB, ~2.5 min once)
+ORACLE := .cache/sglang-oracle
+oracle: $(ORACLE)/.venv/.ok-build
+
+$(ORACLE)/.venv/.ok-build:
+	rm -rf $(ORACLE) && mkdir -p .cache && cp -r ../shared/tools/sglang-oracle $(ORACLE) && chmod -R u+w $(ORACLE)
+	cd $(ORACLE) && ./build
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests testbed

@@ -14,6 +14,8 @@ import pytest
 import simengine as sim
 from fleet_testbed import gpustate, simhost
 
+pytestmark = pytest.mark.slow  # starts simulated engines
+
 Q35 = "Qwen3.5-397B-A17B-NVFP4"
 Q36 = "Qwen3.6-27B"
 HANDWRITTEN = [

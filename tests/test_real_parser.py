@@ -1,0 +1,144 @@
+"""The simulator and fleet's plans against the REAL SGLang argument parsers (0.5.11 and 0.5.23).
+
+Uses the sglang-oracle from ../shared/tools (built into .cache/sglang-oracle by `make oracle`): the
+real wheels' `prepare_server_args` / resolution on a fake GPU. For each command line the simulator must
+accept or reject exactly what the real parser of that version does, and every command line fleet
+generates must be accepted by the real parser of the version it targets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from factsdata import RTX_A6000, RTX_PRO_6000, facts
+from fleet_testbed import simhost
+from fleet_testbed.sglang_flags import build_parser, parse_version
+from fleet_testbed.sglang_sim import SimError, resolve
+
+from fleet.inventory import load_inventory, load_playbook
+from fleet.plan import Fix, apply_fix
+from fleet.plan.build import build_plan
+
+pytestmark = pytest.mark.realparser
+ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
+MODELS = simhost.MODELS
+Q35 = "/models/Qwen3.5-397B-A17B-NVFP4"
+Q36 = "/models/Qwen3.6-27B"
+HAND = (f"--model-path {Q35} --tp 8 --speculative-algorithm NEXTN --speculative-num-draft-tokens 2 "
+        "--speculative-eagle-topk 1 --quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass "
+        "--fp4-gemm-backend flashinfer_cudnn --mem-fraction-static 0.85 --host 0.0.0.0 --port 30000 --trust-remote-code")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    version: str
+    resolve: bool
+    argv: tuple[str, ...]
+    gpu: str = "sm120"
+    expect: str = "accepted"
+
+
+def _fleet_plan(playbook: str, host: str, gpus: tuple, version: str, fixes: tuple[Fix, ...] = ()) -> tuple[str, ...]:
+    inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
+    pb = load_playbook(playbook, ROOT / "playbooks")
+    model = pb.spec.model
+    r = build_plan(inv.hosts[host], pb, facts(host, gpus[0], gpus[1], version=version, model=model), f"/models/{model}")
+    assert r.plan is not None
+    plan = r.plan
+    for i, fix in enumerate(fixes):
+        plan = apply_fix(plan, fix, f"fix{i}", "test")
+    return tuple(plan.engine_args())
+
+
+CASES = [
+    Case("motivating-parse-0511", "0.5.11", False, tuple(shlex.split(HAND))),
+    Case("new-flag-on-0511", "0.5.11", False, (*shlex.split(HAND), "--mamba-radix-cache-strategy", "extra_buffer"),
+         expect="rejected"),
+    Case("marlin-on-0511", "0.5.11", False, (*shlex.split(HAND), "--moe-runner-backend", "marlin"), expect="rejected"),
+    Case("cuda-graph-max-bs-0511", "0.5.11", False, (*shlex.split(HAND), "--cuda-graph-max-bs", "32")),
+    Case("old-flag-on-0523", "0.5.23", False, (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"),
+         expect="rejected"),
+    Case("ambiguous-on-0523", "0.5.23", False, (*shlex.split(HAND), "--cuda-graph-max-bs", "32"), expect="rejected"),
+    Case("marlin-on-0523", "0.5.23", False, (*shlex.split(HAND), "--moe-runner-backend", "marlin")),
+    Case("graph-decode-0523", "0.5.23", False, (*shlex.split(HAND), "--cuda-graph-max-bs-decode", "32")),
+    Case("motivating-resolve-0511", "0.5.11", True, tuple(shlex.split(HAND)), expect="rejected"),
+    Case("extra-buffer-no-steps-0511", "0.5.11", True,
+         (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"), expect="rejected"),
+    Case("motivating-resolve-0523", "0.5.23", True, tuple(shlex.split(HAND)), expect="rejected"),
+    Case("qwen36-nofix-0511", "0.5.11", True, tuple(shlex.split(
+        f"--model-path {Q36} --tp 2 --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4 --host 0.0.0.0 --port 30000")), gpu="sm86", expect="rejected"),
+    Case("fleet-qwen35-blackwell-0511", "0.5.11", True, _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8),
+                                                                    "0.5.11")),
+    Case("fleet-qwen35-blackwell-0523", "0.5.23", True, _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8),
+                                                                    "0.5.23")),
+    Case("fleet-qwen36-ct129-0511", "0.5.11", True, _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.11"),
+         gpu="sm86"),
+    Case("fleet-qwen36-ct129-0523", "0.5.23", True, _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.23"),
+         gpu="sm86"),
+    Case("fleet-handwritten-fixed-0511", "0.5.11", True, _fleet_plan(
+        "qwen35-nvfp4-handwritten", "blackwell", (RTX_PRO_6000, 8), "0.5.11",
+        (Fix(set_flags=(("--mamba-scheduler-strategy", "extra_buffer"),)), Fix(derive="speculative_num_steps")))),
+]
+
+
+def _tp(argv: tuple[str, ...]) -> int:
+    for flag in ("--tp-size", "--tp"):
+        if flag in argv:
+            return int(argv[argv.index(flag) + 1])
+    return 1
+
+
+def real_verdict(case: Case) -> dict:
+    opts = ["--resolve", "--gpu", case.gpu, "--tp", str(_tp(case.argv))] if case.resolve else []
+    p = subprocess.run([str(ORACLE / "check"), "--version", case.version, *opts, "--", *case.argv],
+                       capture_output=True, text=True, timeout=600, cwd=ORACLE)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def sim_verdict(case: Case) -> tuple[str, str]:
+    version = parse_version(case.version)
+    argv = [a.replace("/models/", f"{MODELS}/") for a in case.argv]
+    if not case.resolve:
+        try:
+            build_parser(version).parse_args(argv)
+        except SystemExit:
+            return "rejected", "ArgumentError"
+        return "accepted", ""
+    cc = "12.0" if case.gpu == "sm120" else "8.6"
+    mem = 97887 if case.gpu == "sm120" else 49140
+    gpus = [{"compute_capability": cc, "memory_total_mib": mem, "memory_used_mib": 0}] * _tp(case.argv)
+    try:
+        resolve(argv, version, gpus, {})
+    except SimError as err:
+        return "rejected", err.exc_type
+    except SystemExit:
+        return "rejected", "ArgumentError"
+    return "accepted", ""
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, dict]:
+    if not (ORACLE / ".venv" / ".ok-build").exists():
+        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip([c.name for c in CASES], pool.map(real_verdict, CASES), strict=True))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_simulator_agrees_with_the_real_parser(real: dict[str, dict], case: Case) -> None:
+    verdict = real[case.name]
+    assert verdict["verdict"] == case.expect, verdict.get("message")
+    sim, sim_type = sim_verdict(case)
+    assert sim == verdict["verdict"], f"real: {verdict.get('error_type')}: {verdict.get('message')}"
+    if sim == "rejected":
+        assert sim_type == verdict["error_type"]
