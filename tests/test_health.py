@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import CT129, Background, run_cli
+
+from conftest import CT129, run_cli
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
@@ -66,10 +67,11 @@ def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhos
     assert rows[0]["heal"] == ("not healed: 1 heals in the last hour (limit 1); the server is crash-looping")
 
 
-@pytest.mark.parametrize(("hook", "detail"), [("serve_garbage", "wrong or no answer: answer ' !!!"),
-                                              ("generation_http_500", "wrong or no answer: HTTP 500")])
-def test_healthy_endpoint_but_broken_generation_is_critical(fleet_env: simhost.Sandbox, hook: str,
-                                                            detail: str) -> None:
+@pytest.mark.parametrize(
+    ("hook", "detail"),
+    [("serve_garbage", "wrong or no answer: answer ' !!!"), ("generation_http_500", "wrong or no answer: HTTP 500")],
+)
+def test_healthy_endpoint_but_broken_generation_is_critical(fleet_env: simhost.Sandbox, hook: str, detail: str) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     simhost.set_host(fleet_env.host_dir("ct129"), **{hook: True})
     code, rows, _ = health("--host", "ct129")
@@ -152,7 +154,9 @@ def twenty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simhost.Sand
     silent.bind(("127.0.4.100", 2422))
     silent.listen(50)  # accepts TCP, never speaks SSH
     inv = sb.inventory.read_text().replace("connect_timeout_s: 5", "connect_timeout_s: 2")
-    inv = inv.replace("hosts:\n", "hosts:\n  refusing:\n    address: 127.0.4.99\n  silent:\n    address: 127.0.4.100\n", 1)
+    inv = inv.replace(
+        "hosts:\n", "hosts:\n  refusing:\n    address: 127.0.4.99\n  silent:\n    address: 127.0.4.100\n", 1
+    )
     path = root / "twenty.yaml"
     path.write_text(inv)
     yield path, sb
@@ -160,8 +164,9 @@ def twenty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simhost.Sand
     simhost.down(root)
 
 
-def test_twenty_hosts_two_unreachable_all_reported_in_time(twenty: tuple[Path, simhost.Sandbox],
-                                                           monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_twenty_hosts_two_unreachable_all_reported_in_time(
+    twenty: tuple[Path, simhost.Sandbox], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     path, sb = twenty
     for k, v in sb.env().items():
         monkeypatch.setenv(k, v)

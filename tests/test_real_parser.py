@@ -17,24 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT
 from factsdata import RTX_A6000, RTX_PRO_6000, facts
-from fleet_testbed import simhost
-from fleet_testbed.sglang_flags import build_parser, parse_version
-from fleet_testbed.sglang_sim import SimError, resolve
-
 from fleet.inventory import load_inventory, load_playbook
 from fleet.plan import Fix, apply_fix
 from fleet.plan.build import build_plan
+from fleet_testbed import simhost
+from fleet_testbed.sglang_flags import build_parser, parse_version
+from fleet_testbed.sglang_sim import SimError, resolve
 
 pytestmark = pytest.mark.realparser
 ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
 MODELS = simhost.MODELS
 Q35 = "/models/Qwen3.5-397B-A17B-NVFP4"
 Q36 = "/models/Qwen3.6-27B"
-HAND = (f"--model-path {Q35} --tp 8 --speculative-algorithm NEXTN --speculative-num-draft-tokens 2 "
-        "--speculative-eagle-topk 1 --quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass "
-        "--fp4-gemm-backend flashinfer_cudnn --mem-fraction-static 0.85 --host 0.0.0.0 --port 30000 --trust-remote-code")
+HAND = (
+    f"--model-path {Q35} --tp 8 --speculative-algorithm NEXTN --speculative-num-draft-tokens 2 "
+    "--speculative-eagle-topk 1 --quantization modelopt_fp4 --moe-runner-backend flashinfer_cutlass "
+    "--fp4-gemm-backend flashinfer_cudnn --mem-fraction-static 0.85 --host 0.0.0.0 --port 30000 --trust-remote-code"
+)
 
 
 @dataclass(frozen=True)
@@ -61,33 +63,85 @@ def _fleet_plan(playbook: str, host: str, gpus: tuple, version: str, fixes: tupl
 
 CASES = [
     Case("motivating-parse-0511", "0.5.11", False, tuple(shlex.split(HAND))),
-    Case("new-flag-on-0511", "0.5.11", False, (*shlex.split(HAND), "--mamba-radix-cache-strategy", "extra_buffer"),
-         expect="rejected"),
+    Case(
+        "new-flag-on-0511",
+        "0.5.11",
+        False,
+        (*shlex.split(HAND), "--mamba-radix-cache-strategy", "extra_buffer"),
+        expect="rejected",
+    ),
     Case("marlin-on-0511", "0.5.11", False, (*shlex.split(HAND), "--moe-runner-backend", "marlin"), expect="rejected"),
     Case("cuda-graph-max-bs-0511", "0.5.11", False, (*shlex.split(HAND), "--cuda-graph-max-bs", "32")),
-    Case("old-flag-on-0523", "0.5.23", False, (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"),
-         expect="rejected"),
+    Case(
+        "old-flag-on-0523",
+        "0.5.23",
+        False,
+        (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"),
+        expect="rejected",
+    ),
     Case("ambiguous-on-0523", "0.5.23", False, (*shlex.split(HAND), "--cuda-graph-max-bs", "32"), expect="rejected"),
     Case("marlin-on-0523", "0.5.23", False, (*shlex.split(HAND), "--moe-runner-backend", "marlin")),
     Case("graph-decode-0523", "0.5.23", False, (*shlex.split(HAND), "--cuda-graph-max-bs-decode", "32")),
     Case("motivating-resolve-0511", "0.5.11", True, tuple(shlex.split(HAND)), expect="rejected"),
-    Case("extra-buffer-no-steps-0511", "0.5.11", True,
-         (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"), expect="rejected"),
+    Case(
+        "extra-buffer-no-steps-0511",
+        "0.5.11",
+        True,
+        (*shlex.split(HAND), "--mamba-scheduler-strategy", "extra_buffer"),
+        expect="rejected",
+    ),
     Case("motivating-resolve-0523", "0.5.23", True, tuple(shlex.split(HAND)), expect="rejected"),
-    Case("qwen36-nofix-0511", "0.5.11", True, tuple(shlex.split(
-        f"--model-path {Q36} --tp 2 --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
-        "--speculative-num-draft-tokens 4 --host 0.0.0.0 --port 30000")), gpu="sm86", expect="rejected"),
-    Case("fleet-qwen35-blackwell-0511", "0.5.11", True, _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8),
-                                                                    "0.5.11")),
-    Case("fleet-qwen35-blackwell-0523", "0.5.23", True, _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8),
-                                                                    "0.5.23")),
-    Case("fleet-qwen36-ct129-0511", "0.5.11", True, _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.11"),
-         gpu="sm86"),
-    Case("fleet-qwen36-ct129-0523", "0.5.23", True, _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.23"),
-         gpu="sm86"),
-    Case("fleet-handwritten-fixed-0511", "0.5.11", True, _fleet_plan(
-        "qwen35-nvfp4-handwritten", "blackwell", (RTX_PRO_6000, 8), "0.5.11",
-        (Fix(set_flags=(("--mamba-scheduler-strategy", "extra_buffer"),)), Fix(derive="speculative_num_steps")))),
+    Case(
+        "qwen36-nofix-0511",
+        "0.5.11",
+        True,
+        tuple(
+            shlex.split(
+                f"--model-path {Q36} --tp 2 --speculative-algorithm NEXTN --speculative-num-steps 3 "
+                "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --host 0.0.0.0 --port 30000"
+            )
+        ),
+        gpu="sm86",
+        expect="rejected",
+    ),
+    Case(
+        "fleet-qwen35-blackwell-0511",
+        "0.5.11",
+        True,
+        _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8), "0.5.11"),
+    ),
+    Case(
+        "fleet-qwen35-blackwell-0523",
+        "0.5.23",
+        True,
+        _fleet_plan("qwen35-nvfp4", "blackwell", (RTX_PRO_6000, 8), "0.5.23"),
+    ),
+    Case(
+        "fleet-qwen36-ct129-0511",
+        "0.5.11",
+        True,
+        _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.11"),
+        gpu="sm86",
+    ),
+    Case(
+        "fleet-qwen36-ct129-0523",
+        "0.5.23",
+        True,
+        _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.23"),
+        gpu="sm86",
+    ),
+    Case(
+        "fleet-handwritten-fixed-0511",
+        "0.5.11",
+        True,
+        _fleet_plan(
+            "qwen35-nvfp4-handwritten",
+            "blackwell",
+            (RTX_PRO_6000, 8),
+            "0.5.11",
+            (Fix(set_flags=(("--mamba-scheduler-strategy", "extra_buffer"),)), Fix(derive="speculative_num_steps")),
+        ),
+    ),
 ]
 
 
@@ -100,8 +154,13 @@ def _tp(argv: tuple[str, ...]) -> int:
 
 def real_verdict(case: Case) -> dict:
     opts = ["--resolve", "--gpu", case.gpu, "--tp", str(_tp(case.argv))] if case.resolve else []
-    p = subprocess.run([str(ORACLE / "check"), "--version", case.version, *opts, "--", *case.argv],
-                       capture_output=True, text=True, timeout=600, cwd=ORACLE)
+    p = subprocess.run(
+        [str(ORACLE / "check"), "--version", case.version, *opts, "--", *case.argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ORACLE,
+    )
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

@@ -624,8 +624,19 @@ def health(
         lock_fd.truncate()
         lock_fd.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         lock_fd.flush()
-        overall = _health_run(ctx, host_name, as_json, textfile, heal, max_heals_per_hour, skip_generation,
-                              deadline_s, unreachable_status, quiet, logger)
+        overall = _health_run(
+            ctx,
+            host_name,
+            as_json,
+            textfile,
+            heal,
+            max_heals_per_hour,
+            skip_generation,
+            deadline_s,
+            unreachable_status,
+            quiet,
+            logger,
+        )
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
@@ -633,9 +644,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "fleet"
 
 
-def _health_run(ctx: Context, host_name: str | None, as_json: bool, textfile: Path | None, heal: bool,
-                max_heals_per_hour: int, skip_generation: bool, deadline_s: float, unreachable_status: str,
-                quiet: bool, logger: Any) -> str:
+def _health_run(
+    ctx: Context,
+    host_name: str | None,
+    as_json: bool,
+    textfile: Path | None,
+    heal: bool,
+    max_heals_per_hour: int,
+    skip_generation: bool,
+    deadline_s: float,
+    unreachable_status: str,
+    quiet: bool,
+    logger: Any,
+) -> str:
     from fleet.control import health as control
     from fleet.control import ops
     from fleet.health import SEVERITY, prometheus_text, worst

@@ -34,7 +34,7 @@ READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete\.|Starting vLLM (API )?server on http",
 }
-LOCK_LEASE_S = 30.0
+LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
 
 
 def remote_source(name: str) -> str:
@@ -170,7 +170,7 @@ class Deployer:
             "state_dir": self.host.settings.state_dir,
             "run_id": self.run_id,
             "owner": self.owner,
-            "lease_s": LOCK_LEASE_S,
+            "grace_s": LOCK_GRACE_S,
             "command": command,
         }
 
@@ -402,7 +402,7 @@ class Deployer:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
             raise LockedError(
                 f"{self.host.name}: locked by {lock.get('owner')} since {since} ({lock.get('command') or 'deploy'}).",
-                f"Wait for it to finish (a lock unrefreshed for {LOCK_LEASE_S:.0f} s is taken over).",
+                "Wait for it to finish; a lock whose fleet run died is taken over automatically.",
             )
         if lock.get("taken_over"):
             self.progress("lock_taken_over", {"previous": lock["taken_over"]})
@@ -434,7 +434,7 @@ class Deployer:
         return self.watch(plan, launched, success, on_line), lines
 
     def _release(self) -> None:
-        with contextlib.suppress(TransportError):  # an unreleased lock expires after its lease
+        with contextlib.suppress(TransportError):  # an unreleased lock is taken over once stale
             run_json(
                 self.t,
                 "python3",

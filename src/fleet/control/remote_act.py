@@ -177,7 +177,15 @@ def take_lock(a):
         fcntl.flock(guard, fcntl.LOCK_EX)
         cur = read_json(path)
         age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
-        if cur is not None and cur.get("run_id") != a["run_id"] and age is not None and age < a["lease_s"]:
+        # Held while a host process of that run is alive (act, watch), or within a short grace between its
+        # round trips; a run whose fleet was killed leaves a stale lock that the next run takes over.
+        holder = cur.get("holder_pid") if cur else None
+        if (
+            cur is not None
+            and cur.get("run_id") != a["run_id"]
+            and age is not None
+            and (age < a["grace_s"] or (isinstance(holder, int) and alive(holder)))
+        ):
             return {
                 "status": "held",
                 "owner": cur.get("owner"),
@@ -187,11 +195,9 @@ def take_lock(a):
             }
         taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
         if cur is None or cur.get("run_id") != a["run_id"]:
-            write_json(
-                path, {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
-            )
-        else:
-            os.utime(path)
+            cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
+        cur["holder_pid"] = os.getpid()
+        write_json(path, cur)
         return {"status": "taken", "taken_over": taken_over}
 
 

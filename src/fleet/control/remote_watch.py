@@ -75,10 +75,16 @@ def smoke(a):
 
 
 def touch_lock(a):
+    """Keep the run's lock fresh, naming this process as the one that holds it."""
     path = os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
     try:
         with open(path) as f:
-            if json.load(f).get("run_id") == a["run_id"]:
+            lock = json.load(f)
+        if lock.get("run_id") == a["run_id"]:
+            if lock.get("holder_pid") != os.getpid():
+                lock["holder_pid"] = os.getpid()
+                write_json(path, lock)
+            else:
                 os.utime(path)
     except (OSError, ValueError):
         pass

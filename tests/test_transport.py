@@ -1,0 +1,151 @@
+"""The SSH transport against a real sshd: output and exit codes, hostile strings stay data, strict host
+keys, timeouts, one connection reused."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CT129, run_cli
+from fleet.errors import HostKeyError, HostUnreachable, TransportError
+from fleet.inventory import load_inventory
+from fleet.transport import SshOptions, connect
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.ssh
+
+HOSTILE = [
+    "; touch {c}",
+    "$(touch {c})",
+    "`touch {c}`",
+    "' ; touch {c}; '",
+    '" ; touch {c}; "',
+    "\n touch {c}",
+    "a b  c",
+    "&& touch {c}",
+    "| touch {c}",
+    "> {c}",
+]
+
+
+def transport(sb: simhost.Sandbox, known_hosts: Path | None = None, accept: bool = False):  # type: ignore[no-untyped-def]
+    host = load_inventory(sb.inventory).hosts["ct129"]
+    return connect(host, SshOptions(known_hosts or sb.known_hosts, sb.root / "ssh_config", accept))
+
+
+def test_output_and_exit_codes(fleet_env: simhost.Sandbox) -> None:
+    t = transport(fleet_env)
+    try:
+        r = t.run("echo out; echo err >&2; exit 3")
+        assert (r.exit_code, r.text, r.error_text) == (3, "out\n", "err\n")
+        assert t.run("cat", stdin=b"through stdin").text == "through stdin"
+        assert t.run("echo $SIM_HOST_DIR").text.strip() == str(fleet_env.host_dir("ct129"))
+        assert t.commands_run == 3
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_hostile_strings_are_data_not_commands(fleet_env: simhost.Sandbox, tmp_path: Path, template: str) -> None:
+    canary = fleet_env.host_dir("ct129") / "canary"
+    canary.unlink(missing_ok=True)
+    value = template.format(c=canary)
+    t = transport(fleet_env)
+    try:
+        r = t.run(f"printf '%s' {shlex.quote(value)}")
+        assert r.text == value
+    finally:
+        t.close()
+    assert not canary.exists()
+
+
+def test_unknown_host_key_is_refused_with_how_to_accept(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    t = transport(fleet_env, empty)
+    with pytest.raises(HostKeyError) as err:
+        t.run("true")
+    assert "is unknown" in err.value.message and "--accept-new-host-key" in err.value.hint
+
+
+def test_accept_new_host_key_records_it_then_checks_it(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    t = transport(fleet_env, known, accept=True)
+    assert t.run("true").exit_code == 0
+    t.close()
+    assert f"[{CT129.address}]:{fleet_env.port} ssh-ed25519 " in known.read_text()
+    strict = transport(fleet_env, known)
+    assert strict.run("true").exit_code == 0
+    strict.close()
+
+
+def test_changed_host_key_is_always_refused(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, key = (other.with_suffix(".pub")).read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{CT129.address}]:{fleet_env.port} {kind} {key}\n")
+    for accept in (False, True):
+        t = transport(fleet_env, known, accept=accept)
+        with pytest.raises(HostKeyError) as err:
+            t.run("true")
+        assert "has CHANGED" in err.value.message
+
+
+def test_cli_accept_flag_reaches_the_transport(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = tmp_path / "kh"
+    known.write_text("")
+    monkeypatch.setenv("FLEET_KNOWN_HOSTS", str(known))
+    assert run_cli("facts", "--host", "ct129").code == 3
+    assert run_cli("--accept-new-host-key", "facts", "--host", "ct129", "--json").code == 0
+    assert run_cli("facts", "--host", "ct129", "--json").code == 0
+
+
+def test_command_timeout_is_a_clear_error(fleet_env: simhost.Sandbox) -> None:
+    t = transport(fleet_env)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TransportError, match="command timed out after 1 s"):
+            t.run("sleep 10", timeout_s=1)
+        assert time.monotonic() - start < 5
+    finally:
+        t.close()
+
+
+def test_refused_and_silent_hosts_fail_within_the_connect_timeout(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.2.50", 2322))
+    silent.listen()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "defaults: {port: 2322, connect_timeout_s: 2}\nhosts:\n  refusing: {address: 127.0.2.51}\n"
+        "  silent: {address: 127.0.2.50}\n"
+    )
+    hosts = load_inventory(inv).hosts
+    try:
+        for name, message in (("refusing", "cannot connect"), ("silent", "SSH")):
+            t = connect(hosts[name], SshOptions(fleet_env.known_hosts, None))
+            start = time.monotonic()
+            with pytest.raises(HostUnreachable, match=message):
+                t.run("true")
+            assert time.monotonic() - start < 8
+    finally:
+        silent.close()
+
+
+def test_secrets_travel_on_stdin_not_argv(fleet_env: simhost.Sandbox) -> None:
+    t = transport(fleet_env)
+    try:
+        r = t.run("read -r s; sleep 0.3 & ps -eo args; wait; echo got=$s", stdin=b"hf_TOPSECRET\n")
+        assert "got=hf_TOPSECRET" in r.text
+        assert r.text.count("hf_TOPSECRET") == 1
+    finally:
+        t.close()
