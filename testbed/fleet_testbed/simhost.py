@@ -339,6 +339,52 @@ def reset_host(sb: Sandbox, spec: HostSpec) -> None:
     build_host(sb.root, spec)
 
 
+DROP_SCRIPT = r"""
+import os, signal
+me = os.getpid()
+ancestors = set()
+pid = me
+while pid > 1:
+    ancestors.add(pid)
+    pid = int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+for name in os.listdir("/proc"):
+    if name.isdigit() and int(name) not in ancestors and int(name) != 1:
+        try:
+            if open("/proc/%s/comm" % name).read().strip().startswith("sshd"):
+                os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def drop_connections(sb: Sandbox, spec: HostSpec) -> None:
+    """Cut every SSH connection to a simulated host (its sshd listener stays up)."""
+    import shlex
+
+    subprocess.run(
+        [*ssh_argv(sb, spec), f"python3 -c {shlex.quote(DROP_SCRIPT)}"], check=False, capture_output=True, timeout=30
+    )
+
+
+def drop_connections_outside(sb: Sandbox, spec: HostSpec) -> None:
+    """Cut the host's SSH connections from outside its namespace (for when its listener is frozen)."""
+    outer = int((sb.host_dir(spec.name) / "sshd.outer.pid").read_text())
+    listener = subprocess.run(["pgrep", "-P", str(outer)], capture_output=True, text=True).stdout.split()
+    for pid in listener:
+        sessions = subprocess.run(["pgrep", "-P", pid], capture_output=True, text=True).stdout.split()
+        for session in sessions:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(session), signal.SIGKILL)
+
+
+def freeze_sshd(sb: Sandbox, spec: HostSpec, frozen: bool) -> None:
+    """SIGSTOP/SIGCONT the host's sshd listener: new connections hang, as with a host that stopped answering."""
+    outer = int((sb.host_dir(spec.name) / "sshd.outer.pid").read_text())
+    listener = subprocess.run(["pgrep", "-P", str(outer)], capture_output=True, text=True).stdout.split()
+    for pid in listener or [str(outer)]:
+        os.kill(int(pid), signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
 def ssh_argv(sb: Sandbox, spec: HostSpec) -> list[str]:
     """A plain OpenSSH command line to a simulated host (the benchmark's floor, tests' side door)."""
     return [

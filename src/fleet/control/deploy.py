@@ -34,6 +34,7 @@ READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete\.|Starting vLLM (API )?server on http",
 }
+TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error"}
 LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
 
 
@@ -255,6 +256,7 @@ class Deployer:
                 "exit_file": launched["exit_file"],
                 "pgid": launched["pgid"],
                 "offset": offset,
+                "ready_seen": any(e["e"] == "ready_line" for e in events),
                 "ready_regex": READY_REGEX[plan.engine],
                 "address": plan.check_address,
                 "port": plan.port,
@@ -267,7 +269,11 @@ class Deployer:
                 "run_id": self.run_id,
             }
             script = python_script(plan.python, remote_source("remote_watch.py"), args)
-            return self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
+            code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
+            if not events or events[-1]["e"] not in TERMINAL_EVENTS:
+                # the watcher never said how it ended: its session was cut; resume from the last offset
+                raise HostUnreachable(f"{self.host_name}: the log stream ended early (exit {code}).", "")
+            return code
 
         for retry in Retrying(
             stop=stop_after_attempt(6),

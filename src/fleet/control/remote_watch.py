@@ -138,9 +138,9 @@ def main():
     last_progress = time.time()
     last_touch = 0.0
     pending = b""
-    phase = "starting"  # starting -> health -> done
+    phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
     exit_file = a["exit_file"]
-    health_deadline = None
+    health_deadline = time.time() + a["health_timeout_s"] if phase == "health" else None
     while True:
         now = time.time()
         if now - last_touch > 2:

@@ -190,7 +190,10 @@ class SshTransport:
                 while chan.recv_stderr_ready():
                     chan.recv_stderr(65536)
                 if chan.exit_status_ready() and not chan.recv_ready():
-                    return chan.recv_exit_status()
+                    code = chan.recv_exit_status()
+                    if code == -1:  # closed without an exit status: the connection went away
+                        raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
+                    return code
                 if chan.closed or not self._conn.client.get_transport() or not chan.get_transport().is_active():
                     raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                 left = deadline - time.monotonic()

@@ -1,0 +1,188 @@
+"""Faults, on real sshd and real processes: each asserts the outcome, the message, and that no orphan
+server or stale lock is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CT129, ROOT, run_cli
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.ssh
+FLEET = str(Path(sys.executable).parent / "fleet")
+
+
+def env_of(sb: simhost.Sandbox) -> dict[str, str]:
+    return {
+        **os.environ,
+        **sb.env(),
+        "FLEET_INVENTORY": str(sb.inventory),
+        "FLEET_PLAYBOOKS": str(ROOT / "playbooks"),
+        "PYTHONPATH": str(ROOT / "testbed"),
+    }
+
+
+def state_path(sb: simhost.Sandbox) -> Path:
+    return sb.host_dir("ct129") / "state" / "state.json"
+
+
+def wait_launched(sb: simhost.Sandbox, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            st = json.loads(state_path(sb).read_text())
+            if st.get("pid"):
+                return st
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the deploy never launched")
+
+
+def servers(sb: simhost.Sandbox) -> list[str]:
+    """Process groups running an SGLang server on ct129 (one per server: launcher, main, children)."""
+    command = "ps -eo pgid=,args= | grep '[s]glang.launch_server' || true"
+    out = subprocess.run([*simhost.ssh_argv(sb, CT129), command], capture_output=True, text=True).stdout
+    return sorted({line.split()[0] for line in out.splitlines()})
+
+
+def no_stale_lock(sb: simhost.Sandbox) -> bool:
+    return not (sb.host_dir("ct129") / "state" / "lock.json").exists()
+
+
+def test_dropped_connection_while_streaming_resumes_without_gaps_or_repeats(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129", "--show-log"],
+        env=env_of(fleet_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    st = wait_launched(fleet_env)
+    time.sleep(1.0)
+    simhost.drop_connections(fleet_env, CT129)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "connection dropped; reconnecting and resuming the log at byte" in err
+    streamed = [line[len("  | ") :] for line in err.splitlines() if line.startswith("  | ")]
+    logged = Path(st["log"]).read_text().splitlines()
+    assert (
+        streamed == logged[: len(streamed)]
+        and len(streamed) >= logged.index(next(x for x in logged if "fired up and ready" in x)) + 1
+    )
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_fleet_killed_mid_deploy_next_run_takes_over_and_recovers(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
+        env=env_of(fleet_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    first = wait_launched(fleet_env)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=0.3)
+    time.sleep(6)  # the lock's grace: its holder on the host died with the SSH session
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert "took over a stale lock of" in r.err
+    assert "stopped fleet's server pid" in r.err  # the half-done attempt's server, found from the host's state
+    assert json.loads(state_path(fleet_env).read_text())["pid"] != first["pid"]
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_host_that_stops_answering_mid_deploy_fails_clearly_then_recovers(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
+        env=env_of(fleet_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_launched(fleet_env)
+    time.sleep(0.5)
+    simhost.freeze_sshd(fleet_env, CT129, True)
+    try:
+        simhost.drop_connections_outside(fleet_env, CT129)
+        start = time.monotonic()
+        out, err = p.communicate(timeout=180)
+        assert time.monotonic() - start < 120
+    finally:
+        simhost.freeze_sshd(fleet_env, CT129, False)
+    assert p.returncode == 3
+    assert "error: ct129:" in err and ("no SSH answer" in err or "SSH" in err)
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=0.3)
+    time.sleep(6)
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_full_log_disk_is_refused_before_anything_is_stopped(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    running = servers(fleet_env)
+    logs = fleet_env.host_dir("ct129") / "logs"
+    mount = subprocess.run(
+        [*simhost.ssh_argv(fleet_env, CT129), f"mount -t tmpfs -o size=64k tmpfs {logs}"],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.fail(f"cannot mount a tiny tmpfs in the host's namespace: {mount.stderr}")
+    try:
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 4 and "MiB free for logs in" in r.err and "Free disk space there first." in r.err
+        assert servers(fleet_env) == running and no_stale_lock(fleet_env)
+    finally:
+        subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"umount {logs}"], capture_output=True)
+
+
+@pytest.mark.parametrize("damage", ["", "{not json", '{"status": "ready", "pid": "x"}'])
+def test_damaged_state_file_is_reported_and_rebuilt(fleet_env: simhost.Sandbox, damage: str) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    state_path(fleet_env).write_text(damage)
+    status = run_cli("status", "--host", "ct129")
+    assert status.code == 0 and "Traceback" not in status.out + status.err
+    h = run_cli("health", "--host", "ct129", "--json")
+    assert "Traceback" not in h.out + h.err
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert json.loads(state_path(fleet_env).read_text())["status"] == "ready"
+    assert len(servers(fleet_env)) == 1
+
+
+def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    pgid = json.loads(state_path(fleet_env).read_text())["pgid"]
+    subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 -- -{pgid}"], check=True)
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
+        env=env_of(fleet_env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (fleet_env.host_dir("ct129") / "state" / "lock.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        h = run_cli("health", "--host", "ct129", "--heal", "--json", "--lock-file", str(tmp_path / "l"))
+        row = json.loads(h.out)
+        assert row["heal"] is None or row["heal"].startswith("heal failed: ct129: locked by"), row["heal"]
+    finally:
+        assert p.wait(timeout=120) == 0
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
