@@ -272,7 +272,7 @@ class Deployer:
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
             if not events or events[-1]["e"] not in TERMINAL_EVENTS:
                 # the watcher never said how it ended: its session was cut; resume from the last offset
-                raise HostUnreachable(f"{self.host_name}: the log stream ended early (exit {code}).", "")
+                raise HostUnreachable(f"{self.host.name}: the log stream ended early (exit {code}).", "")
             return code
 
         for retry in Retrying(
