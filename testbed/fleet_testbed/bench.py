@@ -64,10 +64,10 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int) -> list[str]:
     devs = f"{h}/dev/nvidia*"
     log = f"{h}/logs/manual.log"
     launch = (
-        f"cd /tmp && setsid nohup {h}/env/bin/python -m sglang.launch_server --model-path {h}/models/Qwen3.6-27B "
+        f"cd /tmp && setsid -f nohup {h}/env/bin/python -m sglang.launch_server --model-path {h}/models/Qwen3.6-27B "
         f"--host {spec.address} --port 30000 --tp 2 --speculative-algorithm NEXTN --speculative-num-steps 1 "
         f"--speculative-eagle-topk 1 --speculative-num-draft-tokens 2 --mamba-scheduler-strategy extra_buffer "
-        f"> {log} 2>&1 < /dev/null &"
+        f"> {log} 2>&1 < /dev/null"
     )
     kill = f"kill $(pgrep -f [s]glang.launch_server) 2>/dev/null; fuser -k {devs} 2>/dev/null; "
 

@@ -27,13 +27,12 @@ def load_host(root: Path | None = None) -> dict[str, Any]:
 
 
 def _alive(pid: int) -> bool:
+    """A live process (a zombie holds no GPU memory, as NVML would say)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def usage(root: Path | None = None) -> list[dict[str, int]]:

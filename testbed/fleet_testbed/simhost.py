@@ -121,6 +121,19 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
     return hdir
 
 
+def build_vllm_host(root: Path, spec: HostSpec, vllm_python: str) -> Path:
+    """A host whose engine is a REAL vLLM on CPU (its NVML view stays simulated: one GPU's worth of facts
+    for the planner); models are the tiny local ones made by tinymodels.py."""
+    hdir = build_host(root, spec)
+    env = f'export SIM_HOST_DIR="{hdir}" PYTHONPATH="{hdir}/env/site:{TESTBED.parent}"\n'
+    _write(hdir / "env" / "bin" / "python", f'#!/bin/sh\n{env}exec "{vllm_python}" "$@"\n', 0o755)
+    (hdir / "env" / "site" / "sglang").unlink(missing_ok=True)
+    for old in (hdir / "env" / "site").glob("sglang-*.dist-info"):
+        shutil.rmtree(old)
+    subprocess.run([vllm_python, str(TESTBED / "tinymodels.py"), str(hdir / "models")], check=True, capture_output=True)
+    return hdir
+
+
 def set_host(hdir: Path, **changes: Any) -> None:
     """Change host.json (e.g. sglang_version, an injected ECC error) of a simulated host."""
     host = json.loads((hdir / "host.json").read_text())
@@ -236,7 +249,7 @@ def host_key_line(root: Path, address: str, port: int) -> str:
     return f"[{address}]:{port} {pub[0]} {pub[1]}\n"
 
 
-def inventory_yaml(root: Path, specs: list[HostSpec], port: int) -> str:
+def inventory_yaml(root: Path, specs: list[HostSpec], port: int, engine: str = "sglang") -> str:
     """An inventory for these simulated hosts (what inventory/sandbox.yaml holds for the default root)."""
     lines = [
         "# Simulated fleet on loopback (made by `python -m fleet_testbed up`).",
@@ -252,7 +265,7 @@ def inventory_yaml(root: Path, specs: list[HostSpec], port: int) -> str:
             f"  {s.name}:",
             f"    address: {s.address}",
             f"    bind_address: {s.address}",
-            f"    engines: {{sglang: {h}/env/bin/python}}",
+            f"    engines: {{{engine}: {h}/env/bin/python}}",
             f"    models_dir: {h}/models",
             f"    state_dir: {h}/state",
             f"    log_dir: {h}/logs",
@@ -290,6 +303,8 @@ class Sandbox:
 def up(root: Path, specs: list[HostSpec], port: int = 2222, python: str = sys.executable) -> Sandbox:
     root.mkdir(parents=True, exist_ok=True)
     ensure_keys(root)
+    for spec in specs:  # a host coming up has no GPU memory in use: forget records of an earlier life
+        shutil.rmtree(root / spec.name / "run", ignore_errors=True)
     (root / "ssh_config").write_text("# fleet sandbox: nothing from ~/.ssh/config\n")
     known = []
     for spec in specs:

@@ -50,7 +50,7 @@ def python_script(python: str, source: str, args: dict[str, Any]) -> str:
         f"py={shlex.quote(python)}\n"
         'case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
         '[ -x "$py" ] || py=python3\n'
-        f'exec "$py" -c {shlex.quote(source)} {shlex.quote(json.dumps(args))}\n'
+        f'FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(source)} {shlex.quote(json.dumps(args))}\n'
     )
 
 

