@@ -220,3 +220,35 @@ def test_shipped_playbooks_validate() -> None:
     for path in (ROOT / "playbooks").glob("*.yaml"):
         pb = load_playbook(path.stem, ROOT / "playbooks")
         assert pb.spec.smoke.prompt
+
+
+CLI_CASES = [
+    (
+        ["facts", "--host", "ct129; touch /tmp/fleet-canary"],
+        2,
+        'no host or group named "ct129; touch /tmp/fleet-canary"',
+    ),
+    (["facts", "--host", "$(touch /tmp/fleet-canary)"], 2, "no host or group named"),
+    (["deploy", "qwen36-27b; touch /tmp/fleet-canary"], 2, "fleet-canary: cannot read (No such file or directory)"),
+    (["deploy", "qwen36-27b;touch"], 2, "not a valid playbook name"),
+    (["deploy", "../../../../etc/hostname"], 2, "a playbook must be a mapping"),
+    (["logs", "--host", "ct129", "-n", "-5"], 2, "-5 is not in the range"),
+    (["health", "--deadline", "-1"], 2, "-1.0 is not in the range"),
+    (["health", "--max-heals-per-hour", "1000"], 2, "1000 is not in the range"),
+    (["diagnose", "/nonexistent/server.log"], 2, "/nonexistent/server.log: cannot read"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), CLI_CASES, ids=[" ".join(c[0])[:40] for c in CLI_CASES])
+def test_hostile_cli_arguments_are_refused_before_any_connection(
+    argv: list[str], code: int, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fleet.transport as transport
+
+    def no_connections(*a: object, **k: object) -> None:
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(transport, "connect", no_connections)
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "--playbooks", str(ROOT / "playbooks"), *argv)
+    assert r.code == code and message in r.err + r.out
+    assert not Path("/tmp/fleet-canary").exists()

@@ -149,3 +149,58 @@ def test_secrets_travel_on_stdin_not_argv(fleet_env: simhost.Sandbox) -> None:
         assert r.text.count("hf_TOPSECRET") == 1
     finally:
         t.close()
+
+
+def test_ssh_config_alias_user_port_and_identity_are_honoured(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host gpu-box-alias\n  HostName {CT129.address}\n  Port {fleet_env.port}\n  User root\n"
+        f"  IdentityFile {fleet_env.root / 'keys' / 'id_ed25519'}\n"
+    )
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  box:\n    address: gpu-box-alias\n")
+    host = load_inventory(inv).hosts["box"]
+    t = connect(host, SshOptions(fleet_env.known_hosts, config))
+    try:
+        assert t.run("echo $SIM_HOST_DIR").text.strip() == str(fleet_env.host_dir("ct129"))
+    finally:
+        t.close()
+
+
+def test_proxy_jump_reaches_a_host_through_another(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    key = fleet_env.root / "keys" / "id_ed25519"
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host jump\n  HostName 127.0.2.2\n  Port {fleet_env.port}\n  IdentityFile {key}\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"hosts:\n  box:\n    address: {CT129.address}\n    port: {fleet_env.port}\n"
+        f"    identity_file: {key}\n    proxy_jump: jump\n"
+    )
+    host = load_inventory(inv).hosts["box"]
+    t = connect(host, SshOptions(fleet_env.known_hosts, config))
+    try:
+        assert t.run("echo $SIM_HOST_DIR").text.strip() == str(fleet_env.host_dir("ct129"))
+    finally:
+        t.close()
+    empty = tmp_path / "kh"
+    empty.write_text("")
+    strict = connect(host, SshOptions(empty, config))  # the jump host's key is checked strictly too
+    with pytest.raises(HostKeyError):
+        strict.run("true")
+
+
+def test_local_connection_runs_the_same_probe_without_ssh(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = fleet_env.host_dir("blackwell")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"hosts:\n  here:\n    connection: local\n    engines: {{sglang: {h}/env/bin/python}}\n"
+        f"    models_dir: {h}/models\n    state_dir: {tmp_path}/state\n    gpu_devices: {h}/dev/nvidia*\n"
+    )
+    r = run_cli("-i", str(inv), "facts", "--host", "here", "--json")
+    assert r.code == 0, r.err
+    import json
+
+    facts = json.loads(r.out)
+    assert facts["round_trips"] == 1 and len(facts["gpu"]["gpus"]) == 8

@@ -62,6 +62,12 @@ def test_real_vllm_serves_the_tiny_hybrid_qwen3_next(env: simhost.Sandbox) -> No
     status = json.loads(run_cli("status", "--host", "cpubox", "--json").out)
     assert status["status"] == "ready" and status["engine"] == "vllm"
 
+    health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
+    checks = {c["name"]: c for c in health["checks"]}
+    assert health["status"] in ("ok", "warning"), health
+    assert checks["http_health"]["status"] == "ok" and checks["generation"]["status"] == "ok"
+    assert checks["models"]["detail"] == "/v1/models lists ['tiny']"
+
     restarted = run_cli("restart", "--host", "cpubox")
     assert restarted.code == 0, restarted.err
     assert json.loads(run_cli("status", "--host", "cpubox", "--json").out)["pid"] != status["pid"]
@@ -83,3 +89,27 @@ def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simh
     log = Path(first["log"]).read_text()
     assert '"GET /health HTTP/1.1" 200' in log  # vLLM said healthy
     assert servers(env) == []  # fleet stopped the broken server when it gave up
+
+
+def _vllm_check(args: list[str]) -> subprocess.CompletedProcess[str]:
+    from fleet.control.remote_act import CHECKS  # the exact check fleet runs on a host before stopping anything
+
+    return subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", CHECKS["vllm"], *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("golden", ["qwen35-nvfp4-blackwell-vllm-0.33.0", "qwen36-27b-ct129-vllm-0.33.0"])
+def test_generated_vllm_command_lines_pass_the_real_vllm_parser(golden: str) -> None:
+    import shlex
+
+    text = (ROOT / "tests" / "golden" / f"{golden}.txt").read_text()
+    words = shlex.split(text.split("\n# env:")[0].replace("\\\n", " "))
+    assert words[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    p = _vllm_check(words[3:])
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_real_vllm_parser_rejects_an_unknown_flag() -> None:
+    p = _vllm_check(["--model", "/m", "--no-such-flag"])
+    assert p.returncode == 2 and "unrecognized arguments: --no-such-flag" in p.stderr

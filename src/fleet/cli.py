@@ -482,7 +482,14 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
 @cli.command()
 @click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
-@click.option("-n", "lines", default=100, show_default=True, help="How many lines of the end to print first.")
+@click.option(
+    "-n",
+    "lines",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="How many lines of the end to print first.",
+)
 @click.pass_obj
 def logs(ctx: Context, host_name: str, follow: bool, lines: int) -> None:
     """Print (or follow) the current server log of a host over SSH.
@@ -567,9 +574,22 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
 @click.option("--textfile", type=click.Path(path_type=Path), help="Also write Prometheus text format here (atomic).")
 @click.option("--heal", is_flag=True, help="Restart unhealthy servers through the deploy loop (rate-limited).")
-@click.option("--max-heals-per-hour", default=3, show_default=True, help="Per host, before it counts as crash-looping.")
+@click.option(
+    "--max-heals-per-hour",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 60),
+    help="Per host, before it counts as crash-looping.",
+)
 @click.option("--skip-generation", is_flag=True, help="Do not send the smoke prompt.")
-@click.option("--deadline", "deadline_s", default=55.0, show_default=True, help="Whole-run deadline in seconds.")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    default=55.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Whole-run deadline in seconds.",
+)
 @click.option(
     "--unreachable",
     "unreachable_status",

@@ -221,7 +221,10 @@ CHECKS = {
         "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
         "except ImportError:\n"
         "    from vllm.utils import FlexibleArgumentParser\n"
-        "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+        "try:\n"
+        "    from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+        "except ImportError:  # vLLM >= 0.3x moved it\n"
+        "    from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
         "make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
     ),
 }

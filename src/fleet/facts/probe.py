@@ -408,6 +408,7 @@ def collect(args):
         "clock_ticks": os.sysconf("SC_CLK_TCK"),
         "python": sys.executable,
         "load": [float(x) for x in load],
+        "cpu_count": os.cpu_count(),
         "mem_total_kib": mem.get("MemTotal"),
         "mem_available_kib": mem.get("MemAvailable"),
         "gpu": _gpus(),

@@ -119,6 +119,10 @@ def evaluate(
     http = raw.get("http") or {}
     status = st.get("status")
     # host resources
+    cpus = facts.raw.get("cpu_count") or 1
+    if facts.load:
+        per_cpu = facts.load[0] / cpus
+        checks.append(Check("load", WARNING if per_cpu > 2 else OK, f"load {facts.load[0]:.2f} on {cpus} CPUs"))
     if facts.mem_available_kib is not None and facts.raw.get("mem_total_kib"):
         share = facts.mem_available_kib / facts.raw["mem_total_kib"]
         checks.append(Check("memory", WARNING if share < 0.05 else OK, f"{share:.0%} of RAM available"))
