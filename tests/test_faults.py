@@ -186,3 +186,47 @@ def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sand
     finally:
         assert p.wait(timeout=120) == 0
     assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_host_that_stops_answering_during_launch_fails_clearly_then_recovers(fleet_env: simhost.Sandbox) -> None:
+    simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=3.0)  # keeps fleet inside its act round trip
+    p = subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
+        env=env_of(fleet_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = fleet_env.host_dir("ct129") / "state" / "lock.json"
+    deadline = time.monotonic() + 20
+    while not lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    simhost.freeze_sshd(fleet_env, CT129, True)
+    try:
+        simhost.drop_connections_outside(fleet_env, CT129)
+        out, err = p.communicate(timeout=180)
+    finally:
+        simhost.freeze_sshd(fleet_env, CT129, False)
+    assert p.returncode == 3 and "error: ct129:" in err
+    simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=0)
+    time.sleep(6)
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_secrets_in_engine_errors_are_redacted(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "hf_LEAKYtoken987654321"
+    monkeypatch.setenv("HF_TOKEN", token)
+    pbs = tmp_path / "pbs"
+    pbs.mkdir()
+    (pbs / "tok.yaml").write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "secret_env: [HF_TOKEN]\n")
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(pbs))
+    simhost.set_host(fleet_env.host_dir("ct129"), inject_scheduler_error=f"RuntimeError: 401 for token {token}")
+    r = run_cli("deploy", "tok", "--host", "ct129")
+    assert r.code == 7 and "RuntimeError: 401 for token ***" in r.err
+    assert token not in r.out + r.err
+    j = run_cli("deploy", "tok", "--host", "ct129", "--json")
+    assert token not in j.out + j.err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CT129, run_cli
+from conftest import CT129, ROOT, run_cli
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
@@ -212,3 +212,28 @@ def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp
 def test_cron_schedule_is_validated() -> None:
     r = run_cli("cron", "install", "--schedule", "every minute; rm -rf /")
     assert r.code == 2 and "is not five cron fields" in r.err
+
+
+def test_generation_is_skipped_when_the_server_served_traffic_since_the_last_check(
+    fleet_env: simhost.Sandbox, tmp_path: Path
+) -> None:
+    import urllib.request
+
+    pbs = tmp_path / "pbs"
+    pbs.mkdir()
+    (pbs / "metrics.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "extra_args: [--enable-metrics]\n"
+    )
+    assert run_cli("--playbooks", str(pbs), "deploy", "metrics", "--host", "ct129").code == 0
+    first = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
+    assert first["generation"]["detail"].startswith("answer")  # no traffic seen yet: a real generation
+    req = urllib.request.Request(
+        f"http://{CT129.address}:30000/v1/chat/completions",
+        data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(req, timeout=5).read()
+    second = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
+    assert second["generation"]["detail"] == "skipped (served traffic since the last check)"
+    third = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
+    assert third["generation"]["detail"].startswith("answer")  # health's own request is not traffic

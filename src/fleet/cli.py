@@ -367,6 +367,13 @@ def deploy(
         raise click.exceptions.Exit(7)
 
 
+def multi_host_options(fn: Any) -> Any:
+    """--host/--all/--force, shared by the commands that act on several hosts."""
+    fn = click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")(fn)
+    fn = click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")(fn)
+    return click.option("--host", "-H", "host_name", help="Inventory host or group.")(fn)
+
+
 def _each_host(
     ctx: Context, host_name: str | None, all_hosts: bool, fn: Any
 ) -> list[tuple[str, Any, Exception | None]]:
@@ -389,9 +396,7 @@ def _each_host(
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", help="Inventory host or group.")
-@click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
-@click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")
+@multi_host_options
 @click.pass_obj
 def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
     """Redeploy the plan recorded on the host(s), with learned fixes, through the same loop.
@@ -418,9 +423,7 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", help="Inventory host or group.")
-@click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
-@click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")
+@multi_host_options
 @click.pass_obj
 def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
     """Stop fleet's server (and any stale inference server) on the host(s), free the GPUs; state becomes "stopped".

@@ -284,6 +284,7 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
 def prepare_server_args(argv: list[str]) -> Resolved:
     """What the stand-in `sglang.srt.server_args.prepare_server_args` does: fleet's pre-flight check calls it."""
     host = gpustate.load_host()
+    time.sleep(float(host.get("check_delay_s", 0)))  # test hook: a slow check keeps fleet inside its launch step
     return resolve(argv, parse_version(host["sglang_version"]), gpustate.gpu_table(), dict(os.environ))
 
 

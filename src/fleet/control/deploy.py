@@ -336,7 +336,7 @@ class Deployer:
             if check:
                 self.progress("engine_check", {"verdict": check["verdict"]})
             if check and check["verdict"] == "rejected":
-                lines = check["output"].splitlines()
+                lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"
             else:
                 success = {
@@ -434,8 +434,9 @@ class Deployer:
         lines: list[str] = []
 
         def on_line(text: str) -> None:
-            lines.append(text)
-            self.progress("log", {"line": redact(text, self.secrets)})
+            shown = redact(text, self.secrets)  # everything downstream (diagnosis, evidence, output) is redacted
+            lines.append(shown)
+            self.progress("log", {"line": shown})
 
         return self.watch(plan, launched, success, on_line), lines
 

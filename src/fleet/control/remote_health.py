@@ -143,6 +143,8 @@ def health_main():
                 "seconds": secs,
                 "text": (answer if answer is not None else body)[:300],
             }
+            if served is not None:
+                served += 1  # our own request is not traffic
         book["requests_total"] = served
     log = st.get("log")
     if log:
