@@ -1,4 +1,4 @@
-"""Secrets (HF_TOKEN and whatever a playbook lists in secret_env): read from the operator's environment,
+"""Secrets (whatever a playbook lists in secret_env, e.g. HF_TOKEN): read from the operator's environment,
 sent to the host on stdin only, and redacted from everything fleet prints, logs or records."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from fleet.errors import ConfigError
 
 REDACTED = "***"
-ALWAYS_SECRET = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def read_secrets(names: Iterable[str], playbook: str) -> dict[str, str]:
@@ -23,11 +22,6 @@ def read_secrets(names: Iterable[str], playbook: str) -> dict[str, str]:
             )
         out[name] = value
     return out
-
-
-def known_secret_values(secrets: dict[str, str]) -> dict[str, str]:
-    """The playbook's secrets plus well-known tokens in fleet's own environment: all redacted on output."""
-    return {**{n: os.environ[n] for n in ALWAYS_SECRET if n in os.environ}, **secrets}
 
 
 def redact(text: str, secrets: dict[str, str]) -> str:
