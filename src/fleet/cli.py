@@ -22,6 +22,7 @@ import click
 from fleet.errors import ConfigError, FleetError
 
 if TYPE_CHECKING:  # pydantic and the rest load only when a command needs them: cron starts fleet often
+    from fleet.control.health import HealthOptions
     from fleet.inventory import Host, Inventory, NamedPlaybook
 
 
@@ -653,19 +654,15 @@ def health(
         lock_fd.truncate()
         lock_fd.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         lock_fd.flush()
-        overall = _health_run(
-            ctx,
-            host_name,
-            as_json,
-            textfile,
-            heal,
-            max_heals_per_hour,
-            skip_generation,
-            deadline_s,
-            unreachable_status,
-            quiet,
-            logger,
+        from fleet.control.health import HealthOptions
+
+        options = HealthOptions(
+            skip_generation=skip_generation,
+            heal=heal,
+            max_heals_per_hour=max_heals_per_hour,
+            unreachable_status=unreachable_status,
         )
+        overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
@@ -676,13 +673,10 @@ def cache_dir() -> Path:
 def _health_run(
     ctx: Context,
     host_name: str | None,
+    options: HealthOptions,
     as_json: bool,
     textfile: Path | None,
-    heal: bool,
-    max_heals_per_hour: int,
-    skip_generation: bool,
     deadline_s: float,
-    unreachable_status: str,
     quiet: bool,
     logger: Any,
 ) -> str:
@@ -690,18 +684,12 @@ def _health_run(
     from fleet.control import ops
     from fleet.health import SEVERITY, prometheus_text, worst
 
-    options = control.HealthOptions(
-        skip_generation=skip_generation,
-        heal=heal,
-        max_heals_per_hour=max_heals_per_hour,
-        unreachable_status=unreachable_status,
-    )
     hosts = ctx.inventory.select([host_name] if host_name else None)
 
     def one(host: Host) -> Any:
         with transport_for(ctx, host) as t:
             result = control.check_host(t, host, options)
-            if heal and result.healable:
+            if options.heal and result.healable:
                 from fleet.control.facts import read_facts
 
                 heals = read_facts(t, host).remote.heals
@@ -715,7 +703,7 @@ def _health_run(
                 )
             return result
 
-    results = control.sweep(hosts, one, deadline_s, unreachable_status)
+    results = control.sweep(hosts, one, deadline_s, options.unreachable_status)
     results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
     for r in results:
         logger.info(

@@ -40,17 +40,14 @@ def deploy(
         host,
         playbook_name=playbook.name,
         smoke=_smoke(playbook),
-        kill_policy="force" if force else host.settings.kill_policy,
+        kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,
         engine_check=engine_check,
         max_attempts=playbook.spec.max_attempts,
         ready_timeout_s=playbook.spec.ready_timeout_s,
     )
-    existing = [
-        {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-        for lf in learned_fixes(facts, result.learned_key)
-    ]
+    existing = _learned_as_json(facts, result.learned_key)
     return deployer.run(
         result.plan,
         result.model,
@@ -60,6 +57,18 @@ def deploy(
         learned_existing=existing,
         recorded_pgid=_recorded_pgid(facts),
     )
+
+
+def _learned_as_json(facts: HostFacts, key: str) -> list[dict[str, Any]]:
+    """The host's learned fixes for `key`, in the form the watcher writes back on success."""
+    return [
+        {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
+        for lf in learned_fixes(facts, key)
+    ]
+
+
+def _kill_policy(host: Host, force: bool) -> str:
+    return "force" if force else host.settings.kill_policy
 
 
 def _recorded_pgid(facts: HostFacts) -> int | None:
@@ -110,15 +119,12 @@ def restart(t: Transport, host: Host, *, force: bool, progress: Progress) -> Dep
         host,
         playbook_name=str(state.get("playbook", "recorded")),
         smoke=state["smoke"],
-        kill_policy="force" if force else host.settings.kill_policy,
+        kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,
     )
     key = str(state.get("learned_key", ""))
-    existing = [
-        {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-        for lf in learned_fixes(facts, key)
-    ]
+    existing = _learned_as_json(facts, key)
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
     return deployer.run(
         plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(facts)
@@ -134,7 +140,7 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
         host,
         playbook_name=str(state.get("playbook", "-")),
         smoke={},
-        kill_policy="force" if force else host.settings.kill_policy,
+        kill_policy=_kill_policy(host, force),
         secrets={},
     )
     args = {
