@@ -12,6 +12,7 @@ changed key is always refused.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import time
@@ -39,14 +40,27 @@ class _RecordNewKey(paramiko.MissingHostKeyPolicy):
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKeys:
+    """One parse per file version, shared read-only by every connection: a sweep of N hosts would
+    otherwise parse an N-line file N times (paramiko's load is quadratic in the lines, too)."""
+    return paramiko.HostKeys(path)
+
+
+def _known_host_keys(known_hosts: Path) -> paramiko.HostKeys:
+    try:
+        st = known_hosts.stat()
+    except FileNotFoundError:
+        return paramiko.HostKeys()
+    return _parsed_known_hosts(str(known_hosts), st.st_mtime_ns, st.st_size)
+
+
 def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
     """Strict host-key checking on the connection and on every ProxyJump hop."""
     hop: Any = conn
     while isinstance(hop, Connection):
         client = hop.client
-        client._system_host_keys = paramiko.HostKeys()  # only the known_hosts file fleet was given
-        if known_hosts.exists():
-            client.load_system_host_keys(str(known_hosts))
+        client._system_host_keys = _known_host_keys(known_hosts)  # only the file fleet was given
         policy: paramiko.MissingHostKeyPolicy = _RecordNewKey(known_hosts) if accept_new else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         hop = hop.gateway
