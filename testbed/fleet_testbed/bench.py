@@ -6,8 +6,10 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
      the simulated engine starts instantly (SIM_SPEED=0) so what remains is orchestration;
   2. crash-to-relaunch latency: from the crash's last log write on the host to fleet issuing the relaunch;
   3. health sweep over 1, 10, 50 hosts: `fleet health --json` vs parallel plain `ssh` running the same
-     probe and a Fabric ThreadingGroup running it (fabric's default: no host-key checking, less work);
-  4. cold start: `fleet --help` and `fleet health` on one host, whole process.
+     probe and a Fabric ThreadingGroup running it (fabric's default: no host-key checking, less work),
+     each a whole process, with the CPU time the whole machine spent (the simulated hosts share its CPUs);
+  4. cold start: `fleet --help` and `fleet health` on one host, whole process;
+  5. deploy and sweep again through a TCP proxy adding 20 ms of round-trip time (latency.py).
 Results: printed, and written to bench/results/latest.md.
 """
 
@@ -47,6 +49,24 @@ def stats(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds spent by the whole machine so far (user+nice+system+irq+softirq)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:8]
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / ticks
+
+
+def timed_cpu(fn: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
+    walls, cpus = [], []
+    for _ in range(n):
+        c0, t0 = machine_cpu_s(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(machine_cpu_s() - c0)
+    return walls, cpus
+
+
 def row(name: str, xs: list[float], floor: float | None, extra: str = "") -> str:
     med, lo, hi = stats(xs)
     ratio = f"{med / floor:.2f}x" if floor else "-"
@@ -57,8 +77,7 @@ def fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([FLEET, *args], env=env, capture_output=True, text=True, cwd=REPO)
 
 
-def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int) -> list[str]:
-    spec = sb.specs[1]  # ct129
+def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost.HostSpec, title: str) -> list[str]:
     h = sb.host_dir(spec.name)
     ssh = simhost.ssh_argv(sb, spec)
     devs = f"{h}/dev/nvidia*"
@@ -70,17 +89,20 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int) -> list[str]:
         f"> {log} 2>&1 < /dev/null"
     )
     kill = f"kill $(pgrep -f [s]glang.launch_server) 2>/dev/null; fuser -k {devs} 2>/dev/null; "
+    # Without the sleep, the least a correct script must wait: the old server draining off the port.
+    gone = "while pgrep -f [s]glang.launch_server >/dev/null; do sleep 0.02; done"
 
     def manual(sleeps: bool) -> None:
-        subprocess.run([*ssh, kill + ("sleep 2" if sleeps else "true")], check=False, capture_output=True)
+        subprocess.run([*ssh, kill + ("sleep 2" if sleeps else gone)], check=False, capture_output=True)
         subprocess.run([*ssh, launch], check=True, capture_output=True)
         if sleeps:
             time.sleep(15)
         wait = f"until grep -q 'fired up' {log}; do sleep 0.02; done; tail -n 20 {log}"
         subprocess.run([*ssh, wait], check=True, capture_output=True, timeout=120)
 
+    manual(False)  # every timed run replaces a running server, as every fleet run below does
     floor = timed(lambda: manual(False), n)
-    with_sleeps = timed(lambda: manual(True), 1)
+    with_sleeps = timed(lambda: manual(True), 1) if n > 1 else []
     round_trips: list[int] = []
 
     def deploy(check: bool) -> None:
@@ -94,12 +116,21 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int) -> list[str]:
     round_trips.clear()
     fleet_checked = timed(lambda: deploy(True), n)
     f = statistics.median(floor)
-    return [
-        "### 1. Deploy orchestration (engine start ~instant; seconds, whole process)",
+    rows = [
+        title,
         "| what | median | min | max | vs floor | SSH connections / commands |",
         "| --- | --- | --- | --- | --- | --- |",
-        row("plain ssh, by hand with `sleep 2` and `sleep 15`", with_sleeps, f, "3 connections"),
-        row("plain ssh, same sequence without sleeps (floor)", floor, f, "3 connections"),
+    ]
+    if with_sleeps:
+        rows.append(row("plain ssh, by hand with `sleep 2` and `sleep 15`", with_sleeps, f, "3 connections"))
+    return [
+        *rows,
+        row(
+            "plain ssh, same sequence, sleeps replaced by waiting for the old server to exit (floor)",
+            floor,
+            f,
+            "3 connections",
+        ),
         row("fleet deploy --no-engine-check", fleet_runs, f, f"1 connection, {rt_plain} commands"),
         row(
             "fleet deploy (with the engine's own argument check)",
@@ -107,9 +138,6 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int) -> list[str]:
             f,
             f"1 connection, {sorted(set(round_trips))} commands",
         ),
-        "",
-        "fleet also proves more than the floor: /health and a checked generation; it takes a lock, frees the "
-        "GPUs safely and records state.",
         "",
     ]
 
@@ -186,83 +214,91 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
     ]
 
 
-def bench_sweep(sizes: list[int], n: int) -> list[str]:
-    from fabric import ThreadingGroup
+FABRIC_SWEEP = """
+import sys
+from fabric import ThreadingGroup
+port, key, remote, *hosts = sys.argv[1:]
+g = ThreadingGroup(*hosts, port=int(port), connect_kwargs={"key_filename": [key]})
+g.run(remote, hide=True)
+g.close()
+"""
 
+
+def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[int], n: int, title: str) -> list[str]:
+    """`specs` are the sandbox's hosts as the client sees them (their addresses may be latency proxies)."""
     from fleet.facts import probe_script
 
-    specs = [replace(simhost.extra_host(i), address=f"127.0.5.{i}") for i in range(1, max(sizes) + 1)]
-    sb = simhost.up(ROOT / "sweep", specs, PORT + 1)
     env = {
         **os.environ,
         **sb.env(),
         "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
         "XDG_CACHE_HOME": str(sb.root / "cache"),
     }
+    cores = os.cpu_count() or 1
     lines = [
-        "### 3. Health sweep (seconds, whole run, all hosts in parallel)",
+        title,
         "| hosts | fleet health --json | plain ssh (parallel) | Fabric ThreadingGroup | fleet vs ssh | "
-        "fleet vs Fabric |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"fleet vs Fabric | CPU-s fleet / ssh / Fabric | fleet vs CPU bound ({cores} CPUs) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    try:
-        for size in sizes:
-            subset = specs[:size]
-            inv = sb.root / f"inv{size}.yaml"
-            inv.write_text(simhost.inventory_yaml(sb.root, subset, sb.port))
-            h0 = sb.host_dir(subset[0].name)
-            probe = probe_script(
-                python_candidates=[f"{h0}/env/bin/python"],
-                gpu_devices=f"{h0}/dev/nvidia*",
-                engines={"sglang": f"{h0}/env/bin/python"},
-                model_path=None,
-                state_dir=f"{h0}/state",
-                disk_paths=[f"{h0}/models"],
+    for size in sizes:
+        subset = specs[:size]
+        inv = sb.root / f"inv{size}-{subset[0].address}.yaml"
+        inv.write_text(simhost.inventory_yaml(sb.root, subset, sb.port))
+        h0 = sb.host_dir(subset[0].name)
+        probe = probe_script(
+            python_candidates=[f"{h0}/env/bin/python"],
+            gpu_devices=f"{h0}/dev/nvidia*",
+            engines={"sglang": f"{h0}/env/bin/python"},
+            model_path=None,
+            state_dir=f"{h0}/state",
+            disk_paths=[f"{h0}/models"],
+        )
+        remote = f"exec /bin/sh -c {shlex.quote(probe)}"
+
+        def fleet_sweep(inv: Path = inv, count: int = size) -> None:
+            r = subprocess.run(
+                [FLEET, "-i", str(inv), "health", "--json", "--skip-generation"],
+                env=env,
+                capture_output=True,
+                text=True,
             )
-            remote = f"exec /bin/sh -c {shlex.quote(probe)}"
+            assert len(r.stdout.splitlines()) == count, r.stderr[-500:]
 
-            def fleet_sweep(inv: Path = inv, count: int = size) -> None:
-                r = subprocess.run(
-                    [FLEET, "-i", str(inv), "health", "--json", "--skip-generation"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                assert len(r.stdout.splitlines()) == count, r.stderr[-500:]
-
-            def ssh_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
-                with ThreadPoolExecutor(max_workers=len(subset)) as pool:
-                    list(
-                        pool.map(
-                            lambda spec: subprocess.run(
-                                [*simhost.ssh_argv(sb, spec), remote], capture_output=True, check=True
-                            ),
-                            subset,
-                        )
+        def ssh_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
+            with ThreadPoolExecutor(max_workers=len(subset)) as pool:
+                list(
+                    pool.map(
+                        lambda spec: subprocess.run(
+                            [*simhost.ssh_argv(sb, spec), remote], capture_output=True, check=True
+                        ),
+                        subset,
                     )
-
-            def fabric_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
-                g = ThreadingGroup(
-                    *[s.address for s in subset],
-                    port=sb.port,
-                    connect_kwargs={"key_filename": [str(sb.root / "keys" / "id_ed25519")]},
                 )
-                g.run(remote, hide=True)
-                g.close()
 
-            f = timed(fleet_sweep, n)
-            sh = timed(ssh_sweep, n)
-            fb = timed(fabric_sweep, n)
-            fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
-            lines.append(
-                f"| {size} | {fm:.3f} ({min(f):.3f}-{max(f):.3f}) | {sm:.3f} ({min(sh):.3f}-{max(sh):.3f}) | "
-                f"{fbm:.3f} ({min(fb):.3f}-{max(fb):.3f}) | {fm / sm:.2f}x | {fm / fbm:.2f}x |"
-            )
-    finally:
-        simhost.down(ROOT / "sweep")
+        def fabric_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
+            key = str(sb.root / "keys" / "id_ed25519")
+            addresses = [s.address for s in subset]
+            argv = [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses]
+            subprocess.run(argv, check=True, capture_output=True)
+
+        f, fc = timed_cpu(fleet_sweep, n)
+        sh, shc = timed_cpu(ssh_sweep, n)
+        fb, fbc = timed_cpu(fabric_sweep, n)
+        fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
+        fcm, shcm, fbcm = (statistics.median(x) for x in (fc, shc, fbc))
+        lines.append(
+            f"| {size} | {fm:.3f} ({min(f):.3f}-{max(f):.3f}) | {sm:.3f} ({min(sh):.3f}-{max(sh):.3f}) | "
+            f"{fbm:.3f} ({min(fb):.3f}-{max(fb):.3f}) | {fm / sm:.2f}x | {fm / fbm:.2f}x | "
+            f"{fcm:.2f} / {shcm:.2f} / {fbcm:.2f} | {fm / (fcm / cores):.2f}x |"
+        )
     lines += [
         "",
-        "fleet health does more per host than the probe alone (HTTP checks, diagnosis, strict host keys).",
+        "Every column is a whole process (interpreter start and imports included). fleet health does more "
+        "per host than the probe alone (HTTP checks, diagnosis, strict host keys). CPU-s is what the whole "
+        "machine spent during the run: the simulated hosts' sshd and probes run on the same CPUs as the "
+        "client, so a sweep cannot finish faster than CPU-s / CPUs (the CPU bound); real hosts bring "
+        "their own CPUs.",
         "",
     ]
     return lines
@@ -281,13 +317,34 @@ def bench_cold(env: dict[str, str], n: int) -> list[str]:
     ]
 
 
+class LatencyProxy:
+    """fleet_testbed.latency in front of some hosts' sshd: host i is reached at `address_of(i)`."""
+
+    def __init__(self, sb: simhost.Sandbox, specs: list[simhost.HostSpec], prefix: str, rtt_ms: float) -> None:
+        self.specs = [replace(s, address=f"{prefix}.{i}") for i, s in enumerate(specs, start=1)]
+        pairs = [f"{p.address}:{sb.port}={s.address}:{sb.port}" for p, s in zip(self.specs, specs, strict=True)]
+        argv = [sys.executable, "-m", "fleet_testbed.latency", "--rtt-ms", str(rtt_ms), *pairs]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout and self.proc.stdout.readline().strip() == "ready"
+        with sb.known_hosts.open("a") as f:
+            f.writelines(simhost.host_key_line(sb.root, p.address, sb.port) for p in self.specs)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m fleet_testbed.bench")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--crashes", type=int, default=20)
     ap.add_argument("--sizes", default="1,10,50")
+    ap.add_argument("--rtt-ms", type=float, default=20.0)
     a = ap.parse_args()
     os.environ["SIM_SPEED"] = "0"
+    sizes = [int(x) for x in a.sizes.split(",")]
     sb = simhost.up(
         ROOT / "main",
         [replace(simhost.BLACKWELL, address="127.0.6.2"), replace(simhost.CT129, address="127.0.6.3")],
@@ -304,17 +361,52 @@ def main() -> int:
         f"# fleet benchmark ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, loopback sshd)",
         "",
         "Reproduce: `make bench` (or `PYTHONPATH=testbed .venv/bin/python -m fleet_testbed.bench "
-        f"--runs {a.runs} --crashes {a.crashes} --sizes {a.sizes}`).",
+        f"--runs {a.runs} --crashes {a.crashes} --sizes {a.sizes} --rtt-ms {a.rtt_ms:g}`).",
         "",
     ]
+    late: list[str] = []
     try:
-        out += bench_deploy(sb, env, a.runs)
+        ct129 = sb.specs[1]
+        out += bench_deploy(
+            sb, env, a.runs, ct129, "### 1. Deploy orchestration (engine start ~instant; seconds, whole process)"
+        )
+        out += [
+            "fleet also proves more than the floor: /health and a checked generation; it takes a lock, frees "
+            "the GPUs safely and records state.",
+            "",
+        ]
         out += bench_crash_latency(sb, a.crashes)
         out += bench_cold(env, a.runs)
+        proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
+        try:
+            proxied_inventory = sb.root / "inventory-latency.yaml"
+            proxied_inventory.write_text(simhost.inventory_yaml(sb.root, proxy.specs, sb.port))
+            late += bench_deploy(
+                sb,
+                {**env, "FLEET_INVENTORY": str(proxied_inventory)},
+                a.runs,
+                proxy.specs[0],
+                f"### 5a. Deploy through {a.rtt_ms:g} ms of round-trip time (seconds, whole process)",
+            )
+        finally:
+            proxy.close()
     finally:
         simhost.down(ROOT / "main")
-    out += bench_sweep([int(x) for x in a.sizes.split(",")], a.runs)
-    text = "\n".join(out) + "\n"
+    specs = [replace(simhost.extra_host(i), address=f"127.0.5.{i}") for i in range(1, max(sizes) + 1)]
+    sweep_sb = simhost.up(ROOT / "sweep", specs, PORT + 1)
+    try:
+        out += bench_sweep(sweep_sb, specs, sizes, a.runs, "### 3. Health sweep (seconds, all hosts in parallel)")
+        near = [x for x in sizes if x <= 10] or sizes[:1]
+        proxy = LatencyProxy(sweep_sb, specs[: max(near)], "127.0.8", a.rtt_ms)
+        try:
+            late += bench_sweep(
+                sweep_sb, proxy.specs, near, a.runs, f"### 5b. Health sweep through {a.rtt_ms:g} ms of round-trip time"
+            )
+        finally:
+            proxy.close()
+    finally:
+        simhost.down(ROOT / "sweep")
+    text = "\n".join(out + late) + "\n"
     print(text)
     dest = REPO / "bench" / "results" / "latest.md"
     dest.parent.mkdir(parents=True, exist_ok=True)
