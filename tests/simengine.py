@@ -37,7 +37,7 @@ def model(hdir: Path, name: str) -> str:
 
 
 def env(hdir: Path) -> dict[str, str]:
-    return {**os.environ, "SIM_SPEED": "0.05", "SIM_DRAIN_S": "0.5", "SIM_HOST_DIR": str(hdir)}
+    return {**os.environ, "SIM_SPEED": "0.05", "SIM_HOST_DIR": str(hdir)}
 
 
 def run(hdir: Path, args: list[str], extra_env: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, str]:

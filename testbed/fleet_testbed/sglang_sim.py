@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -323,6 +324,7 @@ class Server:
         self.children: list[subprocess.Popen[bytes]] = []
         self.started = time.time()
         self.lock = threading.Lock()
+        self.in_flight: list[str] = []  # rids of the requests being served (tokenizer_manager.rid_to_state)
 
     def answer(self, prompt: str) -> str:
         if self.r.garbage or gpustate.load_host().get("serve_garbage"):  # test hook: a server gone bad
@@ -333,9 +335,19 @@ class Server:
         return " I am a simulated model."
 
     def generate(self, prompt: str) -> str:
+        rid = uuid.uuid4().hex
         with self.lock:
             self.requests_served += 1
             n = self.requests_served
+            self.in_flight.append(rid)
+        try:
+            time.sleep(float(gpustate.load_host().get("generation_delay_s", 0)))  # test hook: a long request
+            return self._generate(prompt, n)
+        finally:
+            with self.lock:
+                self.in_flight.remove(rid)
+
+    def _generate(self, prompt: str, n: int) -> str:
         # engines.md §2.2: extra_buffer + spec v2 runtime TypeError on 0.5.13-0.5.14, after the first requests
         a = self.r.args
         strategy = getattr(a, "mamba_radix_cache_strategy", None) or getattr(a, "mamba_scheduler_strategy", None)
@@ -708,7 +720,7 @@ def serve(argv: list[str]) -> None:
     uvicorn("Waiting for application startup.")
     uvicorn("Application startup complete.")
     uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     threading.Thread(target=_watch_children, args=(server,), daemon=True).start()
     if not a.skip_server_warmup:  # engines.md §3.1: the ready line comes after a warmup generate
         _sleep(server, 0.1)
@@ -718,13 +730,30 @@ def serve(argv: list[str]) -> None:
     log(READY_LINE)
     while not sigterm.wait(0.5):
         pass
-    time.sleep(float(os.environ.get("SIM_DRAIN_S", "0.3")))  # draining: /health answers 503 meanwhile
-    log("Gracefully exiting... Remaining number of requests 0.")
+    _sigterm_watchdog(server)
     for child in server.children:
         child.kill()
         child.wait()
     httpd.shutdown()
     sys.exit(0)
+
+
+def _sigterm_watchdog(server: Server) -> None:
+    """engines.md §3.3 (tokenizer_manager.sigterm_watchdog): a loop started with the server wakes every
+    5 s; once SIGTERM has set gracefully_exit it logs the requests left and exits when there are none,
+    so even an idle server takes up to 5 s to go (/health answers 503 meanwhile)."""
+    period = 5.0 * server.scale
+    if period > 0:
+        time.sleep(period - (time.time() - server.started) % period)
+    while True:
+        with server.lock:
+            rids = list(server.in_flight)
+        log(
+            f"Gracefully exiting... Remaining number of requests {len(rids)}. Remaining requests remaining_rids={rids}."
+        )
+        if not rids:
+            return
+        time.sleep(max(period, 0.05))
 
 
 def _register_pool(server: Server, tp: int, mib: int) -> None:
