@@ -229,6 +229,46 @@ def test_stop_frees_the_port_and_leaves_no_process(fleet_env: simhost.Sandbox) -
     assert status["status"] == "stopped" and status["pid"] is None
 
 
+def _server_log(sb: simhost.Sandbox, name: str) -> str:
+    return Path(state(sb, name)["log"]).read_text()
+
+
+def test_an_idle_sglang_server_is_killed_at_once_not_left_to_its_watchdog(fleet_env: simhost.Sandbox) -> None:
+    # engines.md §3.3: after SIGTERM an idle SGLang still waits for its watchdog's next 5 s tick.
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    log_before = _server_log(fleet_env, "ct129")
+    r = run_cli("stop", "--host", "ct129")
+    assert r.code == 0 and "idle: killed at once" in r.out, r.out
+    assert engine_pids(fleet_env, CT129) == []
+    assert "SIGTERM received" not in log_before + Path(state(fleet_env, "ct129")["log"]).read_text()
+
+
+def test_a_request_in_flight_is_drained_before_the_server_stops(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    simhost.set_host(fleet_env.host_dir("ct129"), generation_delay_s=2.0)
+    answers: list[tuple[int | None, str]] = []
+    client = threading.Thread(target=lambda: answers.append(_chat(CT129.address, "What is the capital of France?")))
+    try:
+        client.start()
+        assert _wait(_open_requests, 5)
+        r = run_cli("stop", "--host", "ct129")
+        client.join(timeout=30)
+    finally:
+        simhost.set_host(fleet_env.host_dir("ct129"), generation_delay_s=None)
+    assert r.code == 0 and "SIGTERM, drained" in r.out, r.out
+    assert answers and answers[0][0] == 200 and "Paris" in answers[0][1]
+    text = _server_log(fleet_env, "ct129")
+    assert "SIGTERM received" in text
+    assert text.index("Remaining number of requests 1.") < text.index("Remaining number of requests 0.")
+    assert engine_pids(fleet_env, CT129) == []
+
+
+def _open_requests() -> bool:
+    """A client connection to the server's port is established (the request is on its way)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return any(r[3] == "01" and int(r[2].split(":")[1], 16) == 30000 for r in rows)
+
+
 def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     before = state(fleet_env, "ct129")

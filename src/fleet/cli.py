@@ -201,7 +201,10 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
     lines = []
     for members in groups.values():
         main = next((p for p in members if "sglang." in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
-        lines.append(f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group): {main['cmdline'][:100]}")
+        how = f"; {main['stop']}" if main.get("stop") else ""
+        lines.append(
+            f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): {main['cmdline'][:100]}"
+        )
     return lines
 
 

@@ -26,6 +26,7 @@ ENGINE_RE = re.compile(
     r"sglang::|sglang\.launch_server|sglang serve|sglang\.srt|sglang\.data_parallel"
     r"|VLLM::|vllm serve|vllm\.entrypoints"
 )
+SGLANG_RE = re.compile(r"sglang\.launch_server|sglang serve|sglang::")
 LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
 # GPU daemons and display servers: never killed unless the kill policy is "force". Matched on the
 # executable's name (argv[0]) and on comm, which the kernel truncates to 15 characters.
@@ -134,13 +135,9 @@ def is_engine(p):
     return bool(ENGINE_RE.search(p["cmdline"])) or (" %s " % LAUNCH_MARK) in p["cmdline"]
 
 
-def port_owner(port, bind_address="0.0.0.0"):
-    """(pid, held) of the listener a server binding bind_address:port would collide with."""
-    wild = ("00000000", "00000000000000000000000000000000")
-    want = None
-    if bind_address not in ("0.0.0.0", "::"):
-        want = "".join("%02X" % int(x) for x in reversed(bind_address.split("."))) if "." in bind_address else None
-    inodes = {}
+def tcp_sockets():
+    """(state, local address hex, local port, inode) of every TCP socket on the host, IPv4 and IPv6."""
+    rows = []
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(path) as f:
@@ -149,21 +146,58 @@ def port_owner(port, bind_address="0.0.0.0"):
             continue
         for line in lines:
             parts = line.split()
-            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].split(":")[1], 16) == port:
-                addr = parts[1].split(":")[0]
-                if want is None or addr in wild or addr == want:
-                    inodes[parts[9]] = True
+            if len(parts) > 9:
+                addr, port = parts[1].split(":")
+                rows.append((parts[3], addr, int(port, 16), parts[9]))
+    return rows
+
+
+def socket_inodes(pid):
+    """Inodes of the sockets `pid` holds open (empty when its fds cannot be read)."""
+    out = set()
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def port_owner(port, bind_address="0.0.0.0"):
+    """(pid, held) of the listener a server binding bind_address:port would collide with."""
+    wild = ("00000000", "00000000000000000000000000000000")
+    want = None
+    if bind_address not in ("0.0.0.0", "::"):
+        want = "".join("%02X" % int(x) for x in reversed(bind_address.split("."))) if "." in bind_address else None
+    inodes = set(
+        inode
+        for state, addr, p, inode in tcp_sockets()
+        if state == "0A" and p == port and (want is None or addr in wild or addr == want)
+    )
     if not inodes:
         return None, False
     for pid in all_procs():
-        try:
-            for fd in os.listdir("/proc/%d/fd" % pid):
-                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    return pid, True
-        except OSError:
-            continue
+        if socket_inodes(pid) & inodes:
+            return pid, True
     return None, True  # held, owner invisible (another user's process)
+
+
+def client_connections(pids):
+    """Connections clients hold open to the ports these processes listen on; None if they listen on none.
+    A request in flight holds its connection, so 0 means nothing to drain."""
+    rows = tcp_sockets()
+    listening = dict((inode, port) for state, _, port, inode in rows if state == "0A")
+    ports = set(listening[i] for pid in pids for i in socket_inodes(pid) if i in listening)
+    if not ports:
+        return None
+    # ESTABLISHED, SYN_RECV, CLOSE_WAIT: a client is there or its request may still be running
+    return sum(1 for state, _, port, _ in rows if state in ("01", "03", "08") and port in ports)
 
 
 # --- lock ----------------------------------------------------------------------------------------------
@@ -338,8 +372,17 @@ def classify(a, procs):
     return targets, refused
 
 
+def idle_sglang(members):
+    """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
+    tick (engines.md §3.3) before the same kill_process_tree, so it is killed at once instead."""
+    if not any(SGLANG_RE.search(p["cmdline"]) for p in members):
+        return False
+    return client_connections([p["pid"] for p in members]) == 0
+
+
 def stop_targets(targets, procs, drain_s):
-    """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL."""
+    """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
+    SGLang group is SIGKILLed at once (nothing to drain)."""
     own_pgid = os.getpgid(0)
     groups = {}
     for pid, info in targets.items():
@@ -348,37 +391,52 @@ def stop_targets(targets, procs, drain_s):
     for pgid, pids in groups.items():
         members = [p for p in procs.values() if p["pgid"] == pgid]
         whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
-        signalled.append(("group", pgid) if whole else ("pids", pids))
-    for kind, what in signalled:
+        idle = whole and idle_sglang(members)
+        signalled.append(("group", pgid, idle) if whole else ("pids", pids, False))
+    for kind, what, idle in signalled:
+        sig = signal.SIGKILL if idle else signal.SIGTERM
+        for pid in groups[what] if kind == "group" else what:
+            targets[pid]["stop"] = "idle: killed at once" if idle else "SIGTERM, drained"
         try:
             if kind == "group":
-                os.killpg(what, signal.SIGTERM)
+                os.killpg(what, sig)
             else:
                 for pid in what:
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.time() + drain_s
     while time.time() < deadline and any(alive(p) for p in targets):
         time.sleep(0.05)
     forced = []
-    for kind, what in signalled:
+    for kind, what, idle in signalled:
         try:
             if kind == "group":
                 os.killpg(what, signal.SIGKILL)
-                forced.append(what)
+                if not idle:
+                    forced.append(what)
+                    for pid in groups[what]:
+                        targets[pid]["stop"] = "SIGKILL after the %g s drain window" % drain_s
             else:
                 for pid in what:
                     if alive(pid):
                         os.kill(pid, signal.SIGKILL)
                         forced.append(pid)
+                        targets[pid]["stop"] = "SIGKILL after the %g s drain window" % drain_s
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.time() + 5
     while time.time() < deadline and any(alive(p) for p in targets):
         time.sleep(0.05)
     return [
-        {"pid": p, "pgid": t["pgid"], "user": t["user"], "cmdline": t["cmdline"][:200], "why": t["why"]}
+        {
+            "pid": p,
+            "pgid": t["pgid"],
+            "user": t["user"],
+            "cmdline": t["cmdline"][:200],
+            "why": t["why"],
+            "stop": t.get("stop"),
+        }
         for p, t in sorted(targets.items())
     ], forced
 
