@@ -365,6 +365,7 @@ def main() -> int:
         "",
     ]
     late: list[str] = []
+    cold: list[str] = []
     try:
         ct129 = sb.specs[1]
         out += bench_deploy(
@@ -376,7 +377,7 @@ def main() -> int:
             "",
         ]
         out += bench_crash_latency(sb, a.crashes)
-        out += bench_cold(env, a.runs)
+        cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:
             proxied_inventory = sb.root / "inventory-latency.yaml"
@@ -396,6 +397,7 @@ def main() -> int:
     sweep_sb = simhost.up(ROOT / "sweep", specs, PORT + 1)
     try:
         out += bench_sweep(sweep_sb, specs, sizes, a.runs, "### 3. Health sweep (seconds, all hosts in parallel)")
+        out += cold
         near = [x for x in sizes if x <= 10] or sizes[:1]
         proxy = LatencyProxy(sweep_sb, specs[: max(near)], "127.0.8", a.rtt_ms)
         try:
