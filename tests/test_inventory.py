@@ -252,3 +252,17 @@ def test_hostile_cli_arguments_are_refused_before_any_connection(
     r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "--playbooks", str(ROOT / "playbooks"), *argv)
     assert r.code == code and message in r.err + r.out
     assert not Path("/tmp/fleet-canary").exists()
+
+
+def test_libyaml_and_the_python_loader_read_the_same_data_and_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleet reads YAML with libyaml when PyYAML has it; what it reads must not depend on that."""
+    import yaml
+
+    from fleet import yamlfile
+
+    text = (ROOT / "inventory" / "sandbox.yaml").read_text() + "extra:\n  - {a: 1, b: [x, 'y', 2.5, null, true]}\n"
+    fast = yamlfile.parse_yaml(text, Path("inv.yaml"))
+    monkeypatch.setattr(yamlfile, "_FAST_LOADER", yaml.SafeLoader)
+    slow = yamlfile.parse_yaml(text, Path("inv.yaml"))
+    assert fast.data == slow.data and fast.lines == slow.lines
+    assert yaml.__with_libyaml__, "PyYAML without libyaml: fleet works, but reads inventories slower"

@@ -17,9 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleet.plan import Fix, Version, args_dict, parse_version
+from fleet.yamlfile import load_data
 
 CATEGORIES = (
     "healthy",
@@ -182,7 +181,7 @@ def parse_signatures(data: Any, origin: str) -> list[Signature]:
 @lru_cache(maxsize=1)
 def builtin_signatures() -> tuple[Signature, ...]:
     text = resources.files("fleet.crashes").joinpath("signatures.yaml").read_text(encoding="utf-8")
-    return tuple(parse_signatures(yaml.safe_load(text), "fleet/crashes/signatures.yaml"))
+    return tuple(parse_signatures(load_data(text), "fleet/crashes/signatures.yaml"))
 
 
 def load_signatures(extra_dirs: Sequence[Path] = ()) -> tuple[Signature, ...]:
@@ -190,7 +189,7 @@ def load_signatures(extra_dirs: Sequence[Path] = ()) -> tuple[Signature, ...]:
     user: list[Signature] = []
     for d in extra_dirs:
         for path in sorted(d.glob("*.yaml")):
-            user += parse_signatures(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+            user += parse_signatures(load_data(path.read_text(encoding="utf-8")), str(path))
     return (*user, *builtin_signatures())
 
 
