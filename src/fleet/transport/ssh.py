@@ -55,6 +55,17 @@ def _known_host_keys(known_hosts: Path) -> paramiko.HostKeys:
     return _parsed_known_hosts(str(known_hosts), st.st_mtime_ns, st.st_size)
 
 
+@functools.lru_cache(maxsize=4)
+def _fabric_config(ssh_config: str | None) -> Config:
+    """One fabric Config per ssh_config file and run, shared read-only by the connections made from it
+    (building one merges every invoke config level: ~2 ms of CPU per host in a sweep)."""
+    if ssh_config is not None:
+        return Config(runtime_ssh_path=ssh_config)
+    config = Config()
+    config.load_ssh_config()
+    return config
+
+
 def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
     """Strict host-key checking on the connection and on every ProxyJump hop."""
     hop: Any = conn
@@ -78,9 +89,7 @@ class SshTransport:
         self.host_name = host.name
         self.commands_run = 0
         s = host.settings
-        config = Config(runtime_ssh_path=str(ssh_config)) if ssh_config and ssh_config.exists() else Config()
-        if not (ssh_config and ssh_config.exists()):
-            config.load_ssh_config()
+        config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
         connect_kwargs: dict[str, Any] = {"banner_timeout": s.connect_timeout_s, "auth_timeout": s.connect_timeout_s}
         if s.identity_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(s.identity_file)]
