@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import select
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,17 @@ def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKey
     return paramiko.HostKeys(path)
 
 
+# A sweep's threads all ask for the shared parses at once: one computes, the others wait for it.
+_SHARED_LOCK = threading.Lock()
+
+
 def _known_host_keys(known_hosts: Path) -> paramiko.HostKeys:
     try:
         st = known_hosts.stat()
     except FileNotFoundError:
         return paramiko.HostKeys()
-    return _parsed_known_hosts(str(known_hosts), st.st_mtime_ns, st.st_size)
+    with _SHARED_LOCK:
+        return _parsed_known_hosts(str(known_hosts), st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=4)
@@ -89,7 +95,8 @@ class SshTransport:
         self.host_name = host.name
         self.commands_run = 0
         s = host.settings
-        config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
+        with _SHARED_LOCK:
+            config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
         connect_kwargs: dict[str, Any] = {"banner_timeout": s.connect_timeout_s, "auth_timeout": s.connect_timeout_s}
         if s.identity_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(s.identity_file)]
