@@ -107,3 +107,18 @@ def chat(address: str, port: int, prompt: str, served: str = "m") -> tuple[int |
         f"http://{address}:{port}/v1/chat/completions",
         {"model": served, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8},
     )
+
+
+def client_connected(port: int) -> bool:
+    """Some client holds an established TCP connection to `port` on this machine (a request on its way)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return any(r[3] == "01" and int(r[2].split(":")[1], 16) == port for r in rows)
+
+
+def wait_until(predicate: Any, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False

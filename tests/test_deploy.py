@@ -6,13 +6,13 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import BLACKWELL, CT129, ROOT, Background, run_cli
 from fleet_testbed import simhost
+from simengine import client_connected, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -101,18 +101,9 @@ def _start_stale_server(sb: simhost.Sandbox) -> Background:
     return Background([*simhost.ssh_argv(sb, CT129), cmd])
 
 
-def _wait(predicate, timeout: float = 20) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_stale_server_is_stopped_and_gpus_freed(fleet_env: simhost.Sandbox) -> None:
     with _start_stale_server(fleet_env):
-        assert _wait(lambda: _chat(CT129.address, "hi")[0] == 200)
+        assert wait_until(lambda: _chat(CT129.address, "hi")[0] == 200)
         stale = engine_pids(fleet_env, CT129)
         assert stale
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
@@ -129,8 +120,8 @@ def test_decoy_gpu_daemon_is_not_killed_and_nothing_is_stopped(fleet_env: simhos
         _start_stale_server(fleet_env),
         Background([*simhost.ssh_argv(fleet_env, CT129), f"exec 3<{dev}; exec {daemon} 60"]),
     ):
-        assert _wait(lambda: "nvidia-persistenced" in remote(fleet_env, CT129, "ps -eo args"))
-        assert _wait(lambda: _chat(CT129.address, "hi")[0] == 200)
+        assert wait_until(lambda: "nvidia-persistenced" in remote(fleet_env, CT129, "ps -eo args"))
+        assert wait_until(lambda: _chat(CT129.address, "hi")[0] == 200)
         stale = engine_pids(fleet_env, CT129)
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
         assert r.code == 6
@@ -150,7 +141,7 @@ def test_another_users_gpu_process_is_not_killed(fleet_env: simhost.Sandbox) -> 
     cmd = f"exec 3<{dev}; exec setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 60"
     decoys = "ps -eo user:20,args | grep '^fleetdecoy .*sleep 60' || true"
     with Background([*simhost.ssh_argv(fleet_env, CT129), cmd]):
-        assert _wait(lambda: "fleetdecoy" in remote(fleet_env, CT129, decoys))
+        assert wait_until(lambda: "fleetdecoy" in remote(fleet_env, CT129, decoys))
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
         assert r.code == 6 and "process of user fleetdecoy" in r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, decoys)
@@ -211,7 +202,7 @@ def test_concurrent_deploys_to_one_host_exactly_one_acts(fleet_env: simhost.Sand
     results: list = []
     first = threading.Thread(target=lambda: results.append(run_cli("deploy", "qwen36-27b", "--host", "ct129")))
     first.start()
-    assert _wait(lambda: (fleet_env.host_dir("ct129") / "state" / "lock.json").exists())
+    assert wait_until(lambda: (fleet_env.host_dir("ct129") / "state" / "lock.json").exists())
     second = run_cli("deploy", "qwen36-27b", "--host", "ct129")
     first.join()
     assert second.code == 5 and "ct129: locked by" in second.err and "(deploy)" in second.err
@@ -250,7 +241,7 @@ def test_a_request_in_flight_is_drained_before_the_server_stops(fleet_env: simho
     client = threading.Thread(target=lambda: answers.append(_chat(CT129.address, "What is the capital of France?")))
     try:
         client.start()
-        assert _wait(_open_requests, 5)
+        assert wait_until(lambda: client_connected(30000), 5)
         r = run_cli("stop", "--host", "ct129")
         client.join(timeout=30)
     finally:
@@ -261,12 +252,6 @@ def test_a_request_in_flight_is_drained_before_the_server_stops(fleet_env: simho
     assert "SIGTERM received" in text
     assert text.index("Remaining number of requests 1.") < text.index("Remaining number of requests 0.")
     assert engine_pids(fleet_env, CT129) == []
-
-
-def _open_requests() -> bool:
-    """A client connection to the server's port is established (the request is on its way)."""
-    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    return any(r[3] == "01" and int(r[2].split(":")[1], 16) == 30000 for r in rows)
 
 
 def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> None:

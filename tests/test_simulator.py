@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -315,11 +316,21 @@ def test_process_tree_holds_gpus_and_drains_on_sigterm(a6000: Path) -> None:
         os.environ["SIM_HOST_DIR"] = str(a6000)
         used = [g["memory_used_mib"] for g in gpustate.gpu_table(a6000)]
         assert all(u > 20000 for u in used)
+        # a request in flight keeps the server draining (sigterm_watchdog) until it is answered
+        simhost.set_host(a6000, generation_delay_s=2.0)
+        answers: list[tuple[int | None, object]] = []
+        client = threading.Thread(target=lambda: answers.append(sim.chat("127.0.3.1", 31020, "The capital of France?")))
+        client.start()
+        assert sim.wait_until(lambda: sim.client_connected(31020))
+        time.sleep(0.2)  # the handler has taken the request in
         s.proc.send_signal(signal.SIGTERM)
         assert s.wait_for("SIGTERM received. signum=15 Draining requests and shutting down...")
         assert sim.http("http://127.0.3.1:31020/health")[0] == 503
+        assert s.wait_for("Gracefully exiting... Remaining number of requests 1. Remaining requests remaining_rids=['")
+        client.join(timeout=10)
+        assert answers and answers[0][0] == 200
         assert s.proc.wait(timeout=10) == 0
-        assert "Gracefully exiting... Remaining number of requests 0." in s.text()
+        assert "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]." in s.text()
         time.sleep(0.3)
         assert _titles(s.proc.pid) == []
         assert all(g["memory_used_mib"] == 0 for g in gpustate.gpu_table(a6000))
