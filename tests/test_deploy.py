@@ -59,6 +59,7 @@ def test_the_motivating_story_fixes_two_crashes_then_remembers(fleet_env: simhos
     status, body = _chat(BLACKWELL.address, "What is the capital of France?")
     assert status == 200 and "Paris" in body
 
+    assert run_cli("stop", "--host", "blackwell").code == 0
     again = json.loads(run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--json").out)
     assert again["ok"] and len(again["attempts"]) == 1
     assert again["learned_applied"] == ["sglang-spec-hybrid-no-buffer", "sglang-spec-params-incomplete"]
@@ -252,6 +253,44 @@ def test_a_request_in_flight_is_drained_before_the_server_stops(fleet_env: simho
     assert "SIGTERM received" in text
     assert text.index("Remaining number of requests 1.") < text.index("Remaining number of requests 0.")
     assert engine_pids(fleet_env, CT129) == []
+
+
+def test_deploying_the_plan_that_already_runs_checks_it_and_restarts_nothing(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    before = engine_pids(fleet_env, CT129)
+    pid = state(fleet_env, "ct129")["pid"]
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert "already runs this plan; checked it instead of restarting it" in r.err
+    assert "generation: answer ' Paris.'" in r.err and "nothing was restarted" in r.out
+    out = json.loads(run_cli("deploy", "qwen36-27b", "--host", "ct129", "--json").out)
+    assert out["ok"] and out["adopted"] and out["attempts"] == []
+    assert out["round_trips"] == 2  # facts, then the health check with the smoke prompt
+    assert engine_pids(fleet_env, CT129) == before and state(fleet_env, "ct129")["pid"] == pid
+
+
+def test_a_running_server_that_fails_its_check_is_replaced(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    old = state(fleet_env, "ct129")["pid"]
+    simhost.set_host(fleet_env.host_dir("ct129"), generation_http_500=True)
+    try:
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    finally:
+        simhost.set_host(fleet_env.host_dir("ct129"), generation_http_500=None)
+    assert "has this plan but fails: generation: wrong or no answer: HTTP 500" in r.err
+    assert "stopped fleet's server pid" in r.err and "launched pid" in r.err
+    assert old not in engine_pids(fleet_env, CT129)
+
+
+def test_a_changed_plan_is_deployed_not_adopted(fleet_env: simhost.Sandbox, playbooks: Path) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    old = state(fleet_env, "ct129")["pid"]
+    name = add_playbook(playbooks, "q36-ctx", "qwen36-27b", "context_length: 65536\n")
+    r = run_cli("deploy", name, "--host", "ct129", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert not out["adopted"] and len(out["attempts"]) == 1
+    assert old not in engine_pids(fleet_env, CT129)
 
 
 def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> None:

@@ -275,9 +275,18 @@ class Reporter:
             self.say(f"{h}: took over a stale lock of {prev.get('owner')} ({prev.get('command')})")
         elif event == "ready":
             self.say(f"{h}: ready; smoke answer {data['smoke'].get('text', '')!r} [{elapsed:5.1f}s]")
+        elif event == "adopted":
+            self.say(f"{h}: pid {data['pid']} already runs this plan; checked it instead of restarting it:")
+            for line in data["checks"]:
+                self.say(f"    {line}")
+        elif event == "not_adopted":
+            self.say(f"{h}: the running server has this plan but fails: {'; '.join(data['problems'])}; redeploying")
 
 
 def _print_result(r: Any) -> None:
+    if r.ok and r.adopted:
+        click.echo(f"{r.host}: {r.playbook} is up at {r.endpoint}: {r.reason} (`fleet restart` restarts it).")
+        return
     if r.ok:
         fixes = f"; fixed on the way: {', '.join(r.new_fixes)}" if r.new_fixes else ""
         click.echo(
@@ -312,6 +321,7 @@ def _result_json(r: Any) -> dict[str, Any]:
         "reason": r.reason,
         "endpoint": r.endpoint,
         "ready_s": round(r.ready_s, 3),
+        "adopted": r.adopted,
         "round_trips": r.round_trips,
         "learned_applied": list(r.learned_applied),
         "new_fixes": r.new_fixes,
@@ -351,6 +361,8 @@ def deploy(
 
     Known crashes are diagnosed and relaunched with their fix (each fix at most once, bounded attempts);
     unknown ones fail fast with the traceback. Exit 0 when the server answers the smoke prompt correctly.
+    A server already running exactly this plan is checked (health, models, the smoke prompt) and left
+    running; `fleet restart` restarts it (e.g. after a secret changed).
 
     \b
     Example:

@@ -2,7 +2,8 @@
 
 Brings up `blackwell` (8x RTX PRO 6000, SM120, SGLang 0.5.11) and `ct129` (2x RTX A6000) behind real
 sshd on loopback, deploys the hand-written Qwen3.5-397B-NVFP4 command (two known crashes, fixed and
-learned), deploys again (one attempt, learned fixes), deploys Qwen3.6-27B, shows status, stops all, and
+learned), deploys again (the running server is checked, not restarted), stops it and deploys once more
+(one attempt, learned fixes), deploys Qwen3.6-27B, shows status, stops all, and
 tears the fleet down (`--keep` leaves it up for you to try commands; `python -m fleet_testbed down`).
 """
 
@@ -50,7 +51,10 @@ def main() -> int:
         fleet("plan", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
         print("\n# Launch it as written (skipping the engine's own pre-flight check, to watch the crashes happen):")
         fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--no-engine-check", env=env)
-        print("\n# Again: the fixes were learned for this host x model x engine version; one attempt.")
+        print("\n# Deploy again: the server already runs this plan, so it is checked, not restarted.")
+        fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
+        print("\n# Stop it and deploy once more: the fixes were learned for this host x model x engine version.")
+        fleet("stop", "--host", "blackwell", env=env)
         fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
         print("\n# fleet's own plan for the same model, and Qwen3.6-27B on the A6000 box:")
         fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", env=env)

@@ -99,6 +99,7 @@ class DeployResult:
     log_tail: list[str] = field(default_factory=list)
     round_trips: int = 0
     killed: list[dict[str, Any]] = field(default_factory=list)
+    adopted: bool = False  # the server already ran this plan and answered: nothing was restarted
 
 
 Progress = Callable[[str, dict[str, Any]], None]

@@ -35,6 +35,10 @@ def deploy(
         "planned", {"plan": result.plan, "model": result.model.describe(), "learned": list(result.plan.applied_fixes)}
     )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
+    if _runs_this_plan(facts, result.plan, playbook.name):
+        adopted = _adopt(t, host, playbook.name, result.plan, recorded(facts).get("pid"), progress)
+        if adopted is not None:
+            return adopted
     deployer = Deployer(
         t,
         host,
@@ -56,6 +60,62 @@ def deploy(
         learned_key=result.learned_key,
         learned_existing=existing,
         recorded_pgid=_recorded_pgid(facts),
+    )
+
+
+# Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU
+# faults) is not something a restart of this server would change.
+SERVER_CHECKS = frozenset({"server", "drift", "port", "http_health", "models", "generation", "crash_log"})
+
+
+def _runs_this_plan(facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
+    """The host's recorded server was started from exactly this plan (argv, environment, secret names),
+    was last seen ready, and its process is still there."""
+    st = recorded(facts)
+    old, new = st.get("plan") or {}, plan.to_json()
+
+    def env(p: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return sorted((e.get("name"), e.get("value")) for e in p.get("env", []))
+
+    return (
+        st.get("status") == "ready"
+        and st.get("playbook") == playbook_name
+        and old.get("argv") == new["argv"]
+        and env(old) == env(new)
+        and old.get("secret_env", []) == new["secret_env"]
+        and any(p.pid == st.get("pid") for p in facts.servers)
+    )
+
+
+def _adopt(
+    t: Transport, host: Host, playbook_name: str, plan: LaunchPlan, pid: Any, progress: Progress
+) -> DeployResult | None:
+    """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
+    model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
+    from fleet.control.health import HealthOptions, check_host
+    from fleet.health import OK
+
+    started = time.monotonic()
+    health = check_host(t, host, HealthOptions())
+    failing = [c for c in health.checks if c.name in SERVER_CHECKS and c.status != OK]
+    if failing:
+        progress("not_adopted", {"problems": [f"{c.name}: {c.detail}" for c in failing]})
+        return None
+    progress(
+        "adopted", {"pid": pid, "checks": [f"{c.name}: {c.detail}" for c in health.checks if c.name in SERVER_CHECKS]}
+    )
+    return DeployResult(
+        host=host.name,
+        playbook=playbook_name,
+        ok=True,
+        attempts=[],
+        plan=plan,
+        reason="already running this plan and answering correctly; nothing was restarted",
+        endpoint=f"http://{plan.check_address}:{plan.port}",
+        ready_s=time.monotonic() - started,
+        learned_applied=plan.applied_fixes,
+        round_trips=t.commands_run,
+        adopted=True,
     )
 
 
