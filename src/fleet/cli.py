@@ -234,7 +234,7 @@ class Reporter:
             learned = data["learned"]
             self.say(f"{h}: {data['model']}")
             if learned:
-                self.say(f"{h}: starting with learned fixes: {', '.join(learned)}")
+                self.say(f"{h}: the plan includes learned fixes: {', '.join(learned)}")
         elif event == "attempt":
             self.attempt, self.max = data["attempt"], data["max"]
             self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
