@@ -293,6 +293,16 @@ def test_a_changed_plan_is_deployed_not_adopted(fleet_env: simhost.Sandbox, play
     assert old not in engine_pids(fleet_env, CT129)
 
 
+def test_the_engine_check_is_skipped_for_a_command_line_that_already_ran_here(fleet_env: simhost.Sandbox) -> None:
+    first = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert first.code == 0 and "engine's own argument check: accepted" in first.err
+    assert run_cli("stop", "--host", "ct129").code == 0
+    again = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert again.code == 0, again.err
+    assert "engine's own argument check: not needed (this command line ran with 0.5.11 here)" in again.err
+    assert "argument check: accepted" not in again.err
+
+
 def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     before = state(fleet_env, "ct129")

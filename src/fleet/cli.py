@@ -240,6 +240,10 @@ class Reporter:
             self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
         elif event == "engine_check":
             self.say(f"{h}: engine's own argument check: {data['verdict']}")
+        elif event == "engine_check_skipped":
+            self.say(
+                f"{h}: engine's own argument check: not needed (this command line ran with {data['version']} here)"
+            )
         elif event == "stopped":
             for line in describe_stopped(data["stopped"]):
                 self.say(f"{h}: stopped {line}")
