@@ -111,10 +111,30 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
             raise SystemExit(f"bench: deploy failed: {r.stderr[-2000:]}")
         round_trips.append(json.loads(r.stdout)["round_trips"])
 
-    fleet_runs = timed(lambda: deploy(False), n)
+    state_file = h / "state" / "state.json"
+
+    def replacing(check: bool, first_time: bool) -> list[float]:
+        """Each timed deploy replaces a server started by hand (a deploy of the plan that already runs
+        would only check it). `first_time`: fleet's record of the host is removed first, so the engine's
+        own argument check runs (it is skipped for a command line that already ran there)."""
+        out = []
+        for _ in range(n):
+            manual(False)
+            if first_time:
+                state_file.unlink(missing_ok=True)
+            out += timed(lambda: deploy(check), 1)
+        return out
+
+    fleet_runs = replacing(False, first_time=False)
     rt_plain = sorted(set(round_trips))
     round_trips.clear()
-    fleet_checked = timed(lambda: deploy(True), n)
+    fleet_checked = replacing(True, first_time=True)
+    rt_checked = sorted(set(round_trips))
+    round_trips.clear()
+    fleet_default = replacing(True, first_time=False)
+    rt_default = sorted(set(round_trips))
+    round_trips.clear()
+    fleet_adopted = timed(lambda: deploy(True), n)  # fleet's own server, this plan: checked, not restarted
     f = statistics.median(floor)
     rows = [
         title,
@@ -133,8 +153,20 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
         ),
         row("fleet deploy --no-engine-check", fleet_runs, f, f"1 connection, {rt_plain} commands"),
         row(
-            "fleet deploy (with the engine's own argument check)",
+            "fleet deploy, a command line new to the host (the engine's own argument check runs)",
             fleet_checked,
+            f,
+            f"1 connection, {rt_checked} commands",
+        ),
+        row(
+            "fleet deploy, a command line that ran there before (check not needed)",
+            fleet_default,
+            f,
+            f"1 connection, {rt_default} commands",
+        ),
+        row(
+            "fleet deploy again: the server already runs this plan (checked with the smoke prompt, not restarted)",
+            fleet_adopted,
             f,
             f"1 connection, {sorted(set(round_trips))} commands",
         ),
