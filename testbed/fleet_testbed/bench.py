@@ -36,15 +36,6 @@ ROOT = Path(os.environ.get("FLEET_BENCH_ROOT", "/tmp/fleet-bench"))
 PORT = 2522
 
 
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def stats(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
@@ -65,6 +56,10 @@ def timed_cpu(fn: Callable[[], object], n: int) -> tuple[list[float], list[float
         walls.append(time.perf_counter() - t0)
         cpus.append(machine_cpu_s() - c0)
     return walls, cpus
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    return timed_cpu(fn, n)[0]
 
 
 def row(name: str, xs: list[float], floor: float | None, extra: str = "") -> str:

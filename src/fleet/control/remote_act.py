@@ -387,21 +387,20 @@ def stop_targets(targets, procs, drain_s):
     groups = {}
     for pid, info in targets.items():
         groups.setdefault(info["pgid"], []).append(pid)
-    signalled = []
-    for pgid, pids in groups.items():
+    signalled = []  # (pgid, whole group?, idle SGLang?)
+    for pgid in groups:
         members = [p for p in procs.values() if p["pgid"] == pgid]
         whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
-        idle = whole and idle_sglang(members)
-        signalled.append(("group", pgid, idle) if whole else ("pids", pids, False))
-    for kind, what, idle in signalled:
+        signalled.append((pgid, whole, whole and idle_sglang(members)))
+    for pgid, whole, idle in signalled:
         sig = signal.SIGKILL if idle else signal.SIGTERM
-        for pid in groups[what] if kind == "group" else what:
+        for pid in groups[pgid]:
             targets[pid]["stop"] = "idle: killed at once" if idle else "SIGTERM, drained"
         try:
-            if kind == "group":
-                os.killpg(what, sig)
+            if whole:
+                os.killpg(pgid, sig)
             else:
-                for pid in what:
+                for pid in groups[pgid]:
                     os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
@@ -409,20 +408,21 @@ def stop_targets(targets, procs, drain_s):
     while time.time() < deadline and any(alive(p) for p in targets):
         time.sleep(0.05)
     forced = []
-    for kind, what, idle in signalled:
+    after_drain = "SIGKILL after the %g s drain window" % drain_s
+    for pgid, whole, idle in signalled:
         try:
-            if kind == "group":
-                os.killpg(what, signal.SIGKILL)
+            if whole:
+                os.killpg(pgid, signal.SIGKILL)
                 if not idle:
-                    forced.append(what)
-                    for pid in groups[what]:
-                        targets[pid]["stop"] = "SIGKILL after the %g s drain window" % drain_s
+                    forced.append(pgid)
+                    for pid in groups[pgid]:
+                        targets[pid]["stop"] = after_drain
             else:
-                for pid in what:
+                for pid in groups[pgid]:
                     if alive(pid):
                         os.kill(pid, signal.SIGKILL)
                         forced.append(pid)
-                        targets[pid]["stop"] = "SIGKILL after the %g s drain window" % drain_s
+                        targets[pid]["stop"] = after_drain
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.time() + 5
