@@ -325,6 +325,13 @@ def test_status_logs_and_diagnose_of_a_running_host(fleet_env: simhost.Sandbox) 
     assert d["category"] == "healthy"
 
 
+def test_logs_of_a_host_never_deployed_say_so(fleet_env: simhost.Sandbox) -> None:
+    for argv in (["logs", "--host", "blackwell"], ["diagnose", "--host", "blackwell"]):
+        r = run_cli(*argv)
+        assert r.code == 1 and r.out == ""
+        assert "blackwell: no server log in" in r.err and "fleet deploy PLAYBOOK --host blackwell" in r.err
+
+
 def test_secrets_never_reach_argv_state_or_output(
     fleet_env: simhost.Sandbox, playbooks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,7 @@ from fleet.control.deploy import (
     run_json,
 )
 from fleet.control.facts import model_path, read_facts
-from fleet.errors import ConfigError, LockedError, UnsafeToKill
+from fleet.errors import ConfigError, FleetError, LockedError, UnsafeToKill
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import parse_model_spec
@@ -268,16 +268,22 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
     }
 
 
+NO_SERVER_LOG = 3  # the logs script's exit code when the host has no server log yet
+
+
 def logs_script(log_dir: str, name: str | None, lines: int, follow: bool) -> str:
     d = log_dir.replace("~/", "$HOME/", 1) if log_dir.startswith("~/") else shlex.quote(log_dir)
     pick = f"f={d}/{shlex.quote(name)}.latest.log" if name else f"f=$(ls -t {d}/*.latest.log 2>/dev/null | head -n 1)"
     follow_flag = "-F" if follow else ""
-    return (
-        f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || {{ echo "fleet: no server log on this host" >&2; exit 3; }}\n'
-        f'exec tail -n {int(lines)} {follow_flag} "$f"\n'
-    )
+    return f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || exit {NO_SERVER_LOG}\nexec tail -n {int(lines)} {follow_flag} "$f"\n'
 
 
 def logs(t: Transport, host: Host, *, lines: int, follow: bool, sink: Callable[[bytes], bool]) -> int:
     """Print (or follow) the newest server log on the host: one round trip, streamed as written."""
-    return t.stream(logs_script(host.settings.log_dir, None, lines, follow), sink, timeout_s=10**7 if follow else 60)
+    code = t.stream(logs_script(host.settings.log_dir, None, lines, follow), sink, timeout_s=10**7 if follow else 60)
+    if code == NO_SERVER_LOG:
+        raise FleetError(
+            f"{host.name}: no server log in {host.settings.log_dir} yet.",
+            f"fleet writes one when it deploys: fleet deploy PLAYBOOK --host {host.name}",
+        )
+    return code
