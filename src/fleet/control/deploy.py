@@ -29,6 +29,7 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_v
 from fleet.plan.build import PlanResult, build_plan
 from fleet.secrets import redact
 from fleet.transport import Transport
+from fleet.transport.base import python_script
 
 READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
@@ -40,18 +41,6 @@ LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after 
 
 def remote_source(name: str) -> str:
     return resources.files("fleet.control").joinpath(name).read_text(encoding="utf-8")
-
-
-def python_script(python: str, source: str, args: dict[str, Any]) -> str:
-    """A shell script running `source` with the host's Python (the engine's, else python3)."""
-    import shlex
-
-    return (
-        f"py={shlex.quote(python)}\n"
-        'case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
-        '[ -x "$py" ] || py=python3\n'
-        f'FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(source)} {shlex.quote(json.dumps(args))}\n'
-    )
 
 
 def run_json(

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.control.deploy import python_script
 from fleet.crashes import Context, diagnose
 from fleet.errors import FleetError
 from fleet.facts import parse_facts, probe_source
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, evaluate, unreachable
 from fleet.inventory import Host
 from fleet.transport import Transport
+from fleet.transport.base import python_script
 
 
 @dataclass(frozen=True)
