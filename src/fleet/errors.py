@@ -4,6 +4,7 @@ FleetError                      message: "<subject>: <what failed> (<evidence>).
 ├── ConfigError                 inventory / playbook / CLI input is wrong; nothing was touched
 ├── TransportError              the host could not be reached or a command could not run
 │   ├── HostUnreachable         TCP/SSH connection failed or timed out
+│   │   └── ConnectionLost      a kept connection was gone before the command started (safe to retry)
 │   ├── HostKeyError            unknown or changed host key
 │   └── AuthError               authentication refused
 ├── PreflightError              the plan cannot work on this host; nothing was stopped
@@ -39,6 +40,10 @@ class TransportError(FleetError):
 
 class HostUnreachable(TransportError):
     pass
+
+
+class ConnectionLost(HostUnreachable):
+    """The connection was already closed when a command was to start: nothing ran, so a new one may retry."""
 
 
 class HostKeyError(TransportError):

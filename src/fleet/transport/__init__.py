@@ -1,12 +1,17 @@
-"""Build the transport for a host. SSH modules are imported lazily: cron starts fleet every minute."""
+"""Build the transport for a host. SSH modules are imported lazily: cron starts fleet every minute.
+
+While a connection pool runs (`fleet pool start`), SSH hosts are reached through it and paramiko is
+not loaded here at all; without one, each run connects itself.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleet.inventory import Host
+from fleet.paths import pool_socket
 from fleet.transport.base import CommandResult, Transport
 
 __all__ = ["CommandResult", "SshOptions", "Transport", "connect"]
@@ -32,11 +37,30 @@ def connect(host: Host, options: SshOptions) -> Transport:
         from fleet.transport.local import LocalTransport
 
         return LocalTransport(host.name)
-    from fleet.transport.ssh import SshTransport
 
-    return SshTransport(
-        host,
-        known_hosts=options.known_hosts,
-        ssh_config=options.ssh_config,
-        accept_new_host_key=options.accept_new_host_key,
-    )
+    def direct() -> Transport:
+        from fleet.transport.ssh import SshTransport
+
+        return SshTransport(
+            host,
+            known_hosts=options.known_hosts,
+            ssh_config=options.ssh_config,
+            accept_new_host_key=options.accept_new_host_key,
+        )
+
+    socket_path = pool_socket()
+    if not socket_path.exists():
+        return direct()
+    from fleet.transport.pool import PooledTransport
+
+    # The pool runs in another directory: every path it is sent must mean what it means here.
+    ssh_config = options.ssh_config if options.ssh_config and options.ssh_config.exists() else None
+    sent = {
+        "known_hosts": os.path.abspath(options.known_hosts),
+        "ssh_config": os.path.abspath(ssh_config) if ssh_config else None,
+        "accept_new_host_key": options.accept_new_host_key,
+    }
+    identity = host.settings.identity_file
+    if identity and not identity.startswith("~"):
+        host = replace(host, settings=host.settings.model_copy(update={"identity_file": os.path.abspath(identity)}))
+    return PooledTransport(host, sent, socket_path, direct)

@@ -23,7 +23,7 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
-from fleet.errors import AuthError, HostKeyError, HostUnreachable, TransportError
+from fleet.errors import AuthError, ConnectionLost, HostKeyError, HostUnreachable, TransportError
 from fleet.inventory import Host
 from fleet.transport.base import CommandResult, OnChunk, sh_command
 
@@ -153,16 +153,29 @@ class SshTransport:
                 ) from exc
         transport: paramiko.Transport | None = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise HostUnreachable(f"{self.host_name}: the SSH connection to {self._where} is closed.", "Run again.")
+            raise ConnectionLost(f"{self.host_name}: the SSH connection to {self._where} is closed.", "Run again.")
         return transport
 
     def connect(self) -> None:
         self._transport()
 
+    def keep_alive(self, interval_s: int) -> None:
+        """Send an SSH keepalive every `interval_s` seconds: a connection kept open between runs must notice
+        a dead host and keep NAT and firewall state from expiring."""
+        self._transport().set_keepalive(interval_s)
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._conn.is_connected)
+
     def _open(self, script: str, stdin: bytes) -> paramiko.Channel:
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self._timeout_s)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise ConnectionLost(f"{self.host_name}: the SSH connection dropped ({exc}).", "Run again.") from exc
+        try:
             self.commands_run += 1
             chan.exec_command(sh_command(script))
             if stdin:
@@ -206,11 +219,23 @@ class SshTransport:
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped mid-command.", "Run again.")
         return CommandResult(code, b"".join(out), b"".join(err))
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+    def stream(
+        self,
+        script: str,
+        on_chunk: OnChunk,
+        *,
+        stdin: bytes = b"",
+        timeout_s: float = 3600.0,
+        cancelled: threading.Event | None = None,
+    ) -> int:
+        """`cancelled` (set by another thread) stops a quiet stream too: the connection pool sets it when the
+        fleet run it streams for has gone away."""
         chan = self._open(script, stdin)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
+                if cancelled is not None and cancelled.is_set():
+                    return -1
                 if chan.recv_ready():
                     chunk = chan.recv(65536)
                     if chunk and not on_chunk(chunk):
@@ -229,7 +254,7 @@ class SshTransport:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
-                select.select([chan], [], [], min(left, 0.5))
+                select.select([chan], [], [], min(left, 0.2 if cancelled is not None else 0.5))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "") from exc

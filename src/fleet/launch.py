@@ -1,0 +1,178 @@
+"""The `fleet` command's entry point: run in a warm process when `fleet pool` is running.
+
+Most of a short fleet run is Python importing fleet (click, pydantic, the crash knowledge base...):
+~0.4 s of CPU before the first byte goes to a host. While the pool runs, it keeps one process that has
+imported all of that; each `fleet` command asks it for a fork, hands over its stdin, stdout and stderr
+(SCM_RIGHTS) with its arguments, environment and working directory, and waits for the exit code. The
+forked process runs the command exactly as `fleet.cli.main` would here, reaching hosts through the pool.
+Signals (Ctrl-C) are passed on to it. Without a pool, or when it refuses (fleet's code changed since
+it started), the command runs here as usual.
+
+This module and `fleet.frames` use the standard library only: they are all a warm run imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleet import __version__
+from fleet.frames import read_frame, send_frame
+from fleet.paths import warm_socket
+
+# What a fleet command needs, imported once in the process the warm runs are forked from.
+WARM_MODULES = (
+    "fleet.cli",
+    "fleet.inventory",
+    "fleet.control.health",
+    "fleet.control.ops",
+    "fleet.control.deploy",
+    "fleet.control.facts",
+    "fleet.health",
+    "fleet.crashes",
+    "fleet.transport",
+    "fleet.transport.pool",
+    "structlog",
+)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    code = None if "pool" in argv else run_warm(argv)  # the pool's own commands always run here
+    if code is None:
+        from fleet.cli import main as run_here
+
+        code = run_here()
+    sys.exit(code)
+
+
+def run_warm(argv: list[str]) -> int | None:
+    """The command's exit code, run in a process forked by the pool; None if there is none to ask."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(warm_socket()))
+        for fd in (0, 1, 2):
+            os.fstat(fd)  # a closed descriptor (some cron setups) cannot be handed over
+        socket.send_fds(sock, [b"\0"], [0, 1, 2])
+        send_frame(sock, {"version": __version__, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()})
+        first = read_frame(sock)
+    except (OSError, EOFError, ValueError):
+        sock.close()
+        return None
+    if "pid" not in first:  # refused: fleet's code changed since the pool started
+        sock.close()
+        return None
+    pid = int(first["pid"])
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+    try:
+        return int(read_frame(sock)["exit"])
+    except (OSError, EOFError, ValueError, KeyError):
+        print(f"error: fleet's process {pid} (forked by `fleet pool`) ended without an exit code.", file=sys.stderr)
+        return 1
+    finally:
+        sock.close()
+
+
+def code_stamp() -> int:
+    """A digest of fleet's own files (names, sizes, modification times): a warm process forked from
+    older code must not run a command."""
+    package = Path(__file__).parent
+    files = sorted(p for p in package.rglob("*") if p.suffix in (".py", ".yaml"))
+    return hash(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+
+
+def serve_warm(socket_path: Path, pool_pid: int) -> None:
+    """The process warm runs are forked from (forked by the pool before it starts any thread, so forking
+    it again is safe). Ends with the pool."""
+    import importlib
+
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    stamp = code_stamp()
+    socket_path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(str(socket_path))
+    finally:
+        os.umask(old_umask)
+    listener.listen(256)
+    inode = socket_path.stat().st_ino
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forked runs
+    try:
+        while os.getppid() == pool_pid:
+            if not select.select([listener], [], [], 1.0)[0]:
+                continue
+            conn, _ = listener.accept()
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                continue
+            if os.fork() == 0:
+                listener.close()
+                _run_forked(conn, stamp)  # never returns
+            conn.close()
+    finally:
+        if socket_path.exists() and socket_path.stat().st_ino == inode:
+            socket_path.unlink()
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _run_forked(conn: socket.socket, stamp: int) -> None:
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # fleet waits for its own subprocesses
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        request = read_frame(conn)
+        if len(fds) != 3 or request.get("version") != __version__ or code_stamp() != stamp:
+            send_frame(conn, {"refused": "fleet changed since the pool started"})
+            os._exit(0)
+        send_frame(conn, {"pid": os.getpid()})
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        _reopen_standard_streams()
+        sys.argv = ["fleet", *request["argv"]]
+        from fleet.cli import main
+
+        code = main(request["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # reported to the person who ran the command, like an in-process crash
+        print(f"error: {exc!r}", file=sys.stderr)
+    finally:
+        _flush()
+        try:
+            send_frame(conn, {"exit": code})
+        finally:
+            os._exit(code)
+
+
+def _reopen_standard_streams() -> None:
+    """The zygote's sys.stdout was set up for its own (null) descriptors; buffering follows the new ones."""
+    streams: dict[str, Any] = {}
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        line_buffered = os.isatty(fd) or name == "stderr"
+        streams[name] = open(fd, mode, buffering=1 if line_buffered else -1, closefd=False, encoding="utf-8")  # noqa: SIM115
+    sys.stdin, sys.stdout, sys.stderr = streams["stdin"], streams["stdout"], streams["stderr"]
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the run's own descriptors may be gone
+            stream.flush()
