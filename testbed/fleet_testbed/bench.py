@@ -8,6 +8,8 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
   3. health sweep over 1, 10, 50 hosts: `fleet health --json` vs parallel plain `ssh` running the same
      probe and a Fabric ThreadingGroup running it (fabric's default: no host-key checking, less work),
      each a whole process, with the CPU time the whole machine spent (the simulated hosts share its CPUs);
+     and the same with connections kept between runs: fleet through `fleet pool`, ssh through
+     ControlMaster, and the floor (the probe written into remote shells already open);
   4. cold start: `fleet --help` and `fleet health` on one host, whole process;
   5. deploy and sweep again through a TCP proxy adding 20 ms of round-trip time (latency.py).
 Results: printed, and written to bench/results/latest.md.
@@ -100,7 +102,9 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
     with_sleeps = timed(lambda: manual(True), 1) if n > 1 else []
     round_trips: list[int] = []
 
-    def deploy(check: bool) -> None:
+    pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
+
+    def deploy(check: bool, env: dict[str, str] = env) -> None:
         r = fleet(env, "deploy", "qwen36-27b", "--host", spec.name, "--json", *([] if check else ["--no-engine-check"]))
         if r.returncode != 0:
             raise SystemExit(f"bench: deploy failed: {r.stderr[-2000:]}")
@@ -108,7 +112,7 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
 
     state_file = h / "state" / "state.json"
 
-    def replacing(check: bool, first_time: bool) -> list[float]:
+    def replacing(check: bool, first_time: bool, env: dict[str, str] = env) -> list[float]:
         """Each timed deploy replaces a server started by hand (a deploy of the plan that already runs
         would only check it). `first_time`: fleet's record of the host is removed first, so the engine's
         own argument check runs (it is skipped for a command line that already ran there)."""
@@ -117,7 +121,7 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
             manual(False)
             if first_time:
                 state_file.unlink(missing_ok=True)
-            out += timed(lambda: deploy(check), 1)
+            out += timed(lambda: deploy(check, env), 1)
         return out
 
     fleet_runs = replacing(False, first_time=False)
@@ -130,6 +134,16 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
     rt_default = sorted(set(round_trips))
     round_trips.clear()
     fleet_adopted = timed(lambda: deploy(True), n)  # fleet's own server, this plan: checked, not restarted
+    rt_adopted = sorted(set(round_trips))
+    round_trips.clear()
+    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
+    try:
+        deploy(True, pool_env)  # the pool opens its connection (untimed)
+        round_trips.clear()
+        fleet_pooled = replacing(True, first_time=False, env=pool_env)
+    finally:
+        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
+    rt_pooled = sorted(set(round_trips))
     f = statistics.median(floor)
     rows = [
         title,
@@ -163,7 +177,13 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
             "fleet deploy again: the server already runs this plan (checked with the smoke prompt, not restarted)",
             fleet_adopted,
             f,
-            f"1 connection, {sorted(set(round_trips))} commands",
+            f"1 connection, {rt_adopted} commands",
+        ),
+        row(
+            "fleet deploy, a command line that ran there before, `fleet pool` running (connection and process warm)",
+            fleet_pooled,
+            f,
+            f"0 new connections, {rt_pooled} commands",
         ),
         "",
     ]
@@ -251,8 +271,61 @@ g.close()
 """
 
 
+class OpenShells:
+    """The warm floor: one remote `sh` per host kept open over plain ssh; a probe is written into each."""
+
+    MARK = "__fleet_bench_done__"
+
+    def __init__(self, sb: simhost.Sandbox, specs: list[simhost.HostSpec]) -> None:
+        self.shells = [
+            subprocess.Popen(
+                [*simhost.ssh_argv(sb, spec), "exec /bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            for spec in specs
+        ]
+
+    def probe(self, script: str) -> None:
+        def one(shell: subprocess.Popen[str]) -> None:
+            assert shell.stdin is not None and shell.stdout is not None
+            shell.stdin.write(f"/bin/sh -c {shlex.quote(script)} </dev/null; echo; echo {self.MARK}\n")
+            shell.stdin.flush()
+            while shell.stdout.readline().strip() != self.MARK:
+                pass
+
+        with ThreadPoolExecutor(max_workers=len(self.shells)) as pool:
+            list(pool.map(one, self.shells))
+
+    def close(self) -> None:
+        for shell in self.shells:
+            assert shell.stdin is not None and shell.stdout is not None
+            shell.stdin.close()
+            shell.wait(timeout=30)
+            shell.stdout.close()
+
+
+class ControlMasters:
+    """OpenSSH's own connection keeping: a ControlMaster per host, opened before the timed runs."""
+
+    def __init__(self, sb: simhost.Sandbox, specs: list[simhost.HostSpec]) -> None:
+        self.sb, self.specs = sb, specs
+        for spec in specs:
+            subprocess.run([*self.argv(spec), "-o", "ControlMaster=yes", "-o", "ControlPersist=600", "-fN"], check=True)
+
+    def argv(self, spec: simhost.HostSpec) -> list[str]:
+        ssh = simhost.ssh_argv(self.sb, spec)
+        return [ssh[0], "-o", f"ControlPath={self.sb.root}/cm-{spec.address}", *ssh[1:]]
+
+    def close(self) -> None:
+        for spec in self.specs:
+            subprocess.run([*self.argv(spec), "-O", "exit"], check=False, capture_output=True)
+
+
 def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[int], n: int, title: str) -> list[str]:
-    """`specs` are the sandbox's hosts as the client sees them (their addresses may be latency proxies)."""
+    """`specs` are the sandbox's hosts as the client sees them (their addresses may be latency proxies).
+
+    Two tables: every tool connecting from scratch (what one cron run pays without the pool), then
+    every tool with its connections already open: fleet through `fleet pool`, ssh through ControlMaster,
+    and the floor, a probe written into remote shells already open."""
     from fleet.facts import probe_script
 
     env = {
@@ -261,6 +334,7 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
         "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
         "XDG_CACHE_HOME": str(sb.root / "cache"),
     }
+    pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
     cores = os.cpu_count() or 1
     lines = [
         title,
@@ -268,57 +342,89 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
         f"fleet vs Fabric | CPU-s fleet / ssh / Fabric | fleet vs CPU bound ({cores} CPUs) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for size in sizes:
-        subset = specs[:size]
-        inv = sb.root / f"inv{size}-{subset[0].address}.yaml"
-        inv.write_text(simhost.inventory_yaml(sb.root, subset, sb.port))
-        h0 = sb.host_dir(subset[0].name)
-        probe = probe_script(
-            python_candidates=[f"{h0}/env/bin/python"],
-            gpu_devices=f"{h0}/dev/nvidia*",
-            engines={"sglang": f"{h0}/env/bin/python"},
-            model_path=None,
-            state_dir=f"{h0}/state",
-            disk_paths=[f"{h0}/models"],
-        )
-        remote = f"exec /bin/sh -c {shlex.quote(probe)}"
-
-        def fleet_sweep(inv: Path = inv, count: int = size) -> None:
-            r = subprocess.run(
-                [FLEET, "-i", str(inv), "health", "--json", "--skip-generation"],
-                env=env,
-                capture_output=True,
-                text=True,
+    warm = [
+        f"{title.split('(')[0].strip()}, connections kept between runs (opened before the timed runs)",
+        "| hosts | fleet health --json, `fleet pool` running | plain ssh, ControlMaster open | probe into open "
+        "remote shells (floor) | fleet vs ControlMaster | fleet vs floor | fleet warm vs cold | CPU-s fleet / ssh "
+        "/ floor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
+    try:
+        for size in sizes:
+            subset = specs[:size]
+            inv = sb.root / f"inv{size}-{subset[0].address}.yaml"
+            inv.write_text(simhost.inventory_yaml(sb.root, subset, sb.port))
+            h0 = sb.host_dir(subset[0].name)
+            probe = probe_script(
+                python_candidates=[f"{h0}/env/bin/python"],
+                gpu_devices=f"{h0}/dev/nvidia*",
+                engines={"sglang": f"{h0}/env/bin/python"},
+                model_path=None,
+                state_dir=f"{h0}/state",
+                disk_paths=[f"{h0}/models"],
             )
-            assert len(r.stdout.splitlines()) == count, r.stderr[-500:]
+            remote = f"exec /bin/sh -c {shlex.quote(probe)}"
 
-        def ssh_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
-            with ThreadPoolExecutor(max_workers=len(subset)) as pool:
-                list(
-                    pool.map(
-                        lambda spec: subprocess.run(
-                            [*simhost.ssh_argv(sb, spec), remote], capture_output=True, check=True
-                        ),
-                        subset,
-                    )
+            def fleet_sweep(inv: Path = inv, count: int = size, env: dict[str, str] = env) -> None:
+                r = subprocess.run(
+                    [FLEET, "-i", str(inv), "health", "--json", "--skip-generation"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
                 )
+                assert len(r.stdout.splitlines()) == count, r.stderr[-500:]
 
-        def fabric_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
-            key = str(sb.root / "keys" / "id_ed25519")
-            addresses = [s.address for s in subset]
-            argv = [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses]
-            subprocess.run(argv, check=True, capture_output=True)
+            def ssh_sweep(
+                subset: list[simhost.HostSpec] = subset, remote: str = remote, argv: Callable = simhost.ssh_argv
+            ) -> None:
+                with ThreadPoolExecutor(max_workers=len(subset)) as pool:
+                    list(
+                        pool.map(
+                            lambda spec: subprocess.run([*argv(sb, spec), remote], capture_output=True, check=True),
+                            subset,
+                        )
+                    )
 
-        f, fc = timed_cpu(fleet_sweep, n)
-        sh, shc = timed_cpu(ssh_sweep, n)
-        fb, fbc = timed_cpu(fabric_sweep, n)
-        fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
-        fcm, shcm, fbcm = (statistics.median(x) for x in (fc, shc, fbc))
-        lines.append(
-            f"| {size} | {fm:.3f} ({min(f):.3f}-{max(f):.3f}) | {sm:.3f} ({min(sh):.3f}-{max(sh):.3f}) | "
-            f"{fbm:.3f} ({min(fb):.3f}-{max(fb):.3f}) | {fm / sm:.2f}x | {fm / fbm:.2f}x | "
-            f"{fcm:.2f} / {shcm:.2f} / {fbcm:.2f} | {fm / (fcm / cores):.2f}x |"
-        )
+            def fabric_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
+                key = str(sb.root / "keys" / "id_ed25519")
+                addresses = [s.address for s in subset]
+                argv = [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses]
+                subprocess.run(argv, check=True, capture_output=True)
+
+            f, fc = timed_cpu(fleet_sweep, n)
+            sh, shc = timed_cpu(ssh_sweep, n)
+            fb, fbc = timed_cpu(fabric_sweep, n)
+            fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
+            fcm, shcm, fbcm = (statistics.median(x) for x in (fc, shc, fbc))
+            lines.append(
+                f"| {size} | {fm:.3f} ({min(f):.3f}-{max(f):.3f}) | {sm:.3f} ({min(sh):.3f}-{max(sh):.3f}) | "
+                f"{fbm:.3f} ({min(fb):.3f}-{max(fb):.3f}) | {fm / sm:.2f}x | {fm / fbm:.2f}x | "
+                f"{fcm:.2f} / {shcm:.2f} / {fbcm:.2f} | {fm / (fcm / cores):.2f}x |"
+            )
+
+            fleet_sweep(env=pool_env)  # the pool opens this size's connections (untimed)
+            wf, wfc = timed_cpu(lambda: fleet_sweep(env=pool_env), n)
+            masters = ControlMasters(sb, subset)
+            try:
+                ws, wsc = timed_cpu(lambda m=masters: ssh_sweep(argv=lambda _sb, spec: m.argv(spec)), n)
+            finally:
+                masters.close()
+            shells = OpenShells(sb, subset)
+            try:
+                shells.probe("true")  # every shell is up (untimed)
+                wfl, wflc = timed_cpu(lambda o=shells, p=probe: o.probe(p), n)
+            finally:
+                shells.close()
+            wfm, wsm, wflm = (statistics.median(x) for x in (wf, ws, wfl))
+            warm.append(
+                f"| {size} | {wfm:.3f} ({min(wf):.3f}-{max(wf):.3f}) | {wsm:.3f} ({min(ws):.3f}-{max(ws):.3f}) | "
+                f"{wflm:.3f} ({min(wfl):.3f}-{max(wfl):.3f}) | {wfm / wsm:.2f}x | {wfm / wflm:.2f}x | "
+                f"{wfm / fm:.2f}x | {statistics.median(wfc):.2f} / {statistics.median(wsc):.2f} / "
+                f"{statistics.median(wflc):.2f} |"
+            )
+    finally:
+        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
     lines += [
         "",
         "Every column is a whole process (interpreter start and imports included). fleet health does more "
@@ -328,7 +434,13 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
         "their own CPUs.",
         "",
     ]
-    return lines
+    warm += [
+        "",
+        "fleet and ssh are whole processes here too; the floor is not (the shells are open in the benchmark "
+        "itself), so it is the least any tool could spend: the probe's own run time on each host.",
+        "",
+    ]
+    return lines + warm
 
 
 def bench_cold(env: dict[str, str], n: int) -> list[str]:
