@@ -13,19 +13,17 @@ This module and `fleet.frames` use the standard library only: they are all a war
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
-import signal
 import socket
-import struct
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet import __version__
 from fleet.frames import read_frame, send_frame
-from fleet.paths import warm_socket
+from fleet.paths import warm_socket_path
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # What a fleet command needs, imported once in the process the warm runs are forked from.
 WARM_MODULES = (
@@ -39,7 +37,9 @@ WARM_MODULES = (
     "fleet.crashes",
     "fleet.transport",
     "fleet.transport.pool",
+    "fleet.log",
     "structlog",
+    "importlib.resources.readers",  # how fleet reads its own remote scripts
 )
 
 
@@ -57,7 +57,7 @@ def run_warm(argv: list[str]) -> int | None:
     """The command's exit code, run in a process forked by the pool; None if there is none to ask."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(warm_socket()))
+        sock.connect(warm_socket_path())
         for fd in (0, 1, 2):
             os.fstat(fd)  # a closed descriptor (some cron setups) cannot be handed over
         socket.send_fds(sock, [b"\0"], [0, 1, 2])
@@ -69,6 +69,8 @@ def run_warm(argv: list[str]) -> int | None:
     if "pid" not in first:  # refused: fleet's code changed since the pool started
         sock.close()
         return None
+    import signal
+
     pid = int(first["pid"])
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
@@ -84,6 +86,8 @@ def run_warm(argv: list[str]) -> int | None:
 def code_stamp() -> int:
     """A digest of fleet's own files (names, sizes, modification times): a warm process forked from
     older code must not run a command."""
+    from pathlib import Path
+
     package = Path(__file__).parent
     files = sorted(p for p in package.rglob("*") if p.suffix in (".py", ".yaml"))
     return hash(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files))
@@ -93,6 +97,8 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
     """The process warm runs are forked from (forked by the pool before it starts any thread, so forking
     it again is safe). Ends with the pool."""
     import importlib
+    import select
+    import signal
 
     for name in WARM_MODULES:
         importlib.import_module(name)
@@ -125,11 +131,15 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
 
 
 def _peer_uid(sock: socket.socket) -> int:
+    import struct
+
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
 
 
 def _run_forked(conn: socket.socket, stamp: int) -> None:
+    import signal
+
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # fleet waits for its own subprocesses
@@ -173,6 +183,8 @@ def _reopen_standard_streams() -> None:
 
 
 def _flush() -> None:
+    import contextlib
+
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # the run's own descriptors may be gone
             stream.flush()

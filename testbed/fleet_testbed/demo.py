@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fleet_testbed import simhost
@@ -24,7 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def fleet(*args: str, env: dict[str, str], check: bool = True) -> int:
     print(f"\n$ fleet {shlex.join(args)}", flush=True)
+    started = time.perf_counter()
     code = subprocess.run([str(Path(sys.executable).parent / "fleet"), *args], env=env, cwd=REPO).returncode
+    print(f"[{time.perf_counter() - started:.2f} s, exit {code}]", flush=True)
     if check and code != 0:
         raise SystemExit(f"demo: `fleet {shlex.join(args)}` exited {code}")
     return code
@@ -42,6 +45,7 @@ def main() -> int:
         **sb.env(),
         "FLEET_INVENTORY": str(REPO / "inventory" / "sandbox.yaml"),
         "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
+        "XDG_CACHE_HOME": str(DEFAULT_ROOT / "cache"),  # the demo's own pool, never a pool of yours
     }
     try:
         for spec in sb.specs:
@@ -63,9 +67,19 @@ def main() -> int:
         fleet("plan", "qwen35-nvfp4", "--host", "ct129", env=env, check=False)
         fleet("status", env=env)
         fleet("logs", "--host", "ct129", "-n", "3", env=env)
+        print("\n# cron's view: every host checked, a real prompt included. Then the same with the connections")
+        print("# and a pre-imported fleet process kept between runs:")
+        fleet("health", env=env)
+        fleet("pool", "start", env=env)
+        fleet("health", env=env)
+        fleet("health", env=env)
+        fleet("pool", "status", env=env)
+        fleet("pool", "stop", env=env)
         fleet("stop", "--all", env=env)
     finally:
         if not a.keep:
+            stop_pool = [str(Path(sys.executable).parent / "fleet"), "pool", "stop"]
+            subprocess.run(stop_pool, env=env, capture_output=True, check=False)
             simhost.down(DEFAULT_ROOT)
             print("\nsimulated fleet down")
         else:
