@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CT129, run_cli
+from conftest import CT129, run_cli, tcp_ports_to
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
 from fleet.inventory import load_inventory
 from fleet.transport import SshOptions, connect
 from fleet_testbed import simhost
+from simengine import wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -67,10 +68,13 @@ def test_hostile_strings_are_data_not_commands(fleet_env: simhost.Sandbox, tmp_p
 def test_unknown_host_key_is_refused_with_how_to_accept(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
+    before = tcp_ports_to(CT129.address, fleet_env.port)
     t = transport(fleet_env, empty)
     with pytest.raises(HostKeyError) as err:
         t.run("true")
     assert "is unknown" in err.value.message and "--accept-new-host-key" in err.value.hint
+    # the refused connection is not left open (paramiko's thread closes it a moment later)
+    assert wait_until(lambda: tcp_ports_to(CT129.address, fleet_env.port) <= before, timeout=5)
 
 
 def test_accept_new_host_key_records_it_then_checks_it(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:

@@ -325,8 +325,8 @@ def serve(socket_path: Path, idle_timeout_s: float, ready: threading.Event | Non
         stopping.set()
         _stop_warm_process(*warm)
         server.server_close()
+        server.pool.close_all()  # before the socket goes: `fleet pool stop` returning means all are closed
         with contextlib.suppress(FileNotFoundError):
             if socket_path.stat().st_ino == inode:  # only our own socket: a new pool may own the path now
                 socket_path.unlink()
-        server.pool.close_all()
         say("stopped")

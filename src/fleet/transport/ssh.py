@@ -122,7 +122,7 @@ class SshTransport:
         if not self._conn.is_connected:
             _harden(self._conn, self._known_hosts, self._accept_new)
             try:
-                self._conn.open()
+                self._open_or_close()
             except paramiko.BadHostKeyException as exc:
                 raise HostKeyError(
                     f"{self.host_name}: the host key of {self._where} has CHANGED (known_hosts: {self._known_hosts}).",
@@ -155,6 +155,17 @@ class SshTransport:
         if transport is None or not transport.is_active():
             raise ConnectionLost(f"{self.host_name}: the SSH connection to {self._where} is closed.", "Run again.")
         return transport
+
+    def _open_or_close(self) -> None:
+        """A refused handshake (host key, authentication) leaves paramiko's transport and its TCP
+        connection open: close them, or a connection pool would keep them."""
+        try:
+            self._conn.open()
+        except BaseException:
+            with contextlib.suppress(Exception):  # fabric's own close() skips a connection it never finished
+                self._conn.client.close()
+            self.close()
+            raise
 
     def connect(self) -> None:
         self._transport()
