@@ -224,6 +224,9 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
                     seen.setdefault("log", data["log"])
                 if event == "relaunching":
                     seen.setdefault("relaunch_at", time.time())
+                    # The crashed attempt's last write, read now: once the old group is stopped, its
+                    # processes may still write to that log. The host is this machine: one clock.
+                    seen.setdefault("crash_written", os.path.getmtime(str(seen["log"])))
 
             d = Deployer(
                 t,
@@ -245,9 +248,7 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
                 learned_existing=[],
                 recorded_pgid=None,
             )
-            # The first attempt's log: its last write is the crash. The host is this machine: one clock.
-            crash_written = os.path.getmtime(str(seen["log"]))
-            latencies.append(float(seen["relaunch_at"]) - crash_written)  # type: ignore[arg-type]
+            latencies.append(float(seen["relaunch_at"]) - float(seen["crash_written"]))  # type: ignore[arg-type]
     finally:
         t.close()
         simhost.set_host(hdir, inject_scheduler_error=None)
