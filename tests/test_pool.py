@@ -96,11 +96,14 @@ def test_a_dropped_connection_is_replaced_without_failing_the_run(fleet_env: sim
     t = ct129_transport(fleet_env)
     assert isinstance(t, PooledTransport) and t.run("echo one").text == "one\n"
     before = tcp_ports_to(CT129.address, fleet_env.port)
+    (first,) = pool_state()["connections"]
     simhost.drop_connections(fleet_env, CT129)  # e.g. sshd restarted, or the host rebooted
     time.sleep(0.3)
     assert t.run("echo two").text == "two\n"
     after = tcp_ports_to(CT129.address, fleet_env.port)
-    assert len(after) == 1 and after != before
+    assert len(after - before) == 1 and before - after  # the old connection gone, one new one
+    (second,) = pool_state()["connections"]
+    assert second["opened_at"] > first["opened_at"] and second["commands"] == 2
 
 
 def test_a_stream_ends_on_the_host_when_the_run_goes_away(fleet_env: simhost.Sandbox) -> None:

@@ -57,7 +57,7 @@ class ConnectionPool:
         self._active = 0
         self._last_activity = time.monotonic()
 
-    def _take(self, request: dict[str, Any]) -> tuple[str, _Held]:
+    def _take(self, request: dict[str, Any]) -> _Held:
         host_fields, options = request["host"], request["options"]
         settings = HostSettings.model_validate(host_fields["settings"])
         key = json.dumps(
@@ -77,7 +77,7 @@ class ConnectionPool:
                 held = self._held[key] = _Held(transport, where)
             held.in_use += 1
             held.last_used = time.monotonic()
-        return key, held
+        return held
 
     def _give_back(self, held: _Held) -> None:
         with self._lock:
@@ -92,13 +92,14 @@ class ConnectionPool:
             self._last_activity = time.monotonic()
         try:
             for attempt in (1, 2):
-                key, held = self._take(request)
+                held = self._take(request)
                 try:
                     with held.lock:  # one handshake per connection, however many requests arrive at once
                         reused = held.transport.is_open
                         if not reused:
                             held.transport.connect()
                             held.transport.keep_alive(KEEPALIVE_S)
+                            held.opened_at = time.time()
                             say(f"connected {held.transport.host_name} ({held.where})")
                     held.commands += 1
                     return action(held.transport)
