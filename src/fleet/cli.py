@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.errors import ConfigError, FleetError
-from fleet.paths import cache_dir
+from fleet.paths import cache_dir, pool_socket, warm_socket
 
 if TYPE_CHECKING:  # pydantic and the rest load only when a command needs them: cron starts fleet often
     from fleet.control.health import HealthOptions
@@ -850,7 +850,6 @@ def pool() -> None:
 
 def _ask_pool(request: dict[str, Any]) -> dict[str, Any] | None:
     from fleet.frames import read_frame
-    from fleet.paths import pool_socket
     from fleet.transport.pool import ask_pool, raise_error_frame
 
     sock = ask_pool(pool_socket(), request)
@@ -879,8 +878,6 @@ def pool_start(idle_timeout_s: float) -> None:
     """Start the pool in the background. Example: fleet pool start"""
     import subprocess
 
-    from fleet.paths import pool_socket
-
     if (running := _ask_pool({"op": "status"})) is not None:
         click.echo(f"connection pool already running (pid {running['pid']}) at {pool_socket()}")
         return
@@ -905,8 +902,6 @@ def pool_start(idle_timeout_s: float) -> None:
         if any(line.startswith("error:") for line in written) or time.monotonic() > deadline:
             raise FleetError("the connection pool did not start.", f"Its log ({log_path}): {' | '.join(written[-3:])}")
         time.sleep(0.02)
-    from fleet.paths import warm_socket
-
     while not warm_socket().exists() and time.monotonic() < deadline:  # its imports take a moment
         time.sleep(0.02)
     click.echo(
@@ -919,7 +914,6 @@ def pool_start(idle_timeout_s: float) -> None:
 @IDLE_TIMEOUT
 def pool_serve(idle_timeout_s: float) -> None:
     """Run the pool in the foreground (for a systemd user service). Example: fleet pool serve"""
-    from fleet.paths import pool_socket
     from fleet.transport.pool_server import serve
 
     serve(pool_socket(), idle_timeout_s)
@@ -949,7 +943,6 @@ def pool_status(as_json: bool) -> None:
 @pool.command("stop")
 def pool_stop() -> None:
     """Stop the pool, closing its connections. Example: fleet pool stop"""
-    from fleet.paths import pool_socket
 
     state = _ask_pool({"op": "status"})
     if state is None:

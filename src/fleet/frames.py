@@ -1,4 +1,5 @@
-"""Length-prefixed JSON messages on a unix socket: how a fleet run talks to `fleet pool`.
+"""Length-prefixed JSON messages on a unix socket: how a fleet run talks to `fleet pool`; and what both
+of the pool's sockets need to be this user's only.
 
 Stdlib only: the warm launcher (`fleet.launch`) imports this before anything else of fleet.
 """
@@ -6,9 +7,13 @@ Stdlib only: the warm launcher (`fleet.launch`) imports this before anything els
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # a frame larger than this is a protocol error, not a log chunk
@@ -38,3 +43,28 @@ def read_frame(sock: socket.socket) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise EOFError("frame is not an object")
     return message
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def owner_only(create_socket: Callable[[], T]) -> T:
+    """Run `create_socket` (which binds a unix socket) with umask 0177: the file is born 0600, with no
+    window where another user could connect."""
+    old_umask = os.umask(0o177)
+    try:
+        return create_socket()
+    finally:
+        os.umask(old_umask)
+
+
+def unlink_if_ours(path: str | os.PathLike[str], inode: int) -> None:
+    """Remove a socket file this process bound (`inode`), never one a newer process has bound since."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fleet import __version__
-from fleet.frames import read_frame, send_frame
+from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
 from fleet.paths import warm_socket_path
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def code_stamp() -> int:
 
     package = Path(__file__).parent
     files = sorted(p for p in package.rglob("*") if p.suffix in (".py", ".yaml"))
-    return hash(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+    return hash(tuple((str(p), st.st_mtime_ns, st.st_size) for p in files for st in [p.stat()]))
 
 
 def serve_warm(socket_path: Path, pool_pid: int) -> None:
@@ -105,11 +105,7 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
     stamp = code_stamp()
     socket_path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        listener.bind(str(socket_path))
-    finally:
-        os.umask(old_umask)
+    owner_only(lambda: listener.bind(str(socket_path)))
     listener.listen(256)
     inode = socket_path.stat().st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forked runs
@@ -118,7 +114,7 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
             if not select.select([listener], [], [], 1.0)[0]:
                 continue
             conn, _ = listener.accept()
-            if _peer_uid(conn) != os.getuid():
+            if peer_uid(conn) != os.getuid():
                 conn.close()
                 continue
             if os.fork() == 0:
@@ -126,15 +122,7 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
                 _run_forked(conn, stamp)  # never returns
             conn.close()
     finally:
-        if socket_path.exists() and socket_path.stat().st_ino == inode:
-            socket_path.unlink()
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    import struct
-
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+        unlink_if_ours(socket_path, inode)
 
 
 def _run_forked(conn: socket.socket, stamp: int) -> None:

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import socketserver
-import struct
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 from fleet import __version__
 from fleet.errors import ConfigError, ConnectionLost, FleetError, TransportError
-from fleet.frames import read_frame, send_frame
+from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
 from fleet.inventory import Host, HostSettings
 from fleet.transport.pool import decode, encode, error_frame
 from fleet.transport.ssh import SshTransport
@@ -157,11 +156,6 @@ class ConnectionPool:
             h.transport.close()
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     request_queue_size = 1024  # a sweep connects once per host at the same moment (the default is 5)
@@ -173,7 +167,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        if _peer_uid(sock) != os.getuid():  # the socket's mode already says so; never rely on one check
+        if peer_uid(sock) != os.getuid():  # the socket's mode already says so; never rely on one check
             return
         try:
             request = read_frame(sock)
@@ -296,11 +290,7 @@ def serve(socket_path: Path, idle_timeout_s: float, ready: threading.Event | Non
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     _claim(socket_path)
     warm = _start_warm_process()
-    old_umask = os.umask(0o177)  # the socket is born 0600: no window where another user could connect
-    try:
-        server = _Server(str(socket_path), _Handler)
-    finally:
-        os.umask(old_umask)
+    server = owner_only(lambda: _Server(str(socket_path), _Handler))
     server.pool = ConnectionPool(idle_timeout_s)
     inode = socket_path.stat().st_ino
     stopping = threading.Event()
@@ -327,7 +317,5 @@ def serve(socket_path: Path, idle_timeout_s: float, ready: threading.Event | Non
         _stop_warm_process(*warm)
         server.server_close()
         server.pool.close_all()  # before the socket goes: `fleet pool stop` returning means all are closed
-        with contextlib.suppress(FileNotFoundError):
-            if socket_path.stat().st_ino == inode:  # only our own socket: a new pool may own the path now
-                socket_path.unlink()
+        unlink_if_ours(socket_path, inode)  # a new pool may own the path by now
         say("stopped")
