@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
@@ -39,17 +38,6 @@ def run_cli(*argv: str) -> CliResult:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(argv))
     return CliResult(code, out.getvalue(), err.getvalue())
-
-
-def tcp_ports_to(address: str, port: int) -> set[int]:
-    """Local ports of the established TCP connections to address:port (from /proc/net/tcp)."""
-    want = f"{socket.inet_aton(address)[::-1].hex().upper()}:{port:04X}"
-    ports = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, remote, state = line.split()[1:4]
-        if remote == want and state == "01":
-            ports.add(int(local.split(":")[1], 16))
-    return ports
 
 
 def _sshd_available() -> bool:

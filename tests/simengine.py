@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -109,10 +110,22 @@ def chat(address: str, port: int, prompt: str, served: str = "m") -> tuple[int |
     )
 
 
+def established_tcp() -> list[tuple[str, str]]:
+    """(local, remote) of this machine's established IPv4 TCP connections, as /proc/net/tcp writes them:
+    "0100007F:7530" is 127.0.0.1:30000."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return [(r[1], r[2]) for r in rows if r[3] == "01"]
+
+
 def client_connected(port: int) -> bool:
     """Some client holds an established TCP connection to `port` on this machine (a request on its way)."""
-    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    return any(r[3] == "01" and int(r[2].split(":")[1], 16) == port for r in rows)
+    return any(int(local.split(":")[1], 16) == port for local, _ in established_tcp())
+
+
+def tcp_ports_to(address: str, port: int) -> set[int]:
+    """Local ports of the established TCP connections to address:port."""
+    want = f"{socket.inet_aton(address)[::-1].hex().upper()}:{port:04X}"
+    return {int(local.split(":")[1], 16) for local, remote in established_tcp() if remote == want}
 
 
 def wait_until(predicate: Any, timeout: float = 20) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CT129, run_cli, tcp_ports_to
+from conftest import CT129, run_cli
 from fleet.errors import ConfigError
 from fleet.frames import read_frame
 from fleet.inventory import load_inventory
@@ -28,6 +28,7 @@ from fleet.paths import pool_socket
 from fleet.transport import SshOptions, connect
 from fleet.transport.pool import PooledTransport, ask_pool, raise_error_frame
 from fleet_testbed import simhost
+from simengine import tcp_ports_to
 
 # The same tests, run again with the pool in front (pytest collects what a test module imports).
 from test_deploy import (  # noqa: F401

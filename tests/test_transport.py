@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CT129, run_cli, tcp_ports_to
+from conftest import CT129, run_cli
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
 from fleet.inventory import load_inventory
 from fleet.transport import SshOptions, connect
 from fleet_testbed import simhost
-from simengine import wait_until
+from simengine import tcp_ports_to, wait_until
 
 pytestmark = pytest.mark.ssh
 
