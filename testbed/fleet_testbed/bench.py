@@ -25,8 +25,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,6 +75,17 @@ def fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([FLEET, *args], env=env, capture_output=True, text=True, cwd=REPO)
 
 
+@contextmanager
+def fleet_pool(sb: simhost.Sandbox, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A `fleet pool` of the benchmark's own; yields the environment whose fleet runs go through it."""
+    pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
+    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
+    try:
+        yield pool_env
+    finally:
+        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
+
+
 def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost.HostSpec, title: str) -> list[str]:
     h = sb.host_dir(spec.name)
     ssh = simhost.ssh_argv(sb, spec)
@@ -101,8 +113,6 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
     floor = timed(lambda: manual(False), n)
     with_sleeps = timed(lambda: manual(True), 1) if n > 1 else []
     round_trips: list[int] = []
-
-    pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
 
     def deploy(check: bool, env: dict[str, str] = env) -> None:
         r = fleet(env, "deploy", "qwen36-27b", "--host", spec.name, "--json", *([] if check else ["--no-engine-check"]))
@@ -136,13 +146,10 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
     fleet_adopted = timed(lambda: deploy(True), n)  # fleet's own server, this plan: checked, not restarted
     rt_adopted = sorted(set(round_trips))
     round_trips.clear()
-    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
-    try:
+    with fleet_pool(sb, env) as pool_env:
         deploy(True, pool_env)  # the pool opens its connection (untimed)
         round_trips.clear()
         fleet_pooled = replacing(True, first_time=False, env=pool_env)
-    finally:
-        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
     rt_pooled = sorted(set(round_trips))
     f = statistics.median(floor)
     rows = [
@@ -335,7 +342,6 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
         "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
         "XDG_CACHE_HOME": str(sb.root / "cache"),
     }
-    pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
     cores = os.cpu_count() or 1
     lines = [
         title,
@@ -350,8 +356,7 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
         "/ floor |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
-    try:
+    with fleet_pool(sb, env) as pool_env:
         for size in sizes:
             subset = specs[:size]
             inv = sb.root / f"inv{size}-{subset[0].address}.yaml"
@@ -424,8 +429,6 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
                 f"{wfm / fm:.2f}x | {statistics.median(wfc):.2f} / {statistics.median(wsc):.2f} / "
                 f"{statistics.median(wflc):.2f} |"
             )
-    finally:
-        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
     lines += [
         "",
         "Every column is a whole process (interpreter start and imports included). fleet health does more "
