@@ -119,7 +119,7 @@ def established_tcp() -> list[tuple[str, str]]:
 
 def client_connected(port: int) -> bool:
     """Some client holds an established TCP connection to `port` on this machine (a request on its way)."""
-    return any(int(local.split(":")[1], 16) == port for local, _ in established_tcp())
+    return any(int(remote.split(":")[1], 16) == port for _, remote in established_tcp())
 
 
 def tcp_ports_to(address: str, port: int) -> set[int]:
