@@ -697,7 +697,6 @@ def _health_run(
     logger: Any,
 ) -> str:
     from fleet.control import health as control
-    from fleet.control import ops
     from fleet.health import SEVERITY, prometheus_text, worst
 
     hosts = ctx.inventory.select([host_name] if host_name else None)
@@ -706,6 +705,7 @@ def _health_run(
         with transport_for(ctx, host) as t:
             result = control.check_host(t, host, options)
             if options.heal and result.healable:
+                from fleet.control import ops  # the deploy loop: only a heal needs it
                 from fleet.control.facts import read_facts
 
                 heals = read_facts(t, host).remote.heals

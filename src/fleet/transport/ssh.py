@@ -7,6 +7,9 @@ run, and every operation is a single script, so an operation costs one round tri
 Host keys are checked strictly (fabric's default `AutoAddPolicy` is replaced): an unknown key is
 refused unless `accept_new_host_key` is set (then it is recorded, like OpenSSH's `accept-new`), and a
 changed key is always refused.
+
+The TCP connection to sshd is fleet's own (`_tcp_connect`), not paramiko's: see there for the ~90 ms
+that saves on every new connection.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import functools
 import os
 import select
+import socket
 import threading
 import time
 from pathlib import Path
@@ -46,6 +50,39 @@ def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKey
     """One parse per file version, shared read-only by every connection: a sweep of N hosts would
     otherwise parse an N-line file N times (paramiko's load is quadratic in the lines, too)."""
     return paramiko.HostKeys(path)
+
+
+# Linux only; elsewhere the socket is only NODELAY (which removes the larger stall, at auth).
+_TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+class _QuickAckSocket(socket.socket):
+    """Acknowledges each segment at once instead of up to 40 ms later (delayed ACK).
+
+    Until a session starts, sshd leaves Nagle's algorithm on: after USERAUTH_SUCCESS it holds its next
+    small packet until that one is acknowledged, and a client with nothing to send delays that
+    acknowledgement by 40 ms (measured on loopback: opening the first channel took 44 ms, 1 ms with
+    this). The kernel resets quick-ACK mode on its own, so it is set again after every read."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if _TCP_QUICKACK is not None:
+            self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+        return data
+
+
+def _tcp_connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    """The TCP connection to sshd, for paramiko to run SSH over.
+
+    paramiko's own socket leaves Nagle's algorithm on, so a request it writes in two pieces waits for
+    the server's delayed ACK: public-key authentication took ~48 ms on loopback, ~8 ms with TCP_NODELAY
+    (which OpenSSH's client sets too). Together with quick ACKs a new connection is ready to run a
+    command in ~27 ms instead of ~115 ms."""
+    plain = socket.create_connection((host, port), timeout=timeout_s)
+    sock = _QuickAckSocket(fileno=plain.detach())
+    sock.settimeout(timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 # A sweep's threads all ask for the shared parses at once: one computes, the others wait for it.
@@ -159,13 +196,21 @@ class SshTransport:
     def _open_or_close(self) -> None:
         """A refused handshake (host key, authentication) leaves paramiko's transport and its TCP
         connection open: close them, or a connection pool would keep them."""
+        sock = None
+        if not self._conn.gateway:  # a ProxyJump or ProxyCommand hop brings its own channel
+            sock = _tcp_connect(self._conn.host, int(self._conn.port), self._timeout_s)
+            self._conn.connect_kwargs["sock"] = sock
         try:
             self._conn.open()
         except BaseException:
             with contextlib.suppress(Exception):  # fabric's own close() skips a connection it never finished
                 self._conn.client.close()
             self.close()
+            if sock is not None:
+                sock.close()
             raise
+        finally:
+            self._conn.connect_kwargs.pop("sock", None)  # a reconnection makes a new one
 
     def connect(self) -> None:
         self._transport()
