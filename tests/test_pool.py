@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from fleet.paths import pool_socket
 from fleet.transport import SshOptions, connect
 from fleet.transport.pool import PooledTransport, ask_pool, raise_error_frame
 from fleet_testbed import simhost
-from simengine import tcp_ports_to
+from simengine import tcp_ports_to, wait_until
 
 # The same tests, run again with the pool in front (pytest collects what a test module imports).
 from test_deploy import (  # noqa: F401
@@ -258,6 +259,23 @@ def test_ctrl_c_reaches_the_warm_run(fleet_env: simhost.Sandbox) -> None:
     finally:
         follow.kill()
     assert follow.returncode == 130 and "aborted" in err, err
+
+
+def test_a_warm_run_ends_when_its_fleet_process_is_killed(fleet_env: simhost.Sandbox) -> None:
+    """SIGKILL (a cron timeout's) cannot be passed on; in-process the command would die with it."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    follow = subprocess.Popen(
+        [FLEET, "logs", "--host", "ct129", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert follow.stdout is not None and follow.stdout.readline()  # following the log, in a warm process
+    follow.send_signal(signal.SIGKILL)
+    follow.wait()
+    # The warm process writes to the same pipe: its end of file means that process has ended too.
+    ended = threading.Event()
+    threading.Thread(target=lambda: (follow.stdout and follow.stdout.read(), ended.set()), daemon=True).start()
+    assert ended.wait(10), "the warm run went on following the log after its fleet process was killed"
+    follow.stdout.close()
+    assert wait_until(lambda: pool_state()["connections"][0]["in_use"] == 0, timeout=5)  # the stream on the host too
 
 
 def test_after_fleet_changes_runs_leave_the_stale_warm_process_alone(fleet_env: simhost.Sandbox) -> None:

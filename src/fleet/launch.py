@@ -138,6 +138,7 @@ def _run_forked(conn: socket.socket, stamp: int) -> None:
             send_frame(conn, {"refused": "fleet changed since the pool started"})
             os._exit(0)
         send_frame(conn, {"pid": os.getpid()})
+        _end_with_the_launcher(conn)
         for target, fd in zip((0, 1, 2), fds, strict=True):
             os.dup2(fd, target)
             os.close(fd)
@@ -159,6 +160,24 @@ def _run_forked(conn: socket.socket, stamp: int) -> None:
             send_frame(conn, {"exit": code})
         finally:
             os._exit(code)
+
+
+def _end_with_the_launcher(conn: socket.socket) -> None:
+    """End this run when its `fleet` process dies without passing a signal on (SIGKILL, say a cron
+    timeout's): in-process, the command would have died with it. The launcher sends nothing after its
+    request, so end-of-file on the socket means it is gone."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # as a SIGTERM passed on by a living launcher would
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def _reopen_standard_streams() -> None:
