@@ -141,6 +141,26 @@ RULE_CASES = [
     ("cuda-graph-max-bs", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {"extra_args": []}), False),
 ]
 
+VLLM_RULE_CASES = [
+    ("sm120-nvfp4-moe-backend", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.33.0"), True),
+    ("sm120-nvfp4-moe-backend", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.32.0"), True),
+    ("sm120-nvfp4-moe-backend", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.31.0"), False),  # not checked
+    ("sm120-nvfp4-moe-backend", ("qwen35-nvfp4", "blackwell", (B200, 8), "0.33.0"), False),  # SM100: auto works
+    ("sm120-nvfp4-moe-backend", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.33.0"), False),  # dense, BF16
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "case", "fires"),
+    VLLM_RULE_CASES,
+    ids=[f"{r}-{'fires' if f else 'quiet'}-{c[3]}-{c[1]}" for r, c, f in VLLM_RULE_CASES],
+)
+def test_each_vllm_rule_fires_only_when_it_should(rule: str, case: tuple, fires: bool) -> None:
+    pb_name, host_name, gpus, version = case
+    r = plan(playbook(pb_name, engine="vllm"), host_name, gpus, version=version, engine="vllm")
+    assert r.plan is not None
+    assert (rule in {f.rule for f in r.plan.flags}) is fires
+
 
 @pytest.mark.parametrize(
     ("rule", "case", "fires"),

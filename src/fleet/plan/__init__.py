@@ -390,6 +390,15 @@ VLLM_RULES: tuple[Rule, ...] = (
         "engines.md §6.1",
     ),
     Rule(
+        "sm120-nvfp4-moe-backend",
+        lambda i: i.model.nvfp4 and i.model.moe and i.gpus.consumer_blackwell and i.v_in((0, 32, 0), (9, 9, 9)),
+        lambda i: [("--moe-backend", "flashinfer_b12x")],
+        "SM120 NVFP4 MoE: flashinfer_b12x is vLLM's native SM12x path but opt-in (auto does not pick it; "
+        "flashinfer_cutlass's device check covers SM100 only). In the parsers of 0.32 and 0.33; older "
+        "versions are not checked, so nothing is added there",
+        "engines.md §6.2; vllm issues #31085, #33416",
+    ),
+    Rule(
         "pcie-custom-all-reduce",
         lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
         lambda i: [("--disable-custom-all-reduce", None)],
