@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CT129, run_cli
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, HostKeyError
 from fleet.frames import read_frame
 from fleet.inventory import load_inventory
 from fleet.paths import pool_socket
@@ -106,6 +106,17 @@ def test_a_dropped_connection_is_replaced_without_failing_the_run(fleet_env: sim
     assert len(after - before) == 1 and before - after  # the old connection gone, one new one
     (second,) = pool_state()["connections"]
     assert second["opened_at"] > first["opened_at"] and second["commands"] == 2
+
+
+def test_a_refused_handshake_leaves_nothing_in_the_pool(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    host = load_inventory(fleet_env.inventory).hosts["ct129"]
+    with pytest.raises(HostKeyError):
+        connect(host, SshOptions(empty, None)).run("true")
+    assert pool_state()["connections"] == []  # not listed as a "(closed)" connection until the idle timeout
+    assert run_cli("status", "--host", "ct129").code == 0  # the host's real connection is unaffected
+    assert [c["open"] for c in pool_state()["connections"]] == [True]
 
 
 def test_a_stream_ends_on_the_host_when_the_run_goes_away(fleet_env: simhost.Sandbox) -> None:

@@ -82,6 +82,9 @@ class ConnectionPool:
         with self._lock:
             held.in_use -= 1
             held.last_used = time.monotonic()
+            if not held.in_use and not held.commands and not held.transport.is_open:
+                # its handshake failed (host key, authentication, no answer): nothing to keep or list
+                self._held = {key: h for key, h in self._held.items() if h is not held}
 
     def use(self, request: dict[str, Any], action: Any) -> Any:
         """Run `action(transport)` on the host's kept connection, opening it if needed. A kept connection
