@@ -13,7 +13,7 @@ import pytest
 
 from conftest import CT129, run_cli
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
-from fleet.inventory import load_inventory
+from fleet.inventory import Host, load_inventory
 from fleet.transport import SshOptions, connect
 from fleet.transport.ssh import _tcp_connect
 from fleet_testbed import simhost
@@ -127,6 +127,18 @@ def test_the_connection_to_sshd_sends_small_messages_at_once(fleet_env: simhost.
         t.close()
 
 
+def test_through_a_jump_host_the_one_tcp_connection_is_fleets_own(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    host, config = behind_a_jump_host(fleet_env, tmp_path)
+    t = connect(host, SshOptions(fleet_env.known_hosts, config))
+    try:
+        t.run("true")
+        sock = t._conn.gateway.client.get_transport().sock  # type: ignore[attr-defined]
+        assert sock.getpeername() == ("127.0.2.2", fleet_env.port)  # the jump host; ct129 is a channel in it
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        t.close()
+
+
 def test_every_read_acknowledges_at_once_where_a_plain_socket_delays() -> None:
     """After a few request/answer exchanges Linux delays ACKs (up to 40 ms); sshd, which keeps Nagle on
     until a session starts, then holds its next packet for that ACK. fleet's socket asks again for
@@ -210,16 +222,21 @@ def test_ssh_config_alias_user_port_and_identity_are_honoured(fleet_env: simhost
         t.close()
 
 
-def test_proxy_jump_reaches_a_host_through_another(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
-    key = fleet_env.root / "keys" / "id_ed25519"
+def behind_a_jump_host(sb: simhost.Sandbox, tmp_path: Path) -> tuple[Host, Path]:
+    """ct129 reached through blackwell (ssh_config alias "jump"), and that ssh_config."""
+    key = sb.root / "keys" / "id_ed25519"
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host jump\n  HostName 127.0.2.2\n  Port {fleet_env.port}\n  IdentityFile {key}\n")
+    config.write_text(f"Host jump\n  HostName 127.0.2.2\n  Port {sb.port}\n  IdentityFile {key}\n")
     inv = tmp_path / "inv.yaml"
     inv.write_text(
-        f"hosts:\n  box:\n    address: {CT129.address}\n    port: {fleet_env.port}\n"
+        f"hosts:\n  box:\n    address: {CT129.address}\n    port: {sb.port}\n"
         f"    identity_file: {key}\n    proxy_jump: jump\n"
     )
-    host = load_inventory(inv).hosts["box"]
+    return load_inventory(inv).hosts["box"], config
+
+
+def test_proxy_jump_reaches_a_host_through_another(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    host, config = behind_a_jump_host(fleet_env, tmp_path)
     t = connect(host, SshOptions(fleet_env.known_hosts, config))
     try:
         assert t.run("echo $SIM_HOST_DIR").text.strip() == str(fleet_env.host_dir("ct129"))

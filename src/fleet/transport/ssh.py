@@ -52,7 +52,8 @@ def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKey
     return paramiko.HostKeys(path)
 
 
-# Linux only; elsewhere the socket is only NODELAY (which removes the larger stall, at auth).
+# Linux only; elsewhere the socket is only NODELAY (the wait at authentication goes, the one at the
+# first channel stays).
 _TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
@@ -67,7 +68,8 @@ class _QuickAckSocket(socket.socket):
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
         if _TCP_QUICKACK is not None:
-            self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+            with contextlib.suppress(OSError):  # closed meanwhile by another thread: the data still counts
+                self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
         return data
 
 
@@ -196,10 +198,15 @@ class SshTransport:
     def _open_or_close(self) -> None:
         """A refused handshake (host key, authentication) leaves paramiko's transport and its TCP
         connection open: close them, or a connection pool would keep them."""
+        # Only the first hop (the host itself, or its outermost ProxyJump) is a TCP connection from here;
+        # the others run inside it. A ProxyCommand hop is the command's pipe, left as it is.
+        first: Any = self._conn
+        while isinstance(first.gateway, Connection):
+            first = first.gateway
         sock = None
-        if not self._conn.gateway:  # a ProxyJump or ProxyCommand hop brings its own channel
-            sock = _tcp_connect(self._conn.host, int(self._conn.port), self._timeout_s)
-            self._conn.connect_kwargs["sock"] = sock
+        if not first.gateway and not first.is_connected:
+            sock = _tcp_connect(first.host, int(first.port), self._timeout_s)
+            first.connect_kwargs["sock"] = sock
         try:
             self._conn.open()
         except BaseException:
@@ -210,7 +217,7 @@ class SshTransport:
                 sock.close()
             raise
         finally:
-            self._conn.connect_kwargs.pop("sock", None)  # a reconnection makes a new one
+            first.connect_kwargs.pop("sock", None)  # a reconnection makes a new one
 
     def connect(self) -> None:
         self._transport()
