@@ -38,10 +38,12 @@ from test_deploy import (  # noqa: F401
     test_the_motivating_story_fixes_two_crashes_then_remembers,
 )
 from test_transport import (  # noqa: F401
+    test_a_background_process_holding_stdout_does_not_hang_the_command,
     test_accept_new_host_key_records_it_then_checks_it,
     test_changed_host_key_is_always_refused,
     test_hostile_strings_are_data_not_commands,
     test_output_and_exit_codes,
+    test_output_written_after_the_exit_status_is_not_lost,
     test_proxy_jump_reaches_a_host_through_another,
     test_secrets_travel_on_stdin_not_argv,
     test_ssh_config_alias_user_port_and_identity_are_honoured,

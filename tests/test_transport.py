@@ -52,6 +52,29 @@ def test_output_and_exit_codes(fleet_env: simhost.Sandbox) -> None:
         t.close()
 
 
+def test_output_written_after_the_exit_status_is_not_lost(fleet_env: simhost.Sandbox) -> None:
+    """sshd sends the exit status when the command exits; output still in the pipe follows it."""
+    t = transport(fleet_env)
+    try:
+        assert t.run("(sleep 0.2; echo late) & echo early").text == "early\nlate\n"
+        chunks: list[bytes] = []
+        assert t.stream("(sleep 0.2; echo late) & echo early", lambda c: chunks.append(c) or True) == 0
+        assert b"".join(chunks) == b"early\nlate\n"
+    finally:
+        t.close()
+
+
+def test_a_background_process_holding_stdout_does_not_hang_the_command(fleet_env: simhost.Sandbox) -> None:
+    t = transport(fleet_env)
+    try:
+        start = time.monotonic()
+        r = t.run("sleep 30 & echo started")  # sleep keeps the output open for 30 s
+        assert (r.exit_code, r.text) == (0, "started\n")
+        assert time.monotonic() - start < 10  # the exit status plus a grace period, not the 30 s
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("template", HOSTILE)
 def test_hostile_strings_are_data_not_commands(fleet_env: simhost.Sandbox, tmp_path: Path, template: str) -> None:
     canary = fleet_env.host_dir("ct129") / "canary"

@@ -122,6 +122,36 @@ def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
         hop = hop.gateway
 
 
+# How long output may still arrive after the exit status before a process left in the background is
+# taken to hold the command's stdout open (its output is then never going to end).
+OUTPUT_GRACE_S = 1.0
+
+
+def _all_output_read(chan: paramiko.Channel, exited_at: float | None) -> bool:
+    """The command has ended and every byte it wrote has been read.
+
+    The exit status alone is not the end: sshd sends it when the command exits, and the command's last
+    output, still in the pipe, after it (a bare `printf` lost its output that way about once in 400
+    runs). The end of output (EOF) is; or, OUTPUT_GRACE_S after the exit status, a background process
+    holding stdout open."""
+    if chan.recv_ready() or chan.recv_stderr_ready():
+        return False
+    if chan.closed:
+        return True
+    if not chan.status_event.is_set():
+        return False
+    return bool(chan.eof_received) or (exited_at is not None and time.monotonic() - exited_at > OUTPUT_GRACE_S)
+
+
+def _wait_for_more(chan: paramiko.Channel, timeout_s: float) -> None:
+    if chan.eof_received:  # the channel stays readable after EOF: wait for the exit status instead
+        chan.status_event.wait(timeout_s)
+    elif chan.status_event.is_set():  # output may still come: look again soon, for the grace period
+        select.select([chan], [], [], min(timeout_s, 0.05))
+    else:
+        select.select([chan], [], [], timeout_s)
+
+
 class SshTransport:
     def __init__(
         self,
@@ -254,23 +284,24 @@ class SshTransport:
         out: list[bytes] = []
         err: list[bytes] = []
         deadline = time.monotonic() + timeout_s
+        exited_at: float | None = None
         try:
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(65536))
                 while chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(65536))
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                if _all_output_read(chan, exited_at):
                     break
-                if chan.closed and not chan.recv_ready():
-                    break
+                if exited_at is None and chan.exit_status_ready():
+                    exited_at = time.monotonic()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(
                         f"{self.host_name}: command timed out after {timeout_s:.0f} s.",
                         "The host may be overloaded; retry or raise the timeout.",
                     )
-                select.select([chan], [], [], min(left, 1.0))
+                _wait_for_more(chan, min(left, 1.0))
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
@@ -295,6 +326,7 @@ class SshTransport:
         fleet run it streams for has gone away."""
         chan = self._open(script, stdin)
         deadline = time.monotonic() + timeout_s
+        exited_at: float | None = None
         try:
             while True:
                 if cancelled is not None and cancelled.is_set():
@@ -307,17 +339,19 @@ class SshTransport:
                         continue
                 while chan.recv_stderr_ready():
                     chan.recv_stderr(65536)
-                if chan.exit_status_ready() and not chan.recv_ready():
-                    code = chan.recv_exit_status()
+                if _all_output_read(chan, exited_at):
+                    code = chan.recv_exit_status() if chan.exit_status_ready() else -1
                     if code == -1:  # closed without an exit status: the connection went away
                         raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                     return code
-                if chan.closed or not self._conn.client.get_transport() or not chan.get_transport().is_active():
+                if exited_at is None and chan.exit_status_ready():
+                    exited_at = time.monotonic()
+                if not self._conn.client.get_transport() or not chan.get_transport().is_active():
                     raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
-                select.select([chan], [], [], min(left, 0.2 if cancelled is not None else 0.5))
+                _wait_for_more(chan, min(left, 0.2 if cancelled is not None else 0.5))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "") from exc
