@@ -126,29 +126,39 @@ def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
 OUTPUT_GRACE_S = 1.0
 
 
-def _all_output_read(chan: paramiko.Channel, exited_at: float | None) -> bool:
-    """The command has ended and every byte it wrote has been read.
+class _CommandEnd:
+    """Whether a command on `chan` has ended and every byte it wrote has been read.
 
     The exit status alone is not the end: sshd sends it when the command exits, and the command's last
     output, still in the pipe, after it (a bare `printf` lost its output that way about once in 400
     runs). The end of output (EOF) is; or, OUTPUT_GRACE_S after the exit status, a background process
     holding stdout open."""
-    if chan.recv_ready() or chan.recv_stderr_ready():
-        return False
-    if chan.closed:
-        return True
-    if not chan.status_event.is_set():
-        return False
-    return bool(chan.eof_received) or (exited_at is not None and time.monotonic() - exited_at > OUTPUT_GRACE_S)
 
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self.chan = chan
+        self._exited_at: float | None = None  # when the exit status was first seen here
 
-def _wait_for_more(chan: paramiko.Channel, timeout_s: float) -> None:
-    if chan.eof_received:  # the channel stays readable after EOF: wait for the exit status instead
-        chan.status_event.wait(timeout_s)
-    elif chan.status_event.is_set():  # output may still come: look again soon, for the grace period
-        select.select([chan], [], [], min(timeout_s, 0.05))
-    else:
-        select.select([chan], [], [], timeout_s)
+    def reached(self) -> bool:
+        chan = self.chan
+        if chan.recv_ready() or chan.recv_stderr_ready():
+            return False
+        if chan.closed:
+            return True
+        if not chan.status_event.is_set():
+            return False
+        if self._exited_at is None:
+            self._exited_at = time.monotonic()
+        return bool(chan.eof_received) or time.monotonic() - self._exited_at > OUTPUT_GRACE_S
+
+    def wait(self, timeout_s: float) -> None:
+        """Until more output, the exit status or the timeout."""
+        chan = self.chan
+        if chan.eof_received:  # the channel stays readable after EOF: wait for the exit status instead
+            chan.status_event.wait(timeout_s)
+        elif chan.status_event.is_set():  # output may still come: look again soon, for the grace period
+            select.select([chan], [], [], min(timeout_s, 0.05))
+        else:
+            select.select([chan], [], [], timeout_s)
 
 
 class SshTransport:
@@ -283,24 +293,22 @@ class SshTransport:
         out: list[bytes] = []
         err: list[bytes] = []
         deadline = time.monotonic() + timeout_s
-        exited_at: float | None = None
+        end = _CommandEnd(chan)
         try:
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(65536))
                 while chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(65536))
-                if _all_output_read(chan, exited_at):
+                if end.reached():
                     break
-                if exited_at is None and chan.exit_status_ready():
-                    exited_at = time.monotonic()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(
                         f"{self.host_name}: command timed out after {timeout_s:.0f} s.",
                         "The host may be overloaded; retry or raise the timeout.",
                     )
-                _wait_for_more(chan, min(left, 1.0))
+                end.wait(min(left, 1.0))
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
@@ -325,7 +333,7 @@ class SshTransport:
         fleet run it streams for has gone away."""
         chan = self._open(script, stdin)
         deadline = time.monotonic() + timeout_s
-        exited_at: float | None = None
+        end = _CommandEnd(chan)
         try:
             while True:
                 if cancelled is not None and cancelled.is_set():
@@ -338,19 +346,17 @@ class SshTransport:
                         continue
                 while chan.recv_stderr_ready():
                     chan.recv_stderr(65536)
-                if _all_output_read(chan, exited_at):
+                if end.reached():
                     code = chan.recv_exit_status() if chan.exit_status_ready() else -1
                     if code == -1:  # closed without an exit status: the connection went away
                         raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                     return code
-                if exited_at is None and chan.exit_status_ready():
-                    exited_at = time.monotonic()
                 if not self._conn.client.get_transport() or not chan.get_transport().is_active():
                     raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
-                _wait_for_more(chan, min(left, 0.2 if cancelled is not None else 0.5))
+                end.wait(min(left, 0.2 if cancelled is not None else 0.5))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "") from exc
