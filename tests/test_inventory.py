@@ -4,6 +4,7 @@ any connection is made."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,6 +253,33 @@ def test_hostile_cli_arguments_are_refused_before_any_connection(
     r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "--playbooks", str(ROOT / "playbooks"), *argv)
     assert r.code == code and message in r.err + r.out
     assert not Path("/tmp/fleet-canary").exists()
+
+
+class _Connected(Exception):
+    pass
+
+
+def test_a_playbooks_default_host_matters_only_when_no_host_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Playbooks are shared between inventories: default_host "ct129" must not block `--host gpu` in an
+    inventory that has no ct129, and without --host the error names the playbook, the inventory and the hosts."""
+    import fleet.transport as transport
+
+    def connect(host: Any, options: object) -> None:
+        raise _Connected(host.name)
+
+    monkeypatch.setattr(transport, "connect", connect)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  gpu:\n    connection: local\n")
+    common = ("-i", str(inventory), "--playbooks", str(ROOT / "playbooks"))
+    for command in ("plan", "deploy"):
+        with pytest.raises(_Connected, match="^gpu$"):
+            run_cli(*common, command, "qwen36-27b", "--host", "gpu")
+        r = run_cli(*common, command, "qwen36-27b")
+        assert r.code == 2
+        assert f'{ROOT}/playbooks/qwen36-27b.yaml: default_host "ct129" is not in {inventory}' in r.err
+        assert "Known hosts: gpu." in r.err
 
 
 def test_libyaml_and_the_python_loader_read_the_same_data_and_lines(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,14 +44,17 @@ class Context:
         return self._inventory
 
     def playbook(self, ref: str) -> NamedPlaybook:
-        from fleet.inventory import check_playbook_host, load_playbook
+        from fleet.inventory import load_playbook
 
-        pb = load_playbook(ref, self.playbooks_dir)
-        check_playbook_host(pb, self.inventory)
-        return pb
+        return load_playbook(ref, self.playbooks_dir)
 
     def host(self, name: str | None, playbook: NamedPlaybook | None = None) -> Host:
-        name = name or (playbook.spec.default_host if playbook else None)
+        if not name and playbook is not None:
+            # Checked only when used: a playbook shared between inventories names one of them in default_host.
+            from fleet.inventory import check_playbook_host
+
+            check_playbook_host(playbook, self.inventory)
+            name = playbook.spec.default_host
         if not name:
             raise ConfigError("no host given.", "Pass --host NAME (or set default_host: in the playbook).")
         hosts = self.inventory.select([name])
