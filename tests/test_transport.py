@@ -187,6 +187,18 @@ def test_every_read_acknowledges_at_once_where_a_plain_socket_delays() -> None:
             assert ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
 
 
+def test_making_connections_leaves_the_shared_fabric_config_alone(fleet_env: simhost.Sandbox) -> None:
+    """Connections made in a sweep's threads share one fabric Config; writing to it re-merges it, and it is
+    empty meanwhile for the threads reading it (a 50-host sweep lost hosts to "no config key 'user'")."""
+    from fleet.transport import ssh
+
+    config = ssh._fabric_config(str(fleet_env.root / "ssh_config"))
+    merged = config._config
+    for _ in range(3):
+        transport(fleet_env)
+    assert config._config is merged
+
+
 def test_command_timeout_is_a_clear_error(fleet_env: simhost.Sandbox) -> None:
     t = transport(fleet_env)
     try:

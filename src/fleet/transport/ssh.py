@@ -110,6 +110,17 @@ def _fabric_config(ssh_config: str | None) -> Config:
     return config
 
 
+class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
+    """fabric's Connection, safe to build from one shared Config in many threads.
+
+    invoke stores an attribute set on a Context in its Config unless the class declares it, and fabric 3.2
+    does not declare `inline_ssh_env`: every Connection() wrote it into the shared Config, which re-merged
+    every config level (~1 ms of CPU) and was empty in the meantime for the threads reading it (a sweep
+    lost hosts to "No attribute or config key found for 'user'")."""
+
+    inline_ssh_env = None
+
+
 def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
     """Strict host-key checking on the connection and on every ProxyJump hop."""
     hop: Any = conn
@@ -180,9 +191,9 @@ class SshTransport:
             connect_kwargs["key_filename"] = [os.path.expanduser(s.identity_file)]
         gateway = None
         if s.proxy_jump:
-            gateway = Connection(s.proxy_jump, config=config.clone(), connect_timeout=int(s.connect_timeout_s))
+            gateway = _Connection(s.proxy_jump, config=config.clone(), connect_timeout=int(s.connect_timeout_s))
         assert s.address is not None
-        self._conn = Connection(
+        self._conn = _Connection(
             s.address,
             user=s.user,
             port=s.port,
