@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import BLACKWELL, CT129, Background, run_cli
 from fleet_testbed import simhost
@@ -75,3 +77,32 @@ def test_facts_of_one_host_do_not_see_processes_of_another(fleet_env: simhost.Sa
             time.sleep(0.1)
         assert seen == ["python -m sglang.launch_server 30"]
         assert json.loads(run_cli("facts", "--host", "ct129", "--json").out)["servers"] == []
+
+
+def test_facts_warn_where_the_gpus_differ_from_what_the_inventory_expects(
+    fleet_env: simhost.Sandbox, tmp_path: Path
+) -> None:
+    inventory = yaml.safe_load(fleet_env.inventory.read_text())
+    expect = inventory["hosts"]["ct129"]
+    expect["expected_gpus"] = {"count": 4, "name_contains": "RTX PRO 6000", "compute_capability": "12.0"}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump(inventory))
+    r = run_cli("-i", str(path), "facts", "--host", "ct129")
+    assert r.code == 0 and "warning: inventory expects 4 GPUs, the host reports 2" in r.out
+    warnings = json.loads(run_cli("-i", str(path), "facts", "--host", "ct129", "--json").out)["warnings"]
+    assert warnings == [
+        "inventory expects 4 GPUs, the host reports 2 (a GPU that fell off the bus is gone from NVML: "
+        "look for Xid 79 in the kernel log)",
+        'inventory expects GPUs named "*RTX PRO 6000*", the host reports NVIDIA RTX A6000',
+        "inventory expects compute capability 12.0, the host reports 8.6",
+    ]
+    expect["expected_gpus"] = {"count": 2, "name_contains": "rtx a6000", "compute_capability": "8.6"}
+    path.write_text(yaml.safe_dump(inventory))
+    assert json.loads(run_cli("-i", str(path), "facts", "--host", "ct129", "--json").out)["warnings"] == []
+
+
+def test_gpus_from_ampere_on_report_row_remapping_not_page_retirement(fleet_env: simhost.Sandbox) -> None:
+    """As a real H200 does (docs/real-gpu.md): page retirement is NotSupported, row remapping answers."""
+    gpu = json.loads(run_cli("facts", "--host", "ct129", "--json").out)["gpu"]["gpus"][0]
+    assert gpu["retired_pages_pending"] is None
+    assert gpu["row_remap_pending"] is False and gpu["row_remap_failure"] is False

@@ -94,6 +94,7 @@ def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.San
     (h / "kern.log").write_text("[12345.6] NVRM: Xid (PCI:0000:41:00): 79, pid=0, GPU has fallen off the bus.\n")
     gpus = json.loads((h / "host.json").read_text())["gpus"]
     gpus[1]["ecc_uncorrected"] = 2
+    gpus[0]["row_remap_failure"] = True
     simhost.set_host(h, gpus=gpus)
     kill_server(fleet_env)
     code, rows, _ = health("--host", "ct129", "--heal")
@@ -101,6 +102,7 @@ def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.San
     assert code == 2 and not rows[0]["healable"] and rows[0]["heal"] is None
     assert checks["xid 79"]["detail"] == "Xid 79 (GPU has fallen off the bus) on 0000:41:00"
     assert checks["xid 79"]["hardware"] and checks["gpu1 ecc"]["detail"] == "2 uncorrected ECC errors"
+    assert checks["gpu0 row_remap"]["hardware"] and "no spare rows left" in checks["gpu0 row_remap"]["detail"]
     assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
     code, rows, _ = health("--host", "ct129")  # the Xid line was seen; only new kernel lines count
     assert "xid 79" not in {c["name"] for c in rows[0]["checks"]}

@@ -143,16 +143,18 @@ def facts(ctx: Context, host_name: str, model: str | None, as_json: bool) -> Non
       fleet facts --host blackwell --json
     """
     from fleet.control.facts import read_facts
+    from fleet.facts import gpu_mismatches
 
     host = ctx.host(host_name)
     with transport_for(ctx, host) as t:
         f = read_facts(t, host, model=model)
+    warnings = [m.message for m in gpu_mismatches(host.settings.expected_gpus, f.gpus)]
     if as_json:
-        _emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run})
+        _emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run, "warnings": warnings})
         return
     from fleet.render import render_facts
 
-    render_facts(f)
+    render_facts(f, warnings)
 
 
 @cli.command()

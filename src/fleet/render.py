@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fleet.facts import HostFacts
@@ -14,13 +15,20 @@ def mib(value: int | None) -> str:
     return "?" if value is None else f"{value / 1024:.1f} GiB"
 
 
-def render_facts(f: HostFacts) -> None:
+def _one_line(cmdline: str) -> str:
+    """A `python -c` program's newlines would break the listing."""
+    return " ".join(cmdline.split())
+
+
+def render_facts(f: HostFacts, warnings: list[str]) -> None:
     console.print(
         f"[bold]{f.host}[/] ({f.hostname}, user {f.user}) — GPUs via {f.gpu_source}, "
         f"driver {f.driver_version or '?'}, CUDA {f.cuda_version or '?'}"
     )
     if f.gpu_error:
         console.print(f"  [yellow]GPU query problem:[/] {f.gpu_error}")
+    for w in warnings:
+        console.print(f"  [yellow]warning:[/] {escape(w)}")
     t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes")
     for g in f.gpus:
         procs = ", ".join(f"{p.pid} ({mib(p.used_mib)})" for p in g.processes) or "-"
@@ -40,12 +48,12 @@ def render_facts(f: HostFacts) -> None:
     if f.holders:
         console.print("  GPU device holders:")
         for p in f.holders:
-            console.print(f"    pid {p.pid} user {p.user}: {p.cmdline[:120]}")
+            console.print(f"    pid {p.pid} user {p.user}: {_one_line(p.cmdline)[:120]}")
     if f.servers:
         console.print("  inference servers:")
         for p in f.servers:
             ports = ",".join(map(str, p.ports)) or "-"
-            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {p.cmdline[:120]}")
+            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {_one_line(p.cmdline)[:120]}")
     for d in f.disks:
         console.print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
     if f.model:

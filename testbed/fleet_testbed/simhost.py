@@ -72,6 +72,8 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
             "ecc_uncorrected": 0,
             "throttle_reasons": 0,
             "retired_pages_pending": False,
+            "row_remap_pending": False,
+            "row_remap_failure": False,
         }
         for i in range(spec.gpu_count)
     ]

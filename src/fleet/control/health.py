@@ -61,7 +61,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     st = facts.remote.state or {}
     lines = raw.get("log_lines") or []
     diagnosis = diagnose(lines, Context(engine=st.get("engine"))) if lines else None
-    return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started)
+    return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 
 
 RECORD_HEAL = """

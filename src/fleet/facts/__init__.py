@@ -9,9 +9,14 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.errors import TransportError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleet.inventory import ExpectedGpus
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Gpu:
     ecc_uncorrected: int | None = None
     throttle_reasons: int | None = None
     retired_pages_pending: bool | None = None
+    row_remap_pending: bool | None = None  # a GPU reset applies it (Ampere and later)
+    row_remap_failure: bool | None = None  # no spare rows left: the GPU needs service
     nvlink: bool = False
 
     @property
@@ -147,6 +154,36 @@ class HostFacts:
         return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))
 
 
+@dataclass(frozen=True)
+class GpuMismatch:
+    """One way the host's GPUs differ from the inventory's `expected_gpus`."""
+
+    message: str
+    missing: bool = False  # fewer GPUs than expected: one may have fallen off the bus
+
+
+def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[GpuMismatch]:
+    if expected is None:
+        return []
+    out = []
+    if len(gpus) != expected.count:
+        fewer = len(gpus) < expected.count
+        hint = " (a GPU that fell off the bus is gone from NVML: look for Xid 79 in the kernel log)" if fewer else ""
+        out.append(GpuMismatch(f"inventory expects {expected.count} GPUs, the host reports {len(gpus)}{hint}", fewer))
+    if expected.name_contains:
+        wanted = expected.name_contains.lower()
+        names = sorted({g.name for g in gpus if wanted not in g.name.lower()})
+        if names:
+            wanted_text = f'GPUs named "*{expected.name_contains}*"'
+            out.append(GpuMismatch(f"inventory expects {wanted_text}, the host reports {', '.join(names)}"))
+    if expected.compute_capability:
+        ccs = sorted({g.compute_capability for g in gpus if g.compute_capability != expected.compute_capability})
+        if ccs:
+            wanted_cc = f"compute capability {expected.compute_capability}"
+            out.append(GpuMismatch(f"inventory expects {wanted_cc}, the host reports {', '.join(ccs)}"))
+    return out
+
+
 def probe_source() -> str:
     return resources.files("fleet.facts").joinpath("probe.py").read_text(encoding="utf-8")
 
@@ -218,6 +255,8 @@ def parse_facts(host: str, text: str) -> HostFacts:
             ecc_uncorrected=g.get("ecc_uncorrected"),
             throttle_reasons=g.get("throttle_reasons"),
             retired_pages_pending=g.get("retired_pages_pending"),
+            row_remap_pending=g.get("row_remap_pending"),
+            row_remap_failure=g.get("row_remap_failure"),
             nvlink=bool(g.get("nvlink", False)),
         )
         for g in gpu.get("gpus", [])

@@ -168,6 +168,8 @@ def _nvml():
                 "ecc_uncorrected": None,
                 "throttle_reasons": None,
                 "retired_pages_pending": None,
+                "row_remap_pending": None,
+                "row_remap_failure": None,
             }
             try:  # PCIe-only cards raise NotSupported; an active link 0 means NVLink
                 gpu["nvlink"] = bool(n.nvmlDeviceGetNvLinkState(h, 0))
@@ -193,8 +195,14 @@ def _nvml():
                 gpu["throttle_reasons"] = n.nvmlDeviceGetCurrentClocksThrottleReasons(h)
             except Exception:
                 pass
-            try:
+            try:  # page retirement: GPUs before Ampere (an H200 answers NotSupported)
                 gpu["retired_pages_pending"] = bool(n.nvmlDeviceGetRetiredPagesPendingStatus(h))
+            except Exception:
+                pass
+            try:  # row remapping replaced it from Ampere on: (corrected, uncorrected, pending, failure)
+                remap = n.nvmlDeviceGetRemappedRows(h)
+                gpu["row_remap_pending"] = bool(remap[2])
+                gpu["row_remap_failure"] = bool(remap[3])
             except Exception:
                 pass
             gpus.append(gpu)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.crashes import Diagnosis
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, gpu_mismatches
+
+if TYPE_CHECKING:
+    from fleet.inventory import ExpectedGpus
 
 OK, WARNING, CRITICAL, UNKNOWN = "ok", "warning", "critical", "unknown"
 SEVERITY = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
@@ -111,7 +114,12 @@ def _tp(argv: Sequence[str]) -> int:
 
 
 def evaluate(
-    host: str, raw: dict[str, Any], facts: HostFacts, diagnosis: Diagnosis | None, duration_s: float = 0.0
+    host: str,
+    raw: dict[str, Any],
+    facts: HostFacts,
+    diagnosis: Diagnosis | None,
+    duration_s: float = 0.0,
+    expected_gpus: ExpectedGpus | None = None,
 ) -> HostHealth:
     checks: list[Check] = [Check("ssh", OK, "reachable")]
     st = facts.remote.state if isinstance(facts.remote.state, dict) else {}
@@ -209,10 +217,18 @@ def evaluate(
             )
         if g.retired_pages_pending:
             checks.append(
+                Check(f"gpu{g.index} retired_pages", CRITICAL, "page retirement pending (reset the GPU)", hardware=True)
+            )
+        if g.row_remap_pending:
+            checks.append(
+                Check(f"gpu{g.index} row_remap", CRITICAL, "row remapping pending (reset the GPU)", hardware=True)
+            )
+        if g.row_remap_failure:
+            checks.append(
                 Check(
-                    f"gpu{g.index} retired_pages",
+                    f"gpu{g.index} row_remap",
                     CRITICAL,
-                    "page retirement / row remap pending (reset the GPU)",
+                    "row remapping failed: no spare rows left (the GPU needs service)",
                     hardware=True,
                 )
             )
@@ -232,6 +248,11 @@ def evaluate(
         foreign = [p.pid for p in g.processes if p.pid not in server_pids]
         if foreign and server_pids:
             checks.append(Check(f"gpu{g.index} foreign", WARNING, f"processes not of the server: {foreign}"))
+    for mismatch in gpu_mismatches(expected_gpus, facts.gpus):
+        # Fewer GPUs than the box has is hardware (a restart cannot bring one back); the rest is a warning.
+        checks.append(
+            Check("gpus", CRITICAL if mismatch.missing else WARNING, mismatch.message, hardware=mismatch.missing)
+        )
     for line in raw.get("kernel", []):
         m = XID_RE.search(line)
         if m:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, gpu_mismatches
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelConfigError, ModelSpec, parse_model_spec
 from fleet.plan import (
@@ -251,28 +251,11 @@ def preflight(
 
 
 def facts_warnings(host: Host, facts: HostFacts) -> list[Verdict]:
-    exp = host.settings.expected_gpus
-    out: list[Verdict] = []
-    if exp is None:
-        return out
-    if len(facts.gpus) != exp.count:
-        out.append(
-            Verdict(
-                "warning",
-                "expected-gpus",
-                f"{host.name}: inventory expects {exp.count} GPUs, the host reports {len(facts.gpus)}.",
-            )
-        )
-    if exp.compute_capability and facts.gpus and facts.gpus[0].compute_capability != exp.compute_capability:
-        out.append(
-            Verdict(
-                "warning",
-                "expected-gpus",
-                f"{host.name}: inventory expects compute capability "
-                f"{exp.compute_capability}, the host reports {facts.gpus[0].compute_capability}.",
-            )
-        )
-    return out
+    """The inventory's expected_gpus against what the host reports (pre-flight and `fleet facts`)."""
+    return [
+        Verdict("warning", "expected-gpus", f"{host.name}: {m.message}.")
+        for m in gpu_mismatches(host.settings.expected_gpus, facts.gpus)
+    ]
 
 
 __all__ = ["PlanResult", "build_plan", "choose_tp", "gpu_summary", "learned_fixes", "wishes_for"]

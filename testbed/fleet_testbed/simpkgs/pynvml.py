@@ -15,6 +15,11 @@ class NVMLError(Exception):
     pass
 
 
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 - nvidia-ml-py's name
+    def __init__(self):
+        super().__init__("Not Supported")
+
+
 class _Mem:
     def __init__(self, total, used):
         self.total, self.used, self.free = total, used, total - used
@@ -73,7 +78,7 @@ def nvmlDeviceGetMemoryInfo(h):
 
 def nvmlDeviceGetNvLinkState(h, link):
     if gpustate.load_host().get("interconnect", "pcie") != "nvlink":
-        raise NVMLError("Not Supported")
+        raise NVMLError_NotSupported()  # as on a PCIe-only H200 (docs/real-gpu.md)
     return 1
 
 
@@ -93,8 +98,23 @@ def nvmlDeviceGetCurrentClocksThrottleReasons(h):
     return _table()[h].get("throttle_reasons", 0)
 
 
+def _from_ampere(h):
+    return int(_table()[h]["compute_capability"].split(".")[0]) >= 8
+
+
 def nvmlDeviceGetRetiredPagesPendingStatus(h):
+    if _from_ampere(h):  # replaced by row remapping: an H200 answers NotSupported (docs/real-gpu.md)
+        raise NVMLError_NotSupported()
     return 1 if _table()[h].get("retired_pages_pending") else 0
+
+
+def nvmlDeviceGetRemappedRows(h):
+    """(corrected rows, uncorrected rows, remap pending, remap failure); (0, 0, 0, 0) on a healthy H200."""
+    if not _from_ampere(h):
+        raise NVMLError_NotSupported()
+    g = _table()[h]
+    pending, failure = bool(g.get("row_remap_pending")), bool(g.get("row_remap_failure"))
+    return 0, int(pending or failure), int(pending), int(failure)
 
 
 def nvmlSystemGetDriverVersion():

@@ -1,0 +1,76 @@
+"""What the GPUs' own reports turn into: the inventory's expected_gpus against the host, and memory faults
+(page retirement before Ampere, row remapping from Ampere on) as hardware problems a restart cannot heal."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from factsdata import RTX_A6000, RTX_PRO_6000, facts
+from fleet.facts import HostFacts, gpu_mismatches
+from fleet.health import CRITICAL, OK, WARNING, evaluate
+from fleet.inventory import ExpectedGpus
+
+BLACKWELL_BOX = ExpectedGpus(count=8, name_contains="RTX PRO 6000", compute_capability="12.0")
+
+
+def test_a_host_that_matches_its_expectation_has_no_mismatch() -> None:
+    assert gpu_mismatches(BLACKWELL_BOX, facts("blackwell", RTX_PRO_6000, 8).gpus) == []
+    assert gpu_mismatches(None, facts("blackwell", RTX_A6000, 1).gpus) == []
+    lower_case = ExpectedGpus(count=8, name_contains="rtx pro 6000")
+    assert gpu_mismatches(lower_case, facts("blackwell", RTX_PRO_6000, 8).gpus) == []
+
+
+def test_fewer_gpus_than_expected_is_flagged_missing_more_is_not() -> None:
+    [fewer] = gpu_mismatches(BLACKWELL_BOX, facts("blackwell", RTX_PRO_6000, 7).gpus)
+    assert fewer.missing and fewer.message.startswith("inventory expects 8 GPUs, the host reports 7 (")
+    [more] = gpu_mismatches(ExpectedGpus(count=2), facts("ct129", RTX_A6000, 4).gpus)
+    assert not more.missing and more.message == "inventory expects 2 GPUs, the host reports 4"
+
+
+def test_every_gpu_is_compared_not_only_the_first() -> None:
+    f = facts("mixed", RTX_PRO_6000, 2)
+    mixed = replace(f, gpus=(f.gpus[0], replace(f.gpus[1], name="NVIDIA RTX A6000", compute_capability="8.6")))
+    messages = [
+        m.message
+        for m in gpu_mismatches(ExpectedGpus(count=2, name_contains="RTX PRO", compute_capability="12.0"), mixed.gpus)
+    ]
+    assert messages == [
+        'inventory expects GPUs named "*RTX PRO*", the host reports NVIDIA RTX A6000',
+        "inventory expects compute capability 12.0, the host reports 8.6",
+    ]
+
+
+def _with_gpu0(f: HostFacts, **fault: object) -> HostFacts:
+    return replace(f, gpus=(replace(f.gpus[0], **fault), *f.gpus[1:]))
+
+
+@pytest.mark.parametrize(
+    ("fault", "check", "detail"),
+    [
+        ({"retired_pages_pending": True}, "gpu0 retired_pages", "page retirement pending (reset the GPU)"),
+        ({"row_remap_pending": True}, "gpu0 row_remap", "row remapping pending (reset the GPU)"),
+        (
+            {"row_remap_failure": True},
+            "gpu0 row_remap",
+            "row remapping failed: no spare rows left (the GPU needs service)",
+        ),
+    ],
+)
+def test_memory_faults_are_critical_hardware_problems(fault: dict[str, object], check: str, detail: str) -> None:
+    healthy = evaluate("ct129", {}, facts("ct129", RTX_A6000, 2), None)
+    assert healthy.status == OK and not healthy.hardware_fault
+    sick = evaluate("ct129", {}, _with_gpu0(facts("ct129", RTX_A6000, 2), **fault), None)
+    found = {c.name: c for c in sick.checks}[check]
+    assert (found.status, found.detail, found.hardware) == (CRITICAL, detail, True)
+    assert sick.status == CRITICAL and sick.hardware_fault and not sick.healable
+
+
+def test_health_reports_a_missing_gpu_as_hardware_and_other_mismatches_as_warnings() -> None:
+    missing = evaluate("blackwell", {}, facts("blackwell", RTX_PRO_6000, 7), None, expected_gpus=BLACKWELL_BOX)
+    gpus = {c.name: c for c in missing.checks}["gpus"]
+    assert (gpus.status, gpus.hardware) == (CRITICAL, True) and missing.hardware_fault
+    wrong_model = evaluate("blackwell", {}, facts("blackwell", RTX_A6000, 8), None, expected_gpus=BLACKWELL_BOX)
+    assert [(c.status, c.hardware) for c in wrong_model.checks if c.name == "gpus"] == [(WARNING, False)] * 2
+    assert wrong_model.status == WARNING
