@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from conftest import CT129, ROOT, run_cli
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
+FLEET = str(Path(sys.executable).parent / "fleet")
 
 
 def health(*args: str) -> tuple[int, list[dict], str]:
@@ -169,18 +172,23 @@ def twenty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simhost.Sand
 def test_twenty_hosts_two_unreachable_all_reported_in_time(
     twenty: tuple[Path, simhost.Sandbox], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """As cron runs it: the `fleet` program, whose cold sweep deals the hosts out to several processes."""
     path, sb = twenty
     for k, v in sb.env().items():
         monkeypatch.setenv(k, v)
     start = time.monotonic()
-    r = run_cli("-i", str(path), "health", "--json", "--deadline", "30", "--lock-file", str(tmp_path / "l"))
+    argv = ["-i", str(path), "health", "--json", "--deadline", "30", "--lock-file", str(tmp_path / "l")]
+    log = tmp_path / "health.log"
+    r = subprocess.run([FLEET, *argv, "--log-file", str(log)], capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - start
-    rows = by_host([json.loads(line) for line in r.out.splitlines()])
+    rows = by_host([json.loads(line) for line in r.stdout.splitlines()])
     assert len(rows) == 20 and elapsed < 30
     assert {rows[h]["status"] for h in ("refusing", "silent")} == {"unknown"}
     assert "cannot connect" in rows["refusing"]["checks"][0]["detail"]
     assert sum(1 for row in rows.values() if row["status"] == "ok") == 18
-    assert r.code == 3
+    assert r.returncode == 3
+    [swept] = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "hosts_swept"]
+    assert (swept["hosts"], swept["processes"]) == (20, min(len(os.sched_getaffinity(0)), 3))
     crit = run_cli("-i", str(path), "health", "--unreachable", "critical", "--lock-file", str(tmp_path / "l"))
     assert crit.code == 2
 
