@@ -3,6 +3,7 @@ keys, timeouts, one connection reused."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import subprocess
@@ -299,3 +300,29 @@ def test_local_connection_runs_the_same_probe_without_ssh(
 
     facts = json.loads(r.out)
     assert facts["round_trips"] == 1 and len(facts["gpu"]["gpus"]) == 8
+
+
+def test_local_connection_treats_a_holder_in_the_callers_process_group_as_foreign(tmp_path: Path) -> None:
+    """Commands run locally get a session of their own, as sshd gives them: fleet's "own process group",
+    which it never signals, is then its command's, not that of the shell or script that ran fleet. (On the
+    real H200 box, a torch process started by the same script passed for fleet's own and was not reported.)"""
+    dev = tmp_path / "dev" / "nvidia0"
+    dev.parent.mkdir()
+    dev.touch()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"hosts:\n  here:\n    connection: local\n    gpu_devices: {tmp_path}/dev/nvidia*\n"
+        f"    state_dir: {tmp_path}/state\n    log_dir: {tmp_path}/logs\n    models_dir: {tmp_path}\n"
+    )
+    holder = subprocess.Popen(["sh", "-c", f"exec 3<{dev}; exec sleep 30"])  # pytest's own process group
+    try:
+        assert wait_until(lambda: str(dev) in [os.path.realpath(p) for p in Path(f"/proc/{holder.pid}/fd").iterdir()])
+        refused = run_cli("-i", str(inv), "stop", "--host", "here")
+        assert refused.code == 1 and f"pid {holder.pid}" in refused.err and "not an inference server" in refused.err
+        assert holder.poll() is None
+        forced = run_cli("-i", str(inv), "stop", "--host", "here", "--force")
+        assert forced.code == 0 and "stopped 1 process(es)" in forced.out
+        assert holder.wait(timeout=10) is not None
+    finally:
+        holder.kill()
+        holder.wait()

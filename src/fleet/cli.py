@@ -214,6 +214,11 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def describe_left(left: list[dict[str, Any]]) -> list[str]:
+    """The GPU daemons and tools fleet saw holding the devices and left running."""
+    return [f"left running: {p['why']} (pid {p['pid']}, user {p['user']})" for p in left]
+
+
 class Reporter:
     """Progress of a deploy on stderr: phases always; the live log line on a terminal."""
 
@@ -253,6 +258,8 @@ class Reporter:
         elif event == "stopped":
             for line in describe_stopped(data["stopped"]):
                 self.say(f"{h}: stopped {line}")
+            for line in describe_left(data.get("left", [])):
+                self.say(f"{h}: {line}")
             mem = data.get("memory") or {}
             if data["stopped"] and mem.get("before_mib") is not None:
                 freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
@@ -467,9 +474,8 @@ def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> N
             failed = True
             continue
         stopped = out.get("stopped", [])
-        click.echo(
-            f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in describe_stopped(stopped))
-        )
+        lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
+        click.echo(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
     if failed:
         raise click.exceptions.Exit(1)
 

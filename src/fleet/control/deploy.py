@@ -417,7 +417,9 @@ class Deployer:
         self, plan: LaunchPlan, out: dict[str, Any], rec: Attempt, success: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
-        self.progress("stopped", {"stopped": out.get("stopped", []), "memory": out.get("memory")})
+        self.progress(
+            "stopped", {"stopped": out.get("stopped", []), "left": out.get("left", []), "memory": out.get("memory")}
+        )
         launched = out["launched"]
         rec.log = launched["log"]
         self.progress("launched", {"pid": launched["pid"], "log": launched["log"]})

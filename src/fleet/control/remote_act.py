@@ -3,9 +3,11 @@ GPUs, launch detached, record state — one round trip. Prints one JSON document
 
 Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
 Safety rules it enforces itself, whatever the caller says:
-  - it never signals pid 1, its own process group, sshd, or a process group holding non-engine processes;
-  - foreign GPU holders (other users, GPU daemons, non-engine processes) are refused unless the kill
-    policy is "force", and refused holders are reported before anything is stopped.
+  - it never signals pid 1, its own process group, sshd, a GPU daemon or tool (nvidia-persistenced, DCGM,
+    a display server, an nvidia-smi query: they hold the device files, not the GPU's memory, and are
+    left running, reported), or a process group holding non-engine processes;
+  - other foreign GPU holders (other users' processes, non-engine processes) are refused unless the
+    kill policy is "force", and refused holders are reported before anything is stopped.
 Secrets arrive on stdin as JSON and are written to a 0600 file the launcher sources and deletes.
 """
 
@@ -28,10 +30,12 @@ ENGINE_RE = re.compile(
 )
 SGLANG_RE = re.compile(r"sglang\.launch_server|sglang serve|sglang::")
 LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
-# GPU daemons and display servers: never killed unless the kill policy is "force". Matched on the
-# executable's name (argv[0]) and on comm, which the kernel truncates to 15 characters.
+# GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
+# hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
+# kernel truncates to 15 characters.
 SAFELISTED = (
     "nvidia-persistenced",
+    "nvidia-smi",  # a monitoring agent's query: seen holding the device files of a real H200 box
     "nv-hostengine",
     "dcgm",
     "nvidia-dcgm",
@@ -48,10 +52,26 @@ SAFELISTED = (
 )
 
 
+LOADER_RE = re.compile(r"^ld(-linux[\w.-]*|\.so[\w.]*)$")
+LOADER_OPTIONS_WITH_VALUE = ("--library-path", "--preload", "--audit", "--argv0")
+
+
+def program(cmdline):
+    """The program a command line runs, also when it runs through the dynamic loader, as the real H200
+    box's monitoring did: `/glibc/ld-linux-x86-64.so.2 --library-path /glibc:/lib64 /bin/nvidia-smi ...`."""
+    words = cmdline.split(" ")
+    i = 0
+    if LOADER_RE.match(os.path.basename(words[0])):
+        i = 1
+        while i < len(words) and words[i].startswith("--"):
+            i += 2 if words[i] in LOADER_OPTIONS_WITH_VALUE else 1
+    return os.path.basename(words[i]) if i < len(words) else ""
+
+
 def safelisted(info):
-    argv0 = os.path.basename(info["cmdline"].split(" ", 1)[0]) if info["cmdline"] else ""
+    name_run = program(info["cmdline"]) if info["cmdline"] else ""
     for name in SAFELISTED:
-        if argv0 == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
+        if name_run == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
             return name
     return None
 
@@ -124,11 +144,15 @@ def all_procs():
 def alive(pid):
     try:
         os.kill(pid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    try:  # a zombie has exited: only its parent has not collected it yet
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def is_engine(p):
@@ -336,11 +360,12 @@ def nvml_pids_and_memory():
 
 
 def classify(a, procs):
-    """Split GPU holders and stale servers into what fleet stops and what it must not touch."""
+    """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
+    launch unless forced) and what it leaves running (GPU daemons and tools)."""
     me = os.getuid()
     own_pgid = os.getpgid(0)
     recorded = a.get("recorded_pgid")
-    targets, refused = {}, []
+    targets, refused, left = {}, [], []
     candidates = set(p for p, info in procs.items() if is_engine(info))
     owner, held = port_owner(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (None, False)
     if owner:
@@ -355,9 +380,10 @@ def classify(a, procs):
         engine = is_engine(info)
         why = None
         daemon = safelisted(info)
-        if daemon:
-            why = "GPU daemon %s" % daemon
-        elif info["uid"] != me and not fleets:
+        if daemon and not engine:
+            left.append(dict(info, why="GPU daemon or tool %s" % daemon))
+            continue
+        if info["uid"] != me and not fleets:
             why = "process of user %s" % info["user"]
         elif not engine and not fleets:
             why = "not an inference server" if pid != owner else "holds port %d, not an inference server" % a["port"]
@@ -369,7 +395,7 @@ def classify(a, procs):
         refused.append(
             {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
         )
-    return targets, refused
+    return targets, refused, left
 
 
 def idle_sglang(members):
@@ -504,7 +530,7 @@ def main():
         if out["check"]["verdict"] == "rejected":
             return out
     procs = all_procs()
-    targets, refused = classify(a["free"], procs)
+    targets, refused, out["left"] = classify(a["free"], procs)
     out["refused"] = refused
     if refused:
         return out

@@ -20,7 +20,12 @@ class LocalTransport:
         self.commands_run += 1
         try:
             proc = subprocess.run(
-                ["/bin/sh", "-c", script], input=stdin, capture_output=True, timeout=timeout_s, check=False
+                ["/bin/sh", "-c", script],
+                input=stdin,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+                start_new_session=True,  # as sshd runs each command: fleet's "own process group" is the command's
             )
         except subprocess.TimeoutExpired as exc:
             raise TransportError(
@@ -31,7 +36,11 @@ class LocalTransport:
     def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
         self.commands_run += 1
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            ["/bin/sh", "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(stdin)
