@@ -209,7 +209,8 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
         main = next((p for p in members if "sglang." in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
         how = f"; {main['stop']}" if main.get("stop") else ""
         lines.append(
-            f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): {main['cmdline'][:100]}"
+            f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): "
+            + " ".join(main["cmdline"].split())[:100]
         )
     return lines
 
