@@ -39,12 +39,16 @@ def test_facts_of_ct129_show_two_a6000(fleet_env: simhost.Sandbox) -> None:
 
 
 def test_facts_fall_back_to_nvidia_smi_when_nvml_is_broken(fleet_env: simhost.Sandbox) -> None:
+    through_nvml = json.loads(run_cli("facts", "--host", "ct129", "--json").out)["gpu"]["gpus"]
     simhost.set_host(fleet_env.host_dir("ct129"), nvml_broken=True)
     facts = json.loads(run_cli("facts", "--host", "ct129", "--json").out)
     assert facts["gpu"]["source"] == "nvidia-smi"
     assert "Driver Not Loaded" in facts["gpu"]["nvml_error"]
     assert len(facts["gpu"]["gpus"]) == 2
     assert facts["gpu"]["driver_version"] == "580.95.05"
+    # as on a real idle H200: NVML counts the driver's reserved memory as used, nvidia-smi does not
+    assert [g["memory_used_mib"] for g in through_nvml] == [615, 615]
+    assert [g["memory_used_mib"] for g in facts["gpu"]["gpus"]] == [0, 0]
 
 
 def test_missing_gpu_tools_are_reported_not_raised(fleet_env: simhost.Sandbox) -> None:

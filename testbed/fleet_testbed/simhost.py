@@ -74,6 +74,9 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
             "retired_pages_pending": False,
             "row_remap_pending": False,
             "row_remap_failure": False,
+            # What an idle real H200 (driver 580) reported used through NVML while nvidia-smi said 0 MiB:
+            # memory the driver reserves (docs/real-gpu.md). Only the stand-in pynvml adds it.
+            "driver_reserved_mib": 615,
         }
         for i in range(spec.gpu_count)
     ]

@@ -72,8 +72,9 @@ def nvmlDeviceGetCudaComputeCapability(h):
 
 
 def nvmlDeviceGetMemoryInfo(h):
+    """Like NVML's v1 memory info, "used" counts the memory the driver reserves (nvidia-smi's does not)."""
     g = _table()[h]
-    return _Mem(g["memory_total_mib"] << 20, g["memory_used_mib"] << 20)
+    return _Mem(g["memory_total_mib"] << 20, (g["memory_used_mib"] + g.get("driver_reserved_mib", 0)) << 20)
 
 
 def nvmlDeviceGetNvLinkState(h, link):
