@@ -40,6 +40,12 @@ def test_a_process_running_other_threads_sweeps_alone() -> None:
     assert control.sweep_processes(50, 16, other_threads=1) == 1
 
 
+def test_the_cpus_counted_are_those_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert control.usable_cpus() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(sys, "platform", "darwin")  # fork is not safe there: one process
+    assert control.usable_cpus() == 1
+
+
 def every_host_answers() -> list[HostHealth]:
     return control.sweep_in_processes(HOSTS, answered_by_this_process, 10.0, "unknown", 3)
 

@@ -736,7 +736,7 @@ def _health_run(
     started = time.monotonic()
     processes = 1
     if not pool_socket().exists():  # connecting from scratch: the handshakes' CPU is spread over processes
-        processes = control.sweep_processes(len(hosts), len(os.sched_getaffinity(0)), threading.active_count() - 1)
+        processes = control.sweep_processes(len(hosts), control.usable_cpus(), threading.active_count() - 1)
         if processes > 1 and any(h.settings.connection == "ssh" for h in hosts):
             import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
     results = control.sweep_in_processes(hosts, one, deadline_s, options.unreachable_status, processes)

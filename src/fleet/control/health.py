@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,12 @@ HOSTS_PER_PROCESS = 8
 RESULT_GRACE_S = 5.0  # a child's own sweep ends at the deadline; this is for handing its results over
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, as taskset or a cgroup cpuset sets it). Linux only: on
+    macOS a forked process can crash once system frameworks are loaded, so a sweep there stays in one."""
+    return len(os.sched_getaffinity(0)) if sys.platform.startswith("linux") else 1
+
+
 def sweep_processes(host_count: int, cpus: int | None, other_threads: int) -> int:
     """How many processes share a cold sweep. An SSH handshake is ~10 ms of client CPU in Python, all of it
     under one GIL: 50 hosts in one process queue ~0.5 s behind it, while the hosts answer in parallel.
@@ -205,4 +212,13 @@ def _read_all(fd: int, until: float) -> bytes:
         os.close(fd)
 
 
-__all__ = ["CRITICAL", "HealthOptions", "check_host", "heal_host", "sweep", "sweep_in_processes", "sweep_processes"]
+__all__ = [
+    "CRITICAL",
+    "HealthOptions",
+    "check_host",
+    "heal_host",
+    "sweep",
+    "sweep_in_processes",
+    "sweep_processes",
+    "usable_cpus",
+]
