@@ -201,6 +201,8 @@ def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> N
 
 def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
     """One line per process group fleet stopped: its main command and how many processes went with it."""
+    from fleet.facts import one_line
+
     groups: dict[int, list[dict[str, Any]]] = {}
     for p in stopped:
         groups.setdefault(p["pgid"], []).append(p)
@@ -210,7 +212,7 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
         how = f"; {main['stop']}" if main.get("stop") else ""
         lines.append(
             f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): "
-            + " ".join(main["cmdline"].split())[:100]
+            + one_line(main["cmdline"])[:100]
         )
     return lines
 

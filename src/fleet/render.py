@@ -6,18 +6,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, one_line
 
 console = Console(highlight=False)
 
 
 def mib(value: int | None) -> str:
     return "?" if value is None else f"{value / 1024:.1f} GiB"
-
-
-def _one_line(cmdline: str) -> str:
-    """A `python -c` program's newlines would break the listing."""
-    return " ".join(cmdline.split())
 
 
 def render_facts(f: HostFacts, warnings: list[str]) -> None:
@@ -48,12 +43,12 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
     if f.holders:
         console.print("  GPU device holders:")
         for p in f.holders:
-            console.print(f"    pid {p.pid} user {p.user}: {_one_line(p.cmdline)[:120]}")
+            console.print(f"    pid {p.pid} user {p.user}: {one_line(p.cmdline)[:120]}")
     if f.servers:
         console.print("  inference servers:")
         for p in f.servers:
             ports = ",".join(map(str, p.ports)) or "-"
-            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {_one_line(p.cmdline)[:120]}")
+            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {one_line(p.cmdline)[:120]}")
     for d in f.disks:
         console.print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
     if f.model:

@@ -154,6 +154,11 @@ class HostFacts:
         return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))
 
 
+def one_line(cmdline: str) -> str:
+    """A process's command line for a listing: a `python -c` program's newlines would break it."""
+    return " ".join(cmdline.split())
+
+
 @dataclass(frozen=True)
 class GpuMismatch:
     """One way the host's GPUs differ from the inventory's `expected_gpus`."""

@@ -251,7 +251,7 @@ def preflight(
 
 
 def facts_warnings(host: Host, facts: HostFacts) -> list[Verdict]:
-    """The inventory's expected_gpus against what the host reports (pre-flight and `fleet facts`)."""
+    """The inventory's expected_gpus against what the host reports, as pre-flight warnings."""
     return [
         Verdict("warning", "expected-gpus", f"{host.name}: {m.message}.")
         for m in gpu_mismatches(host.settings.expected_gpus, facts.gpus)
