@@ -29,18 +29,18 @@ INVENTORY_CASES = [
     (
         "port-type",
         "hosts:\n  a:\n    address: gpu1\n    port: twenty-two\n",
-        "inv.yaml:4: field \"port\" Input should be a valid integer (got 'twenty-two').",
+        "inv.yaml:4: field \"port\" must be an integer (got 'twenty-two').",
     ),
     (
         "port-range",
         "hosts:\n  a:\n    address: gpu1\n    port: 70000\n",
-        'inv.yaml:4: field "port" Input should be less than or equal to 65535 (got 70000).',
+        'inv.yaml:4: field "port" must be at most 65535 (got 70000).',
     ),
     ("missing-address", "hosts:\n  a:\n    port: 22\n", 'inv.yaml:2: host "a" has no address.'),
     (
         "bad-connection",
         "hosts:\n  a:\n    address: x\n    connection: telnet\n",
-        "inv.yaml:4: field \"connection\" Input should be 'ssh' or 'local' (got 'telnet').",
+        "inv.yaml:4: field \"connection\" must be one of 'ssh', 'local' (got 'telnet').",
     ),
     (
         "unknown-group-member",
@@ -74,12 +74,12 @@ INVENTORY_CASES = [
     (
         "kill-policy",
         "hosts:\n  a:\n    address: x\n    kill_policy: always\n",
-        "inv.yaml:4: field \"kill_policy\" Input should be 'safe' or 'force' (got 'always').",
+        "inv.yaml:4: field \"kill_policy\" must be one of 'safe', 'force' (got 'always').",
     ),
     (
         "error-from-defaults",
         "defaults:\n  port: -1\nhosts:\n  a:\n" + GOOD_HOST,
-        'inv.yaml:2: field "port" Input should be greater than or equal to 1 (got -1).',
+        'inv.yaml:2: field "port" must be at least 1 (got -1).',
     ),
     (
         "group-host-clash",
@@ -89,7 +89,32 @@ INVENTORY_CASES = [
     (
         "engine-unknown",
         "hosts:\n  a:\n    address: x\n    engines: {tgi: /usr/bin/python3}\n",
-        "inv.yaml:4: field \"engines.tgi.[key]\" Input should be 'sglang' or 'vllm' (got 'tgi').",
+        "inv.yaml:4: field \"engines\" has a key that must be one of 'sglang', 'vllm' (got 'tgi').",
+    ),
+    (
+        "port-bool",
+        "hosts:\n  a:\n    address: x\n    port: true\n",
+        'inv.yaml:4: field "port" must be an integer (got True).',
+    ),
+    (
+        "timeout-zero",
+        "hosts:\n  a:\n    address: x\n    connect_timeout_s: 0\n",
+        'inv.yaml:4: field "connect_timeout_s" must be greater than 0 (got 0).',
+    ),
+    (
+        "expected-gpus-not-a-mapping",
+        "hosts:\n  a:\n    address: x\n    expected_gpus: 8\n",
+        'inv.yaml:4: field "expected_gpus" must be a mapping (got 8).',
+    ),
+    (
+        "expected-gpus-count-missing",
+        "hosts:\n  a:\n    address: x\n    expected_gpus: {name_contains: A6000}\n",
+        'inv.yaml:4: required field "expected_gpus.count" is missing.',
+    ),
+    (
+        "expected-gpus-count-zero",
+        "hosts:\n  a:\n    address: x\n    expected_gpus:\n      count: 0\n",
+        'inv.yaml:5: field "expected_gpus.count" must be at least 1 (got 0).',
     ),
 ]
 
@@ -158,19 +183,19 @@ PLAYBOOK_CASES = [
     (
         "unknown-engine",
         PLAYBOOK_OK.replace("sglang", "tgi"),
-        "pb.yaml:1: field \"engine\" Input should be 'sglang' or 'vllm' (got 'tgi').",
+        "pb.yaml:1: field \"engine\" must be one of 'sglang', 'vllm' (got 'tgi').",
     ),
     ("unknown-key", PLAYBOOK_OK + "speculatve: true\n", 'pb.yaml:7: unknown key "speculatve".'),
     (
         "mem-fraction",
         PLAYBOOK_OK + "mem_fraction: 1.5\n",
-        'pb.yaml:7: field "mem_fraction" Input should be less than 1 (got 1.5).',
+        'pb.yaml:7: field "mem_fraction" must be less than 1 (got 1.5).',
     ),
-    ("tp-zero", PLAYBOOK_OK + "tp: 0\n", 'pb.yaml:7: field "tp" Input should be greater than or equal to 1 (got 0).'),
+    ("tp-zero", PLAYBOOK_OK + "tp: 0\n", 'pb.yaml:7: field "tp" must be at least 1 (got 0).'),
     (
         "negative-port",
         PLAYBOOK_OK + "port: -5\n",
-        'pb.yaml:7: field "port" Input should be greater than or equal to 1024 (got -5).',
+        'pb.yaml:7: field "port" must be at least 1024 (got -5).',
     ),
     (
         "extra-args-injection",
@@ -199,6 +224,22 @@ PLAYBOOK_CASES = [
         'pb.yaml:6: field "smoke.expect" is not a valid regular expression (missing ), unterminated subpattern at '
         "position 0) (got '(').",
     ),
+    (
+        "empty-prompt",
+        PLAYBOOK_OK.replace("prompt: hi", "prompt: ''"),
+        "pb.yaml:5: field \"smoke.prompt\" must not be empty (got '').",
+    ),
+    (
+        "args-not-a-list",
+        PLAYBOOK_OK + "extra_args: --x\n",
+        "pb.yaml:7: field \"extra_args\" must be a list (got '--x').",
+    ),
+    ("args-item", PLAYBOOK_OK + "extra_args: [--x, 2]\n", 'pb.yaml:7: field "extra_args.1" must be a string (got 2).'),
+    (
+        "speculative-steps",
+        PLAYBOOK_OK + "speculative:\n  steps: 99\n",
+        'pb.yaml:8: field "speculative.steps" must be at most 16 (got 99).',
+    ),
 ]
 
 
@@ -209,6 +250,15 @@ def test_malformed_playbook_names_file_line_and_field(tmp_path: Path, name: str,
     with pytest.raises(ConfigError) as err:
         load_playbook(str(path), tmp_path)
     assert err.value.message == f"{tmp_path}/{message}"
+
+
+def test_an_unknown_nested_key_lists_the_keys_known_there(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  a:\n    address: x\n    expected_gpus: {count: 2, colour: red}\n")
+    with pytest.raises(ConfigError) as err:
+        load_inventory(path)
+    assert err.value.message == f'{path}:4: unknown key "expected_gpus.colour".'
+    assert err.value.hint == "Known keys: compute_capability, count, name_contains."
 
 
 def test_unknown_playbook_name_lists_the_known_ones() -> None:
@@ -294,3 +344,16 @@ def test_libyaml_and_the_python_loader_read_the_same_data_and_lines(monkeypatch:
     slow = yamlfile.parse_yaml(text, Path("inv.yaml"))
     assert fast.data == slow.data and fast.lines == slow.lines
     assert yaml.__with_libyaml__, "PyYAML without libyaml: fleet works, but reads inventories slower"
+
+
+def test_settings_sent_to_the_pool_are_checked_as_the_inventorys_are() -> None:
+    import msgspec
+
+    from fleet.inventory import settings_from
+
+    settings = load_inventory(ROOT / "inventory" / "hosts.yaml").hosts["blackwell"].settings
+    assert settings_from(msgspec.to_builtins(settings), "a fleet run") == settings
+    tampered = {**msgspec.to_builtins(settings), "address": "gpu1; touch /tmp/pwned"}
+    with pytest.raises(ConfigError) as err:
+        settings_from(tampered, "a fleet run")
+    assert err.value.message.startswith('a fleet run: host setting "address" must be a host name')

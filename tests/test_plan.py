@@ -8,6 +8,7 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from conftest import ROOT
@@ -26,7 +27,7 @@ def host(name: str) -> Host:
 
 def playbook(name: str, **changes: object) -> NamedPlaybook:
     pb = load_playbook(name, ROOT / "playbooks")
-    return replace(pb, spec=pb.spec.model_copy(update=changes)) if changes else pb
+    return replace(pb, spec=msgspec.structs.replace(pb.spec, **changes)) if changes else pb
 
 
 BLACKWELL_GPUS = (RTX_PRO_6000, 8)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
+
 from fleet.inventory import Host
 from fleet.paths import pool_socket
 from fleet.transport.base import CommandResult, Transport
@@ -62,5 +64,5 @@ def connect(host: Host, options: SshOptions) -> Transport:
     }
     identity = host.settings.identity_file
     if identity and not identity.startswith("~"):
-        host = replace(host, settings=host.settings.model_copy(update={"identity_file": os.path.abspath(identity)}))
+        host = replace(host, settings=msgspec.structs.replace(host.settings, identity_file=os.path.abspath(identity)))
     return PooledTransport(host, sent, socket_path, direct)

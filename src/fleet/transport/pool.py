@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from fleet import __version__, errors
 from fleet.errors import ConfigError, FleetError, HostUnreachable, TransportError
 from fleet.frames import read_frame, send_frame
@@ -86,7 +88,7 @@ class PooledTransport:
         self.commands_run = 0
         self._socket_path = socket_path
         self._connection = {
-            "host": {"name": host.name, "settings": host.settings.model_dump(mode="json")},
+            "host": {"name": host.name, "settings": msgspec.to_builtins(host.settings)},
             "options": ssh_options,
         }
         self._make_direct = direct

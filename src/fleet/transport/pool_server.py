@@ -22,7 +22,7 @@ from typing import Any
 from fleet import __version__
 from fleet.errors import ConfigError, ConnectionLost, FleetError, TransportError
 from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
-from fleet.inventory import Host, HostSettings
+from fleet.inventory import Host, settings_from
 from fleet.transport.pool import decode, encode, error_frame
 from fleet.transport.ssh import SshTransport
 
@@ -58,7 +58,7 @@ class ConnectionPool:
 
     def _take(self, request: dict[str, Any]) -> _Held:
         host_fields, options = request["host"], request["options"]
-        settings = HostSettings.model_validate(host_fields["settings"])
+        settings = settings_from(host_fields["settings"], "a fleet run")
         key = json.dumps(
             [host_fields["name"], {f: getattr(settings, f) for f in CONNECTION_FIELDS}, options], sort_keys=True
         )
