@@ -18,8 +18,11 @@ platforms=()
 for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
     platforms+=(--platform "${p}_x86_64")
 done
-python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    -d .whl .whl/fleet-*.whl
+for d in .whl .whl-before; do  # each fleet with its own dependencies (they may differ between the builds)
+    [ -d "$d" ] || continue
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+        -d "$d" "$d"/fleet-*.whl
+done
 (cd .deb && apt-get download -q openssh-server openssh-client openssh-sftp-server psmisc libwrap0 libnsl2 \
     libtirpc3 libtirpc-common libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libcom-err2 \
     libaudit1 libcap-ng0 libpam0g libsystemd0 libgcrypt20 libgpg-error0 libcap2 libselinux1 libpcre2-8-0 \

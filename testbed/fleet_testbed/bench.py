@@ -279,6 +279,31 @@ g.close()
 """
 
 
+def probe_command(sb: simhost.Sandbox, spec: simhost.HostSpec) -> str:
+    """The shell script `fleet health` sends (its facts probe), for the other tools to run on the host."""
+    from fleet.facts import probe_script
+
+    home = sb.host_dir(spec.name)
+    probe = probe_script(
+        python_candidates=[f"{home}/env/bin/python"],
+        gpu_devices=f"{home}/dev/nvidia*",
+        engines={"sglang": f"{home}/env/bin/python"},
+        model_path=None,
+        state_dir=f"{home}/state",
+        disk_paths=[f"{home}/models"],
+    )
+    return probe
+
+
+def fabric_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], remote: str) -> None:
+    """A whole `python` process running `remote` on `specs` through a Fabric ThreadingGroup."""
+    key = str(sb.root / "keys" / "id_ed25519")
+    addresses = [s.address for s in specs]
+    subprocess.run(
+        [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses], check=True, capture_output=True
+    )
+
+
 class OpenShells:
     """The warm floor: one remote `sh` per host kept open over plain ssh; a probe is written into each."""
 
@@ -334,8 +359,6 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
     Two tables: every tool connecting from scratch (what one cron run pays without the pool), then
     every tool with its connections already open: fleet through `fleet pool`, ssh through ControlMaster,
     and the floor, a probe written into remote shells already open."""
-    from fleet.facts import probe_script
-
     env = {
         **os.environ,
         **sb.env(),
@@ -361,15 +384,7 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
             subset = specs[:size]
             inv = sb.root / f"inv{size}-{subset[0].address}.yaml"
             inv.write_text(simhost.inventory_yaml(sb.root, subset, sb.port))
-            h0 = sb.host_dir(subset[0].name)
-            probe = probe_script(
-                python_candidates=[f"{h0}/env/bin/python"],
-                gpu_devices=f"{h0}/dev/nvidia*",
-                engines={"sglang": f"{h0}/env/bin/python"},
-                model_path=None,
-                state_dir=f"{h0}/state",
-                disk_paths=[f"{h0}/models"],
-            )
+            probe = probe_command(sb, subset[0])
             remote = f"exec /bin/sh -c {shlex.quote(probe)}"
 
             def fleet_sweep(inv: Path = inv, count: int = size, env: dict[str, str] = env) -> None:
@@ -392,15 +407,9 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
                         )
                     )
 
-            def fabric_sweep(subset: list[simhost.HostSpec] = subset, remote: str = remote) -> None:
-                key = str(sb.root / "keys" / "id_ed25519")
-                addresses = [s.address for s in subset]
-                argv = [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses]
-                subprocess.run(argv, check=True, capture_output=True)
-
             f, fc = timed_cpu(fleet_sweep, n)
             sh, shc = timed_cpu(ssh_sweep, n)
-            fb, fbc = timed_cpu(fabric_sweep, n)
+            fb, fbc = timed_cpu(lambda subset=subset, remote=remote: fabric_sweep(sb, subset, remote), n)
             fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
             fcm, shcm, fbcm = (statistics.median(x) for x in (fc, shc, fbc))
             lines.append(
