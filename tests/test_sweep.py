@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,35 @@ def a_child_freezes() -> list[HostHealth]:
     return control.sweep_in_processes(HOSTS, freeze_in_a_child, 1.0, "unknown", 2)
 
 
+def a_check_has_a_bug() -> list[HostHealth]:
+    def buggy_for_two_hosts(host: Host) -> HostHealth:
+        if host.name in ("h03", "h04"):  # h03 is this process's share, h04 a child's
+            raise ValueError(f"unexpected reply from {host.name}")
+        return answered_by_this_process(host)
+
+    return control.sweep_in_processes(HOSTS, buggy_for_two_hosts, 10.0, "unknown", 3)
+
+
+def a_child_dies() -> list[HostHealth]:
+    parent = os.getpid()
+
+    def die_in_a_child(host: Host) -> HostHealth:
+        if os.getpid() != parent and host.name == "h01":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answered_by_this_process(host)
+
+    return control.sweep_in_processes(HOSTS, die_in_a_child, 30.0, "unknown", 2)
+
+
+def hosts_that_never_answer() -> list[HostHealth]:
+    def record_and_hang(host: Host) -> HostHealth:
+        (Path(os.environ["PIDS_DIR"]) / str(os.getpid())).touch()
+        time.sleep(60)
+        return answered_by_this_process(host)
+
+    return control.sweep_in_processes(HOSTS, record_and_hang, 60.0, "unknown", 3)
+
+
 def in_a_fresh_process(scenario: Callable[[], list[HostHealth]]) -> tuple[list[HostHealth], int, float]:
     """Run as `fleet health` runs: in a process of its own with no other thread (pytest's may have some,
     left by earlier tests, and then the sweep rightly refuses to fork). Returns results, pid, seconds."""
@@ -98,6 +128,52 @@ def test_a_child_that_stops_answering_is_killed_and_its_hosts_reported() -> None
     late = {r.host for r in results if r.checks[0].detail == "no answer within the 1 s deadline"}
     assert late == {h.name for h in HOSTS[1::2]}  # the frozen child had every other host
     assert {r.host for r in results if r.status == OK} == {h.name for h in HOSTS[0::2]}
+
+
+def test_a_bug_checking_one_host_is_reported_for_that_host_with_its_traceback() -> None:
+    r = subprocess.run([sys.executable, __file__, a_check_has_a_bug.__name__], capture_output=True, timeout=60)
+    results, _ = pickle.loads(r.stdout)
+    failed = {x.host: (x.status, x.checks[0].name, x.checks[0].detail) for x in results if x.status != OK}
+    assert failed == {
+        name: ("unknown", "fleet", f"fleet failed checking this host: ValueError: unexpected reply from {name}")
+        for name in ("h03", "h04")
+    }
+    assert r.stderr.decode().count("ValueError: unexpected reply from") == 2  # one traceback each, for the log
+
+
+def test_a_child_that_dies_has_its_hosts_reported_at_once() -> None:
+    results, _, seconds = in_a_fresh_process(a_child_dies)
+    assert seconds < 10  # not the 30 s deadline
+    ended = {r.host: r.checks[0].detail for r in results if r.status != OK}
+    reason = "the fleet process checking this host ended without an answer (exit code -9)"
+    assert ended == {h.name: reason for h in HOSTS[1::2]}
+
+
+def test_the_forked_copies_end_with_the_fleet_that_forked_them(tmp_path: Path) -> None:
+    """Killed by cron's timeout, say: its copies must not go on holding the overlap lock's descriptor."""
+    env = {**os.environ, "PIDS_DIR": str(tmp_path)}
+    fleet = subprocess.Popen([sys.executable, __file__, hosts_that_never_answer.__name__], env=env)
+    try:
+        until = time.monotonic() + 30
+        while len({p.name for p in tmp_path.iterdir()} - {str(fleet.pid)}) < 2 and time.monotonic() < until:
+            time.sleep(0.05)
+        children = {int(p.name) for p in tmp_path.iterdir()} - {fleet.pid}
+        assert len(children) == 2
+    finally:
+        fleet.kill()
+        fleet.wait()
+    until = time.monotonic() + 5
+    while any(alive(pid) for pid in children) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in children)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # an orphan's zombie waits for whoever adopted it
 
 
 if __name__ == "__main__":  # in_a_fresh_process

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from fleet.crashes import Context, diagnose
 from fleet.errors import FleetError
 from fleet.facts import parse_facts, probe_source
-from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, evaluate, unreachable
+from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, unreachable
 from fleet.inventory import Host
 from fleet.transport import Transport
 from fleet.transport.base import python_script
@@ -124,6 +125,10 @@ def sweep(
             results[h.name] = run_one(h)
         except FleetError as exc:
             results[h.name] = unreachable(h.name, exc.message, unreachable_status, time.monotonic() - started)
+        except Exception as exc:  # a bug in fleet: said for this host (not "no answer"), the traceback kept
+            traceback.print_exc()
+            reason = f"fleet failed checking this host: {type(exc).__name__}: {exc}"
+            results[h.name] = check_failed(h.name, reason, time.monotonic() - started)
 
     threads = [threading.Thread(target=worker, args=(h,), daemon=True) for h in hosts]
     for th in threads:
@@ -171,17 +176,23 @@ def sweep_in_processes(
         return sweep(hosts, run_one, deadline_s, unreachable_status)
     shares = [hosts[i::processes] for i in range(processes)]
     children = []
+    parent = os.getpid()
     for share in shares[1:]:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child
-            os.close(read_end)
+            status = 1
             try:
-                data = pickle.dumps(sweep(share, run_one, deadline_s, unreachable_status))
+                os.close(read_end)
+                _end_with(parent)
+                answer = pickle.dumps(sweep(share, run_one, deadline_s, unreachable_status))
                 with os.fdopen(write_end, "wb") as out:
-                    out.write(data)
-            finally:
-                os._exit(0)
+                    out.write(answer)
+                status = 0
+            except Exception:
+                traceback.print_exc()
+            finally:  # also on Ctrl-C (SIGINT reaches the whole process group): the parent reports
+                os._exit(status)
         os.close(write_end)
         children.append((pid, read_end, share))
     started = time.monotonic()
@@ -189,17 +200,34 @@ def sweep_in_processes(
     results = {r.host: r for r in mine}
     for pid, read_end, share in children:
         data = _read_all(read_end, started + deadline_s + RESULT_GRACE_S)
-        try:
-            theirs = pickle.loads(data)
-        except Exception:  # killed, crashed or late: its hosts are reported, not lost
+        if data is None:  # late (stopped, or stuck past the deadline): its hosts are reported, not lost
             os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
             theirs = [_late(h, deadline_s, unreachable_status) for h in share]
-        os.waitpid(pid, 0)
+        else:
+            exit_code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            try:
+                theirs = pickle.loads(data)
+            except Exception:  # it ended without handing its results over (its traceback is on stderr)
+                reason = f"the fleet process checking this host ended without an answer (exit code {exit_code})"
+                theirs = [check_failed(h.name, reason, time.monotonic() - started) for h in share]
         results.update((r.host, r) for r in theirs)
     return [results.get(h.name) or _late(h, deadline_s, unreachable_status) for h in hosts]
 
 
-def _read_all(fd: int, until: float) -> bytes:
+def _end_with(parent: int) -> None:
+    """Have the kernel kill this child when the `fleet` that forked it dies (cron's timeout killing it,
+    say): the child holds the overlap lock's descriptor, and outliving the parent would block the next run."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before that took effect
+        os._exit(1)
+
+
+def _read_all(fd: int, until: float) -> bytes | None:
+    """Everything written to `fd` until its writer closed it, or None if that did not happen by `until`."""
     chunks: list[bytes] = []
     try:
         while (left := until - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
@@ -207,7 +235,7 @@ def _read_all(fd: int, until: float) -> bytes:
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
-        return b""  # past the deadline: whatever came is incomplete
+        return None
     finally:
         os.close(fd)
 
