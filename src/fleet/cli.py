@@ -833,7 +833,8 @@ def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None)
         f"{schedule} {env} {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
         f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
     )
-    lines = [line for line in _crontab() if line not in _managed(_crontab())]
+    current = _crontab()
+    lines = [line for line in current if line not in _managed(current)]
     _write_crontab([*lines, CRON_MARK, command])
     click.echo(f"installed: {command}")
 
