@@ -32,19 +32,17 @@ SHELL_META = set(";&|`$<>\\'\n\r\x00")
 Engine = Literal["sglang", "vllm"]
 
 
-def _check_remote_path(value: str) -> str:
+def _check_remote_path(value: str) -> None:
     if not REMOTE_PATH_RE.match(value):
         raise ValueError("must be an absolute path (or start with ~/) made of letters, digits and ._/+@-")
     if ".." in value.split("/"):
         raise ValueError("must not contain '..' components")
-    return value
 
 
-def _check_no_shell_meta(value: str) -> str:
+def _check_no_shell_meta(value: str) -> None:
     bad = sorted({c for c in value if c in SHELL_META or (ord(c) < 32 and c != "\t")})
     if bad:
         raise ValueError(f"contains characters fleet refuses to send to a host: {''.join(map(repr, bad))}")
-    return value
 
 
 class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

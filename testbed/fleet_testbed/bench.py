@@ -284,7 +284,7 @@ def probe_command(sb: simhost.Sandbox, spec: simhost.HostSpec) -> str:
     from fleet.facts import probe_script
 
     home = sb.host_dir(spec.name)
-    probe = probe_script(
+    return probe_script(
         python_candidates=[f"{home}/env/bin/python"],
         gpu_devices=f"{home}/dev/nvidia*",
         engines={"sglang": f"{home}/env/bin/python"},
@@ -292,7 +292,6 @@ def probe_command(sb: simhost.Sandbox, spec: simhost.HostSpec) -> str:
         state_dir=f"{home}/state",
         disk_paths=[f"{home}/models"],
     )
-    return probe
 
 
 def fabric_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], remote: str) -> None:
