@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleet.control import health as control
+from fleet.control.remote_act import alive  # a zombie (an orphan not yet collected) counts as gone
 from fleet.errors import HostUnreachable
 from fleet.health import OK, Check, HostHealth
 from fleet.inventory import Host, HostSettings
@@ -166,14 +167,6 @@ def test_the_forked_copies_end_with_the_fleet_that_forked_them(tmp_path: Path) -
     while any(alive(pid) for pid in children) and time.monotonic() < until:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in children)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"  # an orphan's zombie waits for whoever adopted it
 
 
 if __name__ == "__main__":  # in_a_fresh_process
