@@ -40,6 +40,33 @@ def test_missing_inventory_is_a_config_error(tmp_path: Path) -> None:
     assert r.code == 2 and "nope.yaml: cannot read (No such file or directory)." in r.err
 
 
+def test_health_that_cannot_run_is_unknown_not_critical(tmp_path: Path) -> None:
+    """Nagios plugin guidelines: bad arguments or configuration are UNKNOWN (3); CRITICAL (2) would page
+    someone about servers nobody checked."""
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts:\n  a:\n    address: 127.0.0.9\n    port: x\n")
+    lock = str(tmp_path / "health.lock")
+    r = run_cli("-i", str(bad), "health", "--lock-file", lock)
+    assert r.code == 3 and 'hosts.yaml:4: field "port" must be an integer' in r.err
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "health", "--host", "ct130", "--lock-file", lock)
+    assert r.code == 3 and 'no host or group named "ct130"' in r.err
+    assert run_cli("health", "--no-such-option").code == 3
+    assert run_cli("health", "--deadline", "0").code == 3
+    assert run_cli("-i", str(bad), "status").code == 2  # every other command keeps exit 2 for bad input
+
+
+def test_files_fleet_writes_are_checked_before_it_runs(tmp_path: Path) -> None:
+    """Not a traceback after the sweep: the option, the path and what is wrong with it."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    r = run_cli("health", "--textfile", str(a_file / "fleet.prom"))
+    assert r.code == 3 and f"Invalid value for '--textfile': {a_file} is not a directory" in r.err
+    r = run_cli("health", "--log-file", str(tmp_path))
+    assert r.code == 3 and f"{tmp_path} is a directory; give a file name in it." in r.err
+    r = run_cli("cron", "install", "--log-file", str(a_file / "health.log"))
+    assert r.code == 2 and "Invalid value for '--log-file'" in r.err
+
+
 def test_unknown_host_names_the_known_ones() -> None:
     r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "facts", "--host", "ct130")
     assert r.code == 2 and 'no host or group named "ct130"' in r.err and "blackwell, ct129, gpu" in r.err

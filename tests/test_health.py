@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -217,6 +218,35 @@ def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp
     assert run_cli("cron", "remove").out.strip() == "removed"
     table = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     assert "health" not in table and "0 3 * * * /usr/bin/true" in table
+
+
+def as_cron_runs_it(entry: str) -> str:
+    """The command cron hands to /bin/sh for a crontab line: after the five time fields, up to the first
+    unescaped `%` (the rest would be its stdin), with `\\%` read as `%` (vixie cron's do_command.c)."""
+    command = entry.split(None, 5)[5]
+    return re.split(r"(?<!\\)%", command, maxsplit=1)[0].replace("\\%", "%")
+
+
+def test_the_installed_cron_line_runs_as_cron_runs_it(
+    fleet_env: simhost.Sandbox, saved_crontab: None, tmp_path: Path
+) -> None:
+    """cron's own environment (no venv on PATH, a bare HOME), a log directory that does not exist yet
+    (the shell's `>>` opens it before fleet runs) and a `%` in a path (a newline to cron, unless escaped)."""
+    log = tmp_path / "100%" / "not-yet" / "health.log"
+    assert run_cli("cron", "install", "--schedule", "* * * * *", "--log-file", str(log)).code == 0
+    [entry] = [
+        x
+        for x in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.splitlines()
+        if " health " in x and not x.startswith("#")
+    ]
+    cron_env = {"HOME": str(tmp_path), "LOGNAME": "root", "SHELL": "/bin/sh", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        ["/bin/sh", "-c", as_cron_runs_it(entry)], env=cron_env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == r.stderr == "", r
+    assert log.with_name("health.log.out").read_text() == ""  # --quiet: every host OK, nothing printed
+    swept = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "hosts_swept"]
+    assert len(swept) == 1 and swept[0]["hosts"] == 2
 
 
 def test_cron_schedule_is_validated() -> None:

@@ -273,6 +273,7 @@ def test_shipped_playbooks_validate() -> None:
         assert pb.spec.smoke.prompt
 
 
+# Exit 2 for bad input, except `fleet health`: Nagios reads a check that could not run as unknown (3).
 CLI_CASES = [
     (
         ["facts", "--host", "ct129; touch /tmp/fleet-canary"],
@@ -284,8 +285,8 @@ CLI_CASES = [
     (["deploy", "qwen36-27b;touch"], 2, "not a valid playbook name"),
     (["deploy", "../../../../etc/hostname"], 2, "a playbook must be a mapping"),
     (["logs", "--host", "ct129", "-n", "-5"], 2, "-5 is not in the range"),
-    (["health", "--deadline", "-1"], 2, "-1.0 is not in the range"),
-    (["health", "--max-heals-per-hour", "1000"], 2, "1000 is not in the range"),
+    (["health", "--deadline", "-1"], 3, "-1.0 is not in the range"),
+    (["health", "--max-heals-per-hour", "1000"], 3, "1000 is not in the range"),
     (["diagnose", "/nonexistent/server.log"], 2, "/nonexistent/server.log: cannot read"),
 ]
 

@@ -83,6 +83,23 @@ def _default_path(env: str, relative: str) -> Path:
     return Path(os.environ.get(env, relative))
 
 
+def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A file fleet will create or append to (its missing directories too): refused before anything
+    runs when it cannot be, rather than a traceback after the work is done."""
+    if value is None:
+        return None
+    if value.is_dir():
+        raise click.BadParameter(f"{value} is a directory; give a file name in it.", param=param)
+    existing = value.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"{existing} is not a directory, so {value} cannot be created.", param=param)
+    if not os.access(existing, os.W_OK) or (value.exists() and not os.access(value, os.W_OK)):
+        raise click.BadParameter(f"{value} is not writable by this user; choose another path.", param=param)
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--inventory",
@@ -610,7 +627,12 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
 @cli.command()
 @click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
-@click.option("--textfile", type=click.Path(path_type=Path), help="Also write Prometheus text format here (atomic).")
+@click.option(
+    "--textfile",
+    type=click.Path(path_type=Path),
+    callback=_writable_file,
+    help="Also write Prometheus text format here (atomic).",
+)
 @click.option("--heal", is_flag=True, help="Restart unhealthy servers through the deploy loop (rate-limited).")
 @click.option(
     "--max-heals-per-hour",
@@ -637,8 +659,15 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
     help="Status of a host that cannot be reached.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing when every host is OK (for cron).")
-@click.option("--log-file", type=click.Path(path_type=Path), help="Append structured (JSON) logs here.")
-@click.option("--lock-file", type=click.Path(path_type=Path), help="Overlap lock [default ~/.cache/fleet/health.lock].")
+@click.option(
+    "--log-file", type=click.Path(path_type=Path), callback=_writable_file, help="Append structured (JSON) logs here."
+)
+@click.option(
+    "--lock-file",
+    type=click.Path(path_type=Path),
+    callback=_writable_file,
+    help="Overlap lock [default ~/.cache/fleet/health.lock].",
+)
 @click.pass_obj
 def health(
     ctx: Context,
@@ -656,8 +685,8 @@ def health(
 ) -> None:
     """Check every host (SSH, server, /health, a real generation, GPUs, Xid, ECC, crash logs); Nagios exit codes.
 
-    Exit 0 all OK, 1 warning, 2 critical, 3 unknown. One SSH round trip per host plus the heal, all hosts
-    in parallel; a second run while one is in progress exits 3 at once.
+    Exit 0 all OK, 1 warning, 2 critical, 3 unknown (also bad inventory or arguments). One SSH round trip
+    per host plus the heal, all hosts in parallel; a second run while one is in progress exits 3 at once.
 
     \b
     Examples:
@@ -696,7 +725,11 @@ def health(
             max_heals_per_hour=max_heals_per_hour,
             unreachable_status=unreachable_status,
         )
-        overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
+        try:
+            overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
+        except FleetError as exc:  # e.g. a bad inventory: the check could not run, which is not "critical"
+            exc.exit_code = EXIT_CODE["unknown"]
+            raise
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
@@ -753,6 +786,7 @@ def _health_run(
             problems=[f"{c.name}: {c.detail}" for c in r.problems()],
         )
     if textfile:
+        textfile.parent.mkdir(parents=True, exist_ok=True)
         tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
         tmp.write_text(prometheus_text(results, time.time()))
         os.replace(tmp, textfile)
@@ -809,6 +843,7 @@ def _managed(lines: list[str]) -> list[str]:
     "--log-file",
     type=click.Path(path_type=Path),
     default=None,
+    callback=_writable_file,
     help="Where cron runs log [default ~/.cache/fleet/health.log].",
 )
 @click.pass_obj
@@ -830,9 +865,11 @@ def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None)
         )
     )
     command = (
-        f"{schedule} {env} {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
+        f"{env} {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
         f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
     )
+    command = f"{schedule} " + command.replace("%", r"\%")  # cron reads an unescaped % as a newline
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # the shell's `>>` would fail on a missing directory
     current = _crontab()
     lines = [line for line in current if line not in _managed(current)]
     _write_crontab([*lines, CRON_MARK, command])
@@ -994,7 +1031,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        return 2
+        health = isinstance(exc, click.UsageError) and exc.ctx is not None and exc.ctx.command.name == "health"
+        return 3 if health else 2  # Nagios: a check given bad arguments is "unknown"
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
