@@ -112,6 +112,21 @@ def test_user_signatures_in_the_project_directory_are_tried_first(
     assert r.out.startswith("model_files_missing (our-flaky-nfs)")
 
 
+def test_only_the_pool_command_itself_skips_the_pool() -> None:
+    """`fleet pool stop` must not run in a process the pool forked; a host or playbook named "pool" may."""
+    import click
+
+    from fleet.launch import GLOBAL_OPTIONS_WITH_VALUE, command_word
+
+    assert command_word(["pool", "stop"]) == "pool"
+    assert command_word(["-i", "pool", "--debug", "--playbooks=x", "pool", "status"]) == "pool"
+    assert command_word(["health", "--host", "pool"]) == "health"
+    assert command_word(["--inventory", "pool", "deploy", "pool"]) == "deploy"
+    assert command_word(["--debug"]) is None
+    with_value = {o for p in cli.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+    assert with_value == set(GLOBAL_OPTIONS_WITH_VALUE)
+
+
 def test_help_starts_fast_without_importing_ssh_libraries() -> None:
     code = (
         "import sys, fleet.cli; fleet.cli.main(['--help']); "
