@@ -30,9 +30,14 @@ def _read(path, limit=1 << 20):
         return None
 
 
-def _proc_info(pid):
+def _command_line(pid):
     cmdline = _read("/proc/%d/cmdline" % pid)
-    if cmdline is None:
+    return None if cmdline is None else " ".join(a for a in cmdline.split("\0") if a != "")
+
+
+def _proc_info(pid, command_line=None):
+    command_line = command_line if command_line is not None else _command_line(pid)
+    if command_line is None:
         return None
     stat = _read("/proc/%d/stat" % pid) or ""
     status = _read("/proc/%d/status" % pid) or ""
@@ -49,7 +54,6 @@ def _proc_info(pid):
     ppid = int(rest[1]) if len(rest) > 1 else 0
     pgid = int(rest[2]) if len(rest) > 2 else 0
     start_ticks = int(rest[19]) if len(rest) > 19 else 0
-    args = [a for a in cmdline.split("\0") if a != ""]
     return {
         "pid": pid,
         "ppid": ppid,
@@ -57,7 +61,7 @@ def _proc_info(pid):
         "uid": uid,
         "user": user,
         "comm": comm,
-        "cmdline": " ".join(args)[:2000],
+        "cmdline": command_line[:2000],
         "start_ticks": start_ticks,
     }
 
@@ -416,8 +420,11 @@ def collect(args):
         ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})
     servers = []
     for pid in _pids():
-        info = _proc_info(pid)
-        if info and ENGINE_RE.search(info["cmdline"]) and pid != os.getpid():
+        command_line = _command_line(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
+        if not command_line or not ENGINE_RE.search(command_line) or pid == os.getpid():
+            continue
+        info = _proc_info(pid, command_line)
+        if info:
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
             servers.append(info)
     load = (_read("/proc/loadavg") or "0 0 0").split()[:3]
