@@ -59,6 +59,10 @@ def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.San
     status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
     assert status["status"] == "ready" and status["pid"] not in (None, old_pid)
     assert health("--host", "ct129")[0] == 0
+    kill_server(fleet_env)
+    text = run_cli("health", "--host", "ct129", "--heal").out.splitlines()
+    assert "server process" in text[0] and "is gone" in text[0] and "heal" not in text[0]
+    assert text[1].split() == ["heal:", "restarted:", "server", "ready"] and len(text) == 2
 
 
 def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhost.Sandbox) -> None:

@@ -796,7 +796,7 @@ def _health_run(
             _emit_json(r.to_json())
     elif not (quiet and overall == "ok"):
         for r in results:
-            problems = r.problems()
+            problems = [c for c in r.problems() if c.name != "heal"]  # the heal has a line of its own
             summary = "; ".join(f"{c.name}: {c.detail}" for c in problems[:3]) or "all checks ok"
             click.echo(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")
             if r.heal:
