@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import sys
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from fleet.facts import HostFacts, one_line
 
-console = Console(highlight=False)
+
+@functools.cache
+def console() -> Console:
+    """Made on first use, for the stdout of the run (a pool-forked run gets its own after the fork).
+    A long line stays one line, and a table as wide as its cells, where the output is not a terminal
+    (grep, pipes, files): rich would otherwise fold both at 80 columns."""
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 
 
 def mib(value: int | None) -> str:
@@ -16,14 +25,14 @@ def mib(value: int | None) -> str:
 
 
 def render_facts(f: HostFacts, warnings: list[str]) -> None:
-    console.print(
+    console().print(
         f"[bold]{f.host}[/] ({f.hostname}, user {f.user}) — GPUs via {f.gpu_source}, "
         f"driver {f.driver_version or '?'}, CUDA {f.cuda_version or '?'}"
     )
     if f.gpu_error:
-        console.print(f"  [yellow]GPU query problem:[/] {f.gpu_error}")
+        console().print(f"  [yellow]GPU query problem:[/] {f.gpu_error}")
     for w in warnings:
-        console.print(f"  [yellow]warning:[/] {escape(w)}")
+        console().print(f"  [yellow]warning:[/] {escape(w)}")
     t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes")
     for g in f.gpus:
         procs = ", ".join(f"{p.pid} ({mib(p.used_mib)})" for p in g.processes) or "-"
@@ -35,26 +44,26 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
             f"{g.temperature_c}°C" if g.temperature_c is not None else "?",
             procs,
         )
-    console.print(t)
+    console().print(t)
     for name, e in sorted(f.engines.items()):
-        console.print(
+        console().print(
             f"  engine {name}: {e.version or 'not installed'} ({e.python}){' — ' + e.error if e.error else ''}"
         )
     if f.holders:
-        console.print("  GPU device holders:")
+        console().print("  GPU device holders:")
         for p in f.holders:
-            console.print(f"    pid {p.pid} user {p.user}: {one_line(p.cmdline)[:120]}")
+            console().print(f"    pid {p.pid} user {p.user}: {one_line(p.cmdline)[:120]}")
     if f.servers:
-        console.print("  inference servers:")
+        console().print("  inference servers:")
         for p in f.servers:
             ports = ",".join(map(str, p.ports)) or "-"
-            console.print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {one_line(p.cmdline)[:120]}")
+            console().print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {one_line(p.cmdline)[:120]}")
     for d in f.disks:
-        console.print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
+        console().print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
     if f.model:
         m = f.model
         size = f"{m.weights_bytes / 1e9:.1f} GB" if m.weights_bytes else "size unknown"
-        console.print(f"  model {m.path}: {'present' if m.exists else 'MISSING'}, {size}")
+        console().print(f"  model {m.path}: {'present' if m.exists else 'MISSING'}, {size}")
 
 
 def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa: UP037 - lazy import below
@@ -62,38 +71,37 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
 
     plan = result.plan
     if result.model:
-        console.print(f"[bold]{playbook}[/] on [bold]{host}[/]: {result.model.describe()}")
+        console().print(f"[bold]{playbook}[/] on [bold]{host}[/]: {result.model.describe()}")
     if result.gpus:
         g = result.gpus
-        console.print(
+        console().print(
             f"  GPUs: {g.count}x {g.name} (SM{g.sm}, {g.memory_mib / 1024:.0f} GiB, "
             f"{'NVLink' if g.nvlink else 'PCIe only'})"
         )
     if plan:
-        console.print(f"  engine: {plan.engine} {'.'.join(map(str, plan.engine_version or ()))}")
+        console().print(f"  engine: {plan.engine} {'.'.join(map(str, plan.engine_version or ()))}")
         groups: dict[tuple[str, str, str], list[str]] = {}
         for f in plan.flags:  # one line per rule: its flags, then why
             groups.setdefault((f.rule, f.reason, f.source), []).append(" ".join(f.words()))
         for (rule, reason, source), words in groups.items():
-            console.print(f"  {'  '.join(words)}", markup=False, soft_wrap=True)
-            console.print(
+            console().print(f"  {'  '.join(words)}", markup=False)
+            console().print(
                 f"      [{rule}] {reason}{' (' + source + ')' if source else ''}",
                 style="dim",
                 markup=False,
-                soft_wrap=True,
             )
         for e in plan.env:
-            console.print(f"  env {e.name}={e.value}  [{e.rule}] {e.reason}", markup=False, soft_wrap=True)
+            console().print(f"  env {e.name}={e.value}  [{e.rule}] {e.reason}", markup=False)
         for name in plan.secret_env:
-            console.print(f"  env {name}=<secret, sent through a 0600 file>")
+            console().print(f"  env {name}=<secret, sent through a 0600 file>")
         if plan.applied_fixes:
-            console.print(f"  learned fixes applied: {', '.join(plan.applied_fixes)}")
+            console().print(f"  learned fixes applied: {', '.join(plan.applied_fixes)}")
         env = " ".join(f"{e.name}={shlex.quote(e.value)}" for e in plan.env)
-        console.print("\n[bold]command:[/]", soft_wrap=True)
-        console.print(f"{env} {shlex.join(plan.argv())}", soft_wrap=True, markup=False)
+        console().print("\n[bold]command:[/]")
+        console().print(f"{env} {shlex.join(plan.argv())}", markup=False)
     style = {"error": "red", "crash": "red", "warning": "yellow", "info": "cyan"}
     for v in result.verdicts:
-        console.print(f"{v.level} [{v.rule}] {v.message}", style=style.get(v.level), markup=False, soft_wrap=True)
+        console().print(f"{v.level} [{v.rule}] {v.message}", style=style.get(v.level), markup=False)
 
 
 from fleet.plan.build import PlanResult  # noqa: E402 - only for the annotation above
