@@ -110,3 +110,14 @@ def test_gpus_from_ampere_on_report_row_remapping_not_page_retirement(fleet_env:
     gpu = json.loads(run_cli("facts", "--host", "ct129", "--json").out)["gpu"]["gpus"][0]
     assert gpu["retired_pages_pending"] is None
     assert gpu["row_remap_pending"] is False and gpu["row_remap_failure"] is False
+
+
+def test_plan_and_facts_print_whole_lines_into_a_pipe(fleet_env: simhost.Sandbox) -> None:
+    """Output read by grep or saved to a file is not folded at 80 columns (rich's default off a terminal)."""
+    r = run_cli("plan", "qwen35-nvfp4", "--host", "ct129")
+    assert r.code == 4
+    first = r.out.splitlines()[0]
+    assert first.startswith("qwen35-nvfp4 on ct129: Qwen3_5MoeForConditionalGeneration") and "GB weights" in first
+    assert any(x.startswith("error [quant-capability]") and x.endswith("(Marlin, slow).") for x in r.out.splitlines())
+    facts = run_cli("facts", "--host", "blackwell").out.splitlines()
+    assert sum("│ NVIDIA RTX PRO 6000 Blackwell Workstation Edition │ 12.0 │" in x for x in facts) == 8
