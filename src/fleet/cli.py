@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import ConfigError, DeployFailed, FleetError
 from fleet.paths import cache_dir, pool_socket, warm_socket
 
 if TYPE_CHECKING:  # pydantic and the rest load only when a command needs them: cron starts fleet often
@@ -429,7 +429,7 @@ def multi_host_options(fn: Any) -> Any:
 
 def _each_host(
     ctx: Context, host_name: str | None, all_hosts: bool, fn: Any
-) -> list[tuple[str, Any, Exception | None]]:
+) -> list[tuple[str, Any, FleetError | None]]:
     """Run fn(transport, host) on the chosen hosts in parallel; one host failing does not stop the others."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -437,7 +437,7 @@ def _each_host(
         raise ConfigError("no host given.", "Pass --host NAME or --all.")
     hosts = ctx.inventory.select([host_name] if host_name else None)
 
-    def one(host: Host) -> tuple[str, Any, Exception | None]:
+    def one(host: Host) -> tuple[str, Any, FleetError | None]:
         try:
             with transport_for(ctx, host) as t:
                 return host.name, fn(t, host), None
@@ -446,6 +446,13 @@ def _each_host(
 
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
         return list(pool.map(one, hosts))
+
+
+def _exit_for_failures(codes: list[int]) -> None:
+    """Several hosts' failures as one exit code: theirs when they agree (3: every failed host was
+    unreachable), else 1. Nothing failed: return."""
+    if codes:
+        raise click.exceptions.Exit(codes[0] if len(set(codes)) == 1 else 1)
 
 
 @cli.command()
@@ -463,16 +470,16 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
     results = _each_host(
         ctx, host_name, all_hosts, lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name))
     )
-    failed = False
+    failures = []
     for name, r, err in results:
         if err:
             click.echo(f"{name}: error: {err}", err=True)
-            failed = True
+            failures.append(err.exit_code)
         else:
             _print_result(r)
-            failed |= not r.ok
-    if failed:
-        raise click.exceptions.Exit(7)
+            if not r.ok:
+                failures.append(DeployFailed.exit_code)
+    _exit_for_failures(failures)
 
 
 @cli.command()
@@ -487,17 +494,16 @@ def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> N
     """
     from fleet.control import ops
 
-    failed = False
+    failures = []
     for name, out, err in _each_host(ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force)):
         if err:
             click.echo(f"{name}: error: {err}", err=True)
-            failed = True
+            failures.append(err.exit_code)
             continue
         stopped = out.get("stopped", [])
         lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
         click.echo(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
-    if failed:
-        raise click.exceptions.Exit(1)
+    _exit_for_failures(failures)
 
 
 @cli.command()
@@ -514,12 +520,14 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
     from fleet.control import ops
     from fleet.control.facts import read_facts
 
-    rows = []
+    rows, failures = [], []
     for name, row, err in _each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):
         rows.append(row if row else {"host": name, "status": "unreachable", "error": str(err)})
+        failures += [err.exit_code] if err else []
     if as_json:
         for row in rows:
             _emit_json(row)
+        _exit_for_failures(failures)
         return
     for r in rows:
         if r.get("error"):
@@ -532,6 +540,7 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
             f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
             f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
         )
+    _exit_for_failures(failures)
 
 
 @cli.command()
