@@ -65,6 +65,23 @@ def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.San
     assert text[1].split() == ["heal:", "restarted:", "server", "ready"] and len(text) == 2
 
 
+def test_an_unreadable_deployment_record_is_a_warning_not_an_idle_host(fleet_env: simhost.Sandbox) -> None:
+    """A state file edited by hand or cut short by a failing disk: the server can no longer be checked,
+    which fleet says, instead of "no fleet deployment recorded" and OK while a server runs unwatched."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    state = fleet_env.host_dir("ct129") / "state" / "state.json"
+    state.write_text(state.read_text()[:40])
+    code, rows, _ = health("--host", "ct129", "--skip-generation")
+    checks = {c["name"]: c for c in rows[0]["checks"]}
+    assert (
+        code == 1 and checks["server"]["status"] == "warning" and "record is unreadable" in checks["server"]["detail"]
+    )
+    assert checks["fleet_state"]["detail"].startswith(f"unreadable on the host: {state}: ")
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "unreadable"
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0  # rewrites the record
+    assert health("--host", "ct129", "--skip-generation")[0] == 0
+
+
 def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     kill_server(fleet_env)

@@ -166,6 +166,7 @@ def facts(ctx: Context, host_name: str, model: str | None, as_json: bool) -> Non
     with transport_for(ctx, host) as t:
         f = read_facts(t, host, model=model)
     warnings = [m.message for m in gpu_mismatches(host.settings.expected_gpus, f.gpus)]
+    warnings += [f"fleet's state on the host is unreadable: {e}" for e in f.remote.errors]
     if as_json:
         _emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run, "warnings": warnings})
         return
@@ -535,7 +536,7 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
             continue
         up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
         click.echo(
-            f"{r['host']:<12} {r['status']:<8} {r.get('playbook') or '-':<18} "
+            f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
             f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} pid {r.get('pid') or '-':<7} "
             f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
             f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"

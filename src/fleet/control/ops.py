@@ -249,7 +249,7 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
     alive = any(p.pid == pid for p in facts.servers) if isinstance(pid, int) else False
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
-    status = st.get("status", "none")
+    status = st.get("status", "unreadable" if facts.remote.state_error else "none")
     if status == "ready" and not alive:
         status = "dead"
     return {

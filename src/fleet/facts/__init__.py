@@ -101,8 +101,9 @@ class RemoteState:
     learned: dict[str, Any] | None
     lock: dict[str, Any] | None
     lock_age_s: float | None
-    errors: tuple[str, ...]
+    errors: tuple[str, ...]  # fleet's files on the host that exist but cannot be read (path: why)
     heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
+    state_error: str | None = None  # the deployment record itself is unreadable: what runs is unknown
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         lock_age_s=st.get("lock_age_s"),
         errors=tuple(v for k, v in st.items() if k.endswith("_error")),
         heals=tuple(float(t) for t in (st.get("heals") or []) if isinstance(t, int | float)),
+        state_error=st.get("state_error"),
     )
     devices = raw.get("devices", {})
     return HostFacts(

@@ -148,8 +148,12 @@ def evaluate(
         checks.append(
             Check("oom_killer", WARNING, f"{len(ooms)} OOM-killer event(s) since the last check: {ooms[-1][-160:]}")
         )
+    if facts.remote.errors:  # e.g. edited by hand, or a disk that failed mid-write
+        checks.append(Check("fleet_state", WARNING, "unreadable on the host: " + "; ".join(facts.remote.errors)))
     # the server
-    if not st:
+    if not st and facts.remote.state_error:
+        checks.append(Check("server", WARNING, "the deployment record is unreadable: what should run is unknown"))
+    elif not st:
         checks.append(Check("server", OK, "no fleet deployment recorded"))
     elif status == "stopped":
         checks.append(Check("server", OK, "stopped by an operator"))
