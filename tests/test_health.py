@@ -51,6 +51,7 @@ def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.San
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     old_pid = json.loads(run_cli("status", "--host", "ct129", "--json").out)["pid"]
     kill_server(fleet_env)
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
     code, rows, _ = health("--host", "ct129")
     assert code == 2 and rows[0]["status"] == "critical" and rows[0]["healable"]
     assert any(c["name"] == "server" and "is gone" in c["detail"] for c in rows[0]["checks"])
@@ -79,6 +80,11 @@ def test_an_unreadable_deployment_record_is_a_warning_not_an_idle_host(fleet_env
     assert checks["fleet_state"]["detail"].startswith(f"unreadable on the host: {state}: ")
     assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "unreadable"
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0  # rewrites the record
+    record = json.loads(state.read_text())
+    state.write_text(json.dumps({**record, "status": "starting"}))  # as left by a fleet run killed mid-deploy
+    kill_server(fleet_env)
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     assert health("--host", "ct129", "--skip-generation")[0] == 0
 
 

@@ -250,8 +250,8 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
     status = st.get("status", "unreadable" if facts.remote.state_error else "none")
-    if status == "ready" and not alive:
-        status = "dead"
+    if (status == "ready" or (status == "starting" and isinstance(pid, int))) and not alive:
+        status = "dead"  # also "starting" with its engine gone: it crashed, or the run launching it died
     return {
         "host": host.name,
         "playbook": st.get("playbook"),
