@@ -230,3 +230,25 @@ def test_secrets_in_engine_errors_are_redacted(
     assert token not in r.out + r.err
     j = run_cli("deploy", "tok", "--host", "ct129", "--json")
     assert token not in j.out + j.err
+
+
+def test_commands_over_several_hosts_report_the_others_and_exit_with_what_failed(
+    fleet_env: simhost.Sandbox, tmp_path: Path
+) -> None:
+    """One unreachable host does not hide the others, and a script can tell it happened: exit 3 (every
+    failure was "unreachable"), not 0 (status said nothing) or 1 (stop)."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        fleet_env.inventory.read_text().replace(
+            "groups:", "  gone: {address: 127.0.2.51, connect_timeout_s: 2}\ngroups:"
+        )
+    )
+    status = run_cli("-i", str(inv), "status")
+    assert status.code == 3, status
+    lines = {line.split()[0]: line for line in status.out.splitlines()}
+    assert set(lines) == {"blackwell", "ct129", "gone"} and "unreachable" in lines["gone"]
+    as_json = run_cli("-i", str(inv), "status", "--json")
+    assert as_json.code == 3 and len(as_json.out.splitlines()) == 3
+    assert run_cli("-i", str(inv), "status", "--host", "ct129").code == 0
+    stop = run_cli("-i", str(inv), "stop", "--all")
+    assert stop.code == 3 and "ct129: stopped" in stop.out and "gone: error: gone: cannot connect" in stop.err
