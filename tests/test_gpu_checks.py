@@ -74,3 +74,20 @@ def test_health_reports_a_missing_gpu_as_hardware_and_other_mismatches_as_warnin
     wrong_model = evaluate("blackwell", {}, facts("blackwell", RTX_A6000, 8), None, expected_gpus=BLACKWELL_BOX)
     assert [(c.status, c.hardware) for c in wrong_model.checks if c.name == "gpus"] == [(WARNING, False)] * 2
     assert wrong_model.status == WARNING
+
+
+def test_gpus_that_cannot_be_read_are_never_an_ok_host() -> None:
+    """No GPU data means no GPU check ran: a driver that does not answer is critical hardware (not healed);
+    a host without NVML or nvidia-smi installed is a warning; neither reads as "expects 8, reports 0"."""
+    box = facts("blackwell", RTX_PRO_6000, 8)
+    driver_gone = replace(
+        box, gpus=(), gpu_source="none", gpu_error="no NVML (NVMLError: Driver Not Loaded) and no nvidia-smi"
+    )
+    sick = evaluate("blackwell", {}, driver_gone, None, expected_gpus=BLACKWELL_BOX)
+    [gpus] = [c for c in sick.checks if c.name == "gpus"]
+    assert (gpus.status, gpus.hardware) == (CRITICAL, True) and gpus.detail.startswith("cannot read the GPUs: no NVML")
+    no_tools = replace(
+        driver_gone, gpu_error="no NVML (ModuleNotFoundError: No module named 'pynvml') and no nvidia-smi"
+    )
+    unobservable = evaluate("blackwell", {}, no_tools, None)
+    assert [(c.status, c.hardware) for c in unobservable.checks if c.name == "gpus"] == [(WARNING, False)]

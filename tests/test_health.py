@@ -119,6 +119,19 @@ def test_skip_generation_skips_it(fleet_env: simhost.Sandbox) -> None:
     assert {c["name"]: c for c in rows[0]["checks"]}["generation"]["detail"] == "skipped (--skip-generation)"
 
 
+def test_a_driver_that_does_not_answer_is_critical_not_an_empty_ok(fleet_env: simhost.Sandbox) -> None:
+    """NVML and nvidia-smi both failing left no GPU checks to run, and the host read OK."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    simhost.set_host(fleet_env.host_dir("ct129"), nvml_broken=True)  # nvidia-smi still answers
+    assert health("--host", "ct129", "--skip-generation")[0] == 0
+    simhost.set_host(fleet_env.host_dir("ct129"), nvidia_smi_broken=True)
+    code, rows, _ = health("--host", "ct129", "--heal", "--skip-generation")
+    gpus = {c["name"]: c for c in rows[0]["checks"]}["gpus"]
+    assert code == 2 and gpus["status"] == "critical" and gpus["hardware"]
+    assert gpus["detail"].startswith("cannot read the GPUs: NVIDIA-SMI has failed because it couldn't communicate")
+    assert rows[0]["heal"] is None  # restarting the engine cannot bring a driver back
+
+
 def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     h = fleet_env.host_dir("ct129")

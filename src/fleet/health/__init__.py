@@ -257,7 +257,20 @@ def evaluate(
         foreign = [p.pid for p in g.processes if p.pid not in server_pids]
         if foreign and server_pids:
             checks.append(Check(f"gpu{g.index} foreign", WARNING, f"processes not of the server: {foreign}"))
-    for mismatch in gpu_mismatches(expected_gpus, facts.gpus):
+    unread = bool(facts.gpu_error) and not facts.gpus
+    if unread:  # no GPU checks ran at all: not "OK"
+        # NVML and nvidia-smi both failing is the driver (not loaded, a GPU fallen off the bus); a host with
+        # neither tool installed is only unobservable.
+        no_tools = facts.gpu_source == "none" and "No module named" in (facts.gpu_error or "")
+        checks.append(
+            Check(
+                "gpus",
+                WARNING if no_tools else CRITICAL,
+                f"cannot read the GPUs: {facts.gpu_error}",
+                hardware=not no_tools,
+            )
+        )
+    for mismatch in [] if unread else gpu_mismatches(expected_gpus, facts.gpus):
         # Fewer GPUs than the box has is hardware (a restart cannot bring one back); the rest is a warning.
         checks.append(
             Check("gpus", CRITICAL if mismatch.missing else WARNING, mismatch.message, hardware=mismatch.missing)
