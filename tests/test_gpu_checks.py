@@ -89,5 +89,8 @@ def test_gpus_that_cannot_be_read_are_never_an_ok_host() -> None:
     no_tools = replace(
         driver_gone, gpu_error="no NVML (ModuleNotFoundError: No module named 'pynvml') and no nvidia-smi"
     )
-    unobservable = evaluate("blackwell", {}, no_tools, None)
-    assert [(c.status, c.hardware) for c in unobservable.checks if c.name == "gpus"] == [(WARNING, False)]
+    no_library = replace(
+        driver_gone, gpu_error="no NVML (NVMLError_LibraryNotFound: NVML Shared Library Not Found) and no nvidia-smi"
+    )
+    for unobservable in (evaluate("blackwell", {}, f, None) for f in (no_tools, no_library)):
+        assert [(c.status, c.hardware) for c in unobservable.checks if c.name == "gpus"] == [(WARNING, False)]

@@ -261,7 +261,8 @@ def evaluate(
     if unread:  # no GPU checks ran at all: not "OK"
         # NVML and nvidia-smi both failing is the driver (not loaded, a GPU fallen off the bus); a host with
         # neither tool installed is only unobservable.
-        no_tools = facts.gpu_source == "none" and "No module named" in (facts.gpu_error or "")
+        error = facts.gpu_error or ""
+        no_tools = facts.gpu_source == "none" and ("No module named" in error or "Library Not Found" in error)
         checks.append(
             Check(
                 "gpus",
