@@ -22,7 +22,7 @@ import click
 from fleet.errors import ConfigError, DeployFailed, FleetError
 from fleet.paths import cache_dir, pool_socket, warm_socket
 
-if TYPE_CHECKING:  # pydantic and the rest load only when a command needs them: cron starts fleet often
+if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
     from fleet.control.health import HealthOptions
     from fleet.inventory import Host, Inventory, NamedPlaybook
 
