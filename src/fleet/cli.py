@@ -525,22 +525,20 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
     for name, row, err in _each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):
         rows.append(row if row else {"host": name, "status": "unreachable", "error": str(err)})
         failures += [err.exit_code] if err else []
-    if as_json:
-        for row in rows:
-            _emit_json(row)
-        _exit_for_failures(failures)
-        return
     for r in rows:
-        if r.get("error"):
+        if as_json:
+            _emit_json(r)
+        elif r.get("error"):
             click.echo(f"{r['host']:<12} unreachable  {r['error']}")
-            continue
-        up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
-        click.echo(
-            f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
-            f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} pid {r.get('pid') or '-':<7} "
-            f"port {r.get('port') or '-':<6} up {up:<8} attempts {r.get('attempts') or '-'}"
-            f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
-        )
+        else:
+            up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
+            click.echo(
+                f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
+                f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
+                f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
+                f"attempts {r.get('attempts') or '-'}"
+                f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
+            )
     _exit_for_failures(failures)
 
 
@@ -735,11 +733,7 @@ def health(
             max_heals_per_hour=max_heals_per_hour,
             unreachable_status=unreachable_status,
         )
-        try:
-            overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
-        except FleetError as exc:  # e.g. a bad inventory: the check could not run, which is not "critical"
-            exc.exit_code = EXIT_CODE["unknown"]
-            raise
+        overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
@@ -1028,21 +1022,25 @@ def pool_stop() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: returns the exit code (0 ok; see fleet.errors for the others)."""
+    from fleet.launch import command_word
+
+    args = argv if argv is not None else sys.argv[1:]
+    # Nagios: a check that could not run (bad inventory or arguments, say) is "unknown", not "critical".
+    could_not_run = 3 if command_word(args) == "health" else None
     try:
         code = cli.main(args=argv, prog_name="fleet", standalone_mode=False)
     except FleetError as exc:
         click.echo(f"error: {exc.message}", err=True)
         if exc.hint:
             click.echo(f"       {exc.hint}", err=True)
-        if "--debug" in (argv if argv is not None else sys.argv):
+        if "--debug" in args:
             raise
-        return exc.exit_code
+        return could_not_run or exc.exit_code
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        health = isinstance(exc, click.UsageError) and exc.ctx is not None and exc.ctx.command.name == "health"
-        return 3 if health else 2  # Nagios: a check given bad arguments is "unknown"
+        return could_not_run or 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
