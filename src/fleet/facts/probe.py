@@ -76,6 +76,56 @@ def _pids():
 
 def _listeners():
     """inode -> (address, port) for every listening TCP socket."""
+    try:
+        return _listeners_netlink()
+    except Exception:  # no AF_NETLINK (a locked-down container): the /proc tables say the same
+        return _listeners_proc()
+
+
+def _listeners_netlink():
+    """Asked of the kernel's sock_diag for listening sockets only: /proc/net/tcp walks the whole
+    established-connection table to list them (3-7 ms on a host with a large one; this ~0.05 ms)."""
+    import _socket as socket  # the C module: socket.py's enum set-up would cost more (~3 ms) than the query
+    import struct
+
+    found = {}
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)  # NETLINK_SOCK_DIAG
+    sock.settimeout(5)
+    try:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            # inet_diag_req_v2: family, protocol, ext, pad, state mask (1 << TCP_LISTEN), a zeroed sockid
+            request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << 10) + bytes(48)
+            # nlmsghdr: length, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, sequence, port id
+            sock.send(struct.pack("=IHHII", 16 + len(request), 20, 0x301, 1, 0) + request)
+            done = False
+            while not done:
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise OSError("netlink: no answer")
+                offset = 0
+                while offset + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, offset)
+                    if kind == 3:  # NLMSG_DONE
+                        done = True
+                        break
+                    if kind == 2 or length < 16:  # NLMSG_ERROR
+                        raise OSError("netlink: error answer")
+                    body = offset + 16  # inet_diag_msg
+                    port = struct.unpack_from(">H", data, body + 4)[0]
+                    source = data[body + 8 : body + 24]
+                    inode = struct.unpack_from("=I", data, body + 68)[0]
+                    if data[body] == socket.AF_INET:
+                        address = socket.inet_ntop(socket.AF_INET, source[:4])
+                    else:
+                        address = "::" if not any(source) else "v6"
+                    found[str(inode)] = (address, port)
+                    offset += (length + 3) & ~3
+    finally:
+        sock.close()
+    return found
+
+
+def _listeners_proc():
     found = {}
     for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
         text = _read(path) or ""

@@ -1,0 +1,79 @@
+"""The probe finds listening TCP sockets through the kernel's sock_diag netlink interface (it does not
+walk the established-connection table as /proc/net/tcp does) and reads /proc/net/tcp{,6} where
+netlink is refused; both ways must report the same sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from fleet.facts import probe_source
+
+REPORT = (
+    "\nimport json\n"
+    "print(json.dumps({'netlink': _listeners_netlink(), 'proc': _listeners_proc(), 'used': _listeners()}))\n"
+)
+
+
+def listeners_seen(prelude: str = "") -> dict[str, dict[str, list[object]]]:
+    code = prelude + "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source() + REPORT
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+@pytest.fixture
+def many_listeners() -> Iterator[list[tuple[str, int]]]:
+    """300 IPv4 listeners (more than one netlink answer holds), one IPv6 wildcard and one IPv6 loopback."""
+    socks = []
+    try:
+        for _ in range(300):
+            s = socket.socket(socket.AF_INET)
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            socks.append(s)
+        for address in ("::", "::1"):
+            s = socket.socket(socket.AF_INET6)
+            s.bind((address, 0))
+            s.listen()
+            socks.append(s)
+        yield [(s.getsockname()[0], s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_netlink_and_proc_tables_report_the_same_listeners(many_listeners: list[tuple[str, int]]) -> None:
+    seen = listeners_seen()
+    assert seen["netlink"] == seen["proc"] == seen["used"]
+    reported = {tuple(v) for v in seen["netlink"].values()}
+    expected = {("127.0.0.1", port) for _, port in many_listeners[:300]}
+    expected |= {("::", many_listeners[300][1]), ("v6", many_listeners[301][1])}
+    assert expected <= reported
+
+
+def test_without_netlink_the_proc_tables_are_read(many_listeners: list[tuple[str, int]]) -> None:
+    # as in a container whose seccomp profile refuses AF_NETLINK sockets
+    refuse = (
+        "import _socket\n"
+        "REFUSED = []\n"
+        "class _NoNetlink(_socket.socket):\n"
+        "    def __init__(self, family=-1, *a, **k):\n"
+        "        if family == _socket.AF_NETLINK:\n"
+        "            REFUSED.append(family)\n"
+        "            raise PermissionError(1, 'Operation not permitted')\n"
+        "        super().__init__(family, *a, **k)\n"
+        "_socket.socket = _NoNetlink\n"
+    )
+    code = refuse + "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source()
+    code += "\nimport json\nprint(json.dumps({'listeners': _listeners(), 'refused': len(REFUSED)}))\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["refused"] == 1
+    assert {port for _, port in many_listeners} <= {v[1] for v in seen["listeners"].values()}
