@@ -67,6 +67,15 @@ def test_files_fleet_writes_are_checked_before_it_runs(tmp_path: Path) -> None:
     assert r.code == 2 and "Invalid value for '--log-file'" in r.err
 
 
+def test_a_path_root_may_access_but_not_create_is_refused_too() -> None:
+    """os.access says yes to root everywhere; /proc takes no new file and /proc/loadavg no writes."""
+    r = run_cli("health", "--lock-file", "/proc/fleet.lock")
+    assert r.code == 3 and "/proc/fleet.lock cannot be written: no file can be created in /proc" in r.err
+    assert "Traceback" not in r.err
+    r = run_cli("health", "--textfile", "/proc/fleet/fleet.prom")
+    assert r.code == 3 and "Invalid value for '--textfile': /proc/fleet/fleet.prom cannot be written" in r.err
+
+
 def test_unknown_host_names_the_known_ones() -> None:
     r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "facts", "--host", "ct130")
     assert r.code == 2 and 'no host or group named "ct130"' in r.err and "blackwell, ct129, gpu" in r.err

@@ -95,8 +95,28 @@ def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | No
         existing = existing.parent
     if not existing.is_dir():
         raise click.BadParameter(f"{existing} is not a directory, so {value} cannot be created.", param=param)
-    if not os.access(existing, os.W_OK) or (value.exists() and not os.access(value, os.W_OK)):
-        raise click.BadParameter(f"{value} is not writable by this user; choose another path.", param=param)
+    import tempfile  # only when such an option is given: its imports (random, hashlib) are start-up time
+
+    # Tried, not asked with os.access: root passes every access check, yet cannot create a file in a
+    # pseudo-filesystem such as /proc or on a read-only mount.
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".fleet-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{value} cannot be written: no file can be created in {existing} ({exc.strerror or exc}); "
+            "choose another path.",
+            param=param,
+        ) from exc
+    try:
+        if value.exists():
+            with open(value, "a"):  # opened to append, nothing written
+                pass
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{value} cannot be written ({exc.strerror or exc}); choose another path.", param=param
+        ) from exc
     return value
 
 
