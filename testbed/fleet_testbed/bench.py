@@ -7,7 +7,8 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
   2. crash-to-relaunch latency: from the crash's last log write on the host to fleet issuing the relaunch;
   3. health sweep over 1, 10, 50 hosts: `fleet health --json` vs parallel plain `ssh` running the same
      probe and a Fabric ThreadingGroup running it (fabric's default: no host-key checking, less work),
-     each a whole process, with the CPU time the whole machine spent (the simulated hosts share its CPUs);
+     each a whole process, with the CPU time the whole machine spent (the simulated hosts share its CPUs)
+     and, for fleet's sweep, how much of it fleet's own processes spent;
      and the same with connections kept between runs: fleet through `fleet pool`, ssh through
      ControlMaster, and the floor (the probe written into remote shells already open);
   4. cold start: `fleet --help` and `fleet health` on one host, whole process;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -51,13 +53,23 @@ def machine_cpu_s() -> float:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / ticks
 
 
-def timed_cpu(fn: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
+def children_cpu_s() -> float:
+    """CPU seconds spent by this benchmark's finished child processes (and the children they waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_cpu(fn: Callable[[], object], n: int, own: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Wall and whole-machine CPU seconds of n runs; `own` collects the CPU of the processes `fn` ran
+    (the client's side, where the rest is the simulated hosts' sshd and probes)."""
     walls, cpus = [], []
     for _ in range(n):
-        c0, t0 = machine_cpu_s(), time.perf_counter()
+        c0, k0, t0 = machine_cpu_s(), children_cpu_s(), time.perf_counter()
         fn()
         walls.append(time.perf_counter() - t0)
         cpus.append(machine_cpu_s() - c0)
+        if own is not None:
+            own.append(children_cpu_s() - k0)
     return walls, cpus
 
 
@@ -368,8 +380,9 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
     lines = [
         title,
         "| hosts | fleet health --json | plain ssh (parallel) | Fabric ThreadingGroup | fleet vs ssh | "
-        f"fleet vs Fabric | CPU-s fleet / ssh / Fabric | fleet vs CPU bound ({cores} CPUs) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"fleet vs Fabric | CPU-s fleet / ssh / Fabric | fleet vs CPU bound ({cores} CPUs) | "
+        "CPU-s of fleet's sweep: fleet's processes / the rest (the hosts' sshd and probes) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     warm = [
         f"{title.split('(')[0].strip()}, connections kept between runs (opened before the timed runs)",
@@ -406,7 +419,8 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
                         )
                     )
 
-            f, fc = timed_cpu(fleet_sweep, n)
+            own: list[float] = []
+            f, fc = timed_cpu(fleet_sweep, n, own)
             sh, shc = timed_cpu(ssh_sweep, n)
             fb, fbc = timed_cpu(lambda subset=subset, remote=remote: fabric_sweep(sb, subset, remote), n)
             fm, sm, fbm = (statistics.median(x) for x in (f, sh, fb))
@@ -414,7 +428,8 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
             lines.append(
                 f"| {size} | {fm:.3f} ({min(f):.3f}-{max(f):.3f}) | {sm:.3f} ({min(sh):.3f}-{max(sh):.3f}) | "
                 f"{fbm:.3f} ({min(fb):.3f}-{max(fb):.3f}) | {fm / sm:.2f}x | {fm / fbm:.2f}x | "
-                f"{fcm:.2f} / {shcm:.2f} / {fbcm:.2f} | {fm / (fcm / cores):.2f}x |"
+                f"{fcm:.2f} / {shcm:.2f} / {fbcm:.2f} | {fm / (fcm / cores):.2f}x | "
+                f"{statistics.median(own):.2f} / {fcm - statistics.median(own):.2f} |"
             )
 
             fleet_sweep(env=pool_env)  # the pool opens this size's connections (untimed)
