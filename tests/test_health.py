@@ -47,6 +47,18 @@ def test_all_healthy_exits_0_and_quiet_prints_nothing(fleet_env: simhost.Sandbox
     assert quiet.code == 0 and quiet.out == ""
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated host's own /proc/loadavg needs a mount namespace (root)")
+def test_a_host_loaded_beyond_twice_its_cpus_is_a_warning(fleet_env: simhost.Sandbox) -> None:
+    """The load is read on the host (each simulated host has its own /proc/loadavg)."""
+    cpus = os.cpu_count()  # the simulated hosts have this machine's CPUs
+    simhost.set_load(fleet_env, CT129, f"{4.5 * cpus:.2f} 4.00 2.00 12/300 999\n")
+    code, rows, _ = health("--skip-generation")
+    load = {r["host"]: next(c for c in r["checks"] if c["name"] == "load") for r in rows}
+    assert load["ct129"] == {**load["ct129"], "status": "warning", "detail": f"load {4.5 * cpus:.2f} on {cpus} CPUs"}
+    assert load["blackwell"]["status"] == "ok" and load["blackwell"]["detail"].startswith("load 0.08 ")
+    assert code == 1 and by_host(rows)["ct129"]["status"] == "warning"
+
+
 def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     old_pid = json.loads(run_cli("status", "--host", "ct129", "--json").out)["pid"]

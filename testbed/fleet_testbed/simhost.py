@@ -4,7 +4,8 @@ A simulated host is a directory: `host.json` (GPUs, driver, SGLang version), dev
 for /dev/nvidia*, an engine Python environment whose `sglang` and `pynvml` are the stand-ins, a
 `nvidia-smi`, and real-shaped model directories. Its sshd runs in a PID namespace of its own
 (`unshare --pid --mount-proc`, when root) so `ps`, `pgrep`, `fuser` and `kill` on that host see only
-that host's processes, as on separate machines. Teardown is by pid.
+that host's processes, as on separate machines, and /proc/loadavg is the host's own (`set_load`).
+Teardown is by pid.
 """
 
 from __future__ import annotations
@@ -193,18 +194,30 @@ def _wait_port(address: str, port: int, timeout_s: float = 10.0) -> None:
 _DAEMONS: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def _own_login_shell(hdir: Path) -> list[str]:
-    """Inside the host's mount namespace, give it a stock Debian ~/.bashrc (returns at once when not
-    interactive), not this machine's: sshd runs every command through the login shell, and a
-    development box's ~/.bashrc (pyenv init here: ~0.17 s of CPU per command) would be paid by 50
-    "hosts" on the same 2 CPUs, which real hosts do not share."""
+IDLE_LOADAVG = "0.08 0.06 0.05 1/96 4242\n"
+
+
+def _own_files(hdir: Path) -> list[str]:
+    """Inside the host's mount namespace, bind its own files over this machine's:
+    - a stock Debian ~/.bashrc (returns at once when not interactive): sshd runs every command through
+      the login shell, and a development box's ~/.bashrc (pyenv init here: ~0.17 s of CPU per command)
+      would be paid by 50 "hosts" on the same 2 CPUs, which real hosts do not share;
+    - /proc/loadavg from `loadavg` in the host's directory (idle unless `set_load` says otherwise):
+      this machine's load, raised by whatever ran before, is not the simulated host's, and fleet
+      health warns on load."""
+    mounts = []
     bashrc = Path.home() / ".bashrc"
-    skel = Path("/etc/skel/.bashrc")
-    if not bashrc.is_file():
-        return []
-    stock = hdir / "home.bashrc"
-    stock.write_bytes(skel.read_bytes() if skel.is_file() else b"case $- in *i*) ;; *) return;; esac\n")
-    return ["sh", "-c", f'mount --bind {shlex.quote(str(stock))} {shlex.quote(str(bashrc))} && exec "$@"', "sh"]
+    if bashrc.is_file():
+        skel = Path("/etc/skel/.bashrc")
+        stock = hdir / "home.bashrc"
+        stock.write_bytes(skel.read_bytes() if skel.is_file() else b"case $- in *i*) ;; *) return;; esac\n")
+        mounts.append((stock, bashrc))
+    loadavg = hdir / "loadavg"
+    if not loadavg.exists():
+        loadavg.write_text(IDLE_LOADAVG)
+    mounts.append((loadavg, Path("/proc/loadavg")))
+    binds = " && ".join(f"mount --bind {shlex.quote(str(a))} {shlex.quote(str(b))}" for a, b in mounts)
+    return ["sh", "-c", f'{binds} && exec "$@"', "sh"]
 
 
 def start_sshd(root: Path, hdir: Path, address: str, port: int) -> int:
@@ -235,7 +248,7 @@ def start_sshd(root: Path, hdir: Path, address: str, port: int) -> int:
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation directory
     cmd = [sshd_binary(), "-D", "-e", "-f", str(cfg)]
     if os.geteuid() == 0 and shutil.which("unshare"):
-        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *_own_login_shell(hdir), *cmd]
+        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *_own_files(hdir), *cmd]
     with open(hdir / "sshd.log", "ab") as log:  # the daemon keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     _DAEMONS[proc.pid] = proc  # keep the handle: a collected Popen of a live process warns
@@ -358,6 +371,12 @@ for name in os.listdir("/proc"):
 """
 
 
+def set_load(sb: Sandbox, spec: HostSpec, loadavg: str) -> None:
+    """What /proc/loadavg says on the host. Written in place (the host sees this file's inode through a
+    bind mount: a file renamed over it would not be seen)."""
+    (sb.host_dir(spec.name) / "loadavg").write_text(loadavg)
+
+
 def reset_host(sb: Sandbox, spec: HostSpec) -> None:
     """Kill every process on a simulated host (but its sshd) and wipe its state, logs and GPU usage."""
     hdir = sb.host_dir(spec.name)
@@ -369,6 +388,7 @@ def reset_host(sb: Sandbox, spec: HostSpec) -> None:
     for sub in ("state", "logs", "run"):
         shutil.rmtree(hdir / sub, ignore_errors=True)
     (hdir / "kern.log").unlink(missing_ok=True)
+    set_load(sb, spec, IDLE_LOADAVG)
     for sub in ("state", "logs", "run/gpu"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     build_host(sb.root, spec)
