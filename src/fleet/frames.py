@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import struct
-from collections.abc import Callable
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # not typing's: importing typing is ~4 ms of a warm run's start (mypy reads this as True)
+if TYPE_CHECKING:
+    from _socket import socket  # socket.socket's base class: the launcher uses it without socket.py
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # a frame larger than this is a protocol error, not a log chunk
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+def send_frame(sock: socket, message: dict[str, Any]) -> None:
     body = json.dumps(message).encode()
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes:
+def _read_exact(sock: socket, n: int) -> bytes:
     parts: list[bytes] = []
     while n:
         part = sock.recv(n)
@@ -35,7 +38,7 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(parts)
 
 
-def read_frame(sock: socket.socket) -> dict[str, Any]:
+def read_frame(sock: socket) -> dict[str, Any]:
     (size,) = _HEADER.unpack(_read_exact(sock, _HEADER.size))
     if size > MAX_FRAME:
         raise EOFError(f"frame of {size} bytes")
@@ -45,9 +48,11 @@ def read_frame(sock: socket.socket) -> dict[str, Any]:
     return message
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket) -> int:
     """The user id of the process at the other end of a unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    import _socket
+
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
 
 

@@ -13,17 +13,20 @@ This module and `fleet.frames` use the standard library only: they are all a war
 
 from __future__ import annotations
 
+import _socket  # socket.py's base: socket.py (enums, selectors) is ~8 ms of a warm run's ~40 ms start
 import os
-import socket
+import struct
 import sys
-from typing import TYPE_CHECKING, Any
 
 from fleet import __version__
 from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
 from fleet.paths import warm_socket_path
 
+TYPE_CHECKING = False  # not typing's: see fleet.frames
 if TYPE_CHECKING:
+    import socket
     from pathlib import Path
+    from typing import Any
 
 # What a fleet command needs, imported once in the process the warm runs are forked from.
 WARM_MODULES = (
@@ -70,12 +73,13 @@ def main() -> None:
 
 def run_warm(argv: list[str]) -> int | None:
     """The command's exit code, run in a process forked by the pool; None if there is none to ask."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(warm_socket_path())
         for fd in (0, 1, 2):
             os.fstat(fd)  # a closed descriptor (some cron setups) cannot be handed over
-        socket.send_fds(sock, [b"\0"], [0, 1, 2])
+        # socket.send_fds, written out: stdin, stdout and stderr as one SCM_RIGHTS message
+        sock.sendmsg([b"\0"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
         send_frame(sock, {"version": __version__, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()})
         first = read_frame(sock)
     except (OSError, EOFError, ValueError):
@@ -114,6 +118,7 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
     import importlib
     import select
     import signal
+    import socket
 
     for name in WARM_MODULES:
         importlib.import_module(name)
@@ -142,6 +147,7 @@ def serve_warm(socket_path: Path, pool_pid: int) -> None:
 
 def _run_forked(conn: socket.socket, stamp: int) -> None:
     import signal
+    import socket
 
     code = 1
     try:

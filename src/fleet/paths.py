@@ -7,8 +7,8 @@ of fleet, and pathlib alone is ~10 ms of its start-up.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # not typing's: see fleet.frames
 if TYPE_CHECKING:
     from pathlib import Path
 
