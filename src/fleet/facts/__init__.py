@@ -137,6 +137,7 @@ class HostFacts:
     remote: RemoteState
     load: tuple[float, ...] = ()
     mem_available_kib: int | None = None
+    gpu_tools_missing: bool = False  # source "none" because nothing reads GPUs here, not a failing driver
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
@@ -324,5 +325,6 @@ def parse_facts(host: str, text: str) -> HostFacts:
         remote=remote,
         load=tuple(raw.get("load", ())),
         mem_available_kib=raw.get("mem_available_kib"),
+        gpu_tools_missing=gpu.get("tools_missing") is True,
         raw=raw,
     )

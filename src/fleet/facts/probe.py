@@ -328,9 +328,16 @@ def _gpus():
         return _nvml()
     except Exception as exc:  # no pynvml, no driver: fall back to nvidia-smi
         nvml_error = "%s: %s" % (type(exc).__name__, exc)
+        # not installed (no binding, or no libnvidia-ml) as opposed to installed and failing (the driver)
+        nvml_absent = isinstance(exc, ImportError) or type(exc).__name__ == "NVMLError_LibraryNotFound"
     smi = _nvidia_smi()
     if smi is None:
-        return {"source": "none", "gpus": [], "error": "no NVML (%s) and no nvidia-smi" % nvml_error}
+        return {
+            "source": "none",
+            "gpus": [],
+            "error": "no NVML (%s) and no nvidia-smi" % nvml_error,
+            "tools_missing": nvml_absent,
+        }
     smi["nvml_error"] = nvml_error
     return smi
 

@@ -261,8 +261,7 @@ def evaluate(
     if unread:  # no GPU checks ran at all: not "OK"
         # NVML and nvidia-smi both failing is the driver (not loaded, a GPU fallen off the bus); a host with
         # neither tool installed is only unobservable.
-        error = facts.gpu_error or ""
-        no_tools = facts.gpu_source == "none" and ("No module named" in error or "Library Not Found" in error)
+        no_tools = facts.gpu_source == "none" and facts.gpu_tools_missing
         checks.append(
             Check(
                 "gpus",

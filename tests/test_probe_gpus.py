@@ -1,0 +1,61 @@
+"""The probe tells "nothing here can read GPUs" (no NVML binding or library, no nvidia-smi) from "the
+tools are there and fail" (the driver): `fleet health` warns on the first and calls the second
+critical hardware. Decided from the exception's type, not its wording."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet.facts import probe_source
+
+# nvidia-ml-py's classes: NVMLError_LibraryNotFound is made by its error-class factory from NVMLError.
+STUB = """
+class NVMLError(Exception):
+    pass
+class NVMLError_LibraryNotFound(NVMLError):
+    pass
+def nvmlInit():
+    raise {error}
+"""
+
+
+def gpus_seen(tmp_path: Path, pynvml: str | None) -> dict[str, object]:
+    site = tmp_path / "site"
+    site.mkdir()
+    if pynvml is not None:
+        (site / "pynvml.py").write_text(STUB.format(error=pynvml))
+    code = (
+        "import sys\n"
+        # the standard library stays importable; the test's directory replaces every site-packages
+        + f"sys.path[:] = [{str(site)!r}] + [p for p in sys.path if p and 'site-packages' not in p]\n"
+        + "FLEET_PROBE_AS_LIBRARY = True\n"
+        + probe_source()
+        + "\nimport json\nprint(json.dumps(_gpus()))\n"
+    )
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty)}  # no nvidia-smi
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+@pytest.mark.parametrize(
+    ("pynvml", "missing"),
+    [
+        (None, True),  # no binding installed
+        ("NVMLError_LibraryNotFound('NVML Shared Library Not Found')", True),  # binding, no libnvidia-ml
+        ("NVMLError('Driver Not Loaded')", False),  # installed and failing: the driver
+        ("NVMLError('Unknown Error')", False),  # a GPU fallen off the bus answers this
+    ],
+)
+def test_missing_tools_are_told_from_a_failing_driver(tmp_path: Path, pynvml: str | None, missing: bool) -> None:
+    gpus = gpus_seen(tmp_path, pynvml)
+    assert gpus["source"] == "none" and gpus["gpus"] == [] and "no nvidia-smi" in str(gpus["error"])
+    assert gpus["tools_missing"] is missing
