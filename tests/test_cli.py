@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +67,18 @@ def test_files_fleet_writes_are_checked_before_it_runs(tmp_path: Path) -> None:
     assert r.code == 3 and f"{tmp_path} is a directory; give a file name in it." in r.err
     r = run_cli("cron", "install", "--log-file", str(a_file / "health.log"))
     assert r.code == 2 and "Invalid value for '--log-file'" in r.err
+
+
+def test_a_device_is_appended_to_but_never_replaced(tmp_path: Path) -> None:
+    """--log-file /dev/null discards the log; --textfile /dev/null would have renamed a regular file over
+    the device (as root), so it is refused and the device stays."""
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts: {}\n")
+    r = run_cli("-i", str(bad), "health", "--log-file", "/dev/null", "--lock-file", str(tmp_path / "l"))
+    assert r.code == 3 and "no hosts defined" in r.err  # the run got past its options
+    r = run_cli("health", "--textfile", "/dev/null")
+    assert r.code == 3 and "Invalid value for '--textfile': /dev/null is not a regular file" in r.err
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def test_a_path_root_may_access_but_not_create_is_refused_too() -> None:

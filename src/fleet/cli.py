@@ -90,6 +90,9 @@ def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | No
         return None
     if value.is_dir():
         raise click.BadParameter(f"{value} is a directory; give a file name in it.", param=param)
+    if value.exists() and not value.is_file():  # /dev/null, a FIFO: written in place, its directory untouched
+        _try_append(value, param)
+        return value
     existing = value.absolute().parent
     while not existing.exists():
         existing = existing.parent
@@ -109,15 +112,29 @@ def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | No
             "choose another path.",
             param=param,
         ) from exc
+    if value.exists():
+        _try_append(value, param)
+    return value
+
+
+def _try_append(path: Path, param: click.Parameter) -> None:
     try:
-        if value.exists():
-            with open(value, "a"):  # opened to append, nothing written
-                pass
+        with open(path, "a"):  # opened to append, nothing written
+            pass
     except OSError as exc:
         raise click.BadParameter(
-            f"{value} cannot be written ({exc.strerror or exc}); choose another path.", param=param
+            f"{path} cannot be written ({exc.strerror or exc}); choose another path.", param=param
         ) from exc
-    return value
+
+
+def _replaceable_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A file fleet replaces whole (written beside it, then renamed over it): never a device or FIFO, which
+    the rename would replace with a regular file (/dev/null, as root)."""
+    if value is not None and value.exists() and not value.is_file() and not value.is_dir():
+        raise click.BadParameter(
+            f"{value} is not a regular file, and fleet replaces the file it names; give a file path.", param=param
+        )
+    return _writable_file(ctx, param, value)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -658,7 +675,7 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
 @click.option(
     "--textfile",
     type=click.Path(path_type=Path),
-    callback=_writable_file,
+    callback=_replaceable_file,
     help="Also write Prometheus text format here (atomic).",
 )
 @click.option("--heal", is_flag=True, help="Restart unhealthy servers through the deploy loop (rate-limited).")
