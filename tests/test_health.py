@@ -272,6 +272,23 @@ def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp
     assert "health" not in table and "0 3 * * * /usr/bin/true" in table
 
 
+def test_a_cache_directory_that_cannot_be_written_is_a_clear_error(
+    saved_crontab: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service account's HOME is often /nonexistent or read-only: fleet's default lock, logs and pool
+    sockets cannot go there. Said before anything runs (health: unknown, 3), and no crontab line is
+    written that would fail every time."""
+    subprocess.run(["crontab", "-"], input="0 3 * * * /usr/bin/true\n", text=True, check=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/fleet-cache")
+    said = "fleet's cache directory /proc/fleet-cache/fleet cannot be written"
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "health", "--host", "ct129")
+    assert r.code == 3 and said in r.err and "Set XDG_CACHE_HOME" in r.err
+    for argv in (("pool", "start"), ("pool", "serve"), ("cron", "install")):
+        r = run_cli(*argv)
+        assert r.code == 2 and said in r.err and "Traceback" not in r.err, argv
+    assert subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout == "0 3 * * * /usr/bin/true\n"
+
+
 def as_cron_runs_it(entry: str) -> str:
     """The command cron hands to /bin/sh for a crontab line: after the five time fields, up to the first
     unescaped `%` (the rest would be its stdin), with `\\%` read as `%` (vixie cron's do_command.c)."""

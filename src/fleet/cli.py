@@ -98,14 +98,8 @@ def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | No
         existing = existing.parent
     if not existing.is_dir():
         raise click.BadParameter(f"{existing} is not a directory, so {value} cannot be created.", param=param)
-    import tempfile  # only when such an option is given: its imports (random, hashlib) are start-up time
-
-    # Tried, not asked with os.access: root passes every access check, yet cannot create a file in a
-    # pseudo-filesystem such as /proc or on a read-only mount.
     try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".fleet-write-check-")
-        os.close(fd)
-        os.unlink(probe)
+        _create_and_remove_in(existing)
     except OSError as exc:
         raise click.BadParameter(
             f"{value} cannot be written: no file can be created in {existing} ({exc.strerror or exc}); "
@@ -115,6 +109,30 @@ def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | No
     if value.exists():
         _try_append(value, param)
     return value
+
+
+def _create_and_remove_in(directory: Path) -> None:
+    """Raises OSError where no file can be created. Tried, not asked with os.access: root passes every
+    access check, yet cannot create a file in a pseudo-filesystem such as /proc or on a read-only mount."""
+    probe = directory / f".fleet-write-check-{os.getpid()}-{time.monotonic_ns()}"  # not tempfile: ~3 ms of imports
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    os.unlink(probe)
+
+
+def _cache_file(name: str) -> Path:
+    """`name` in fleet's cache directory, made (and found writable) now rather than failing mid-run with a
+    traceback: a service account's HOME is often /nonexistent or read-only."""
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _create_and_remove_in(directory)
+    except OSError as exc:
+        raise ConfigError(
+            f"fleet's cache directory {directory} cannot be written ({exc.strerror or exc}).",
+            "Set XDG_CACHE_HOME to a directory this user can write (fleet keeps its health lock, logs and "
+            "pool sockets under $XDG_CACHE_HOME/fleet).",
+        ) from exc
+    return directory / name
 
 
 def _try_append(path: Path, param: click.Parameter) -> None:
@@ -747,8 +765,8 @@ def health(
     if log_file:
         log.configure(json_file=log_file)
     logger = log.get(command="health")
-    lock_path = lock_file or cache_dir() / "health.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = lock_file or _cache_file("health.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)  # a --lock-file's missing directories
     with open(lock_path, "a+") as lock_fd:  # held for the whole run: overlapping cron runs do not pile up
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -895,7 +913,7 @@ def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None)
     fields = schedule.split()
     if len(fields) != 5 or not all(re.fullmatch(r"[0-9*/,\-]+", f) for f in fields):
         raise ConfigError(f'cron schedule "{schedule}" is not five cron fields.', 'Example: --schedule "*/5 * * * *".')
-    log_path = (log_file or cache_dir() / "health.log").resolve()
+    log_path = (log_file or _cache_file("health.log")).resolve()
     exe = shutil.which("fleet") or str(Path(sys.executable).parent / "fleet")
     env = " ".join(
         f"{k}={shlex.quote(str(v))}"
@@ -983,8 +1001,7 @@ def pool_start(idle_timeout_s: float) -> None:
     if (running := _ask_pool({"op": "status"})) is not None:
         click.echo(f"connection pool already running (pid {running['pid']}) at {pool_socket()}")
         return
-    log_path = cache_dir() / "pool.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = _cache_file("pool.log")
     log_path.touch()  # the background shell may open it only after we first look
     start_offset = log_path.stat().st_size
     # The shell starts the pool in the background and exits: the pool is nobody's child, in its own
@@ -1018,6 +1035,7 @@ def pool_serve(idle_timeout_s: float) -> None:
     """Run the pool in the foreground (for a systemd user service). Example: fleet pool serve"""
     from fleet.transport.pool_server import serve
 
+    _cache_file("pool.sock")  # its directory
     serve(pool_socket(), idle_timeout_s)
 
 
