@@ -138,6 +138,38 @@ def test_cli_accept_flag_reaches_the_transport(
     assert run_cli("facts", "--host", "ct129", "--json").code == 0
 
 
+@pytest.mark.parametrize(
+    ("variable", "content", "said"),
+    [
+        ("FLEET_KNOWN_HOSTS", None, "(FLEET_KNOWN_HOSTS) is a directory; it must be the SSH host keys fleet checks"),
+        ("FLEET_KNOWN_HOSTS", b"\xec\x00 not text \xff\n", "cannot be read as a known_hosts file (UnicodeDecodeError"),
+        ("FLEET_SSH_CONFIG", None, "(FLEET_SSH_CONFIG) is a directory; it must be the ssh_config fleet reads"),
+        ("FLEET_SSH_CONFIG", b"Host *\n  ProxyCommand\n", "cannot be read as an ssh_config file (Unparsable line"),
+    ],
+)
+def test_a_bad_known_hosts_or_ssh_config_file_is_a_clear_error(
+    fleet_env: simhost.Sandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    content: bytes | None,
+    said: str,
+) -> None:
+    """A directory, binary junk or an unparsable line: named with the file, before any connection (was
+    a traceback, or for an ssh_config directory silently no config at all)."""
+    path = tmp_path / "file"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    monkeypatch.setenv(variable, str(path))
+    deploy = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert deploy.code == 2 and f"{path} " in deploy.err and said in deploy.err and "Traceback" not in deploy.err
+    status = run_cli("status", "--host", "ct129")
+    assert status.code == 2 and said in status.out
+    assert run_cli("status", "--host", "ct129", "--json").code == 2
+
+
 def test_the_connection_to_sshd_sends_small_messages_at_once(fleet_env: simhost.Sandbox) -> None:
     """paramiko's own socket leaves Nagle's algorithm on: authentication then waits for sshd's delayed
     ACK (the benchmark measures a new connection ready in ~27 ms instead of ~115 ms)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from fleet.errors import ConfigError
 from fleet.inventory import Host
 from fleet.paths import pool_socket
 from fleet.transport.base import CommandResult, Transport
@@ -27,10 +28,23 @@ class SshOptions:
 
     @classmethod
     def from_env(cls, accept_new_host_key: bool = False) -> SshOptions:
-        """FLEET_KNOWN_HOSTS / FLEET_SSH_CONFIG override ~/.ssh (the sandbox and tests use their own)."""
-        known = os.environ.get("FLEET_KNOWN_HOSTS") or os.path.expanduser("~/.ssh/known_hosts")
-        config = os.environ.get("FLEET_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
-        return cls(Path(known), Path(config), accept_new_host_key)
+        """FLEET_KNOWN_HOSTS / FLEET_SSH_CONFIG override ~/.ssh (the sandbox and tests use their own).
+        A missing file is none (no known hosts, no config); one that is there but not a file is an error."""
+        known = _ssh_file("FLEET_KNOWN_HOSTS", "~/.ssh/known_hosts", "the SSH host keys fleet checks")
+        config = _ssh_file("FLEET_SSH_CONFIG", "~/.ssh/config", "the ssh_config fleet reads")
+        return cls(known, config, accept_new_host_key)
+
+
+def _ssh_file(variable: str, default: str, what: str) -> Path:
+    given = os.environ.get(variable)
+    path = Path(given or os.path.expanduser(default))
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise ConfigError(
+            f"{path} ({variable if given else 'the default'}) is {kind}; it must be {what}.",
+            f"Point {variable} at a file." if given else f"Move it aside, or set {variable} to a file.",
+        )
+    return path
 
 
 def connect(host: Host, options: SshOptions) -> Transport:

@@ -27,7 +27,7 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
-from fleet.errors import AuthError, ConnectionLost, HostKeyError, HostUnreachable, TransportError
+from fleet.errors import AuthError, ConfigError, ConnectionLost, HostKeyError, HostUnreachable, TransportError
 from fleet.inventory import Host
 from fleet.transport.base import CommandResult, OnChunk, sh_command
 
@@ -49,7 +49,13 @@ class _RecordNewKey(paramiko.MissingHostKeyPolicy):
 def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKeys:
     """One parse per file version, shared read-only by every connection: a sweep of N hosts would
     otherwise parse an N-line file N times (paramiko's load is quadratic in the lines, too)."""
-    return paramiko.HostKeys(path)
+    try:
+        return paramiko.HostKeys(path)
+    except (OSError, ValueError, paramiko.SSHException) as exc:  # unreadable, not text, a malformed key
+        raise ConfigError(
+            f"{path} cannot be read as a known_hosts file ({type(exc).__name__}: {exc}).",
+            "Fix or remove the lines it names; `ssh-keygen -R HOST -f FILE` drops one host's keys.",
+        ) from exc
 
 
 # Linux only; elsewhere the socket is only NODELAY (the wait at authentication goes, the one at the
@@ -103,11 +109,17 @@ def _known_host_keys(known_hosts: Path) -> paramiko.HostKeys:
 def _fabric_config(ssh_config: str | None) -> Config:
     """One fabric Config per ssh_config file and run, shared read-only by the connections made from it
     (building one merges every invoke config level: ~2 ms of CPU per host in a sweep)."""
-    if ssh_config is not None:
-        return Config(runtime_ssh_path=ssh_config)
-    config = Config()
-    config.load_ssh_config()
-    return config
+    try:
+        if ssh_config is not None:
+            return Config(runtime_ssh_path=ssh_config)
+        config = Config()
+        config.load_ssh_config()
+        return config
+    except (OSError, ValueError, paramiko.SSHException) as exc:  # ConfigParseError is an SSHException
+        raise ConfigError(
+            f"{ssh_config or '~/.ssh/config'} cannot be read as an ssh_config file ({exc}).",
+            "Fix that line; `ssh -G HOST -F FILE` shows how OpenSSH reads the file.",
+        ) from exc
 
 
 class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hints
