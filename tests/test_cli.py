@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,15 +102,31 @@ def test_diagnose_reads_stdin_and_prints_json(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(
         sys,
         "stdin",
-        io.StringIO(
-            "ValueError: Speculative decoding for Qwen3NextForCausalLM is not "
-            "compatible with radix cache when using --mamba-scheduler-strategy "
-            "no_buffer.To use radix cache ...\n"
+        io.TextIOWrapper(
+            io.BytesIO(
+                b"ValueError: Speculative decoding for Qwen3NextForCausalLM is not "
+                b"compatible with radix cache when using --mamba-scheduler-strategy "
+                b"no_buffer.To use radix cache ...\n"
+            )
         ),
     )
     r = run_cli("diagnose", "-", "--json")
     assert r.code == 0
     assert '"category": "spec_decode_hybrid_mamba"' in r.out and '"signature": "sglang-spec-hybrid-no-buffer"' in r.out
+
+
+def test_diagnose_reads_the_end_of_a_huge_log_only(tmp_path: Path) -> None:
+    """A server log grows to gigabytes: the crash at its end is found without reading it all in."""
+    log = tmp_path / "big.log"
+    with open(log, "wb") as f:
+        f.write(b"ValueError: Speculative decoding for Qwen3NextForCausalLM is not compatible with radix cache\n")
+        f.truncate(1 << 30)  # 1 GiB, sparse: reading it through takes seconds and gigabytes of memory
+        f.seek(0, 2)
+        f.write(b"\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    started = time.monotonic()
+    r = run_cli("diagnose", str(log), "--json")
+    assert r.code == 0 and '"signature": "cuda-oom-startup"' in r.out
+    assert time.monotonic() - started < 30  # a bound only a full read breaks, not a timing claim
 
 
 def test_diagnose_of_a_healthy_log_is_healthy(tmp_path: Path) -> None:

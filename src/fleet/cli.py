@@ -631,6 +631,24 @@ def logs(ctx: Context, host_name: str, follow: bool, lines: int) -> None:
         raise click.exceptions.Exit(code)
 
 
+DIAGNOSE_LINES = 5000  # the end of a log diagnosed: a crash's traceback and what led to it
+DIAGNOSE_BYTES = 16 << 20  # and at most this much of it in memory (a server log grows to gigabytes)
+
+
+def _log_end(stream: Any) -> str:
+    """The last DIAGNOSE_LINES lines of a binary stream, never more than ~DIAGNOSE_BYTES held at once."""
+    from collections import deque
+
+    kept: deque[bytes] = deque()
+    held = 0
+    while line := stream.readline(1 << 20):  # a line without an end arrives in pieces
+        kept.append(line)
+        held += len(line)
+        while len(kept) > DIAGNOSE_LINES or held > DIAGNOSE_BYTES:
+            held -= len(kept.popleft())
+    return b"".join(kept).decode("utf-8", "replace")
+
+
 @cli.command()
 @click.argument("source", required=False)
 @click.option("--host", "-H", "host_name", help="Diagnose the host's current server log instead of a file.")
@@ -661,14 +679,17 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
             return True
 
         with transport_for(ctx, host) as t:
-            ops.logs(t, host, lines=5000, follow=False, sink=keep)
+            ops.logs(t, host, lines=DIAGNOSE_LINES, follow=False, sink=keep)
         text = b"".join(chunks).decode("utf-8", "replace")
     elif source in (None, "-"):
-        text = sys.stdin.read()
+        text = _log_end(sys.stdin.buffer)
     else:
         path = Path(source)
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with open(path, "rb") as log:
+                if path.is_file():  # seek to the end rather than read a huge log through
+                    log.seek(max(0, os.fstat(log.fileno()).st_size - DIAGNOSE_BYTES))
+                text = _log_end(log)
         except OSError as exc:
             raise ConfigError(
                 f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host."
