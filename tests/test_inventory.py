@@ -288,6 +288,7 @@ CLI_CASES = [
     (["health", "--deadline", "-1"], 3, "-1.0 is not in the range"),
     (["health", "--max-heals-per-hour", "1000"], 3, "1000 is not in the range"),
     (["diagnose", "/nonexistent/server.log"], 2, "/nonexistent/server.log: cannot read"),
+    (["diagnose", "/tmp"], 2, "/tmp: cannot read (Is a directory)"),
 ]
 
 
@@ -304,6 +305,16 @@ def test_hostile_cli_arguments_are_refused_before_any_connection(
     r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "--playbooks", str(ROOT / "playbooks"), *argv)
     assert r.code == code and message in r.err + r.out
     assert not Path("/tmp/fleet-canary").exists()
+
+
+def test_an_inventory_or_playbook_that_is_a_directory_is_named(tmp_path: Path) -> None:
+    """Was an IsADirectoryError traceback."""
+    r = run_cli("-i", str(tmp_path), "status")
+    assert r.code == 2 and f"{tmp_path}: cannot read (Is a directory)." in r.err and "Give the path of a YAML" in r.err
+    assert run_cli("-i", str(tmp_path), "health").code == 3
+    (tmp_path / "odd.yaml").mkdir()
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "--playbooks", str(tmp_path), "plan", "odd")
+    assert r.code == 2 and "odd.yaml: cannot read (Is a directory)." in r.err
 
 
 class _Connected(Exception):

@@ -65,6 +65,8 @@ def load_yaml(path: Path, display: str | None = None) -> YamlDoc:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{shown}:1: not UTF-8 text ({exc.reason}).", "Save the file as UTF-8.") from exc
+    except OSError as exc:  # a directory, no permission
+        raise ConfigError(f"{shown}: cannot read ({exc.strerror or exc}).", "Give the path of a YAML file.") from exc
     return parse_yaml(text, shown)
 
 
