@@ -4,6 +4,7 @@ keys, timeouts, one connection reused."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -168,6 +169,30 @@ def test_a_bad_known_hosts_or_ssh_config_file_is_a_clear_error(
     status = run_cli("status", "--host", "ct129")
     assert status.code == 2 and said in status.out
     assert run_cli("status", "--host", "ct129", "--json").code == 2
+
+
+@pytest.mark.parametrize(
+    ("identity", "said"), [("dir", "is a directory"), ("missing", "does not exist"), ("binary", "is not a private key")]
+)
+def test_an_identity_file_that_is_no_key_is_named_as_such(
+    fleet_env: simhost.Sandbox, tmp_path: Path, identity: str, said: str
+) -> None:
+    """Not "cannot connect to 127.0.0.3:2222 (Is a directory). Check the address and port" (or a
+    UnicodeDecodeError traceback for a binary file): the setting, its path and what is wrong."""
+    path = tmp_path / "key"
+    if identity == "dir":
+        path.mkdir()
+    elif identity == "binary":
+        path.write_bytes(b"\x00\xaf\xfe binary, not a key\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        re.sub(r"identity_file: .*", f"identity_file: {path}", fleet_env.inventory.read_text(), count=1)
+    )
+    r = run_cli("-i", str(inventory), "deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 2 and f"ct129: identity_file {path} {said}" in r.err and "Traceback" not in r.err
+    assert "identity_file: for this host in the inventory" in r.err
+    status = run_cli("-i", str(inventory), "status", "--host", "ct129")
+    assert status.code == 2 and f"identity_file {path} {said}" in status.out
 
 
 def test_the_connection_to_sshd_sends_small_messages_at_once(fleet_env: simhost.Sandbox) -> None:

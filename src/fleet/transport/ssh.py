@@ -214,16 +214,29 @@ class SshTransport:
             connect_timeout=max(1, int(s.connect_timeout_s)),
             connect_kwargs=connect_kwargs,
         )
+        self._identity = os.path.expanduser(s.identity_file) if s.identity_file else None
         self._known_hosts = known_hosts
         self._accept_new = accept_new_host_key
         self._timeout_s = s.connect_timeout_s
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
 
+    def _bad_identity(self, reason: str) -> ConfigError:
+        return ConfigError(
+            f"{self.host_name}: identity_file {self._identity} {reason}.",
+            "Fix identity_file: for this host in the inventory, or remove it to use ssh-agent and ~/.ssh keys.",
+        )
+
     def _transport(self) -> paramiko.Transport:
         if not self._conn.is_connected:
             _harden(self._conn, self._known_hosts, self._accept_new)
+            if self._identity and not os.path.isfile(self._identity):  # else "cannot connect (Is a directory)"
+                raise self._bad_identity("is a directory" if os.path.isdir(self._identity) else "does not exist")
             try:
                 self._open_or_close()
+            except ValueError as exc:  # paramiko reading a binary file as a text key (UnicodeDecodeError)
+                if not self._identity:
+                    raise
+                raise self._bad_identity(f"is not a private key ({exc})") from exc
             except paramiko.BadHostKeyException as exc:
                 raise HostKeyError(
                     f"{self.host_name}: the host key of {self._where} has CHANGED (known_hosts: {self._known_hosts}).",
