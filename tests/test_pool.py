@@ -178,6 +178,19 @@ def test_a_second_start_finds_the_running_pool(fleet_env: simhost.Sandbox) -> No
     assert r.code == 0 and f"already running (pid {pid})" in r.out
 
 
+def test_a_cache_path_too_long_for_a_unix_socket_is_said_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was "cannot reach the connection pool (AF_UNIX path too long). Stop it with `fleet pool stop`"."""
+    long = tmp_path / ("x" * (110 - len(str(tmp_path))))
+    long.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(long))
+    for argv in (("pool", "start"), ("pool", "status"), ("pool", "serve")):
+        r = run_cli(*argv)
+        assert r.code == 2 and "the pool's socket path is too long for a unix socket" in r.err, argv
+        assert "Set XDG_CACHE_HOME to a shorter directory" in r.err
+
+
 def test_only_this_user_can_use_the_pool(fleet_env: simhost.Sandbox) -> None:
     sock = pool_socket()
     assert sock.stat().st_mode & 0o777 == 0o600

@@ -18,6 +18,7 @@ load paramiko at all. The pool itself is `fleet.transport.pool_server`.
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import time
 from pathlib import Path
@@ -32,6 +33,15 @@ from fleet.transport.base import CommandResult, OnChunk, Transport
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
+
+
+def check_socket_path(socket_path: Path) -> None:
+    """sun_path holds 108 bytes with its NUL, and the warm process's pool-run.sock lies beside pool.sock."""
+    if len(os.fsencode(socket_path)) > 100:
+        raise ConfigError(
+            f"the pool's socket path is too long for a unix socket: {socket_path}.",
+            "Set XDG_CACHE_HOME to a shorter directory.",
+        )
 
 
 def encode(data: bytes) -> str:
@@ -72,6 +82,7 @@ def ask_pool(socket_path: Path, request: dict[str, Any], timeout_s: float | None
         return None
     except OSError as exc:
         sock.close()
+        check_socket_path(socket_path)  # the likely cause, said as such
         raise ConfigError(
             f"cannot reach the connection pool at {socket_path} ({exc.strerror or exc}).",
             "Stop it with `fleet pool stop`; if no pool of yours runs there, remove that file.",

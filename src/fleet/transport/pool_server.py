@@ -23,7 +23,7 @@ from fleet import __version__
 from fleet.errors import ConfigError, ConnectionLost, FleetError, TransportError
 from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
 from fleet.inventory import Host, settings_from
-from fleet.transport.pool import decode, encode, error_frame
+from fleet.transport.pool import check_socket_path, decode, encode, error_frame
 from fleet.transport.ssh import SshTransport
 
 KEEPALIVE_S = 30
@@ -285,11 +285,7 @@ def _stop_warm_process(pid: int, path: Path) -> None:
 
 def serve(socket_path: Path, idle_timeout_s: float, ready: threading.Event | None = None) -> None:
     """Serve until stopped (SIGTERM, `fleet pool stop`) or idle for `idle_timeout_s`."""
-    if len(str(socket_path).encode()) > 100:  # sun_path holds 108 bytes
-        raise ConfigError(
-            f"the pool's socket path is too long for a unix socket: {socket_path}.",
-            "Set XDG_CACHE_HOME to a shorter directory.",
-        )
+    check_socket_path(socket_path)
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     _claim(socket_path)
     warm = _start_warm_process()
