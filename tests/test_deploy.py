@@ -188,6 +188,24 @@ def test_weights_that_cannot_fit_are_refused_before_anything_changes(
     assert not (fleet_env.host_dir("ct129") / "state" / "state.json").exists()
 
 
+def test_a_state_directory_the_host_cannot_write_stops_before_anything_changes(
+    fleet_env: simhost.Sandbox, tmp_path: Path
+) -> None:
+    """The lock is the host-side step's first write: where it cannot be taken (a state_dir under /proc, on
+    a read-only mount) the running server is left alone and the setting is named (was a remote traceback)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    running = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    inventory = tmp_path / "hosts.yaml"
+    state_dir = str(fleet_env.host_dir("ct129") / "state")
+    inventory.write_text(fleet_env.inventory.read_text().replace(state_dir, "/proc/fleet-state"))
+    for argv in (("deploy", "qwen36-27b", "--host", "ct129", "--no-engine-check"), ("stop", "--host", "ct129")):
+        r = run_cli("-i", str(inventory), *argv)
+        assert r.code == 4 and "state directory /proc/fleet-state on the host cannot be written" in r.err + r.out
+        assert "Set state_dir: for this host" in r.err + r.out and "Traceback" not in r.err + r.out
+    after = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    assert (after["status"], after["pid"]) == ("ready", running["pid"])
+
+
 def test_garbage_output_is_caught_by_the_smoke_check_and_fixed(fleet_env: simhost.Sandbox, playbooks: Path) -> None:
     name = add_playbook(
         playbooks, "cutedsl", "qwen35-nvfp4", "extra_args: [--moe-runner-backend, flashinfer_cutedsl]\n"

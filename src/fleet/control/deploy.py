@@ -120,6 +120,15 @@ def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> Context:
     )
 
 
+def unwritable_state_dir(host_name: str, lock: dict[str, Any]) -> PreflightError:
+    """The host-side step could not take its lock: the state directory cannot be made or written."""
+    return PreflightError(
+        f"{host_name}: fleet's state directory {lock.get('path')} on the host cannot be written "
+        f"({lock.get('error')}). Nothing on the host was changed.",
+        "Set state_dir: for this host to a directory its SSH user can write.",
+    )
+
+
 class Deployer:
     """One deploy (or restart) of one host; holds the transport, the plan and what happened so far."""
 
@@ -394,6 +403,8 @@ class Deployer:
 
     def _stop_if_locked_or_unsafe(self, out: dict[str, Any]) -> None:
         lock = out["lock"]
+        if lock["status"] == "unwritable":
+            raise unwritable_state_dir(self.host.name, lock)
         if lock["status"] == "held":
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
             raise LockedError(

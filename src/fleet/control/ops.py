@@ -15,6 +15,7 @@ from fleet.control.deploy import (
     recorded,
     remote_source,
     run_json,
+    unwritable_state_dir,
 )
 from fleet.control.facts import model_path, read_facts
 from fleet.errors import ConfigError, FleetError, LockedError, UnsafeToKill
@@ -233,6 +234,8 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
     }
     python = next(iter(host.settings.engines.values()), "python3")
     out = run_json(t, python, remote_source("remote_act.py"), args)
+    if out["lock"]["status"] == "unwritable":
+        raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":
         lock = out["lock"]
         raise LockedError(f"{host.name}: locked by {lock.get('owner')} ({lock.get('command')}).", "Try again later.")

@@ -229,9 +229,13 @@ def client_connections(pids):
 
 def take_lock(a):
     state_dir = expand(a["state_dir"])
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        guard = open(os.path.join(state_dir, "lock.guard"), "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:  # the first write of a run: nothing has been changed yet
+        return {"status": "unwritable", "path": state_dir, "error": exc.strerror or str(exc)}
     path = os.path.join(state_dir, "lock.json")
-    with open(os.path.join(state_dir, "lock.guard"), "a") as guard:
+    with guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         cur = read_json(path)
         age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
@@ -519,7 +523,7 @@ def main():
     out = {"host": socket.gethostname()}
     lock = take_lock(a["lock"])
     out["lock"] = lock
-    if lock["status"] == "held":
+    if lock["status"] != "taken":  # held by another run, or no state directory to hold it in
         return out
     state_dir = expand(a["lock"]["state_dir"])
     if a.get("release_lock_only"):
