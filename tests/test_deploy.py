@@ -206,6 +206,34 @@ def test_a_state_directory_the_host_cannot_write_stops_before_anything_changes(
     assert (after["status"], after["pid"]) == ("ready", running["pid"])
 
 
+@pytest.fixture
+def immutable_dir(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A directory not even root can create files in (chattr +i), as a read-only mount is."""
+    path = tmp_path / "immutable"
+    path.mkdir()
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem that has it)")
+    yield path
+    subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_log_directory_the_host_cannot_write_leaves_the_running_server_alone(
+    fleet_env: simhost.Sandbox, tmp_path: Path, immutable_dir: Path
+) -> None:
+    """Found only when launching, it left the host with its old server stopped and none started."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    running = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    inventory = tmp_path / "hosts.yaml"
+    logs = str(fleet_env.host_dir("ct129") / "logs")
+    inventory.write_text(fleet_env.inventory.read_text().replace(logs, str(immutable_dir)))
+    r = run_cli("-i", str(inventory), "restart", "--host", "ct129")
+    assert r.code == 4 and f"the log directory {immutable_dir} on the host cannot be written" in r.err + r.out
+    assert "Nothing on the host was changed" in r.err + r.out and "Traceback" not in r.err + r.out
+    after = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    assert (after["status"], after["pid"]) == ("ready", running["pid"])
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0  # the lock was released
+
+
 def test_garbage_output_is_caught_by_the_smoke_check_and_fixed(fleet_env: simhost.Sandbox, playbooks: Path) -> None:
     name = add_playbook(
         playbooks, "cutedsl", "qwen35-nvfp4", "extra_args: [--moe-runner-backend, flashinfer_cutedsl]\n"

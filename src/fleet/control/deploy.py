@@ -413,6 +413,12 @@ class Deployer:
             )
         if lock.get("taken_over"):
             self.progress("lock_taken_over", {"previous": lock["taken_over"]})
+        if unwritable := out.get("log_dir_unwritable"):
+            raise PreflightError(
+                f"{self.host.name}: the log directory {unwritable['path']} on the host cannot be written "
+                f"({unwritable['error']}). Nothing on the host was changed.",
+                "Set log_dir: for this host to a directory its SSH user can write.",
+            )
         if out.get("refused"):
             self._release()
             who = "; ".join(

@@ -485,6 +485,19 @@ def wait_memory_released(before, timeout_s, ignore_mib):
 # --- launch --------------------------------------------------------------------------------------------
 
 
+def unwritable_dir(path):
+    """None if files can be created in `path` (made if missing), else why not: tried, since root passes
+    every access check yet cannot write on a read-only mount or into an immutable directory."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        probe = os.path.join(path, ".fleet-write-check-%d" % os.getpid())
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        return {"path": path, "error": exc.strerror or str(exc)}
+    return None
+
+
 def launch(a, secrets):
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
@@ -532,6 +545,12 @@ def main():
     if a.get("check"):
         out["check"] = engine_check(a["check"])
         if out["check"]["verdict"] == "rejected":
+            return out
+    if a.get("launch"):
+        unwritable = unwritable_dir(expand(a["launch"]["log_dir"]))
+        if unwritable:  # found out after stopping the old server, the host would be left with none
+            release_lock(state_dir, a["lock"]["run_id"])
+            out["log_dir_unwritable"] = unwritable
             return out
     procs = all_procs()
     targets, refused, out["left"] = classify(a["free"], procs)
