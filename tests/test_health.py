@@ -289,6 +289,13 @@ def test_a_cache_directory_that_cannot_be_written_is_a_clear_error(
     assert subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout == "0 3 * * * /usr/bin/true\n"
 
 
+def test_cron_commands_without_crontab_installed_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no crontab program (was a FileNotFoundError traceback)
+    for argv in (("cron", "show"), ("cron", "install"), ("cron", "remove")):
+        r = run_cli(*argv)
+        assert r.code == 2 and "crontab is not installed on this machine." in r.err and "apt-get install cron" in r.err
+
+
 def as_cron_runs_it(entry: str) -> str:
     """The command cron hands to /bin/sh for a crontab line: after the five time fields, up to the first
     unescaped `%` (the rest would be its stdin), with `\\%` read as `%` (vixie cron's do_command.c)."""

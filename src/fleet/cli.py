@@ -897,17 +897,24 @@ def cron() -> None:
     """
 
 
-def _crontab() -> list[str]:
+def _run_crontab(argv: list[str], text: str | None = None) -> Any:
     import subprocess
 
-    p = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    try:
+        return subprocess.run(["crontab", *argv], input=text, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            "crontab is not installed on this machine.", "Install cron (Debian: apt-get install cron)."
+        ) from exc
+
+
+def _crontab() -> list[str]:
+    p = _run_crontab(["-l"])
     return p.stdout.splitlines() if p.returncode == 0 else []
 
 
 def _write_crontab(lines: list[str]) -> None:
-    import subprocess
-
-    p = subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n" if lines else "", capture_output=True, text=True)
+    p = _run_crontab(["-"], "\n".join(lines) + "\n" if lines else "")
     if p.returncode != 0:
         raise FleetError(f"crontab: could not install the new table ({p.stderr.strip()}).", "Check `crontab -l`.")
 
