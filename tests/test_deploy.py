@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -137,17 +140,47 @@ def test_a_gpu_daemon_is_left_running_and_does_not_block_the_deploy(fleet_env: s
         assert "nvidia-persistenced" in remote(fleet_env, CT129, "ps -eo args")
 
 
-def test_another_users_gpu_process_is_not_killed(fleet_env: simhost.Sandbox) -> None:
+DECOYS = "ps -eo user:20,pid,pgid,args | grep '^fleetdecoy .*sleep 60' || true"
+
+
+@contextlib.contextmanager
+def another_users_gpu_job(sb: simhost.Sandbox) -> Iterator[tuple[int, int]]:
+    """(pid, pgid) of a process of user fleetdecoy holding a GPU device on ct129."""
     subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
-    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia1"
+    dev = sb.host_dir("ct129") / "dev" / "nvidia1"
     # opened as root, then the process becomes fleetdecoy's and keeps the descriptor
     cmd = f"exec 3<{dev}; exec setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 60"
-    decoys = "ps -eo user:20,args | grep '^fleetdecoy .*sleep 60' || true"
-    with Background([*simhost.ssh_argv(fleet_env, CT129), cmd]):
-        assert wait_until(lambda: "fleetdecoy" in remote(fleet_env, CT129, decoys))
+    with Background([*simhost.ssh_argv(sb, CT129), cmd]):
+        assert wait_until(lambda: "fleetdecoy" in remote(sb, CT129, DECOYS))
+        _, pid, pgid, *_ = remote(sb, CT129, DECOYS).split()
+        yield int(pid), int(pgid)
+
+
+def test_another_users_gpu_process_is_not_killed(fleet_env: simhost.Sandbox) -> None:
+    with another_users_gpu_job(fleet_env):
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
         assert r.code == 6 and "process of user fleetdecoy" in r.err
-        assert "fleetdecoy" in remote(fleet_env, CT129, decoys)
+        assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
+
+
+@pytest.mark.parametrize("stale", ["another boot", "another start time"])
+def test_a_recorded_process_group_id_reused_by_another_user_gets_no_trust(
+    fleet_env: simhost.Sandbox, stale: str
+) -> None:
+    """state.json keeps the group id of the server fleet launched; after a reboot or a long time that id
+    can name another user's GPU job. fleet trusts it (kills beyond its own user) only while it still names
+    the group fleet launched: same boot, leader started when fleet launched it."""
+    with another_users_gpu_job(fleet_env) as (pid, pgid):
+        boot = remote(fleet_env, CT129, "cat /proc/sys/kernel/random/boot_id").strip()
+        record = {"status": "ready", "engine": "sglang", "pid": pid, "pgid": pgid, "port": 30000}
+        if stale == "another boot":
+            record |= {"boot_id": "0" * 8 + boot[8:], "started": time.time()}
+        else:
+            record |= {"boot_id": boot, "started": time.time() - 3 * 86400}
+        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 6 and "process of user fleetdecoy" in r.err
+        assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
 
 
 def test_unknown_crash_fails_fast_with_the_traceback(fleet_env: simhost.Sandbox) -> None:

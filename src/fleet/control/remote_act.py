@@ -155,6 +155,39 @@ def alive(pid):
         return False
 
 
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def started_at(pid):
+    """When `pid` started (epoch seconds), or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def recorded_group_is_ours(pgid, st):
+    """Whether the process group id fleet recorded still names the group it launched. A group id is a
+    pid, and pids are reused: after a reboot (another boot id), or when the group's leader started at
+    another time than fleet's launch, it is somebody else's group and gets no trust from fleet."""
+    if st.get("pgid") != pgid:
+        return False
+    if st.get("boot_id") and st["boot_id"] != boot_id():
+        return False
+    leader = started_at(pgid)
+    started = st.get("started")
+    return leader is None or not isinstance(started, (int, float)) or abs(leader - started) < 30
+
+
 def is_engine(p):
     return bool(ENGINE_RE.search(p["cmdline"])) or (" %s " % LAUNCH_MARK) in p["cmdline"]
 
@@ -553,7 +586,14 @@ def main():
             out["log_dir_unwritable"] = unwritable
             return out
     procs = all_procs()
-    targets, refused, out["left"] = classify(a["free"], procs)
+    free = a["free"]
+    recorded = free.get("recorded_pgid")
+    if recorded is not None and not recorded_group_is_ours(
+        recorded, read_json(os.path.join(state_dir, "state.json")) or {}
+    ):
+        free = dict(free, recorded_pgid=None)
+        out["recorded_group_reused"] = recorded
+    targets, refused, out["left"] = classify(free, procs)
     out["refused"] = refused
     if refused:
         return out
@@ -585,6 +625,7 @@ def main():
                 "log": out["launched"]["log"],
                 "exit_file": out["launched"]["exit_file"],
                 "started": out["launched"]["started"],
+                "boot_id": boot_id(),
             }
         )
         write_json(os.path.join(state_dir, "state.json"), st)
