@@ -235,6 +235,22 @@ PLAYBOOK_CASES = [
         "pb.yaml:7: field \"extra_args\" must be a list (got '--x').",
     ),
     ("args-item", PLAYBOOK_OK + "extra_args: [--x, 2]\n", 'pb.yaml:7: field "extra_args.1" must be a string (got 2).'),
+    (  # the engine would listen on 22 while fleet checked, stopped for and probed port: 30000
+        "args-own-port",
+        PLAYBOOK_OK + "extra_args: [--tp-size, '2', --port=22]\n",
+        'pb.yaml:7: field "extra_args" sets --port, which fleet sets itself; use port: instead.',
+    ),
+    (
+        "args-own-host",
+        PLAYBOOK_OK + "extra_args: [--host, 0.0.0.0]\n",
+        'pb.yaml:7: field "extra_args" sets --host, which fleet sets itself; use bind_address: in the inventory '
+        "instead.",
+    ),
+    (
+        "args-own-model",
+        PLAYBOOK_OK + "extra_args: [--model, /etc]\n",
+        'pb.yaml:7: field "extra_args" sets --model, which fleet sets itself; use model: instead.',
+    ),
     (
         "speculative-steps",
         PLAYBOOK_OK + "speculative:\n  steps: 99\n",

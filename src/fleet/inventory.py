@@ -425,6 +425,25 @@ def _check_args(value: list[str]) -> None:
         _check_no_shell_meta(arg)
 
 
+# Flags fleet writes itself from the playbook and the inventory, and checks (port free, model files, the
+# address it probes): an extra_args copy would win in the engine's parser and run something unchecked.
+FLEET_OWNED_FLAGS = {
+    "--model-path": "model:",
+    "--model": "model:",
+    "--served-model-name": "served_name:",
+    "--host": "bind_address: in the inventory",
+    "--port": "port:",
+}
+
+
+def _check_extra_args(value: list[str]) -> None:
+    _check_args(value)
+    for arg in value:
+        flag = arg.partition("=")[0]
+        if flag in FLEET_OWNED_FLAGS:
+            raise ValueError(f"sets {flag}, which fleet sets itself; use {FLEET_OWNED_FLAGS[flag]} instead")
+
+
 def _check_env_names(names: Iterable[str]) -> None:
     for name in names:
         if not ENV_NAME_RE.match(name):
@@ -458,7 +477,7 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         "model": _check_model,
         "served_name": _check_served_name,
         "default_host": _check_host_name,
-        "extra_args": _check_args,
+        "extra_args": _check_extra_args,
         "env": _check_env,
         "secret_env": _check_env_names,
     }
