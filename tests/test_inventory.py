@@ -246,6 +246,11 @@ PLAYBOOK_CASES = [
         'pb.yaml:7: field "extra_args" sets --host, which fleet sets itself; use bind_address: in the inventory '
         "instead.",
     ),
+    (  # argparse reads an unambiguous prefix as the flag
+        "args-own-port-prefix",
+        PLAYBOOK_OK + "extra_args: [--por, '22']\n",
+        'pb.yaml:7: field "extra_args" sets --port, which fleet sets itself; use port: instead.',
+    ),
     (
         "args-own-model",
         PLAYBOOK_OK + "extra_args: [--model, /etc]\n",

@@ -440,8 +440,11 @@ def _check_extra_args(value: list[str]) -> None:
     _check_args(value)
     for arg in value:
         flag = arg.partition("=")[0]
-        if flag in FLEET_OWNED_FLAGS:
-            raise ValueError(f"sets {flag}, which fleet sets itself; use {FLEET_OWNED_FLAGS[flag]} instead")
+        # argparse also takes an unambiguous prefix (`--por` for --port), as SGLang's parser does
+        prefixed = (f for f in FLEET_OWNED_FLAGS if len(flag) > 3 and f.startswith(flag))
+        owned = flag if flag in FLEET_OWNED_FLAGS else next(prefixed, None)
+        if owned and flag.startswith("--"):
+            raise ValueError(f"sets {owned}, which fleet sets itself; use {FLEET_OWNED_FLAGS[owned]} instead")
 
 
 def _check_env_names(names: Iterable[str]) -> None:
