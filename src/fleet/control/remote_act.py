@@ -472,9 +472,12 @@ def stop_targets(targets, procs, drain_s):
         time.sleep(0.05)
     forced = []
     after_drain = "SIGKILL after the %g s drain window" % drain_s
+    live_groups = set(p["pgid"] for p in all_procs().values() if alive(p["pid"]))
     for pgid, whole, idle in signalled:
         try:
             if whole:
+                if pgid not in live_groups:  # drained: only zombies left, awaiting their parent's wait()
+                    continue
                 os.killpg(pgid, signal.SIGKILL)
                 if not idle:
                     forced.append(pgid)
