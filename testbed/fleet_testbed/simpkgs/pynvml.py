@@ -62,14 +62,6 @@ def nvmlShutdown():
     _snapshot = (float("-inf"), [])
 
 
-# One snapshot serves a burst of calls. A real NVML query is an ioctl of some microseconds; re-reading
-# host.json and every engine's registration per call made the stand-in cost a probe ~20 ms of CPU,
-# which, with 50 simulated hosts on one machine's CPUs, distorted every sweep the benchmark times.
-# 20 ms is shorter than any poll interval fleet uses, so a poll still sees the state change.
-_SNAPSHOT_S = 0.02
-_snapshot: tuple[float, list] = (float("-inf"), [])
-
-
 def nvmlDeviceGetCount():
     return len(_table())
 
