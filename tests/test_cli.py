@@ -70,6 +70,15 @@ def test_files_fleet_writes_are_checked_before_it_runs(tmp_path: Path) -> None:
     assert r.code == 2 and "Invalid value for '--log-file'" in r.err
 
 
+def test_fleets_cache_directory_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It holds the pool's sockets, the health lock and logs naming the hosts: made 0700, as the pool makes it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts: {}\n")
+    assert run_cli("-i", str(bad), "health").code == 3  # the lock is taken (the directory made) first
+    assert stat.S_IMODE(os.stat(tmp_path / "fleet").st_mode) == 0o700
+
+
 def test_a_device_is_appended_to_but_never_replaced(tmp_path: Path) -> None:
     """--log-file /dev/null discards the log; --textfile /dev/null would have renamed a regular file over
     the device (as root), so it is refused and the device stays."""

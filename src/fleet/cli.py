@@ -124,7 +124,7 @@ def _cache_file(name: str) -> Path:
     traceback: a service account's HOME is often /nonexistent or read-only."""
     directory = cache_dir()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the pool makes it: its sockets live here
         _create_and_remove_in(directory)
     except OSError as exc:
         raise ConfigError(
