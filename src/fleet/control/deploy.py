@@ -120,13 +120,18 @@ def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> Context:
     )
 
 
+def unwritable_host_dir(host_name: str, what: str, setting: str, found: dict[str, Any]) -> PreflightError:
+    """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
+    return PreflightError(
+        f"{host_name}: {what} {found.get('path')} on the host cannot be written ({found.get('error')}). "
+        "Nothing on the host was changed.",
+        f"Set {setting}: for this host to a directory its SSH user can write.",
+    )
+
+
 def unwritable_state_dir(host_name: str, lock: dict[str, Any]) -> PreflightError:
     """The host-side step could not take its lock: the state directory cannot be made or written."""
-    return PreflightError(
-        f"{host_name}: fleet's state directory {lock.get('path')} on the host cannot be written "
-        f"({lock.get('error')}). Nothing on the host was changed.",
-        "Set state_dir: for this host to a directory its SSH user can write.",
-    )
+    return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
 
 
 class Deployer:
@@ -414,11 +419,7 @@ class Deployer:
         if lock.get("taken_over"):
             self.progress("lock_taken_over", {"previous": lock["taken_over"]})
         if unwritable := out.get("log_dir_unwritable"):
-            raise PreflightError(
-                f"{self.host.name}: the log directory {unwritable['path']} on the host cannot be written "
-                f"({unwritable['error']}). Nothing on the host was changed.",
-                "Set log_dir: for this host to a directory its SSH user can write.",
-            )
+            raise unwritable_host_dir(self.host.name, "the log directory", "log_dir", unwritable)
         if out.get("refused"):
             self._release()
             who = "; ".join(
