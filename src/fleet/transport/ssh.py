@@ -199,8 +199,9 @@ class SshTransport:
         with _SHARED_LOCK:
             config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
         connect_kwargs: dict[str, Any] = {"banner_timeout": s.connect_timeout_s, "auth_timeout": s.connect_timeout_s}
-        if s.identity_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(s.identity_file)]
+        self._identity = os.path.expanduser(s.identity_file) if s.identity_file else None
+        if self._identity:
+            connect_kwargs["key_filename"] = [self._identity]
         gateway = None
         if s.proxy_jump:
             gateway = _Connection(s.proxy_jump, config=config.clone(), connect_timeout=int(s.connect_timeout_s))
@@ -214,7 +215,6 @@ class SshTransport:
             connect_timeout=max(1, int(s.connect_timeout_s)),
             connect_kwargs=connect_kwargs,
         )
-        self._identity = os.path.expanduser(s.identity_file) if s.identity_file else None
         self._known_hosts = known_hosts
         self._accept_new = accept_new_host_key
         self._timeout_s = s.connect_timeout_s
