@@ -172,7 +172,13 @@ def test_a_bad_known_hosts_or_ssh_config_file_is_a_clear_error(
 
 
 @pytest.mark.parametrize(
-    ("identity", "said"), [("dir", "is a directory"), ("missing", "does not exist"), ("binary", "is not a private key")]
+    ("identity", "said"),
+    [
+        ("dir", "is a directory"),
+        ("missing", "does not exist"),
+        ("binary", "is not a private key"),
+        ("device", "is not a regular file"),
+    ],
 )
 def test_an_identity_file_that_is_no_key_is_named_as_such(
     fleet_env: simhost.Sandbox, tmp_path: Path, identity: str, said: str
@@ -184,6 +190,8 @@ def test_an_identity_file_that_is_no_key_is_named_as_such(
         path.mkdir()
     elif identity == "binary":
         path.write_bytes(b"\x00\xaf\xfe binary, not a key\n")
+    elif identity == "device":
+        path = Path("/dev/null")
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(
         re.sub(r"identity_file: .*", f"identity_file: {path}", fleet_env.inventory.read_text(), count=1)

@@ -230,7 +230,8 @@ class SshTransport:
         if not self._conn.is_connected:
             _harden(self._conn, self._known_hosts, self._accept_new)
             if self._identity and not os.path.isfile(self._identity):  # else "cannot connect (Is a directory)"
-                raise self._bad_identity("is a directory" if os.path.isdir(self._identity) else "does not exist")
+                kind = "is a directory" if os.path.isdir(self._identity) else "is not a regular file"
+                raise self._bad_identity(kind if os.path.exists(self._identity) else "does not exist")
             try:
                 self._open_or_close()
             except ValueError as exc:  # paramiko reading a binary file as a text key (UnicodeDecodeError)
