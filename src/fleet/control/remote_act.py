@@ -155,6 +155,21 @@ def alive(pid):
         return False
 
 
+def live_process_groups():
+    """Process group ids that have a member still running (a zombie has exited: it does not count)."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    state, _ppid, pgid = f.read().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if state != "Z":
+                out.add(int(pgid))
+    return out
+
+
 def boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -472,7 +487,7 @@ def stop_targets(targets, procs, drain_s):
         time.sleep(0.05)
     forced = []
     after_drain = "SIGKILL after the %g s drain window" % drain_s
-    live_groups = set(p["pgid"] for p in all_procs().values() if alive(p["pid"]))
+    live_groups = live_process_groups() if any(whole for _, whole, _ in signalled) else set()
     for pgid, whole, idle in signalled:
         try:
             if whole:
