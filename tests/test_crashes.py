@@ -325,12 +325,48 @@ TEXT_CASES = [
     ("oom-killer", "Killed", Context(), "killed-by-signal"),
     ("sigkill", "[fleet] engine killed by signal 9", Context(), "killed-by-signal"),
     (
-        "child-failed",
-        "[2026-11-29 10:00:00 TP2] Scheduler hit an exception: Traceback (most recent call last):\n"
-        '  File "x.py", line 1, in f\nZeroDivisionError: division by zero',
-        Context(),
-        "engine-child-failed",
+        "bf16-on-turing",
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU "
+        "has compute capability 7.5.",
+        Context(engine="vllm"),
+        "bf16-needs-ampere",
     ),
+    ("ready-timeout", "[fleet] ready timeout after 900 s", Context(), "fleet-ready-timeout"),
+    (
+        "rendezvous-port",
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
+        Context(),
+        "port-in-use-family",
+    ),
+    (
+        "mtp-on-hybrid",
+        "ValueError: MTP speculative decoding needs the mamba extra_buffer strategy for hybrid models",
+        Context(engine="vllm"),
+        "spec-hybrid-mamba-family",
+    ),
+    (
+        "peer-access",
+        "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:368 'peer access is not supported between these "
+        "two devices'",
+        Context(),
+        "nccl-p2p-family",
+    ),
+    (
+        "cut-in-nccl",
+        'Traceback (most recent call last):\n  File "/x/sglang/srt/distributed/device_communicators/pynccl.py", '
+        "line 108, in __init__",
+        Context(),
+        "cut-in-nccl-init",
+    ),
+    (
+        "cut-in-registry",
+        'Traceback (most recent call last):\n  File "/x/sglang/srt/managers/router/model_runner.py", line 57, in '
+        "get_model_cls_by_arch_name",
+        Context(),
+        "cut-in-model-registry",
+    ),
+    ("disk-full", "OSError: [Errno 28] No space left on device", Context(), "disk-full"),
 ]
 
 
@@ -377,7 +413,9 @@ NEAR_MISSES = [
     ("Killed 3 stale requests", SM120, "killed-by-signal"),
     ("[fleet] smoke check failed: HTTP 500 (Internal Server Error)", SM120, "garbage-output"),
     ("Loading safetensors checkpoint shards: 100% Completed | 94/94", SM120, "model-files-missing"),
-    ("Failed to import from vllm._C with ModuleNotFoundError('No module named vllm._C')", SM120, "dependency-mismatch"),
+    ("WARNING: flash_attn is not installed; using the default attention backend", SM120, "dependency-mismatch"),
+    ("INFO: bfloat16 is supported on this GPU (compute capability 8.6)", SM86, "bf16-needs-ampere"),
+    ("[fleet] ready after 41 s", SM86, "fleet-ready-timeout"),
     ("watchdog_timeout=300", SM120, "worker-timeout"),
     ("Not enough memory for prefix cache; evicting", SM120, "sglang-kv-not-enough-memory"),
     (
@@ -430,16 +468,25 @@ def test_near_misses_do_not_match(text: str, ctx: Context, signature: str) -> No
     assert diagnose(text.splitlines(), ctx).signature != signature
 
 
-def test_every_signature_has_a_sample_and_a_near_miss() -> None:
+def test_every_signature_has_a_sample_and_every_fix_a_near_miss() -> None:
+    """Families are sampled by the real corpus (tests/test_corpus.py) or by engine texts here; a signature
+    that changes what runs (a fix) also has a near miss that must not trigger it."""
     sampled = (
         {c[-1] for c in SIM_CASES}
         | {c[3] for c in TEXT_CASES}
         | {"cuda-oom-startup", "sglang-spec-extra-buffer-runtime-typeerror"}
+        | corpus_signatures()
     )
     near = {c[2] for c in NEAR_MISSES}
-    ids = {s.id for s in builtin_signatures()}
-    assert ids - sampled == set()
-    assert ids - near == set()
+    sigs = builtin_signatures()
+    assert {s.id for s in sigs} - sampled == set()
+    assert {s.id for s in sigs if s.fix is not None} - near == set()
+
+
+def corpus_signatures() -> set[str]:
+    from test_corpus import CASES, _diagnose
+
+    return {d.signature for d in map(_diagnose, CASES) if d.signature}
 
 
 def test_messy_prefixes_are_stripped() -> None:
@@ -464,10 +511,101 @@ def test_docker_compose_prefixed_valueerror_is_still_recognised(tmp_path: Path) 
     assert diagnose(lines, SM120).signature == "sglang-spec-hybrid-no-buffer"
 
 
-def test_unknown_traceback_is_unknown_with_evidence() -> None:
+def test_a_complete_unknown_exception_is_other_with_its_evidence() -> None:
     d = diagnose(["Traceback (most recent call last):", '  File "x", line 1, in y', "WeirdError: nope"])
-    assert (d.category, d.signature) == ("unknown", None)
-    assert "WeirdError: nope" in d.evidence
+    assert (d.category, d.signature) == ("other", None)
+    assert "WeirdError: nope" in d.evidence and d.basis.startswith("no signature")
+
+
+def test_a_scheduler_child_failure_shows_the_real_exception() -> None:
+    d = diagnose(
+        [
+            "[2026-11-29 10:00:00 TP2] Scheduler hit an exception: Traceback (most recent call last):",
+            '  File "x.py", line 1, in f',
+            "ZeroDivisionError: division by zero",
+        ]
+    )
+    assert d.category == "other" and "ZeroDivisionError: division by zero" in d.evidence
+
+
+def test_a_failure_without_its_exception_is_unknown_with_evidence() -> None:
+    d = diagnose(["INFO loading", "ERROR 05-26 07:50:26 [core.py:396] EngineCore failed to start."])
+    assert d.category == "unknown" and d.evidence == ("EngineCore failed to start.",)
+
+
+def test_a_traceback_cut_before_its_exception_says_where_its_frames_point() -> None:
+    d = diagnose(
+        [
+            "Traceback (most recent call last):",
+            '  File "/x/sglang/srt/model_executor/model_runner.py", line 344, in init_cuda_graphs',
+            '  File "/x/sglang/srt/model_executor/cuda_graph_runner.py", line 148, in capture',
+            '  File "/x/torch/nn/modules/module.py", line 1736, in _wrapped_call_impl',
+        ]
+    )
+    assert (d.category, d.signature, d.fix) == ("cuda_graph_capture", "cut-in-graph-capture", None)
+    assert "cut before its exception line" in d.basis
+
+
+def test_a_message_wrapped_over_lines_is_matched_whole() -> None:
+    lines = [
+        "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible",
+        "with radix cache when using --mamba-scheduler-strategy no_buffer. To use radix cache with",
+    ]
+    assert diagnose(lines, SM120).signature == "sglang-spec-hybrid-no-buffer"
+
+
+def test_a_single_shm_broadcast_wait_is_a_slow_load_and_a_run_of_them_a_hang() -> None:
+    wait = (
+        "(EngineCore pid=1) INFO 12-09 11:25:53 [shm_broadcast.py:466] No available shared memory broadcast "
+        "block found in 60 seconds."
+    )
+    assert diagnose([wait], Context(engine="vllm")).category == "starting"
+    assert diagnose([wait] * 3, Context(engine="vllm")).category == "worker_timeout"
+
+
+def test_an_error_that_is_retried_is_not_a_crash() -> None:
+    err = (
+        "(APIServer pid=1) ERROR 02-02 14:28:39 [repo_utils.py:47] Error retrieving safetensors: Repo id must "
+        "be in the form 'a/b'"
+    )
+    assert diagnose([f"{err}, retrying 1 of 2", err]).category == "starting"
+
+
+def test_a_client_error_after_ready_is_still_healthy() -> None:
+    lines = [
+        "INFO:     Application startup complete.",
+        "ERROR 03-18 09:02:03 [serving_chat.py:133] Error with model object='error' message='The model `x` does "
+        "not exist.' type='NotFoundError' param=None code=404",
+    ]
+    assert diagnose(lines).category == "healthy"
+
+
+def test_remote_code_is_never_enabled_as_a_fix() -> None:
+    d = diagnose(["ValueError: The repository for /m contains custom code which must be executed to load it."])
+    assert d.signature == "trust-remote-code" and d.fix is None
+    assert "operator" in d.explanation
+
+
+def test_a_fix_comes_from_the_failure_line_not_from_text_inside_another_line() -> None:
+    """A logged prompt can carry any phrase; a fix must start the line that reports the failure."""
+    crafted = (
+        "RuntimeError: Segmentation fault while handling prompt 'Speculative decoding for X is not compatible "
+        "with radix cache when using --mamba-scheduler-strategy no_buffer'"
+    )
+    d = diagnose([crafted], SM120)
+    assert d.fix is None
+    logged = "INFO Received request: prompt='torch.OutOfMemoryError: CUDA out of memory'"
+    assert diagnose([logged]).fix is None
+
+
+def test_a_user_signature_with_an_unanchored_fix_is_refused() -> None:
+    from fleet.crashes import parse_signatures
+
+    raw = [
+        {"id": "x", "category": "other", "patterns": ["boom"], "fix": {"set_flags": {"--y": None}}, "explanation": "e"}
+    ]
+    with pytest.raises(ValueError, match="anchor every pattern"):
+        parse_signatures(raw, "crashes/site.yaml")
 
 
 def test_whole_traceback_is_captured_not_a_tail() -> None:
@@ -483,7 +621,13 @@ def test_whole_traceback_is_captured_not_a_tail() -> None:
 
 # --- the relaunch policy (pure; no clocks) ----------------------------------------------------------------
 
-FIXABLE = diagnose(["is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer"], SM120)
+FIXABLE = diagnose(
+    [
+        "ValueError: Speculative decoding for M is not compatible with radix cache when using "
+        "--mamba-scheduler-strategy no_buffer."
+    ],
+    SM120,
+)
 
 
 def test_a_known_fix_is_applied() -> None:

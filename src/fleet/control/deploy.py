@@ -13,14 +13,14 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fleet.crashes import Context, Diagnosis, GiveUp, decide, diagnose, traceback_of
+from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, known_fixes, traceback_of
 from fleet.errors import HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
@@ -152,6 +152,7 @@ class Deployer:
         ready_timeout_s: float = 900.0,
         progress_timeout_s: float = 300.0,
         drain_s: float = 15.0,
+        signatures: Sequence[Signature] | None = None,
     ) -> None:
         self.t = transport
         self.host = host
@@ -165,6 +166,7 @@ class Deployer:
         self.ready_timeout_s = ready_timeout_s
         self.progress_timeout_s = progress_timeout_s
         self.drain_s = drain_s
+        self.signatures = signatures
         self.run_id = run_id()
         self.owner = owner()
 
@@ -370,7 +372,7 @@ class Deployer:
                 if synthetic and not (synthetic.startswith("[fleet] engine killed") and has_traceback):
                     lines.append(synthetic)
             rec.seconds = time.monotonic() - t0
-            rec.diagnosis = diagnose(lines, _context(plan, model, gpus))
+            rec.diagnosis = diagnose(lines, _context(plan, model, gpus), self.signatures)
             tail = traceback_of(lines) if rec.diagnosis.signature is None else lines[-40:]
             result.log_tail = [redact(x, self.secrets) for x in tail]
             assert rec.diagnosis is not None
@@ -509,8 +511,10 @@ def _synthetic_line(ev: dict[str, Any]) -> str | None:
     return None
 
 
-def plan_or_refuse(host: Host, playbook: NamedPlaybook, facts: HostFacts, path: str) -> PlanResult:
-    result = build_plan(host, playbook, facts, path)
+def plan_or_refuse(
+    host: Host, playbook: NamedPlaybook, facts: HostFacts, path: str, signatures: Sequence[Signature] | None = None
+) -> PlanResult:
+    result = build_plan(host, playbook, facts, path, known_fixes(signatures) if signatures is not None else None)
     if result.errors or result.plan is None:
         raise PreflightError(
             "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",

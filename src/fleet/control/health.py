@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.crashes import Context, diagnose
+from fleet.crashes import Context, Signature, diagnose
 from fleet.errors import FleetError
 from fleet.facts import parse_facts, probe_source
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, unreachable
@@ -33,6 +33,7 @@ class HealthOptions:
     heal: bool = False
     max_heals_per_hour: int = 3
     unreachable_status: str = UNKNOWN
+    signatures: tuple[Signature, ...] | None = None  # the knowledge base with the user's crashes/*.yaml
 
 
 def health_source() -> str:
@@ -66,7 +67,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
     st = facts.remote.state or {}
     lines = raw.get("log_lines") or []
-    diagnosis = diagnose(lines, Context(engine=st.get("engine"))) if lines else None
+    diagnosis = diagnose(lines, Context(engine=st.get("engine")), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleet.control.deploy import (
@@ -18,6 +18,7 @@ from fleet.control.deploy import (
     unwritable_state_dir,
 )
 from fleet.control.facts import model_path, read_facts
+from fleet.crashes import Signature, known_fixes
 from fleet.errors import ConfigError, FleetError, LockedError, UnsafeToKill
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
@@ -34,11 +35,18 @@ def _smoke(playbook: NamedPlaybook) -> dict[str, Any]:
 
 
 def deploy(
-    t: Transport, host: Host, playbook: NamedPlaybook, *, force: bool, engine_check: bool, progress: Progress
+    t: Transport,
+    host: Host,
+    playbook: NamedPlaybook,
+    *,
+    force: bool,
+    engine_check: bool,
+    progress: Progress,
+    signatures: Sequence[Signature] | None = None,
 ) -> DeployResult:
     path = model_path(host, playbook.spec.model)
     facts = read_facts(t, host, model=path, engine=playbook.spec.engine)
-    result = plan_or_refuse(host, playbook, facts, path)
+    result = plan_or_refuse(host, playbook, facts, path, signatures)
     assert result.plan and result.model and result.gpus
     progress(
         "planned", {"plan": result.plan, "model": result.model.describe(), "learned": list(result.plan.applied_fixes)}
@@ -62,8 +70,9 @@ def deploy(
         engine_check=engine_check,
         max_attempts=playbook.spec.max_attempts,
         ready_timeout_s=playbook.spec.ready_timeout_s,
+        signatures=signatures,
     )
-    existing = _learned_as_json(facts, result.learned_key)
+    existing = _learned_as_json(facts, result.learned_key, signatures)
     return deployer.run(
         result.plan,
         result.model,
@@ -142,11 +151,12 @@ def _adopt(
     )
 
 
-def _learned_as_json(facts: HostFacts, key: str) -> list[dict[str, Any]]:
-    """The host's learned fixes for `key`, in the form the watcher writes back on success."""
+def _learned_as_json(facts: HostFacts, key: str, signatures: Sequence[Signature] | None = None) -> list[dict[str, Any]]:
+    """The host's learned fixes for `key` that the knowledge base still backs, as the watcher writes them."""
+    known = known_fixes(signatures) if signatures is not None else None
     return [
         {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-        for lf in learned_fixes(facts, key)
+        for lf in learned_fixes(facts, key, known)
     ]
 
 
@@ -181,7 +191,9 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
     )
 
 
-def restart(t: Transport, host: Host, *, force: bool, progress: Progress) -> DeployResult:
+def restart(
+    t: Transport, host: Host, *, force: bool, progress: Progress, signatures: Sequence[Signature] | None = None
+) -> DeployResult:
     state_facts = read_facts(t, host)
     state = recorded(state_facts)
     if not state.get("plan"):
@@ -205,9 +217,10 @@ def restart(t: Transport, host: Host, *, force: bool, progress: Progress) -> Dep
         kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,
+        signatures=signatures,
     )
     key = str(state.get("learned_key", ""))
-    existing = _learned_as_json(facts, key)
+    existing = _learned_as_json(facts, key, signatures)
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
     return deployer.run(
         plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(facts)

@@ -1,68 +1,47 @@
 """Crash knowledge base: signatures (data) + `diagnose(log) -> Diagnosis` + `decide(...) -> next action`.
 
-Pure: no clocks, no I/O beyond reading the packaged YAML once. Logs arrive messy (timestamps,
-`[TP3]`, `(EngineCore pid=N)`, docker-compose prefixes, flattened tracebacks); `normalize` strips
-that before any pattern is tried. The relaunch policy decides first and the deploy loop acts
-(tenacity-style): a fix is applied at most once, the same signature after its fix gives up, an
-unknown failure gives up at once, and attempts are bounded.
+Pure: no clocks, no I/O beyond reading the packaged YAML once. `healthy` needs positive evidence (a
+ready line or answered generation requests) and no failure; a log with neither is `starting`; a log
+with a failure that no signature explains is `unknown`, with its evidence lines. Signatures are tried
+in order (the root cause before its symptoms), on normalised lines (`logtext`). The relaunch policy
+decides first and the deploy loop acts (tenacity-style): a fix is applied at most once, the same
+signature after its fix gives up, an unknown failure gives up at once, and attempts are bounded.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from fleet.plan import Fix, Version, args_dict, parse_version
-from fleet.yamlfile import load_data
-
-CATEGORIES = (
-    "healthy",
-    "spec_decode_hybrid_mamba",
-    "invalid_flags",
-    "cuda_oom_startup",
-    "kv_cache_oom",
-    "cuda_graph_capture",
-    "port_in_use",
-    "nccl_p2p",
-    "unsupported_arch_or_quant",
-    "jit_compile",
-    "unknown_architecture",
-    "model_files_missing",
-    "dependency_mismatch",
-    "driver_mismatch",
-    "illegal_memory_access",
-    "killed_by_signal",
-    "worker_timeout",
-    "garbage_output",
-    "unknown",
+from fleet.crashes.logtext import (
+    FRAME,
+    SERVING,
+    TRACEBACK_HEAD,
+    LogText,
+    is_exception_line,
+    is_failure,
+    normalize,
+    normalize_log,
+    transient_lines,
 )
+from fleet.crashes.signatures import (
+    CATEGORIES,
+    Signature,
+    builtin_signatures,
+    known_fixes,
+    load_signatures,
+    parse_signatures,
+)
+from fleet.plan import Fix, Version, args_dict
+
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
-    re.compile(r"Starting vLLM (API )?server on http"),
+    re.compile(r"Starting vLLM (API )?server (\d+ )?on http"),
     re.compile(r"Application startup complete\."),
 )
-SGLANG_READY = re.compile(r"The server is fired up and ready to roll!")
-
-
-@dataclass(frozen=True)
-class Signature:
-    id: str
-    category: str
-    engine: str
-    patterns: tuple[re.Pattern[str], ...]
-    requires: tuple[re.Pattern[str], ...]
-    unless: tuple[re.Pattern[str], ...]
-    versions: tuple[Version, Version] | None
-    phase: str | None
-    when: dict[str, Any]
-    fix: Fix | None
-    explanation: str
-    source: str
 
 
 @dataclass(frozen=True)
@@ -86,111 +65,17 @@ class Diagnosis:
     fix: Fix | None
     evidence: tuple[str, ...]
     source: str = ""
+    basis: str = ""  # how sure: which signature, the frames of a cut traceback, or a generic error
 
     def to_json(self) -> dict[str, Any]:
         return {
             "category": self.category,
             "signature": self.signature,
             "explanation": self.explanation,
+            "basis": self.basis,
             "fix": self.fix.describe() if self.fix else None,
             "evidence": list(self.evidence),
         }
-
-
-_PREFIXES = [
-    re.compile(r"^\x1b\[[0-9;]*m"),
-    re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
-    re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*"),  # ISO timestamp
-    re.compile(
-        r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+|[\w:]+ pid=\d+)[^)]*\)\s*"
-    ),
-    re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:TP|DP|PP|EP)\d+)*\]\s*"),  # SGLang
-    re.compile(r"^\[(?:TP|DP|PP|EP)\d+\]\s*"),
-    re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]+\]\s*"),  # vLLM
-]
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def normalize(lines: Iterable[str]) -> list[str]:
-    """Strip colour codes and per-line prefixes; unflatten tracebacks logged as one line with '\\n'."""
-    out: list[str] = []
-    for raw in lines:
-        text = _ANSI.sub("", raw.rstrip("\r\n"))
-        pieces = text.split("\\n") if "\\n" in text and "Traceback" in text else [text]
-        for piece in pieces:
-            for _ in range(4):  # prefixes nest: compose | timestamp (EngineCore pid=1) ...
-                before = piece
-                for p in _PREFIXES:
-                    piece = p.sub("", piece, count=1)
-                if piece == before:
-                    break
-            out.append(piece)
-    return out
-
-
-def _compile(items: Sequence[str]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in items)
-
-
-def _fix(raw: dict[str, Any] | None) -> Fix | None:
-    if raw is None:
-        return None
-    flags = raw.get("set_flags") or {}
-    env = raw.get("set_env") or {}
-    return Fix(
-        set_flags=tuple((str(k), None if v is None else str(v)) for k, v in flags.items()),
-        remove_flags=tuple(str(x) for x in raw.get("remove_flags") or ()),
-        set_env=tuple((str(k), str(v)) for k, v in env.items()),
-        derive=raw.get("derive"),
-    )
-
-
-def parse_signatures(data: Any, origin: str) -> list[Signature]:
-    if not isinstance(data, list):
-        raise ValueError(f"{origin}: the signature file must be a YAML list")
-    out = []
-    for i, raw in enumerate(data):
-        try:
-            category = raw["category"]
-            if category not in CATEGORIES:
-                raise ValueError(f"unknown category {category!r}")
-            versions = raw.get("versions")
-            lo = parse_version(versions[0]) if versions else None
-            hi = parse_version(versions[1]) if versions else None
-            out.append(
-                Signature(
-                    id=str(raw["id"]),
-                    category=category,
-                    engine=str(raw.get("engine", "any")),
-                    patterns=_compile(raw["patterns"]),
-                    requires=_compile(raw.get("requires") or ()),
-                    unless=_compile(raw.get("unless") or ()),
-                    versions=(lo, hi) if lo and hi else None,
-                    phase=raw.get("phase"),
-                    when=dict(raw.get("when") or {}),
-                    fix=_fix(raw.get("fix")),
-                    explanation=str(raw["explanation"]),
-                    source=str(raw.get("source", "")),
-                )
-            )
-        except (KeyError, TypeError, ValueError, re.error) as exc:
-            raise ValueError(f"{origin}: signature #{i + 1}: {exc}") from exc
-    return out
-
-
-@lru_cache(maxsize=1)
-def builtin_signatures() -> tuple[Signature, ...]:
-    text = resources.files("fleet.crashes").joinpath("signatures.yaml").read_text(encoding="utf-8")
-    return tuple(parse_signatures(load_data(text), "fleet/crashes/signatures.yaml"))
-
-
-def load_signatures(extra_dirs: Sequence[Path] = ()) -> tuple[Signature, ...]:
-    """User signatures (`crashes/*.yaml` in the project directory) first, then the built-in ones."""
-    user: list[Signature] = []
-    for d in extra_dirs:
-        for path in sorted(d.glob("*.yaml")):
-            user += parse_signatures(load_data(path.read_text(encoding="utf-8")), str(path))
-    return (*user, *builtin_signatures())
 
 
 def _conditions_hold(sig: Signature, ctx: Context) -> bool:
@@ -214,57 +99,154 @@ def _conditions_hold(sig: Signature, ctx: Context) -> bool:
     return True
 
 
+class _Searchable:
+    """The log as one text of windows (a line and its wrapped continuation), searched per signature
+    in one regex pass instead of one call per line."""
+
+    def __init__(self, log: LogText) -> None:
+        windows = [log.window(i) for i in range(len(log.lines))]
+        self.starts: list[int] = []
+        pos = 0
+        for w in windows:
+            self.starts.append(pos)
+            pos += len(w) + 1
+        self.text = "\n".join(windows)
+
+    def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
+        found: set[int] = set()
+        for p in patterns:
+            for m in p.finditer(self.text):
+                i = bisect.bisect_right(self.starts, m.start()) - 1
+                if only is None or i in only:
+                    found.add(i)
+        return sorted(found)
+
+    def any(self, patterns: Sequence[re.Pattern[str]]) -> bool:
+        return any(p.search(self.text) for p in patterns)
+
+
+def _cut_traceback(log: LogText) -> range | None:
+    """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
+    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line)]
+    if not frames:
+        return None
+    last = frames[-1]
+    if any(is_exception_line(x) for x in log.lines[last + 1 :]):
+        return None
+    heads = [i for i in range(last) if TRACEBACK_HEAD.search(log.lines[i]) or is_exception_line(log.lines[i])]
+    return range(heads[-1] + 1 if heads else 0, len(log.lines))
+
+
 def diagnose(
     lines: Sequence[str], ctx: Context = Context(), signatures: Sequence[Signature] | None = None
 ) -> Diagnosis:
-    """Classify an engine log. A clean startup or steady serving is `healthy`, never a crash."""
+    """Classify an engine log. Only positive evidence of serving, with no failure, is `healthy`."""
     sigs = builtin_signatures() if signatures is None else signatures
-    norm = normalize(lines)
-    ready_at = next((i for i, line in enumerate(norm) if any(p.search(line) for p in READY_PATTERNS)), None)
+    log = normalize_log(lines)
+    n = len(log.lines)
+    ready_at = next((i for i, line in enumerate(log.lines) if any(p.search(line) for p in READY_PATTERNS)), None)
+    transient = transient_lines(log)
+    failures = [i for i in range(n) if is_failure(log, i, transient)]
+    # What the frames of a cut traceback point at counts only where no exception line says more.
+    cut = None if any(is_exception_line(x) for x in log.lines) else _cut_traceback(log)
+    search = _Searchable(log)
+    frame_hints: list[tuple[int, Signature]] = []
     for sig in sigs:
         if not _conditions_hold(sig, ctx):
             continue
-        hits = [i for i, line in enumerate(norm) if any(p.search(line) for p in sig.patterns)]
+        if sig.scope == "cut_traceback":
+            if cut is None:
+                continue
+            hits = search.hits(sig.patterns, only=cut)
+        else:
+            hits = [i for i in search.hits(sig.patterns) if i not in transient]
         if sig.phase == "startup" and ready_at is not None:
             hits = [i for i in hits if i < ready_at]
         if sig.phase == "runtime":
             hits = [i for i in hits if ready_at is not None and i > ready_at]
-        if not hits:
+        if len(hits) < sig.min_count:
             continue
-        if sig.requires and not all(any(r.search(line) for line in norm) for r in sig.requires):
+        if sig.requires and not all(search.any((r,)) for r in sig.requires):
             continue
-        if any(u.search(line) for u in sig.unless for line in norm):
+        if sig.unless and search.any(sig.unless):
             continue
-        return Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(norm, hits), sig.source)
-    tb = [i for i, line in enumerate(norm) if line.startswith("Traceback (most recent call last)")]
-    errors = [i for i, line in enumerate(norm) if re.match(r"^\w*(Error|Exception)\b.*:", line)]
-    if tb or errors:
-        return Diagnosis(
-            "unknown",
-            None,
-            "a failure that matches no known signature",
-            None,
-            _evidence(norm, (tb + errors)[:1] + errors[-1:]),
-        )
+        if sig.supporting and not (set(failures) - set(hits)) and cut is None:
+            continue
+        if sig.scope == "cut_traceback":
+            frame_hints.append((hits[-1], sig))
+            continue
+        basis = f"signature {sig.id}"
+        return Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(log, hits), sig.source, basis)
+    if frame_hints:  # the deepest frame a hint recognises says most about where it failed
+        deepest, sig = max(frame_hints, key=lambda h: h[0])
+        basis = f"signature {sig.id}, from the frames of a traceback cut before its exception line"
+        evidence = tuple(log.lines[i].strip() for i in range(max(deepest - 2, 0), deepest + 1))
+        return Diagnosis(sig.category, sig.id, sig.explanation, None, evidence, sig.source, basis)
+    if failures or cut is not None:
+        return _unknown(log, failures, cut)
+    if any(SERVING.search(line) for line in log.lines):
+        return Diagnosis("healthy", None, "the server is ready or serving, with no failure in the log", None, ())
     return Diagnosis(
-        "healthy",
+        "starting",
         None,
-        "clean startup or steady serving" if ready_at is not None else "no failure in the log",
+        "no failure in the log, and nothing in it shows the server ready or serving (no ready line, "
+        "no answered generation request)",
         None,
-        (),
+        tuple(x for x in log.lines[-3:] if x.strip()),
     )
 
 
-def _evidence(norm: list[str], hits: list[int]) -> tuple[str, ...]:
+_SYMPTOM = re.compile(
+    r"EngineDeadError|Engine core initialization failed|See root cause above|See stack trace|RayTaskError|"
+    r"ChildProcessError|Received sigquit|WorkerDied"
+)
+
+
+def _unknown(log: LogText, failures: list[int], cut: range | None) -> Diagnosis:
+    # An exception that only reports another process's death is a symptom, not "what failed".
+    exceptions = [i for i in failures if is_exception_line(log.lines[i]) and not _SYMPTOM.search(log.lines[i])]
+    if cut is not None and not exceptions:
+        frames = [log.lines[i].strip() for i in cut if FRAME.match(log.lines[i])]
+        return Diagnosis(
+            "unknown",
+            None,
+            "the log ends inside a traceback, before its exception line; the last frames show where it failed",
+            None,
+            tuple([*[log.lines[i] for i in failures[-1:]], *frames[-3:]]),
+            basis="no signature: a traceback cut before its exception line",
+        )
+    pick = sorted(set(failures[:1] + exceptions[-2:] + failures[-2:]))
+    evidence = tuple(log.window(i) for i in pick)
+    if exceptions:
+        # The error is all there, and it is none of the known families: outside them, by definition.
+        return Diagnosis(
+            "other",
+            None,
+            "a failure outside fleet's known categories; the exception line says what failed",
+            None,
+            evidence,
+            basis="no signature: generic error in the log (its exception line is complete)",
+        )
+    return Diagnosis(
+        "unknown",
+        None,
+        "the log shows a failure but not what it was (no exception line and no known error text)",
+        None,
+        evidence,
+        basis="no signature: generic error lines in the log",
+    )
+
+
+def _evidence(log: LogText, hits: list[int]) -> tuple[str, ...]:
     """The matching lines, with the exception line that ends their traceback when there is one."""
     keep: list[str] = []
     for i in hits[:3]:
-        if norm[i] not in keep:
-            keep.append(norm[i])
-        for j in range(i + 1, min(i + 40, len(norm))):
-            if re.match(r"^[\w.]*(Error|Exception)\b", norm[j]) or norm[j].startswith("AssertionError"):
-                if norm[j] not in keep:
-                    keep.append(norm[j])
+        if log.window(i) not in keep:
+            keep.append(log.window(i))
+        for j in range(i + 1, min(i + 40, len(log.lines))):
+            if is_exception_line(log.lines[j]):
+                if log.window(j) not in keep:
+                    keep.append(log.window(j))
                 break
     return tuple(keep)
 
@@ -298,7 +280,7 @@ class GiveUp:
 
 def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attempts: int) -> Relaunch | GiveUp:
     """Pure relaunch policy. `applied`: signature ids whose fix this deploy already applied."""
-    if diagnosis.category == "healthy":
+    if diagnosis.category in ("healthy", "starting"):
         return GiveUp("the engine stopped without an error in its log")
     if diagnosis.signature is None or diagnosis.category == "unknown":
         return GiveUp("unknown failure: fleet does not relaunch what it cannot explain")
@@ -309,3 +291,22 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
     if attempt >= max_attempts:
         return GiveUp(f"attempt {attempt}/{max_attempts} failed; no attempts left")
     return Relaunch(diagnosis.fix, diagnosis.signature, diagnosis.explanation)
+
+
+__all__ = [
+    "CATEGORIES",
+    "READY_PATTERNS",
+    "Context",
+    "Diagnosis",
+    "GiveUp",
+    "Relaunch",
+    "Signature",
+    "builtin_signatures",
+    "decide",
+    "diagnose",
+    "known_fixes",
+    "load_signatures",
+    "normalize",
+    "parse_signatures",
+    "traceback_of",
+]

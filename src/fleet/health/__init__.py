@@ -196,7 +196,7 @@ def evaluate(
             checks.append(
                 Check("generation", OK if ok else CRITICAL, detail if ok else f"wrong or no answer: {detail}")
             )
-    if diagnosis is not None and diagnosis.category != "healthy":
+    if diagnosis is not None and diagnosis.category not in ("healthy", "starting"):
         checks.append(
             Check(
                 "crash_log",

@@ -7,6 +7,7 @@ something fleet may not stop, and a log disk that is full.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from fleet.facts import HostFacts, gpu_mismatches
@@ -45,15 +46,26 @@ def learned_key(host: str, model_path: str, engine: str, version: Version | None
     return f"{host}|{model_path}|{engine}|{show_version(version)}"
 
 
-def learned_fixes(facts: HostFacts, key: str) -> tuple[LearnedFix, ...]:
+def learned_fixes(facts: HostFacts, key: str, known: Mapping[str, Fix] | None = None) -> tuple[LearnedFix, ...]:
+    """The host's learned fixes for `key`, re-validated against today's knowledge base (`known`: signature
+    id → its fix; the built-in one when None). The host's record names a signature; what is applied is the
+    fix the knowledge base prescribes for it now. An entry whose signature is unknown, or no longer
+    carries a fix, is dropped: state.json is a file on the host, and anything can be written into it."""
+    if known is None:
+        from fleet.crashes import builtin_signatures, known_fixes
+
+        known = known_fixes(builtin_signatures())
     table = facts.remote.learned or {}
     entries = table.get(key, []) if isinstance(table, dict) else []
-    out = []
+    out: list[LearnedFix] = []
     for e in entries:
         try:
-            out.append(LearnedFix(str(e["signature"]), Fix.from_json(e["fix"]), str(e.get("learned_at", "?"))))
-        except (KeyError, TypeError, AssertionError, IndexError):
+            signature = str(e["signature"])
+            learned_at = str(e.get("learned_at", "?"))
+        except (KeyError, TypeError):
             continue  # a damaged entry is ignored, never fatal
+        if signature in known and signature not in {x.signature for x in out}:
+            out.append(LearnedFix(signature, known[signature], learned_at))
     return tuple(out)
 
 
@@ -96,7 +108,13 @@ def _err(rule: str, message: str) -> Verdict:
     return Verdict("error", rule, message)
 
 
-def build_plan(host: Host, playbook: NamedPlaybook, facts: HostFacts, model_path: str) -> PlanResult:
+def build_plan(
+    host: Host,
+    playbook: NamedPlaybook,
+    facts: HostFacts,
+    model_path: str,
+    known_fixes: Mapping[str, Fix] | None = None,
+) -> PlanResult:
     pb = playbook.spec
     where = f"{playbook.name} on {host.name}"
     wishes = wishes_for(host, playbook)
@@ -149,7 +167,7 @@ def build_plan(host: Host, playbook: NamedPlaybook, facts: HostFacts, model_path
         engine_version=version,
         python=install.python,
         wishes=wishes,
-        learned=learned_fixes(facts, key),
+        learned=learned_fixes(facts, key, known_fixes),
     )
     verdicts += preflight(where, plan, model, gpus, facts, host)
     plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))

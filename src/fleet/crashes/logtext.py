@@ -1,0 +1,186 @@
+"""Engine logs as operators paste them, made comparable: prefixes, framing and colour stripped, the
+log level kept, wrapped messages re-joined for matching, and what makes a line a failure or proof
+of serving. Pure: text in, text out.
+
+Real logs arrive wrapped in whatever carried them: docker-compose and Kubernetes framing, `> `
+quotes from an issue, Ray actor prefixes, CRI and log-collector timestamps, the engines' own
+`[2026-… TP3]` and `ERROR 05-13 10:46:43 [core.py:962]` prefixes, ANSI colour (sometimes pasted as
+the literal text `^[[31m`). A classifier that keys on the message must see the message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Anywhere in a line: colour and terminal control sequences, also pasted as literal "^[[31m".
+_CONTROL = re.compile(
+    r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\^\[\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f]"
+)
+_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")  # Ray's de-duplication suffix
+_K8S_RIGHT = re.compile(r"\s*│\s*$")  # Kubernetes log viewer's right frame
+_RICH_SOURCE = re.compile(r"\s{2,}[\w.-]+\.py:\d+\s*$")  # rich's "file.py:108" column
+
+_LEVEL = r"(?P<level>INFO|WARNING|WARN|ERROR|ERR|DEBUG|CRITICAL|FATAL)"
+# Each strips one prefix at the start of a line; they nest, so they are applied until none applies.
+_PREFIXES = [
+    re.compile(r"^>\s?"),  # quoted in an issue
+    re.compile(r"^│\s?"),  # Kubernetes log viewer's left frame
+    re.compile(r"^\s*\|\s+(?=\S)"),  # CI log viewers ("  | [2025-…")
+    re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?\s+(?:stdout|stderr)\s+[FP]\s"),  # CRI log format
+    re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),  # SGLang
+    re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s*"),  # ISO timestamps
+    re.compile(r"^(?:(?:TP|DP|PP|EP|CP)\d+ ?)+\]\s*"),  # SGLang's rank tag, its "[date" cut off
+    re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]\s*"),  # rich's "[05/05/25 16:31:14]"
+    re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
+    re.compile(rf"^\|\s*{_LEVEL}\s*\|\s*[\w.]+\s*\|\s?"),  # FastChat "| ERROR | stderr | "
+    re.compile(rf"^-\s+[\w.]+\s+-\s+{_LEVEL}\s+-\s+"),  # python logging "- module - INFO - "
+    re.compile(r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+)[^)]*\)\s*"),
+    re.compile(r"^\([\w:.-]+\s+pid=\d+[^)]*\)\s*"),  # Ray actors "(RayWorkerWrapper pid=123, ip=…)"
+    re.compile(r"^\[(?:TP|DP|PP|EP|CP)\d+(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),
+    re.compile(r"^\[rank\d+\]:"),  # torch.distributed
+    re.compile(  # vLLM: "ERROR 05-13 10:46:43 [core.py:962] " and the older "INFO 12-27 08:52:17 config.py:350] "
+        rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[[^\]]+\]|[\w.]+:\d+\])\s?"
+    ),
+    re.compile(rf"^{_LEVEL}\s+[\w.]+:\d+ -- "),  # Ray's CLI "ERR cli.py:71 -- "
+    re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
+    re.compile(rf"^\s+{_LEVEL}\s{{2,}}"),  # rich's level column
+]
+
+
+@dataclass(frozen=True)
+class LogText:
+    """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named."""
+
+    lines: tuple[str, ...]
+    levels: tuple[str | None, ...]
+
+    def window(self, i: int) -> str:
+        """Line i with the lines that continue it, for messages a terminal or a paste wrapped."""
+        text = self.lines[i]
+        for j in range(i + 1, min(i + 4, len(self.lines))):
+            if not is_continuation(self.lines[j]):
+                break
+            text += " " + self.lines[j]
+        return text
+
+
+def _strip(raw: str) -> tuple[str, str | None]:
+    text = _REPEATED.sub("", _CONTROL.sub("", raw.rstrip("\r\n")))
+    text = _K8S_RIGHT.sub("", text)
+    level = None
+    for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
+        before = text
+        for p in _PREFIXES:
+            m = p.match(text)
+            if m:
+                level = m.groupdict().get("level") or level
+                text = text[m.end() :]
+                if p.pattern.startswith(r"^\s+"):
+                    text = _RICH_SOURCE.sub("", text)
+        if text == before:
+            break
+    return text, level
+
+
+def normalize_log(raw_lines: Iterable[str]) -> LogText:
+    """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'."""
+    lines: list[str] = []
+    levels: list[str | None] = []
+    for raw in raw_lines:
+        pieces = raw.split("\\n") if "\\n" in raw and "Traceback" in raw else [raw]
+        for piece in pieces:
+            text, level = _strip(piece)
+            lines.append(text)
+            levels.append(level)
+    return LogText(tuple(lines), tuple(levels))
+
+
+def normalize(raw_lines: Iterable[str]) -> list[str]:
+    return list(normalize_log(raw_lines).lines)
+
+
+_CONTINUATION = re.compile(r"^[a-z:,;.)'\"]|^< truncated")
+
+
+def is_continuation(line: str) -> bool:
+    """A wrapped message goes on in lower case (or punctuation); a new record, frame or exception does not."""
+    return bool(line) and not line[0].isspace() and bool(_CONTINUATION.match(line))
+
+
+# --- what a line says ---------------------------------------------------------------------------------
+
+# A Python exception line: "ValueError: …", "torch.OutOfMemoryError: …", "KeyError: 'x'", a bare
+# "AssertionError". Warnings (UserWarning, FutureWarning) are not failures.
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt)(?:\([^)]*\))?(?::|\s*$)"
+)
+TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
+FRAME = re.compile(r'^\s*File "[^"]+", line \d+|^\s*File "[^"]+"|^frame #\d+:|^\s*#\d+ 0x')
+# A process that died without a Python exception: native crashes, signals, child processes lost.
+FATAL = re.compile(
+    r"Fatal Python error|Segmentation fault|\bSIGSEGV\b|Bus error|core dumped|^Aborted\b|"
+    r"terminate called|^\s*what\(\):|(?:^|[\s\]|])Killed\s*$|^Killed process|exited with (?:exit )?code [1-9]|"
+    r"exited unexpectedly|died unexpectedly|EngineDeadError|EngineCore failed to start|"
+    r"Engine core initialization failed|Scheduler hit an exception|Received sigquit from a child|"
+    r"^Failed: |^[\w./-]+(?: \w+)?: error: |^error: |Initialization failed|process is killed by SIGKILL|"
+    r"The actor is dead|worker process has died"
+)
+# Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
+BENIGN = re.compile(r"Ignore import error|\w+Warning:")
+# Neither a failure nor a signature's evidence: a call that will be retried, a client's bad request.
+TRANSIENT = re.compile(
+    r"\bretrying\b|\bwill retry\b|\bretry (?:in|after) \d|\battempt \d+ (?:of|/) ?\d+|"
+    r"\b(?:code=|status(?:_code)?[=: ]|HTTP/\d\.\d\" )4\d\d\b|\bNotFoundError|BadRequestError"
+)
+_RETRY_TAIL = re.compile(r"^(.*?)[\s,.;:]*(?:\bretrying\b|\bwill retry\b).*$")
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s,.;:]+$", "", text)
+
+
+def transient_lines(log: LogText) -> set[int]:
+    """Lines that report something retried, and the same message again (the last try's report)."""
+    windows = [log.window(i) for i in range(len(log.lines))]
+    retried = {_key(m.group(1)) for w in windows if (m := _RETRY_TAIL.match(w)) and m.group(1)}
+    return {i for i, w in enumerate(windows) if TRANSIENT.search(w) or (retried and _key(w) in retried)}
+
+
+# Proof that the server serves: the engines' ready lines, and answered generation requests.
+SERVING = re.compile(
+    r"The server is fired up and ready to roll|Application startup complete|Uvicorn running on|"
+    r"Starting vLLM (?:API )?server|\"POST /(?:v1/\S+|generate)\S* HTTP/[\d.]+\" 200|"
+    r"^(?:Decode|Prefill) batch[.,]? #|Avg generation throughput: [1-9]"
+)
+
+
+def is_exception_line(line: str) -> bool:
+    return bool(EXCEPTION_LINE.match(line)) and not line.split(":", 1)[0].endswith("Warning")
+
+
+def is_failure(log: LogText, i: int, transient: set[int]) -> bool:
+    """Line i shows that something failed (before any signature says what)."""
+    line = log.lines[i]
+    if i in transient or BENIGN.search(line):
+        return False
+    if is_exception_line(line) or TRACEBACK_HEAD.search(line) or FATAL.search(line):
+        return True
+    return log.levels[i] in ("ERROR", "ERR", "CRITICAL", "FATAL") and bool(line.strip())
+
+
+__all__ = [
+    "EXCEPTION_LINE",
+    "FRAME",
+    "SERVING",
+    "TRACEBACK_HEAD",
+    "TRANSIENT",
+    "LogText",
+    "is_continuation",
+    "is_exception_line",
+    "is_failure",
+    "normalize",
+    "normalize_log",
+    "transient_lines",
+]

@@ -1,0 +1,152 @@
+"""Crash signatures as data: the packaged `signatures.yaml` and the user's `crashes/*.yaml`, parsed and
+checked. Pure apart from reading those files; no matching happens here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fleet.plan import Fix, Version, parse_version
+from fleet.yamlfile import load_data
+
+CATEGORIES = (
+    "healthy",
+    "starting",
+    "spec_decode_hybrid_mamba",
+    "invalid_flags",
+    "cuda_oom_startup",
+    "kv_cache_oom",
+    "cuda_graph_capture",
+    "port_in_use",
+    "nccl_p2p",
+    "unsupported_arch_or_quant",
+    "jit_compile",
+    "unknown_architecture",
+    "model_files_missing",
+    "dependency_mismatch",
+    "driver_mismatch",
+    "illegal_memory_access",
+    "killed_by_signal",
+    "worker_timeout",
+    "startup_timeout",
+    "garbage_output",
+    "other",
+    "unknown",
+)
+# Verdicts that are not a signature's: a signature may not claim them.
+_NOT_A_SIGNATURE = {"healthy", "starting", "unknown"}
+SCOPES = ("line", "cut_traceback")
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    category: str
+    engine: str
+    patterns: tuple[re.Pattern[str], ...]
+    requires: tuple[re.Pattern[str], ...]
+    unless: tuple[re.Pattern[str], ...]
+    versions: tuple[Version, Version] | None
+    phase: str | None
+    when: dict[str, Any]
+    fix: Fix | None
+    explanation: str
+    source: str
+    min_count: int = 1  # a line that means a hang only when it repeats (shm_broadcast waits)
+    supporting: bool = False  # names the cause only when the log also shows a failure elsewhere
+    scope: str = "line"  # "cut_traceback": matched on the frames of a traceback cut before its exception
+
+
+def _compile(items: Sequence[str]) -> tuple[re.Pattern[str], ...]:
+    # MULTILINE: the log is searched as one text, a line (and its wrapped continuation) per text line.
+    return tuple(re.compile(p, re.MULTILINE) for p in items)
+
+
+def _fix(raw: dict[str, Any] | None) -> Fix | None:
+    if raw is None:
+        return None
+    flags = raw.get("set_flags") or {}
+    env = raw.get("set_env") or {}
+    return Fix(
+        set_flags=tuple((str(k), None if v is None else str(v)) for k, v in flags.items()),
+        remove_flags=tuple(str(x) for x in raw.get("remove_flags") or ()),
+        set_env=tuple((str(k), str(v)) for k, v in env.items()),
+        derive=raw.get("derive"),
+    )
+
+
+def _one(raw: dict[str, Any]) -> Signature:
+    category = raw["category"]
+    if category not in CATEGORIES or category in _NOT_A_SIGNATURE:
+        raise ValueError(f"unknown category {category!r}")
+    scope = str(raw.get("scope", "line"))
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
+    fix = _fix(raw.get("fix"))
+    patterns = [str(p) for p in raw["patterns"]]
+    # A fix changes what runs on the host; it must come from the failure's own line, not from text
+    # that merely appears somewhere in a line (a logged prompt can say anything).
+    if fix is not None and not all(p.startswith("^") for p in patterns):
+        raise ValueError("a signature with a fix must anchor every pattern at the start of the line (^)")
+    if fix is not None and scope != "line":
+        raise ValueError("a cut-traceback signature cannot carry a fix")
+    versions = raw.get("versions")
+    lo = parse_version(versions[0]) if versions else None
+    hi = parse_version(versions[1]) if versions else None
+    return Signature(
+        id=str(raw["id"]),
+        category=category,
+        engine=str(raw.get("engine", "any")),
+        patterns=_compile(patterns),
+        requires=_compile(raw.get("requires") or ()),
+        unless=_compile(raw.get("unless") or ()),
+        versions=(lo, hi) if lo and hi else None,
+        phase=raw.get("phase"),
+        when=dict(raw.get("when") or {}),
+        fix=fix,
+        explanation=str(raw["explanation"]),
+        source=str(raw.get("source", "")),
+        min_count=int(raw.get("min_count", 1)),
+        supporting=bool(raw.get("supporting", False)),
+        scope=scope,
+    )
+
+
+def parse_signatures(data: Any, origin: str) -> list[Signature]:
+    if not isinstance(data, list):
+        raise ValueError(f"{origin}: the signature file must be a YAML list")
+    out = []
+    for i, raw in enumerate(data):
+        try:
+            out.append(_one(raw))
+        except (KeyError, TypeError, ValueError, re.error) as exc:
+            raise ValueError(f"{origin}: signature #{i + 1}: {exc}") from exc
+    return out
+
+
+@lru_cache(maxsize=1)
+def builtin_signatures() -> tuple[Signature, ...]:
+    text = resources.files("fleet.crashes").joinpath("signatures.yaml").read_text(encoding="utf-8")
+    return tuple(parse_signatures(load_data(text), "fleet/crashes/signatures.yaml"))
+
+
+def load_signatures(extra_dirs: Sequence[Path] = ()) -> tuple[Signature, ...]:
+    """User signatures (`crashes/*.yaml` in the project directory) first, then the built-in ones."""
+    user: list[Signature] = []
+    for d in extra_dirs:
+        for path in sorted(d.glob("*.yaml")):
+            user += parse_signatures(load_data(path.read_text(encoding="utf-8")), str(path))
+    return (*user, *builtin_signatures())
+
+
+def known_fixes(signatures: Sequence[Signature]) -> dict[str, Fix]:
+    """Signature id → the fix the knowledge base prescribes today (first definition wins, as in matching)."""
+    first: dict[str, Fix | None] = {}
+    for s in signatures:
+        first.setdefault(s.id, s.fix)
+    return {k: v for k, v in first.items() if v is not None}
