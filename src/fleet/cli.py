@@ -6,6 +6,7 @@ commands so `fleet --help` and cron runs start fast.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,9 +22,11 @@ import click
 
 from fleet.errors import ConfigError, DeployFailed, FleetError
 from fleet.paths import cache_dir, pool_socket, warm_socket
+from fleet.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
     from fleet.control.health import HealthOptions
+    from fleet.crashes import Signature
     from fleet.inventory import Host, Inventory, NamedPlaybook
 
 
@@ -42,6 +45,33 @@ class Context:
 
             self._inventory = load_inventory(self.inventory_path)
         return self._inventory
+
+    @functools.cached_property
+    def signatures(self) -> tuple[Signature, ...]:
+        """The crash knowledge base: the user's crashes/*.yaml (project directory) before the built-in one."""
+        from fleet.crashes import load_signatures
+
+        user_dir = Path("crashes")
+        try:
+            return load_signatures([user_dir] if user_dir.is_dir() else [])
+        except (ValueError, OSError) as exc:
+            raise ConfigError(
+                str(exc), "Fix or remove the file under crashes/ (see signatures.yaml for the schema)."
+            ) from exc
+
+    @functools.cached_property
+    def secrets(self) -> dict[str, str]:
+        """The values of every secret_env a playbook names and this shell has set: an engine may echo one
+        into its log, so they are redacted from all host text fleet prints."""
+        from fleet.inventory import load_playbook
+
+        names: set[str] = set()
+        for path in sorted(self.playbooks_dir.glob("*.yaml")) if self.playbooks_dir.is_dir() else []:
+            try:
+                names |= set(load_playbook(str(path), self.playbooks_dir).spec.secret_env)
+            except FleetError:
+                continue  # a broken playbook is reported when it is used, not by `fleet logs`
+        return {n: os.environ[n] for n in sorted(names) if n in os.environ}
 
     def playbook(self, ref: str) -> NamedPlaybook:
         from fleet.inventory import load_playbook
@@ -83,11 +113,18 @@ def _default_path(env: str, relative: str) -> Path:
     return Path(os.environ.get(env, relative))
 
 
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _writable_file(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """A file fleet will create or append to (its missing directories too): refused before anything
     runs when it cannot be, rather than a traceback after the work is done."""
     if value is None:
         return None
+    if _CONTROL_CHARS.search(str(value)):  # it would reach a crontab line or a log as more than a name
+        raise click.BadParameter(
+            f"{str(value)!r} contains a newline or another control character; give a plain path.", param=param
+        )
     if value.is_dir():
         raise click.BadParameter(f"{value} is a directory; give a file name in it.", param=param)
     if value.exists() and not value.is_file():  # /dev/null, a FIFO: written in place, its directory untouched
@@ -196,6 +233,11 @@ def cli(
         debug,
         accept_new_host_key,
     )
+
+
+def _say(text: str, err: bool = False) -> None:
+    """Print text that may carry what a host wrote (log lines, command lines): no terminal controls."""
+    click.echo(safe_text(text), err=err)
 
 
 def _emit_json(data: Any) -> None:
@@ -312,7 +354,7 @@ class Reporter:
         if not self.quiet:
             if self.tty and self.last_line:
                 sys.stderr.write("\r\x1b[K")
-            click.echo(text, err=True)
+            _say(text, err=True)
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         elapsed = time.monotonic() - self.started
@@ -344,9 +386,9 @@ class Reporter:
             self.say(f"{h}: launched pid {data['pid']}, log {data['log']} [{elapsed:5.1f}s]")
         elif event == "log":
             if self.show_log:
-                self.say(f"  | {data['line']}")
+                self.say(f"  | {safe_line(data['line'])}")
             elif self.tty and not self.quiet:
-                line = data["line"][: max(20, shutil.get_terminal_size().columns - 30)]
+                line = safe_line(data["line"])[: max(20, shutil.get_terminal_size().columns - 30)]
                 sys.stderr.write(f"\r\x1b[K{h} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
                 sys.stderr.flush()
                 self.last_line = line
@@ -378,32 +420,30 @@ class Reporter:
 
 def _print_result(r: Any) -> None:
     if r.ok and r.adopted:
-        click.echo(f"{r.host}: {r.playbook} is up at {r.endpoint}: {r.reason} (`fleet restart` restarts it).")
+        _say(f"{r.host}: {r.playbook} is up at {r.endpoint}: {r.reason} (`fleet restart` restarts it).")
         return
     if r.ok:
         fixes = f"; fixed on the way: {', '.join(r.new_fixes)}" if r.new_fixes else ""
-        click.echo(
+        _say(
             f"{r.host}: {r.playbook} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in "
             f"{r.ready_s:.1f}s{fixes}."
         )
         if r.learned_applied:
-            click.echo(f"{r.host}: learned fixes used: {', '.join(r.learned_applied)}")
+            _say(f"{r.host}: learned fixes used: {', '.join(r.learned_applied)}")
         return
     last = r.attempts[-1]
     d = last.diagnosis
-    click.echo(f"{r.host}: {r.playbook} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
+    _say(f"{r.host}: {r.playbook} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
     if d is not None:
-        click.echo(
-            f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True
-        )
+        _say(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True)
         for line in d.evidence:
-            click.echo(f"  evidence: {line}", err=True)
+            _say(f"  evidence: {line}", err=True)
     if last.log:
-        click.echo(f"  log: {last.log}", err=True)
+        _say(f"  log: {last.log}", err=True)
     if r.log_tail:
-        click.echo("  last log lines:", err=True)
+        _say("  last log lines:", err=True)
         for line in r.log_tail[-40:]:
-            click.echo(f"    {line}", err=True)
+            _say(f"    {line}", err=True)
 
 
 def _result_json(r: Any) -> dict[str, Any]:
@@ -467,7 +507,15 @@ def deploy(
     host = ctx.host(host_name, pb)
     reporter = Reporter(host.name, quiet=as_json, show_log=show_log)
     with transport_for(ctx, host) as t:
-        result = ops.deploy(t, host, pb, force=force, engine_check=not no_engine_check, progress=reporter)
+        result = ops.deploy(
+            t,
+            host,
+            pb,
+            force=force,
+            engine_check=not no_engine_check,
+            progress=reporter,
+            signatures=ctx.signatures,
+        )
     if as_json:
         _emit_json(_result_json(result))
     else:
@@ -524,7 +572,10 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
     from fleet.control import ops
 
     results = _each_host(
-        ctx, host_name, all_hosts, lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name))
+        ctx,
+        host_name,
+        all_hosts,
+        lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name), signatures=ctx.signatures),
     )
     failures = []
     for name, r, err in results:
@@ -608,8 +659,9 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
     type=click.IntRange(1, 1_000_000),
     help="How many lines of the end to print first.",
 )
+@click.option("--raw", is_flag=True, help="Keep terminal control sequences from the log (secrets are still redacted).")
 @click.pass_obj
-def logs(ctx: Context, host_name: str, follow: bool, lines: int) -> None:
+def logs(ctx: Context, host_name: str, follow: bool, lines: int, raw: bool) -> None:
     """Print (or follow) the current server log of a host over SSH.
 
     \b
@@ -617,16 +669,23 @@ def logs(ctx: Context, host_name: str, follow: bool, lines: int) -> None:
       fleet logs --host blackwell -n 50 -f
     """
     from fleet.control import ops
+    from fleet.secrets import LineFilter, redact
 
     host = ctx.host(host_name)
+    secrets = ctx.secrets
+    lines_out = LineFilter(lambda text: redact(text if raw else safe_text(text), secrets))
 
     def sink(chunk: bytes) -> bool:
-        sys.stdout.write(chunk.decode("utf-8", "replace"))
+        sys.stdout.write(lines_out.feed(chunk))
         sys.stdout.flush()
         return True
 
     with transport_for(ctx, host) as t:
-        code = ops.logs(t, host, lines=lines, follow=follow, sink=sink)
+        try:
+            code = ops.logs(t, host, lines=lines, follow=follow, sink=sink)
+        finally:
+            sys.stdout.write(lines_out.close())
+            sys.stdout.flush()
     if code not in (0, -1):
         raise click.exceptions.Exit(code)
 
@@ -666,7 +725,6 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
     """
     from fleet.crashes import Context as CrashContext
     from fleet.crashes import diagnose as run_diagnosis
-    from fleet.crashes import load_signatures
 
     if host_name:
         from fleet.control import ops
@@ -694,18 +752,20 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
             raise ConfigError(
                 f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host."
             ) from exc
-    user_dir = Path("crashes")
-    d = run_diagnosis(
-        text.splitlines(), CrashContext(engine=engine), load_signatures([user_dir] if user_dir.is_dir() else [])
-    )
+    if host_name:  # the engine may have echoed a secret into its log
+        from fleet.secrets import redact
+
+        text = redact(text, ctx.secrets)
+    d = run_diagnosis(text.splitlines(), CrashContext(engine=engine), ctx.signatures)
     if as_json:
         _emit_json(d.to_json())
         return
-    click.echo(f"{d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}")
+    _say(f"{d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}")
+    _say(f"basis: {d.basis or 'the log shows no failure'}")
     if d.fix:
-        click.echo(f"fix: {d.fix.describe()}")
+        _say(f"fix: {d.fix.describe()}")
     for line in d.evidence:
-        click.echo(f"evidence: {line}")
+        _say(f"evidence: {safe_line(line)}")
 
 
 @cli.command()
@@ -808,6 +868,7 @@ def health(
             heal=heal,
             max_heals_per_hour=max_heals_per_hour,
             unreachable_status=unreachable_status,
+            signatures=ctx.signatures,
         )
         overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])
@@ -844,7 +905,9 @@ def _health_run(
                     result,
                     heals,
                     options,
-                    lambda: ops.restart(t, host, force=False, progress=lambda e, d: None),
+                    lambda: ops.restart(
+                        t, host, force=False, progress=lambda e, d: None, signatures=options.signatures
+                    ),
                 )
             return result
 
@@ -956,6 +1019,22 @@ def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None)
         f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
     )
     command = f"{schedule} " + command.replace("%", r"\%")  # cron reads an unescaped % as a newline
+    if _CONTROL_CHARS.search(command):  # a path or variable with a newline would add crontab lines of its own
+        bad = next(
+            f"{name}={value!r}"
+            for name, value in (
+                ("fleet", exe),
+                ("FLEET_INVENTORY", str(ctx.inventory_path.resolve())),
+                ("FLEET_PLAYBOOKS", str(ctx.playbooks_dir.resolve())),
+                *((k, os.environ.get(k, "")) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH")),
+                ("--log-file", str(log_path)),
+            )
+            if _CONTROL_CHARS.search(value)
+        )
+        raise ConfigError(
+            f"cron: {bad} contains a newline or another control character; the crontab was not changed.",
+            "Use paths and variables without control characters.",
+        )
     log_path.parent.mkdir(parents=True, exist_ok=True)  # the shell's `>>` would fail on a missing directory
     current = _crontab()
     lines = [line for line in current if line not in _managed(current)]
@@ -1113,9 +1192,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = cli.main(args=argv, prog_name="fleet", standalone_mode=False)
     except FleetError as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        _say(f"error: {exc.message}", err=True)
         if exc.hint:
-            click.echo(f"       {exc.hint}", err=True)
+            _say(f"       {exc.hint}", err=True)
         if "--debug" in args:
             raise
         return could_not_run or exc.exit_code

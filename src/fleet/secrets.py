@@ -4,7 +4,7 @@ sent to the host on stdin only, and redacted from everything fleet prints, logs 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from fleet.errors import ConfigError
 
@@ -29,3 +29,24 @@ def redact(text: str, secrets: dict[str, str]) -> str:
         if len(value) >= 4:
             text = text.replace(value, REDACTED)
     return text
+
+
+class LineFilter:
+    """Streamed bytes → whole lines, each passed through `show` (redaction, terminal safety) before it is
+    printed. Lines are kept whole so a secret split across two chunks is still found."""
+
+    def __init__(self, show: Callable[[str], str]) -> None:
+        self.show = show
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> str:
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        self.pending = data[cut:]
+        if len(self.pending) > 1 << 20:  # a line without an end: shown in pieces rather than held forever
+            cut, self.pending = len(data), b""
+        return self.show(data[:cut].decode("utf-8", "replace")) if cut else ""
+
+    def close(self) -> str:
+        rest, self.pending = self.pending, b""
+        return self.show(rest.decode("utf-8", "replace")) if rest else ""

@@ -1,0 +1,27 @@
+"""Text from a host made safe for the operator's terminal. Engine logs, process command lines and file
+names are written by whoever runs on the host: an escape sequence in them could retitle the window
+(OSC 0), write the clipboard (OSC 52), clear the screen or hide text. Pure."""
+
+from __future__ import annotations
+
+import re
+
+# Whole sequences first (CSI, OSC, DCS/PM/APC strings, two-byte ESC sequences), so no remnant is shown;
+# then any control character left, C1 included (U+009B is a CSI on some terminals). Tab and newline stay.
+_SEQUENCES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI … final byte
+    r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC / DCS / SOS / PM / APC … BEL or ST
+    r"|\x1b[ -/]*[0-~]"  # two-byte and nF escape sequences
+    r"|\x9b[0-?]*[ -/]*[@-~]|\x9d[^\x07\x9c]*(?:\x07|\x9c)?"  # the same, as C1 characters
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe_text(text: str) -> str:
+    """`text` with every terminal control sequence and control character removed (tab and newline kept)."""
+    return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+
+
+def safe_line(text: str) -> str:
+    """One line: also no newline, so a value cannot start a line that looks like fleet's own output."""
+    return safe_text(text).replace("\n", "\\n").replace("\t", " ")
