@@ -325,6 +325,31 @@ def test_the_installed_cron_line_runs_as_cron_runs_it(
     assert len(swept) == 1 and swept[0]["hosts"] == 2
 
 
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("--log-file", "/tmp/x.log\n* * * * * touch /tmp/fleet-PWNED #"),
+        ("FLEET_PLAYBOOKS", "/tmp/pb\n* * * * * touch /tmp/fleet-PWNED #"),
+        ("PYTHONPATH", "/x\r* * * * * touch /tmp/fleet-PWNED"),
+    ],
+)
+def test_a_newline_cannot_add_crontab_lines(
+    saved_crontab: None, monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
+    """Every value that reaches the crontab line is refused with a control character in it, the table
+    left as it was (it used to gain a line of the attacker's, which `cron remove` then left behind)."""
+    subprocess.run(["crontab", "-"], input="0 3 * * * /usr/bin/true\n", text=True, check=True)
+    argv = ["cron", "install"]
+    if var == "--log-file":
+        argv += ["--log-file", value]
+    else:
+        monkeypatch.setenv(var, value)
+    r = run_cli(*argv)
+    assert r.code == 2 and "control character" in r.err, r.err
+    assert subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout == "0 3 * * * /usr/bin/true\n"
+    assert not Path(value).exists()  # nothing was created either
+
+
 def test_cron_schedule_is_validated() -> None:
     r = run_cli("cron", "install", "--schedule", "every minute; rm -rf /")
     assert r.code == 2 and "is not five cron fields" in r.err
