@@ -3,6 +3,8 @@ runs on the host; these are its pure parts)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleet.control.remote_act import program, safelisted
@@ -39,3 +41,22 @@ def test_gpu_daemons_and_tools_are_recognised_by_program_or_truncated_comm() -> 
     assert safelisted(holder("/usr/bin/dcgm-exporter", "dcgm-exporter")) == "dcgm"
     assert safelisted(holder("python3 train.py", "python3")) is None
     assert safelisted(holder("python3 nvidia-smi-lookalike.py", "python3")) is None
+
+
+def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(tmp_path: Path) -> None:
+    """A glob that matches /dev/null or a user's own file must not turn its holders into GPU holders."""
+    from fleet.facts import probe
+
+    (tmp_path / "nvidia0").write_text("")
+    assert probe.gpu_device_files(str(tmp_path / "nvidia*")) == []  # a regular file: not a GPU
+    (tmp_path / probe.SIMULATED_GPUS_MARK).write_text("")
+    assert probe.gpu_device_files(str(tmp_path / "nvidia*")) == [str(tmp_path / "nvidia0")]
+    assert probe.gpu_device_files("/dev/nul[l]") == []  # a character device, but not an NVIDIA one
+
+
+def test_remote_act_and_the_probe_agree_on_what_a_gpu_device_is() -> None:
+    from fleet.control import remote_act
+    from fleet.facts import probe
+
+    assert remote_act.SIMULATED_GPUS_MARK == probe.SIMULATED_GPUS_MARK
+    assert remote_act.gpu_device_files("/dev/nul[l]") == probe.gpu_device_files("/dev/nul[l]") == []

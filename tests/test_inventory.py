@@ -71,6 +71,19 @@ INVENTORY_CASES = [
         "(got 'logs').",
     ),
     ("anchor-bomb", "x: &a [1, 2]\ny: *a\nhosts: {}\n", "inv.yaml:1: YAML anchors and aliases are not supported."),
+    ("deep-nesting", "hosts: " + "[" * 40000 + "]" * 40000 + "\n", "inv.yaml:1: nested more than 32 levels deep."),
+    ("custom-tag", "hosts:\n  a: !custom {address: x}\n", "inv.yaml:2: YAML tags (!custom) are not supported."),
+    (
+        "python-tag",
+        "hosts:\n  a:\n    address: !!python/name:os.system x\n",
+        "inv.yaml:3: YAML tags (tag:yaml.org,2002:python/name:os.system) are not supported.",
+    ),
+    (
+        "gpu-devices-not-nvidia",
+        "hosts:\n  a:\n    address: x\n    gpu_devices: /dev/nul[l]\n",
+        'inv.yaml:4: field "gpu_devices" must name NVIDIA device files (their names start with nvidia), such as '
+        "/dev/nvidia* (got '/dev/nul[l]').",
+    ),
     (
         "kill-policy",
         "hosts:\n  a:\n    address: x\n    kill_policy: always\n",

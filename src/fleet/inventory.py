@@ -79,6 +79,9 @@ def _check_engine_pythons(value: dict[str, str]) -> None:
 def _check_device_glob(value: str) -> None:
     if not DEVICE_GLOB_RE.match(value) or ".." in value.split("/"):
         raise ValueError("must be an absolute glob such as /dev/nvidia*")
+    # Whatever holds a matching file may be stopped as a GPU holder: /dev/nul[l] would name every process.
+    if not value.rsplit("/", 1)[-1].startswith("nvidia"):
+        raise ValueError("must name NVIDIA device files (their names start with nvidia), such as /dev/nvidia*")
 
 
 class ExpectedGpus(_Strict, frozen=True, kw_only=True):

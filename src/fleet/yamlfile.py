@@ -3,7 +3,7 @@
 Every config error fleet reports names `file:line`, so the loader keeps a map from key path
 (`("hosts", "ct129", "port")`) to the 1-based line it came from. It refuses what PyYAML would
 silently accept: duplicate keys (the later one wins in PyYAML), anchors/aliases (a "billion laughs"
-bomb expands in memory), non-string keys, and oversized files.
+bomb expands in memory), tags, nesting deeper than any real file, non-string keys, and oversized files.
 """
 
 from __future__ import annotations
@@ -70,14 +70,32 @@ def load_yaml(path: Path, display: str | None = None) -> YamlDoc:
     return parse_yaml(text, shown)
 
 
+MAX_DEPTH = 32  # fleet's deepest file nests 5 levels; 40k levels took a minute, then a RecursionError
+
+
 def _compose(text: str, shown: Path, loader: Any) -> yaml.Node | None:
+    depth = 0
     for event in yaml.parse(text, Loader=loader):
+        line = event.start_mark.line + 1 if event.start_mark else 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            line = event.start_mark.line + 1 if event.start_mark else 1
             raise ConfigError(
                 f"{shown}:{line}: YAML anchors and aliases are not supported.",
                 "Write the values out in full.",
             )
+        if getattr(event, "tag", None) is not None:  # !custom, !!python/name:…: code or types, never data
+            raise ConfigError(
+                f"{shown}:{line}: YAML tags ({event.tag}) are not supported.",  # type: ignore[attr-defined]
+                "Remove the tag; fleet's files hold plain strings, numbers, lists and mappings.",
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(
+                    f"{shown}:{line}: nested more than {MAX_DEPTH} levels deep.",
+                    "fleet's files are shallow; remove the extra nesting.",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
     node: yaml.Node | None = yaml.compose(text, Loader=loader)
     return node
 

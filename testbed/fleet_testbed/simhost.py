@@ -95,6 +95,7 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
         _write(hdir / "dev" / f"nvidia{i}", "")
     _write(hdir / "dev" / "nvidiactl", "")
     _write(hdir / "dev" / "nvidia-uvm", "")
+    _write(hdir / "dev" / ".fleet-simulated-gpus", "these nvidia* files stand for GPUs (fleet's testbed)\n")
     env = f'export SIM_HOST_DIR="{hdir}" PYTHONPATH="{hdir}/env/site:{TESTBED.parent}"\n'
     _write(hdir / "env" / "bin" / "python", f'#!/bin/sh\n{env}exec "{python}" "$@"\n', 0o755)
     console = (  # like pip's console script: `/path/python /path/bin/sglang serve ...` in ps

@@ -370,8 +370,29 @@ def engine_check(c):
 # --- stop and free -------------------------------------------------------------------------------------
 
 
+# A device file counts as a GPU only when it is a character device (what the NVIDIA driver creates), or
+# sits in a directory a simulated host marks as its own: a glob that also matched /dev/null or a user's
+# file would make every process holding it a "GPU holder".
+SIMULATED_GPUS_MARK = ".fleet-simulated-gpus"
+
+
+def gpu_device_files(device_glob):
+    out = []
+    for f in sorted(glob.glob(device_glob)):
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        if not os.path.basename(f).startswith("nvidia"):
+            continue
+        simulated = os.path.exists(os.path.join(os.path.dirname(f), SIMULATED_GPUS_MARK))
+        if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
+            out.append(f)
+    return out
+
+
 def holders(device_glob):
-    files = sorted(glob.glob(expand(device_glob)))
+    files = gpu_device_files(expand(device_glob))
     pids = set()
     if files:
         try:

@@ -163,9 +163,30 @@ def _socket_owners(listeners):
     return owners
 
 
+# A device file counts as a GPU only when it is a character device (what the NVIDIA driver creates), or
+# sits in a directory a simulated host marks as its own: a glob that also matched /dev/null or a user's
+# file would make every process holding it a "GPU holder".
+SIMULATED_GPUS_MARK = ".fleet-simulated-gpus"
+
+
+def gpu_device_files(device_glob):
+    out = []
+    for f in sorted(glob.glob(device_glob)):
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        if not os.path.basename(f).startswith("nvidia"):
+            continue
+        simulated = os.path.exists(os.path.join(os.path.dirname(f), SIMULATED_GPUS_MARK))
+        if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
+            out.append(f)
+    return out
+
+
 def _holders(device_glob):
     """Processes holding the GPU device files: `fuser` when present, else a /proc scan."""
-    files = sorted(glob.glob(device_glob))
+    files = gpu_device_files(device_glob)
     pids = set()
     method = "none"
     if files and shutil.which("fuser"):
