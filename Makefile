@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: demo test unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: reliability-report demo test unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(VENV)/.installed system-deps
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
 test: $(VENV)/.installed system-deps oracle vllm-env lint typecheck
 	$(BIN)/pytest -q
+
+## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
+reliability-report: $(VENV)/.installed system-deps oracle vllm-env
+	FLEET_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(BIN)/pytest -q
 
 ## unit: the pure-core tests only (seconds)
 unit: $(VENV)/.installed
