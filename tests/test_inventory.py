@@ -248,6 +248,12 @@ PLAYBOOK_CASES = [
         "pb.yaml:7: field \"extra_args\" must be a list (got '--x').",
     ),
     ("args-item", PLAYBOOK_OK + "extra_args: [--x, 2]\n", 'pb.yaml:7: field "extra_args.1" must be a string (got 2).'),
+    (
+        "args-huge-item",
+        PLAYBOOK_OK + "extra_args: [--chat-template, '" + "x" * 50000 + "']\n",
+        'pb.yaml:7: field "extra_args" item 2 is 50000 bytes, more than the 4096 a flag may take; put long values '
+        "(templates, JSON) in a file on the host and pass its path.",
+    ),
     (  # the engine would listen on 22 while fleet checked, stopped for and probed port: 30000
         "args-own-port",
         PLAYBOOK_OK + "extra_args: [--tp-size, '2', --port=22]\n",

@@ -439,8 +439,23 @@ FLEET_OWNED_FLAGS = {
 }
 
 
+# The launch command travels as one argument of the remote step: past ~128 KiB the kernel refuses it
+# ("Argument list too long"), after the old server was stopped. Real flags are far shorter.
+MAX_EXTRA_ARG_BYTES = 4096
+MAX_EXTRA_ARGS_BYTES = 32768
+
+
 def _check_extra_args(value: list[str]) -> None:
     _check_args(value)
+    for i, arg in enumerate(value):
+        if len(arg.encode()) > MAX_EXTRA_ARG_BYTES:
+            raise ValueError(
+                f"item {i + 1} is {len(arg.encode())} bytes, more than the {MAX_EXTRA_ARG_BYTES} a flag may take; "
+                "put long values (templates, JSON) in a file on the host and pass its path"
+            )
+    total = sum(len(a.encode()) + 1 for a in value)
+    if total > MAX_EXTRA_ARGS_BYTES:
+        raise ValueError(f"is {total} bytes in all, more than the {MAX_EXTRA_ARGS_BYTES} fleet accepts")
     for arg in value:
         flag = arg.partition("=")[0]
         # argparse also takes an unambiguous prefix (`--por` for --port), as SGLang's parser does
