@@ -176,11 +176,65 @@ def test_a_recorded_process_group_id_reused_by_another_user_gets_no_trust(
         if stale == "another boot":
             record |= {"boot_id": "0" * 8 + boot[8:], "started": time.time()}
         else:
-            record |= {"boot_id": boot, "started": time.time() - 3 * 86400}
+            record |= {"boot_id": boot, "started": time.time() - 3 * 86400, "start_ticks": 1}
         (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
         assert r.code == 6 and "process of user fleetdecoy" in r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
+
+
+def test_a_recorded_group_whose_leader_started_within_seconds_of_the_record_is_not_trusted(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """Pids are reused within seconds: a group started 1 clock tick away from the one fleet recorded, on
+    the same boot, is not fleet's (it was trusted within a 30 s tolerance and killed without --force)."""
+    with another_users_gpu_job(fleet_env) as (pid, pgid):
+        boot = remote(fleet_env, CT129, "cat /proc/sys/kernel/random/boot_id").strip()
+        ticks = int(remote(fleet_env, CT129, f"cat /proc/{pgid}/stat").rsplit(")", 1)[1].split()[19])
+        record = {"status": "ready", "engine": "sglang", "pid": pid, "pgid": pgid, "port": 30000, "boot_id": boot}
+        record |= {"started": time.time(), "start_ticks": ticks + 1}
+        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        r = run_cli("stop", "--host", "ct129")
+        assert r.code == 6 and "process of user fleetdecoy" in r.err, r.err
+        assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
+
+
+def test_processes_that_only_mention_the_engine_are_never_stopped(fleet_env: simhost.Sandbox) -> None:
+    """Same user, no GPU, no port: a `tail -f` of a file named after the engine and a process renamed to
+    mention it. Both were killed as stale servers (by `deploy` and by `stop`) when an engine was a word
+    in a command line; an engine is now what runs (host_common.engine_kind)."""
+    log = fleet_env.host_dir("ct129") / "sglang.launch_server.log"
+    log.write_text("")
+    tail = f"exec tail -f {log}"
+    renamed = "exec -a 'vim notes-on-sglang serve flags.md' sleep 60"
+    with (
+        Background([*simhost.ssh_argv(fleet_env, CT129), tail]),
+        Background([*simhost.ssh_argv(fleet_env, CT129), f"bash -c {json.dumps(renamed)}"]),
+    ):
+        look = "ps -eo args | grep -E '^(tail -f .*sglang.launch_server.log|vim notes-on-sglang)' || true"
+        assert wait_until(lambda: len(remote(fleet_env, CT129, look).splitlines()) == 2)
+        assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+        assert run_cli("stop", "--host", "ct129").code == 0
+        assert len(remote(fleet_env, CT129, look).splitlines()) == 2
+
+
+def test_logs_and_diagnose_redact_secrets_and_strip_terminal_controls(
+    fleet_env: simhost.Sandbox, playbooks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine may echo a token into its log, and anyone who writes the log can write escape sequences
+    (window title, clipboard): neither reaches the operator's terminal through `logs` or `diagnose`."""
+    token = "hf_SECRETtoken1234567890"
+    monkeypatch.setenv("HF_TOKEN", token)
+    name = add_playbook(playbooks, "withtoken", "qwen36-27b", "secret_env: [HF_TOKEN]\n")
+    assert run_cli("deploy", name, "--host", "ct129").code == 0
+    with open(state(fleet_env, "ct129")["log"], "a") as f:
+        f.write(f"using token {token}\n\x1b]0;owned\x07\x1b]52;c;ZWNobw==\x07\x1b[2Jafter\n")
+    for argv in (["logs", "--host", "ct129", "-n", "5"], ["diagnose", "--host", "ct129", "--json"]):
+        r = run_cli(*argv)
+        assert r.code == 0 and token not in r.out + r.err, argv
+    logs = run_cli("logs", "--host", "ct129", "-n", "5").out
+    assert "using token ***" in logs and "after" in logs and "\x1b" not in logs and "\x07" not in logs
+    assert "\x1b]0;owned" in run_cli("logs", "--host", "ct129", "-n", "5", "--raw").out  # asked for raw
 
 
 def test_unknown_crash_fails_fast_with_the_traceback(fleet_env: simhost.Sandbox) -> None:

@@ -45,18 +45,18 @@ def test_gpu_daemons_and_tools_are_recognised_by_program_or_truncated_comm() -> 
 
 def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(tmp_path: Path) -> None:
     """A glob that matches /dev/null or a user's own file must not turn its holders into GPU holders."""
-    from fleet.facts import probe
+    from fleet.host_common import SIMULATED_GPUS_MARK, gpu_device_files
 
     (tmp_path / "nvidia0").write_text("")
-    assert probe.gpu_device_files(str(tmp_path / "nvidia*")) == []  # a regular file: not a GPU
-    (tmp_path / probe.SIMULATED_GPUS_MARK).write_text("")
-    assert probe.gpu_device_files(str(tmp_path / "nvidia*")) == [str(tmp_path / "nvidia0")]
-    assert probe.gpu_device_files("/dev/nul[l]") == []  # a character device, but not an NVIDIA one
+    assert gpu_device_files(str(tmp_path / "nvidia*")) == []  # a regular file: not a GPU
+    (tmp_path / SIMULATED_GPUS_MARK).write_text("")
+    assert gpu_device_files(str(tmp_path / "nvidia*")) == [str(tmp_path / "nvidia0")]
+    assert gpu_device_files("/dev/nul[l]") == []  # a character device, but not an NVIDIA one
 
 
-def test_remote_act_and_the_probe_agree_on_what_a_gpu_device_is() -> None:
+def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> None:
+    from fleet import host_common
     from fleet.control import remote_act
     from fleet.facts import probe
 
-    assert remote_act.SIMULATED_GPUS_MARK == probe.SIMULATED_GPUS_MARK
-    assert remote_act.gpu_device_files("/dev/nul[l]") == probe.gpu_device_files("/dev/nul[l]") == []
+    assert remote_act.gpu_device_files is probe.gpu_device_files is host_common.gpu_device_files

@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, known_fixes, traceback_of
 from fleet.errors import HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, host_common_source
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
@@ -40,7 +40,9 @@ LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after 
 
 
 def remote_source(name: str) -> str:
-    return resources.files("fleet.control").joinpath(name).read_text(encoding="utf-8")
+    """A host script as sent: the shared host code (fleet.host_common) first, then the script."""
+    own = resources.files("fleet.control").joinpath(name).read_text(encoding="utf-8")
+    return host_common_source() + "\n" + own
 
 
 def run_json(

@@ -1,5 +1,5 @@
 """Runs ON the host (sent as `python -c`): lock, engine pre-flight check, stop stale servers, free the
-GPUs, launch detached, record state — one round trip. Prints one JSON document.
+GPUs, launch detached, record state -- one round trip. Prints one JSON document.
 
 Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
 Safety rules it enforces itself, whatever the caller says:
@@ -12,7 +12,6 @@ Secrets arrive on stdin as JSON and are written to a 0600 file the launcher sour
 """
 
 import fcntl
-import glob
 import json
 import os
 import pwd
@@ -24,12 +23,11 @@ import subprocess
 import sys
 import time
 
-ENGINE_RE = re.compile(
-    r"sglang::|sglang\.launch_server|sglang serve|sglang\.srt|sglang\.data_parallel"
-    r"|VLLM::|vllm serve|vllm\.entrypoints"
-)
-SGLANG_RE = re.compile(r"sglang\.launch_server|sglang serve|sglang::")
-LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
+try:  # the shared host code is prepended when this script is sent to a host
+    engine_kind  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files
+
 # GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
 # hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
 # kernel truncates to 15 characters.
@@ -107,7 +105,8 @@ def write_json(path, data, mode=0o600):
 def proc(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            raw = f.read()
+        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
         with open("/proc/%d/stat" % pid) as f:
             stat = f.read()
         with open("/proc/%d/status" % pid) as f:
@@ -128,6 +127,7 @@ def proc(pid):
         "user": user,
         "comm": stat[stat.find("(") + 1 : stat.rfind(")")],
         "cmdline": cmd[:500],
+        "argv": argv_of(raw),
     }
 
 
@@ -178,33 +178,29 @@ def boot_id():
         return None
 
 
-def started_at(pid):
-    """When `pid` started (epoch seconds), or None when it is gone."""
+def start_ticks(pid):
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None when it is gone."""
     try:
         with open("/proc/%d/stat" % pid) as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
         return None
-    return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def recorded_group_is_ours(pgid, st):
     """Whether the process group id fleet recorded still names the group it launched. A group id is a
-    pid, and pids are reused: after a reboot (another boot id), or when the group's leader started at
-    another time than fleet's launch, it is somebody else's group and gets no trust from fleet."""
-    if st.get("pgid") != pgid:
+    pid, and pids are reused, even within seconds: only the exact identity counts -- the same boot, the
+    same pid, and its leader's start time in clock ticks exactly as recorded at launch. A record without
+    them (older, or damaged) and a group whose leader is gone get no trust."""
+    if st.get("pgid") != pgid or not st.get("boot_id") or st["boot_id"] != boot_id():
         return False
-    if st.get("boot_id") and st["boot_id"] != boot_id():
-        return False
-    leader = started_at(pgid)
-    started = st.get("started")
-    return leader is None or not isinstance(started, (int, float)) or abs(leader - started) < 30
+    recorded = st.get("start_ticks")
+    return isinstance(recorded, int) and start_ticks(pgid) == recorded
 
 
 def is_engine(p):
-    return bool(ENGINE_RE.search(p["cmdline"])) or (" %s " % LAUNCH_MARK) in p["cmdline"]
+    """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
+    return engine_kind(p["argv"]) is not None
 
 
 def tcp_sockets():
@@ -370,27 +366,6 @@ def engine_check(c):
 # --- stop and free -------------------------------------------------------------------------------------
 
 
-# A device file counts as a GPU only when it is a character device (what the NVIDIA driver creates), or
-# sits in a directory a simulated host marks as its own: a glob that also matched /dev/null or a user's
-# file would make every process holding it a "GPU holder".
-SIMULATED_GPUS_MARK = ".fleet-simulated-gpus"
-
-
-def gpu_device_files(device_glob):
-    out = []
-    for f in sorted(glob.glob(device_glob)):
-        try:
-            st = os.stat(f)
-        except OSError:
-            continue
-        if not os.path.basename(f).startswith("nvidia"):
-            continue
-        simulated = os.path.exists(os.path.join(os.path.dirname(f), SIMULATED_GPUS_MARK))
-        if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
-            out.append(f)
-    return out
-
-
 def holders(device_glob):
     files = gpu_device_files(expand(device_glob))
     pids = set()
@@ -449,7 +424,8 @@ def classify(a, procs):
         info = procs.get(pid)
         if info is None or pid in (1, os.getpid()) or info["pgid"] == own_pgid or info["comm"] == "sshd":
             continue
-        fleets = recorded is not None and info["pgid"] == recorded
+        # fleet's own group, and never another user's process in it (a wrapper may have spawned one)
+        fleets = recorded is not None and info["pgid"] == recorded and info["uid"] == me
         engine = is_engine(info)
         why = None
         daemon = safelisted(info)
@@ -473,8 +449,8 @@ def classify(a, procs):
 
 def idle_sglang(members):
     """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
-    tick (engines.md §3.3) before the same kill_process_tree, so it is killed at once instead."""
-    if not any(SGLANG_RE.search(p["cmdline"]) for p in members):
+    tick (engines.md section 3.3) before the same kill_process_tree, so it is killed at once instead."""
+    if not any(engine_kind(p["argv"]) == "sglang" for p in members):
         return False
     return client_connections([p["pid"] for p in members]) == 0
 
@@ -599,7 +575,14 @@ def launch(a, secrets):
     except OSError:
         pass
     os.symlink(os.path.basename(log_path), latest)
-    return {"pid": child.pid, "pgid": child.pid, "log": log_path, "exit_file": exit_path, "started": time.time()}
+    return {
+        "pid": child.pid,
+        "pgid": child.pid,
+        "log": log_path,
+        "exit_file": exit_path,
+        "started": time.time(),
+        "start_ticks": start_ticks(child.pid),
+    }
 
 
 def main():
@@ -664,6 +647,7 @@ def main():
                 "log": out["launched"]["log"],
                 "exit_file": out["launched"]["exit_file"],
                 "started": out["launched"]["started"],
+                "start_ticks": out["launched"]["start_ticks"],
                 "boot_id": boot_id(),
             }
         )

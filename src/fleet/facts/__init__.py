@@ -191,8 +191,13 @@ def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[G
     return out
 
 
+def host_common_source() -> str:
+    """The code every host script shares (fleet.host_common), prepended to each when it is sent."""
+    return resources.files("fleet").joinpath("host_common.py").read_text(encoding="utf-8")
+
+
 def probe_source() -> str:
-    return resources.files("fleet.facts").joinpath("probe.py").read_text(encoding="utf-8")
+    return host_common_source() + "\n" + resources.files("fleet.facts").joinpath("probe.py").read_text(encoding="utf-8")
 
 
 def probe_script(

@@ -15,10 +15,11 @@ import subprocess
 import sys
 import time
 
-ENGINE_RE = re.compile(
-    r"sglang::|sglang\.launch_server|sglang serve|sglang\.srt|sglang\.data_parallel"
-    r"|VLLM::|vllm serve|vllm\.entrypoints"
-)
+try:  # the shared host code is prepended when this script is sent to a host
+    engine_kind  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import SIMULATED_GPUS_MARK, engine_kind, gpu_device_files  # noqa: F401
+
 LISTEN = "0A"
 
 
@@ -28,6 +29,11 @@ def _read(path, limit=1 << 20):
             return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return None
+
+
+def _argv(pid):
+    cmdline = _read("/proc/%d/cmdline" % pid)
+    return None if cmdline is None else [a for a in cmdline.split("\0") if a.strip()]
 
 
 def _command_line(pid):
@@ -161,27 +167,6 @@ def _socket_owners(listeners):
                 if inode in listeners:
                     owners.setdefault(inode, pid)
     return owners
-
-
-# A device file counts as a GPU only when it is a character device (what the NVIDIA driver creates), or
-# sits in a directory a simulated host marks as its own: a glob that also matched /dev/null or a user's
-# file would make every process holding it a "GPU holder".
-SIMULATED_GPUS_MARK = ".fleet-simulated-gpus"
-
-
-def gpu_device_files(device_glob):
-    out = []
-    for f in sorted(glob.glob(device_glob)):
-        try:
-            st = os.stat(f)
-        except OSError:
-            continue
-        if not os.path.basename(f).startswith("nvidia"):
-            continue
-        simulated = os.path.exists(os.path.join(os.path.dirname(f), SIMULATED_GPUS_MARK))
-        if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
-            out.append(f)
-    return out
 
 
 def _holders(device_glob):
@@ -498,9 +483,10 @@ def collect(args):
         ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})
     servers = []
     for pid in _pids():
-        command_line = _command_line(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
-        if not command_line or not ENGINE_RE.search(command_line) or pid == os.getpid():
+        argv = _argv(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
+        if not argv or engine_kind(argv) in (None, "launcher") or pid == os.getpid():
             continue
+        command_line = " ".join(argv)
         info = _proc_info(pid, command_line)
         if info:
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])

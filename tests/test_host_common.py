@@ -1,0 +1,59 @@
+"""The host code every host script shares (fleet.host_common), tested here in milliseconds: which processes
+are inference engines (by what runs, never by a word in a command line), and that the code stays valid
+for the host's own Python (3.8, ASCII)."""
+
+from __future__ import annotations
+
+import ast
+from importlib import resources
+
+import pytest
+
+from fleet.host_common import argv_of, engine_kind
+
+ENGINES = [
+    (["/opt/sglang/.venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], "sglang"),
+    (["python", "-u", "-X", "dev", "-m", "sglang.launch_server"], "sglang"),
+    (["python3.12", "-msglang.launch_server"], "sglang"),
+    (["/venv/bin/python", "/venv/bin/sglang", "serve", "--model-path", "/m"], "sglang"),
+    (["/venv/bin/vllm", "serve", "/m"], "vllm"),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"], "vllm"),
+    (["sglang::scheduler_TP0"], "sglang"),
+    (["VLLM::EngineCore"], "vllm"),
+    (["/bin/sh", "-c", "set -a; ...", "fleet-launch", "/x.env", "/x.exit", "/p", "-m", "sglang.x"], "launcher"),
+]
+NOT_ENGINES = [
+    ["tail", "-f", "/var/log/sglang.launch_server.log"],  # names the engine, runs tail
+    ["vim notes-on-sglang serve flags.md"],  # exec -a: one word that merely mentions the engine
+    ["grep", "-r", "vllm serve", "."],
+    ["python3", "-c", "import sglang.launch_server"],  # a program given as text is not the entry point
+    ["python3", "/home/me/sglang.py", "serve"],  # a script of the same name is not the console script
+    ["less", "VLLM::EngineCore"],
+    ["sleep", "3600", "fleet-launch"],  # the launcher is recognised by its shape, not by the word
+    [],
+]
+
+
+@pytest.mark.parametrize(("argv", "kind"), ENGINES, ids=[" ".join(a)[:40] for a, _ in ENGINES])
+def test_engines_are_recognised_by_what_runs(argv: list[str], kind: str) -> None:
+    assert engine_kind(argv) == kind
+
+
+@pytest.mark.parametrize("argv", NOT_ENGINES, ids=[" ".join(a)[:40] or "empty" for a in NOT_ENGINES])
+def test_processes_that_only_mention_an_engine_are_not_engines(argv: list[str]) -> None:
+    assert engine_kind(argv) is None
+
+
+def test_proc_cmdline_padding_from_setproctitle_is_dropped() -> None:
+    assert argv_of(b"sglang::scheduler_TP0\x00\x00   \x00") == ["sglang::scheduler_TP0"]
+
+
+@pytest.mark.parametrize(
+    ("package", "name"),
+    [("fleet", "host_common.py"), ("fleet.facts", "probe.py"), ("fleet.control", "remote_act.py")]
+    + [("fleet.control", "remote_watch.py"), ("fleet.control", "remote_health.py")],
+)
+def test_host_code_is_ascii_and_parses_as_python_3_8(package: str, name: str) -> None:
+    text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
+    assert text.isascii(), [line for line in text.splitlines() if not line.isascii()][:3]
+    ast.parse(text, feature_version=(3, 8))
