@@ -72,14 +72,18 @@ def test_device_holders_are_listed_with_user_and_command(fleet_env: simhost.Sand
 
 
 def test_facts_of_one_host_do_not_see_processes_of_another(fleet_env: simhost.Sandbox) -> None:
-    fake_server = "exec -a 'python -m sglang.launch_server' sleep 30"
+    # an engine's shape (python -m sglang.launch_server) running a module that only sleeps
+    mod = fleet_env.root / "fakemod" / "sglang"
+    mod.mkdir(parents=True, exist_ok=True)
+    (mod / "launch_server.py").write_text("import time\ntime.sleep(30)\n")
+    fake_server = f"cd {mod.parent} && exec python3 -m sglang.launch_server"
     with Background([*simhost.ssh_argv(fleet_env, BLACKWELL), fake_server]):
         for _ in range(50):
             seen = [s["cmdline"] for s in json.loads(run_cli("facts", "--host", "blackwell", "--json").out)["servers"]]
-            if seen == ["python -m sglang.launch_server 30"]:
+            if seen == ["python3 -m sglang.launch_server"]:
                 break
             time.sleep(0.1)
-        assert seen == ["python -m sglang.launch_server 30"]
+        assert seen == ["python3 -m sglang.launch_server"]
         assert json.loads(run_cli("facts", "--host", "ct129", "--json").out)["servers"] == []
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CT129, run_cli
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
+from fleet.host_common import SIMULATED_GPUS_MARK
 from fleet.inventory import Host, load_inventory
 from fleet.transport import SshOptions, connect
 from fleet.transport.ssh import _tcp_connect
@@ -374,6 +375,7 @@ def test_local_connection_treats_a_holder_in_the_callers_process_group_as_foreig
     dev = tmp_path / "dev" / "nvidia0"
     dev.parent.mkdir()
     dev.touch()
+    (dev.parent / SIMULATED_GPUS_MARK).touch()  # a stand-in GPU device file
     inv = tmp_path / "inv.yaml"
     inv.write_text(
         f"hosts:\n  here:\n    connection: local\n    gpu_devices: {tmp_path}/dev/nvidia*\n"

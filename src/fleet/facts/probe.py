@@ -484,7 +484,7 @@ def collect(args):
     servers = []
     for pid in _pids():
         argv = _argv(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
-        if not argv or engine_kind(argv) in (None, "launcher") or pid == os.getpid():
+        if not argv or engine_kind(argv) is None or pid == os.getpid():  # fleet's launcher shell included
             continue
         command_line = " ".join(argv)
         info = _proc_info(pid, command_line)
