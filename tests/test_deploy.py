@@ -195,7 +195,7 @@ def test_a_recorded_group_whose_leader_started_within_seconds_of_the_record_is_n
         record |= {"started": time.time(), "start_ticks": ticks + 1}
         (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
         r = run_cli("stop", "--host", "ct129")
-        assert r.code == 6 and "process of user fleetdecoy" in r.err, r.err
+        assert r.code == 0 and f"not stopped: pid {pid} (user fleetdecoy" in r.out, r.out + r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
 
 
@@ -235,6 +235,20 @@ def test_logs_and_diagnose_redact_secrets_and_strip_terminal_controls(
     logs = run_cli("logs", "--host", "ct129", "-n", "5").out
     assert "using token ***" in logs and "after" in logs and "\x1b" not in logs and "\x07" not in logs
     assert "\x1b]0;owned" in run_cli("logs", "--host", "ct129", "-n", "5", "--raw").out  # asked for raw
+
+
+def test_stop_stops_fleets_own_server_while_another_users_job_holds_a_gpu(fleet_env: simhost.Sandbox) -> None:
+    """Stopping fleet's own server never needs --force (it used to exit 6 and leave the server running,
+    offering only --force, which would have killed the other user's job)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    with another_users_gpu_job(fleet_env) as (pid, _):
+        r = run_cli("stop", "--host", "ct129")
+        assert r.code == 0, r.err
+        assert "stopped inference server" in r.out or "fleet's server" in r.out, r.out
+        assert f"not stopped: pid {pid} (user fleetdecoy" in r.out and "--force stops it" in r.out
+        assert engine_pids(fleet_env, CT129) == [] and _chat(CT129.address, "hi")[0] is None
+        assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
+        assert state(fleet_env, "ct129")["status"] == "stopped"
 
 
 def test_unknown_crash_fails_fast_with_the_traceback(fleet_env: simhost.Sandbox) -> None:

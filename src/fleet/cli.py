@@ -604,12 +604,17 @@ def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> N
     failures = []
     for name, out, err in _each_host(ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force)):
         if err:
-            click.echo(f"{name}: error: {err}", err=True)
+            _say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
             continue
         stopped = out.get("stopped", [])
         lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
-        click.echo(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
+        lines += [  # stopping fleet's own server never needs --force; what is not fleet's is said and left
+            f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
+            "--force stops it"
+            for p in out.get("refused", [])
+        ]
+        _say(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
     _exit_for_failures(failures)
 
 

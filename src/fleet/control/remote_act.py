@@ -617,7 +617,7 @@ def main():
         out["recorded_group_reused"] = recorded
     targets, refused, out["left"] = classify(free, procs)
     out["refused"] = refused
-    if refused:
+    if refused and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
         return out
     before = nvml_pids_and_memory()[1]
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
