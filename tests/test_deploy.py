@@ -418,6 +418,16 @@ def test_deploying_the_plan_that_already_runs_checks_it_and_restarts_nothing(fle
     assert engine_pids(fleet_env, CT129) == before and state(fleet_env, "ct129")["pid"] == pid
 
 
+def test_a_server_whose_checks_could_not_run_is_not_adopted(fleet_env: simhost.Sandbox) -> None:
+    """A health probe that fails on the host (here its bookkeeping, health.json, is a JSON list) returns
+    no server checks: that is no proof, and the deploy must not report "answering correctly" (it did)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    (fleet_env.host_dir("ct129") / "state" / "health.json").write_text("[1, 2]")
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert "checked it instead of restarting it" not in r.err and "nothing was restarted" not in r.out
+    assert "not checked" in r.err, r.err
+
+
 def test_a_running_server_that_fails_its_check_is_replaced(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     old = state(fleet_env, "ct129")["pid"]

@@ -87,6 +87,8 @@ def deploy(
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU
 # faults) is not something a restart of this server would change.
 SERVER_CHECKS = frozenset({"server", "drift", "port", "http_health", "models", "generation", "crash_log"})
+# What must have run and passed before a running server is kept instead of restarted.
+ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
 
 
 def _runs_this_plan(facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
@@ -130,8 +132,15 @@ def _adopt(
     started = time.monotonic()
     health = check_host(t, host, HealthOptions())
     failing = [c for c in health.checks if c.name in SERVER_CHECKS and c.status != OK]
-    if failing:
-        progress("not_adopted", {"problems": [f"{c.name}: {c.detail}" for c in failing]})
+    # A check that did not run proves nothing: a probe that failed (an unreadable record, a broken host
+    # script) returns no server checks at all, and must not read as a server that passed them.
+    passed = {c.name for c in health.checks if c.status == OK}
+    missing = sorted(ADOPTION_PROOF - passed - {c.name for c in failing})
+    if failing or missing:
+        problems = [f"{c.name}: {c.detail}" for c in failing]
+        problems += [f"{name}: not checked" for name in missing]
+        problems += [f"{c.name}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
+        progress("not_adopted", {"problems": problems})
         return None
     progress(
         "adopted", {"pid": pid, "checks": [f"{c.name}: {c.detail}" for c in health.checks if c.name in SERVER_CHECKS]}
