@@ -110,6 +110,18 @@ def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhos
     assert rows[0]["heal"] == ("not healed: 1 heals in the last hour (limit 1); the server is crash-looping")
 
 
+def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> None:
+    """The rate limit is decided and recorded on the host; where the record cannot be written (here
+    heals.json is a directory), nothing is restarted: an unrecorded heal would never count against the
+    limit (it did, with no python3 on the host's PATH: three heals in a minute at a limit of one)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    kill_server(fleet_env)
+    (fleet_env.host_dir("ct129") / "state" / "heals.json").mkdir()
+    code, rows, _ = health("--host", "ct129", "--heal")
+    assert code == 2 and rows[0]["heal"].startswith("not healed: the heal could not be recorded on the host")
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
+
+
 @pytest.mark.parametrize(
     ("hook", "detail"),
     [("serve_garbage", "wrong or no answer: answer ' !!!"), ("generation_http_500", "wrong or no answer: HTTP 500")],

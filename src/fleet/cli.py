@@ -901,14 +901,11 @@ def _health_run(
             result = control.check_host(t, host, options)
             if options.heal and result.healable:
                 from fleet.control import ops  # the deploy loop: only a heal needs it
-                from fleet.control.facts import read_facts
 
-                heals = read_facts(t, host).remote.heals
                 result = control.heal_host(
                     t,
                     host,
                     result,
-                    heals,
                     options,
                     lambda: ops.restart(
                         t, host, force=False, progress=lambda e, d: None, signatures=options.signatures

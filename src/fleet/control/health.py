@@ -71,18 +71,30 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 
 
-RECORD_HEAL = """
+# Decided and recorded on the host, by the host's clock and with the engine's Python: a limit computed
+# from host stamps and the client's clock (2 h apart, say), or a record written by a `python3` the host
+# lacks, never applied. Prints {"allowed": bool, "recent": n}; the heal is recorded only when allowed.
+DECIDE_AND_RECORD_HEAL = """
 import json, os, sys, time
-d = os.path.expanduser(json.loads(sys.argv[1])["state_dir"])
+a = json.loads(sys.argv[1])
+d = os.path.expanduser(a["state_dir"])
 p = os.path.join(d, "heals.json")
 try:
-    h = json.load(open(p))
-except (OSError, ValueError):
+    with open(p) as f:
+        h = [x for x in json.load(f) if isinstance(x, (int, float))]
+except (OSError, ValueError, TypeError):
     h = []
-h = [x for x in h if x > time.time() - 86400] + [time.time()]
-os.makedirs(d, exist_ok=True)
-json.dump(h, open(p + ".tmp", "w"))
-os.replace(p + ".tmp", p)
+now = time.time()
+h = [x for x in h if now - 86400 < x <= now + 60]
+recent = len([x for x in h if x > now - 3600])
+allowed = recent < a["limit"]
+if allowed:
+    os.makedirs(d, exist_ok=True)
+    tmp = "%s.%d.tmp" % (p, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(h + [now], f)
+    os.replace(tmp, p)
+sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
 """
 
 
@@ -90,20 +102,27 @@ def heal_host(
     t: Transport,
     host: Host,
     health: HostHealth,
-    heals: tuple[float, ...],
     options: HealthOptions,
     restart: Callable[[], Any],
 ) -> HostHealth:
-    """Restart an unhealthy server through the deploy loop, unless the rate limit says it is crash-looping."""
-    recent = [x for x in heals if x > time.time() - 3600]
-    if len(recent) >= options.max_heals_per_hour:
+    """Restart an unhealthy server through the deploy loop, unless the rate limit says it is crash-looping.
+    The limit is decided on the host (its clock, its record); when it cannot be, nothing is restarted."""
+    python = next(iter(host.settings.engines.values()), "python3")
+    args = {"state_dir": host.settings.state_dir, "limit": options.max_heals_per_hour}
+    result = t.run(python_script(python, DECIDE_AND_RECORD_HEAL, args), timeout_s=30)
+    try:
+        decision = json.loads(result.text)
+        allowed, recent = bool(decision["allowed"]), int(decision["recent"])
+    except (ValueError, KeyError, TypeError):
+        detail = (result.text + result.error_text).strip()[-200:] or f"exit {result.exit_code}"
+        return after_heal(health, False, f"not healed: the heal could not be recorded on the host ({detail})")
+    if not allowed:
         return after_heal(
             health,
             False,
-            f"not healed: {len(recent)} heals in the last hour (limit "
+            f"not healed: {recent} heals in the last hour (limit "
             f"{options.max_heals_per_hour}); the server is crash-looping",
         )
-    t.run(python_script("python3", RECORD_HEAL, {"state_dir": host.settings.state_dir}), timeout_s=30)
     try:
         outcome = restart()
     except FleetError as exc:
