@@ -418,14 +418,21 @@ def test_deploying_the_plan_that_already_runs_checks_it_and_restarts_nothing(fle
     assert engine_pids(fleet_env, CT129) == before and state(fleet_env, "ct129")["pid"] == pid
 
 
-def test_a_server_whose_checks_could_not_run_is_not_adopted(fleet_env: simhost.Sandbox) -> None:
-    """A health probe that fails on the host (here its bookkeeping, health.json, is a JSON list) returns
-    no server checks: that is no proof, and the deploy must not report "answering correctly" (it did)."""
+def test_a_damaged_record_is_set_aside_and_the_host_redeployed(fleet_env: simhost.Sandbox) -> None:
+    """state.json edited into a list: `restart` says the record is damaged (was a KeyError traceback),
+    `health` names it, and the next deploy sets it aside (renamed, not deleted) and writes a good one."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
-    (fleet_env.host_dir("ct129") / "state" / "health.json").write_text("[1, 2]")
-    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
-    assert "checked it instead of restarting it" not in r.err and "nothing was restarted" not in r.out
-    assert "not checked" in r.err, r.err
+    record = fleet_env.host_dir("ct129") / "state" / "state.json"
+    record.write_text("[1, 2]")
+    (fleet_env.host_dir("ct129") / "state" / "health.json").write_text('"not a mapping"')
+    r = run_cli("restart", "--host", "ct129")
+    assert r.code in (1, 2) and "Traceback" not in r.err, r.err
+    out = json.loads(run_cli("health", "--host", "ct129", "--json", "--skip-generation").out)
+    assert any("not a JSON object" in c["detail"] for c in out["checks"]), out["checks"]
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    assert state(fleet_env, "ct129")["status"] == "ready"
+    assert [p.read_text() for p in record.parent.glob("state.json.corrupt-*")] == ["[1, 2]"]
+    assert [p.read_text() for p in record.parent.glob("health.json.corrupt-*")] == ['"not a mapping"']
 
 
 def test_a_running_server_that_fails_its_check_is_replaced(fleet_env: simhost.Sandbox) -> None:

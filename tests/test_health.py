@@ -390,3 +390,23 @@ def test_generation_is_skipped_when_the_server_served_traffic_since_the_last_che
     assert second["generation"]["detail"] == "skipped (served traffic since the last check)"
     third = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
     assert third["generation"]["detail"].startswith("answer")  # health's own request is not traffic
+
+
+def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:
+    """deploy keeps ("adopts") a running server only when its checks ran and passed: a health probe that
+    failed on the host returns no server checks, and once read as a server that passed them."""
+    from fleet.control.ops import adoption_problems
+    from fleet.health import OK, Check, HostHealth, unreachable
+
+    assert adoption_problems(unreachable("ct129", "health probe failed: AttributeError")) == [
+        "generation: not checked",
+        "http_health: not checked",
+        "server: not checked",
+        "ssh: health probe failed: AttributeError",
+    ]
+    proven = HostHealth(
+        "ct129",
+        OK,
+        (Check("server", OK, "pid 7 alive"), Check("http_health", OK, "200"), Check("generation", OK, "answer")),
+    )
+    assert adoption_problems(proven) == []

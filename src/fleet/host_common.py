@@ -6,10 +6,13 @@ An engine is recognised by what runs, never by a word somewhere in a command lin
 sglang.launch_server.log` and a process renamed "vim notes-on-sglang serve" are not engines.
 """
 
+import contextlib
 import glob
+import json
 import os
 import re
-from typing import List, Optional, Sequence
+import time
+from typing import Any, Dict, List, Optional, Sequence
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
@@ -86,3 +89,21 @@ def gpu_device_files(device_glob: str) -> List[str]:
         if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
             out.append(f)
     return out
+
+
+def read_record(path: str) -> Optional[Dict[str, Any]]:
+    """A JSON object fleet keeps on the host (state, lock, bookkeeping), or None when there is none. A file
+    that is not one (cut short by a full disk, edited by hand into a list) is set aside, renamed
+    `NAME.corrupt-STAMP` rather than deleted, so the next write starts a good record and nothing is lost."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError:
+        return None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    with contextlib.suppress(OSError):
+        os.replace(path, f"{path}.corrupt-{int(time.time())}")
+    return None

@@ -21,6 +21,7 @@ from fleet.control.facts import model_path, read_facts
 from fleet.crashes import Signature, known_fixes
 from fleet.errors import ConfigError, FleetError, LockedError
 from fleet.facts import HostFacts
+from fleet.health import HostHealth
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
@@ -121,25 +122,32 @@ def _ran_before(facts: HostFacts, plan: LaunchPlan) -> bool:
     )
 
 
+def adoption_problems(health: HostHealth) -> list[str]:
+    """Why a running server may not be kept as it is; empty when it proved itself. A check that did not
+    run proves nothing: a probe that failed on the host returns no server checks at all, and must not
+    read as a server that passed them."""
+    from fleet.health import OK
+
+    failing = [c for c in health.checks if c.name in SERVER_CHECKS and c.status != OK]
+    passed = {c.name for c in health.checks if c.status == OK}
+    problems = [f"{c.name}: {c.detail}" for c in failing]
+    problems += [f"{name}: not checked" for name in sorted(ADOPTION_PROOF - passed - {c.name for c in failing})]
+    if problems:
+        problems += [f"{c.name}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
+    return problems
+
+
 def _adopt(
     t: Transport, host: Host, playbook_name: str, plan: LaunchPlan, pid: Any, progress: Progress
 ) -> DeployResult | None:
     """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
     model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
     from fleet.control.health import HealthOptions, check_host
-    from fleet.health import OK
 
     started = time.monotonic()
     health = check_host(t, host, HealthOptions())
-    failing = [c for c in health.checks if c.name in SERVER_CHECKS and c.status != OK]
-    # A check that did not run proves nothing: a probe that failed (an unreadable record, a broken host
-    # script) returns no server checks at all, and must not read as a server that passed them.
-    passed = {c.name for c in health.checks if c.status == OK}
-    missing = sorted(ADOPTION_PROOF - passed - {c.name for c in failing})
-    if failing or missing:
-        problems = [f"{c.name}: {c.detail}" for c in failing]
-        problems += [f"{name}: not checked" for name in missing]
-        problems += [f"{c.name}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
+    problems = adoption_problems(health)
+    if problems:
         progress("not_adopted", {"problems": problems})
         return None
     progress(
@@ -210,7 +218,14 @@ def restart(
             f"{host.name}: nothing recorded to restart (no fleet deployment on this host).",
             "Run `fleet deploy PLAYBOOK --host HOST` first.",
         )
-    plan = plan_from_state(state)
+    try:
+        plan = plan_from_state(state)
+        smoke = dict(state["smoke"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a record edited or cut short
+        raise ConfigError(
+            f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",
+            f"Deploy again: fleet deploy PLAYBOOK --host {host.name}.",
+        ) from exc
     facts = read_facts(t, host, model=plan.model_path, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
         raise ConfigError(f"{host.name}: the recorded model {plan.model_path} or the GPUs are gone.", "Redeploy.")
@@ -222,7 +237,7 @@ def restart(
         t,
         host,
         playbook_name=str(state.get("playbook", "recorded")),
-        smoke=state["smoke"],
+        smoke=smoke,
         kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,

@@ -26,7 +26,7 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files
+    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files, read_record
 
 # GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
 # hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
@@ -85,11 +85,8 @@ def expand(path):
 
 
 def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    """fleet's records on the host are JSON objects; anything else is set aside (host_common.read_record)."""
+    return read_record(path)
 
 
 def write_json(path, data, mode=0o600):
@@ -594,6 +591,8 @@ def main():
     if lock["status"] != "taken":  # held by another run, or no state directory to hold it in
         return out
     state_dir = expand(a["lock"]["state_dir"])
+    for name in ("state.json", "learned.json"):  # a damaged record is set aside before it is written over
+        read_json(os.path.join(state_dir, name))
     if a.get("release_lock_only"):
         release_lock(state_dir, a["lock"]["run_id"])
         return out

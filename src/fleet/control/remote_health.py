@@ -74,11 +74,7 @@ def health_main():
     facts = collect(args)  # noqa: F821 - defined by the probe text this is appended to
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
     book_path = os.path.join(state_dir, "health.json")
-    try:
-        with open(book_path) as f:
-            book = json.load(f)
-    except (OSError, ValueError):
-        book = {}
+    book = read_record(book_path) or {}  # noqa: F821 - host_common, prepended with the probe
     st = (facts.get("state") or {}).get("state") or {}
     out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
     pid = st.get("pid")

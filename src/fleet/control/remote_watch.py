@@ -18,6 +18,11 @@ import time
 import urllib.error
 import urllib.request
 
+try:  # the shared host code is prepended when this script is sent to a host
+    read_record  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import read_record
+
 POLL_S = 0.02
 
 
@@ -78,8 +83,7 @@ def touch_lock(a):
     """Keep the run's lock fresh, naming this process as the one that holds it."""
     path = os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
     try:
-        with open(path) as f:
-            lock = json.load(f)
+        lock = read_record(path) or {}
         if lock.get("run_id") == a["run_id"]:
             if lock.get("holder_pid") != os.getpid():
                 lock["holder_pid"] = os.getpid()
@@ -101,21 +105,13 @@ def write_json(path, data):
 def on_success(a):
     state_dir = os.path.expanduser(a["state_dir"])
     st_path = os.path.join(state_dir, "state.json")
-    try:
-        with open(st_path) as f:
-            st = json.load(f)
-    except (OSError, ValueError):
-        st = {}
+    st = read_record(st_path) or {}
     st.update(a["success_state"])
     st["ready_at"] = time.time()
     write_json(st_path, st)
     if a.get("learned_key"):
         lpath = os.path.join(state_dir, "learned.json")
-        try:
-            with open(lpath) as f:
-                learned = json.load(f)
-        except (OSError, ValueError):
-            learned = {}
+        learned = read_record(lpath) or {}
         if a["learned"]:
             learned[a["learned_key"]] = a["learned"]
         else:
@@ -123,10 +119,9 @@ def on_success(a):
         write_json(lpath, learned)
     lock = os.path.join(state_dir, "lock.json")
     try:
-        with open(lock) as f:
-            if json.load(f).get("run_id") == a["run_id"]:
-                os.unlink(lock)
-    except (OSError, ValueError):
+        if (read_record(lock) or {}).get("run_id") == a["run_id"]:
+            os.unlink(lock)
+    except OSError:
         pass
 
 

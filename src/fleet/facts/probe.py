@@ -464,7 +464,11 @@ def _state(state_dir):
     state_dir = os.path.expanduser(state_dir)
     out = {}
     for name in ("state", "learned", "lock", "heals"):
-        data, error = _json_file(os.path.join(state_dir, name + ".json"))
+        path = os.path.join(state_dir, name + ".json")
+        data, error = _json_file(path)
+        want = list if name == "heals" else dict
+        if data is not None and not isinstance(data, want):  # valid JSON, not a record (edited by hand)
+            data, error = None, "%s: not a JSON %s" % (path, "list" if want is list else "object")
         out[name] = data
         if error:
             out[name + "_error"] = error
