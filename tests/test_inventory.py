@@ -237,6 +237,12 @@ PLAYBOOK_CASES = [
         'pb.yaml:6: field "smoke.expect" is not a valid regular expression (missing ), unterminated subpattern at '
         "position 0) (got '(').",
     ),
+    (  # hung deploy and left a host process spinning at 100% CPU
+        "catastrophic-expect",
+        PLAYBOOK_OK.replace("expect: hello", "expect: '^(.|.|.)*\\d$'"),
+        'pb.yaml:6: field "smoke.expect" repeats a group that itself repeats or has alternatives (like (a+)+ or '
+        "(.|.)*), which can take hours to match; write it without the nested repetition (got '^(.|.|.)*\\\\d$').",
+    ),
     (
         "empty-prompt",
         PLAYBOOK_OK.replace("prompt: hi", "prompt: ''"),

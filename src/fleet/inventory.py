@@ -389,6 +389,37 @@ def _check_regex(value: str) -> None:
         re.compile(value)
     except re.error as exc:
         raise ValueError(f"is not a valid regular expression ({exc})") from exc
+    if _backtracks_exponentially(value):
+        raise ValueError(
+            "repeats a group that itself repeats or has alternatives (like (a+)+ or (.|.)*), which can take "
+            "hours to match; write it without the nested repetition"
+        )
+
+
+def _backtracks_exponentially(pattern: str) -> bool:
+    """A repeated piece that can itself match in several ways (an inner repeat or alternation) makes
+    Python's backtracking matcher exponential on a near miss: `^(.|.|.)*\\d$` hung deploy and left a
+    host process spinning. Refused when the playbook is read; the match itself runs on the host."""
+    from re import _parser  # type: ignore[attr-defined]  # the stdlib regex parser (sre_parse), walked
+
+    def walk(items: Any, inside_repeat: bool) -> bool:
+        for op, arg in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                low, high, sub = arg
+                repeats = high is _parser.MAXREPEAT or high > 1
+                if inside_repeat and repeats:
+                    return True
+                if walk(sub, inside_repeat or repeats):
+                    return True
+            elif name == "BRANCH":
+                if inside_repeat or any(walk(branch, inside_repeat) for branch in arg[1]):
+                    return True
+            elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT") and walk(arg[-1], inside_repeat):
+                return True
+        return False
+
+    return walk(_parser.parse(pattern), False)
 
 
 class Smoke(_Strict, frozen=True, kw_only=True):
