@@ -111,8 +111,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:  # type:
     lines += [f"| {kind} | `{name}` | {outcome} |" for kind, name, outcome in _RESULTS]
     passed = sum(1 for *_, o in _RESULTS if o == "passed")
     text = (
-        f"# Reliability report\n\nProduced by the test suite itself (`make reliability-report`); {passed} of {len(_RESULTS)} "
-        "cases passed in the run that wrote this file.\n\n" + "\n".join(lines) + "\n"
+        "# Reliability report\n\nProduced by the test suite itself (`make reliability-report`); "
+        f"{passed} of {len(_RESULTS)} cases passed in the run that wrote this file.\n\n" + "\n".join(lines) + "\n"
     )
     terminalreporter.write_line(f"reliability: {passed}/{len(_RESULTS)} fault, bad-input and safety cases passed")
     # Tests never edit tracked files: the report is written only where `make reliability-report` asks.
