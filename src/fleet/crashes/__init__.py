@@ -14,6 +14,7 @@ import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from fleet.crashes.logtext import (
@@ -99,6 +100,17 @@ def _conditions_hold(sig: Signature, ctx: Context) -> bool:
     return True
 
 
+@lru_cache(maxsize=1024)
+def _one_pass(patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+    """A signature's patterns as one alternation: one scan of the log instead of one per pattern."""
+    if len(patterns) < 2:
+        return patterns
+    try:
+        return (re.compile("|".join(f"(?:{p.pattern})" for p in patterns), re.MULTILINE),)
+    except re.error:  # a pattern with global flags, (?i)…, cannot be joined: scanned on its own
+        return patterns
+
+
 class _Searchable:
     """The log as one text of windows (a line and its wrapped continuation), searched per signature
     in one regex pass instead of one call per line."""
@@ -114,7 +126,7 @@ class _Searchable:
 
     def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
         found: set[int] = set()
-        for p in patterns:
+        for p in _one_pass(tuple(patterns)):
             for m in p.finditer(self.text):
                 i = bisect.bisect_right(self.starts, m.start()) - 1
                 if only is None or i in only:

@@ -49,6 +49,9 @@ _PREFIXES = [
 ]
 
 
+WINDOW_CHARS = 1000
+
+
 @dataclass(frozen=True)
 class LogText:
     """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named."""
@@ -57,13 +60,15 @@ class LogText:
     levels: tuple[str | None, ...]
 
     def window(self, i: int) -> str:
-        """Line i with the lines that continue it, for messages a terminal or a paste wrapped."""
-        text = self.lines[i]
+        """Line i with the lines that continue it, for messages a terminal or a paste wrapped; at most
+        WINDOW_CHARS of it, which hold the part of a message that tells what failed (a config dump can
+        run to megabytes, and every signature scans every window)."""
+        text = self.lines[i][:WINDOW_CHARS]
         for j in range(i + 1, min(i + 4, len(self.lines))):
-            if not is_continuation(self.lines[j]):
+            if len(text) >= WINDOW_CHARS or not is_continuation(self.lines[j]):
                 break
-            text += " " + self.lines[j]
-        return text
+            text += " " + self.lines[j][:WINDOW_CHARS]
+        return text[:WINDOW_CHARS]
 
 
 def _strip(raw: str) -> tuple[str, str | None]:
@@ -128,7 +133,7 @@ FATAL = re.compile(
     r"The actor is dead|worker process has died"
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
-BENIGN = re.compile(r"Ignore import error|\w+Warning:")
+BENIGN = re.compile(r"Ignore import error|\b\w+Warning:")
 # Neither a failure nor a signature's evidence: a call that will be retried, a client's bad request.
 TRANSIENT = re.compile(
     r"\bretrying\b|\bwill retry\b|\bretry (?:in|after) \d|\battempt \d+ (?:of|/) ?\d+|"
