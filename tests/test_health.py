@@ -343,6 +343,7 @@ def test_the_installed_cron_line_runs_as_cron_runs_it(
         ("--log-file", "/tmp/x.log\n* * * * * touch /tmp/fleet-PWNED #"),
         ("FLEET_PLAYBOOKS", "/tmp/pb\n* * * * * touch /tmp/fleet-PWNED #"),
         ("PYTHONPATH", "/x\r* * * * * touch /tmp/fleet-PWNED"),
+        ("--schedule", "*/5 * * *\n*"),  # five valid fields, a newline between two of them
     ],
 )
 def test_a_newline_cannot_add_crontab_lines(
@@ -352,8 +353,8 @@ def test_a_newline_cannot_add_crontab_lines(
     left as it was (it used to gain a line of the attacker's, which `cron remove` then left behind)."""
     subprocess.run(["crontab", "-"], input="0 3 * * * /usr/bin/true\n", text=True, check=True)
     argv = ["cron", "install"]
-    if var == "--log-file":
-        argv += ["--log-file", value]
+    if var.startswith("--"):
+        argv += [var, value]
     else:
         monkeypatch.setenv(var, value)
     r = run_cli(*argv)

@@ -1008,35 +1008,25 @@ def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None)
         raise ConfigError(f'cron schedule "{schedule}" is not five cron fields.', 'Example: --schedule "*/5 * * * *".')
     log_path = (log_file or _cache_file("health.log")).resolve()
     exe = shutil.which("fleet") or str(Path(sys.executable).parent / "fleet")
-    env = " ".join(
-        f"{k}={shlex.quote(str(v))}"
-        for k, v in (
-            ("FLEET_INVENTORY", ctx.inventory_path.resolve()),
-            ("FLEET_PLAYBOOKS", ctx.playbooks_dir.resolve()),
-            *((k, os.environ[k]) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH") if k in os.environ),
-        )
-    )
+    env = [
+        ("FLEET_INVENTORY", str(ctx.inventory_path.resolve())),
+        ("FLEET_PLAYBOOKS", str(ctx.playbooks_dir.resolve())),
+        *((k, os.environ[k]) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH") if k in os.environ),
+    ]
+    # Everything that reaches the line besides fixed text: a newline in any of them would add crontab lines
+    # of its own (the schedule's fields are checked above, not the whitespace between them).
+    for name, value in [("--schedule", schedule), ("fleet", exe), *env, ("--log-file", str(log_path))]:
+        if _CONTROL_CHARS.search(value):
+            raise ConfigError(
+                f"cron: {name}={value!r} contains a newline or another control character; the crontab was not changed.",
+                "Use paths and variables without control characters.",
+            )
     command = (
-        f"{env} {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
+        " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
+        + f" {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
         f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
     )
     command = f"{schedule} " + command.replace("%", r"\%")  # cron reads an unescaped % as a newline
-    if _CONTROL_CHARS.search(command):  # a path or variable with a newline would add crontab lines of its own
-        bad = next(
-            f"{name}={value!r}"
-            for name, value in (
-                ("fleet", exe),
-                ("FLEET_INVENTORY", str(ctx.inventory_path.resolve())),
-                ("FLEET_PLAYBOOKS", str(ctx.playbooks_dir.resolve())),
-                *((k, os.environ.get(k, "")) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH")),
-                ("--log-file", str(log_path)),
-            )
-            if _CONTROL_CHARS.search(value)
-        )
-        raise ConfigError(
-            f"cron: {bad} contains a newline or another control character; the crontab was not changed.",
-            "Use paths and variables without control characters.",
-        )
     log_path.parent.mkdir(parents=True, exist_ok=True)  # the shell's `>>` would fail on a missing directory
     current = _crontab()
     lines = [line for line in current if line not in _managed(current)]

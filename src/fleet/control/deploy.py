@@ -20,7 +20,7 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, known_fixes, traceback_of
+from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, traceback_of
 from fleet.errors import HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.facts import HostFacts, host_common_source
 from fleet.inventory import Host, NamedPlaybook
@@ -516,7 +516,7 @@ def _synthetic_line(ev: dict[str, Any]) -> str | None:
 def plan_or_refuse(
     host: Host, playbook: NamedPlaybook, facts: HostFacts, path: str, signatures: Sequence[Signature] | None = None
 ) -> PlanResult:
-    result = build_plan(host, playbook, facts, path, known_fixes(signatures) if signatures is not None else None)
+    result = build_plan(host, playbook, facts, path, signatures)
     if result.errors or result.plan is None:
         raise PreflightError(
             "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",

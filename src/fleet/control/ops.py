@@ -18,7 +18,7 @@ from fleet.control.deploy import (
     unwritable_state_dir,
 )
 from fleet.control.facts import model_path, read_facts
-from fleet.crashes import Signature, known_fixes
+from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError, LockedError
 from fleet.facts import HostFacts
 from fleet.health import HostHealth
@@ -170,10 +170,9 @@ def _adopt(
 
 def _learned_as_json(facts: HostFacts, key: str, signatures: Sequence[Signature] | None = None) -> list[dict[str, Any]]:
     """The host's learned fixes for `key` that the knowledge base still backs, as the watcher writes them."""
-    known = known_fixes(signatures) if signatures is not None else None
     return [
         {"signature": lf.signature, "fix": lf.fix.to_json(), "learned_at": lf.learned_at}
-        for lf in learned_fixes(facts, key, known)
+        for lf in learned_fixes(facts, key, signatures)
     ]
 
 

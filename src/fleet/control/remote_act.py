@@ -84,11 +84,6 @@ def expand(path):
     return os.path.expanduser(path) if path else path
 
 
-def read_json(path):
-    """fleet's records on the host are JSON objects; anything else is set aside (host_common.read_record)."""
-    return read_record(path)
-
-
 def write_json(path, data, mode=0o600):
     tmp = "%s.%d.tmp" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -278,7 +273,7 @@ def take_lock(a):
     path = os.path.join(state_dir, "lock.json")
     with guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        cur = read_json(path)
+        cur = read_record(path)
         age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
         # Held while a host process of that run is alive (act, watch), or within a short grace between its
         # round trips; a run whose fleet was killed leaves a stale lock that the next run takes over.
@@ -306,7 +301,7 @@ def take_lock(a):
 
 def release_lock(state_dir, run_id):
     path = os.path.join(expand(state_dir), "lock.json")
-    cur = read_json(path)
+    cur = read_record(path)
     if cur is None or cur.get("run_id") == run_id:
         try:
             os.unlink(path)
@@ -592,7 +587,7 @@ def main():
         return out
     state_dir = expand(a["lock"]["state_dir"])
     for name in ("state.json", "learned.json"):  # a damaged record is set aside before it is written over
-        read_json(os.path.join(state_dir, name))
+        read_record(os.path.join(state_dir, name))
     if a.get("release_lock_only"):
         release_lock(state_dir, a["lock"]["run_id"])
         return out
@@ -610,7 +605,7 @@ def main():
     free = a["free"]
     recorded = free.get("recorded_pgid")
     if recorded is not None and not recorded_group_is_ours(
-        recorded, read_json(os.path.join(state_dir, "state.json")) or {}
+        recorded, read_record(os.path.join(state_dir, "state.json")) or {}
     ):
         free = dict(free, recorded_pgid=None)
         out["recorded_group_reused"] = recorded
@@ -638,7 +633,7 @@ def main():
         if a["state_update"]:
             write_json(os.path.join(state_dir, "state.json"), a["state_update"])
         out["launched"] = launch(a["launch"], secrets)
-        st = read_json(os.path.join(state_dir, "state.json")) or {}
+        st = read_record(os.path.join(state_dir, "state.json")) or {}
         st.update(
             {
                 "pid": out["launched"]["pid"],

@@ -116,13 +116,12 @@ class _Searchable:
     in one regex pass instead of one call per line."""
 
     def __init__(self, log: LogText) -> None:
-        windows = [log.window(i) for i in range(len(log.lines))]
         self.starts: list[int] = []
         pos = 0
-        for w in windows:
+        for w in log.windows:
             self.starts.append(pos)
             pos += len(w) + 1
-        self.text = "\n".join(windows)
+        self.text = "\n".join(log.windows)
 
     def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
         found: set[int] = set()

@@ -10,6 +10,7 @@ the literal text `^[[31m`). A classifier that keys on the message must see the m
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ class LogText:
                 break
             text += " " + self.lines[j][:WINDOW_CHARS]
         return text[:WINDOW_CHARS]
+
+    @functools.cached_property
+    def windows(self) -> tuple[str, ...]:
+        """Every line's window, made once: the transient-line check and each signature's scan read them."""
+        return tuple(self.window(i) for i in range(len(self.lines)))
 
 
 def _strip(raw: str) -> tuple[str, str | None]:
@@ -148,7 +154,7 @@ def _key(text: str) -> str:
 
 def transient_lines(log: LogText) -> set[int]:
     """Lines that report something retried, and the same message again (the last try's report)."""
-    windows = [log.window(i) for i in range(len(log.lines))]
+    windows = log.windows
     retried = {_key(m.group(1)) for w in windows if (m := _RETRY_TAIL.match(w)) and m.group(1)}
     return {i for i, w in enumerate(windows) if TRANSIENT.search(w) or (retried and _key(w) in retried)}
 

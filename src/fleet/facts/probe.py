@@ -37,8 +37,8 @@ def _argv(pid):
 
 
 def _command_line(pid):
-    cmdline = _read("/proc/%d/cmdline" % pid)
-    return None if cmdline is None else " ".join(a for a in cmdline.split("\0") if a != "")
+    argv = _argv(pid)
+    return None if argv is None else " ".join(argv)
 
 
 def _proc_info(pid, command_line=None):

@@ -7,14 +7,14 @@ something fleet may not stop, and a log disk that is full.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from fleet.crashes import Signature, builtin_signatures, known_fixes
 from fleet.facts import HostFacts, gpu_mismatches
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelConfigError, ModelSpec, parse_model_spec
 from fleet.plan import (
-    Fix,
     GpuSummary,
     LaunchPlan,
     LearnedFix,
@@ -46,15 +46,12 @@ def learned_key(host: str, model_path: str, engine: str, version: Version | None
     return f"{host}|{model_path}|{engine}|{show_version(version)}"
 
 
-def learned_fixes(facts: HostFacts, key: str, known: Mapping[str, Fix] | None = None) -> tuple[LearnedFix, ...]:
-    """The host's learned fixes for `key`, re-validated against today's knowledge base (`known`: signature
-    id → its fix; the built-in one when None). The host's record names a signature; what is applied is the
-    fix the knowledge base prescribes for it now. An entry whose signature is unknown, or no longer
-    carries a fix, is dropped: state.json is a file on the host, and anything can be written into it."""
-    if known is None:
-        from fleet.crashes import builtin_signatures, known_fixes
-
-        known = known_fixes(builtin_signatures())
+def learned_fixes(facts: HostFacts, key: str, signatures: Sequence[Signature] | None = None) -> tuple[LearnedFix, ...]:
+    """The host's learned fixes for `key`, re-validated against today's knowledge base (`signatures`; the
+    built-in one when None). The host's record names a signature; what is applied is the fix the
+    knowledge base prescribes for it now. An entry whose signature is unknown, or no longer carries a
+    fix, is dropped: state.json is a file on the host, and anything can be written into it."""
+    known = known_fixes(builtin_signatures() if signatures is None else signatures)
     table = facts.remote.learned or {}
     entries = table.get(key, []) if isinstance(table, dict) else []
     out: list[LearnedFix] = []
@@ -113,7 +110,7 @@ def build_plan(
     playbook: NamedPlaybook,
     facts: HostFacts,
     model_path: str,
-    known_fixes: Mapping[str, Fix] | None = None,
+    signatures: Sequence[Signature] | None = None,
 ) -> PlanResult:
     pb = playbook.spec
     where = f"{playbook.name} on {host.name}"
@@ -167,7 +164,7 @@ def build_plan(
         engine_version=version,
         python=install.python,
         wishes=wishes,
-        learned=learned_fixes(facts, key, known_fixes),
+        learned=learned_fixes(facts, key, signatures),
     )
     verdicts += preflight(where, plan, model, gpus, facts, host)
     plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))
