@@ -368,6 +368,31 @@ def test_local_connection_runs_the_same_probe_without_ssh(
     assert facts["round_trips"] == 1 and len(facts["gpu"]["gpus"]) == 8
 
 
+def test_a_hostile_process_name_reaches_the_terminal_as_plain_text(tmp_path: Path) -> None:
+    """Anyone on a host can name a process with escape sequences (window title, clear screen) or rich
+    markup; `fleet facts` printed the first raw (found by a hostile run of this session's change)."""
+    dev = tmp_path / "dev" / "nvidia0"
+    dev.parent.mkdir()
+    dev.touch()
+    (dev.parent / SIMULATED_GPUS_MARK).touch()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"hosts:\n  here:\n    connection: local\n    gpu_devices: {tmp_path}/dev/nvidia*\n"
+        f"    state_dir: {tmp_path}/state\n    log_dir: {tmp_path}/logs\n    models_dir: {tmp_path}\n"
+    )
+    name = "\x1b]0;owned\x07\x1b[2J[link=https://example.invalid]evil[/link]"
+    holder = subprocess.Popen(["bash", "-c", f"exec 3<{dev}; exec -a {shlex.quote(name)} sleep 30"])
+    try:
+        assert wait_until(lambda: str(dev) in [os.path.realpath(p) for p in Path(f"/proc/{holder.pid}/fd").iterdir()])
+        for argv in (["facts", "--host", "here"], ["stop", "--host", "here"]):
+            r = run_cli("-i", str(inv), *argv)
+            assert r.code == 0 and "\x1b" not in r.out + r.err and "\x07" not in r.out + r.err, argv
+            assert "[link=https://example.invalid]evil[/link]" in r.out, r.out  # shown as text, not as markup
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_local_connection_treats_a_holder_in_the_callers_process_group_as_foreign(tmp_path: Path) -> None:
     """Commands run locally get a session of their own, as sshd gives them: fleet's "own process group",
     which it never signals, is then its command's, not that of the shell or script that ran fleet. (On the

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleet.facts import HostFacts, one_line
+from fleet.terminal import safe_text
 
 
 @functools.cache
@@ -20,26 +21,32 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 
 
+def _host(value: object) -> str:
+    """A value the host reported (a command line, a GPU or model name, a path): printed as text, never as
+    terminal controls or rich markup. Anyone on the host can name a process `\x1b]0;…` or `[link=…]`."""
+    return escape(safe_text(str(value)))
+
+
 def mib(value: int | None) -> str:
     return "?" if value is None else f"{value / 1024:.1f} GiB"
 
 
 def render_facts(f: HostFacts, warnings: list[str]) -> None:
     console().print(
-        f"[bold]{f.host}[/] ({f.hostname}, user {f.user}) — GPUs via {f.gpu_source}, "
-        f"driver {f.driver_version or '?'}, CUDA {f.cuda_version or '?'}"
+        f"[bold]{f.host}[/] ({_host(f.hostname)}, user {_host(f.user)}) — GPUs via {_host(f.gpu_source)}, "
+        f"driver {_host(f.driver_version or '?')}, CUDA {_host(f.cuda_version or '?')}"
     )
     if f.gpu_error:
-        console().print(f"  [yellow]GPU query problem:[/] {f.gpu_error}")
+        console().print(f"  [yellow]GPU query problem:[/] {_host(f.gpu_error)}")
     for w in warnings:
-        console().print(f"  [yellow]warning:[/] {escape(w)}")
+        console().print(f"  [yellow]warning:[/] {_host(w)}")
     t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes")
     for g in f.gpus:
         procs = ", ".join(f"{p.pid} ({mib(p.used_mib)})" for p in g.processes) or "-"
         t.add_row(
             str(g.index),
-            g.name,
-            g.compute_capability,
+            _host(g.name),
+            _host(g.compute_capability),
             f"{mib(g.memory_used_mib)} / {mib(g.memory_total_mib)}",
             f"{g.temperature_c}°C" if g.temperature_c is not None else "?",
             procs,
@@ -47,23 +54,24 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
     console().print(t)
     for name, e in sorted(f.engines.items()):
         console().print(
-            f"  engine {name}: {e.version or 'not installed'} ({e.python}){' — ' + e.error if e.error else ''}"
+            f"  engine {name}: {_host(e.version or 'not installed')} ({_host(e.python)})"
+            f"{' — ' + _host(e.error) if e.error else ''}"
         )
     if f.holders:
         console().print("  GPU device holders:")
         for p in f.holders:
-            console().print(f"    pid {p.pid} user {p.user}: {one_line(p.cmdline)[:120]}")
+            console().print(f"    pid {p.pid} user {_host(p.user)}: {_host(one_line(p.cmdline)[:120])}")
     if f.servers:
         console().print("  inference servers:")
         for p in f.servers:
             ports = ",".join(map(str, p.ports)) or "-"
-            console().print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {one_line(p.cmdline)[:120]}")
+            console().print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {_host(one_line(p.cmdline)[:120])}")
     for d in f.disks:
-        console().print(f"  disk {d.path}: {mib((d.free_bytes or 0) >> 20)} free")
+        console().print(f"  disk {_host(d.path)}: {mib((d.free_bytes or 0) >> 20)} free")
     if f.model:
         m = f.model
         size = f"{m.weights_bytes / 1e9:.1f} GB" if m.weights_bytes else "size unknown"
-        console().print(f"  model {m.path}: {'present' if m.exists else 'MISSING'}, {size}")
+        console().print(f"  model {_host(m.path)}: {'present' if m.exists else 'MISSING'}, {size}")
 
 
 def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa: UP037 - lazy import below
@@ -71,11 +79,11 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
 
     plan = result.plan
     if result.model:
-        console().print(f"[bold]{playbook}[/] on [bold]{host}[/]: {result.model.describe()}")
+        console().print(f"[bold]{playbook}[/] on [bold]{host}[/]: {_host(result.model.describe())}")
     if result.gpus:
         g = result.gpus
         console().print(
-            f"  GPUs: {g.count}x {g.name} (SM{g.sm}, {g.memory_mib / 1024:.0f} GiB, "
+            f"  GPUs: {g.count}x {_host(g.name)} (SM{g.sm}, {g.memory_mib / 1024:.0f} GiB, "
             f"{'NVLink' if g.nvlink else 'PCIe only'})"
         )
     if plan:
