@@ -235,6 +235,11 @@ def test_logs_and_diagnose_redact_secrets_and_strip_terminal_controls(
     logs = run_cli("logs", "--host", "ct129", "-n", "5").out
     assert "using token ***" in logs and "after" in logs and "\x1b" not in logs and "\x07" not in logs
     assert "\x1b]0;owned" in run_cli("logs", "--host", "ct129", "-n", "5", "--raw").out  # asked for raw
+    with open(state(fleet_env, "ct129")["log"], "a") as f:  # a crash line reaches health's evidence
+        f.write(f"RuntimeError: \x1b]0;owned\x07\x1b[2Jboom with {token}\n")
+    health = run_cli("health", "--host", "ct129", "--skip-generation")
+    assert "boom" in health.out and "\x1b" not in health.out + health.err, health.out
+    assert token not in health.out + health.err
 
 
 def test_stop_stops_fleets_own_server_while_another_users_job_holds_a_gpu(fleet_env: simhost.Sandbox) -> None:

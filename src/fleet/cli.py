@@ -580,7 +580,7 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
     failures = []
     for name, r, err in results:
         if err:
-            click.echo(f"{name}: error: {err}", err=True)
+            _say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
         else:
             _print_result(r)
@@ -640,10 +640,10 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
         if as_json:
             _emit_json(r)
         elif r.get("error"):
-            click.echo(f"{r['host']:<12} unreachable  {r['error']}")
+            _say(f"{r['host']:<12} unreachable  {r['error']}")
         else:
             up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
-            click.echo(
+            _say(  # the playbook, engine and fixes come from the host's record
                 f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
                 f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
                 f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
@@ -874,6 +874,7 @@ def health(
             max_heals_per_hour=max_heals_per_hour,
             unreachable_status=unreachable_status,
             signatures=ctx.signatures,
+            secrets=ctx.secrets,
         )
         overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])
@@ -943,9 +944,9 @@ def _health_run(
         for r in results:
             problems = [c for c in r.problems() if c.name != "heal"]  # the heal has a line of its own
             summary = "; ".join(f"{c.name}: {c.detail}" for c in problems[:3]) or "all checks ok"
-            click.echo(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")
+            _say(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")  # evidence from logs
             if r.heal:
-                click.echo(f"{'':<12} heal: {r.heal}")
+                _say(f"{'':<12} heal: {r.heal}")
     return overall
 
 

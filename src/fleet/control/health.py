@@ -13,7 +13,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.crashes import Context, Signature, diagnose
@@ -21,6 +21,7 @@ from fleet.errors import FleetError
 from fleet.facts import parse_facts, probe_source
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, unreachable
 from fleet.inventory import Host
+from fleet.secrets import redact
 from fleet.transport import Transport
 from fleet.transport.base import python_script
 
@@ -34,6 +35,7 @@ class HealthOptions:
     max_heals_per_hour: int = 3
     unreachable_status: str = UNKNOWN
     signatures: tuple[Signature, ...] | None = None  # the knowledge base with the user's crashes/*.yaml
+    secrets: dict[str, str] = field(default_factory=dict)  # redacted from the server log lines it reads
 
 
 def health_source() -> str:
@@ -66,7 +68,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
         return unreachable(host.name, f"health probe failed: {raw['probe_error']}")
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
     st = facts.remote.state or {}
-    lines = raw.get("log_lines") or []
+    lines = [redact(x, options.secrets) for x in raw.get("log_lines") or []]  # an engine may echo a secret
     diagnosis = diagnose(lines, Context(engine=st.get("engine")), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 

@@ -54,7 +54,7 @@ def deploy(
     )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
     if _runs_this_plan(facts, result.plan, playbook.name):
-        adopted = _adopt(t, host, playbook.name, result.plan, recorded(facts).get("pid"), progress)
+        adopted = _adopt(t, host, playbook.name, result.plan, recorded(facts).get("pid"), progress, secrets)
         if adopted is not None:
             return adopted
     if engine_check and _ran_before(facts, result.plan):
@@ -138,14 +138,20 @@ def adoption_problems(health: HostHealth) -> list[str]:
 
 
 def _adopt(
-    t: Transport, host: Host, playbook_name: str, plan: LaunchPlan, pid: Any, progress: Progress
+    t: Transport,
+    host: Host,
+    playbook_name: str,
+    plan: LaunchPlan,
+    pid: Any,
+    progress: Progress,
+    secrets: dict[str, str],
 ) -> DeployResult | None:
     """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
     model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
     from fleet.control.health import HealthOptions, check_host
 
     started = time.monotonic()
-    health = check_host(t, host, HealthOptions())
+    health = check_host(t, host, HealthOptions(secrets=secrets))
     problems = adoption_problems(health)
     if problems:
         progress("not_adopted", {"problems": problems})
