@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import CT129, ROOT, run_cli
+from fleet.transport.ssh import ANSWER_S, SILENT_S
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
@@ -47,6 +49,18 @@ def wait_launched(sb: simhost.Sandbox, timeout: float = 20) -> dict:
     raise AssertionError("the deploy never launched")
 
 
+def deploy_in_background(sb: simhost.Sandbox, *extra: str, quiet: bool = False) -> subprocess.Popen[str]:
+    """`fleet deploy qwen36-27b --host ct129` as its own process (to kill, interrupt or cut it)."""
+    out = subprocess.DEVNULL if quiet else subprocess.PIPE
+    return subprocess.Popen(
+        [FLEET, "deploy", "qwen36-27b", "--host", "ct129", *extra],
+        env=env_of(sb),
+        stdout=out,
+        stderr=out,
+        text=True,
+    )
+
+
 def servers(sb: simhost.Sandbox) -> list[str]:
     """Process groups running an SGLang server on ct129 (one per server: launcher, main, children)."""
     command = "ps -eo pgid=,args= | grep '[s]glang.launch_server' || true"
@@ -60,13 +74,7 @@ def no_stale_lock(sb: simhost.Sandbox) -> bool:
 
 def test_dropped_connection_while_streaming_resumes_without_gaps_or_repeats(fleet_env: simhost.Sandbox) -> None:
     simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
-    p = subprocess.Popen(
-        [FLEET, "deploy", "qwen36-27b", "--host", "ct129", "--show-log"],
-        env=env_of(fleet_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = deploy_in_background(fleet_env, "--show-log")
     st = wait_launched(fleet_env)
     time.sleep(1.0)
     simhost.drop_connections(fleet_env, CT129)
@@ -82,37 +90,110 @@ def test_dropped_connection_while_streaming_resumes_without_gaps_or_repeats(flee
     assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
 
 
-def test_fleet_killed_mid_deploy_next_run_takes_over_and_recovers(fleet_env: simhost.Sandbox) -> None:
+def state_of(sb: simhost.Sandbox) -> dict:
+    return json.loads(state_path(sb).read_text())
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_fleet_killed_or_interrupted_mid_deploy_frees_the_host_at_once(
+    fleet_env: simhost.Sandbox, how: signal.Signals
+) -> None:
+    """The host-side watcher notices its client is gone (its stdin ends) while the engine is still loading
+    and silent: it records the server as unverified and releases the lock; the next run needs no
+    takeover and replaces the unverified server."""
     simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
-    p = subprocess.Popen(
-        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
-        env=env_of(fleet_env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    p = deploy_in_background(fleet_env, quiet=True)
     first = wait_launched(fleet_env)
     time.sleep(0.5)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    p.send_signal(how)
+    p.wait(timeout=30)
+    assert wait_for(lambda: no_stale_lock(fleet_env), 5), "the lock outlived the run that held it"
+    st = state_of(fleet_env)
+    assert st["status"] == "unverified" and "before the server was checked" in st["reason"]
+    assert st["pid"] == first["pid"]  # the launched engine stays recorded, not orphaned
+    status = run_cli("status", "--host", "ct129")
+    assert "unverified" in status.out or "dead" in status.out
     simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=0.3)
-    time.sleep(6)  # the lock's grace: its holder on the host died with the SSH session
     r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
     assert r.code == 0, r.err
-    assert "took over a stale lock of" in r.err
+    assert "took over" not in r.err
     assert "stopped fleet's server pid" in r.err  # the half-done attempt's server, found from the host's state
-    assert json.loads(state_path(fleet_env).read_text())["pid"] != first["pid"]
+    assert state_of(fleet_env)["pid"] != first["pid"]
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_frozen_host_is_given_up_within_the_documented_bound_and_left_consistent(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """Every sshd of the host stopped, connections left open: fleet says so within SILENT_S + ANSWER_S (plus
+    slack), exits 3; once the host thaws, its watcher lets go and the next deploy recovers."""
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = deploy_in_background(fleet_env)
+    first = wait_launched(fleet_env)
+    time.sleep(0.5)
+    simhost.freeze_host(fleet_env, CT129, True)
+    try:
+        start = time.monotonic()
+        _, err = p.communicate(timeout=120)
+        waited = time.monotonic() - start
+    finally:
+        simhost.freeze_host(fleet_env, CT129, False)
+    assert p.returncode == 3, err
+    assert "ct129: no answer from the host for" in err and "Traceback" not in err
+    assert waited < SILENT_S + ANSWER_S + 10, waited
+    assert "paramiko" not in err and "No existing session" not in err
+    assert wait_for(lambda: no_stale_lock(fleet_env), 10), "the thawed host kept the lock"
+    assert state_of(fleet_env)["pid"] == first["pid"]
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=0.3)
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
+
+
+def test_frozen_host_at_connect_is_named_as_such(fleet_env: simhost.Sandbox) -> None:
+    simhost.freeze_host(fleet_env, CT129, True)
+    try:
+        p = subprocess.run(
+            [FLEET, "status", "--host", "ct129"], env=env_of(fleet_env), capture_output=True, text=True, timeout=90
+        )
+    finally:
+        simhost.freeze_host(fleet_env, CT129, False)
+    assert p.returncode == 3
+    assert "accepted the connection but sshd did not answer" in p.stdout + p.stderr
+    assert "No existing session" not in p.stderr and "Traceback" not in p.stderr and "paramiko" not in p.stderr
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_deleted_or_truncated_log_does_not_kill_a_healthy_server(fleet_env: simhost.Sandbox, damage: str) -> None:
+    """Readiness also comes from /health: the server is proven and kept; the log's fate is reported."""
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=3.0)
+    p = deploy_in_background(fleet_env)
+    st = wait_launched(fleet_env)
+    assert wait_for(lambda: Path(st["log"]).stat().st_size > 0, 10)
+    log = Path(st["log"])
+    if damage == "deleted":
+        log.unlink()
+    else:
+        os.truncate(log, 0)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert f"the engine's log was {damage}" in err
+    assert state_of(fleet_env)["status"] == "ready" and state_of(fleet_env)["pid"] == st["pid"]
     assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
 
 
 def test_host_that_stops_answering_mid_deploy_fails_clearly_then_recovers(fleet_env: simhost.Sandbox) -> None:
     simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
-    p = subprocess.Popen(
-        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
-        env=env_of(fleet_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = deploy_in_background(fleet_env)
     wait_launched(fleet_env)
     time.sleep(0.5)
     simhost.freeze_sshd(fleet_env, CT129, True)
@@ -170,12 +251,7 @@ def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sand
     pgid = json.loads(state_path(fleet_env).read_text())["pgid"]
     subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 -- -{pgid}"], check=True)
     simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
-    p = subprocess.Popen(
-        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
-        env=env_of(fleet_env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    p = deploy_in_background(fleet_env, quiet=True)
     try:
         deadline = time.monotonic() + 20
         while not (fleet_env.host_dir("ct129") / "state" / "lock.json").exists() and time.monotonic() < deadline:
@@ -190,13 +266,7 @@ def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sand
 
 def test_host_that_stops_answering_during_launch_fails_clearly_then_recovers(fleet_env: simhost.Sandbox) -> None:
     simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=3.0)  # keeps fleet inside its act round trip
-    p = subprocess.Popen(
-        [FLEET, "deploy", "qwen36-27b", "--host", "ct129"],
-        env=env_of(fleet_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = deploy_in_background(fleet_env)
     lock = fleet_env.host_dir("ct129") / "state" / "lock.json"
     deadline = time.monotonic() + 20
     while not lock.exists() and time.monotonic() < deadline:

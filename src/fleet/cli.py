@@ -405,6 +405,8 @@ class Reporter:
             self.say(f"{h}: {where} with the fix: {data['fix']} (attempt {data['attempt']}/{data['max']})")
         elif event == "reconnecting":
             self.say(f"{h}: connection dropped; reconnecting and resuming the log at byte {data['offset']}")
+        elif event == "log_reset":
+            self.say(f"{h}: the engine's log was {data['why']} ({safe_line(data['log'])}); following it from the start")
         elif event == "lock_taken_over":
             prev = data["previous"]
             self.say(f"{h}: took over a stale lock of {prev.get('owner')} ({prev.get('command')})")

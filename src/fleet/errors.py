@@ -4,7 +4,8 @@ FleetError                      message: "<subject>: <what failed> (<evidence>).
 ├── ConfigError                 inventory / playbook / CLI input is wrong; nothing was touched
 ├── TransportError              the host could not be reached or a command could not run
 │   ├── HostUnreachable         TCP/SSH connection failed or timed out
-│   │   └── ConnectionLost      a kept connection was gone before the command started (safe to retry)
+│   │   ├── ConnectionLost      a kept connection was gone before the command started (safe to retry)
+│   │   └── HostSilent          the host stopped answering (no output, no keepalive reply): frozen
 │   ├── HostKeyError            unknown or changed host key
 │   └── AuthError               authentication refused
 ├── PreflightError              the plan cannot work on this host; nothing was stopped
@@ -44,6 +45,10 @@ class HostUnreachable(TransportError):
 
 class ConnectionLost(HostUnreachable):
     """The connection was already closed when a command was to start: nothing ran, so a new one may retry."""
+
+
+class HostSilent(HostUnreachable):
+    """Connected, but the host answers nothing (a frozen host or sshd): reconnecting would only wait again."""
 
 
 class HostKeyError(TransportError):

@@ -91,6 +91,23 @@ def gpu_device_files(device_glob: str) -> List[str]:
     return out
 
 
+def write_record(path: str, data: Dict[str, Any]) -> None:
+    """Replace a record atomically: a unique temporary file, fsynced, renamed over it. On failure (a full
+    disk) the temporary file is removed and the old record is left as it was."""
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), int(time.time() * 1e6))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def read_record(path: str) -> Optional[Dict[str, Any]]:
     """A JSON object fleet keeps on the host (state, lock, bookkeeping), or None when there is none. A file
     that is not one (cut short by a full disk, edited by hand into a list) is set aside, renamed

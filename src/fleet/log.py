@@ -23,6 +23,12 @@ def configure(*, verbose: bool = False, json_file: Path | None = None) -> None:
     # events go to the log file when there is one; on a terminal only warnings (or everything with --debug)
     level = logging.DEBUG if verbose else (logging.INFO if json_file is not None else logging.WARNING)
     _settings.update(level=level, json_file=json_file, configured=False)
+    # paramiko logs a failed handshake (a frozen host's missing banner) with a traceback; with no handler
+    # Python would print it raw to stderr beside fleet's own message. fleet says what went wrong itself.
+    paramiko_log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in paramiko_log.handlers):
+        paramiko_log.addHandler(logging.NullHandler())
+    paramiko_log.propagate = verbose
 
 
 def _configure_structlog() -> Any:

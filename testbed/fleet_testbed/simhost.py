@@ -441,6 +441,26 @@ def freeze_sshd(sb: Sandbox, spec: HostSpec, frozen: bool) -> None:
         os.kill(int(pid), signal.SIGSTOP if frozen else signal.SIGCONT)
 
 
+def freeze_host(sb: Sandbox, spec: HostSpec, frozen: bool) -> None:
+    """SIGSTOP/SIGCONT every sshd of the host, its open sessions' too: connections stay up and nothing
+    answers on them, as with a host that froze (the processes inside keep running)."""
+    outer = int((sb.host_dir(spec.name) / "sshd.outer.pid").read_text())
+    todo, seen = [outer], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        todo += [int(c) for c in children]
+    for pid in seen:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("sshd"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
 def ssh_argv(sb: Sandbox, spec: HostSpec) -> list[str]:
     """A plain OpenSSH command line to a simulated host (the benchmark's floor, tests' side door)."""
     return [

@@ -18,10 +18,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, traceback_of
-from fleet.errors import HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
+from fleet.errors import HostSilent, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.facts import HostFacts, host_common_source
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
@@ -35,7 +41,7 @@ READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete\.|Starting vLLM (API )?server on http",
 }
-TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error"}
+TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
 LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
 
 
@@ -119,6 +125,17 @@ def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> Context:
         moe=model.moe,
         sm=gpus.sm,
         argv=tuple(plan.engine_args()),
+    )
+
+
+def locked(host_name: str, lock: dict[str, Any], since: str = "") -> LockedError:
+    holder = lock.get("holder_pid")
+    working = f"; its process {holder} on the host is running" if holder else ""
+    return LockedError(
+        f"{host_name}: locked by {lock.get('owner')}{' since ' + since if since else ''} "
+        f"({lock.get('command') or 'deploy'}{working}).",
+        "Wait for it to finish. A fleet run that is interrupted or killed has its host process release the "
+        f"lock within seconds; a lock with no live process is taken over after {LOCK_GRACE_S:.0f} s.",
     )
 
 
@@ -252,6 +269,9 @@ class Deployer:
                 if ev["e"] == "line":
                     offset = ev["o"]
                     on_line(ev["t"])
+                elif ev["e"] == "log_reset":
+                    offset = 0
+                    self.progress("log_reset", {"why": ev.get("why"), "log": launched["log"]})
                 events.append(ev)
             return True
 
@@ -264,7 +284,8 @@ class Deployer:
                 "exit_file": launched["exit_file"],
                 "pgid": launched["pgid"],
                 "offset": offset,
-                "ready_seen": any(e["e"] == "ready_line" for e in events),
+                "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in events),
+                "client_on_stdin": True,
                 "ready_regex": READY_REGEX[plan.engine],
                 "address": plan.check_address,
                 "port": plan.port,
@@ -275,6 +296,7 @@ class Deployer:
                 "health_timeout_s": 120.0,
                 "state_dir": self.host.settings.state_dir,
                 "run_id": self.run_id,
+                "owner": self.owner,
             }
             script = python_script(plan.python, remote_source("remote_watch.py"), args)
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
@@ -286,7 +308,8 @@ class Deployer:
         for retry in Retrying(
             stop=stop_after_attempt(6),
             wait=wait_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception_type(HostUnreachable),
+            # a cut connection is resumed; a host that answers nothing is not waited for again
+            retry=retry_if_exception_type(HostUnreachable) & retry_if_not_exception_type(HostSilent),
             reraise=True,
         ):
             with retry:
@@ -359,6 +382,11 @@ class Deployer:
                 result.killed += out.get("stopped", [])
                 events, lines = self._watch_attempt(plan, out, rec, success)
                 last = events[-1] if events else {"e": "error", "error": "no events"}
+                if last["e"] == "lost_lock":
+                    raise LockedError(
+                        f"{self.host.name}: {last.get('why')}; this run stopped watching its server.",
+                        "See `fleet status`; the other run decides what runs there now.",
+                    )
                 if last["e"] == "done":
                     rec.outcome = "ready"
                     result.ok, result.plan, result.new_fixes = True, plan, applied
@@ -416,10 +444,7 @@ class Deployer:
             raise unwritable_state_dir(self.host.name, lock)
         if lock["status"] == "held":
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
-            raise LockedError(
-                f"{self.host.name}: locked by {lock.get('owner')} since {since} ({lock.get('command') or 'deploy'}).",
-                "Wait for it to finish; a lock whose fleet run died is taken over automatically.",
-            )
+            raise locked(self.host.name, lock, since)
         if lock.get("taken_over"):
             self.progress("lock_taken_over", {"previous": lock["taken_over"]})
         if unwritable := out.get("log_dir_unwritable"):

@@ -11,6 +11,7 @@ from fleet.control.deploy import (
     Deployer,
     DeployResult,
     Progress,
+    locked,
     plan_or_refuse,
     recorded,
     remote_source,
@@ -19,7 +20,7 @@ from fleet.control.deploy import (
 )
 from fleet.control.facts import model_path, read_facts
 from fleet.crashes import Signature
-from fleet.errors import ConfigError, FleetError, LockedError
+from fleet.errors import ConfigError, FleetError
 from fleet.facts import HostFacts
 from fleet.health import HostHealth
 from fleet.inventory import Host, NamedPlaybook
@@ -280,7 +281,7 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
         raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":
         lock = out["lock"]
-        raise LockedError(f"{host.name}: locked by {lock.get('owner')} ({lock.get('command')}).", "Try again later.")
+        raise locked(host.name, lock)
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
 
 
@@ -291,7 +292,7 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
     status = st.get("status", "unreadable" if facts.remote.state_error else "none")
-    if (status == "ready" or (status == "starting" and isinstance(pid, int))) and not alive:
+    if (status == "ready" or (status in ("starting", "unverified") and isinstance(pid, int))) and not alive:
         status = "dead"  # also "starting" with its engine gone: it crashed, or the run launching it died
     return {
         "host": host.name,

@@ -290,6 +290,7 @@ def take_lock(a):
                 "since": cur.get("since"),
                 "age_s": age,
                 "command": cur.get("command"),
+                "holder_pid": holder if isinstance(holder, int) and alive(holder) else None,
             }
         taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
         if cur is None or cur.get("run_id") != a["run_id"]:

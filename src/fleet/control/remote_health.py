@@ -78,7 +78,7 @@ def health_main():
     st = (facts.get("state") or {}).get("state") or {}
     out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
     pid = st.get("pid")
-    if isinstance(pid, int) and st.get("status") in ("ready", "starting"):
+    if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
         alive = os.path.exists("/proc/%d" % pid)
         cmd = ""
         if alive:

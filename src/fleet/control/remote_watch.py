@@ -1,19 +1,27 @@
 """Runs ON the host (sent as `python -c`): follow one launch attempt and report as JSON lines.
 
 Streams the attempt's log from a byte offset as it is written (no re-reading, no fixed sleeps),
-follows the process, and once the ready line appears proves the server: `/health` 200, then a real
-generation of the smoke prompt whose answer must match. Events, one JSON object per line:
-  {"e":"line","o":<offset after>,"t":<text>}   {"e":"ready_line"}   {"e":"health","code":200}
+follows the process, and proves the server once it says it is ready -- its ready line, or `/health`
+200 (asked every second, so a deleted log or a changed ready line cannot hide a working server):
+`/health` 200, then a real generation of the smoke prompt whose answer must match. Events, one JSON
+object per line:
+  {"e":"line","o":<offset after this line>,"t":<text>}   {"e":"log_reset","why":..}
+  {"e":"ready_line"}   {"e":"ready_http"}   {"e":"health","code":200}
   {"e":"smoke","ok":bool,"status":..,"text":..}   {"e":"exit","code":..}   {"e":"timeout","what":..}
-  {"e":"done"}
+  {"e":"done"}   {"e":"lost_lock","why":..}
 On success it writes the deployment state and learned fixes fleet handed it, and releases the lock,
 so a successful deploy needs no further round trip. While it runs it keeps the lock's lease fresh.
+fleet keeps this command's stdin open while it listens: when it ends (fleet killed, Ctrl-C, the
+connection cut) the watcher records the server as unverified, releases the lock and exits.
 """
 
 import json
 import os
 import re
+import select
+import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,9 +29,11 @@ import urllib.request
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import read_record
+    from fleet.host_common import read_record, write_record
 
 POLL_S = 0.02
+HTTP_READY_EVERY_S = 1.0
+MATCH_LIMIT_S = 2.0  # the smoke pattern is checked at validation too; this bounds what slips through
 
 
 def emit(obj):
@@ -55,6 +65,32 @@ def http(method, url, body=None, timeout=10.0, headers=None):
         return None, "%s: %s" % (type(e).__name__, e)
 
 
+def bounded_search(pattern, text, limit_s=MATCH_LIMIT_S):
+    """re.search in a child process killed after limit_s: True, False, or None when it ran too long (a
+    backtracking pattern must not leave a process spinning on the host)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.write(w, b"1" if re.search(pattern, text) is not None else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        ready = select.select([r], [], [], limit_s)[0]
+        answer = os.read(r, 1) if ready else b""
+    finally:
+        os.close(r)
+        if not answer:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.waitpid(pid, 0)
+    return {b"1": True, b"0": False}.get(answer)
+
+
 def smoke(a):
     s = a["smoke"]
     base = "http://%s:%d" % (a["address"], a["port"])
@@ -75,31 +111,38 @@ def smoke(a):
             answer = json.loads(text)["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError):
             answer = None
-    ok = answer is not None and re.search(s["expect"], answer) is not None
-    return {"e": "smoke", "ok": ok, "status": status, "text": (answer if answer is not None else text)[:500]}
+    matched = bounded_search(s["expect"], answer) if answer is not None else False
+    shown = (answer if answer is not None else text)[:500]
+    if matched is None:
+        shown = "the expect pattern ran over %g s on this answer: %s" % (MATCH_LIMIT_S, shown)
+    return {"e": "smoke", "ok": bool(matched), "status": status, "text": shown}
+
+
+def lock_path(a):
+    return os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
 
 
 def touch_lock(a):
     """Keep the run's lock fresh, naming this process as the one that holds it."""
-    path = os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
+    path = lock_path(a)
     try:
         lock = read_record(path) or {}
         if lock.get("run_id") == a["run_id"]:
             if lock.get("holder_pid") != os.getpid():
                 lock["holder_pid"] = os.getpid()
-                write_json(path, lock)
+                write_record(path, lock)
             else:
                 os.utime(path)
     except (OSError, ValueError):
         pass
 
 
-def write_json(path, data):
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+def release_lock(a):
+    try:
+        if (read_record(lock_path(a)) or {}).get("run_id") == a["run_id"]:
+            os.unlink(lock_path(a))
+    except OSError:
+        pass
 
 
 def on_success(a):
@@ -108,7 +151,7 @@ def on_success(a):
     st = read_record(st_path) or {}
     st.update(a["success_state"])
     st["ready_at"] = time.time()
-    write_json(st_path, st)
+    write_record(st_path, st)
     if a.get("learned_key"):
         lpath = os.path.join(state_dir, "learned.json")
         learned = read_record(lpath) or {}
@@ -116,46 +159,146 @@ def on_success(a):
             learned[a["learned_key"]] = a["learned"]
         else:
             learned.pop(a["learned_key"], None)
-        write_json(lpath, learned)
-    lock = os.path.join(state_dir, "lock.json")
+        write_record(lpath, learned)
+    release_lock(a)
+
+
+def reclaim(a):
+    """On a resumed watch (its connection was cut, so the last watcher let go): take the lock and the
+    record back for this run; None, or why not (another run took the host meanwhile)."""
+    path = lock_path(a)
+    lock = read_record(path)
+    if lock is not None and lock.get("run_id") != a["run_id"]:
+        return "another fleet run (%s, %s) took the host while the connection was down" % (
+            lock.get("owner"),
+            lock.get("command"),
+        )
+    if lock is None:
+        write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
+    st_path = os.path.join(os.path.expanduser(a["state_dir"]), "state.json")
+    st = read_record(st_path) or {}
+    if st.get("run_id") == a["run_id"] and st.get("status") == "unverified":
+        st.update(status="starting", updated=time.time())
+        st.pop("reason", None)
+        write_record(st_path, st)
+    return None
+
+
+def on_client_gone(a):
+    """fleet stopped listening before the server was proven: say so in the record, free the host."""
+    st_path = os.path.join(os.path.expanduser(a["state_dir"]), "state.json")
     try:
-        if (read_record(lock) or {}).get("run_id") == a["run_id"]:
-            os.unlink(lock)
+        st = read_record(st_path) or {}
+        if st.get("run_id") == a["run_id"] and st.get("status") == "starting":
+            st.update(
+                status="unverified",
+                reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
+                updated=time.time(),
+            )
+            write_record(st_path, st)
     except OSError:
         pass
+    release_lock(a)
+
+
+def watch_client(a):
+    """An event set when fleet's end of this command's stdin closes (only when fleet holds it open)."""
+    gone = threading.Event()
+    if not a.get("client_on_stdin"):
+        return gone
+
+    def wait_for_eof():
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        gone.set()
+
+    threading.Thread(target=wait_for_eof, name="client-watch", daemon=True).start()
+    return gone
+
+
+class LogFollower:
+    """Reads new lines of the attempt's log from a byte offset; a log that is truncated, replaced or
+    deleted is followed (offset reset, reported) instead of silently read from the wrong place."""
+
+    def __init__(self, path, offset):
+        self.path, self.offset, self.pending, self.inode, self.missing = path, offset, b"", None, False
+
+    def read(self):
+        """(complete lines as (end offset, text), events about the file)."""
+        events = []
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if self.inode is not None and st.st_ino != self.inode:
+                    events.append({"e": "log_reset", "why": "replaced"})
+                    self.offset, self.pending = 0, b""
+                elif st.st_size < self.offset:
+                    events.append({"e": "log_reset", "why": "truncated"})
+                    self.offset, self.pending = 0, b""
+                self.inode, self.missing = st.st_ino, False
+                f.seek(self.offset)
+                chunk = f.read(1 << 20)
+        except OSError:
+            if not self.missing:
+                events.append({"e": "log_reset", "why": "deleted"})
+                self.missing = True
+            return [], events
+        return self._lines(chunk), events
+
+    def _lines(self, chunk, final=False):
+        base = self.offset - len(self.pending)
+        self.offset += len(chunk)
+        data = self.pending + chunk
+        *whole, self.pending = data.split(b"\n")
+        if final and self.pending:
+            whole.append(self.pending)
+            self.pending = b""
+        out = []
+        for raw in whole:
+            base += len(raw) + 1
+            out.append((min(base, self.offset), raw.decode("utf-8", "replace")))
+        return out
+
+    def rest(self):
+        """Every line left, the unterminated last one included (the process has ended)."""
+        lines, _ = self.read()
+        return lines + self._lines(b"", final=True)
 
 
 def main():
     a = json.loads(sys.argv[1])
     ready_re = re.compile(a["ready_regex"])
-    offset = a["offset"]
+    log = LogFollower(a["log"], a["offset"])
     start = time.time()
+    last_touch = last_http = 0.0
     last_progress = time.time()
-    last_touch = 0.0
-    pending = b""
     phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
     exit_file = a["exit_file"]
     health_deadline = time.time() + a["health_timeout_s"] if phase == "health" else None
+    client_gone = watch_client(a)
+    if a["offset"] or a.get("ready_seen"):
+        lost = reclaim(a)
+        if lost:
+            emit({"e": "lost_lock", "why": lost})
+            return
     while True:
         now = time.time()
+        if client_gone.is_set():
+            on_client_gone(a)
+            return
         if now - last_touch > 2:
             touch_lock(a)
             last_touch = now
-        try:
-            with open(a["log"], "rb") as f:
-                f.seek(offset)
-                chunk = f.read(1 << 20)
-        except OSError:
-            chunk = b""
-        if chunk:
+        lines, events = log.read()
+        for ev in events:
+            emit(ev)
+        if lines:
             last_progress = now
-            pending += chunk
-            offset += len(chunk)
-            *lines, pending = pending.split(b"\n")
-            consumed = offset - len(pending)
-            for raw in lines:
-                text = raw.decode("utf-8", "replace")
-                emit({"e": "line", "o": consumed, "t": text})
+            for end, text in lines:
+                emit({"e": "line", "o": end, "t": text})
                 if phase == "starting" and ready_re.search(text):
                     emit({"e": "ready_line"})
                     phase = "health"
@@ -163,16 +306,8 @@ def main():
             continue
         if os.path.exists(exit_file) or not alive_group(a["pgid"]):
             time.sleep(0.05)  # let the last lines land
-            try:
-                with open(a["log"], "rb") as f:
-                    f.seek(offset)
-                    rest = pending + f.read()
-            except OSError:
-                rest = pending
-            for raw in rest.split(b"\n"):
-                if raw:
-                    offset += len(raw) + 1
-                    emit({"e": "line", "o": offset, "t": raw.decode("utf-8", "replace")})
+            for end, text in log.rest():
+                emit({"e": "line", "o": end, "t": text})
             code = None
             try:
                 with open(exit_file) as f:
@@ -181,6 +316,13 @@ def main():
                 pass
             emit({"e": "exit", "code": code})
             return
+        if phase == "starting" and now - last_http >= HTTP_READY_EVERY_S:
+            last_http = now
+            status, _ = http("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=2)
+            if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
+                emit({"e": "ready_http"})
+                phase = "health"
+                health_deadline = time.time() + a["health_timeout_s"]
         if phase == "health":
             status, _ = http("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=5)
             if status == 200:
@@ -188,16 +330,8 @@ def main():
                 result = smoke(a)
                 if not result["ok"]:
                     time.sleep(a.get("settle_s", 1.0))  # a crash the request triggered reaches the log first
-                    try:
-                        with open(a["log"], "rb") as f:
-                            f.seek(offset)
-                            tail = f.read()
-                    except OSError:
-                        tail = b""
-                    for raw in tail.split(b"\n"):
-                        if raw:
-                            offset += len(raw) + 1
-                            emit({"e": "line", "o": offset, "t": raw.decode("utf-8", "replace")})
+                    for end, text in log.read()[0]:
+                        emit({"e": "line", "o": end, "t": text})
                     emit(result)
                     return
                 emit(result)

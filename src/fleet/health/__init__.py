@@ -162,7 +162,10 @@ def evaluate(
     elif server is None or not server.get("alive"):
         checks.append(Check("server", CRITICAL, f"server process {st.get('pid')} is gone"))
     else:
-        checks.append(Check("server", OK, f"pid {server['pid']} alive"))
+        if status == "unverified":  # launched, then fleet's run ended before it proved the server
+            checks.append(Check("server", WARNING, f"pid {server['pid']} alive, unverified: {st.get('reason', '?')}"))
+        else:
+            checks.append(Check("server", OK, f"pid {server['pid']} alive"))
         if server.get("drift"):
             checks.append(Check("drift", WARNING, "the running command line differs from the recorded plan"))
         port = server.get("port")
@@ -207,7 +210,7 @@ def evaluate(
         )
     # GPUs
     alive = bool(server and server.get("alive"))
-    tp = _tp((st.get("plan") or {}).get("argv") or []) if status in ("ready", "starting") and alive else 0
+    tp = _tp((st.get("plan") or {}).get("argv") or []) if status in ("ready", "starting", "unverified") and alive else 0
     server_pids = set(server.get("group_pids", [])) if server else set()
     gpus = []
     for g in facts.gpus:

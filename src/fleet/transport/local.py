@@ -44,7 +44,7 @@ class LocalTransport:
         )
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(stdin)
-        proc.stdin.close()
+        proc.stdin.flush()  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
         deadline = time.monotonic() + timeout_s
         fd = proc.stdout.fileno()
         try:
@@ -61,6 +61,7 @@ class LocalTransport:
                 if not on_chunk(chunk):
                     return -1
         finally:
+            proc.stdin.close()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -27,7 +27,15 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
-from fleet.errors import AuthError, ConfigError, ConnectionLost, HostKeyError, HostUnreachable, TransportError
+from fleet.errors import (
+    AuthError,
+    ConfigError,
+    ConnectionLost,
+    HostKeyError,
+    HostSilent,
+    HostUnreachable,
+    TransportError,
+)
 from fleet.inventory import Host
 from fleet.transport.base import CommandResult, OnChunk, sh_command
 
@@ -144,6 +152,62 @@ def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
         hop = hop.gateway
 
 
+# A host that sends nothing for SILENT_S is asked for an SSH keepalive reply (OpenSSH's
+# ServerAliveInterval); one that does not answer it within ANSWER_S is given up: a frozen host is
+# reported within SILENT_S + ANSWER_S, whatever the command's own timeout.
+SILENT_S = 10.0
+ANSWER_S = 15.0
+
+
+class _Liveness:
+    """Whether the host still answers, asked only after it has been silent for SILENT_S."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one keepalive in flight per connection: paramiko keeps one reply slot
+
+    def answers(self, transport: paramiko.Transport, within_s: float) -> bool:
+        if not self._lock.acquire(timeout=within_s):
+            return False
+        try:
+            done = threading.Event()
+
+            def ask() -> None:
+                with contextlib.suppress(Exception):
+                    transport.global_request("keepalive@openssh.com", wait=True)  # any reply counts, even "no"
+                if transport.is_active():
+                    done.set()
+
+            threading.Thread(target=ask, name="ssh-keepalive", daemon=True).start()  # ends when the connection closes
+            return done.wait(within_s)
+        finally:
+            self._lock.release()
+
+
+class _Silence:
+    """Tracks when the host last sent something on a channel and asks it to answer after SILENT_S."""
+
+    def __init__(self, owner: SshTransport) -> None:
+        self.owner = owner
+        self.heard = time.monotonic()
+
+    def heard_now(self) -> None:
+        self.heard = time.monotonic()
+
+    def check(self) -> None:
+        if time.monotonic() - self.heard < SILENT_S:
+            return
+        transport = self.owner._conn.client.get_transport()
+        if transport is None or not self.owner._liveness.answers(transport, ANSWER_S):
+            quiet = time.monotonic() - self.heard
+            self.owner.close()
+            raise HostSilent(
+                f"{self.owner.host_name}: no answer from the host for {quiet:.0f} s "
+                "(neither output nor an SSH keepalive reply).",
+                "The host or its sshd is frozen or overloaded; check it, then run again.",
+            )
+        self.heard_now()
+
+
 # How long output may still arrive after the exit status before a process left in the background is
 # taken to hold the command's stdout open (its output is then never going to end).
 OUTPUT_GRACE_S = 1.0
@@ -218,6 +282,7 @@ class SshTransport:
         self._known_hosts = known_hosts
         self._accept_new = accept_new_host_key
         self._timeout_s = s.connect_timeout_s
+        self._liveness = _Liveness()
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
 
     def _bad_identity(self, reason: str) -> ConfigError:
@@ -250,6 +315,12 @@ class SshTransport:
                     "Check user:, identity_file: or your ssh-agent.",
                 ) from exc
             except paramiko.SSHException as exc:
+                if "banner" in str(exc) or "No existing session" in str(exc):
+                    raise HostSilent(
+                        f"{self.host_name}: {self._where} accepted the connection but sshd did not answer within "
+                        f"{self._timeout_s:.0f} s.",
+                        "The host or its sshd is frozen or overloaded; check it, then run again.",
+                    ) from exc
                 if "not found in known_hosts" in str(exc):
                     raise HostKeyError(
                         f"{self.host_name}: the host key of {self._where} is unknown (not in {self._known_hosts}).",
@@ -307,7 +378,7 @@ class SshTransport:
     def is_open(self) -> bool:
         return bool(self._conn.is_connected)
 
-    def _open(self, script: str, stdin: bytes) -> paramiko.Channel:
+    def _open(self, script: str, stdin: bytes, *, close_stdin: bool = True) -> paramiko.Channel:
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self._timeout_s)
@@ -319,7 +390,8 @@ class SshTransport:
             chan.exec_command(sh_command(script))
             if stdin:
                 chan.sendall(stdin)
-            chan.shutdown_write()
+            if close_stdin:
+                chan.shutdown_write()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "Run again.") from exc
@@ -331,12 +403,15 @@ class SshTransport:
         err: list[bytes] = []
         deadline = time.monotonic() + timeout_s
         end = _CommandEnd(chan)
+        silence = _Silence(self)
         try:
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(65536))
+                    silence.heard_now()
                 while chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(65536))
+                    silence.heard_now()
                 if end.reached():
                     break
                 left = deadline - time.monotonic()
@@ -345,6 +420,7 @@ class SshTransport:
                         f"{self.host_name}: command timed out after {timeout_s:.0f} s.",
                         "The host may be overloaded; retry or raise the timeout.",
                     )
+                silence.check()
                 end.wait(min(left, 1.0))
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -367,15 +443,20 @@ class SshTransport:
         cancelled: threading.Event | None = None,
     ) -> int:
         """`cancelled` (set by another thread) stops a quiet stream too: the connection pool sets it when the
-        fleet run it streams for has gone away."""
-        chan = self._open(script, stdin)
+        fleet run it streams for has gone away.
+
+        The command's stdin stays open while fleet listens: its end tells the command that fleet is gone
+        (killed, or its connection cut), so the host never keeps working for a run that has ended."""
+        chan = self._open(script, stdin, close_stdin=False)
         deadline = time.monotonic() + timeout_s
         end = _CommandEnd(chan)
+        silence = _Silence(self)
         try:
             while True:
                 if cancelled is not None and cancelled.is_set():
                     return -1
                 if chan.recv_ready():
+                    silence.heard_now()
                     chunk = chan.recv(65536)
                     if chunk and not on_chunk(chunk):
                         return -1
@@ -393,6 +474,7 @@ class SshTransport:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
+                silence.check()
                 end.wait(min(left, 0.2 if cancelled is not None else 0.5))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
