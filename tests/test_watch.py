@@ -58,8 +58,9 @@ def test_a_truncated_replaced_or_deleted_log_is_followed_and_reported(tmp_path: 
 def test_a_catastrophic_pattern_is_stopped_and_leaves_no_process() -> None:
     assert bounded_search(r"\d+", "answer 42") is True
     assert bounded_search(r"^\d+$", "no") is False
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    before = set(children.read_text().split())
     start = time.monotonic()
     assert bounded_search(r"^(a|a)*b$", "a" * 40, limit_s=0.5) is None
     assert time.monotonic() - start < 3
-    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    assert children == []
+    assert set(children.read_text().split()) <= before

@@ -317,8 +317,8 @@ class SshTransport:
             except paramiko.SSHException as exc:
                 if "banner" in str(exc) or "No existing session" in str(exc):
                     raise HostSilent(
-                        f"{self.host_name}: {self._where} accepted the connection but sshd did not answer within "
-                        f"{self._timeout_s:.0f} s.",
+                        f"{self.host_name}: no SSH answer from {self._where} within {self._timeout_s:.0f} s "
+                        "(it accepted the TCP connection, then said nothing).",
                         "The host or its sshd is frozen or overloaded; check it, then run again.",
                     ) from exc
                 if "not found in known_hosts" in str(exc):
