@@ -1191,6 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             _say(f"       {exc.hint}", err=True)
         if "--debug" in args:
+            if getattr(exc, "remote_traceback", ""):
+                _say("the host said:\n" + exc.remote_traceback, err=True)  # type: ignore[attr-defined]
             raise
         return could_not_run or exc.exit_code
     except click.exceptions.Exit as exc:

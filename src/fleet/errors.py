@@ -8,6 +8,7 @@ FleetError                      message: "<subject>: <what failed> (<evidence>).
 │   │   └── HostSilent          the host stopped answering (no output, no keepalive reply): frozen
 │   ├── HostKeyError            unknown or changed host key
 │   └── AuthError               authentication refused
+├── HostStepError               a fleet step ran on the host and failed there (crashed, no Python)
 ├── PreflightError              the plan cannot work on this host; nothing was stopped
 ├── LockedError                 another fleet run holds the host's lock
 ├── UnsafeToKill                GPU holders fleet must not kill without --force
@@ -57,6 +58,17 @@ class HostKeyError(TransportError):
 
 class AuthError(TransportError):
     pass
+
+
+class HostStepError(FleetError):
+    """The host answered, and the script fleet sent failed there: not an SSH problem. `remote_traceback`
+    is what the host said, shown with --debug."""
+
+    exit_code = 8
+
+    def __init__(self, message: str, hint: str = "", remote_traceback: str = "") -> None:
+        super().__init__(message, hint)
+        self.remote_traceback = remote_traceback
 
 
 class PreflightError(FleetError):

@@ -27,7 +27,15 @@ from tenacity import (
 )
 
 from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, traceback_of
-from fleet.errors import HostSilent, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
+from fleet.errors import (
+    HostSilent,
+    HostStepError,
+    HostUnreachable,
+    LockedError,
+    PreflightError,
+    TransportError,
+    UnsafeToKill,
+)
 from fleet.facts import HostFacts, host_common_source
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
@@ -52,20 +60,32 @@ def remote_source(name: str) -> str:
 
 
 def run_json(
-    transport: Transport, python: str, source: str, args: dict[str, Any], stdin: bytes = b"", timeout_s: float = 300.0
+    transport: Transport,
+    python: str,
+    source: str,
+    args: dict[str, Any],
+    stdin: bytes = b"",
+    timeout_s: float = 300.0,
+    step: str = "deploy",
 ) -> dict[str, Any]:
+    """Run a host script that prints one JSON document; a script that fails on the host is a
+    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug."""
     result = transport.run(python_script(python, source, args), stdin=stdin, timeout_s=timeout_s)
     try:
         data: dict[str, Any] = json.loads(result.text)
     except ValueError as exc:
-        raise TransportError(
-            f"{transport.host_name}: a remote step returned no JSON (exit {result.exit_code}: "
-            f"{(result.text + result.error_text)[-300:]!r}).",
-            "",
+        said = (result.text + result.error_text)[-2000:]
+        raise HostStepError(
+            f"{transport.host_name}: fleet's {step} step failed on the host and said no result "
+            f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
+            "Run with --debug for all it printed.",
+            said,
         ) from exc
     if "error" in data:
-        raise TransportError(
-            f"{transport.host_name}: a remote step failed ({data['error']}).", data.get("traceback", "")
+        raise HostStepError(
+            f"{transport.host_name}: fleet's {step} step failed on the host ({data['error']}).",
+            "Run with --debug for the host's traceback." if data.get("traceback") else "",
+            str(data.get("traceback", "")),
         )
     return data
 
@@ -480,7 +500,7 @@ class Deployer:
         return self.watch(plan, launched, success, on_line), lines
 
     def _release(self) -> None:
-        with contextlib.suppress(TransportError):  # an unreleased lock is taken over once stale
+        with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale
             run_json(
                 self.t,
                 "python3",
@@ -506,7 +526,7 @@ class Deployer:
             "served_name": plan.served_name,
             "check_address": plan.check_address,
         }
-        with contextlib.suppress(TransportError):
+        with contextlib.suppress(TransportError, HostStepError):
             self.act(
                 plan,
                 attempt=rec.number,

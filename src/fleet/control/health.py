@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.crashes import Context, Signature, diagnose
-from fleet.errors import FleetError
+from fleet.errors import FleetError, HostStepError
 from fleet.facts import parse_facts, probe_source
-from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, unreachable
+from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.inventory import Host
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -62,10 +62,10 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     result = t.run(python_script(python, health_source(), args), timeout_s=options.generation_timeout_s + 60)
     try:
         raw: dict[str, Any] = json.loads(result.text)
-    except ValueError:
-        return unreachable(host.name, f"health probe returned no JSON: {(result.text + result.error_text)[-200:]}")
-    if "probe_error" in raw:
-        return unreachable(host.name, f"health probe failed: {raw['probe_error']}")
+    except ValueError:  # the host answered: its probe failed, which is not an SSH problem
+        return step_failed(host.name, f"health probe said no result: {(result.text + result.error_text)[-200:]}")
+    if "probe_error" in raw or "error" in raw:
+        return step_failed(host.name, f"health probe failed: {raw.get('probe_error') or raw.get('error')}")
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
     st = facts.remote.state or {}
     lines = [redact(x, options.secrets) for x in raw.get("log_lines") or []]  # an engine may echo a secret
@@ -145,6 +145,8 @@ def sweep(
     def worker(h: Host) -> None:
         try:
             results[h.name] = run_one(h)
+        except HostStepError as exc:
+            results[h.name] = step_failed(h.name, exc.message, time.monotonic() - started)
         except FleetError as exc:
             results[h.name] = unreachable(h.name, exc.message, unreachable_status, time.monotonic() - started)
         except Exception as exc:  # a bug in fleet: said for this host (not "no answer"), the traceback kept

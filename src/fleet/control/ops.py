@@ -276,7 +276,7 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
         "release_lock": True,
     }
     python = next(iter(host.settings.engines.values()), "python3")
-    out = run_json(t, python, remote_source("remote_act.py"), args)
+    out = run_json(t, python, remote_source("remote_act.py"), args, step="stop")
     if out["lock"]["status"] == "unwritable":
         raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from fleet.errors import TransportError
+from fleet.errors import HostStepError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -250,9 +250,13 @@ def parse_facts(host: str, text: str) -> HostFacts:
     try:
         raw = json.loads(text)
     except ValueError as exc:
-        raise TransportError(f"{host}: the host probe returned no JSON ({exc}; got {text[:200]!r}).", "") from exc
+        raise HostStepError(
+            f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
+            "Run with --debug for all it printed.",
+            text[-2000:],
+        ) from exc
     if "probe_error" in raw:
-        raise TransportError(f"{host}: the host probe failed ({raw['probe_error']}).", "")
+        raise HostStepError(f"{host}: fleet's probe could not run on the host ({raw['probe_error']}).", "")
     gpu = raw.get("gpu", {})
     gpus = tuple(
         Gpu(

@@ -104,6 +104,11 @@ def unreachable(host: str, reason: str, status: str = UNKNOWN, duration_s: float
     return HostHealth(host, status, (Check("ssh", status, reason),), duration_s=duration_s)
 
 
+def step_failed(host: str, reason: str, duration_s: float = 0.0) -> HostHealth:
+    """The host answered and fleet's probe failed there (no Python, a crash): unknown, under its own check."""
+    return HostHealth(host, UNKNOWN, (Check("host_step", UNKNOWN, reason),), duration_s=duration_s)
+
+
 def check_failed(host: str, reason: str, duration_s: float = 0.0) -> HostHealth:
     """fleet itself failed while checking this host (a bug, not the host's state): unknown, never healed."""
     return HostHealth(host, UNKNOWN, (Check("fleet", UNKNOWN, reason),), duration_s=duration_s)

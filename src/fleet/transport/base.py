@@ -58,9 +58,13 @@ def python_script(python: str, source: str, args: dict[str, Any]) -> str:
     import json
     import shlex
 
+    missing = json.dumps(
+        {"error": f"no Python to run it: {python} is not executable on the host and python3 is not on its PATH"}
+    )
     return (
         f"py={shlex.quote(python)}\n"
         'case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
-        '[ -x "$py" ] || py=python3\n'
+        '[ -x "$py" ] || py=$(command -v python3) || py=\n'
+        f'[ -n "$py" ] || {{ printf "%s\\n" {shlex.quote(missing)}; exit 0; }}\n'
         f'FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(source)} {shlex.quote(json.dumps(args))}\n'
     )

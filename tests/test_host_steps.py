@@ -1,0 +1,66 @@
+"""A fleet step that fails on the host is its own error (exit 8), never "unreachable": the host answered.
+Run through real transports: `connection: local` (its own PATH) and real sshd."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from fleet.control.deploy import run_json
+from fleet.errors import HostStepError
+from fleet.transport.local import LocalTransport
+from fleet_testbed import simhost
+
+
+def test_a_host_without_python_is_named_as_such(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no python3 on it
+    with pytest.raises(HostStepError) as caught:
+        run_json(LocalTransport("h"), "/opt/engine/bin/python", "print('{}')", {}, step="deploy")
+    assert caught.value.exit_code == 8
+    assert caught.value.message == (
+        "h: fleet's deploy step failed on the host (no Python to run it: /opt/engine/bin/python is not "
+        "executable on the host and python3 is not on its PATH)."
+    )
+
+
+def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug() -> None:
+    crash = (
+        "import json, sys, traceback\n"
+        "try:\n    1 / 0\n"
+        "except Exception as e:\n"
+        "    print(json.dumps({'error': repr(e), 'traceback': traceback.format_exc()}))\n"
+    )
+    with pytest.raises(HostStepError) as caught:
+        run_json(LocalTransport("h"), "python3", crash, {}, step="stop")
+    assert "fleet's stop step failed on the host (ZeroDivisionError" in caught.value.message
+    assert "Traceback (most recent call last)" in caught.value.remote_traceback
+    with pytest.raises(HostStepError) as garbage:
+        run_json(LocalTransport("h"), "python3", "print('Segmentation fault')", {})
+    assert "said no result (exit 0: 'Segmentation fault')" in garbage.value.message
+
+
+@pytest.mark.ssh
+def test_a_broken_host_python_is_a_failed_step_not_an_unreachable_host(
+    fleet_env: simhost.Sandbox, tmp_path: Path
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'this is not python'\nexit 1\n")
+    fake.chmod(0o755)
+    inventory = yaml.safe_load(fleet_env.inventory.read_text())
+    inventory["hosts"]["ct129"]["engines"] = {"sglang": str(fake)}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump(inventory))
+    for command in (["stop", "--host", "ct129"], ["deploy", "qwen36-27b", "--host", "ct129"]):
+        r = run_cli("-i", str(path), *command)
+        assert r.code == 8, r.err
+        assert "ct129: fleet's probe failed on the host and said no result" in r.err
+        assert "unreachable" not in r.err and "SSH" not in r.err
+    h = run_cli("-i", str(path), "health", "--host", "ct129", "--json")
+    checks = {c["name"]: c for c in json.loads(h.out)["checks"]}
+    assert h.code == 3 and checks["host_step"]["status"] == "unknown" and "ssh" not in checks
+    with pytest.raises(HostStepError):
+        run_cli("-i", str(path), "--debug", "facts", "--host", "ct129")
