@@ -323,3 +323,28 @@ def test_commands_over_several_hosts_report_the_others_and_exit_with_what_failed
     assert run_cli("-i", str(inv), "status", "--host", "ct129").code == 0
     stop = run_cli("-i", str(inv), "stop", "--all")
     assert stop.code == 3 and "ct129: stopped" in stop.out and "gone: error: gone: cannot connect" in stop.err
+
+
+def test_the_launcher_does_not_depend_on_the_playbooks_environment(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PATH=/nonexistent in the engine's environment (opted in): the launcher still records the engine's
+    exit status, and the secret never touches the host's disk (it travels on the launcher's stdin)."""
+    token = "hf_NEVERonDISK123456"
+    monkeypatch.setenv("HF_TOKEN", token)
+    pbs = tmp_path / "pbs"
+    pbs.mkdir()
+    (pbs / "odd.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text()
+        + "secret_env: [HF_TOKEN]\nenv: {PATH: /nonexistent}\nallow_runtime_env: [PATH]\nmax_attempts: 1\n"
+    )
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(pbs))
+    simhost.set_host(fleet_env.host_dir("ct129"), inject_scheduler_error="RuntimeError: boom from the engine")
+    r = run_cli("deploy", "odd", "--host", "ct129")
+    assert r.code == 7 and "RuntimeError: boom from the engine" in r.err
+    logs = fleet_env.host_dir("ct129") / "logs"
+    exits = sorted(logs.glob("odd-*.exit"))
+    assert exits and exits[-1].read_text().strip() not in ("", "127")
+    host_files = [p for p in fleet_env.host_dir("ct129").rglob("*") if p.is_file() and p.stat().st_size < 1 << 20]
+    assert not [p for p in host_files if token.encode() in p.read_bytes()]
+    assert not list(logs.glob("*.env")) and no_stale_lock(fleet_env)

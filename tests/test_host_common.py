@@ -20,6 +20,8 @@ ENGINES = [
     (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"], "vllm"),
     (["sglang::scheduler_TP0"], "sglang"),
     (["VLLM::EngineCore"], "vllm"),
+    (["/usr/bin/python3", "-c", "import json...", "fleet-launch", "/x.exit", "/p", "-m", "sglang.x"], "launcher"),
+    # the shell launcher earlier fleet versions used: their servers are still recognised after an upgrade
     (["/bin/sh", "-c", "set -a; ...", "fleet-launch", "/x.env", "/x.exit", "/p", "-m", "sglang.x"], "launcher"),
 ]
 NOT_ENGINES = [
@@ -30,6 +32,7 @@ NOT_ENGINES = [
     ["python3", "/home/me/sglang.py", "serve"],  # a script of the same name is not the console script
     ["less", "VLLM::EngineCore"],
     ["sleep", "3600", "fleet-launch"],  # the launcher is recognised by its shape, not by the word
+    ["python3", "-c", "fleet-launch"],
     [],
 ]
 

@@ -286,6 +286,24 @@ PLAYBOOK_CASES = [
         PLAYBOOK_OK + "speculative:\n  steps: 99\n",
         'pb.yaml:8: field "speculative.steps" must be at most 16 (got 99).',
     ),
+    (
+        "env-loader",
+        PLAYBOOK_OK + "env:\n  NCCL_DEBUG: INFO\n  LD_PRELOAD: /tmp/x.so\n",
+        'pb.yaml:9: field "env.LD_PRELOAD" sets LD_PRELOAD, which changes what program, library or startup code '
+        "runs; if that is intended, list it in allow_runtime_env: [LD_PRELOAD] too.",
+    ),
+    (
+        "env-path",
+        PLAYBOOK_OK + "env: {PATH: /nonexistent}\nallow_runtime_env: [PYTHONPATH]\n",
+        'pb.yaml:7: field "env.PATH" sets PATH, which changes what program, library or startup code '
+        "runs; if that is intended, list it in allow_runtime_env: [PATH] too.",
+    ),
+    (
+        "secret-env-loader",
+        PLAYBOOK_OK + "secret_env: [HF_TOKEN, BASH_ENV]\n",
+        'pb.yaml:7: field "secret_env" sets BASH_ENV, which changes what program, library or startup code '
+        "runs; if that is intended, list it in allow_runtime_env: [BASH_ENV] too.",
+    ),
 ]
 
 
@@ -296,6 +314,15 @@ def test_malformed_playbook_names_file_line_and_field(tmp_path: Path, name: str,
     with pytest.raises(ConfigError) as err:
         load_playbook(str(path), tmp_path)
     assert err.value.message == f"{tmp_path}/{message}"
+
+
+def test_runtime_changing_environment_is_accepted_when_opted_in(tmp_path: Path) -> None:
+    path = tmp_path / "pb.yaml"
+    path.write_text(
+        PLAYBOOK_OK + "env: {LD_LIBRARY_PATH: /opt/cuda/lib64, PATH: /opt/bin}\n"
+        "allow_runtime_env: [LD_LIBRARY_PATH, PATH]\n"
+    )
+    assert load_playbook(str(path), tmp_path).spec.env["PATH"] == "/opt/bin"
 
 
 def test_an_unknown_nested_key_lists_the_keys_known_there(tmp_path: Path) -> None:

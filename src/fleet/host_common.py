@@ -24,7 +24,7 @@ ENGINE_MODULES = (
 )
 # Interpreter options that take a value (python -X dev -W error -m ...).
 PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
-LAUNCH_MARK = "fleet-launch"  # $0 of fleet's launcher shell: how fleet recognises what it started
+LAUNCH_MARK = "fleet-launch"  # first argument of fleet's launcher (python -c SRC fleet-launch EXIT ARGV...)
 SHELLS = ("sh", "bash", "dash")
 
 
@@ -53,6 +53,8 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
     if exe in SHELLS and len(argv) > 3 and argv[1] == "-c" and argv[3] == LAUNCH_MARK:
         return "launcher"
     rest = list(argv[1:])
+    if PYTHON_RE.match(exe) and len(rest) > 2 and rest[0] == "-c" and rest[2] == LAUNCH_MARK:
+        return "launcher"
     if PYTHON_RE.match(exe):
         i = 0
         while i < len(rest) and rest[i].startswith("-") and not rest[i].startswith("-m"):

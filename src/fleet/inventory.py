@@ -179,6 +179,9 @@ def _validated(cls: type[StrictT], data: dict[str, Any]) -> StrictT:
     except msgspec.ValidationError as exc:
         raise _explained(cls, data, str(exc)) from None
     _run_checks(value, ())
+    together = getattr(value, "check_together", None)
+    if together is not None:
+        together()
     return value
 
 
@@ -502,6 +505,32 @@ def _check_env_names(names: Iterable[str]) -> None:
             raise ValueError(f"has an invalid variable name {name!r}")
 
 
+# Variables that change which program, library or startup code runs (the loader's, the interpreter's,
+# the shell's): a playbook sets one only when it also lists it in allow_runtime_env.
+RUNTIME_ENV = frozenset(
+    {
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONPLATLIBDIR",
+        "PYTHONINSPECT",
+        "BASH_ENV",
+        "ENV",
+        "IFS",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "GCONV_PATH",
+    }
+)
+
+
+def changes_what_runs(name: str) -> bool:
+    return name in RUNTIME_ENV or name.startswith(("LD_", "DYLD_"))
+
+
 def _check_env(value: dict[str, str]) -> None:
     _check_env_names(value)
     _check_args(list(value.values()))
@@ -519,6 +548,7 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     tp: Annotated[int, Meta(ge=1, le=64)] | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...
     secret_env: list[str] = field(default_factory=list)
     smoke: Smoke
     literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
@@ -531,8 +561,21 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         "default_host": _check_host_name,
         "extra_args": _check_extra_args,
         "env": _check_env,
+        "allow_runtime_env": _check_env_names,
         "secret_env": _check_env_names,
     }
+
+    def check_together(self) -> None:
+        allowed = set(self.allow_runtime_env)
+        for key, names in (("env", list(self.env)), ("secret_env", self.secret_env)):
+            for name in names:
+                if changes_what_runs(name) and name not in allowed:
+                    raise _Invalid(
+                        (key, name) if key == "env" else (key,),
+                        "value",
+                        f"sets {name}, which changes what program, library or startup code runs; if that is "
+                        f"intended, list it in allow_runtime_env: [{name}] too",
+                    )
 
 
 @dataclass(frozen=True)

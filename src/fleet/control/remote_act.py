@@ -8,7 +8,7 @@ Safety rules it enforces itself, whatever the caller says:
     left running, reported), or a process group holding non-engine processes;
   - other foreign GPU holders (other users' processes, non-engine processes) are refused unless the
     kill policy is "force", and refused holders are reported before anything is stopped.
-Secrets arrive on stdin as JSON and are written to a 0600 file the launcher sources and deletes.
+Secrets arrive on stdin as JSON and reach the engine through its launcher's stdin: never a file or argv.
 """
 
 import fcntl
@@ -16,7 +16,6 @@ import json
 import os
 import pwd
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -74,10 +73,23 @@ def safelisted(info):
     return None
 
 
-LAUNCHER = (
-    'set -a; . "$1"; set +a; rm -f "$1"; exitfile="$2"; shift 2; '
-    '"$@" </dev/null; echo $? > "$exitfile.tmp"; mv "$exitfile.tmp" "$exitfile"'
-)
+# fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
+# never in a file or a command line), waits, and records the exit status atomically. It is a Python of
+# its own environment, so nothing the playbook sets (PATH, LD_PRELOAD, ...) changes how it runs.
+LAUNCHER = """import json, os, subprocess, sys
+env = json.loads(sys.stdin.readline())
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+exit_file = sys.argv[2]
+try:
+    code = subprocess.call(sys.argv[3:], env=env, stdin=subprocess.DEVNULL)
+except OSError as exc:
+    sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
+    code = 127
+code = 128 - code if code < 0 else code
+with open(exit_file + ".tmp", "w") as f:
+    f.write("%d\\n" % code)
+os.replace(exit_file + ".tmp", exit_file)
+"""
 
 
 def expand(path):
@@ -546,15 +558,13 @@ def launch(a, secrets):
     base = os.path.join(log_dir, "%s-%s-attempt%d" % (a["name"], stamp, a["attempt"]))
     log_path = base + ".log"
     exit_path = base + ".exit"
-    env_path = base + ".env"
-    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        for k, v in sorted(list(a["env"].items()) + list(secrets.items())):
-            f.write("%s=%s\n" % (k, shlex.quote(v)))
+    env = dict(os.environ)
+    env.update(a["env"])
+    env.update(secrets)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     child = subprocess.Popen(
-        ["/bin/sh", "-c", LAUNCHER, LAUNCH_MARK, env_path, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", LAUNCHER, LAUNCH_MARK, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
+        stdin=subprocess.PIPE,
         stdout=log_fd,
         stderr=log_fd,
         start_new_session=True,
@@ -562,6 +572,8 @@ def launch(a, secrets):
         cwd=log_dir,
     )
     os.close(log_fd)
+    child.stdin.write((json.dumps(env) + "\n").encode())
+    child.stdin.close()
     latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
     try:
         os.unlink(latest)
