@@ -351,6 +351,49 @@ def test_proxy_jump_reaches_a_host_through_another(fleet_env: simhost.Sandbox, t
         strict.run("true")
 
 
+def test_a_jump_hosts_key_is_named_and_needs_its_own_consent(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    """Only the target's key is known: the error names the jump host (not the target, whose key is fine),
+    and --accept-new-host-key does not record the jump host's key; --accept-new-jump-host-key does."""
+    host, config = behind_a_jump_host(fleet_env, tmp_path)
+    known = tmp_path / "kh"
+    target_key = f"[{CT129.address}]:{fleet_env.port}"
+    known.write_text(
+        "".join(x + "\n" for x in fleet_env.known_hosts.read_text().splitlines() if x.startswith(target_key))
+    )
+    before = known.read_text()
+    for options in (SshOptions(known, config), SshOptions(known, config, accept_new_host_key=True)):
+        t = connect(host, options)
+        with pytest.raises(HostKeyError) as caught:
+            t.run("true")
+        t.close()
+        assert caught.value.message.startswith(
+            f"box: the host key of the jump host [127.0.2.2]:{fleet_env.port} (ProxyJump for "
+        )
+        assert "--accept-new-jump-host-key" in caught.value.hint
+        assert known.read_text() == before
+    t = connect(host, SshOptions(known, config, accept_new_jump_host_key=True))
+    try:
+        assert t.run("echo $SIM_HOST_DIR").text.strip() == str(fleet_env.host_dir("ct129"))
+    finally:
+        t.close()
+    assert known.read_text().startswith(before) and f"[127.0.2.2]:{fleet_env.port}" in known.read_text()
+
+
+def test_a_changed_jump_host_key_is_named_as_the_jump_hosts(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
+    host, config = behind_a_jump_host(fleet_env, tmp_path)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    other = (tmp_path / "other.pub").read_text().split()[:2]
+    known = tmp_path / "kh"
+    lines = [x for x in fleet_env.known_hosts.read_text().splitlines() if not x.startswith("[127.0.2.2]")]
+    known.write_text("\n".join([*lines, f"[127.0.2.2]:{fleet_env.port} {' '.join(other)}"]) + "\n")
+    t = connect(host, SshOptions(known, config, accept_new_host_key=True, accept_new_jump_host_key=True))
+    with pytest.raises(HostKeyError) as caught:
+        t.run("true")
+    t.close()
+    assert caught.value.message.startswith("box: the host key of the jump host 127.0.2.2 (ProxyJump for ")
+    assert "has CHANGED" in caught.value.message
+
+
 def test_local_connection_runs_the_same_probe_without_ssh(
     fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

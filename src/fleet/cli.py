@@ -31,11 +31,14 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 
 class Context:
-    def __init__(self, inventory: Path, playbooks: Path, debug: bool, accept_new_host_key: bool) -> None:
+    def __init__(
+        self, inventory: Path, playbooks: Path, debug: bool, accept_new_host_key: bool, accept_new_jump_host_key: bool
+    ) -> None:
         self.inventory_path = inventory
         self.playbooks_dir = playbooks
         self.debug = debug
         self.accept_new_host_key = accept_new_host_key
+        self.accept_new_jump_host_key = accept_new_jump_host_key
         self._inventory: Inventory | None = None
 
     @property
@@ -95,7 +98,7 @@ class Context:
     def ssh_options(self) -> Any:
         from fleet.transport import SshOptions
 
-        return SshOptions.from_env(self.accept_new_host_key)
+        return SshOptions.from_env(self.accept_new_host_key, self.accept_new_jump_host_key)
 
 
 @contextmanager
@@ -209,10 +212,20 @@ def _replaceable_file(ctx: click.Context, param: click.Parameter, value: Path | 
 @click.option(
     "--accept-new-host-key", is_flag=True, help="Record an unknown SSH host key (a changed key is always refused)."
 )
+@click.option(
+    "--accept-new-jump-host-key",
+    is_flag=True,
+    help="Record an unknown SSH host key of a ProxyJump host (never implied by --accept-new-host-key).",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
 def cli(
-    click_ctx: click.Context, inventory: Path | None, playbooks: Path | None, accept_new_host_key: bool, debug: bool
+    click_ctx: click.Context,
+    inventory: Path | None,
+    playbooks: Path | None,
+    accept_new_host_key: bool,
+    accept_new_jump_host_key: bool,
+    debug: bool,
 ) -> None:
     """Deploy and keep alive LLM inference servers (SGLang, vLLM) on GPU hosts over SSH.
 
@@ -232,6 +245,7 @@ def cli(
         playbooks or _default_path("FLEET_PLAYBOOKS", "playbooks"),
         debug,
         accept_new_host_key,
+        accept_new_jump_host_key,
     )
 
 

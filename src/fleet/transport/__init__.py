@@ -25,14 +25,15 @@ class SshOptions:
     known_hosts: Path
     ssh_config: Path | None
     accept_new_host_key: bool = False
+    accept_new_jump_host_key: bool = False  # a ProxyJump hop's key: its own consent
 
     @classmethod
-    def from_env(cls, accept_new_host_key: bool = False) -> SshOptions:
+    def from_env(cls, accept_new_host_key: bool = False, accept_new_jump_host_key: bool = False) -> SshOptions:
         """FLEET_KNOWN_HOSTS / FLEET_SSH_CONFIG override ~/.ssh (the sandbox and tests use their own).
         A missing file is none (no known hosts, no config); one that is there but not a file is an error."""
         known = _ssh_file("FLEET_KNOWN_HOSTS", "~/.ssh/known_hosts", "the SSH host keys fleet checks")
         config = _ssh_file("FLEET_SSH_CONFIG", "~/.ssh/config", "the ssh_config fleet reads")
-        return cls(known, config, accept_new_host_key)
+        return cls(known, config, accept_new_host_key, accept_new_jump_host_key)
 
 
 def _ssh_file(variable: str, default: str, what: str) -> Path:
@@ -62,6 +63,7 @@ def connect(host: Host, options: SshOptions) -> Transport:
             known_hosts=options.known_hosts,
             ssh_config=options.ssh_config,
             accept_new_host_key=options.accept_new_host_key,
+            accept_new_jump_host_key=options.accept_new_jump_host_key,
         )
 
     socket_path = pool_socket()
@@ -75,6 +77,7 @@ def connect(host: Host, options: SshOptions) -> Transport:
         "known_hosts": os.path.abspath(options.known_hosts),
         "ssh_config": os.path.abspath(ssh_config) if ssh_config else None,
         "accept_new_host_key": options.accept_new_host_key,
+        "accept_new_jump_host_key": options.accept_new_jump_host_key,
     }
     identity = host.settings.identity_file
     if identity and not identity.startswith("~"):

@@ -71,6 +71,7 @@ class ConnectionPool:
                     known_hosts=Path(options["known_hosts"]),
                     ssh_config=Path(options["ssh_config"]) if options.get("ssh_config") else None,
                     accept_new_host_key=bool(options.get("accept_new_host_key")),
+                    accept_new_jump_host_key=bool(options.get("accept_new_jump_host_key")),
                 )
                 where = f"{settings.user + '@' if settings.user else ''}{settings.address}:{settings.port or 22}"
                 held = self._held[key] = _Held(transport, where)

@@ -6,7 +6,8 @@ run, and every operation is a single script, so an operation costs one round tri
 
 Host keys are checked strictly (fabric's default `AutoAddPolicy` is replaced): an unknown key is
 refused unless `accept_new_host_key` is set (then it is recorded, like OpenSSH's `accept-new`), and a
-changed key is always refused.
+changed key is always refused. A ProxyJump host's unknown key needs its own consent
+(`accept_new_jump_host_key`), and every message names the host whose key is at issue.
 
 The TCP connection to sshd is fleet's own (`_tcp_connect`), not paramiko's: see there for the ~90 ms
 that saves on every new connection.
@@ -141,13 +142,32 @@ class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hin
     inline_ssh_env = None
 
 
-def _harden(conn: Connection, known_hosts: Path, accept_new: bool) -> None:
-    """Strict host-key checking on the connection and on every ProxyJump hop."""
+class _UnknownKey(paramiko.SSHException):
+    """An unknown host key, refused: says which hop's (the host itself, or a ProxyJump host)."""
+
+    def __init__(self, hostname: str, jump: bool) -> None:
+        super().__init__(f"Server {hostname!r} not found in known_hosts")
+        self.hostname, self.jump = hostname, jump
+
+
+class _Refuse(paramiko.MissingHostKeyPolicy):
+    def __init__(self, jump: bool) -> None:
+        self.jump = jump
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownKey(hostname, self.jump)
+
+
+def _harden(conn: Connection, known_hosts: Path, accept_new: bool, accept_new_jump: bool) -> None:
+    """Strict host-key checking on the connection and on every ProxyJump hop; recording an unknown key
+    is consented to separately for the host and for its jump hosts."""
     hop: Any = conn
     while isinstance(hop, Connection):
         client = hop.client
         client._system_host_keys = _known_host_keys(known_hosts)  # only the file fleet was given
-        policy: paramiko.MissingHostKeyPolicy = _RecordNewKey(known_hosts) if accept_new else paramiko.RejectPolicy()
+        jump = hop is not conn
+        record = accept_new_jump if jump else accept_new
+        policy: paramiko.MissingHostKeyPolicy = _RecordNewKey(known_hosts) if record else _Refuse(jump)
         client.set_missing_host_key_policy(policy)
         hop = hop.gateway
 
@@ -256,6 +276,7 @@ class SshTransport:
         known_hosts: Path,
         ssh_config: Path | None,
         accept_new_host_key: bool = False,
+        accept_new_jump_host_key: bool = False,
     ) -> None:
         self.host_name = host.name
         self.commands_run = 0
@@ -281,9 +302,16 @@ class SshTransport:
         )
         self._known_hosts = known_hosts
         self._accept_new = accept_new_host_key
+        self._accept_new_jump = accept_new_jump_host_key
         self._timeout_s = s.connect_timeout_s
         self._liveness = _Liveness()
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
+
+    def _key_owner(self, key_name: str) -> str:
+        """Whose key a known_hosts name is: the host's own, or a ProxyJump host's (named as such)."""
+        s_port = self._conn.port
+        own = self._conn.host if s_port == 22 else f"[{self._conn.host}]:{s_port}"
+        return self._where if key_name == own else f"the jump host {key_name} (ProxyJump for {self._where})"
 
     def _bad_identity(self, reason: str) -> ConfigError:
         return ConfigError(
@@ -293,7 +321,7 @@ class SshTransport:
 
     def _transport(self) -> paramiko.Transport:
         if not self._conn.is_connected:
-            _harden(self._conn, self._known_hosts, self._accept_new)
+            _harden(self._conn, self._known_hosts, self._accept_new, self._accept_new_jump)
             if self._identity and not os.path.isfile(self._identity):  # else "cannot connect (Is a directory)"
                 kind = "is a directory" if os.path.isdir(self._identity) else "is not a regular file"
                 raise self._bad_identity(kind if os.path.exists(self._identity) else "does not exist")
@@ -305,9 +333,17 @@ class SshTransport:
                 raise self._bad_identity(f"is not a private key ({exc})") from exc
             except paramiko.BadHostKeyException as exc:
                 raise HostKeyError(
-                    f"{self.host_name}: the host key of {self._where} has CHANGED (known_hosts: {self._known_hosts}).",
-                    "If the host was reinstalled, remove the old key with `ssh-keygen -R`; otherwise stop: "
-                    "this may be an attack.",
+                    f"{self.host_name}: the host key of {self._key_owner(exc.hostname)} has CHANGED "
+                    f"(known_hosts: {self._known_hosts}).",
+                    f"If it was reinstalled, remove the old key with `ssh-keygen -R '{exc.hostname}'`; otherwise "
+                    "stop: this may be an attack.",
+                ) from exc
+            except _UnknownKey as exc:
+                consent = "--accept-new-jump-host-key" if exc.jump else "--accept-new-host-key"
+                raise HostKeyError(
+                    f"{self.host_name}: the host key of {self._key_owner(exc.hostname)} is unknown "
+                    f"(not in {self._known_hosts}).",
+                    f"Verify it and run again with {consent}, or add it with ssh-keyscan.",
                 ) from exc
             except paramiko.AuthenticationException as exc:
                 raise AuthError(
@@ -320,11 +356,6 @@ class SshTransport:
                         f"{self.host_name}: no SSH answer from {self._where} within {self._timeout_s:.0f} s "
                         "(it accepted the TCP connection, then said nothing).",
                         "The host or its sshd is frozen or overloaded; check it, then run again.",
-                    ) from exc
-                if "not found in known_hosts" in str(exc):
-                    raise HostKeyError(
-                        f"{self.host_name}: the host key of {self._where} is unknown (not in {self._known_hosts}).",
-                        "Verify it and run again with --accept-new-host-key, or add it with ssh-keyscan.",
                     ) from exc
                 raise HostUnreachable(f"{self.host_name}: SSH to {self._where} failed ({exc}).", "") from exc
             except TimeoutError as exc:
