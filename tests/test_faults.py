@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -348,3 +349,61 @@ def test_the_launcher_does_not_depend_on_the_playbooks_environment(
     host_files = [p for p in fleet_env.host_dir("ct129").rglob("*") if p.is_file() and p.stat().st_size < 1 << 20]
     assert not [p for p in host_files if token.encode() in p.read_bytes()]
     assert not list(logs.glob("*.env")) and no_stale_lock(fleet_env)
+
+
+def on_host(sb: simhost.Sandbox, command: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """A shell command inside the simulated host (its mount and pid namespaces)."""
+    return subprocess.run([*simhost.ssh_argv(sb, CT129), command], capture_output=True, text=True, **kwargs)
+
+
+def test_a_disk_that_fills_after_the_stop_rolls_back_to_the_previous_server(fleet_env: simhost.Sandbox) -> None:
+    """The space check passed, then the state disk filled while the old server's GPU memory was being
+    released: the state write fails after the stop. fleet relaunches the previous server, cleans up its
+    temporary file and lock, and says what happened (it left no server, a stale lock and a temp file)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    old_pid = state_of(fleet_env)["pid"]
+    state = fleet_env.host_dir("ct129") / "state"
+    mounted = on_host(
+        fleet_env,
+        f"cp -a {state} {state}.saved && mount -t tmpfs -o size=20m tmpfs {state} && cp -a {state}.saved/. {state}/",
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs in the host's namespace: {mounted.stderr}")
+    simhost.set_host(fleet_env.host_dir("ct129"), memory_release_s=4)
+    fill = subprocess.Popen(
+        [
+            *simhost.ssh_argv(fleet_env, CT129),
+            f"while kill -0 {old_pid} 2>/dev/null; do sleep 0.05; done; "
+            f"dd if=/dev/zero of={state}/filler bs=1M 2>/dev/null",
+        ]
+    )
+    try:
+        p = subprocess.run([FLEET, "restart", "--host", "ct129"], env=env_of(fleet_env), capture_output=True, text=True)
+        fill.wait(timeout=30)
+        assert p.returncode == 7, p.stderr
+        assert "failed after the old server was stopped (No space left on device)" in p.stderr
+        assert "rolled back: the previous server was relaunched (pid" in p.stderr
+        assert len(servers(fleet_env)) == 1
+        left = on_host(fleet_env, f"ls -a {state}").stdout.split()
+        assert "lock.json" not in left and not [f for f in left if f.endswith(".tmp")], left
+    finally:
+        on_host(fleet_env, f"umount {state}; rm -rf {state}.saved")
+        simhost.set_host(fleet_env.host_dir("ct129"), memory_release_s=0)
+
+
+def test_a_full_state_disk_is_refused_before_anything_is_stopped(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    running = servers(fleet_env)
+    state = fleet_env.host_dir("ct129") / "state"
+    mounted = on_host(
+        fleet_env,
+        f"cp -a {state} {state}.saved && mount -t tmpfs -o size=8m tmpfs {state} && cp -a {state}.saved/. {state}/",
+    )
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        r = run_cli("restart", "--host", "ct129")
+        assert r.code == 4 and "MiB free" in r.err and "before it stops anything" in r.err
+        assert servers(fleet_env) == running
+        assert "lock.json" not in on_host(fleet_env, f"ls -a {state}").stdout.split()
+    finally:
+        on_host(fleet_env, f"umount {state}; rm -rf {state}.saved")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,23 @@ def usage(root: Path | None = None) -> list[dict[str, int]]:
             rec = json.loads(entry.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(rec["pid"])):
+        if _alive(int(rec["pid"])) or _still_releasing(entry, rec, root):
             out.append(rec)
         else:
             entry.unlink(missing_ok=True)
     return out
+
+
+def _still_releasing(entry: Path, rec: dict[str, Any], root: Path) -> bool:
+    """A real GPU frees an exited process's memory a moment later; host.json's `memory_release_s` sets
+    how long here (0 by default: at once)."""
+    release_s = float(load_host(root).get("memory_release_s", 0))
+    if release_s <= 0:
+        return False
+    if "dead_since" not in rec:
+        rec["dead_since"] = time.time()
+        entry.write_text(json.dumps(rec))
+    return bool(time.time() - rec["dead_since"] < release_s)
 
 
 def register(gpu: int, used_mib: int, root: Path | None = None) -> None:

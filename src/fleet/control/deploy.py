@@ -28,6 +28,7 @@ from tenacity import (
 
 from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, traceback_of
 from fleet.errors import (
+    DeployFailed,
     HostSilent,
     HostStepError,
     HostUnreachable,
@@ -40,7 +41,7 @@ from fleet.facts import HostFacts, host_common_source
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
-from fleet.plan.build import PlanResult, build_plan
+from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResult, build_plan
 from fleet.secrets import redact
 from fleet.transport import Transport
 from fleet.transport.base import python_script
@@ -249,6 +250,10 @@ class Deployer:
             "free": self._free_args(plan.port, recorded_pgid),
             "state_update": state,
             "release_lock": release_lock,
+            "space": [
+                ("state_dir", self.host.settings.state_dir, MIN_STATE_DISK_BYTES),
+                ("log_dir", self.host.settings.log_dir, MIN_LOG_DISK_BYTES),
+            ],
         }
         env = {e.name: e.value for e in plan.env}
         if check:
@@ -469,6 +474,19 @@ class Deployer:
             self.progress("lock_taken_over", {"previous": lock["taken_over"]})
         if unwritable := out.get("log_dir_unwritable"):
             raise unwritable_host_dir(self.host.name, "the log directory", "log_dir", unwritable)
+        if short := out.get("short_of_space"):
+            raise PreflightError(
+                f"{self.host.name}: only {short['free_mib']} MiB free in {short['path']} ({short['setting']}); "
+                f"fleet needs {short['need_mib']} MiB there before it stops anything. Nothing on the host was "
+                "changed.",
+                "Free disk space there first.",
+            )
+        if failed := out.get("write_failed"):
+            raise DeployFailed(
+                f"{self.host.name}: writing {failed['path']} failed after the old server was stopped "
+                f"({failed['error']}); {_rollback_said(out)}",
+                "Free disk space on the host, then run again.",
+            )
         if out.get("refused"):
             self._release()
             who = "; ".join(
@@ -537,6 +555,14 @@ class Deployer:
                 release_lock=True,
                 command="give-up",
             )
+
+
+def _rollback_said(out: dict[str, Any]) -> str:
+    if back := out.get("rolled_back"):
+        return f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), unchecked."
+    if why := out.get("rollback_failed"):
+        return f"the previous server could not be relaunched either ({why}): the host has no server."
+    return "there was no previous server to relaunch."
 
 
 def _synthetic_line(ev: dict[str, Any]) -> str | None:

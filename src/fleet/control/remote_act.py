@@ -25,7 +25,7 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files, read_record
+    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files, read_record, write_record
 
 # GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
 # hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
@@ -94,16 +94,6 @@ os.replace(exit_file + ".tmp", exit_file)
 
 def expand(path):
     return os.path.expanduser(path) if path else path
-
-
-def write_json(path, data, mode=0o600):
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def proc(pid):
@@ -308,7 +298,10 @@ def take_lock(a):
         if cur is None or cur.get("run_id") != a["run_id"]:
             cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
         cur["holder_pid"] = os.getpid()
-        write_json(path, cur)
+        try:
+            write_record(path, cur)
+        except OSError as exc:  # a full disk: nothing has been changed yet
+            return {"status": "unwritable", "path": state_dir, "error": exc.strerror or str(exc)}
         return {"status": "taken", "taken_over": taken_over}
 
 
@@ -551,6 +544,79 @@ def unwritable_dir(path):
     return None
 
 
+def short_of_space(needs):
+    """The first directory fleet will write with less free space than it needs, or None: checked before
+    anything is stopped, so a full disk refuses the deploy instead of leaving the host with no server."""
+    for setting, path, need in needs:
+        path = expand(path)
+        probe = path
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe or "/")
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        if free < need:
+            return {"setting": setting, "path": path, "free_mib": free >> 20, "need_mib": need >> 20}
+    return None
+
+
+def previous_launch(previous, log_dir):
+    """The launch arguments of the server a record describes (to roll back to it), or None."""
+    plan = previous.get("plan") if isinstance(previous, dict) else None
+    if not isinstance(plan, dict) or not plan.get("argv"):
+        return None
+    env = dict((e["name"], e["value"]) for e in plan.get("env") or [] if isinstance(e, dict) and "name" in e)
+    name = previous.get("playbook") or "rollback"
+    return {"name": name, "attempt": 0, "argv": plan["argv"], "env": env, "log_dir": log_dir}
+
+
+def launch_and_record(a, secrets, state_dir, previous, out):
+    """Record the new attempt, launch it, record its process. A write that fails here (the disk filled up
+    after the check) must not leave the host without a server: the previous one is relaunched."""
+    st_path = os.path.join(state_dir, "state.json")
+    try:
+        if a["state_update"]:
+            write_record(st_path, a["state_update"])
+        out["launched"] = launch(a["launch"], secrets)
+        st = read_record(st_path) or {}
+        st.update(
+            {
+                "pid": out["launched"]["pid"],
+                "pgid": out["launched"]["pgid"],
+                "log": out["launched"]["log"],
+                "exit_file": out["launched"]["exit_file"],
+                "started": out["launched"]["started"],
+                "start_ticks": out["launched"]["start_ticks"],
+                "boot_id": boot_id(),
+            }
+        )
+        write_record(st_path, st)
+    except OSError as exc:
+        out["write_failed"] = {"path": exc.filename or state_dir, "error": exc.strerror or str(exc)}
+        launched = out.pop("launched", None)
+        if launched:  # launched but unrecorded: fleet could not stop it safely later
+            try:
+                os.killpg(launched["pgid"], signal.SIGKILL)
+            except OSError:
+                pass
+        back = previous_launch(previous, a["launch"]["log_dir"]) if out.get("stopped") else None
+        if back:
+            try:
+                out["rolled_back"] = launch(back, secrets)
+            except OSError as again:
+                out["rollback_failed"] = again.strerror or str(again)
+                return
+            try:  # best effort: the disk is full, but a little space may have come back
+                rec = dict(previous, status="unverified", reason="relaunched by fleet's rollback, not checked")
+                rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
+                rec["boot_id"] = boot_id()
+                write_record(st_path, rec)
+            except OSError:
+                pass
+
+
 def launch(a, secrets):
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
@@ -614,6 +680,12 @@ def main():
             release_lock(state_dir, a["lock"]["run_id"])
             out["log_dir_unwritable"] = unwritable
             return out
+        short = short_of_space(a.get("space") or [])
+        if short:
+            release_lock(state_dir, a["lock"]["run_id"])
+            out["short_of_space"] = short
+            return out
+    previous = read_record(os.path.join(state_dir, "state.json"))
     procs = all_procs()
     free = a["free"]
     recorded = free.get("recorded_pgid")
@@ -643,24 +715,12 @@ def main():
                 pass
         time.sleep(0.1)
     if a.get("launch"):
-        if a["state_update"]:
-            write_json(os.path.join(state_dir, "state.json"), a["state_update"])
-        out["launched"] = launch(a["launch"], secrets)
-        st = read_record(os.path.join(state_dir, "state.json")) or {}
-        st.update(
-            {
-                "pid": out["launched"]["pid"],
-                "pgid": out["launched"]["pgid"],
-                "log": out["launched"]["log"],
-                "exit_file": out["launched"]["exit_file"],
-                "started": out["launched"]["started"],
-                "start_ticks": out["launched"]["start_ticks"],
-                "boot_id": boot_id(),
-            }
-        )
-        write_json(os.path.join(state_dir, "state.json"), st)
+        launch_and_record(a, secrets, state_dir, previous, out)
+        if "write_failed" in out:
+            release_lock(state_dir, a["lock"]["run_id"])
+            return out
     elif a.get("state_update") is not None:
-        write_json(os.path.join(state_dir, "state.json"), a["state_update"])
+        write_record(os.path.join(state_dir, "state.json"), a["state_update"])
     if a.get("release_lock"):
         release_lock(state_dir, a["lock"]["run_id"])
     return out

@@ -31,6 +31,7 @@ from fleet.plan import (
 # less 2 GiB); the rest is KV cache, activations and CUDA graphs. A tighter fit starts, then OOMs.
 WEIGHTS_MAX_SHARE = 0.85
 MIN_LOG_DISK_BYTES = 200 << 20
+MIN_STATE_DISK_BYTES = 16 << 20  # state, lock and learned fixes: kilobytes, with room to spare
 
 
 def gpu_summary(facts: HostFacts) -> GpuSummary | None:
@@ -251,16 +252,20 @@ def preflight(
                     "server fleet may stop. Stop it or choose another port: in the playbook.",
                 )
             )
-    log_suffix = host.settings.log_dir.removeprefix("~")  # the probe reports ~/ paths expanded
-    log_disk = next((d for d in facts.disks if d.path.endswith(log_suffix)), None)
-    if log_disk and log_disk.free_bytes is not None and log_disk.free_bytes < MIN_LOG_DISK_BYTES:
-        out.append(
-            _err(
-                "disk-full",
-                f"{where}: only {log_disk.free_bytes >> 20} MiB free for logs in {log_disk.path}. "
-                "Free disk space there first.",
+    for setting, what, need in (
+        (host.settings.log_dir, "logs", MIN_LOG_DISK_BYTES),
+        (host.settings.state_dir, "fleet's state", MIN_STATE_DISK_BYTES),
+    ):
+        suffix = setting.removeprefix("~")  # the probe reports ~/ paths expanded
+        disk = next((d for d in facts.disks if d.path.endswith(suffix)), None)
+        if disk and disk.free_bytes is not None and disk.free_bytes < need:
+            out.append(
+                _err(
+                    "disk-full",
+                    f"{where}: only {disk.free_bytes >> 20} MiB free for {what} in {disk.path} (fleet needs "
+                    f"{need >> 20} MiB before it stops anything). Free disk space there first.",
+                )
             )
-        )
     out += facts_warnings(host, facts)
     return out
 
