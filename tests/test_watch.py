@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from fleet.control.remote_watch import LogFollower, bounded_search
+from fleet.control.remote_watch import LogFollower
+from fleet.host_common import bounded_search
 
 
 def test_each_line_carries_its_own_offset_so_a_resume_inside_a_batch_repeats_and_skips_nothing(

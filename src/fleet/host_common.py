@@ -11,6 +11,8 @@ import glob
 import json
 import os
 import re
+import select
+import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -91,6 +93,34 @@ def gpu_device_files(device_glob: str) -> List[str]:
         if (st.st_mode & 0o170000) == 0o020000 or simulated:  # S_IFCHR: a character device
             out.append(f)
     return out
+
+
+MATCH_LIMIT_S = 2.0  # the smoke pattern is checked at validation too; this bounds what slips through
+
+
+def bounded_search(pattern: str, text: str, limit_s: float = MATCH_LIMIT_S) -> Optional[bool]:
+    """re.search in a child process killed after limit_s: True, False, or None when it ran too long (a
+    backtracking pattern must not leave a process spinning on the host after fleet gave up on it)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.write(w, b"1" if re.search(pattern, text) is not None else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    answer = b""
+    try:
+        if select.select([r], [], [], limit_s)[0]:
+            answer = os.read(r, 1)
+    finally:
+        os.close(r)
+        if not answer:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return {b"1": True, b"0": False}.get(answer)
 
 
 def write_record(path: str, data: Dict[str, Any]) -> None:

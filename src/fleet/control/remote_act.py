@@ -557,7 +557,7 @@ def short_of_space(needs):
         except OSError:
             continue
         free = st.f_bavail * st.f_frsize
-        if free < need:
+        if st.f_blocks and free < need:  # no blocks at all: /proc and the like, not a disk
             return {"setting": setting, "path": path, "free_mib": free >> 20, "need_mib": need >> 20}
     return None
 

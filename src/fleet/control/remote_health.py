@@ -9,7 +9,6 @@ bookkeeping (offsets, counters) in state_dir/health.json.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -133,7 +132,7 @@ def health_main():
                     answer = json.loads(body)["choices"][0]["message"]["content"] or ""
                 except (ValueError, KeyError, IndexError, TypeError):
                     answer = None
-            ok = answer is not None and re.search(smoke["expect"], answer) is not None
+            ok = answer is not None and bool(bounded_search(smoke["expect"], answer))  # noqa: F821 - host_common
             out["http"]["generation"] = {
                 "status": code,
                 "ok": ok,

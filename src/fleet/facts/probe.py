@@ -455,6 +455,8 @@ def _disk(path):
         probe = os.path.dirname(probe)
     try:
         usage = shutil.disk_usage(probe or "/")
+        if usage.total == 0:  # /proc, /sys: not a disk; whether it can be written is found out by trying
+            return {"path": path, "free_bytes": None, "total_bytes": 0}
         return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total}
     except OSError as exc:
         return {"path": path, "error": str(exc)}
