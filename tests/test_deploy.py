@@ -81,6 +81,37 @@ def test_engine_check_rejects_before_anything_is_stopped(fleet_env: simhost.Sand
     assert state(fleet_env, "blackwell")["pid"] != running
 
 
+def test_a_plan_the_engine_rejects_leaves_the_running_server_and_its_record_alone(
+    fleet_env: simhost.Sandbox, playbooks: Path
+) -> None:
+    """Giving up after the engine's own check refused every command line stopped the old, working server."""
+    assert run_cli("deploy", "qwen35-nvfp4", "--host", "blackwell").code == 0
+    before = state(fleet_env, "blackwell")
+    hand = add_playbook(playbooks, "hand", "qwen35-nvfp4-handwritten", "max_attempts: 1\n")
+    r = run_cli("deploy", hand, "--host", "blackwell")
+    assert r.code == 7 and "engine's own argument check: rejected" in r.err
+    assert "stopped" not in r.err
+    after = state(fleet_env, "blackwell")
+    assert (after["status"], after["pid"]) == ("ready", before["pid"])
+    assert json.loads(run_cli("status", "--host", "blackwell", "--json").out)["status"] == "ready"
+
+
+def test_a_failed_deploy_keeps_what_its_attempt_recorded(fleet_env: simhost.Sandbox) -> None:
+    """The failed record kept no learned key, engine version or pid, so a restart or heal after it used an
+    empty learned key (and then saved no learned fixes)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    good = state(fleet_env, "ct129")
+    simhost.set_host(fleet_env.host_dir("ct129"), inject_scheduler_error="RuntimeError: boom")
+    assert run_cli("restart", "--host", "ct129").code == 7
+    failed = state(fleet_env, "ct129")
+    assert failed["status"] == "failed" and failed["learned_key"] == good["learned_key"] != ""
+    assert failed["engine_version"] == good["engine_version"] and isinstance(failed["pid"], int)
+    assert failed["pid"] != good["pid"] and failed["log"]
+    simhost.set_host(fleet_env.host_dir("ct129"), inject_scheduler_error=None)
+    assert run_cli("restart", "--host", "ct129").code == 0
+    assert state(fleet_env, "ct129")["learned_key"] == good["learned_key"]
+
+
 def _chat(address: str, prompt: str, port: int = 30000) -> tuple[int | None, str]:
     import urllib.request
 

@@ -492,7 +492,14 @@ def _result_json(r: Any) -> dict[str, Any]:
 @cli.command()
 @click.argument("playbook")
 @click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
-@click.option("--force", is_flag=True, help="Also kill foreign GPU holders (other users, GPU daemons); lists them.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help=(
+        "Also kill foreign GPU and port holders (other users' processes, non-engines); lists them. "
+        "GPU daemons and tools are never killed."
+    ),
+)
 @click.option("--no-engine-check", is_flag=True, help="Skip the engine's own argument check before stopping anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")

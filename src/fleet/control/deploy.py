@@ -116,7 +116,6 @@ class DeployResult:
     new_fixes: list[str] = field(default_factory=list)
     log_tail: list[str] = field(default_factory=list)
     round_trips: int = 0
-    killed: list[dict[str, Any]] = field(default_factory=list)
     adopted: bool = False  # the server already ran this plan and answered: nothing was restarted
 
 
@@ -404,7 +403,6 @@ class Deployer:
                     "learned_key": learned_key,
                     "learned": [*learned_existing, *new_learned],
                 }
-                result.killed += out.get("stopped", [])
                 events, lines = self._watch_attempt(plan, out, rec, success)
                 last = events[-1] if events else {"e": "error", "error": "no events"}
                 if last["e"] == "lost_lock":
@@ -437,8 +435,11 @@ class Deployer:
             decision = decide(rec.diagnosis, applied, attempt, self.max_attempts)
             if isinstance(decision, GiveUp):
                 result.reason = decision.reason
+                if any(r.outcome != "rejected" for r in result.attempts):
+                    self._give_up(plan, rec, decision.reason)
+                else:  # the engine refused every command line: nothing was stopped, the old server serves on
+                    self._release()
                 result.round_trips = self.t.commands_run
-                self._give_up(plan, rec, decision.reason)
                 return result
             plan = relint(apply_fix(plan, decision.fix, decision.signature, decision.reason), model, gpus, wishes)
             applied.append(decision.signature)
@@ -528,10 +529,11 @@ class Deployer:
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> None:
         """Stop what the failed attempt left running (a server printing garbage must not stay up)."""
-        state = {
+        state = {  # merged on the host into the attempt's record: its pid, learned key and version stay
             "playbook": self.playbook_name,
             "host": self.host.name,
             "engine": plan.engine,
+            "engine_version": show_version(plan.engine_version),
             "plan": plan.to_json(),
             "status": "failed",
             "reason": reason,

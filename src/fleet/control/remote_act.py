@@ -719,8 +719,11 @@ def main():
         if "write_failed" in out:
             release_lock(state_dir, a["lock"]["run_id"])
             return out
-    elif a.get("state_update") is not None:
-        write_record(os.path.join(state_dir, "state.json"), a["state_update"])
+    elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
+        st_path = os.path.join(state_dir, "state.json")
+        st = read_record(st_path) or {}
+        st.update(a["state_update"])
+        write_record(st_path, st)
     if a.get("release_lock"):
         release_lock(state_dir, a["lock"]["run_id"])
     return out

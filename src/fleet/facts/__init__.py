@@ -99,8 +99,6 @@ class Disk:
 class RemoteState:
     state: dict[str, Any] | None
     learned: dict[str, Any] | None
-    lock: dict[str, Any] | None
-    lock_age_s: float | None
     errors: tuple[str, ...]  # fleet's files on the host that exist but cannot be read (path: why)
     heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
     state_error: str | None = None  # the deployment record itself is unreadable: what runs is unknown
@@ -304,8 +302,6 @@ def parse_facts(host: str, text: str) -> HostFacts:
     remote = RemoteState(
         state=st.get("state"),
         learned=st.get("learned"),
-        lock=st.get("lock"),
-        lock_age_s=st.get("lock_age_s"),
         errors=tuple(v for k, v in st.items() if k.endswith("_error")),
         heals=tuple(float(t) for t in (st.get("heals") or []) if isinstance(t, int | float)),
         state_error=st.get("state_error"),

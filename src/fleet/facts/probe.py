@@ -474,9 +474,6 @@ def _state(state_dir):
         out[name] = data
         if error:
             out[name + "_error"] = error
-    lock = os.path.join(state_dir, "lock.json")
-    if os.path.exists(lock):
-        out["lock_age_s"] = time.time() - os.path.getmtime(lock)
     return out
 
 

@@ -68,7 +68,6 @@ class Wishes:
     context_length: int | None = None
     mem_fraction: float | None = None
     tp: int | None = None
-    cuda_graph_max_bs: int | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[str, ...] = ()
@@ -358,13 +357,6 @@ SGLANG_RULES: tuple[Rule, ...] = (
         lambda i: i.wishes.mem_fraction is not None,
         lambda i: [("--mem-fraction-static", str(i.wishes.mem_fraction))],
         "playbook mem_fraction",
-    ),
-    Rule(
-        "cuda-graph-max-bs",
-        lambda i: i.wishes.cuda_graph_max_bs is not None,
-        lambda i: [(spell(GRAPH_OLD, i.version), str(i.wishes.cuda_graph_max_bs))],
-        "playbook cuda_graph_max_bs, spelled for this version (ambiguous old name from 0.5.20)",
-        "engines.md §1.1",
     ),
 )
 
