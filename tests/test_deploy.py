@@ -230,6 +230,31 @@ def test_a_recorded_group_whose_leader_started_within_seconds_of_the_record_is_n
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
 
 
+def test_another_users_process_inside_fleets_own_group_is_named_and_left_alone(fleet_env: simhost.Sandbox) -> None:
+    """A wrapper in fleet's recorded group (exact identity) started a job as another user holding a GPU:
+    `fleet stop` stops fleet's own processes and refuses the other user's, saying whose it is (it was
+    killed as part of "fleet's server (+N in its group)")."""
+    subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia1"
+    job = (
+        f"exec setsid sh -c 'exec 3<{dev}; "
+        "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 60 & exec sleep 61'"
+    )
+    with Background([*simhost.ssh_argv(fleet_env, CT129), job]):
+        assert wait_until(lambda: "fleetdecoy" in remote(fleet_env, CT129, DECOYS))
+        _, decoy, pgid, *_ = remote(fleet_env, CT129, DECOYS).split()
+        boot = remote(fleet_env, CT129, "cat /proc/sys/kernel/random/boot_id").strip()
+        ticks = int(remote(fleet_env, CT129, f"cat /proc/{pgid}/stat").rsplit(")", 1)[1].split()[19])
+        record = {"status": "ready", "engine": "sglang", "pid": int(pgid), "pgid": int(pgid), "port": 30000}
+        record |= {"boot_id": boot, "started": time.time(), "start_ticks": ticks}
+        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        r = run_cli("stop", "--host", "ct129")
+        assert r.code == 0, r.err
+        assert f"not stopped: pid {decoy} (user fleetdecoy" in r.out, r.out
+        assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
+        assert "sleep 61" not in remote(fleet_env, CT129, "ps -eo args")  # fleet's own leader was stopped
+
+
 def test_processes_that_only_mention_the_engine_are_never_stopped(fleet_env: simhost.Sandbox) -> None:
     """Same user, no GPU, no port: a `tail -f` of a file named after the engine and a process renamed to
     mention it. Both were killed as stale servers (by `deploy` and by `stop`) when an engine was a word
