@@ -1,0 +1,46 @@
+"""fleet's command line: parse arguments, build a transport per host, render, map errors to exit codes.
+
+The only place that catches `FleetError`. Heavy modules (fabric, paramiko, rich) are imported inside
+commands so `fleet --help` and cron runs start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fleet.cli import cron, hosts, observe, pool  # noqa: F401 - each registers its commands
+from fleet.cli.base import cli, say
+from fleet.errors import FleetError
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code (0 ok; see fleet.errors for the others)."""
+    from fleet.launch import command_word
+
+    args = argv if argv is not None else sys.argv[1:]
+    # Nagios: a check that could not run (bad inventory or arguments, say) is "unknown", not "critical".
+    could_not_run = 3 if command_word(args) == "health" else None
+    try:
+        code = cli.main(args=argv, prog_name="fleet", standalone_mode=False)
+    except FleetError as exc:
+        say(f"error: {exc.message}", err=True)
+        if exc.hint:
+            say(f"       {exc.hint}", err=True)
+        if "--debug" in args:
+            if getattr(exc, "remote_traceback", ""):
+                say("the host said:\n" + exc.remote_traceback, err=True)  # type: ignore[attr-defined]
+            raise
+        return could_not_run or exc.exit_code
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return could_not_run or 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,245 @@
+"""Commands that look at or change what runs on hosts: facts, plan, deploy, restart, stop, status."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from fleet.cli.base import (
+    Context,
+    cli,
+    each_host,
+    emit_json,
+    exit_for_failures,
+    multi_host_options,
+    say,
+    transport_for,
+)
+from fleet.cli.report import Reporter, describe_left, describe_stopped, print_result, result_json
+from fleet.errors import DeployFailed
+
+if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
+    pass
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host name.")
+@click.option("--model", help="Also read this model directory (path on the host, or relative to models_dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw facts as JSON.")
+@click.pass_obj
+def facts(ctx: Context, host_name: str, model: str | None, as_json: bool) -> None:
+    """Gather a host's facts (GPUs, holders, servers, engines, disk, state) in one SSH round trip.
+
+    \b
+    Example:
+      fleet facts --host blackwell --json
+    """
+    from fleet.control.facts import read_facts
+    from fleet.facts import gpu_mismatches
+
+    host = ctx.host(host_name)
+    with transport_for(ctx, host) as t:
+        f = read_facts(t, host, model=model)
+    warnings = [m.message for m in gpu_mismatches(host.settings.expected_gpus, f.gpus)]
+    warnings += [f"fleet's state on the host is unreadable: {e}" for e in f.remote.errors]
+    if as_json:
+        emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run, "warnings": warnings})
+        return
+    from fleet.render import render_facts
+
+    render_facts(f, warnings)
+
+
+@cli.command()
+@click.argument("playbook")
+@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.pass_obj
+def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> None:
+    """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
+
+    Gathers the host's facts in one round trip; changes nothing on the host. Exits 4 when pre-flight
+    refuses the deployment.
+
+    \b
+    Example:
+      fleet plan qwen35-nvfp4 --host blackwell
+    """
+    from fleet.control.facts import model_path, read_facts
+    from fleet.plan.build import build_plan
+
+    pb = ctx.playbook(playbook)
+    host = ctx.host(host_name, pb)
+    path = model_path(host, pb.spec.model)
+    with transport_for(ctx, host) as t:
+        f = read_facts(t, host, model=path, engine=pb.spec.engine)
+    result = build_plan(host, pb, f, path)
+    if as_json:
+        emit_json(
+            {
+                "host": host.name,
+                "playbook": pb.name,
+                "model": result.model.describe() if result.model else None,
+                "plan": result.plan.to_json() if result.plan else None,
+                "verdicts": [vars(v) for v in result.verdicts],
+            }
+        )
+    else:
+        from fleet.render import render_plan
+
+        render_plan(result, host.name, pb.name)
+    if result.errors:
+        raise click.exceptions.Exit(4)
+
+
+@cli.command()
+@click.argument("playbook")
+@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help=(
+        "Also kill foreign GPU and port holders (other users' processes, non-engines); lists them. "
+        "GPU daemons and tools are never killed."
+    ),
+)
+@click.option("--no-engine-check", is_flag=True, help="Skip the engine's own argument check before stopping anything.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
+@click.pass_obj
+def deploy(
+    ctx: Context,
+    playbook: str,
+    host_name: str | None,
+    force: bool,
+    no_engine_check: bool,
+    as_json: bool,
+    show_log: bool,
+) -> None:
+    """Deploy a playbook to a host: plan, pre-flight, stop stale servers, free GPUs, launch, watch, prove.
+
+    Known crashes are diagnosed and relaunched with their fix (each fix at most once, bounded attempts);
+    unknown ones fail fast with the traceback. Exit 0 when the server answers the smoke prompt correctly.
+    A server already running exactly this plan is checked (health, models, the smoke prompt) and left
+    running; `fleet restart` restarts it (e.g. after a secret changed).
+
+    \b
+    Example:
+      fleet deploy qwen35-nvfp4 --host blackwell
+    """
+    from fleet.control import ops
+
+    pb = ctx.playbook(playbook)
+    host = ctx.host(host_name, pb)
+    reporter = Reporter(host.name, quiet=as_json, show_log=show_log)
+    with transport_for(ctx, host) as t:
+        result = ops.deploy(
+            t,
+            host,
+            pb,
+            force=force,
+            engine_check=not no_engine_check,
+            progress=reporter,
+            signatures=ctx.signatures,
+        )
+    if as_json:
+        emit_json(result_json(result))
+    else:
+        print_result(result)
+    if not result.ok:
+        raise click.exceptions.Exit(7)
+
+
+@cli.command()
+@multi_host_options
+@click.pass_obj
+def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+    """Redeploy the plan recorded on the host(s), with learned fixes, through the same loop.
+
+    \b
+    Example:
+      fleet restart --host blackwell
+    """
+    from fleet.control import ops
+
+    results = each_host(
+        ctx,
+        host_name,
+        all_hosts,
+        lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name), signatures=ctx.signatures),
+    )
+    failures = []
+    for name, r, err in results:
+        if err:
+            say(f"{name}: error: {err}", err=True)
+            failures.append(err.exit_code)
+        else:
+            print_result(r)
+            if not r.ok:
+                failures.append(DeployFailed.exit_code)
+    exit_for_failures(failures)
+
+
+@cli.command()
+@multi_host_options
+@click.pass_obj
+def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+    """Stop fleet's server (and any stale inference server) on the host(s), free the GPUs; state becomes "stopped".
+
+    \b
+    Example:
+      fleet stop --host ct129
+    """
+    from fleet.control import ops
+
+    failures = []
+    for name, out, err in each_host(ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force)):
+        if err:
+            say(f"{name}: error: {err}", err=True)
+            failures.append(err.exit_code)
+            continue
+        stopped = out.get("stopped", [])
+        lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
+        lines += [  # stopping fleet's own server never needs --force; what is not fleet's is said and left
+            f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
+            "--force stops it"
+            for p in out.get("refused", [])
+        ]
+        say(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
+    exit_for_failures(failures)
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
+@click.pass_obj
+def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
+    """One line per host: playbook, engine and version, pid, port, uptime, status, last outcome.
+
+    \b
+    Example:
+      fleet status
+    """
+    from fleet.control import ops
+    from fleet.control.facts import read_facts
+
+    rows, failures = [], []
+    for name, row, err in each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):
+        rows.append(row if row else {"host": name, "status": "unreachable", "error": str(err)})
+        failures += [err.exit_code] if err else []
+    for r in rows:
+        if as_json:
+            emit_json(r)
+        elif r.get("error"):
+            say(f"{r['host']:<12} unreachable  {r['error']}")
+        else:
+            up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
+            say(  # the playbook, engine and fixes come from the host's record
+                f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
+                f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
+                f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
+                f"attempts {r.get('attempts') or '-'}"
+                f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
+            )
+    exit_for_failures(failures)

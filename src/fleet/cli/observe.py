@@ -1,0 +1,317 @@
+"""Commands that read what runs: logs, diagnose, health (and its healing)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fleet.cli.base import Context, cache_file, cli, emit_json, replaceable_file, say, transport_for, writable_file
+from fleet.errors import ConfigError
+from fleet.paths import pool_socket
+from fleet.terminal import safe_line, safe_text
+
+if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
+    from fleet.control.health import HealthOptions
+    from fleet.inventory import Host
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
+@click.option(
+    "-n",
+    "lines",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="How many lines of the end to print first.",
+)
+@click.option("--raw", is_flag=True, help="Keep terminal control sequences from the log (secrets are still redacted).")
+@click.pass_obj
+def logs(ctx: Context, host_name: str, follow: bool, lines: int, raw: bool) -> None:
+    """Print (or follow) the current server log of a host over SSH.
+
+    \b
+    Example:
+      fleet logs --host blackwell -n 50 -f
+    """
+    from fleet.control import ops
+    from fleet.secrets import LineFilter, redact
+
+    host = ctx.host(host_name)
+    secrets = ctx.secrets
+    lines_out = LineFilter(lambda text: redact(text if raw else safe_text(text), secrets))
+
+    def sink(chunk: bytes) -> bool:
+        sys.stdout.write(lines_out.feed(chunk))
+        sys.stdout.flush()
+        return True
+
+    with transport_for(ctx, host) as t:
+        try:
+            code = ops.logs(t, host, lines=lines, follow=follow, sink=sink)
+        finally:
+            sys.stdout.write(lines_out.close())
+            sys.stdout.flush()
+    if code not in (0, -1):
+        raise click.exceptions.Exit(code)
+
+
+DIAGNOSE_LINES = 5000  # the end of a log diagnosed: a crash's traceback and what led to it
+DIAGNOSE_BYTES = 16 << 20  # and at most this much of it in memory (a server log grows to gigabytes)
+
+
+def _log_end(stream: Any) -> str:
+    """The last DIAGNOSE_LINES lines of a binary stream, never more than ~DIAGNOSE_BYTES held at once."""
+    from collections import deque
+
+    kept: deque[bytes] = deque()
+    held = 0
+    while line := stream.readline(1 << 20):  # a line without an end arrives in pieces
+        kept.append(line)
+        held += len(line)
+        while len(kept) > DIAGNOSE_LINES or held > DIAGNOSE_BYTES:
+            held -= len(kept.popleft())
+    return b"".join(kept).decode("utf-8", "replace")
+
+
+@cli.command()
+@click.argument("source", required=False)
+@click.option("--host", "-H", "host_name", help="Diagnose the host's current server log instead of a file.")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), help="Engine the log comes from (narrows signatures).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: str | None, as_json: bool) -> None:
+    """Classify an engine log (a file, - for stdin, or a host's current log) with the crash knowledge base.
+
+    \b
+    Examples:
+      fleet diagnose server.log --json
+      docker logs sglang 2>&1 | fleet diagnose -
+      fleet diagnose --host blackwell
+    """
+    from fleet.crashes import Context as CrashContext
+    from fleet.crashes import diagnose as run_diagnosis
+
+    if host_name:
+        from fleet.control import ops
+
+        host = ctx.host(host_name)
+        chunks: list[bytes] = []
+
+        def keep(chunk: bytes) -> bool:
+            chunks.append(chunk)
+            return True
+
+        with transport_for(ctx, host) as t:
+            ops.logs(t, host, lines=DIAGNOSE_LINES, follow=False, sink=keep)
+        text = b"".join(chunks).decode("utf-8", "replace")
+    elif source in (None, "-"):
+        text = _log_end(sys.stdin.buffer)
+    else:
+        path = Path(source)
+        try:
+            with open(path, "rb") as log:
+                if path.is_file():  # seek to the end rather than read a huge log through
+                    log.seek(max(0, os.fstat(log.fileno()).st_size - DIAGNOSE_BYTES))
+                text = _log_end(log)
+        except OSError as exc:
+            raise ConfigError(
+                f"{source}: cannot read ({exc.strerror}).", "Give a log file, - for stdin, or --host."
+            ) from exc
+    if host_name:  # the engine may have echoed a secret into its log
+        from fleet.secrets import redact
+
+        text = redact(text, ctx.secrets)
+    d = run_diagnosis(text.splitlines(), CrashContext(engine=engine), ctx.signatures)
+    if as_json:
+        emit_json(d.to_json())
+        return
+    say(f"{d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}")
+    say(f"basis: {d.basis or 'the log shows no failure'}")
+    if d.fix:
+        say(f"fix: {d.fix.describe()}")
+    for line in d.evidence:
+        say(f"evidence: {safe_line(line)}")
+
+
+@cli.command()
+@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
+@click.option(
+    "--textfile",
+    type=click.Path(path_type=Path),
+    callback=replaceable_file,
+    help="Also write Prometheus text format here (atomic).",
+)
+@click.option("--heal", is_flag=True, help="Restart unhealthy servers through the deploy loop (rate-limited).")
+@click.option(
+    "--max-heals-per-hour",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 60),
+    help="Per host, before it counts as crash-looping.",
+)
+@click.option("--skip-generation", is_flag=True, help="Do not send the smoke prompt.")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    default=55.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Whole-run deadline in seconds.",
+)
+@click.option(
+    "--unreachable",
+    "unreachable_status",
+    type=click.Choice(["unknown", "critical", "warning"]),
+    default="unknown",
+    show_default=True,
+    help="Status of a host that cannot be reached.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing when every host is OK (for cron).")
+@click.option(
+    "--log-file", type=click.Path(path_type=Path), callback=writable_file, help="Append structured (JSON) logs here."
+)
+@click.option(
+    "--lock-file",
+    type=click.Path(path_type=Path),
+    callback=writable_file,
+    help="Overlap lock [default ~/.cache/fleet/health.lock].",
+)
+@click.pass_obj
+def health(
+    ctx: Context,
+    host_name: str | None,
+    as_json: bool,
+    textfile: Path | None,
+    heal: bool,
+    max_heals_per_hour: int,
+    skip_generation: bool,
+    deadline_s: float,
+    unreachable_status: str,
+    quiet: bool,
+    log_file: Path | None,
+    lock_file: Path | None,
+) -> None:
+    """Check every host (SSH, server, /health, a real generation, GPUs, Xid, ECC, crash logs); Nagios exit codes.
+
+    Exit 0 all OK, 1 warning, 2 critical, 3 unknown (also bad inventory or arguments). One SSH round trip
+    per host plus the heal, all hosts in parallel; a second run while one is in progress exits 3 at once.
+
+    \b
+    Examples:
+      fleet health
+      fleet health --json --textfile /var/lib/node_exporter/textfile/fleet.prom
+      fleet health --heal --quiet --log-file ~/.cache/fleet/health.log
+    """
+    import fcntl
+
+    from fleet import log
+    from fleet.health import EXIT_CODE
+
+    if log_file:
+        log.configure(json_file=log_file)
+    logger = log.get(command="health")
+    lock_path = lock_file or cache_file("health.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)  # a --lock-file's missing directories
+    with open(lock_path, "a+") as lock_fd:  # held for the whole run: overlapping cron runs do not pile up
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_fd.seek(0)
+            other = lock_fd.read().strip() or "?"
+            click.echo(f"fleet health: another run is in progress ({other}); not starting a second one.", err=True)
+            logger.warning("health_skipped_overlap", other=other)
+            raise click.exceptions.Exit(3) from None
+        lock_fd.seek(0)
+        lock_fd.truncate()
+        lock_fd.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock_fd.flush()
+        from fleet.control.health import HealthOptions
+
+        options = HealthOptions(
+            skip_generation=skip_generation,
+            heal=heal,
+            max_heals_per_hour=max_heals_per_hour,
+            unreachable_status=unreachable_status,
+            signatures=ctx.signatures,
+            secrets=ctx.secrets,
+        )
+        overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
+    raise click.exceptions.Exit(EXIT_CODE[overall])
+
+
+def _health_run(
+    ctx: Context,
+    host_name: str | None,
+    options: HealthOptions,
+    as_json: bool,
+    textfile: Path | None,
+    deadline_s: float,
+    quiet: bool,
+    logger: Any,
+) -> str:
+    import threading
+
+    from fleet.control import health as control
+    from fleet.health import SEVERITY, prometheus_text, worst
+
+    hosts = ctx.inventory.select([host_name] if host_name else None)
+
+    def one(host: Host) -> Any:
+        with transport_for(ctx, host) as t:
+            result = control.check_host(t, host, options)
+            if options.heal and result.healable:
+                from fleet.control import ops  # the deploy loop: only a heal needs it
+
+                result = control.heal_host(
+                    t,
+                    host,
+                    result,
+                    options,
+                    lambda: ops.restart(
+                        t, host, force=False, progress=lambda e, d: None, signatures=options.signatures
+                    ),
+                )
+            return result
+
+    started = time.monotonic()
+    processes = 1
+    if not pool_socket().exists():  # connecting from scratch: the handshakes' CPU is spread over processes
+        processes = control.sweep_processes(len(hosts), control.usable_cpus(), threading.active_count() - 1)
+        if processes > 1 and any(h.settings.connection == "ssh" for h in hosts):
+            import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
+    results = control.sweep_in_processes(hosts, one, deadline_s, options.unreachable_status, processes)
+    logger.info("hosts_swept", hosts=len(hosts), processes=processes, seconds=round(time.monotonic() - started, 3))
+    results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
+    for r in results:
+        logger.info(
+            "host_checked",
+            host=r.host,
+            status=r.status,
+            heal=r.heal,
+            problems=[f"{c.name}: {c.detail}" for c in r.problems()],
+        )
+    if textfile:
+        textfile.parent.mkdir(parents=True, exist_ok=True)
+        tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
+        tmp.write_text(prometheus_text(results, time.time()))
+        os.replace(tmp, textfile)
+    overall = worst([r.status for r in results])
+    if as_json:
+        for r in results:
+            emit_json(r.to_json())
+    elif not (quiet and overall == "ok"):
+        for r in results:
+            problems = [c for c in r.problems() if c.name != "heal"]  # the heal has a line of its own
+            summary = "; ".join(f"{c.name}: {c.detail}" for c in problems[:3]) or "all checks ok"
+            say(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")  # evidence from logs
+            if r.heal:
+                say(f"{'':<12} heal: {r.heal}")
+    return overall
