@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: reliability-report demo test unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: reliability-report demo test fast unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: $(VENV)/.installed system-deps oracle vllm-env lint typecheck
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
 reliability-report: $(VENV)/.installed system-deps oracle vllm-env
 	FLEET_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(BIN)/pytest -q
+
+## fast: the tier to run while working: lint, types and the pure-core tests (well under a minute)
+fast: lint typecheck unit
 
 ## unit: the pure-core tests only (seconds)
 unit: $(VENV)/.installed

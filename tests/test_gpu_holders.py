@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.control.remote_act import program, safelisted
+from fleet.host_common import program, safelisted
 
 # Seen on a real H200 box (docs/real-gpu.md): its monitoring runs nvidia-smi through a bundled loader.
 H200_MONITORING = (

@@ -14,7 +14,7 @@ import re
 import select
 import signal
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
@@ -72,6 +72,84 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
     if exe in ("sglang", "vllm") and rest[:1] == ["serve"]:
         return exe
     return None
+
+
+# GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
+# hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
+# kernel truncates to 15 characters.
+SAFELISTED = (
+    "nvidia-persistenced",
+    "nvidia-smi",  # a monitoring agent's query: seen holding the device files of a real H200 box
+    "nv-hostengine",
+    "dcgm",
+    "nvidia-dcgm",
+    "Xorg",
+    "X",
+    "Xwayland",
+    "gdm",
+    "gdm-x-session",
+    "sddm",
+    "lightdm",
+    "gnome-shell",
+    "kwin_x11",
+    "kwin_wayland",
+)
+
+
+LOADER_RE = re.compile(r"^ld(-linux[\w.-]*|\.so[\w.]*)$")
+LOADER_OPTIONS_WITH_VALUE = ("--library-path", "--preload", "--audit", "--argv0")
+
+
+def program(cmdline: str) -> str:
+    """The program a command line runs, also when it runs through the dynamic loader, as the real H200
+    box's monitoring did: `/glibc/ld-linux-x86-64.so.2 --library-path /glibc:/lib64 /bin/nvidia-smi ...`."""
+    words = cmdline.split(" ")
+    i = 0
+    if LOADER_RE.match(os.path.basename(words[0])):
+        i = 1
+        while i < len(words) and words[i].startswith("--"):
+            i += 2 if words[i] in LOADER_OPTIONS_WITH_VALUE else 1
+    return os.path.basename(words[i]) if i < len(words) else ""
+
+
+def safelisted(info: Dict[str, Any]) -> Optional[str]:
+    name_run = program(info["cmdline"]) if info["cmdline"] else ""
+    for name in SAFELISTED:
+        if name_run == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
+            return name
+    return None
+
+
+def kill_verdict(
+    info: Dict[str, Any],
+    *,
+    me: int,
+    own: Tuple[int, int],
+    recorded_pgid: Optional[int],
+    port: Optional[int],
+    force: bool,
+) -> Tuple[str, str]:
+    """What fleet does with one process that holds the GPUs, holds the port (`port` set) or is an engine:
+    ("stop" | "refuse" | "leave" | "skip", why). The whole kill policy; README's table states it.
+
+    `own` is (this process's pid, its process group): fleet's own command. `recorded_pgid` is the group
+    fleet launched, already checked for exact identity (boot id, leader start ticks)."""
+    if info["pid"] in (1, own[0]) or info["pgid"] == own[1] or info["comm"] == "sshd":
+        return "skip", "init, sshd or fleet's own command"
+    # fleet's own group, and never another user's process in it (a wrapper may have spawned one)
+    fleets = recorded_pgid is not None and info["pgid"] == recorded_pgid and info["uid"] == me
+    engine = engine_kind(info["argv"]) is not None
+    daemon = safelisted(info)
+    if daemon and not engine:
+        return "leave", "GPU daemon or tool %s" % daemon
+    why = None
+    if info["uid"] != me and not fleets:
+        why = "process of user %s" % info["user"]
+    elif not engine and not fleets:
+        why = "holds port %d, not an inference server" % port if port else "not an inference server"
+    if why:
+        return ("stop" if force else "refuse"), why
+    return "stop", "fleet's server" if fleets else "inference server"
 
 
 # A device file counts as a GPU only when it is a character device (what the NVIDIA driver creates), or

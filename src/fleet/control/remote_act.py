@@ -25,53 +25,15 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import LAUNCH_MARK, argv_of, engine_kind, gpu_device_files, read_record, write_record
-
-# GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
-# hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
-# kernel truncates to 15 characters.
-SAFELISTED = (
-    "nvidia-persistenced",
-    "nvidia-smi",  # a monitoring agent's query: seen holding the device files of a real H200 box
-    "nv-hostengine",
-    "dcgm",
-    "nvidia-dcgm",
-    "Xorg",
-    "X",
-    "Xwayland",
-    "gdm",
-    "gdm-x-session",
-    "sddm",
-    "lightdm",
-    "gnome-shell",
-    "kwin_x11",
-    "kwin_wayland",
-)
-
-
-LOADER_RE = re.compile(r"^ld(-linux[\w.-]*|\.so[\w.]*)$")
-LOADER_OPTIONS_WITH_VALUE = ("--library-path", "--preload", "--audit", "--argv0")
-
-
-def program(cmdline):
-    """The program a command line runs, also when it runs through the dynamic loader, as the real H200
-    box's monitoring did: `/glibc/ld-linux-x86-64.so.2 --library-path /glibc:/lib64 /bin/nvidia-smi ...`."""
-    words = cmdline.split(" ")
-    i = 0
-    if LOADER_RE.match(os.path.basename(words[0])):
-        i = 1
-        while i < len(words) and words[i].startswith("--"):
-            i += 2 if words[i] in LOADER_OPTIONS_WITH_VALUE else 1
-    return os.path.basename(words[i]) if i < len(words) else ""
-
-
-def safelisted(info):
-    name_run = program(info["cmdline"]) if info["cmdline"] else ""
-    for name in SAFELISTED:
-        if name_run == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
-            return name
-    return None
-
+    from fleet.host_common import (
+        LAUNCH_MARK,
+        argv_of,
+        engine_kind,
+        gpu_device_files,
+        kill_verdict,
+        read_record,
+        write_record,
+    )
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
 # never in a file or a command line), waits, and records the exit status atomically. It is a Python of
@@ -420,24 +382,22 @@ def classify(a, procs):
     candidates |= gpu_holders
     for pid in sorted(candidates):
         info = procs.get(pid)
-        if info is None or pid in (1, os.getpid()) or info["pgid"] == own_pgid or info["comm"] == "sshd":
+        if info is None:
             continue
-        # fleet's own group, and never another user's process in it (a wrapper may have spawned one)
-        fleets = recorded is not None and info["pgid"] == recorded and info["uid"] == me
-        engine = is_engine(info)
-        why = None
-        daemon = safelisted(info)
-        if daemon and not engine:
-            left.append(dict(info, why="GPU daemon or tool %s" % daemon))
-            continue
-        if info["uid"] != me and not fleets:
-            why = "process of user %s" % info["user"]
-        elif not engine and not fleets:
-            why = "not an inference server" if pid != owner else "holds port %d, not an inference server" % a["port"]
-        if why and a["kill_policy"] != "force":
+        verdict, why = kill_verdict(
+            info,
+            me=me,
+            own=(os.getpid(), own_pgid),
+            recorded_pgid=recorded,
+            port=a.get("port") if pid == owner else None,
+            force=a["kill_policy"] == "force",
+        )
+        if verdict == "leave":
+            left.append(dict(info, why=why))
+        elif verdict == "refuse":
             refused.append(dict(info, why=why))
-            continue
-        targets[pid] = dict(info, why=why or ("fleet's server" if fleets else "inference server"))
+        elif verdict == "stop":
+            targets[pid] = dict(info, why=why)
     if owner is None and held and a.get("port"):
         refused.append(
             {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}

@@ -1,0 +1,99 @@
+"""The kill policy as a table: what fleet does with each kind of process it finds on the GPUs or the port.
+The same function the host scripts run (host_common.kill_verdict); README's kill-policy table states it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleet.host_common import kill_verdict
+
+ME, OTHER = 1000, 1001
+OWN = (4242, 4242)  # fleet's own command on the host: its pid and process group
+FLEETS_GROUP = 500
+ENGINE = ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/m"]
+
+
+def proc(argv: list[str], *, uid: int = ME, pgid: int = 900, pid: int = 901, comm: str = "") -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "pgid": pgid,
+        "uid": uid,
+        "user": "me" if uid == ME else "alice",
+        "comm": comm or (argv[0].rsplit("/", 1)[-1][:15] if argv else ""),
+        "cmdline": " ".join(argv),
+        "argv": argv,
+    }
+
+
+CASES = [
+    # (what, process, port held by it, force) -> verdict, why
+    ("own engine", proc(ENGINE), None, False, ("stop", "inference server")),
+    ("own engine by title", proc(["sglang::scheduler_TP0"]), None, False, ("stop", "inference server")),
+    (
+        "fleet's group member",
+        proc(["python3", "worker.py"], pgid=FLEETS_GROUP),
+        None,
+        False,
+        ("stop", "fleet's server"),
+    ),
+    (
+        "another user in fleet's group",
+        proc(["python3", "job.py"], uid=OTHER, pgid=FLEETS_GROUP),
+        None,
+        False,
+        ("refuse", "process of user alice"),
+    ),
+    ("another user's engine", proc(ENGINE, uid=OTHER), None, False, ("refuse", "process of user alice")),
+    ("another user's, forced", proc(ENGINE, uid=OTHER), None, True, ("stop", "process of user alice")),
+    ("own non-engine on the GPU", proc(["python3", "train.py"]), None, False, ("refuse", "not an inference server")),
+    (
+        "own non-engine on the port",
+        proc(["nginx"]),
+        30000,
+        False,
+        ("refuse", "holds port 30000, not an inference server"),
+    ),
+    (
+        "a name that mentions the engine",
+        proc(["tail", "-f", "sglang.launch_server.log"]),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "GPU daemon",
+        proc(["/usr/bin/nvidia-persistenced"]),
+        None,
+        True,
+        ("leave", "GPU daemon or tool nvidia-persistenced"),
+    ),
+    (
+        "GPU daemon by comm only",
+        proc([], comm="nvidia-persiste"),
+        None,
+        True,
+        ("leave", "GPU daemon or tool nvidia-persistenced"),
+    ),
+    ("sshd", proc(["sshd: root@notty"], comm="sshd"), None, True, ("skip", "init, sshd or fleet's own command")),
+    ("init", proc(["/sbin/init"], pid=1, pgid=1), None, True, ("skip", "init, sshd or fleet's own command")),
+    (
+        "fleet's own command",
+        proc(ENGINE, pgid=OWN[1], pid=4243),
+        None,
+        True,
+        ("skip", "init, sshd or fleet's own command"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "info", "port", "force", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_kill_policy(what: str, info: dict[str, Any], port: int | None, force: bool, expected: tuple[str, str]) -> None:
+    assert kill_verdict(info, me=ME, own=OWN, recorded_pgid=FLEETS_GROUP, port=port, force=force) == expected
+
+
+def test_a_recorded_group_without_exact_identity_is_passed_as_none_and_earns_no_trust() -> None:
+    member = proc(["python3", "worker.py"], pgid=FLEETS_GROUP)
+    verdict = kill_verdict(member, me=ME, own=OWN, recorded_pgid=None, port=None, force=False)
+    assert verdict == ("refuse", "not an inference server")
