@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleet.crashes import Context, Diagnosis, diagnose
+from fleet.crashes import Diagnosis, LogContext, diagnose
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "crash-logs"
 NOT_A_CRASH = {"healthy", "starting"}
@@ -31,7 +31,7 @@ CASES = _cases()
 def _diagnose(case: dict) -> Diagnosis:
     text = (CORPUS / "cases" / f"{case['id']}.log").read_text(encoding="utf-8", errors="replace")
     engine = case["engine"] if case["engine"] in ("sglang", "vllm") else None
-    return diagnose(text.splitlines(), Context(engine=engine))
+    return diagnose(text.splitlines(), LogContext(engine=engine))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])

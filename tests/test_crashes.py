@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 import simengine as sim
-from fleet.crashes import Context, GiveUp, Relaunch, builtin_signatures, decide, diagnose, normalize, traceback_of
+from fleet.crashes import GiveUp, LogContext, Relaunch, builtin_signatures, decide, diagnose, normalize, traceback_of
 from fleet.plan import Fix
 from fleet_testbed import gpustate, simhost
 
 Q35, Q36 = "Qwen3.5-397B-A17B-NVFP4", "Qwen3.6-27B"
-SM120 = Context(engine="sglang", version=(0, 5, 11), hybrid=True, nvfp4=True, moe=True, sm=120)
-SM86 = Context(engine="sglang", version=(0, 5, 11), hybrid=True, sm=86)
+SM120 = LogContext(engine="sglang", version=(0, 5, 11), hybrid=True, nvfp4=True, moe=True, sm=120)
+SM86 = LogContext(engine="sglang", version=(0, 5, 11), hybrid=True, sm=86)
 HANDWRITTEN = [
     "--tp",
     "8",
@@ -56,7 +56,7 @@ SIM_CASES = [
         HANDWRITTEN,
         simhost.RTX_PRO_6000,
         8,
-        Context(engine="sglang", version=(0, 5, 23), sm=120),
+        LogContext(engine="sglang", version=(0, 5, 23), sm=120),
         "sglang-spec-params-incomplete",
     ),
     (
@@ -66,7 +66,7 @@ SIM_CASES = [
         [*HANDWRITTEN, "--speculative-num-steps", "1", "--mamba-radix-cache-strategy", "no_buffer"],
         simhost.RTX_PRO_6000,
         8,
-        Context(engine="sglang", version=(0, 5, 23)),
+        LogContext(engine="sglang", version=(0, 5, 23)),
         "sglang-no-buffer-overlap",
     ),
     (
@@ -76,7 +76,7 @@ SIM_CASES = [
         ["--mamba-scheduler-strategy", "extra_buffer"],
         simhost.RTX_A6000,
         2,
-        Context(engine="sglang", version=(0, 5, 20)),
+        LogContext(engine="sglang", version=(0, 5, 20)),
         "sglang-renamed-flag-unrecognized",
     ),
     (
@@ -86,7 +86,7 @@ SIM_CASES = [
         ["--cuda-graph-max-bs", "16"],
         simhost.RTX_A6000,
         2,
-        Context(engine="sglang", version=(0, 5, 20)),
+        LogContext(engine="sglang", version=(0, 5, 20)),
         "sglang-renamed-flag-ambiguous",
     ),
     ("unknown-flag", "0.5.11", Q36, ["--enable-turbo"], simhost.RTX_A6000, 2, SM86, "argparse-unrecognized"),
@@ -184,7 +184,7 @@ def test_runtime_typeerror_of_extra_buffer_spec_v2_is_not_fixable(tmp_path: Path
         sim.chat("127.0.3.2", 31102, "one")
         sim.chat("127.0.3.2", 31102, "two")
         assert s.wait_for("Received sigquit")
-        d = diagnose(s.text().splitlines(), Context(engine="sglang", version=(0, 5, 13), hybrid=True, sm=86))
+        d = diagnose(s.text().splitlines(), LogContext(engine="sglang", version=(0, 5, 13), hybrid=True, sm=86))
     assert (d.category, d.signature, d.fix) == (
         "spec_decode_hybrid_mamba",
         "sglang-spec-extra-buffer-runtime-typeerror",
@@ -208,170 +208,170 @@ TEXT_CASES = [
         "fp8-on-ampere",
         "ValueError: type fp8e4nv not supported in this architecture. The supported fp8 dtypes are "
         "('fp8e4b15', 'fp8e5')",
-        Context(),
+        LogContext(),
         "fp8-on-ampere",
     ),
     (
         "trtllm-mha",
         "[2026-11-29 10:00:00 TP0] ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100)",
-        Context(engine="sglang"),
+        LogContext(engine="sglang"),
         "sm120-trtllm-attention",
     ),
     (
         "fmha-runner",
         "RuntimeError: TllmGenFmhaRunner: fmhaRunner.cuh:30: Unsupported architecture",
-        Context(engine="sglang"),
+        LogContext(engine="sglang"),
         "sm120-trtllm-attention",
     ),
     (
         "gdn-allowlist-b200",
         "AssertionError: Only {'triton', 'trtllm_mha', 'flashinfer'} backends are supported on "
         "Blackwell GPUs for hybrid GDN models. Got prefill=fa4, decode=fa4",
-        Context(engine="sglang", sm=100),
+        LogContext(engine="sglang", sm=100),
         "hybrid-gdn-attention-allowlist",
     ),
     (
         "vllm-head-dim",
         "(EngineCore pid=4242) ERROR 11-29 10:00:00 [core.py:700] RuntimeError: Unsupported CPU "
         "attention configuration: head_dim=16",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "vllm-cpu-head-dim",
     ),
     (
         "vllm-kv",
         "(EngineCore pid=77) ValueError: No available memory for the cache blocks. Try increasing "
         "`gpu_memory_utilization` when initializing the engine.",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "vllm-kv-cache-too-small",
     ),
     (
         "graph-capture",
         "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 1.50 GiB\n"
         "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
-        Context(engine="sglang"),
+        LogContext(engine="sglang"),
         "cuda-graph-capture-failed",
     ),
     (
         "runtime-oom",
         "The server is fired up and ready to roll!\n[2026-11-29 11:00:00 TP3] torch.OutOfMemoryError: "
         "CUDA out of memory. Tried to allocate 20.00 MiB",
-        Context(),
+        LogContext(),
         "cuda-oom-runtime",
     ),
     (
         "port-aux",
         "ValueError: metrics_port at 40290 is not available in 30 seconds. metrics_port is used by a process "
         "already. process.name()='sglang'",
-        Context(),
+        LogContext(),
         "port-in-use",
     ),
     (
         "port-uvicorn",
         "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
-        Context(),
+        LogContext(),
         "port-in-use",
     ),
     (
         "nccl",
         "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.21.5\n"
         "ncclUnhandledCudaError: Call to CUDA function failed.",
-        Context(),
+        LogContext(),
         "nccl-p2p",
     ),
     (
         "illegal",
         "RuntimeError: CUDA error: an illegal memory access was encountered",
-        Context(),
+        LogContext(),
         "illegal-memory-access",
     ),
-    ("jit", "ninja: build stopped: subcommand failed.", Context(), "jit-compile"),
+    ("jit", "ninja: build stopped: subcommand failed.", LogContext(), "jit-compile"),
     (
         "remote-code",
         "ValueError: The repository for /models/x contains custom code which must be executed to "
         "correctly load the model.",
-        Context(),
+        LogContext(),
         "trust-remote-code",
     ),
     (
         "unknown-arch",
         "ValueError: The checkpoint you are trying to load has model type `qwen3_5_moe` but "
         "Transformers does not recognize this architecture.",
-        Context(),
+        LogContext(),
         "unknown-architecture",
     ),
-    ("torchvision", "RuntimeError: operator torchvision::nms does not exist", Context(), "dependency-mismatch"),
-    ("no-module", "ModuleNotFoundError: No module named 'sgl_kernel'", Context(), "dependency-mismatch"),
+    ("torchvision", "RuntimeError: operator torchvision::nms does not exist", LogContext(), "dependency-mismatch"),
+    ("no-module", "ModuleNotFoundError: No module named 'sgl_kernel'", LogContext(), "dependency-mismatch"),
     (
         "driver",
         "RuntimeError: The NVIDIA driver on your system is too old (found version 12020).",
-        Context(),
+        LogContext(),
         "driver-mismatch",
     ),
     (
         "health-timeout",
         "[2026-11-29 10:00:00] Health check failed. Server couldn't get a response from detokenizer "
         "for last 20 seconds.",
-        Context(),
+        LogContext(),
         "worker-timeout",
     ),
-    ("no-progress", "[fleet] no log progress for 300 s", Context(), "fleet-no-progress"),
+    ("no-progress", "[fleet] no log progress for 300 s", LogContext(), "fleet-no-progress"),
     (
         "cutedsl-garbage",
         "[fleet] smoke check failed: garbage output (answer ' !!!!!!')",
-        Context(engine="sglang", sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")),
+        LogContext(engine="sglang", sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")),
         "sm120-cutedsl-garbage",
     ),
-    ("garbage", "[fleet] smoke check failed: garbage output (answer 'zzz')", Context(sm=86), "garbage-output"),
-    ("oom-killer", "Killed", Context(), "killed-by-signal"),
-    ("sigkill", "[fleet] engine killed by signal 9", Context(), "killed-by-signal"),
+    ("garbage", "[fleet] smoke check failed: garbage output (answer 'zzz')", LogContext(sm=86), "garbage-output"),
+    ("oom-killer", "Killed", LogContext(), "killed-by-signal"),
+    ("sigkill", "[fleet] engine killed by signal 9", LogContext(), "killed-by-signal"),
     (
         "bf16-on-turing",
         "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU "
         "has compute capability 7.5.",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "bf16-needs-ampere",
     ),
-    ("ready-timeout", "[fleet] ready timeout after 900 s", Context(), "fleet-ready-timeout"),
+    ("ready-timeout", "[fleet] ready timeout after 900 s", LogContext(), "fleet-ready-timeout"),
     (
         "rendezvous-port",
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
         "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
-        Context(),
+        LogContext(),
         "port-in-use-family",
     ),
     (
         "mtp-on-hybrid",
         "ValueError: MTP speculative decoding needs the mamba extra_buffer strategy for hybrid models",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "spec-hybrid-mamba-family",
     ),
     (
         "peer-access",
         "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:368 'peer access is not supported between these "
         "two devices'",
-        Context(),
+        LogContext(),
         "nccl-p2p-family",
     ),
     (
         "cut-in-nccl",
         'Traceback (most recent call last):\n  File "/x/sglang/srt/distributed/device_communicators/pynccl.py", '
         "line 108, in __init__",
-        Context(),
+        LogContext(),
         "cut-in-nccl-init",
     ),
     (
         "cut-in-registry",
         'Traceback (most recent call last):\n  File "/x/sglang/srt/managers/router/model_runner.py", line 57, in '
         "get_model_cls_by_arch_name",
-        Context(),
+        LogContext(),
         "cut-in-model-registry",
     ),
-    ("disk-full", "OSError: [Errno 28] No space left on device", Context(), "disk-full"),
+    ("disk-full", "OSError: [Errno 28] No space left on device", LogContext(), "disk-full"),
 ]
 
 
 @pytest.mark.parametrize(("name", "text", "ctx", "signature"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
-def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: Context, signature: str) -> None:
+def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: LogContext, signature: str) -> None:
     assert diagnose(text.splitlines(), ctx).signature == signature
 
 
@@ -420,7 +420,7 @@ NEAR_MISSES = [
     ("Not enough memory for prefix cache; evicting", SM120, "sglang-kv-not-enough-memory"),
     (
         "[fleet] smoke check failed: garbage output (answer ' !!!')",
-        Context(sm=120, argv=("--moe-runner-backend", "flashinfer_cutlass")),
+        LogContext(sm=120, argv=("--moe-runner-backend", "flashinfer_cutlass")),
         "sm120-cutedsl-garbage",
     ),
     ("WARNING: unrecognized arguments in the config file are ignored", SM86, "argparse-unrecognized"),
@@ -428,11 +428,15 @@ NEAR_MISSES = [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", SM120, "cuda-oom-runtime"),
     (
         "INFO 11-29 10:00:00 [kv_cache_utils.py:1] GPU KV cache size: 12,288 tokens",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "vllm-kv-cache-too-small",
     ),
     ("Using fp8 e4m3 KV cache", SM86, "fp8-on-ampere"),
-    ("none of the configured backends are usable on sm120", Context(engine="sglang", sm=100), "sm120-nvfp4-trtllm-moe"),
+    (
+        "none of the configured backends are usable on sm120",
+        LogContext(engine="sglang", sm=100),
+        "sm120-nvfp4-trtllm-moe",
+    ),
     (
         "[2026-11-29 10:00:00] Attention backend not specified. Use flashinfer backend by default.",
         SM120,
@@ -440,16 +444,16 @@ NEAR_MISSES = [
     ),
     (
         "AssertionError: Only {'triton'} backends are supported on Blackwell GPUs for hybrid GDN models. Got fa3",
-        Context(engine="sglang", sm=100),
+        LogContext(engine="sglang", sm=100),
         "hybrid-gdn-attention-allowlist-sm120",
     ),
-    ("INFO: Using CPU attention backend (head_dim=32)", Context(engine="vllm"), "vllm-cpu-head-dim"),
+    ("INFO: Using CPU attention backend (head_dim=32)", LogContext(engine="vllm"), "vllm-cpu-head-dim"),
     ("Set CUDA_LAUNCH_BLOCKING=1 to debug memory access errors", SM120, "illegal-memory-access"),
     ("JIT compiling flashinfer kernels, this may take a while", SM120, "jit-compile"),
     ("server_args=ServerArgs(trust_remote_code=False)", SM120, "trust-remote-code"),
     (
         "INFO 11-29 10:00:00 [model.py:1] Resolved architecture: Qwen3NextForCausalLM",
-        Context(engine="vllm"),
+        LogContext(engine="vllm"),
         "unknown-architecture",
     ),
     ("CUDA driver version 13.0, runtime 12.9", SM120, "driver-mismatch"),
@@ -457,14 +461,14 @@ NEAR_MISSES = [
     ("[2026-11-29 10:00:00 TP0] Scheduler started; Initialization finished", SM120, "engine-child-failed"),
     (
         "server_args=ServerArgs(mamba_radix_cache_strategy='no_buffer')",
-        Context(engine="sglang", version=(0, 5, 23)),
+        LogContext(engine="sglang", version=(0, 5, 23)),
         "sglang-no-buffer-overlap",
     ),
 ]
 
 
 @pytest.mark.parametrize(("text", "ctx", "signature"), NEAR_MISSES, ids=[c[2] for c in NEAR_MISSES])
-def test_near_misses_do_not_match(text: str, ctx: Context, signature: str) -> None:
+def test_near_misses_do_not_match(text: str, ctx: LogContext, signature: str) -> None:
     assert diagnose(text.splitlines(), ctx).signature != signature
 
 
@@ -559,8 +563,8 @@ def test_a_single_shm_broadcast_wait_is_a_slow_load_and_a_run_of_them_a_hang() -
         "(EngineCore pid=1) INFO 12-09 11:25:53 [shm_broadcast.py:466] No available shared memory broadcast "
         "block found in 60 seconds."
     )
-    assert diagnose([wait], Context(engine="vllm")).category == "starting"
-    assert diagnose([wait] * 3, Context(engine="vllm")).category == "worker_timeout"
+    assert diagnose([wait], LogContext(engine="vllm")).category == "starting"
+    assert diagnose([wait] * 3, LogContext(engine="vllm")).category == "worker_timeout"
 
 
 def test_an_error_that_is_retried_is_not_a_crash() -> None:

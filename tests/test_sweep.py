@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.control import health as control
+from fleet.control import sweep as control
 from fleet.control.remote_act import alive  # a zombie (an orphan not yet collected) counts as gone
 from fleet.errors import HostUnreachable
 from fleet.health import OK, Check, HostHealth

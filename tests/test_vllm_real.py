@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from fleet.crashes import Context, diagnose
+from fleet.crashes import LogContext, diagnose
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.vllm
@@ -58,7 +58,7 @@ def test_real_vllm_serves_the_tiny_hybrid_qwen3_next(env: simhost.Sandbox) -> No
     assert out["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     log = Path(out["attempts"][0]["log"]).read_text()
     assert "Application startup complete." in log
-    assert diagnose(log.splitlines(), Context(engine="vllm")).category == "healthy"
+    assert diagnose(log.splitlines(), LogContext(engine="vllm")).category == "healthy"
     status = json.loads(run_cli("status", "--host", "cpubox", "--json").out)
     assert status["status"] == "ready" and status["engine"] == "vllm"
 

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 WARM_MODULES = (
     "fleet.cli",
     "fleet.inventory",
-    "fleet.control.health",
+    "fleet.control.sweep",
     "fleet.control.ops",
     "fleet.control.deploy",
-    "fleet.control.facts",
+    "fleet.control.gather",
     "fleet.health",
     "fleet.crashes",
     "fleet.transport",

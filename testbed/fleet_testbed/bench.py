@@ -210,7 +210,7 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
 
 def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
     from fleet.control.deploy import Deployer
-    from fleet.control.facts import model_path, read_facts
+    from fleet.control.gather import model_path, read_facts
     from fleet.control.ops import _smoke
     from fleet.inventory import load_inventory, load_playbook
     from fleet.plan.build import build_plan

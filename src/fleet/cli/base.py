@@ -24,7 +24,10 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
     from fleet.inventory import Host, Inventory, NamedPlaybook
 
 
-class Context:
+class Invocation:
+    """What one `fleet` command was invoked with (inventory, playbooks, SSH options), and what it loads
+    from them once: the inventory, the knowledge base with the project's crashes/*.yaml, the secrets."""
+
     def __init__(
         self, inventory: Path, playbooks: Path, debug: bool, accept_new_host_key: bool, accept_new_jump_host_key: bool
     ) -> None:
@@ -96,7 +99,7 @@ class Context:
 
 
 @contextmanager
-def transport_for(ctx: Context, host: Host) -> Iterator[Any]:
+def transport_for(ctx: Invocation, host: Host) -> Iterator[Any]:
     from fleet.transport import connect
 
     t = connect(host, ctx.ssh_options())
@@ -234,7 +237,7 @@ def cli(
     from fleet import log
 
     log.configure(verbose=debug)
-    click_ctx.obj = Context(
+    click_ctx.obj = Invocation(
         inventory or _default_path("FLEET_INVENTORY", "inventory/hosts.yaml"),
         playbooks or _default_path("FLEET_PLAYBOOKS", "playbooks"),
         debug,
@@ -260,7 +263,7 @@ def multi_host_options(fn: Any) -> Any:
 
 
 def each_host(
-    ctx: Context, host_name: str | None, all_hosts: bool, fn: Any
+    ctx: Invocation, host_name: str | None, all_hosts: bool, fn: Any
 ) -> list[tuple[str, Any, FleetError | None]]:
     """Run fn(transport, host) on the chosen hosts in parallel; one host failing does not stop the others."""
     from concurrent.futures import ThreadPoolExecutor

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.base import CONTROL_CHARS, Context, cache_file, cli, writable_file
+from fleet.cli.base import CONTROL_CHARS, Invocation, cache_file, cli, writable_file
 from fleet.errors import ConfigError, FleetError
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
@@ -68,7 +68,7 @@ def _managed(lines: list[str]) -> list[str]:
     help="Where cron runs log [default ~/.cache/fleet/health.log].",
 )
 @click.pass_obj
-def cron_install(ctx: Context, schedule: str, heal: bool, log_file: Path | None) -> None:
+def cron_install(ctx: Invocation, schedule: str, heal: bool, log_file: Path | None) -> None:
     """Install (or replace) the entry. Example: fleet cron install --schedule "* * * * *" --heal"""
     import shlex
 

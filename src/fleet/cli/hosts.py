@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet.cli.base import (
-    Context,
+    Invocation,
     cli,
     each_host,
     emit_json,
@@ -28,14 +28,14 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 @click.option("--model", help="Also read this model directory (path on the host, or relative to models_dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw facts as JSON.")
 @click.pass_obj
-def facts(ctx: Context, host_name: str, model: str | None, as_json: bool) -> None:
+def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> None:
     """Gather a host's facts (GPUs, holders, servers, engines, disk, state) in one SSH round trip.
 
     \b
     Example:
       fleet facts --host blackwell --json
     """
-    from fleet.control.facts import read_facts
+    from fleet.control.gather import read_facts
     from fleet.facts import gpu_mismatches
 
     host = ctx.host(host_name)
@@ -56,7 +56,7 @@ def facts(ctx: Context, host_name: str, model: str | None, as_json: bool) -> Non
 @click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.pass_obj
-def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> None:
+def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -> None:
     """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
 
     Gathers the host's facts in one round trip; changes nothing on the host. Exits 4 when pre-flight
@@ -66,7 +66,7 @@ def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> N
     Example:
       fleet plan qwen35-nvfp4 --host blackwell
     """
-    from fleet.control.facts import model_path, read_facts
+    from fleet.control.gather import model_path, read_facts
     from fleet.plan.build import build_plan
 
     pb = ctx.playbook(playbook)
@@ -109,7 +109,7 @@ def plan(ctx: Context, playbook: str, host_name: str | None, as_json: bool) -> N
 @click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
 @click.pass_obj
 def deploy(
-    ctx: Context,
+    ctx: Invocation,
     playbook: str,
     host_name: str | None,
     force: bool,
@@ -154,7 +154,7 @@ def deploy(
 @cli.command()
 @multi_host_options
 @click.pass_obj
-def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+def restart(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool) -> None:
     """Redeploy the plan recorded on the host(s), with learned fixes, through the same loop.
 
     \b
@@ -184,7 +184,7 @@ def restart(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -
 @cli.command()
 @multi_host_options
 @click.pass_obj
-def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> None:
+def stop(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool) -> None:
     """Stop fleet's server (and any stale inference server) on the host(s), free the GPUs; state becomes "stopped".
 
     \b
@@ -214,7 +214,7 @@ def stop(ctx: Context, host_name: str | None, all_hosts: bool, force: bool) -> N
 @click.option("--host", "-H", "host_name", help="Inventory host or group (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
 @click.pass_obj
-def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
+def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
     """One line per host: playbook, engine and version, pid, port, uptime, status, last outcome.
 
     \b
@@ -222,7 +222,7 @@ def status(ctx: Context, host_name: str | None, as_json: bool) -> None:
       fleet status
     """
     from fleet.control import ops
-    from fleet.control.facts import read_facts
+    from fleet.control.gather import read_facts
 
     rows, failures = [], []
     for name, row, err in each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.base import Context, cache_file, cli, emit_json, replaceable_file, say, transport_for, writable_file
+from fleet.cli.base import Invocation, cache_file, cli, emit_json, replaceable_file, say, transport_for, writable_file
 from fleet.errors import ConfigError
 from fleet.paths import pool_socket
 from fleet.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
-    from fleet.control.health import HealthOptions
+    from fleet.control.sweep import HealthOptions
     from fleet.inventory import Host
 
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 )
 @click.option("--raw", is_flag=True, help="Keep terminal control sequences from the log (secrets are still redacted).")
 @click.pass_obj
-def logs(ctx: Context, host_name: str, follow: bool, lines: int, raw: bool) -> None:
+def logs(ctx: Invocation, host_name: str, follow: bool, lines: int, raw: bool) -> None:
     """Print (or follow) the current server log of a host over SSH.
 
     \b
@@ -86,7 +86,7 @@ def _log_end(stream: Any) -> str:
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), help="Engine the log comes from (narrows signatures).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
-def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: str | None, as_json: bool) -> None:
+def diagnose(ctx: Invocation, source: str | None, host_name: str | None, engine: str | None, as_json: bool) -> None:
     """Classify an engine log (a file, - for stdin, or a host's current log) with the crash knowledge base.
 
     \b
@@ -95,7 +95,7 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
       docker logs sglang 2>&1 | fleet diagnose -
       fleet diagnose --host blackwell
     """
-    from fleet.crashes import Context as CrashContext
+    from fleet.crashes import LogContext
     from fleet.crashes import diagnose as run_diagnosis
 
     if host_name:
@@ -128,7 +128,7 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
         from fleet.secrets import redact
 
         text = redact(text, ctx.secrets)
-    d = run_diagnosis(text.splitlines(), CrashContext(engine=engine), ctx.signatures)
+    d = run_diagnosis(text.splitlines(), LogContext(engine=engine), ctx.signatures)
     if as_json:
         emit_json(d.to_json())
         return
@@ -186,7 +186,7 @@ def diagnose(ctx: Context, source: str | None, host_name: str | None, engine: st
 )
 @click.pass_obj
 def health(
-    ctx: Context,
+    ctx: Invocation,
     host_name: str | None,
     as_json: bool,
     textfile: Path | None,
@@ -233,7 +233,7 @@ def health(
         lock_fd.truncate()
         lock_fd.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         lock_fd.flush()
-        from fleet.control.health import HealthOptions
+        from fleet.control.sweep import HealthOptions
 
         options = HealthOptions(
             skip_generation=skip_generation,
@@ -248,7 +248,7 @@ def health(
 
 
 def _health_run(
-    ctx: Context,
+    ctx: Invocation,
     host_name: str | None,
     options: HealthOptions,
     as_json: bool,
@@ -259,7 +259,7 @@ def _health_run(
 ) -> str:
     import threading
 
-    from fleet.control import health as control
+    from fleet.control import sweep as control
     from fleet.health import SEVERITY, prometheus_text, worst
 
     hosts = ctx.inventory.select([host_name] if host_name else None)

@@ -26,7 +26,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from fleet.crashes import Context, Diagnosis, GiveUp, Signature, decide, diagnose, traceback_of
+from fleet.crashes import Diagnosis, GiveUp, LogContext, Signature, decide, diagnose, traceback_of
 from fleet.errors import (
     DeployFailed,
     HostSilent,
@@ -136,8 +136,8 @@ def owner() -> str:
     )
 
 
-def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> Context:
-    return Context(
+def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext:
+    return LogContext(
         engine=plan.engine,
         version=plan.engine_version,
         hybrid=model.hybrid,

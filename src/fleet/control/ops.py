@@ -18,7 +18,7 @@ from fleet.control.deploy import (
     run_json,
     unwritable_state_dir,
 )
-from fleet.control.facts import model_path, read_facts
+from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError
 from fleet.facts import HostFacts
@@ -149,7 +149,7 @@ def _adopt(
 ) -> DeployResult | None:
     """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
     model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
-    from fleet.control.health import HealthOptions, check_host
+    from fleet.control.sweep import HealthOptions, check_host
 
     started = time.monotonic()
     health = check_host(t, host, HealthOptions(secrets=secrets))

@@ -46,7 +46,7 @@ READY_PATTERNS = (
 
 
 @dataclass(frozen=True)
-class Context:
+class LogContext:
     """What the diagnosis may condition on: engine, version, model traits, GPU, the launched flags."""
 
     engine: str | None = None
@@ -79,7 +79,7 @@ class Diagnosis:
         }
 
 
-def _conditions_hold(sig: Signature, ctx: Context) -> bool:
+def _conditions_hold(sig: Signature, ctx: LogContext) -> bool:
     if sig.engine != "any" and ctx.engine is not None and sig.engine != ctx.engine:
         return False
     if sig.versions and ctx.version is not None and not (sig.versions[0] <= ctx.version <= sig.versions[1]):
@@ -149,7 +149,7 @@ def _cut_traceback(log: LogText) -> range | None:
 
 
 def diagnose(
-    lines: Sequence[str], ctx: Context = Context(), signatures: Sequence[Signature] | None = None
+    lines: Sequence[str], ctx: LogContext = LogContext(), signatures: Sequence[Signature] | None = None
 ) -> Diagnosis:
     """Classify an engine log. Only positive evidence of serving, with no failure, is `healthy`."""
     sigs = builtin_signatures() if signatures is None else signatures
@@ -307,7 +307,7 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
 __all__ = [
     "CATEGORIES",
     "READY_PATTERNS",
-    "Context",
+    "LogContext",
     "Diagnosis",
     "GiveUp",
     "Relaunch",

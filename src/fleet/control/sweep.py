@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.crashes import Context, Signature, diagnose
+from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError
 from fleet.facts import parse_facts, probe_source
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
@@ -69,7 +69,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
     st = facts.remote.state or {}
     lines = [redact(x, options.secrets) for x in raw.get("log_lines") or []]  # an engine may echo a secret
-    diagnosis = diagnose(lines, Context(engine=st.get("engine")), options.signatures) if lines else None
+    diagnosis = diagnose(lines, LogContext(engine=st.get("engine")), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 
 
