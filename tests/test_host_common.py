@@ -53,10 +53,43 @@ def test_proc_cmdline_padding_from_setproctitle_is_dropped() -> None:
 
 @pytest.mark.parametrize(
     ("package", "name"),
-    [("fleet", "host_common.py"), ("fleet.facts", "probe.py"), ("fleet.control", "remote_act.py")]
+    [("fleet", "protocol.py"), ("fleet", "host_common.py"), ("fleet.facts", "probe.py")]
+    + [("fleet.control", "remote_act.py")]
     + [("fleet.control", "remote_watch.py"), ("fleet.control", "remote_health.py")],
 )
 def test_host_code_is_ascii_and_parses_as_python_3_8(package: str, name: str) -> None:
     text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
     assert text.isascii(), [line for line in text.splitlines() if not line.isascii()][:3]
-    ast.parse(text, feature_version=(3, 8))
+    tree = ast.parse(text, feature_version=(3, 8))
+    assert not _annotations_python_3_8_cannot_evaluate(tree)
+
+
+def _annotations_python_3_8_cannot_evaluate(tree: ast.AST) -> list[str]:
+    """`dict[str, int]` and `int | None` parse as Python 3.8 but fail there when evaluated: in function
+    signatures and at module or class level (local variable annotations are never evaluated)."""
+    evaluated: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            args = node.args
+            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            evaluated += [a.annotation for a in every if a is not None and a.annotation is not None]
+            if node.returns is not None:
+                evaluated.append(node.returns)
+        if isinstance(node, ast.Module | ast.ClassDef):
+            evaluated += [n.annotation for n in node.body if isinstance(n, ast.AnnAssign)]
+    bad = []
+    for annotation in evaluated:
+        for part in ast.walk(annotation):
+            builtin_generic = (
+                isinstance(part, ast.Subscript)
+                and isinstance(part.value, ast.Name)
+                and part.value.id in ("dict", "list", "set", "tuple", "frozenset", "type")
+            )
+            if builtin_generic or (isinstance(part, ast.BinOp) and isinstance(part.op, ast.BitOr)):
+                bad.append(ast.unparse(annotation))
+    return bad
+
+
+def test_the_python_3_8_annotation_check_finds_what_3_8_cannot_evaluate() -> None:
+    tree = ast.parse("def f(a: dict[str, int]) -> int | None: ...\nclass C:\n    x: list[int]\n")
+    assert _annotations_python_3_8_cannot_evaluate(tree) == ["dict[str, int]", "int | None", "list[int]"]

@@ -13,10 +13,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from tenacity import (
     Retrying,
@@ -42,6 +42,7 @@ from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
 from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResult, build_plan
+from fleet.protocol import STATE_SCHEMA, ActResult, Launched, LockResult, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
 from fleet.transport.base import python_script
@@ -148,7 +149,7 @@ def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext
     )
 
 
-def locked(host_name: str, lock: dict[str, Any], since: str = "") -> LockedError:
+def locked(host_name: str, lock: LockResult, since: str = "") -> LockedError:
     holder = lock.get("holder_pid")
     working = f"; its process {holder} on the host is running" if holder else ""
     return LockedError(
@@ -159,7 +160,7 @@ def locked(host_name: str, lock: dict[str, Any], since: str = "") -> LockedError
     )
 
 
-def unwritable_host_dir(host_name: str, what: str, setting: str, found: dict[str, Any]) -> PreflightError:
+def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, Any]) -> PreflightError:
     """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
     return PreflightError(
         f"{host_name}: {what} {found.get('path')} on the host cannot be written ({found.get('error')}). "
@@ -168,7 +169,7 @@ def unwritable_host_dir(host_name: str, what: str, setting: str, found: dict[str
     )
 
 
-def unwritable_state_dir(host_name: str, lock: dict[str, Any]) -> PreflightError:
+def unwritable_state_dir(host_name: str, lock: LockResult) -> PreflightError:
     """The host-side step could not take its lock: the state directory cannot be made or written."""
     return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
 
@@ -211,6 +212,25 @@ class Deployer:
 
     # -- remote steps ---------------------------------------------------------------------------------
 
+    def record(self, plan: LaunchPlan, status: str, *, attempt: int) -> StateRecord:
+        """The deployment record (state.json) for this plan: the one place its shape is written."""
+        rec: StateRecord = {
+            "schema": STATE_SCHEMA,
+            "playbook": self.playbook_name,
+            "host": self.host.name,
+            "engine": plan.engine,
+            "engine_version": show_version(plan.engine_version),
+            "plan": plan.to_json(),
+            "smoke": self.smoke,
+            "port": plan.port,
+            "served_name": plan.served_name,
+            "check_address": plan.check_address,
+            "status": status,
+            "attempt": attempt,
+            "updated": time.time(),
+        }
+        return rec
+
     def _lock_args(self, command: str) -> dict[str, Any]:
         return {
             "state_dir": self.host.settings.state_dir,
@@ -240,10 +260,10 @@ class Deployer:
         launch: bool,
         check: bool,
         recorded_pgid: int | None,
-        state: dict[str, Any] | None,
+        state: StateRecord | None,
         release_lock: bool = False,
         command: str = "deploy",
-    ) -> dict[str, Any]:
+    ) -> ActResult:
         args: dict[str, Any] = {
             "lock": self._lock_args(command),
             "free": self._free_args(plan.port, recorded_pgid),
@@ -265,21 +285,24 @@ class Deployer:
                 "env": env,
                 "log_dir": self.host.settings.log_dir,
             }
-        return run_json(
-            self.t,
-            plan.python,
-            remote_source("remote_act.py"),
-            args,
-            stdin=json.dumps(self.secrets).encode(),
-            timeout_s=self.drain_s + 240,
+        return cast(
+            ActResult,
+            run_json(
+                self.t,
+                plan.python,
+                remote_source("remote_act.py"),
+                args,
+                stdin=json.dumps(self.secrets).encode(),
+                timeout_s=self.drain_s + 240,
+            ),
         )
 
     def watch(
-        self, plan: LaunchPlan, launched: dict[str, Any], success: dict[str, Any], on_line: Callable[[str], None]
-    ) -> list[dict[str, Any]]:
+        self, plan: LaunchPlan, launched: Launched, success: dict[str, Any], on_line: Callable[[str], None]
+    ) -> list[WatchEvent]:
         """Stream the attempt; reconnect and resume from the last byte offset if the connection drops."""
         offset = 0
-        events: list[dict[str, Any]] = []
+        events: list[WatchEvent] = []
         buf = b""
 
         def on_chunk(chunk: bytes) -> bool:
@@ -366,23 +389,8 @@ class Deployer:
             result.attempts.append(rec)
             t0 = time.monotonic()
             self.progress("attempt", {"attempt": attempt, "max": self.max_attempts, "argv": plan.argv()})
-            state = {
-                "playbook": self.playbook_name,
-                "host": self.host.name,
-                "engine": plan.engine,
-                "engine_version": show_version(plan.engine_version),
-                "plan": plan.to_json(),
-                "smoke": self.smoke,
-                "port": plan.port,
-                "served_name": plan.served_name,
-                "check_address": plan.check_address,
-                "status": "starting",
-                "attempt": attempt,
-                "run_id": self.run_id,
-                "deployed_by": self.owner,
-                "updated": time.time(),
-                "learned_key": learned_key,
-            }
+            state = self.record(plan, "starting", attempt=attempt)
+            state["run_id"], state["deployed_by"], state["learned_key"] = self.run_id, self.owner, learned_key
             out = self.act(
                 plan, attempt=attempt, launch=True, check=self.engine_check, recorded_pgid=recorded_pgid, state=state
             )
@@ -464,7 +472,7 @@ class Deployer:
                 },
             )
 
-    def _stop_if_locked_or_unsafe(self, out: dict[str, Any]) -> None:
+    def _stop_if_locked_or_unsafe(self, out: ActResult) -> None:
         lock = out["lock"]
         if lock["status"] == "unwritable":
             raise unwritable_state_dir(self.host.name, lock)
@@ -500,8 +508,8 @@ class Deployer:
             )
 
     def _watch_attempt(
-        self, plan: LaunchPlan, out: dict[str, Any], rec: Attempt, success: dict[str, Any]
-    ) -> tuple[list[dict[str, Any]], list[str]]:
+        self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any]
+    ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
         self.progress(
             "stopped", {"stopped": out.get("stopped", []), "left": out.get("left", []), "memory": out.get("memory")}
@@ -529,23 +537,12 @@ class Deployer:
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> None:
         """Stop what the failed attempt left running (a server printing garbage must not stay up)."""
-        state = {  # merged on the host into the attempt's record: its pid, learned key and version stay
-            "playbook": self.playbook_name,
-            "host": self.host.name,
-            "engine": plan.engine,
-            "engine_version": show_version(plan.engine_version),
-            "plan": plan.to_json(),
-            "status": "failed",
-            "reason": reason,
-            "attempt": rec.number,
-            "diagnosis": rec.diagnosis.to_json() if rec.diagnosis else None,
-            "updated": time.time(),
-            "log": rec.log,
-            "smoke": self.smoke,
-            "port": plan.port,
-            "served_name": plan.served_name,
-            "check_address": plan.check_address,
-        }
+        # merged on the host into the attempt's record: its pid, learned key and run stay
+        state = self.record(plan, "failed", attempt=rec.number)
+        state["reason"] = reason
+        state["diagnosis"] = rec.diagnosis.to_json() if rec.diagnosis else None
+        if rec.log:
+            state["log"] = rec.log
         with contextlib.suppress(TransportError, HostStepError):
             self.act(
                 plan,
@@ -559,7 +556,7 @@ class Deployer:
             )
 
 
-def _rollback_said(out: dict[str, Any]) -> str:
+def _rollback_said(out: ActResult) -> str:
     if back := out.get("rolled_back"):
         return f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), unchecked."
     if why := out.get("rollback_failed"):
@@ -567,7 +564,7 @@ def _rollback_said(out: dict[str, Any]) -> str:
     return "there was no previous server to relaunch."
 
 
-def _synthetic_line(ev: dict[str, Any]) -> str | None:
+def _synthetic_line(ev: WatchEvent) -> str | None:
     """What fleet itself observed, as a log line the knowledge base can match."""
     if ev["e"] == "smoke":
         if ev.get("status") == 200:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Dict, List, Set
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
@@ -34,6 +35,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
         write_record,
     )
+    from fleet.protocol import ActResult
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
 # never in a file or a command line), waits, and records the exit status atomically. It is a Python of
@@ -70,7 +72,10 @@ def proc(pid):
     except OSError:
         return None
     rest = stat.rsplit(")", 1)[-1].split()
-    uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
+    found = re.search(r"^Uid:\s+(\d+)", status, re.M)
+    if found is None:
+        return None
+    uid = int(found.group(1))
     try:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -113,7 +118,7 @@ def alive(pid):
 
 def live_process_groups():
     """Process group ids that have a member still running (a zombie has exited: it does not count)."""
-    out = set()
+    out: Set[int] = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
@@ -178,7 +183,7 @@ def tcp_sockets():
 
 def socket_inodes(pid):
     """Inodes of the sockets `pid` holds open (empty when its fds cannot be read)."""
-    out = set()
+    out: Set[str] = set()
     try:
         fds = os.listdir("/proc/%d/fd" % pid)
     except OSError:
@@ -417,7 +422,7 @@ def stop_targets(targets, procs, drain_s):
     """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
     SGLang group is SIGKILLed at once (nothing to drain)."""
     own_pgid = os.getpgid(0)
-    groups = {}
+    groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
         groups.setdefault(info["pgid"], []).append(pid)
     signalled = []  # (pgid, whole group?, idle SGLang?)
@@ -598,6 +603,7 @@ def launch(a, secrets):
         cwd=log_dir,
     )
     os.close(log_fd)
+    assert child.stdin is not None
     child.stdin.write((json.dumps(env) + "\n").encode())
     child.stdin.close()
     latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
@@ -619,7 +625,7 @@ def launch(a, secrets):
 def main():
     a = json.loads(sys.argv[1])
     secrets = json.loads(sys.stdin.read() or "{}")
-    out = {"host": socket.gethostname()}
+    out: ActResult = {"host": socket.gethostname()}
     lock = take_lock(a["lock"])
     out["lock"] = lock
     if lock["status"] != "taken":  # held by another run, or no state directory to hold it in

@@ -12,6 +12,13 @@ import os
 import subprocess
 import sys
 import time
+from typing import List
+
+try:  # prepended when sent: the probe (collect) and the shared host code
+    collect  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests, mypy)
+    from fleet.facts.probe import collect
+    from fleet.host_common import bounded_search, read_record
 
 HEALTH_LOG_LINES = 2000
 
@@ -70,16 +77,16 @@ def _metric_total(text):
 
 def health_main():
     args = json.loads(sys.argv[1])
-    facts = collect(args)  # noqa: F821 - defined by the probe text this is appended to
+    facts = collect(args)
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
     book_path = os.path.join(state_dir, "health.json")
-    book = read_record(book_path) or {}  # noqa: F821 - host_common, prepended with the probe
+    book = read_record(book_path) or {}
     st = (facts.get("state") or {}).get("state") or {}
     out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
     pid = st.get("pid")
     if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
         alive = os.path.exists("/proc/%d" % pid)
-        cmd = ""
+        cmd: List[str] = []
         if alive:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
                 cmd = f.read().decode("utf-8", "replace").split("\0")
@@ -132,7 +139,7 @@ def health_main():
                     answer = json.loads(body)["choices"][0]["message"]["content"] or ""
                 except (ValueError, KeyError, IndexError, TypeError):
                     answer = None
-            ok = answer is not None and bool(bounded_search(smoke["expect"], answer))  # noqa: F821 - host_common
+            ok = answer is not None and bool(bounded_search(smoke["expect"], answer))
             out["http"]["generation"] = {
                 "status": code,
                 "ok": ok,

@@ -309,7 +309,7 @@ def main():
                 on_success(a)
                 emit({"e": "done"})
                 return
-            if time.time() > health_deadline:
+            if health_deadline is not None and time.time() > health_deadline:
                 emit({"e": "timeout", "what": "health", "status": status})
                 return
             time.sleep(0.2)

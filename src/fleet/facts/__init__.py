@@ -190,8 +190,10 @@ def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[G
 
 
 def host_common_source() -> str:
-    """The code every host script shares (fleet.host_common), prepended to each when it is sent."""
-    return resources.files("fleet").joinpath("host_common.py").read_text(encoding="utf-8")
+    """The code every host script shares (fleet.protocol's types, fleet.host_common), prepended to each
+    when it is sent."""
+    package = resources.files("fleet")
+    return "\n".join(package.joinpath(f).read_text(encoding="utf-8") for f in ("protocol.py", "host_common.py"))
 
 
 def probe_source() -> str:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any, Dict, List
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
@@ -151,7 +152,7 @@ def _listeners_proc():
 
 
 def _socket_owners(listeners):
-    owners = {}
+    owners: Dict[str, int] = {}
     for pid in _pids():
         try:
             fds = os.listdir("/proc/%d/fd" % pid)
@@ -289,12 +290,12 @@ def _nvidia_smi():
     if out.returncode != 0:
         return {"source": "nvidia-smi", "gpus": [], "error": out.stderr.decode()[-500:]}
     gpus = []
-    by_uuid = {}
+    by_uuid: Dict[str, Dict[str, Any]] = {}
     for line in out.stdout.decode().splitlines():
         f = [x.strip() for x in line.split(",")]
         if len(f) < 7:
             continue
-        gpu = {
+        gpu: Dict[str, Any] = {
             "index": int(f[0]),
             "name": f[1],
             "uuid": f[2],
@@ -480,7 +481,7 @@ def _state(state_dir):
 def collect(args):
     listeners = _listeners()
     owners = _socket_owners(listeners)
-    ports_by_pid = {}
+    ports_by_pid: Dict[int, List[Dict[str, Any]]] = {}
     for inode, (addr, port) in listeners.items():
         pid = owners.get(inode)
         ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})

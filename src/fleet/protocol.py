@@ -1,0 +1,122 @@
+"""What fleet and the scripts it runs on a host say to each other: one definition for both sides.
+
+Standard library only, Python 3.8, ASCII: prepended (with fleet.host_common) to every host script, and
+imported by fleet itself. A host step gets its request as one JSON argument (secrets on stdin) and
+answers with one JSON document (the act and health steps) or JSON lines (the watcher's events).
+"""
+
+from typing import Any, Dict, List, Optional
+
+try:
+    from typing import TypedDict
+except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are documentation there
+    TypedDict = dict  # type: ignore
+
+# The deployment record on the host (state_dir/state.json). Version 1 adds the field itself; records
+# without it are read as version 1 too: every field is optional and read with a default.
+STATE_SCHEMA = 1
+
+
+class StateRecord(TypedDict, total=False):
+    """state.json: written whole when an attempt launches, then only merged into (status changes)."""
+
+    schema: int
+    playbook: str
+    host: str
+    engine: str
+    engine_version: Optional[str]
+    plan: Dict[str, Any]
+    smoke: Dict[str, Any]
+    port: int
+    served_name: str
+    check_address: str
+    status: str  # starting | ready | unverified | failed | stopped
+    reason: str
+    attempt: int
+    attempts: int
+    applied_fixes: List[str]
+    diagnosis: Optional[Dict[str, Any]]
+    run_id: str
+    deployed_by: str
+    learned_key: str
+    updated: float
+    ready_at: float
+    # the launched process, exactly (a pid alone is reused): see kill_verdict
+    pid: int
+    pgid: int
+    start_ticks: Optional[int]
+    boot_id: Optional[str]
+    started: float
+    log: str
+    exit_file: str
+
+
+class LockResult(TypedDict, total=False):
+    status: str  # taken | held | unwritable
+    owner: Optional[str]
+    since: Optional[float]
+    age_s: Optional[float]
+    command: Optional[str]
+    holder_pid: Optional[int]
+    taken_over: Optional[Dict[str, Any]]
+    path: str
+    error: str
+
+
+class CheckResult(TypedDict):
+    verdict: str  # accepted | rejected | could_not_check
+    output: str
+
+
+class Launched(TypedDict):
+    pid: int
+    pgid: int
+    log: str
+    exit_file: str
+    started: float
+    start_ticks: Optional[int]
+
+
+class ActResult(TypedDict, total=False):
+    """The act step's answer: lock, engine check, what it stopped, refused and left, what it launched."""
+
+    host: str
+    lock: LockResult
+    check: CheckResult
+    refused: List[Dict[str, Any]]
+    left: List[Dict[str, Any]]
+    stopped: List[Dict[str, Any]]
+    forced: List[int]
+    memory: Dict[str, Any]
+    launched: Launched
+    recorded_group_reused: int
+    log_dir_unwritable: Dict[str, Any]
+    short_of_space: Dict[str, Any]
+    write_failed: Dict[str, Any]
+    rolled_back: Launched
+    rollback_failed: str
+    error: str
+    traceback: str
+
+
+class WatchEvent(TypedDict, total=False):
+    """One line of the watcher's output. `e` says which: line (o: offset after it, t: text), log_reset
+    (why), ready_line, ready_http, health (code), smoke (ok, status, text), exit (code), timeout (what,
+    after_s), lost_lock (why), error (error), done."""
+
+    e: str
+    o: int
+    t: str
+    why: str
+    code: Optional[int]
+    ok: bool
+    status: Optional[int]
+    text: str
+    what: str
+    after_s: float
+    error: str
+
+
+class HealDecision(TypedDict):
+    allowed: bool
+    recent: int
