@@ -299,6 +299,12 @@ PLAYBOOK_CASES = [
         "runs; if that is intended, list it in allow_runtime_env: [PATH] too.",
     ),
     (
+        "env-home",
+        PLAYBOOK_OK + "env: {HOME: /tmp/evilhome}\n",
+        'pb.yaml:7: field "env.HOME" sets HOME, which changes what program, library or startup code '
+        "runs; if that is intended, list it in allow_runtime_env: [HOME] too.",
+    ),
+    (
         "secret-env-loader",
         PLAYBOOK_OK + "secret_env: [HF_TOKEN, BASH_ENV]\n",
         'pb.yaml:7: field "secret_env" sets BASH_ENV, which changes what program, library or startup code '

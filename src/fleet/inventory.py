@@ -510,7 +510,10 @@ def _check_env_names(names: Iterable[str]) -> None:
 RUNTIME_ENV = frozenset(
     {
         "PATH",
+        "HOME",  # moves Python's user site-packages (a .pth there runs code) and every dotfile read
         "PYTHONPATH",
+        "PYTHONWARNINGS",  # imports the module a warning filter names
+        "PYTHONBREAKPOINT",
         "PYTHONHOME",
         "PYTHONSTARTUP",
         "PYTHONUSERBASE",

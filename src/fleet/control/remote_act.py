@@ -582,36 +582,53 @@ def launch_and_record(a, secrets, state_dir, previous, out):
                 pass
 
 
+def new_log(log_dir, name, attempt):
+    """(log path, exit file path) of a new attempt, never an earlier one's: two launches within one
+    second (a restart right after a failure) once shared a log and the earlier attempt's exit file."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(100):
+        base = os.path.join(log_dir, "%s-%s-attempt%d%s" % (name, stamp, attempt, ".%d" % n if n else ""))
+        try:
+            fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except FileExistsError:
+            continue
+        return fd, base + ".log", base + ".exit"
+    raise OSError("no free log name in %s" % log_dir)
+
+
 def launch(a, secrets):
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    base = os.path.join(log_dir, "%s-%s-attempt%d" % (a["name"], stamp, a["attempt"]))
-    log_path = base + ".log"
-    exit_path = base + ".exit"
+    log_fd, log_path, exit_path = new_log(log_dir, a["name"], a["attempt"])
     env = dict(os.environ)
     env.update(a["env"])
     env.update(secrets)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    child = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, LAUNCH_MARK, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
-        stdin=subprocess.PIPE,
-        stdout=log_fd,
-        stderr=log_fd,
-        start_new_session=True,
-        close_fds=True,
-        cwd=log_dir,
-    )
-    os.close(log_fd)
-    assert child.stdin is not None
-    child.stdin.write((json.dumps(env) + "\n").encode())
-    child.stdin.close()
-    latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
     try:
-        os.unlink(latest)
+        child = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, LAUNCH_MARK, exit_path] + [expand(a["argv"][0])] + a["argv"][1:],
+            stdin=subprocess.PIPE,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+            cwd=log_dir,
+        )
+    finally:
+        os.close(log_fd)
+    try:
+        assert child.stdin is not None
+        child.stdin.write((json.dumps(env) + "\n").encode())
+        child.stdin.close()
+    except BaseException:  # started but not given its environment: it must not run unrecorded
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
+    latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
+    try:  # a convenience for people on the host; a full disk or a squatted name must not fail the launch
+        if os.path.islink(latest):
+            os.unlink(latest)
+        os.symlink(os.path.basename(log_path), latest)
     except OSError:
         pass
-    os.symlink(os.path.basename(log_path), latest)
     return {
         "pid": child.pid,
         "pgid": child.pid,

@@ -306,12 +306,27 @@ class SshTransport:
         self._timeout_s = s.connect_timeout_s
         self._liveness = _Liveness()
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
+        if s.proxy_jump:  # a silent or refusing hop may be the jump host: say the path
+            self._where += f" (through ProxyJump {s.proxy_jump})"
 
     def _key_owner(self, key_name: str) -> str:
-        """Whose key a known_hosts name is: the host's own, or a ProxyJump host's (named as such)."""
-        s_port = self._conn.port
-        own = self._conn.host if s_port == 22 else f"[{self._conn.host}]:{s_port}"
-        return self._where if key_name == own else f"the jump host {key_name} (ProxyJump for {self._where})"
+        """Whose key a known_hosts name is: the host's own, or a ProxyJump host's (named as such).
+        paramiko names a host `[host]:port` or just `host`, depending on where it reports from."""
+        host, port = self._conn.host, self._conn.port
+        if key_name in (host, f"[{host}]:{port}"):
+            return self._where
+        return f"the jump host {key_name} (ProxyJump for {self._where})"
+
+    def _known_hosts_name(self, key_name: str) -> str:
+        """The name `ssh-keygen -R` needs: known_hosts keeps a non-22 port as `[host]:port`."""
+        if key_name.startswith("["):
+            return key_name
+        hop: Any = self._conn
+        while isinstance(hop, Connection):
+            if hop.host == key_name:
+                return key_name if hop.port == 22 else f"[{key_name}]:{hop.port}"
+            hop = hop.gateway
+        return key_name
 
     def _bad_identity(self, reason: str) -> ConfigError:
         return ConfigError(
@@ -335,8 +350,8 @@ class SshTransport:
                 raise HostKeyError(
                     f"{self.host_name}: the host key of {self._key_owner(exc.hostname)} has CHANGED "
                     f"(known_hosts: {self._known_hosts}).",
-                    f"If it was reinstalled, remove the old key with `ssh-keygen -R '{exc.hostname}'`; otherwise "
-                    "stop: this may be an attack.",
+                    f"If it was reinstalled, remove the old key with "
+                    f"`ssh-keygen -R '{self._known_hosts_name(exc.hostname)}'`; otherwise stop: this may be an attack.",
                 ) from exc
             except _UnknownKey as exc:
                 consent = "--accept-new-jump-host-key" if exc.jump else "--accept-new-host-key"

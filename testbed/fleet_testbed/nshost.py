@@ -1,0 +1,144 @@
+"""A simulated GPU host without sshd, for fast tests of the deploy loop: fleet's own host scripts run
+unchanged in the host's own PID and mount namespaces (so `ps`, `fuser` and `kill` there see only that
+host), entered with nsenter instead of over SSH. Same scripts, same protocol; only the channel differs.
+
+Needs root and util-linux's unshare/nsenter (`available()` says); tests skip without them.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from fleet.errors import HostUnreachable, TransportError
+from fleet.inventory import Host, load_inventory
+from fleet.transport.base import CommandResult, OnChunk
+from fleet_testbed import simhost
+
+
+def available() -> bool:
+    return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("nsenter"))
+
+
+class NamespaceHost:
+    """One simulated host: its directory (simhost.build_host) and a namespace kept open by a sleeper."""
+
+    def __init__(self, root: Path, spec: simhost.HostSpec, bind_address: str) -> None:
+        self.spec = replace(spec, address=bind_address)
+        self.dir = simhost.build_host(root, self.spec)
+        simhost.set_host(self.dir, startup_scale=0.05)
+        self._outer = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"],
+            start_new_session=True,
+        )
+        self.init_pid = self._inner_pid()
+        self.env = {
+            "PATH": f"{self.dir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(self.dir),
+            "SIM_HOST_DIR": str(self.dir),
+            "LANG": "C.UTF-8",
+        }
+        inventory = root / f"{spec.name}-inventory.yaml"
+        inventory.write_text(
+            f"hosts:\n  {spec.name}:\n    connection: local\n    bind_address: {bind_address}\n"
+            f"    engines: {{sglang: {self.dir}/env/bin/python}}\n    models_dir: {self.dir}/models\n"
+            f"    state_dir: {self.dir}/state\n    log_dir: {self.dir}/logs\n"
+            f"    gpu_devices: {self.dir}/dev/nvidia*\n"
+        )
+        self.host: Host = load_inventory(inventory).hosts[spec.name]
+
+    def _inner_pid(self) -> int:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            children = Path(f"/proc/{self._outer.pid}/task/{self._outer.pid}/children").read_text().split()
+            if children:
+                return int(children[0])
+            time.sleep(0.01)
+        raise RuntimeError("the namespace's sleeper did not start")
+
+    def transport(self) -> NamespaceTransport:
+        return NamespaceTransport(self)
+
+    def shell(self, command: str) -> str:
+        """A command inside the host, as a test's side door."""
+        return self.transport().run(command, timeout_s=30).text
+
+    def close(self) -> None:
+        """Ends the namespace: --kill-child takes every process of the host with it."""
+        self._outer.send_signal(signal.SIGKILL)
+        self._outer.wait()
+
+
+class NamespaceTransport:
+    """fleet's Transport protocol, into a NamespaceHost. `cut_after` (bytes) ends a stream early the way
+    a dropped connection does, to test resuming."""
+
+    def __init__(self, host: NamespaceHost) -> None:
+        self.nshost = host
+        self.host_name = host.spec.name
+        self.commands_run = 0
+        self.cut_after: int | None = None
+
+    def _argv(self, script: str) -> list[str]:
+        return ["nsenter", "--target", str(self.nshost.init_pid), "--pid", "--mount", "--", "/bin/sh", "-c", script]
+
+    def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
+        self.commands_run += 1
+        try:
+            p = subprocess.run(
+                self._argv(script),
+                input=stdin,
+                capture_output=True,
+                timeout=timeout_s,
+                env=self.nshost.env,
+                start_new_session=True,  # as sshd runs each command
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "") from exc
+        return CommandResult(p.returncode, p.stdout, p.stderr)
+
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+        self.commands_run += 1
+        proc = subprocess.Popen(
+            self._argv(script),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=self.nshost.env,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(stdin)
+        proc.stdin.flush()  # held open while listening, as over SSH: its end tells the host fleet is gone
+        deadline = time.monotonic() + timeout_s
+        sent = 0
+        try:
+            while time.monotonic() < deadline:
+                if not select.select([proc.stdout], [], [], 0.5)[0]:
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    return proc.wait()
+                if self.cut_after is not None and sent + len(chunk) > self.cut_after:
+                    on_chunk(chunk[: self.cut_after - sent])
+                    self.cut_after = None
+                    raise HostUnreachable(f"{self.host_name}: the connection dropped (cut by the test).", "")
+                sent += len(chunk)
+                if not on_chunk(chunk):
+                    return -1
+            raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
+        finally:
+            proc.stdin.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+    def close(self) -> None:
+        pass
