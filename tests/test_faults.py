@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -407,3 +408,78 @@ def test_a_full_state_disk_is_refused_before_anything_is_stopped(fleet_env: simh
         assert "lock.json" not in on_host(fleet_env, f"ls -a {state}").stdout.split()
     finally:
         on_host(fleet_env, f"umount {state}; rm -rf {state}.saved")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_fleet_gone_during_the_engine_check_changes_nothing_on_the_host(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: signal.Signals
+) -> None:
+    """The act step holds fleet's stdin: when fleet goes (Ctrl-C, kill -9) while the engine's own check
+    runs, the host stops the check and changes nothing. It went on to stop the healthy server and launch
+    the new plan with nothing watching it (found by an adversarial run)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    before = state_of(fleet_env)
+    pbs = tmp_path / "pbs"
+    pbs.mkdir()
+    (pbs / "other.yaml").write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "mem_fraction: 0.8\n")
+    simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=4.0)
+    p = subprocess.Popen(
+        [FLEET, "deploy", "other", "--host", "ct129"],
+        env={**env_of(fleet_env), "FLEET_PLAYBOOKS": str(pbs)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    lock = fleet_env.host_dir("ct129") / "state" / "lock.json"
+    assert wait_for(lock.exists, 20)
+    time.sleep(1.0)
+    p.send_signal(how)
+    p.wait(timeout=30)
+    assert wait_for(lambda: no_stale_lock(fleet_env), 5), "the act step kept the lock after fleet was gone"
+    time.sleep(4.0)  # past the end of the check: nothing may happen later either
+    after = state_of(fleet_env)
+    assert (after["status"], after["pid"], after["playbook"]) == ("ready", before["pid"], "qwen36-27b")
+    assert len(servers(fleet_env)) == 1
+
+
+def test_fleet_gone_while_the_log_is_busy_still_frees_the_host(fleet_env: simhost.Sandbox) -> None:
+    """A watcher writing a busy log to a closed channel found fleet gone by a broken pipe, and died without
+    recording the server as unverified or releasing the lock (found by an adversarial run)."""
+    simhost.set_host(fleet_env.host_dir("ct129"), startup_scale=6.0)
+    p = deploy_in_background(fleet_env, quiet=True)
+    st = wait_launched(fleet_env)
+    stop = threading.Event()
+
+    def chatter() -> None:
+        with open(st["log"], "a") as log:
+            i = 0
+            while not stop.is_set():
+                log.write("".join(f"INFO chatty line {i + j}\n" for j in range(200)))
+                log.flush()
+                i += 200
+
+    writer = threading.Thread(target=chatter, daemon=True)
+    writer.start()
+    try:
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+        assert wait_for(lambda: no_stale_lock(fleet_env), 10), "the watcher kept the lock"
+    finally:
+        stop.set()
+        writer.join()
+    assert state_of(fleet_env)["status"] == "unverified"
+
+
+def test_a_log_disk_out_of_inodes_is_refused_before_anything_is_stopped(fleet_env: simhost.Sandbox) -> None:
+    """Bytes to spare but no inode left: the old server was stopped, then no log could be created."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    running = servers(fleet_env)
+    logs = fleet_env.host_dir("ct129") / "logs"
+    mounted = on_host(fleet_env, f"mount -t tmpfs -o size=500m,nr_inodes=8 tmpfs {logs}")
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        r = run_cli("restart", "--host", "ct129")
+        assert r.code == 4 and "free inodes in" in r.err and "before it stops anything" in r.err, r.err
+        assert servers(fleet_env) == running
+    finally:
+        on_host(fleet_env, f"umount {logs}")

@@ -93,3 +93,15 @@ def _annotations_python_3_8_cannot_evaluate(tree: ast.AST) -> list[str]:
 def test_the_python_3_8_annotation_check_finds_what_3_8_cannot_evaluate() -> None:
     tree = ast.parse("def f(a: dict[str, int]) -> int | None: ...\nclass C:\n    x: list[int]\n")
     assert _annotations_python_3_8_cannot_evaluate(tree) == ["dict[str, int]", "int | None", "list[int]"]
+
+
+def test_a_rollback_needs_every_secret_the_previous_server_ran_with() -> None:
+    from fleet.control.remote_act import previous_launch
+
+    previous = {"playbook": "p", "plan": {"argv": ["/py", "-m", "sglang.launch_server"], "secret_env": ["HF_TOKEN"]}}
+    assert previous_launch(previous, "/logs", {}) == (
+        "the previous server needs secrets this run does not carry (HF_TOKEN)"
+    )
+    back = previous_launch(previous, "/logs", {"HF_TOKEN": "x"})
+    assert isinstance(back, dict) and back["argv"][0] == "/py" and back["name"] == "p"
+    assert previous_launch(None, "/logs", {}) == "there was no previous server to relaunch"

@@ -56,6 +56,18 @@ def test_a_truncated_replaced_or_deleted_log_is_followed_and_reported(tmp_path: 
     assert events == [{"e": "log_reset", "why": "replaced"}] and [t for _, t in lines] == ["x"]
 
 
+def test_a_log_replaced_by_a_fifo_never_blocks_the_watcher(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_bytes(b"x\n")
+    follower = LogFollower(str(log), 0)
+    follower.read()
+    log.unlink()
+    os.mkfifo(log)  # opening it for reading would wait for a writer forever
+    start = time.monotonic()
+    assert follower.read() == ([], [{"e": "log_reset", "why": "made unreadable (not a regular file)"}])
+    assert time.monotonic() - start < 1
+
+
 def test_a_catastrophic_pattern_is_stopped_and_leaves_no_process() -> None:
     assert bounded_search(r"\d+", "answer 42") is True
     assert bounded_search(r"^\d+$", "no") is False

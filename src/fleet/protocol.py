@@ -95,6 +95,8 @@ class ActResult(TypedDict, total=False):
     write_failed: Dict[str, Any]
     rolled_back: Launched
     rollback_failed: str
+    rollback_unrecorded: bool
+    client_gone: bool  # fleet went away mid-step (never read by fleet: recorded for the host's own logs)
     error: str
     traceback: str
 

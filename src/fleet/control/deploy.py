@@ -45,7 +45,7 @@ from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResul
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, LockResult, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
-from fleet.transport.base import python_script
+from fleet.transport.base import CommandResult, python_script
 
 READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
@@ -69,10 +69,27 @@ def run_json(
     stdin: bytes = b"",
     timeout_s: float = 300.0,
     step: str = "deploy",
+    *,
+    hold_stdin: bool = False,
 ) -> dict[str, Any]:
     """Run a host script that prints one JSON document; a script that fails on the host is a
-    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug."""
-    result = transport.run(python_script(python, source, args), stdin=stdin, timeout_s=timeout_s)
+    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug.
+
+    `hold_stdin`: run it as a stream, whose stdin stays open until fleet has its answer; the script
+    (told by `client_on_stdin`) stops before changing anything when it ends: fleet is gone."""
+    if hold_stdin:
+        received = bytearray()
+
+        def keep(chunk: bytes) -> bool:
+            received.extend(chunk)
+            return True
+
+        args = {**args, "client_on_stdin": True}
+        script = python_script(python, source, args)
+        code = transport.stream(script, keep, stdin=stdin + b"\n", timeout_s=timeout_s)
+        result = CommandResult(code, bytes(received), b"")
+    else:
+        result = transport.run(python_script(python, source, args), stdin=stdin, timeout_s=timeout_s)
     try:
         data: dict[str, Any] = json.loads(result.text)
     except ValueError as exc:
@@ -294,6 +311,7 @@ class Deployer:
                 args,
                 stdin=json.dumps(self.secrets).encode(),
                 timeout_s=self.drain_s + 240,
+                hold_stdin=True,
             ),
         )
 
@@ -485,9 +503,9 @@ class Deployer:
             raise unwritable_host_dir(self.host.name, "the log directory", "log_dir", unwritable)
         if short := out.get("short_of_space"):
             raise PreflightError(
-                f"{self.host.name}: only {short['free_mib']} MiB free in {short['path']} ({short['setting']}); "
-                f"fleet needs {short['need_mib']} MiB there before it stops anything. Nothing on the host was "
-                "changed.",
+                f"{self.host.name}: {short['short']} in {short['path']} ({short['setting']}); fleet needs "
+                f"{short['need'] >> 20} MiB and some free inodes there before it stops anything. Nothing on the "
+                "host was changed.",
                 "Free disk space there first.",
             )
         if failed := out.get("write_failed"):
@@ -558,10 +576,12 @@ class Deployer:
 
 def _rollback_said(out: ActResult) -> str:
     if back := out.get("rolled_back"):
-        return f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), unchecked."
-    if why := out.get("rollback_failed"):
-        return f"the previous server could not be relaunched either ({why}): the host has no server."
-    return "there was no previous server to relaunch."
+        unrecorded = " (not recorded: `fleet status` names the old pid)" if out.get("rollback_unrecorded") else ""
+        return (
+            f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), "
+            f"unchecked{unrecorded}."
+        )
+    return f"the previous server was not relaunched: {out.get('rollback_failed')}. The host has no server."
 
 
 def _synthetic_line(ev: WatchEvent) -> str | None:

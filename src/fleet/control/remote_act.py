@@ -16,10 +16,12 @@ import json
 import os
 import pwd
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Set
 
@@ -301,24 +303,42 @@ CHECKS = {
 }
 
 
-def engine_check(c):
+def client_gone(a):
+    """Whether fleet has gone away (its end of stdin closed: Ctrl-C, kill -9, a cut connection). Only
+    asked when fleet said it holds stdin open while it waits for this step."""
+    if not a.get("client_on_stdin"):
+        return False
+    try:
+        if not select.select([0], [], [], 0)[0]:
+            return False
+        return os.read(0, 4096) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def engine_check(c, gone):
     code = CHECKS.get(c["engine"])
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
     env = dict(os.environ, **c.get("env", {}))
-    try:
-        p = subprocess.run(
-            [expand(c["python"]), "-c", code] + c["args"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            timeout=c.get("timeout_s", 180),
-        )
-    except subprocess.TimeoutExpired:
-        return {"verdict": "could_not_check", "output": "the check timed out"}
-    except OSError as exc:
-        return {"verdict": "could_not_check", "output": str(exc)}
-    out = p.stdout.decode("utf-8", "replace")[-20000:]
+    deadline = time.time() + c.get("timeout_s", 180)
+    with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
+        try:
+            p = subprocess.Popen(
+                [expand(c["python"]), "-c", code] + c["args"], stdout=output, stderr=subprocess.STDOUT, env=env
+            )
+        except OSError as exc:
+            return {"verdict": "could_not_check", "output": str(exc)}
+        while p.poll() is None:
+            if gone() or time.time() > deadline:
+                p.kill()
+                p.wait()
+                if time.time() > deadline:
+                    return {"verdict": "could_not_check", "output": "the check timed out"}
+                return {"verdict": "client_gone", "output": ""}
+            time.sleep(0.05)
+        output.seek(0)
+        out = output.read().decode("utf-8", "replace")[-20000:]
     if p.returncode == 0:
         return {"verdict": "accepted", "output": out[-2000:]}
     if p.returncode == 2 and "error:" in out:
@@ -509,6 +529,9 @@ def unwritable_dir(path):
     return None
 
 
+MIN_FREE_INODES = 64  # a launch creates a log, an exit file, temporary records: a handful, with room
+
+
 def short_of_space(needs):
     """The first directory fleet will write with less free space than it needs, or None: checked before
     anything is stopped, so a full disk refuses the deploy instead of leaving the host with no server."""
@@ -523,15 +546,21 @@ def short_of_space(needs):
             continue
         free = st.f_bavail * st.f_frsize
         if st.f_blocks and free < need:  # no blocks at all: /proc and the like, not a disk
-            return {"setting": setting, "path": path, "free_mib": free >> 20, "need_mib": need >> 20}
+            return {"setting": setting, "path": path, "short": "only %d MiB free" % (free >> 20), "need": need}
+        if st.f_files and st.f_favail < MIN_FREE_INODES:  # bytes to spare, but no file can be created
+            return {"setting": setting, "path": path, "short": "only %d free inodes" % st.f_favail, "need": need}
     return None
 
 
-def previous_launch(previous, log_dir):
-    """The launch arguments of the server a record describes (to roll back to it), or None."""
+def previous_launch(previous, log_dir, secrets):
+    """The launch arguments of the server a record describes (to roll back to it), or why there are none:
+    without the secrets it ran with it would start, but not as it was."""
     plan = previous.get("plan") if isinstance(previous, dict) else None
     if not isinstance(plan, dict) or not plan.get("argv"):
-        return None
+        return "there was no previous server to relaunch"
+    missing = sorted(set(plan.get("secret_env") or []) - set(secrets))
+    if missing:
+        return "the previous server needs secrets this run does not carry (%s)" % ", ".join(missing)
     env = dict((e["name"], e["value"]) for e in plan.get("env") or [] if isinstance(e, dict) and "name" in e)
     name = previous.get("playbook") or "rollback"
     return {"name": name, "attempt": 0, "argv": plan["argv"], "env": env, "log_dir": log_dir}
@@ -566,20 +595,29 @@ def launch_and_record(a, secrets, state_dir, previous, out):
                 os.killpg(launched["pgid"], signal.SIGKILL)
             except OSError:
                 pass
-        back = previous_launch(previous, a["launch"]["log_dir"]) if out.get("stopped") else None
-        if back:
+        if not out.get("stopped"):
+            return
+        back = previous_launch(previous, a["launch"]["log_dir"], secrets)
+        if isinstance(back, str):
+            out["rollback_failed"] = back
+            return
+        try:
+            out["rolled_back"] = launch(back, secrets)
+        except OSError as again:
+            out["rollback_failed"] = again.strerror or str(again)
+            return
+        rec = dict(previous, status="unverified", reason="relaunched by fleet's rollback, not checked")
+        rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
+        rec["boot_id"] = boot_id()
+        try:
+            write_record(st_path, rec)
+        except OSError:  # no room for a new file: rewrite the old one in place (its blocks are there)
             try:
-                out["rolled_back"] = launch(back, secrets)
-            except OSError as again:
-                out["rollback_failed"] = again.strerror or str(again)
-                return
-            try:  # best effort: the disk is full, but a little space may have come back
-                rec = dict(previous, status="unverified", reason="relaunched by fleet's rollback, not checked")
-                rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
-                rec["boot_id"] = boot_id()
-                write_record(st_path, rec)
+                with open(st_path, "r+") as f:
+                    f.write(json.dumps(rec, sort_keys=True))
+                    f.truncate()
             except OSError:
-                pass
+                out["rollback_unrecorded"] = True
 
 
 def new_log(log_dir, name, attempt):
@@ -594,6 +632,17 @@ def new_log(log_dir, name, attempt):
             continue
         return fd, base + ".log", base + ".exit"
     raise OSError("no free log name in %s" % log_dir)
+
+
+def mark_unverified(state_dir):
+    st_path = os.path.join(state_dir, "state.json")
+    st = read_record(st_path) or {}
+    st.update(
+        status="unverified",
+        reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
+        updated=time.time(),
+    )
+    write_record(st_path, st)
 
 
 def launch(a, secrets):
@@ -641,7 +690,8 @@ def launch(a, secrets):
 
 def main():
     a = json.loads(sys.argv[1])
-    secrets = json.loads(sys.stdin.read() or "{}")
+    # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
+    secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
     lock = take_lock(a["lock"])
     out["lock"] = lock
@@ -653,8 +703,12 @@ def main():
     if a.get("release_lock_only"):
         release_lock(state_dir, a["lock"]["run_id"])
         return out
+
+    def gone():
+        return client_gone(a)
+
     if a.get("check"):
-        out["check"] = engine_check(a["check"])
+        out["check"] = engine_check(a["check"], gone)
         if out["check"]["verdict"] == "rejected":
             return out
     if a.get("launch"):
@@ -681,6 +735,10 @@ def main():
     out["refused"] = refused
     if refused and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
         return out
+    if gone():  # nobody would watch what happens next: change nothing, free the host
+        release_lock(state_dir, a["lock"]["run_id"])
+        out["client_gone"] = True
+        return out
     before = nvml_pids_and_memory()[1]
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"])
@@ -701,6 +759,11 @@ def main():
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:
             release_lock(state_dir, a["lock"]["run_id"])
+            return out
+        if gone():  # gone after the stop: the launch stands, recorded as never checked
+            mark_unverified(state_dir)
+            release_lock(state_dir, a["lock"]["run_id"])
+            out["client_gone"] = True
             return out
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
         st_path = os.path.join(state_dir, "state.json")

@@ -18,6 +18,7 @@ connection cut) the watcher records the server as unverified, releases the lock 
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -33,9 +34,16 @@ POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
 
 
+class ClientGone(Exception):
+    """fleet's end of the channel is closed: nobody reads what this watcher says any more."""
+
+
 def emit(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError) as exc:  # the pipe, or stdout already closed after it
+        raise ClientGone() from exc
 
 
 def alive_group(pgid):
@@ -201,8 +209,11 @@ class LogFollower:
         """(complete lines as (end offset, text), events about the file)."""
         events = []
         try:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in its place must not block
+            with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise OSError("not a regular file")
                 if self.inode is not None and st.st_ino != self.inode:
                     events.append({"e": "log_reset", "why": "replaced"})
                     self.offset, self.pending = 0, b""
@@ -212,9 +223,10 @@ class LogFollower:
                 self.inode, self.missing = st.st_ino, False
                 f.seek(self.offset)
                 chunk = f.read(1 << 20)
-        except OSError:
+        except OSError as exc:
             if not self.missing:
-                events.append({"e": "log_reset", "why": "deleted"})
+                why = "deleted" if isinstance(exc, FileNotFoundError) else "made unreadable (%s)" % exc
+                events.append({"e": "log_reset", "why": why})
                 self.missing = True
             return [], events
         return self._lines(chunk), events
@@ -239,8 +251,7 @@ class LogFollower:
         return lines + self._lines(b"", final=True)
 
 
-def main():
-    a = json.loads(sys.argv[1])
+def main(a):
     ready_re = re.compile(a["ready_regex"])
     log = LogFollower(a["log"], a["offset"])
     start = time.time()
@@ -323,8 +334,18 @@ def main():
         time.sleep(POLL_S)
 
 
-if __name__ == "__main__":
+def run():
+    a = json.loads(sys.argv[1])
     try:
-        main()
+        main(a)
+    except ClientGone:  # found by writing before the stdin watch saw it (a busy log)
+        on_client_gone(a)
     except Exception as exc:
-        emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, exc)})
+        try:
+            emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, exc)})
+        except ClientGone:
+            on_client_gone(a)
+
+
+if __name__ == "__main__":
+    run()
