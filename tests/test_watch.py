@@ -56,6 +56,17 @@ def test_a_truncated_replaced_or_deleted_log_is_followed_and_reported(tmp_path: 
     assert events == [{"e": "log_reset", "why": "replaced"}] and [t for _, t in lines] == ["x"]
 
 
+def test_a_log_truncated_and_written_past_the_old_offset_is_still_noticed(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_bytes(b"loading weights\n" * 3)
+    follower = LogFollower(str(log), 0)
+    follower.read()
+    log.write_bytes(b"restarted: a much longer first line than before\n" * 2)  # cut to 0, then written again
+    lines, events = follower.read()
+    assert events == [{"e": "log_reset", "why": "truncated"}]
+    assert [t for _, t in lines] == ["restarted: a much longer first line than before"] * 2
+
+
 def test_a_log_replaced_by_a_fifo_never_blocks_the_watcher(tmp_path: Path) -> None:
     log = tmp_path / "a.log"
     log.write_bytes(b"x\n")

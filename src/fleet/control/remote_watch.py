@@ -202,8 +202,11 @@ class LogFollower:
     """Reads new lines of the attempt's log from a byte offset; a log that is truncated, replaced or
     deleted is followed (offset reset, reported) instead of silently read from the wrong place."""
 
+    TAIL = 64  # bytes before the offset remembered: a log cut and written again past the offset differs there
+
     def __init__(self, path, offset):
         self.path, self.offset, self.pending, self.inode, self.missing = path, offset, b"", None, False
+        self.tail = b""
 
     def read(self):
         """(complete lines as (end offset, text), events about the file)."""
@@ -216,10 +219,10 @@ class LogFollower:
                     raise OSError("not a regular file")
                 if self.inode is not None and st.st_ino != self.inode:
                     events.append({"e": "log_reset", "why": "replaced"})
-                    self.offset, self.pending = 0, b""
-                elif st.st_size < self.offset:
+                    self.offset, self.pending, self.tail = 0, b"", b""
+                elif st.st_size < self.offset or not self._same_tail(f):
                     events.append({"e": "log_reset", "why": "truncated"})
-                    self.offset, self.pending = 0, b""
+                    self.offset, self.pending, self.tail = 0, b"", b""
                 self.inode, self.missing = st.st_ino, False
                 f.seek(self.offset)
                 chunk = f.read(1 << 20)
@@ -231,7 +234,16 @@ class LogFollower:
             return [], events
         return self._lines(chunk), events
 
+    def _same_tail(self, f):
+        """Whether the bytes just before the offset are still those read there (a truncated log that was
+        already written past the old offset again is longer, not shorter)."""
+        if not self.tail:
+            return True
+        f.seek(self.offset - len(self.tail))
+        return f.read(len(self.tail)) == self.tail
+
     def _lines(self, chunk, final=False):
+        self.tail = (self.tail + chunk)[-self.TAIL :]
         base = self.offset - len(self.pending)
         self.offset += len(chunk)
         data = self.pending + chunk
