@@ -1,0 +1,349 @@
+"""The planner's rules as data: which flags each engine gets and why (`SGLANG_RULES`, `VLLM_RULES`), flag
+spellings per version, and the command lines known to crash (`KNOWN_CRASHES`), with their sources."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet.model import ModelSpec
+from fleet.plan.types import Flag, GpuSummary, Verdict, Version, Wishes
+
+RENAMED: Version = (0, 5, 14)
+OLD_NAMES_REMOVED: Version = (0, 5, 20)
+MAMBA_OLD, MAMBA_NEW = "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"
+GRAPH_OLD, GRAPH_NEW = "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"
+ALIASES = {
+    "--tp": "--tp-size",
+    "--model": "--model-path",
+    "--speculative-draft-model": "--speculative-draft-model-path",
+    "-tp": "--tensor-parallel-size",
+    "-sc": "--speculative-config",
+    "--dp": "--dp-size",
+    "--ep": "--ep-size",
+}
+
+
+def spell(flag: str, version: Version | None) -> str:
+    """The spelling of a renamed SGLang flag that `version` accepts."""
+    if version is None:
+        return flag
+    new = version >= RENAMED
+    if flag in (MAMBA_OLD, MAMBA_NEW):
+        return MAMBA_NEW if new else MAMBA_OLD
+    if flag in (GRAPH_OLD, GRAPH_NEW):
+        return GRAPH_NEW if new else GRAPH_OLD
+    return flag
+
+
+# --- the inputs every rule sees --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    model: ModelSpec
+    gpus: GpuSummary
+    version: Version | None
+    wishes: Wishes
+
+    @property
+    def spec_wanted(self) -> bool:
+        return self.wishes.speculative and self.model.mtp_layers > 0
+
+    def v_in(self, lo: Version, hi: Version) -> bool:
+        """lo <= version <= hi (an unknown version matches nothing)."""
+        return self.version is not None and lo <= self.version <= hi
+
+
+def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None) -> int:
+    """Largest power-of-two TP <= GPU count that divides the attention heads (KV heads replicate when fewer)."""
+    if wanted:
+        return wanted
+    tp = 1
+    candidate = 1
+    while candidate <= gpus.count:
+        heads_ok = model.num_attention_heads == 0 or model.num_attention_heads % candidate == 0
+        kv = model.num_kv_heads or 1
+        kv_ok = kv % candidate == 0 or candidate % kv == 0
+        if heads_ok and kv_ok:
+            tp = candidate
+        candidate *= 2
+    return tp
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    when: Callable[[PlanInput], bool]
+    flags: Callable[[PlanInput], list[tuple[str, str | None]]]
+    reason: str
+    source: str = ""
+    env: Callable[[PlanInput], list[tuple[str, str]]] = field(default=lambda i: [])
+
+
+def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
+    steps, topk = i.wishes.speculative_steps, i.wishes.speculative_topk
+    draft = steps + 1 if topk == 1 else max(steps + 1, topk * steps)
+    return [
+        ("--speculative-algorithm", "NEXTN"),
+        ("--speculative-num-steps", str(steps)),
+        ("--speculative-eagle-topk", str(topk)),
+        ("--speculative-num-draft-tokens", str(draft)),
+    ]
+
+
+SGLANG_RULES: tuple[Rule, ...] = (
+    Rule(
+        "tensor-parallel",
+        lambda i: True,
+        lambda i: [("--tp-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
+        "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+    ),
+    Rule(
+        "speculative-mtp",
+        lambda i: i.spec_wanted,
+        _spec_flags,
+        "NEXTN with the model's own MTP head; all three of steps/topk/draft-tokens or none (a subset is a bare "
+        "AssertionError in every version; draft = steps + 1 when topk = 1)",
+        "engines.md §1.3, §2.1",
+    ),
+    Rule(
+        "hybrid-spec-extra-buffer-old",
+        lambda i: i.spec_wanted and i.model.hybrid and i.v_in((0, 5, 9), (0, 5, 13)),
+        lambda i: [(MAMBA_OLD, "extra_buffer")],
+        "NEXTN on a hybrid GDN model: no_buffer (the default) rejects speculative decoding with radix cache on "
+        "0.5.10-0.5.13",
+        "engines.md §2.1; sglang issue #27418",
+        env=lambda i: [("SGLANG_ENABLE_SPEC_V2", "1")] if i.v_in((0, 5, 9), (0, 5, 10)) else [],
+    ),
+    Rule(
+        "hybrid-spec-extra-buffer",
+        lambda i: i.spec_wanted and i.model.hybrid and i.v_in(RENAMED, (9, 9, 9)),
+        lambda i: [(MAMBA_NEW, "extra_buffer")],
+        "hybrid GDN + NEXTN: extra_buffer (auto already picks it from 0.5.14; explicit for reproducibility; the "
+        "flag was renamed in 0.5.14 and the old name removed in 0.5.20)",
+        "engines.md §1.1, §1.2",
+    ),
+    Rule(
+        "sm120-nvfp4-moe-runner",
+        lambda i: i.model.nvfp4 and i.model.moe and i.gpus.consumer_blackwell,
+        lambda i: [("--moe-runner-backend", "flashinfer_cutlass")],
+        "SM120 NVFP4 MoE: `auto` picks flashinfer_trtllm whose kernels exist only for SM100-family; "
+        "flashinfer_cutedsl gives garbage output",
+        "engines.md §1.4; sglang PR #39807; flashinfer #2723",
+    ),
+    Rule(
+        "sm120-nvfp4-fp4-gemm",
+        lambda i: i.model.nvfp4 and i.gpus.consumer_blackwell,
+        lambda i: [("--fp4-gemm-backend", "flashinfer_cudnn")],
+        "explicit FP4 GEMM backend: the SM120 default changed between versions; flashinfer_cudnn worked on the "
+        "8x RTX PRO 6000 box",
+        "engines.md §1.5",
+    ),
+    Rule(
+        "hybrid-blackwell-attention",
+        lambda i: i.model.hybrid and i.gpus.blackwell,
+        lambda i: [("--attention-backend", "flashinfer" if i.gpus.consumer_blackwell else "triton")],
+        "hybrid GDN models on Blackwell accept only an allow-list of attention backends",
+        "engines.md §1.6; #35080",
+    ),
+    Rule(
+        "pcie-custom-all-reduce",
+        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
+        lambda i: [("--disable-custom-all-reduce", None)],
+        "PCIe-only with more than two GPUs: custom all-reduce is off anyway; explicit silences the warning",
+        "engines.md §1.8",
+    ),
+    Rule(
+        "context-length",
+        lambda i: i.wishes.context_length is not None,
+        lambda i: [("--context-length", str(i.wishes.context_length))],
+        "playbook context_length",
+    ),
+    Rule(
+        "mem-fraction",
+        lambda i: i.wishes.mem_fraction is not None,
+        lambda i: [("--mem-fraction-static", str(i.wishes.mem_fraction))],
+        "playbook mem_fraction",
+    ),
+)
+
+VLLM_RULES: tuple[Rule, ...] = (
+    Rule(
+        "tensor-parallel",
+        lambda i: True,
+        lambda i: [("--tensor-parallel-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
+        "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+    ),
+    Rule(
+        "speculative-mtp",
+        lambda i: i.spec_wanted,
+        lambda i: [
+            (
+                "--speculative-config",
+                json.dumps(
+                    {"method": "mtp", "num_speculative_tokens": i.wishes.speculative_steps}, separators=(",", ":")
+                ),
+            )
+        ],
+        "vLLM MTP with the model's own heads (model-specific *_mtp methods are deprecated aliases of mtp)",
+        "engines.md §6.1",
+    ),
+    Rule(
+        "sm120-nvfp4-moe-backend",
+        lambda i: i.model.nvfp4 and i.model.moe and i.gpus.consumer_blackwell and i.v_in((0, 32, 0), (9, 9, 9)),
+        lambda i: [("--moe-backend", "flashinfer_b12x")],
+        "SM120 NVFP4 MoE: flashinfer_b12x is vLLM's native SM12x path but opt-in (auto does not pick it; "
+        "flashinfer_cutlass's device check covers SM100 only). In the parsers of 0.32 and 0.33; older "
+        "versions are not checked, so nothing is added there",
+        "engines.md §6.2; vllm issues #31085, #33416",
+    ),
+    Rule(
+        "pcie-custom-all-reduce",
+        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
+        lambda i: [("--disable-custom-all-reduce", None)],
+        "PCIe-only with more than two GPUs: custom all-reduce cannot work",
+        "engines.md §6.2",
+    ),
+    Rule(
+        "context-length",
+        lambda i: i.wishes.context_length is not None,
+        lambda i: [("--max-model-len", str(i.wishes.context_length))],
+        "playbook context_length",
+    ),
+    Rule(
+        "mem-fraction",
+        lambda i: i.wishes.mem_fraction is not None,
+        lambda i: [("--gpu-memory-utilization", str(i.wishes.mem_fraction))],
+        "playbook mem_fraction",
+    ),
+)
+
+
+# --- flags the rules know will fail (user flags are passed, but flagged) --------------------------------
+
+
+@dataclass(frozen=True)
+class KnownCrash:
+    id: str
+    engine: str
+    when: Callable[[PlanInput, dict[str, str | None]], bool]
+    message: str
+
+
+def _has(args: dict[str, str | None], name: str) -> bool:
+    return name in args
+
+
+def _spec_on(args: dict[str, str | None]) -> bool:
+    return (args.get("--speculative-algorithm") or "").upper() in ("NEXTN", "EAGLE", "EAGLE3")
+
+
+KNOWN_CRASHES: tuple[KnownCrash, ...] = (
+    KnownCrash(
+        "spec-params-incomplete",
+        "sglang",
+        lambda i, a: (
+            _spec_on(a)
+            and not _has(a, "--speculative-num-steps")
+            and (_has(a, "--speculative-eagle-topk") or _has(a, "--speculative-num-draft-tokens"))
+        ),
+        "draft-tokens/topk without --speculative-num-steps: bare AssertionError at startup (engines.md §2.1)",
+    ),
+    KnownCrash(
+        "hybrid-spec-no-buffer",
+        "sglang",
+        lambda i, a: (
+            _spec_on(a)
+            and i.model.hybrid
+            and i.v_in((0, 5, 10), (0, 5, 13))
+            and a.get(MAMBA_OLD) != "extra_buffer"
+            and not _has(a, "--disable-radix-cache")
+        ),
+        "NEXTN on a hybrid GDN model without --mamba-scheduler-strategy extra_buffer: ValueError at startup on "
+        "0.5.10-0.5.13 (engines.md §2.1)",
+    ),
+    KnownCrash(
+        "old-mamba-flag",
+        "sglang",
+        lambda i, a: _has(a, MAMBA_OLD) and i.version is not None and i.version >= OLD_NAMES_REMOVED,
+        f"{MAMBA_OLD} was removed in 0.5.20: 'unrecognized arguments' (use {MAMBA_NEW})",
+    ),
+    KnownCrash(
+        "new-mamba-flag-too-early",
+        "sglang",
+        lambda i, a: _has(a, MAMBA_NEW) and i.version is not None and i.version < RENAMED,
+        f"{MAMBA_NEW} exists only from 0.5.14: 'unrecognized arguments' (use {MAMBA_OLD})",
+    ),
+    KnownCrash(
+        "ambiguous-cuda-graph-flag",
+        "sglang",
+        lambda i, a: _has(a, GRAPH_OLD) and i.version is not None and i.version >= OLD_NAMES_REMOVED,
+        f"{GRAPH_OLD} is ambiguous from 0.5.20 (use {GRAPH_NEW})",
+    ),
+    KnownCrash(
+        "sm120-nvfp4-trtllm-moe",
+        "sglang",
+        lambda i, a: (
+            i.model.nvfp4
+            and i.model.moe
+            and i.gpus.consumer_blackwell
+            and a.get("--moe-runner-backend", "auto") in ("auto", "flashinfer_trtllm", None)
+        ),
+        "SM120 NVFP4 MoE with the auto/flashinfer_trtllm runner: no trtllm-gen kernels for SM120 (engines.md §1.4)",
+    ),
+    KnownCrash(
+        "sm120-nvfp4-cutedsl-garbage",
+        "sglang",
+        lambda i, a: (
+            i.model.nvfp4
+            and i.model.moe
+            and i.gpus.consumer_blackwell
+            and a.get("--moe-runner-backend") == "flashinfer_cutedsl"
+        ),
+        "flashinfer_cutedsl NVFP4 MoE on SM120 produces garbage output (flashinfer #2723)",
+    ),
+    KnownCrash(
+        "spec-extra-buffer-runtime-typeerror",
+        "sglang",
+        lambda i, a: (
+            _spec_on(a)
+            and i.model.hybrid
+            and i.v_in((0, 5, 13), (0, 5, 14))
+            and "extra_buffer" in (a.get(MAMBA_OLD), a.get(MAMBA_NEW))
+        ),
+        "extra_buffer + spec v2 crashes at runtime on 0.5.13-0.5.14 (TypeError in "
+        "set_mamba_track_indices_from_reqs, sglang #28484); no flag fixes it: use 0.5.12 or >= 0.5.15, or "
+        "turn speculative decoding off",
+    ),
+)
+
+
+def args_dict(words: list[str]) -> dict[str, str | None]:
+    """`--flag value` / `--flag` words → {canonical flag: value or None}; later words win."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-"):
+            name, eq, inline = w.partition("=")
+            name = ALIASES.get(name, name)
+            if eq:
+                out[name] = inline
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                out[name] = words[i + 1]
+                i += 1
+            else:
+                out[name] = None
+        i += 1
+    return out
+
+
+def lint(i: PlanInput, flags: tuple[Flag, ...]) -> list[Verdict]:
+    words = [w for f in flags for w in f.words()]
+    a = args_dict(words)
+    return [Verdict("crash", k.id, k.message) for k in KNOWN_CRASHES if k.engine == i.wishes.engine and k.when(i, a)]
+
+
+# --- fixes ---------------------------------------------------------------------------------------------
