@@ -453,21 +453,25 @@ def test_fleet_gone_while_the_log_is_busy_still_frees_the_host(fleet_env: simhos
     def chatter() -> None:
         with open(st["log"], "a") as log:
             i = 0
-            while not stop.is_set():
+            while not stop.is_set():  # ~20k lines a second: busy, without starving everything else
                 log.write("".join(f"INFO chatty line {i + j}\n" for j in range(200)))
                 log.flush()
                 i += 200
+                time.sleep(0.01)
 
     writer = threading.Thread(target=chatter, daemon=True)
     writer.start()
     try:
         time.sleep(1.0)
-        p.send_signal(signal.SIGINT)
-        p.wait(timeout=30)
+        p.send_signal(signal.SIGKILL)  # the channel closes mid-flood: the watcher's next write breaks
+        p.wait(timeout=60)
         assert wait_for(lambda: no_stale_lock(fleet_env), 10), "the watcher kept the lock"
     finally:
         stop.set()
         writer.join()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert state_of(fleet_env)["status"] == "unverified"
 
 
