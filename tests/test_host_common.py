@@ -55,7 +55,11 @@ def test_proc_cmdline_padding_from_setproctitle_is_dropped() -> None:
     ("package", "name"),
     [("fleet", "protocol.py"), ("fleet", "host_common.py"), ("fleet.facts", "probe.py")]
     + [("fleet.control", "remote_act.py")]
-    + [("fleet.control", "remote_watch.py"), ("fleet.control", "remote_health.py")],
+    + [
+        ("fleet.control", "remote_watch.py"),
+        ("fleet.control", "remote_health.py"),
+        ("fleet.control", "remote_heal.py"),
+    ],
 )
 def test_host_code_is_ascii_and_parses_as_python_3_8(package: str, name: str) -> None:
     text = resources.files(package).joinpath(name).read_text(encoding="utf-8")

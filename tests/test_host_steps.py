@@ -19,27 +19,31 @@ from fleet_testbed import simhost
 def test_a_host_without_python_is_named_as_such(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no python3 on it
     with pytest.raises(HostStepError) as caught:
-        run_json(LocalTransport("h"), "/opt/engine/bin/python", "print('{}')", {}, step="deploy")
+        run_json(LocalTransport("h"), "/opt/engine/bin/python", "act", {})
     assert caught.value.exit_code == 8
     assert caught.value.message == (
-        "h: fleet's deploy step failed on the host (no Python to run it: /opt/engine/bin/python is not "
-        "executable on the host and python3 is not on its PATH)."
+        "h: fleet's act step failed on the host (no Python to run it: tried /opt/engine/bin/python, python3)."
     )
 
 
-def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug() -> None:
-    crash = (
-        "import json, sys, traceback\n"
-        "try:\n    1 / 0\n"
-        "except Exception as e:\n"
-        "    print(json.dumps({'error': repr(e), 'traceback': traceback.format_exc()}))\n"
+def fake_python(tmp_path: Path, prints: str) -> str:
+    """An executable standing in for the host's Python: whatever the step, it prints `prints`."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{prints}\nEOF\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug(tmp_path: Path) -> None:
+    crashed = json.dumps(
+        {"error": "ZeroDivisionError: division by zero", "traceback": "Traceback (most recent call last):"}
     )
     with pytest.raises(HostStepError) as caught:
-        run_json(LocalTransport("h"), "python3", crash, {}, step="stop")
-    assert "fleet's stop step failed on the host (ZeroDivisionError" in caught.value.message
-    assert "Traceback (most recent call last)" in caught.value.remote_traceback
+        run_json(LocalTransport("h"), fake_python(tmp_path, crashed), "act", {})
+    assert "fleet's act step failed on the host (ZeroDivisionError" in caught.value.message
+    assert caught.value.remote_traceback == "Traceback (most recent call last):"
     with pytest.raises(HostStepError) as garbage:
-        run_json(LocalTransport("h"), "python3", "print('Segmentation fault')", {})
+        run_json(LocalTransport("h"), fake_python(tmp_path, "Segmentation fault"), "act", {})
     assert "said no result (exit 0: 'Segmentation fault')" in garbage.value.message
 
 

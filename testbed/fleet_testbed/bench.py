@@ -293,17 +293,17 @@ g.close()
 
 def probe_command(sb: simhost.Sandbox, spec: simhost.HostSpec) -> str:
     """The shell script `fleet health` sends (its facts probe), for the other tools to run on the host."""
-    from fleet.facts import probe_script
+    from fleet.hostscripts import script_for
 
     home = sb.host_dir(spec.name)
-    return probe_script(
-        python_candidates=[f"{home}/env/bin/python"],
-        gpu_devices=f"{home}/dev/nvidia*",
-        engines={"sglang": f"{home}/env/bin/python"},
-        model_path=None,
-        state_dir=f"{home}/state",
-        disk_paths=[f"{home}/models"],
-    )
+    args = {
+        "gpu_devices": f"{home}/dev/nvidia*",
+        "engines": {"sglang": f"{home}/env/bin/python"},
+        "model_path": None,
+        "state_dir": f"{home}/state",
+        "disk_paths": [f"{home}/models"],
+    }
+    return script_for("probe", args, [f"{home}/env/bin/python"])
 
 
 def fabric_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], remote: str) -> None:

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, cast
 
 from tenacity import (
@@ -37,7 +36,8 @@ from fleet.errors import (
     TransportError,
     UnsafeToKill,
 )
-from fleet.facts import HostFacts, host_common_source
+from fleet.facts import HostFacts
+from fleet.hostscripts import script_for
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
@@ -45,7 +45,7 @@ from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResul
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, LockResult, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
-from fleet.transport.base import CommandResult, python_script
+from fleet.transport.base import CommandResult
 
 READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
@@ -55,20 +55,13 @@ TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
 LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
 
 
-def remote_source(name: str) -> str:
-    """A host script as sent: the shared host code (fleet.host_common) first, then the script."""
-    own = resources.files("fleet.control").joinpath(name).read_text(encoding="utf-8")
-    return host_common_source() + "\n" + own
-
-
 def run_json(
     transport: Transport,
     python: str,
-    source: str,
+    step: str,
     args: dict[str, Any],
     stdin: bytes = b"",
     timeout_s: float = 300.0,
-    step: str = "deploy",
     *,
     hold_stdin: bool = False,
 ) -> dict[str, Any]:
@@ -85,11 +78,11 @@ def run_json(
             return True
 
         args = {**args, "client_on_stdin": True}
-        script = python_script(python, source, args)
+        script = script_for(step, args, [python])
         code = transport.stream(script, keep, stdin=stdin + b"\n", timeout_s=timeout_s)
         result = CommandResult(code, bytes(received), b"")
     else:
-        result = transport.run(python_script(python, source, args), stdin=stdin, timeout_s=timeout_s)
+        result = transport.run(script_for(step, args, [python]), stdin=stdin, timeout_s=timeout_s)
     try:
         data: dict[str, Any] = json.loads(result.text)
     except ValueError as exc:
@@ -307,7 +300,7 @@ class Deployer:
             run_json(
                 self.t,
                 plan.python,
-                remote_source("remote_act.py"),
+                "act",
                 args,
                 stdin=json.dumps(self.secrets).encode(),
                 timeout_s=self.drain_s + 240,
@@ -363,7 +356,7 @@ class Deployer:
                 "run_id": self.run_id,
                 "owner": self.owner,
             }
-            script = python_script(plan.python, remote_source("remote_watch.py"), args)
+            script = script_for("watch", args, [plan.python])
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
             if not events or events[-1]["e"] not in TERMINAL_EVENTS:
                 # the watcher never said how it ended: its session was cut; resume from the last offset
@@ -549,7 +542,7 @@ class Deployer:
             run_json(
                 self.t,
                 "python3",
-                remote_source("remote_act.py"),
+                "act",
                 {"lock": self._lock_args("release"), "release_lock_only": True},
             )
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.facts import HostFacts, parse_facts, probe_script
+from fleet.facts import HostFacts, parse_facts
+from fleet.hostscripts import script_for
 from fleet.inventory import Host
 from fleet.transport import Transport
 
@@ -18,13 +19,13 @@ def read_facts(transport: Transport, host: Host, *, model: str | None = None, en
     s = host.settings
     pythons = [s.engines[engine]] if engine and engine in s.engines else []
     pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
-    script = probe_script(
-        python_candidates=pythons,
-        gpu_devices=s.gpu_devices,
-        engines={str(k): v for k, v in s.engines.items()},
-        model_path=model_path(host, model) if model else None,
-        state_dir=s.state_dir,
-        disk_paths=[s.models_dir, s.log_dir, s.state_dir],
-    )
+    args = {
+        "gpu_devices": s.gpu_devices,
+        "engines": {str(k): v for k, v in s.engines.items()},
+        "model_path": model_path(host, model) if model else None,
+        "state_dir": s.state_dir,
+        "disk_paths": [s.models_dir, s.log_dir, s.state_dir],
+    }
+    script = script_for("probe", args, pythons)
     result = transport.run(script, timeout_s=60)
     return parse_facts(host.name, result.text)

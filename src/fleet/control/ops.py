@@ -14,7 +14,6 @@ from fleet.control.deploy import (
     locked,
     plan_or_refuse,
     recorded,
-    remote_source,
     run_json,
     unwritable_state_dir,
 )
@@ -276,7 +275,7 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
         "release_lock": True,
     }
     python = next(iter(host.settings.engines.values()), "python3")
-    out = run_json(t, python, remote_source("remote_act.py"), args, step="stop")
+    out = run_json(t, python, "act", args)
     if out["lock"]["status"] == "unwritable":
         raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":

@@ -18,12 +18,12 @@ from typing import Any
 
 from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError
-from fleet.facts import parse_facts, probe_source
+from fleet.facts import parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
+from fleet.hostscripts import script_for
 from fleet.inventory import Host
 from fleet.secrets import redact
 from fleet.transport import Transport
-from fleet.transport.base import python_script
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,6 @@ class HealthOptions:
     unreachable_status: str = UNKNOWN
     signatures: tuple[Signature, ...] | None = None  # the knowledge base with the user's crashes/*.yaml
     secrets: dict[str, str] = field(default_factory=dict)  # redacted from the server log lines it reads
-
-
-def health_source() -> str:
-    from importlib import resources
-
-    own = resources.files("fleet.control").joinpath("remote_health.py").read_text(encoding="utf-8")
-    return "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source() + "\n" + own
 
 
 def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
@@ -59,7 +52,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
         "kernel_log": s.kernel_log,
     }
     python = next(iter(s.engines.values()), "python3")
-    result = t.run(python_script(python, health_source(), args), timeout_s=options.generation_timeout_s + 60)
+    result = t.run(script_for("health", args, [python]), timeout_s=options.generation_timeout_s + 60)
     try:
         raw: dict[str, Any] = json.loads(result.text)
     except ValueError:  # the host answered: its probe failed, which is not an SSH problem
@@ -73,33 +66,6 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
 
 
-# Decided and recorded on the host, by the host's clock and with the engine's Python: a limit computed
-# from host stamps and the client's clock (2 h apart, say), or a record written by a `python3` the host
-# lacks, never applied. Prints {"allowed": bool, "recent": n}; the heal is recorded only when allowed.
-DECIDE_AND_RECORD_HEAL = """
-import json, os, sys, time
-a = json.loads(sys.argv[1])
-d = os.path.expanduser(a["state_dir"])
-p = os.path.join(d, "heals.json")
-try:
-    with open(p) as f:
-        h = [x for x in json.load(f) if isinstance(x, (int, float))]
-except (OSError, ValueError, TypeError):
-    h = []
-now = time.time()
-h = [x for x in h if now - 86400 < x <= now + 60]
-recent = len([x for x in h if x > now - 3600])
-allowed = recent < a["limit"]
-if allowed:
-    os.makedirs(d, exist_ok=True)
-    tmp = "%s.%d.tmp" % (p, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(h + [now], f)
-    os.replace(tmp, p)
-sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
-"""
-
-
 def heal_host(
     t: Transport,
     host: Host,
@@ -111,7 +77,7 @@ def heal_host(
     The limit is decided on the host (its clock, its record); when it cannot be, nothing is restarted."""
     python = next(iter(host.settings.engines.values()), "python3")
     args = {"state_dir": host.settings.state_dir, "limit": options.max_heals_per_hour}
-    result = t.run(python_script(python, DECIDE_AND_RECORD_HEAL, args), timeout_s=30)
+    result = t.run(script_for("heal", args, [python]), timeout_s=30)
     try:
         decision = json.loads(result.text)
         allowed, recent = bool(decision["allowed"]), int(decision["recent"])

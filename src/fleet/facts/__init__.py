@@ -6,9 +6,7 @@ Pure: builds strings and parses data; never touches the network (pyinfra's "fact
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
@@ -189,47 +187,11 @@ def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[G
     return out
 
 
-def host_common_source() -> str:
-    """The code every host script shares (fleet.protocol's types, fleet.host_common), prepended to each
-    when it is sent."""
-    package = resources.files("fleet")
-    return "\n".join(package.joinpath(f).read_text(encoding="utf-8") for f in ("protocol.py", "host_common.py"))
-
-
 def probe_source() -> str:
-    return host_common_source() + "\n" + resources.files("fleet.facts").joinpath("probe.py").read_text(encoding="utf-8")
+    """The probe's source as it runs on the host (tests run it in-process)."""
+    from fleet.hostscripts import source_for
 
-
-def probe_script(
-    *,
-    python_candidates: list[str],
-    gpu_devices: str,
-    engines: dict[str, str],
-    model_path: str | None,
-    state_dir: str,
-    disk_paths: list[str],
-) -> str:
-    """The shell script that runs the probe with the first Python found on the host (one round trip)."""
-    args = json.dumps(
-        {
-            "gpu_devices": gpu_devices,
-            "engines": engines,
-            "model_path": model_path,
-            "state_dir": state_dir,
-            "disk_paths": disk_paths,
-        }
-    )
-    tries = " ".join(shlex.quote(p) for p in [*python_candidates, "python3"])
-    # `~/` paths are expanded by the probe itself, never by the shell.
-    return (
-        f"for py in {tries}; do\n"
-        '  case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
-        '  if [ -x "$py" ] || command -v "$py" >/dev/null 2>&1; then\n'
-        f'    FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(probe_source())} {shlex.quote(args)}\n'
-        "  fi\n"
-        "done\n"
-        'echo \'{"probe_error": "no python on the host (tried: engine pythons, python3)"}\'\n'
-    )
+    return source_for("probe")
 
 
 def _proc(d: dict[str, Any]) -> Proc:
@@ -255,8 +217,9 @@ def parse_facts(host: str, text: str) -> HostFacts:
             "Run with --debug for all it printed.",
             text[-2000:],
         ) from exc
-    if "probe_error" in raw:
-        raise HostStepError(f"{host}: fleet's probe could not run on the host ({raw['probe_error']}).", "")
+    if "probe_error" in raw or "error" in raw:
+        why = raw.get("probe_error") or raw.get("error")
+        raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")
     gpu = raw.get("gpu", {})
     gpus = tuple(
         Gpu(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -51,20 +51,3 @@ def sh_command(script: str) -> str:
     import shlex
 
     return f"exec /bin/sh -c {shlex.quote(script)}"
-
-
-def python_script(python: str, source: str, args: dict[str, Any]) -> str:
-    """A shell script running `source` with the host's Python (the engine's, else python3)."""
-    import json
-    import shlex
-
-    missing = json.dumps(
-        {"error": f"no Python to run it: {python} is not executable on the host and python3 is not on its PATH"}
-    )
-    return (
-        f"py={shlex.quote(python)}\n"
-        'case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
-        '[ -x "$py" ] || py=$(command -v python3) || py=\n'
-        f'[ -n "$py" ] || {{ printf "%s\\n" {shlex.quote(missing)}; exit 0; }}\n'
-        f'FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(source)} {shlex.quote(json.dumps(args))}\n'
-    )

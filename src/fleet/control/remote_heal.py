@@ -1,0 +1,44 @@
+"""Runs ON the host (sent as `python -c`): may `fleet health --heal` restart the server now? Prints
+{"allowed": bool, "recent": n} and records the heal only when allowed.
+
+Decided and recorded here, by the host's clock and with the engine's Python: a limit computed from host
+stamps and the client's clock (2 h apart, say), or a record written by a `python3` the host lacks, was
+never applied. When the record cannot be written, the step fails and nothing is healed.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    state_dir = os.path.expanduser(a["state_dir"])
+    path = os.path.join(state_dir, "heals.json")
+    try:
+        with open(path) as f:
+            heals = [x for x in json.load(f) if isinstance(x, (int, float))]
+    except (OSError, ValueError, TypeError):
+        heals = []
+    now = time.time()
+    heals = [x for x in heals if now - 86400 < x <= now + 60]
+    recent = len([x for x in heals if x > now - 3600])
+    allowed = recent < a["limit"]
+    if allowed:
+        os.makedirs(state_dir, exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(heals + [now], f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The one place a host script is built: what fleet sends to run one step on a host.
+
+A step's source is the shared host code (fleet.protocol's types, fleet.host_common) followed by the
+step's own file(s); the shell wrapper around it finds a Python on the host (the engine's, then
+`python3`) and says so in JSON when there is none. Scripts are plain text sent as one `sh -c`
+command: one round trip. Data that must not appear in `ps` (secrets) goes on stdin, never here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+SHARED = ("protocol.py", "host_common.py")
+STEPS: dict[str, tuple[str, ...]] = {
+    "probe": ("facts/probe.py",),  # facts in one round trip
+    "act": ("control/remote_act.py",),  # lock, engine check, stop, free, launch, record
+    "watch": ("control/remote_watch.py",),  # follow an attempt, prove the server
+    "health": ("facts/probe.py", "control/remote_health.py"),  # the facts plus the server's checks
+    "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
+}
+
+
+@functools.cache
+def _read(path: str) -> str:
+    return resources.files("fleet").joinpath(path).read_text(encoding="utf-8")
+
+
+@functools.cache
+def source_for(step: str) -> str:
+    """The Python source of a step, as it runs on the host."""
+    prelude = "FLEET_PROBE_AS_LIBRARY = True\n" if step == "health" else ""  # the probe without its main
+    return prelude + "\n".join(_read(p) for p in (*SHARED, *STEPS[step]))
+
+
+def script_for(step: str, args: dict[str, Any], pythons: Sequence[str]) -> str:
+    """The shell script that runs `step` with `args` under the first of `pythons` (then python3) the host
+    has. `~/` paths are expanded here for the interpreter only; everything else is data."""
+    tries = " ".join(shlex.quote(p) for p in [*pythons, "python3"])
+    missing = json.dumps({"error": f"no Python to run it: tried {', '.join([*pythons, 'python3'])}"})
+    return (
+        f"for py in {tries}; do\n"
+        '  case "$py" in "~/"*) py="$HOME/${py#\\~/}";; esac\n'
+        '  if [ -x "$py" ] || command -v "$py" >/dev/null 2>&1; then\n'
+        f'    FLEET_PROBE_PYTHON="$py" exec "$py" -c {shlex.quote(source_for(step))} {shlex.quote(json.dumps(args))}\n'
+        "  fi\n"
+        "done\n"
+        f"printf '%s\\n' {shlex.quote(missing)}\n"
+    )
