@@ -54,6 +54,11 @@ def test_the_motivating_story_fixes_two_crashes_then_remembers(fleet_env: simhos
     assert [a["outcome"] for a in out["attempts"]] == ["crashed", "crashed", "ready"]
     assert [a["diagnosis"]["category"] for a in out["attempts"][:2]] == ["spec_decode_hybrid_mamba", "invalid_flags"]
     assert out["new_fixes"] == ["sglang-spec-hybrid-no-buffer", "sglang-spec-params-incomplete"]
+    progress = [json.loads(line) for line in r.err.splitlines()]  # --json: progress as JSON lines on stderr
+    said = [e["event"] for e in progress if e["event"] != "log"]
+    assert said.count("relaunching") == 2 and said[-1] == "ready"
+    assert [e["signature"] for e in progress if e["event"] == "relaunching"] == out["new_fixes"]
+    assert {e["host"] for e in progress} == {"blackwell"}
     argv = out["argv"]
     assert argv[argv.index("--mamba-scheduler-strategy") + 1] == "extra_buffer"
     assert argv[argv.index("--speculative-num-steps") + 1] == "1"

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from conftest import ROOT
+from fleet import events
 from fleet.control import ops
 from fleet.errors import LockedError
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
+
+E = TypeVar("E")
 
 pytestmark = pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")
 
@@ -28,23 +31,23 @@ def host(tmp_path: Path) -> Iterator[nshost.NamespaceHost]:
 
 
 class Events:
-    """The deploy's progress events, as the terminal reporter would get them."""
+    """The deploy's progress events, captured as every listener gets them."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, Any]]] = []
+        self.seen: list[events.Event] = []
 
-    def __call__(self, event: str, data: dict[str, Any]) -> None:
-        self.seen.append((event, data))
+    def __call__(self, event: events.Event) -> None:
+        self.seen.append(event)
 
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [d for e, d in self.seen if e == event]
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.seen if isinstance(e, kind)]
 
 
 def deploy(h: nshost.NamespaceHost, t: Any = None, playbook: str = "qwen36-27b") -> tuple[Any, Events]:
-    events = Events()
+    seen = Events()
     pb = load_playbook(playbook, ROOT / "playbooks")
-    result = ops.deploy(t or h.transport(), h.host, pb, force=False, engine_check=True, progress=events)
-    return result, events
+    result = ops.deploy(t or h.transport(), h.host, pb, force=False, engine_check=True, progress=seen)
+    return result, seen
 
 
 def state(h: nshost.NamespaceHost) -> dict[str, Any]:
@@ -52,8 +55,11 @@ def state(h: nshost.NamespaceHost) -> dict[str, Any]:
 
 
 def test_a_first_time_deploy_costs_three_round_trips_and_records_the_server(host: nshost.NamespaceHost) -> None:
-    result, events = deploy(host)
+    result, seen = deploy(host)
     assert result.ok and [a.outcome for a in result.attempts] == ["ready"]
+    said = [e.kind for e in seen.seen if not isinstance(e, events.LogLine)]
+    assert said == ["planned", "attempt", "engine_check", "stopped", "launched", "ready"]
+    assert seen.of(events.LogLine) and seen.of(events.Ready)[0].smoke["ok"]
     assert result.round_trips == 3  # facts, act, watch
     st = state(host)
     assert st["status"] == "ready" and st["schema"] == 1 and st["learned_key"]
@@ -71,9 +77,10 @@ def test_a_known_crash_is_relaunched_with_its_fix_and_given_up_when_it_comes_bac
             "mem_fraction_static=0.85"
         ),
     )
-    result, events = deploy(host)
-    assert [d["signature"] for d in events.named("relaunching")] == ["sglang-kv-not-enough-memory"]
-    assert events.named("relaunching")[0]["fix"] == "memory fraction +0.04"
+    result, seen = deploy(host)
+    assert [e.signature for e in seen.of(events.Relaunching)] == ["sglang-kv-not-enough-memory"]
+    assert seen.of(events.Relaunching)[0].fix == "memory fraction +0.04"
+    assert [e.outcome for e in seen.of(events.Diagnosed)] == ["crashed", "crashed"]
     assert not result.ok and result.reason == "sglang-kv-not-enough-memory came back after its fix was applied"
     st = state(host)
     assert st["status"] == "failed" and st["learned_key"] and st["attempt"] == 2
@@ -118,9 +125,9 @@ def test_a_stream_cut_inside_a_batch_resumes_without_gaps_or_repeats(host: nshos
         return original_stream(script, on_chunk, **kwargs)
 
     t.stream = cut_first_watch  # type: ignore[method-assign]
-    result, events = deploy(host, t)
-    assert result.ok and events.named("reconnecting")
-    streamed = [d["line"] for d in events.named("log")]
+    result, seen = deploy(host, t)
+    assert result.ok and seen.of(events.Reconnecting)
+    streamed = [e.line for e in seen.of(events.LogLine)]
     logged = Path(state(host)["log"]).read_text().splitlines()
     assert streamed == logged[: len(streamed)]
     assert any("fired up and ready" in x for x in streamed)

@@ -209,6 +209,7 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
 
 
 def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
+    from fleet import events
     from fleet.control.deploy import Deployer
     from fleet.control.gather import model_path, read_facts
     from fleet.control.ops import _smoke
@@ -238,10 +239,10 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
             assert result.plan and result.model and result.gpus
             seen: dict[str, object] = {}
 
-            def progress(event: str, data: dict[str, object], seen: dict[str, object] = seen) -> None:
-                if event == "launched":
-                    seen.setdefault("log", data["log"])
-                if event == "relaunching":
+            def progress(event: events.Event, seen: dict[str, object] = seen) -> None:
+                if isinstance(event, events.Launched):
+                    seen.setdefault("log", event.log)
+                if isinstance(event, events.Relaunching):
                     seen.setdefault("relaunch_at", time.time())
                     # The crashed attempt's last write, read now: once the old group is stopped, its
                     # processes may still write to that log. The host is this machine: one clock.

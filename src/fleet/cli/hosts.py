@@ -16,7 +16,7 @@ from fleet.cli.base import (
     say,
     transport_for,
 )
-from fleet.cli.report import Reporter, describe_left, describe_stopped, print_result, result_json
+from fleet.cli.report import describe_left, describe_stopped, print_result, progress_for, result_json
 from fleet.errors import DeployFailed
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
@@ -105,7 +105,7 @@ def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
     ),
 )
 @click.option("--no-engine-check", is_flag=True, help="Skip the engine's own argument check before stopping anything.")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON; progress as JSON lines on stderr.")
 @click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
 @click.pass_obj
 def deploy(
@@ -132,7 +132,6 @@ def deploy(
 
     pb = ctx.playbook(playbook)
     host = ctx.host(host_name, pb)
-    reporter = Reporter(host.name, quiet=as_json, show_log=show_log)
     with transport_for(ctx, host) as t:
         result = ops.deploy(
             t,
@@ -140,7 +139,7 @@ def deploy(
             pb,
             force=force,
             engine_check=not no_engine_check,
-            progress=reporter,
+            progress=progress_for(host.name, as_json=as_json, show_log=show_log),
             signatures=ctx.signatures,
         )
     if as_json:
@@ -167,7 +166,7 @@ def restart(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool
         ctx,
         host_name,
         all_hosts,
-        lambda t, h: ops.restart(t, h, force=force, progress=Reporter(h.name), signatures=ctx.signatures),
+        lambda t, h: ops.restart(t, h, force=force, progress=progress_for(h.name), signatures=ctx.signatures),
     )
     failures = []
     for name, r, err in results:

@@ -268,6 +268,7 @@ def _health_run(
         with transport_for(ctx, host) as t:
             result = control.check_host(t, host, options)
             if options.heal and result.healable:
+                from fleet import events
                 from fleet.control import ops  # the deploy loop: only a heal needs it
 
                 result = control.heal_host(
@@ -276,7 +277,7 @@ def _health_run(
                     result,
                     options,
                     lambda: ops.restart(
-                        t, host, force=False, progress=lambda e, d: None, signatures=options.signatures
+                        t, host, force=False, progress=events.logged(host.name), signatures=options.signatures
                     ),
                 )
             return result

@@ -6,13 +6,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fleet import events
 from fleet.cli.base import say
 from fleet.terminal import safe_line
-
-if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
-    pass
 
 
 def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
@@ -57,68 +55,75 @@ class Reporter:
                 sys.stderr.write("\r\x1b[K")
             say(text, err=True)
 
-    def __call__(self, event: str, data: dict[str, Any]) -> None:
+    def __call__(self, event: events.Event) -> None:
         elapsed = time.monotonic() - self.started
         h = self.host
-        if event == "planned":
-            learned = data["learned"]
-            self.say(f"{h}: {data['model']}")
-            if learned:
-                self.say(f"{h}: the plan includes learned fixes: {', '.join(learned)}")
-        elif event == "attempt":
-            self.attempt, self.max = data["attempt"], data["max"]
+        if isinstance(event, events.Planned):
+            self.say(f"{h}: {event.model}")
+            if event.learned:
+                self.say(f"{h}: the plan includes learned fixes: {', '.join(event.learned)}")
+        elif isinstance(event, events.AttemptStarted):
+            self.attempt, self.max = event.attempt, event.max
             self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
-        elif event == "engine_check":
-            self.say(f"{h}: engine's own argument check: {data['verdict']}")
-        elif event == "engine_check_skipped":
-            self.say(
-                f"{h}: engine's own argument check: not needed (this command line ran with {data['version']} here)"
-            )
-        elif event == "stopped":
-            for line in describe_stopped(data["stopped"]):
+        elif isinstance(event, events.EngineChecked):
+            self.say(f"{h}: engine's own argument check: {event.verdict}")
+        elif isinstance(event, events.EngineCheckSkipped):
+            self.say(f"{h}: engine's own argument check: not needed (this command line ran with {event.version} here)")
+        elif isinstance(event, events.Stopped):
+            for line in describe_stopped(event.stopped):
                 self.say(f"{h}: stopped {line}")
-            for line in describe_left(data.get("left", [])):
+            for line in describe_left(event.left):
                 self.say(f"{h}: {line}")
-            mem = data.get("memory") or {}
-            if data["stopped"] and mem.get("before_mib") is not None:
+            mem = event.memory or {}
+            if event.stopped and mem.get("before_mib") is not None:
                 freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
                 self.say(f"{h}: GPU memory released: {freed / 1024:.1f} GiB in {mem['waited_s']:.1f}s")
-        elif event == "launched":
-            self.say(f"{h}: launched pid {data['pid']}, log {data['log']} [{elapsed:5.1f}s]")
-        elif event == "log":
-            if self.show_log:
-                self.say(f"  | {safe_line(data['line'])}")
-            elif self.tty and not self.quiet:
-                line = safe_line(data["line"])[: max(20, shutil.get_terminal_size().columns - 30)]
-                sys.stderr.write(f"\r\x1b[K{h} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
-                sys.stderr.flush()
-                self.last_line = line
-        elif event == "diagnosed":
-            d = data["diagnosis"]
+        elif isinstance(event, events.Launched):
+            self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
+        elif isinstance(event, events.LogLine):
+            self._log_line(event.line, elapsed)
+        elif isinstance(event, events.Diagnosed):
+            d = event.diagnosis
             self.say(
-                f"{h}: attempt {data['attempt']} {data['outcome']}: {d['category']}"
+                f"{h}: attempt {event.attempt} {event.outcome}: {d['category']}"
                 f"{' (' + d['signature'] + ')' if d['signature'] else ''} — {d['explanation']}"
             )
             for line in d["evidence"][:4]:
                 self.say(f"    > {line}")
-        elif event == "relaunching":
-            where = "re-checking (nothing was stopped)" if data["nothing_stopped"] else "relaunching"
-            self.say(f"{h}: {where} with the fix: {data['fix']} (attempt {data['attempt']}/{data['max']})")
-        elif event == "reconnecting":
-            self.say(f"{h}: connection dropped; reconnecting and resuming the log at byte {data['offset']}")
-        elif event == "log_reset":
-            self.say(f"{h}: the engine's log was {data['why']} ({safe_line(data['log'])}); following it from the start")
-        elif event == "lock_taken_over":
-            prev = data["previous"]
+        elif isinstance(event, events.Relaunching):
+            where = "re-checking (nothing was stopped)" if event.nothing_stopped else "relaunching"
+            self.say(f"{h}: {where} with the fix: {event.fix} (attempt {event.attempt}/{event.max})")
+        elif isinstance(event, events.Reconnecting):
+            self.say(f"{h}: connection dropped; reconnecting and resuming the log at byte {event.offset}")
+        elif isinstance(event, events.LogReset):
+            self.say(f"{h}: the engine's log was {event.why} ({safe_line(event.log)}); following it from the start")
+        elif isinstance(event, events.LockTakenOver):
+            prev = event.previous
             self.say(f"{h}: took over a stale lock of {prev.get('owner')} ({prev.get('command')})")
-        elif event == "ready":
-            self.say(f"{h}: ready; smoke answer {data['smoke'].get('text', '')!r} [{elapsed:5.1f}s]")
-        elif event == "adopted":
-            self.say(f"{h}: pid {data['pid']} already runs this plan; checked it instead of restarting it:")
-            for line in data["checks"]:
+        elif isinstance(event, events.Ready):
+            self.say(f"{h}: ready; smoke answer {event.smoke.get('text', '')!r} [{elapsed:5.1f}s]")
+        elif isinstance(event, events.Adopted):
+            self.say(f"{h}: pid {event.pid} already runs this plan; checked it instead of restarting it:")
+            for line in event.checks:
                 self.say(f"    {line}")
-        elif event == "not_adopted":
-            self.say(f"{h}: the running server has this plan but fails: {'; '.join(data['problems'])}; redeploying")
+        elif isinstance(event, events.NotAdopted):
+            self.say(f"{h}: the running server has this plan but fails: {'; '.join(event.problems)}; redeploying")
+
+    def _log_line(self, text: str, elapsed: float) -> None:
+        if self.show_log:
+            self.say(f"  | {safe_line(text)}")
+        elif self.tty and not self.quiet:
+            line = safe_line(text)[: max(20, shutil.get_terminal_size().columns - 30)]
+            sys.stderr.write(f"\r\x1b[K{self.host} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
+            sys.stderr.flush()
+            self.last_line = line
+
+
+def progress_for(host: str, *, as_json: bool = False, show_log: bool = False) -> events.Sink:
+    """Where a deploy's events go: the terminal reporter, or JSON lines on stderr with `--json` (stdout
+    keeps the result); always the structured log too (shown with --debug, or in a --log-file)."""
+    shown: events.Sink = events.JsonLines(host, sys.stderr) if as_json else Reporter(host, show_log=show_log)
+    return events.fanout(shown, events.logged(host))
 
 
 def print_result(r: Any) -> None:

@@ -25,6 +25,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from fleet import events
 from fleet.crashes import Diagnosis, GiveUp, LogContext, Signature, decide, diagnose, traceback_of
 from fleet.errors import (
     DeployFailed,
@@ -130,13 +131,6 @@ class DeployResult:
     adopted: bool = False  # the server already ran this plan and answered: nothing was restarted
 
 
-Progress = Callable[[str, dict[str, Any]], None]
-
-
-def _noop(event: str, data: dict[str, Any]) -> None:
-    pass
-
-
 def run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -196,7 +190,7 @@ class Deployer:
         smoke: dict[str, Any],
         kill_policy: str,
         secrets: dict[str, str],
-        progress: Progress = _noop,
+        progress: events.Sink = events.ignore,
         engine_check: bool = True,
         max_attempts: int = 4,
         ready_timeout_s: float = 900.0,
@@ -313,7 +307,7 @@ class Deployer:
     ) -> list[WatchEvent]:
         """Stream the attempt; reconnect and resume from the last byte offset if the connection drops."""
         offset = 0
-        events: list[WatchEvent] = []
+        watched: list[WatchEvent] = []
         buf = b""
 
         def on_chunk(chunk: bytes) -> bool:
@@ -329,8 +323,8 @@ class Deployer:
                     on_line(ev["t"])
                 elif ev["e"] == "log_reset":
                     offset = 0
-                    self.progress("log_reset", {"why": ev.get("why"), "log": launched["log"]})
-                events.append(ev)
+                    self.progress(events.LogReset(str(ev.get("why")), launched["log"]))
+                watched.append(ev)
             return True
 
         def once() -> int:
@@ -342,7 +336,7 @@ class Deployer:
                 "exit_file": launched["exit_file"],
                 "pgid": launched["pgid"],
                 "offset": offset,
-                "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in events),
+                "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in watched),
                 "client_on_stdin": True,
                 "ready_regex": READY_REGEX[plan.engine],
                 "address": plan.check_address,
@@ -358,7 +352,7 @@ class Deployer:
             }
             script = script_for("watch", args, [plan.python])
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
-            if not events or events[-1]["e"] not in TERMINAL_EVENTS:
+            if not watched or watched[-1]["e"] not in TERMINAL_EVENTS:
                 # the watcher never said how it ended: its session was cut; resume from the last offset
                 raise HostUnreachable(f"{self.host.name}: the log stream ended early (exit {code}).", "")
             return code
@@ -372,9 +366,9 @@ class Deployer:
         ):
             with retry:
                 if retry.retry_state.attempt_number > 1:
-                    self.progress("reconnecting", {"offset": offset})
+                    self.progress(events.Reconnecting(offset))
                 once()
-        return events
+        return watched
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -399,7 +393,7 @@ class Deployer:
             rec = Attempt(attempt, plan.argv())
             result.attempts.append(rec)
             t0 = time.monotonic()
-            self.progress("attempt", {"attempt": attempt, "max": self.max_attempts, "argv": plan.argv()})
+            self.progress(events.AttemptStarted(attempt, self.max_attempts, plan.argv()))
             state = self.record(plan, "starting", attempt=attempt)
             state["run_id"], state["deployed_by"], state["learned_key"] = self.run_id, self.owner, learned_key
             out = self.act(
@@ -408,7 +402,7 @@ class Deployer:
             self._stop_if_locked_or_unsafe(out)
             check = out.get("check")
             if check:
-                self.progress("engine_check", {"verdict": check["verdict"]})
+                self.progress(events.EngineChecked(check["verdict"]))
             if check and check["verdict"] == "rejected":
                 lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"
@@ -422,8 +416,8 @@ class Deployer:
                     "learned_key": learned_key,
                     "learned": [*learned_existing, *new_learned],
                 }
-                events, lines = self._watch_attempt(plan, out, rec, success)
-                last = events[-1] if events else {"e": "error", "error": "no events"}
+                watched, lines = self._watch_attempt(plan, out, rec, success)
+                last = watched[-1] if watched else {"e": "error", "error": "no events"}
                 if last["e"] == "lost_lock":
                     raise LockedError(
                         f"{self.host.name}: {last.get('why')}; this run stopped watching its server.",
@@ -435,8 +429,8 @@ class Deployer:
                     result.ready_s = time.monotonic() - started
                     result.endpoint = f"http://{plan.check_address}:{plan.port}"
                     result.round_trips = self.t.commands_run
-                    smoke_event = next((e for e in reversed(events) if e["e"] == "smoke"), {"e": "smoke"})
-                    self.progress("ready", {"attempt": attempt, "smoke": smoke_event})
+                    smoke_event = next((e for e in reversed(watched) if e["e"] == "smoke"), {"e": "smoke"})
+                    self.progress(events.Ready(attempt, dict(smoke_event)))
                     return result
                 rec.outcome = {"exit": "crashed", "smoke": "smoke_failed", "timeout": "timeout"}.get(last["e"], "error")
                 synthetic = _synthetic_line(last)
@@ -448,9 +442,7 @@ class Deployer:
             tail = traceback_of(lines) if rec.diagnosis.signature is None else lines[-40:]
             result.log_tail = [redact(x, self.secrets) for x in tail]
             assert rec.diagnosis is not None
-            self.progress(
-                "diagnosed", {"attempt": attempt, "diagnosis": rec.diagnosis.to_json(), "outcome": rec.outcome}
-            )
+            self.progress(events.Diagnosed(attempt, rec.outcome, rec.diagnosis.to_json()))
             decision = decide(rec.diagnosis, applied, attempt, self.max_attempts)
             if isinstance(decision, GiveUp):
                 result.reason = decision.reason
@@ -471,16 +463,15 @@ class Deployer:
                 }
             )
             self.progress(
-                "relaunching",
-                {
-                    "attempt": attempt + 1,
-                    "max": self.max_attempts,
-                    "signature": decision.signature,
-                    "fix": rec.fix,
-                    "explanation": decision.reason,
-                    "elapsed_s": rec.seconds,
-                    "nothing_stopped": rec.outcome == "rejected",
-                },
+                events.Relaunching(
+                    attempt=attempt + 1,
+                    max=self.max_attempts,
+                    signature=decision.signature,
+                    fix=rec.fix,
+                    explanation=decision.reason,
+                    elapsed_s=rec.seconds,
+                    nothing_stopped=rec.outcome == "rejected",
+                )
             )
 
     def _stop_if_locked_or_unsafe(self, out: ActResult) -> None:
@@ -490,8 +481,8 @@ class Deployer:
         if lock["status"] == "held":
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
             raise locked(self.host.name, lock, since)
-        if lock.get("taken_over"):
-            self.progress("lock_taken_over", {"previous": lock["taken_over"]})
+        if previous := lock.get("taken_over"):
+            self.progress(events.LockTakenOver(dict(previous)))
         if unwritable := out.get("log_dir_unwritable"):
             raise unwritable_host_dir(self.host.name, "the log directory", "log_dir", unwritable)
         if short := out.get("short_of_space"):
@@ -522,18 +513,16 @@ class Deployer:
         self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any]
     ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
-        self.progress(
-            "stopped", {"stopped": out.get("stopped", []), "left": out.get("left", []), "memory": out.get("memory")}
-        )
+        self.progress(events.Stopped(list(out.get("stopped", [])), list(out.get("left", [])), out.get("memory")))
         launched = out["launched"]
         rec.log = launched["log"]
-        self.progress("launched", {"pid": launched["pid"], "log": launched["log"]})
+        self.progress(events.Launched(launched["pid"], launched["log"]))
         lines: list[str] = []
 
         def on_line(text: str) -> None:
             shown = redact(text, self.secrets)  # everything downstream (diagnosis, evidence, output) is redacted
             lines.append(shown)
-            self.progress("log", {"line": shown})
+            self.progress(events.LogLine(shown))
 
         return self.watch(plan, launched, success, on_line), lines
 

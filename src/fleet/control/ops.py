@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fleet import events
 from fleet.control.deploy import (
     Deployer,
     DeployResult,
-    Progress,
     locked,
     plan_or_refuse,
     recorded,
@@ -42,16 +42,14 @@ def deploy(
     *,
     force: bool,
     engine_check: bool,
-    progress: Progress,
+    progress: events.Sink,
     signatures: Sequence[Signature] | None = None,
 ) -> DeployResult:
     path = model_path(host, playbook.spec.model)
     facts = read_facts(t, host, model=path, engine=playbook.spec.engine)
     result = plan_or_refuse(host, playbook, facts, path, signatures)
     assert result.plan and result.model and result.gpus
-    progress(
-        "planned", {"plan": result.plan, "model": result.model.describe(), "learned": list(result.plan.applied_fixes)}
-    )
+    progress(events.Planned(result.model.describe(), result.plan.argv(), list(result.plan.applied_fixes)))
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
     if _runs_this_plan(facts, result.plan, playbook.name):
         adopted = _adopt(t, host, playbook.name, result.plan, recorded(facts).get("pid"), progress, secrets)
@@ -59,7 +57,7 @@ def deploy(
             return adopted
     if engine_check and _ran_before(facts, result.plan):
         engine_check = False
-        progress("engine_check_skipped", {"version": show_version(result.plan.engine_version)})
+        progress(events.EngineCheckSkipped(show_version(result.plan.engine_version)))
     deployer = Deployer(
         t,
         host,
@@ -142,8 +140,8 @@ def _adopt(
     host: Host,
     playbook_name: str,
     plan: LaunchPlan,
-    pid: Any,
-    progress: Progress,
+    pid: int | None,
+    progress: events.Sink,
     secrets: dict[str, str],
 ) -> DeployResult | None:
     """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
@@ -154,11 +152,9 @@ def _adopt(
     health = check_host(t, host, HealthOptions(secrets=secrets))
     problems = adoption_problems(health)
     if problems:
-        progress("not_adopted", {"problems": problems})
+        progress(events.NotAdopted(list(problems)))
         return None
-    progress(
-        "adopted", {"pid": pid, "checks": [f"{c.name}: {c.detail}" for c in health.checks if c.name in SERVER_CHECKS]}
-    )
+    progress(events.Adopted(pid, [f"{c.name}: {c.detail}" for c in health.checks if c.name in SERVER_CHECKS]))
     return DeployResult(
         host=host.name,
         playbook=playbook_name,
@@ -214,7 +210,7 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
 
 
 def restart(
-    t: Transport, host: Host, *, force: bool, progress: Progress, signatures: Sequence[Signature] | None = None
+    t: Transport, host: Host, *, force: bool, progress: events.Sink, signatures: Sequence[Signature] | None = None
 ) -> DeployResult:
     state_facts = read_facts(t, host)
     state = recorded(state_facts)

@@ -1,0 +1,195 @@
+"""What a deploy reports while it runs, as typed events sent to one sink.
+
+The deploy loop (fleet.control.deploy, fleet.control.ops) says what happened by calling its sink with one
+of these; it never formats text. Listeners decide how it is shown: the terminal reporter
+(fleet.cli.report), JSON lines (`fleet deploy --json`, one object per event on stderr) and the structured
+log (`--debug`, `fleet health --log-file`). Tests assert on the captured events.
+
+Every field is JSON-ready (str, int, float, bool, lists and dicts of those): `to_json` is `asdict` plus the
+event's kind. Values that came from the host (log lines, command lines) are already redacted of secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Planned:
+    kind: ClassVar[str] = "planned"
+    model: str
+    argv: list[str]
+    learned: list[str]  # learned fixes the plan already includes
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """The server already running this plan passed its checks; nothing was restarted."""
+
+    kind: ClassVar[str] = "adopted"
+    pid: int | None
+    checks: list[str]
+
+
+@dataclass(frozen=True)
+class NotAdopted:
+    kind: ClassVar[str] = "not_adopted"
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class EngineCheckSkipped:
+    """This command line already ran with this engine version on the host."""
+
+    kind: ClassVar[str] = "engine_check_skipped"
+    version: str
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    kind: ClassVar[str] = "attempt"
+    attempt: int
+    max: int
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class LockTakenOver:
+    kind: ClassVar[str] = "lock_taken_over"
+    previous: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EngineChecked:
+    kind: ClassVar[str] = "engine_check"
+    verdict: str  # "accepted", "rejected" or "unavailable"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What the act step stopped (process records), what it saw and left running, GPU memory released."""
+
+    kind: ClassVar[str] = "stopped"
+    stopped: list[dict[str, Any]]
+    left: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Launched:
+    kind: ClassVar[str] = "launched"
+    pid: int
+    log: str
+
+
+@dataclass(frozen=True)
+class LogLine:
+    kind: ClassVar[str] = "log"
+    line: str
+
+
+@dataclass(frozen=True)
+class LogReset:
+    """The engine's log was truncated or replaced; it is followed from its start."""
+
+    kind: ClassVar[str] = "log_reset"
+    why: str
+    log: str
+
+
+@dataclass(frozen=True)
+class Reconnecting:
+    kind: ClassVar[str] = "reconnecting"
+    offset: int  # the byte of the log the resumed stream starts at
+
+
+@dataclass(frozen=True)
+class Diagnosed:
+    kind: ClassVar[str] = "diagnosed"
+    attempt: int
+    outcome: str  # "crashed", "rejected", "timeout", "smoke_failed", "error"
+    diagnosis: dict[str, Any]  # Diagnosis.to_json()
+
+
+@dataclass(frozen=True)
+class Relaunching:
+    kind: ClassVar[str] = "relaunching"
+    attempt: int  # the attempt about to start
+    max: int
+    signature: str
+    fix: str
+    explanation: str
+    elapsed_s: float  # how long the failed attempt took
+    nothing_stopped: bool  # the engine refused the command line: the old server still serves
+
+
+@dataclass(frozen=True)
+class Ready:
+    kind: ClassVar[str] = "ready"
+    attempt: int
+    smoke: dict[str, Any]  # the smoke event: the answer's text and latency
+
+
+Event = (
+    Planned
+    | Adopted
+    | NotAdopted
+    | EngineCheckSkipped
+    | AttemptStarted
+    | LockTakenOver
+    | EngineChecked
+    | Stopped
+    | Launched
+    | LogLine
+    | LogReset
+    | Reconnecting
+    | Diagnosed
+    | Relaunching
+    | Ready
+)
+Sink = Callable[[Event], None]
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    return {"event": event.kind, **asdict(event)}
+
+
+def ignore(event: Event) -> None:
+    """The sink of a deploy nobody watches (a heal from cron logs through `logged` instead)."""
+
+
+def fanout(*sinks: Sink) -> Sink:
+    def send(event: Event) -> None:
+        for sink in sinks:
+            sink(event)
+
+    return send
+
+
+class JsonLines:
+    """One JSON object per event on a stream: {"host", "elapsed_s", "event", ...the event's fields}."""
+
+    def __init__(self, host: str, stream: IO[str]) -> None:
+        self.host, self.stream, self.started = host, stream, time.monotonic()
+
+    def __call__(self, event: Event) -> None:
+        elapsed = round(time.monotonic() - self.started, 3)
+        self.stream.write(json.dumps({"host": self.host, "elapsed_s": elapsed, **to_json(event)}) + "\n")
+        self.stream.flush()
+
+
+def logged(host: str) -> Sink:
+    """Events to the structured log (fleet.log): engine log lines at debug, the rest at info."""
+    from fleet import log
+
+    logger = log.get(host=host)
+
+    def send(event: Event) -> None:
+        data = asdict(event)
+        (logger.debug if isinstance(event, LogLine) else logger.info)(event.kind, **data)
+
+    return send

@@ -1,0 +1,67 @@
+"""The deploy's progress events: every kind is JSON-ready and has a line on the terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import typing
+
+import pytest
+
+from fleet import events
+from fleet.cli.report import Reporter
+
+SAMPLES: list[events.Event] = [
+    events.Planned("Qwen3.6-27B (dense, 27B)", ["python", "-m", "sglang.launch_server"], ["sglang-x"]),
+    events.Adopted(4242, ["health: ok", "smoke: ok"]),
+    events.NotAdopted(["smoke: wrong answer"]),
+    events.EngineCheckSkipped("sglang 0.5.11"),
+    events.AttemptStarted(1, 3, ["python", "-m", "sglang.launch_server"]),
+    events.LockTakenOver({"owner": "ana@laptop", "command": "deploy"}),
+    events.EngineChecked("accepted"),
+    events.Stopped(
+        [{"pid": 7, "pgid": 7, "cmdline": "python -m sglang.launch_server", "why": "fleet's server", "user": "u"}],
+        [{"pid": 9, "why": "GPU daemon nvidia-persistenced", "user": "root"}],
+        {"before_mib": [1024], "after_mib": [0], "waited_s": 0.5},
+    ),
+    events.Launched(4243, "/var/log/fleet/a.log"),
+    events.LogLine("Load weight begin"),
+    events.LogReset("truncated", "/var/log/fleet/a.log"),
+    events.Reconnecting(1234),
+    events.Diagnosed(
+        1,
+        "crashed",
+        {"category": "oom", "signature": "sglang-kv", "explanation": "too little KV", "evidence": ["RuntimeError"]},
+    ),
+    events.Relaunching(2, 3, "sglang-kv", "memory fraction +0.04", "too little KV", 3.5, False),
+    events.Ready(1, {"e": "smoke", "ok": True, "text": "Paris"}),
+]
+
+
+def test_the_samples_cover_every_kind_of_event() -> None:
+    assert {type(e) for e in SAMPLES} == set(typing.get_args(events.Event))
+    assert len({e.kind for e in SAMPLES}) == len(SAMPLES)
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_every_event_is_one_json_line_with_its_kind_and_host(event: events.Event) -> None:
+    out = io.StringIO()
+    events.JsonLines("blackwell", out)(event)
+    line = json.loads(out.getvalue())
+    assert out.getvalue().count("\n") == 1
+    assert line["event"] == event.kind and line["host"] == "blackwell" and line["elapsed_s"] >= 0
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_every_event_has_a_line_on_the_terminal(event: events.Event, capsys: pytest.CaptureFixture[str]) -> None:
+    Reporter("blackwell", show_log=True)(event)
+    assert capsys.readouterr().err.startswith(("blackwell: ", "  | "))
+
+
+def test_fanout_sends_each_event_to_every_listener_in_order() -> None:
+    a: list[events.Event] = []
+    b: list[events.Event] = []
+    send = events.fanout(a.append, b.append)
+    for e in SAMPLES[:3]:
+        send(e)
+    assert a == b == SAMPLES[:3]
