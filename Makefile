@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: reliability-report demo test fast unit oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: reliability-report demo test fast unit coverage oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,14 @@ fast: lint typecheck unit
 ## unit: the pure-core tests only (seconds)
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q -m "not ssh and not slow and not realparser and not vllm"
+
+## coverage: the fast tier under coverage.py, host scripts included; the deploy loop and host-script figures
+HOST_SIDE := src/fleet/control/deploy.py,src/fleet/control/remote_*.py,src/fleet/facts/probe.py,src/fleet/host_common.py,src/fleet/protocol.py,src/fleet/hostscripts.py
+coverage: $(VENV)/.installed
+	rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "not ssh and not slow and not realparser and not vllm"
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report --include='$(HOST_SIDE)'
 
 ## oracle: the real SGLang 0.5.11/0.5.23 argument parsers on CPU (../shared/tools/sglang-oracle, ~2.6 GB, ~2.5 min once)
 ORACLE := .cache/sglang-oracle

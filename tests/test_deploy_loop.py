@@ -4,17 +4,19 @@ a known crash fixed and relaunched, the lock, restart after a failure, and resum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from conftest import ROOT
 from fleet import events
 from fleet.control import ops
-from fleet.errors import LockedError
+from fleet.errors import LockedError, PreflightError, UnsafeToKill
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
 
@@ -130,4 +132,72 @@ def test_a_stream_cut_inside_a_batch_resumes_without_gaps_or_repeats(host: nshos
     streamed = [e.line for e in seen.of(events.LogLine)]
     logged = Path(state(host)["log"]).read_text().splitlines()
     assert streamed == logged[: len(streamed)]
-    assert any("fired up and ready" in x for x in streamed)
+    # past the cut: the server's bind line precedes its /health answering (the ready line may come after)
+    assert any("Uvicorn running on" in x for x in streamed)
+
+
+def engine_pid(h: nshost.NamespaceHost) -> int:
+    return int(state(h)["pid"])
+
+
+def alive(h: nshost.NamespaceHost, pid: int) -> bool:
+    """Running, not a zombie: the namespace's init (a sleeper) never reaps what it inherits."""
+    return h.shell(f"ps -o stat= -p {pid} || true").strip()[:1] not in ("", "Z")
+
+
+@pytest.fixture
+def blackwell(tmp_path: Path) -> Iterator[nshost.NamespaceHost]:
+    h = nshost.NamespaceHost(tmp_path, simhost.BLACKWELL, "127.0.3.2")
+    yield h
+    h.close()
+
+
+def test_the_engine_check_refuses_a_command_line_before_the_running_server_is_stopped(
+    blackwell: nshost.NamespaceHost,
+) -> None:
+    assert deploy(blackwell, playbook="qwen35-nvfp4")[0].ok
+    running = engine_pid(blackwell)
+    result, seen = deploy(blackwell, playbook="qwen35-nvfp4-handwritten")
+    assert result.ok, result.reason
+    assert [e.verdict for e in seen.of(events.EngineChecked)] == ["rejected", "rejected", "accepted"]
+    assert [e.nothing_stopped for e in seen.of(events.Relaunching)] == [True, True]
+    assert [p["pid"] for p in seen.of(events.Stopped)[0].stopped][:1] == [running]  # only after the check passed
+    assert [a.outcome for a in result.attempts] == ["rejected", "rejected", "ready"]
+    assert not alive(blackwell, running)
+
+
+def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceHost) -> None:
+    assert deploy(host)[0].ok
+    pid = engine_pid(host)
+    out = ops.stop(host.transport(), host.host, force=False)
+    assert pid in [p["pid"] for p in out["stopped"]] and not out["refused"]
+    assert not alive(host, pid)
+    st = state(host)
+    assert st["status"] == "stopped" and st["pid"] == pid and st["learned_key"]  # the record keeps what it knew
+    assert not (host.dir / "state" / "lock.json").exists()
+
+
+def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(host: nshost.NamespaceHost) -> None:
+    assert deploy(host)[0].ok
+    running = engine_pid(host)
+    host.shell(f"setsid sh -c 'exec sleep 600 3<{host.dir}/dev/nvidia0' </dev/null >/dev/null 2>&1 &")
+    holder = int(host.shell("sleep 0.2; pgrep -x sleep -n").strip())
+    with pytest.raises(UnsafeToKill) as caught:
+        ops.restart(host.transport(), host.host, force=False, progress=Events())
+    assert f"pid {holder}" in caught.value.message and "sleep 600" in caught.value.message
+    assert alive(host, holder) and alive(host, running)  # nothing was stopped: the server serves on
+    assert state(host)["pid"] == running and not (host.dir / "state" / "lock.json").exists()
+    assert ops.restart(host.transport(), host.host, force=True, progress=Events()).ok
+    assert not alive(host, holder)
+
+
+def test_an_unwritable_log_dir_is_refused_before_the_running_server_is_stopped(host: nshost.NamespaceHost) -> None:
+    assert deploy(host)[0].ok
+    running = engine_pid(host)
+    settings = msgspec.structs.replace(host.host.settings, log_dir=f"{host.dir}/state/state.json/logs")
+    broken = dataclasses.replace(host.host, settings=settings)
+    with pytest.raises(PreflightError) as caught:
+        ops.restart(host.transport(), broken, force=False, progress=Events())
+    assert "the log directory" in caught.value.message and "Nothing on the host was changed" in caught.value.message
+    assert alive(host, running) and state(host)["status"] == "ready"
+    assert not (host.dir / "state" / "lock.json").exists()

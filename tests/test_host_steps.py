@@ -4,6 +4,7 @@ Run through real transports: `connection: local` (its own PATH) and real sshd.""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,15 @@ def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug(tmp_path: Pa
     with pytest.raises(HostStepError) as garbage:
         run_json(LocalTransport("h"), fake_python(tmp_path, "Segmentation fault"), "act", {})
     assert "said no result (exit 0: 'Segmentation fault')" in garbage.value.message
+
+
+def test_a_host_traceback_names_fleets_file_and_line(tmp_path: Path) -> None:
+    """Each host file is compiled under its own name: the traceback under --debug points at the line."""
+    with pytest.raises(HostStepError) as caught:
+        run_json(LocalTransport("h"), sys.executable, "act", {})  # no lock path: the step's main fails
+    assert "(KeyError: 'lock')" in caught.value.message
+    assert 'File "fleet/control/remote_act.py", line' in caught.value.remote_traceback
+    assert "<string>" not in caught.value.remote_traceback
 
 
 @pytest.mark.ssh

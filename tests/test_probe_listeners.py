@@ -16,7 +16,7 @@ from fleet.facts import probe_source
 
 REPORT = (
     "\nimport json\n"
-    "print(json.dumps({'netlink': _listeners_netlink(), 'proc': _listeners_proc(), 'used': _listeners()}))\n"
+    "print(json.dumps({'netlink': _listening_netlink(), 'proc': _listening_proc(), 'used': listening_sockets()}))\n"
 )
 
 
@@ -71,7 +71,7 @@ def test_without_netlink_the_proc_tables_are_read(many_listeners: list[tuple[str
         "_socket.socket = _NoNetlink\n"
     )
     code = refuse + "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source()
-    code += "\nimport json\nprint(json.dumps({'listeners': _listeners(), 'refused': len(REFUSED)}))\n"
+    code += "\nimport json\nprint(json.dumps({'listeners': listening_sockets(), 'refused': len(REFUSED)}))\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout)

@@ -201,6 +201,55 @@ def bounded_search(pattern: str, text: str, limit_s: float = MATCH_LIMIT_S) -> O
     return {b"1": True, b"0": False}.get(answer)
 
 
+def http_request(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = 10.0,
+    headers: Optional[Dict[str, str]] = None,
+    limit: int = 1 << 20,
+) -> Tuple[Optional[int], str, float]:
+    """(HTTP status, or None when nothing answered; the body, at most `limit` bytes, or what went wrong;
+    seconds taken) of one request to a server on this host."""
+    import urllib.error  # here, not at the top: ~40 ms of imports a host with no server never needs
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    sent = dict({"Content-Type": "application/json"}, **(headers or {}))
+    request = urllib.request.Request(url, data=data, method=method, headers=sent)
+    start = time.time()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read(limit).decode("utf-8", "replace"), time.time() - start
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(limit).decode("utf-8", "replace"), time.time() - start
+    except Exception as e:  # refused, reset, timed out
+        return None, "%s: %s" % (type(e).__name__, e), time.time() - start
+
+
+def smoke_request(base_url: str, model: str, smoke: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """Ask the server the playbook's smoke prompt: {status, ok (the answer matches `expect`), text (the
+    answer, or what came back instead), seconds}. The deploy's proof and health's generation check."""
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": smoke["prompt"]}],
+        "max_tokens": smoke.get("max_tokens", 16),
+        "temperature": 0,
+    }
+    status, text, seconds = http_request("POST", base_url + "/v1/chat/completions", request, timeout=timeout)
+    answer = None
+    if status == 200:
+        try:
+            answer = json.loads(text)["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError):
+            answer = None
+    matched = bounded_search(smoke["expect"], answer) if answer is not None else False
+    shown = (answer if answer is not None else text)[:500]
+    if matched is None:
+        shown = "the expect pattern ran too long on this answer: %s" % shown
+    return {"status": status, "ok": bool(matched), "text": shown, "seconds": seconds}
+
+
 def write_record(path: str, data: Dict[str, Any]) -> None:
     """Replace a record atomically: a unique temporary file, fsynced, renamed over it. On failure (a full
     disk) the temporary file is removed and the old record is left as it was."""

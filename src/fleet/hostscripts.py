@@ -1,9 +1,10 @@
 """The one place a host script is built: what fleet sends to run one step on a host.
 
-A step's source is the shared host code (fleet.protocol's types, fleet.host_common) followed by the
-step's own file(s); the shell wrapper around it finds a Python on the host (the engine's, then
-`python3`) and says so in JSON when there is none. Scripts are plain text sent as one `sh -c`
-command: one round trip. Data that must not appear in `ps` (secrets) goes on stdin, never here.
+A step's source is the shared host code (fleet.protocol's types, fleet.host_common, fleet.host_procs)
+followed by the step's own file(s), each compiled under its own file name; the shell wrapper around it
+finds a Python on the host (the engine's, then `python3`) and says so in JSON when there is none.
+Scripts are plain text sent as one `sh -c` command: one round trip. Data that must not appear in
+`ps` (secrets) goes on stdin, never here.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-SHARED = ("protocol.py", "host_common.py")
+SHARED = ("protocol.py", "host_common.py", "host_procs.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": ("facts/probe.py",),  # facts in one round trip
-    "act": ("control/remote_act.py",),  # lock, engine check, stop, free, launch, record
+    "act": ("control/remote_free.py", "control/remote_act.py"),  # lock, engine check, stop, free, launch, record
     "watch": ("control/remote_watch.py",),  # follow an attempt, prove the server
     "health": ("facts/probe.py", "control/remote_health.py"),  # the facts plus the server's checks
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
@@ -34,7 +35,11 @@ def _read(path: str) -> str:
 def source_for(step: str) -> str:
     """The Python source of a step, as it runs on the host."""
     prelude = "FLEET_PROBE_AS_LIBRARY = True\n" if step == "health" else ""  # the probe without its main
-    return prelude + "\n".join(_read(p) for p in (*SHARED, *STEPS[step]))
+    # Each file is compiled under its own name, into one namespace: a traceback from the host names
+    # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
+    return prelude + "".join(
+        f"exec(compile({_read(p)!r}, {'fleet/' + p!r}, 'exec'))\n" for p in (*SHARED, *STEPS[step])
+    )
 
 
 def script_for(step: str, args: dict[str, Any], pythons: Sequence[str]) -> str:

@@ -43,6 +43,8 @@ class NamespaceHost:
             "HOME": str(self.dir),
             "SIM_HOST_DIR": str(self.dir),
             "LANG": "C.UTF-8",
+            # `make coverage` measures the host scripts too: coverage follows subprocesses through these
+            **{k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")},
         }
         inventory = root / f"{spec.name}-inventory.yaml"
         inventory.write_text(

@@ -1,5 +1,6 @@
 """Runs ON the host (sent as `python -c`): lock, engine pre-flight check, stop stale servers, free the
-GPUs, launch detached, record state -- one round trip. Prints one JSON document.
+GPUs (remote_free.py, sent before this file), launch detached, record state -- one round trip. Prints one
+JSON document.
 
 Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
 Safety rules it enforces itself, whatever the caller says:
@@ -14,7 +15,6 @@ Secrets arrive on stdin as JSON and reach the engine through its launcher's stdi
 import fcntl
 import json
 import os
-import pwd
 import re
 import select
 import signal
@@ -23,20 +23,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Set
 
 try:  # the shared host code is prepended when this script is sent to a host
-    engine_kind  # noqa: B018
+    classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_free import (
+        classify,
+        expand,
+        is_engine,
+        nvml_pids_and_memory,
+        recorded_group_is_ours,
+        stop_targets,
+        wait_memory_released,
+    )
     from fleet.host_common import (
         LAUNCH_MARK,
-        argv_of,
-        engine_kind,
-        gpu_device_files,
-        kill_verdict,
         read_record,
         write_record,
     )
+    from fleet.host_procs import alive, boot_id, process_table, start_ticks
     from fleet.protocol import ActResult
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
@@ -56,179 +61,6 @@ with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)
 """
-
-
-def expand(path):
-    return os.path.expanduser(path) if path else path
-
-
-def proc(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            raw = f.read()
-        cmd = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        with open("/proc/%d/stat" % pid) as f:
-            stat = f.read()
-        with open("/proc/%d/status" % pid) as f:
-            status = f.read()
-    except OSError:
-        return None
-    rest = stat.rsplit(")", 1)[-1].split()
-    found = re.search(r"^Uid:\s+(\d+)", status, re.M)
-    if found is None:
-        return None
-    uid = int(found.group(1))
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    return {
-        "pid": pid,
-        "ppid": int(rest[1]),
-        "pgid": int(rest[2]),
-        "uid": uid,
-        "user": user,
-        "comm": stat[stat.find("(") + 1 : stat.rfind(")")],
-        "cmdline": cmd[:500],
-        "argv": argv_of(raw),
-    }
-
-
-def all_procs():
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            p = proc(int(name))
-            if p:
-                out[p["pid"]] = p
-    return out
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited: only its parent has not collected it yet
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def live_process_groups():
-    """Process group ids that have a member still running (a zombie has exited: it does not count)."""
-    out: Set[int] = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name) as f:
-                    state, _ppid, pgid = f.read().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue
-            if state != "Z":
-                out.add(int(pgid))
-    return out
-
-
-def boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def start_ticks(pid):
-    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22), or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def recorded_group_is_ours(pgid, st):
-    """Whether the process group id fleet recorded still names the group it launched. A group id is a
-    pid, and pids are reused, even within seconds: only the exact identity counts -- the same boot, the
-    same pid, and its leader's start time in clock ticks exactly as recorded at launch. A record without
-    them (older, or damaged) and a group whose leader is gone get no trust."""
-    if st.get("pgid") != pgid or not st.get("boot_id") or st["boot_id"] != boot_id():
-        return False
-    recorded = st.get("start_ticks")
-    return isinstance(recorded, int) and start_ticks(pgid) == recorded
-
-
-def is_engine(p):
-    """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
-    return engine_kind(p["argv"]) is not None
-
-
-def tcp_sockets():
-    """(state, local address hex, local port, inode) of every TCP socket on the host, IPv4 and IPv6."""
-    rows = []
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if len(parts) > 9:
-                addr, port = parts[1].split(":")
-                rows.append((parts[3], addr, int(port, 16), parts[9]))
-    return rows
-
-
-def socket_inodes(pid):
-    """Inodes of the sockets `pid` holds open (empty when its fds cannot be read)."""
-    out: Set[str] = set()
-    try:
-        fds = os.listdir("/proc/%d/fd" % pid)
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
-
-
-def port_owner(port, bind_address="0.0.0.0"):
-    """(pid, held) of the listener a server binding bind_address:port would collide with."""
-    wild = ("00000000", "00000000000000000000000000000000")
-    want = None
-    if bind_address not in ("0.0.0.0", "::"):
-        want = "".join("%02X" % int(x) for x in reversed(bind_address.split("."))) if "." in bind_address else None
-    inodes = set(
-        inode
-        for state, addr, p, inode in tcp_sockets()
-        if state == "0A" and p == port and (want is None or addr in wild or addr == want)
-    )
-    if not inodes:
-        return None, False
-    for pid in all_procs():
-        if socket_inodes(pid) & inodes:
-            return pid, True
-    return None, True  # held, owner invisible (another user's process)
-
-
-def client_connections(pids):
-    """Connections clients hold open to the ports these processes listen on; None if they listen on none.
-    A request in flight holds its connection, so 0 means nothing to drain."""
-    rows = tcp_sockets()
-    listening = dict((inode, port) for state, _, port, inode in rows if state == "0A")
-    ports = set(listening[i] for pid in pids for i in socket_inodes(pid) if i in listening)
-    if not ports:
-        return None
-    # ESTABLISHED, SYN_RECV, CLOSE_WAIT: a client is there or its request may still be running
-    return sum(1 for state, _, port, _ in rows if state in ("01", "03", "08") and port in ports)
 
 
 # --- lock ----------------------------------------------------------------------------------------------
@@ -346,171 +178,6 @@ def engine_check(c, gone):
     if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):
         return {"verdict": "rejected", "output": out}
     return {"verdict": "could_not_check", "output": out}
-
-
-# --- stop and free -------------------------------------------------------------------------------------
-
-
-def holders(device_glob):
-    files = gpu_device_files(expand(device_glob))
-    pids = set()
-    if files:
-        try:
-            out = subprocess.run(["fuser"] + files, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
-            pids = set(int(t) for t in re.findall(rb"\d+", out))
-        except OSError:  # no fuser: scan /proc
-            real = set(os.path.realpath(f) for f in files)
-            for pid in all_procs():
-                try:
-                    if any(
-                        os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real for fd in os.listdir("/proc/%d/fd" % pid)
-                    ):
-                        pids.add(pid)
-                except OSError:
-                    continue
-    return pids
-
-
-def nvml_pids_and_memory():
-    try:
-        import pynvml as n
-
-        n.nvmlInit()
-    except Exception:
-        return set(), None
-    try:
-        pids, used = set(), []
-        for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
-            try:
-                pids |= set(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h))
-            except Exception:
-                pass
-        return pids, used
-    finally:
-        n.nvmlShutdown()
-
-
-def classify(a, procs):
-    """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
-    launch unless forced) and what it leaves running (GPU daemons and tools)."""
-    me = os.getuid()
-    own_pgid = os.getpgid(0)
-    recorded = a.get("recorded_pgid")
-    targets, refused, left = {}, [], []
-    candidates = set(p for p, info in procs.items() if is_engine(info))
-    owner, held = port_owner(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (None, False)
-    if owner:
-        candidates.add(owner)
-    gpu_holders = holders(a["gpu_devices"]) | nvml_pids_and_memory()[0]
-    candidates |= gpu_holders
-    for pid in sorted(candidates):
-        info = procs.get(pid)
-        if info is None:
-            continue
-        verdict, why = kill_verdict(
-            info,
-            me=me,
-            own=(os.getpid(), own_pgid),
-            recorded_pgid=recorded,
-            port=a.get("port") if pid == owner else None,
-            force=a["kill_policy"] == "force",
-        )
-        if verdict == "leave":
-            left.append(dict(info, why=why))
-        elif verdict == "refuse":
-            refused.append(dict(info, why=why))
-        elif verdict == "stop":
-            targets[pid] = dict(info, why=why)
-    if owner is None and held and a.get("port"):
-        refused.append(
-            {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
-        )
-    return targets, refused, left
-
-
-def idle_sglang(members):
-    """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
-    tick (engines.md section 3.3) before the same kill_process_tree, so it is killed at once instead."""
-    if not any(engine_kind(p["argv"]) == "sglang" for p in members):
-        return False
-    return client_connections([p["pid"] for p in members]) == 0
-
-
-def stop_targets(targets, procs, drain_s):
-    """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
-    SGLang group is SIGKILLed at once (nothing to drain)."""
-    own_pgid = os.getpgid(0)
-    groups: Dict[int, List[int]] = {}
-    for pid, info in targets.items():
-        groups.setdefault(info["pgid"], []).append(pid)
-    signalled = []  # (pgid, whole group?, idle SGLang?)
-    for pgid in groups:
-        members = [p for p in procs.values() if p["pgid"] == pgid]
-        whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
-        signalled.append((pgid, whole, whole and idle_sglang(members)))
-    for pgid, whole, idle in signalled:
-        sig = signal.SIGKILL if idle else signal.SIGTERM
-        for pid in groups[pgid]:
-            targets[pid]["stop"] = "idle: killed at once" if idle else "SIGTERM, drained"
-        try:
-            if whole:
-                os.killpg(pgid, sig)
-            else:
-                for pid in groups[pgid]:
-                    os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.time() + drain_s
-    while time.time() < deadline and any(alive(p) for p in targets):
-        time.sleep(0.05)
-    forced = []
-    after_drain = "SIGKILL after the %g s drain window" % drain_s
-    live_groups = live_process_groups() if any(whole for _, whole, _ in signalled) else set()
-    for pgid, whole, idle in signalled:
-        try:
-            if whole:
-                if pgid not in live_groups:  # drained: only zombies left, awaiting their parent's wait()
-                    continue
-                os.killpg(pgid, signal.SIGKILL)
-                if not idle:
-                    forced.append(pgid)
-                    for pid in groups[pgid]:
-                        targets[pid]["stop"] = after_drain
-            else:
-                for pid in groups[pgid]:
-                    if alive(pid):
-                        os.kill(pid, signal.SIGKILL)
-                        forced.append(pid)
-                        targets[pid]["stop"] = after_drain
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.time() + 5
-    while time.time() < deadline and any(alive(p) for p in targets):
-        time.sleep(0.05)
-    return [
-        {
-            "pid": p,
-            "pgid": t["pgid"],
-            "user": t["user"],
-            "cmdline": t["cmdline"][:200],
-            "why": t["why"],
-            "stop": t.get("stop"),
-        }
-        for p, t in sorted(targets.items())
-    ], forced
-
-
-def wait_memory_released(before, timeout_s, ignore_mib):
-    start = time.time()
-    used = nvml_pids_and_memory()[1]
-    while used is not None and time.time() - start < timeout_s:
-        if all(u <= ignore_mib for u in used):
-            break
-        time.sleep(0.1)
-        used = nvml_pids_and_memory()[1]
-    return before, used, time.time() - start
 
 
 # --- launch --------------------------------------------------------------------------------------------
@@ -723,7 +390,7 @@ def main():
             out["short_of_space"] = short
             return out
     previous = read_record(os.path.join(state_dir, "state.json"))
-    procs = all_procs()
+    procs = process_table()
     free = a["free"]
     recorded = free.get("recorded_pgid")
     if recorded is not None and not recorded_group_is_ours(
@@ -745,7 +412,9 @@ def main():
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     for _sweep in range(3):  # children that outlived their parent (JIT workers), by title
         left = [
-            p for p in all_procs().values() if is_engine(p) and p["uid"] == os.getuid() and p["pgid"] != os.getpgid(0)
+            p
+            for p in process_table().values()
+            if is_engine(p) and p["uid"] == os.getuid() and p["pgid"] != os.getpgid(0)
         ]
         if not left:
             break

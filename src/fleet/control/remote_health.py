@@ -18,25 +18,9 @@ try:  # prepended when sent: the probe (collect) and the shared host code
     collect  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.probe import collect
-    from fleet.host_common import bounded_search, read_record
+    from fleet.host_common import http_request, read_record, smoke_request
 
 HEALTH_LOG_LINES = 2000
-
-
-def _http(method, url, body=None, timeout=5.0):
-    import urllib.error  # here, not at the top: ~40 ms of imports a host with no server never needs
-    import urllib.request
-
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    start = time.time()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read(1 << 20).decode("utf-8", "replace"), time.time() - start
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(4096).decode("utf-8", "replace"), time.time() - start
-    except Exception as e:
-        return None, "%s: %s" % (type(e).__name__, e), time.time() - start
 
 
 def _read_new(path, offset, limit=1 << 20):
@@ -104,15 +88,15 @@ def health_main():
         }
     if out["server"] and out["server"]["alive"]:
         base = "http://%s:%d" % (st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
-        code, body, secs = _http("GET", base + "/health", timeout=args["http_timeout_s"])
+        code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])
         out["http"]["health"] = {"status": code, "seconds": secs}
-        code, body, secs = _http("GET", base + "/v1/models", timeout=args["http_timeout_s"])
+        code, body, secs = http_request("GET", base + "/v1/models", timeout=args["http_timeout_s"])
         try:
             ids = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
         except (ValueError, AttributeError):
             ids = []
         out["http"]["models"] = {"status": code, "ids": ids}
-        code, body, secs = _http("GET", base + "/metrics", timeout=args["http_timeout_s"])
+        code, body, secs = http_request("GET", base + "/metrics", timeout=args["http_timeout_s"])
         served = _metric_total(body) if code == 200 else None
         out["http"]["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
@@ -122,30 +106,8 @@ def health_main():
         elif traffic:
             out["http"]["generation"] = {"skipped": "served traffic since the last check"}
         elif smoke.get("prompt"):
-            code, body, secs = _http(
-                "POST",
-                base + "/v1/chat/completions",
-                {
-                    "model": st.get("served_name"),
-                    "messages": [{"role": "user", "content": smoke["prompt"]}],
-                    "max_tokens": smoke.get("max_tokens", 16),
-                    "temperature": 0,
-                },
-                timeout=args["generation_timeout_s"],
-            )
-            answer = None
-            if code == 200:
-                try:
-                    answer = json.loads(body)["choices"][0]["message"]["content"] or ""
-                except (ValueError, KeyError, IndexError, TypeError):
-                    answer = None
-            ok = answer is not None and bool(bounded_search(smoke["expect"], answer))
-            out["http"]["generation"] = {
-                "status": code,
-                "ok": ok,
-                "seconds": secs,
-                "text": (answer if answer is not None else body)[:300],
-            }
+            result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"])
+            out["http"]["generation"] = dict(result, text=result["text"][:300])
             if served is not None:
                 served += 1  # our own request is not traffic
         book["requests_total"] = served

@@ -22,13 +22,11 @@ import stat
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import bounded_search, read_record, write_record
+    from fleet.host_common import http_request, read_record, smoke_request, write_record
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -56,45 +54,10 @@ def alive_group(pgid):
         return True
 
 
-def http(method, url, body=None, timeout=10.0, headers=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method=method, headers=dict({"Content-Type": "application/json"}, **(headers or {}))
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace")
-    except Exception as e:  # connection refused/reset, timeout
-        return None, "%s: %s" % (type(e).__name__, e)
-
-
 def smoke(a):
-    s = a["smoke"]
     base = "http://%s:%d" % (a["address"], a["port"])
-    status, text = http(
-        "POST",
-        base + "/v1/chat/completions",
-        {
-            "model": a["served_name"],
-            "messages": [{"role": "user", "content": s["prompt"]}],
-            "max_tokens": s["max_tokens"],
-            "temperature": 0,
-        },
-        timeout=s.get("timeout_s", 120),
-    )
-    answer = None
-    if status == 200:
-        try:
-            answer = json.loads(text)["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError):
-            answer = None
-    matched = bounded_search(s["expect"], answer) if answer is not None else False
-    shown = (answer if answer is not None else text)[:500]
-    if matched is None:
-        shown = "the expect pattern ran too long on this answer: %s" % shown
-    return {"e": "smoke", "ok": bool(matched), "status": status, "text": shown}
+    result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120))
+    return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
 
 def lock_path(a):
@@ -312,13 +275,13 @@ def main(a):
             return
         if phase == "starting" and now - last_http >= HTTP_READY_EVERY_S:
             last_http = now
-            status, _ = http("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=2)
+            status, _, _ = http_request("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
                 emit({"e": "ready_http"})
                 phase = "health"
                 health_deadline = time.time() + a["health_timeout_s"]
         if phase == "health":
-            status, _ = http("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=5)
+            status, _, _ = http_request("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=5)
             if status == 200:
                 emit({"e": "health", "code": 200})
                 result = smoke(a)

@@ -14,195 +14,29 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import SIMULATED_GPUS_MARK, engine_kind, gpu_device_files  # noqa: F401
-
-LISTEN = "0A"
-
-
-def _read(path, limit=1 << 20):
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _argv(pid):
-    cmdline = _read("/proc/%d/cmdline" % pid)
-    return None if cmdline is None else [a for a in cmdline.split("\0") if a.strip()]
-
-
-def _command_line(pid):
-    argv = _argv(pid)
-    return None if argv is None else " ".join(argv)
-
-
-def _proc_info(pid, command_line=None):
-    command_line = command_line if command_line is not None else _command_line(pid)
-    if command_line is None:
-        return None
-    stat = _read("/proc/%d/stat" % pid) or ""
-    status = _read("/proc/%d/status" % pid) or ""
-    uid = None
-    m = re.search(r"^Uid:\s+(\d+)", status, re.M)
-    if m:
-        uid = int(m.group(1))
-    try:
-        user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
-    except KeyError:
-        user = str(uid)
-    rest = stat.rsplit(")", 1)[-1].split()
-    comm = stat[stat.find("(") + 1 : stat.rfind(")")] if "(" in stat else ""
-    ppid = int(rest[1]) if len(rest) > 1 else 0
-    pgid = int(rest[2]) if len(rest) > 2 else 0
-    start_ticks = int(rest[19]) if len(rest) > 19 else 0
-    return {
-        "pid": pid,
-        "ppid": ppid,
-        "pgid": pgid,
-        "uid": uid,
-        "user": user,
-        "comm": comm,
-        "cmdline": command_line[:2000],
-        "start_ticks": start_ticks,
-    }
-
-
-def _pids():
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            out.append(int(name))
-    return out
-
-
-def _listeners():
-    """inode -> (address, port) for every listening TCP socket."""
-    try:
-        return _listeners_netlink()
-    except Exception:  # no AF_NETLINK (a locked-down container): the /proc tables say the same
-        return _listeners_proc()
-
-
-def _listeners_netlink():
-    """Asked of the kernel's sock_diag for listening sockets only: /proc/net/tcp walks the whole
-    established-connection table to list them (3-7 ms on a host with a large one; this ~0.05 ms)."""
-    import _socket as socket  # the C module: socket.py's enum set-up would cost more (~3 ms) than the query
-    import struct
-
-    found = {}
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)  # NETLINK_SOCK_DIAG
-    sock.settimeout(5)
-    try:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            # inet_diag_req_v2: family, protocol, ext, pad, state mask (1 << TCP_LISTEN), a zeroed sockid
-            request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << 10) + bytes(48)
-            # nlmsghdr: length, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, sequence, port id
-            sock.send(struct.pack("=IHHII", 16 + len(request), 20, 0x301, 1, 0) + request)
-            done = False
-            while not done:
-                data = sock.recv(1 << 16)
-                if not data:
-                    raise OSError("netlink: no answer")
-                offset = 0
-                while offset + 16 <= len(data):
-                    length, kind = struct.unpack_from("=IH", data, offset)
-                    if kind == 3:  # NLMSG_DONE
-                        done = True
-                        break
-                    if kind == 2 or length < 16:  # NLMSG_ERROR
-                        raise OSError("netlink: error answer")
-                    body = offset + 16  # inet_diag_msg
-                    port = struct.unpack_from(">H", data, body + 4)[0]
-                    source = data[body + 8 : body + 24]
-                    inode = struct.unpack_from("=I", data, body + 68)[0]
-                    if data[body] == socket.AF_INET:
-                        address = socket.inet_ntop(socket.AF_INET, source[:4])
-                    else:
-                        address = "::" if not any(source) else "v6"
-                    found[str(inode)] = (address, port)
-                    offset += (length + 3) & ~3
-    finally:
-        sock.close()
-    return found
-
-
-def _listeners_proc():
-    found = {}
-    for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        text = _read(path) or ""
-        for line in text.splitlines()[1:]:
-            parts = line.split()
-            if len(parts) < 10 or parts[3] != LISTEN:
-                continue
-            addr_hex, port_hex = parts[1].split(":")
-            port = int(port_hex, 16)
-            if v6:
-                addr = "::" if set(addr_hex) == {"0"} else "v6"
-            else:
-                raw = bytes.fromhex(addr_hex)[::-1]
-                addr = ".".join(str(b) for b in raw)
-            found[parts[9]] = (addr, port)
-    return found
-
-
-def _socket_owners(listeners):
-    owners: Dict[str, int] = {}
-    for pid in _pids():
-        try:
-            fds = os.listdir("/proc/%d/fd" % pid)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inode = target[8:-1]
-                if inode in listeners:
-                    owners.setdefault(inode, pid)
-    return owners
+    from fleet.host_procs import (
+        argv_at,
+        device_holders,
+        listening_sockets,
+        pids,
+        process,
+        read_text,
+        socket_owners,
+    )
 
 
 def _holders(device_glob):
     """Processes holding the GPU device files: `fuser` when present, else a /proc scan."""
     files = gpu_device_files(device_glob)
-    pids = set()
-    method = "none"
-    if files and shutil.which("fuser"):
-        method = "fuser"
-        proc = subprocess.run(["fuser"] + files, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        for tok in proc.stdout.decode().split():
-            tok = re.sub(r"\D", "", tok)
-            if tok:
-                pids.add(int(tok))
-    elif files:
-        method = "proc"
-        real = set(os.path.realpath(f) for f in files)
-        for pid in _pids():
-            try:
-                fds = os.listdir("/proc/%d/fd" % pid)
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    if os.path.realpath("/proc/%d/fd/%s" % (pid, fd)) in real:
-                        pids.add(pid)
-                        break
-                except OSError:
-                    continue
-    out = []
-    for pid in sorted(pids):
-        info = _proc_info(pid)
-        if info:
-            out.append(info)
-    return {"device_files": files, "method": method, "holders": out}
+    pids, method = device_holders(files)
+    found = [process(pid) for pid in sorted(pids)]
+    return {"device_files": files, "method": method, "holders": [p for p in found if p]}
 
 
 def _nvml():
@@ -420,7 +254,7 @@ def _engine_versions(engines):
 
 
 def _json_file(path, limit=4 << 20):
-    text = _read(path, limit)
+    text = read_text(path, limit)
     if text is None:
         return None, None
     try:
@@ -479,26 +313,25 @@ def _state(state_dir):
 
 
 def collect(args):
-    listeners = _listeners()
-    owners = _socket_owners(listeners)
-    ports_by_pid: Dict[int, List[Dict[str, Any]]] = {}
+    listeners = listening_sockets()
+    owners = socket_owners(set(listeners))
+    ports_by_pid: Dict[Optional[int], List[Dict[str, Any]]] = {}
     for inode, (addr, port) in listeners.items():
         pid = owners.get(inode)
         ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})
     servers = []
-    for pid in _pids():
-        argv = _argv(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
+    for pid in pids():
+        argv = argv_at(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
         if not argv or engine_kind(argv) is None or pid == os.getpid():  # fleet's launcher shell included
             continue
-        command_line = " ".join(argv)
-        info = _proc_info(pid, command_line)
+        info = process(pid, argv)
         if info:
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
             servers.append(info)
-    load = (_read("/proc/loadavg") or "0 0 0").split()[:3]
+    load = (read_text("/proc/loadavg") or "0 0 0").split()[:3]
     mem = dict(
         (k, int(v.split()[0]))
-        for k, v in (line.split(":", 1) for line in (_read("/proc/meminfo") or "").splitlines() if ":" in line)
+        for k, v in (line.split(":", 1) for line in (read_text("/proc/meminfo") or "").splitlines() if ":" in line)
         if v.split()
     )
     with open("/proc/stat") as f:

@@ -1,0 +1,188 @@
+"""Runs ON the host as the first part of fleet's act step (fleet.hostscripts): which processes are in the way
+of a launch and stopping them -- fleet's own server, stale engines, and (only when forced) foreign holders
+of the GPUs or the port -- then waiting for their GPU memory to be released.
+
+Host code: standard library only (plus `pynvml` when the engine's environment has it), Python 3.8. The
+policy itself (whose process is whose) is host_common.kill_verdict, tested on its own.
+"""
+
+import os
+import signal
+import time
+from typing import Dict, List
+
+try:  # the shared host code is prepended when this script is sent to a host
+    kill_verdict  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import engine_kind, gpu_device_files, kill_verdict
+    from fleet.host_procs import (
+        alive,
+        boot_id,
+        client_connections,
+        device_holders,
+        live_process_groups,
+        port_owner,
+        start_ticks,
+    )
+
+
+def expand(path):
+    return os.path.expanduser(path) if path else path
+
+
+def recorded_group_is_ours(pgid, st):
+    """Whether the process group id fleet recorded still names the group it launched. A group id is a
+    pid, and pids are reused, even within seconds: only the exact identity counts -- the same boot, the
+    same pid, and its leader's start time in clock ticks exactly as recorded at launch. A record without
+    them (older, or damaged) and a group whose leader is gone get no trust."""
+    if st.get("pgid") != pgid or not st.get("boot_id") or st["boot_id"] != boot_id():
+        return False
+    recorded = st.get("start_ticks")
+    return isinstance(recorded, int) and start_ticks(pgid) == recorded
+
+
+def is_engine(p):
+    """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
+    return engine_kind(p["argv"]) is not None
+
+
+def nvml_pids_and_memory():
+    try:
+        import pynvml as n
+
+        n.nvmlInit()
+    except Exception:
+        return set(), None
+    try:
+        pids, used = set(), []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
+            try:
+                pids |= set(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h))
+            except Exception:
+                pass
+        return pids, used
+    finally:
+        n.nvmlShutdown()
+
+
+def classify(a, procs):
+    """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
+    launch unless forced) and what it leaves running (GPU daemons and tools)."""
+    me = os.getuid()
+    own_pgid = os.getpgid(0)
+    recorded = a.get("recorded_pgid")
+    targets, refused, left = {}, [], []
+    candidates = set(p for p, info in procs.items() if is_engine(info))
+    owner, held = port_owner(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (None, False)
+    if owner:
+        candidates.add(owner)
+    gpu_holders = device_holders(gpu_device_files(expand(a["gpu_devices"])))[0] | nvml_pids_and_memory()[0]
+    candidates |= gpu_holders
+    for pid in sorted(candidates):
+        info = procs.get(pid)
+        if info is None:
+            continue
+        verdict, why = kill_verdict(
+            info,
+            me=me,
+            own=(os.getpid(), own_pgid),
+            recorded_pgid=recorded,
+            port=a.get("port") if pid == owner else None,
+            force=a["kill_policy"] == "force",
+        )
+        if verdict == "leave":
+            left.append(dict(info, why=why))
+        elif verdict == "refuse":
+            refused.append(dict(info, why=why))
+        elif verdict == "stop":
+            targets[pid] = dict(info, why=why)
+    if owner is None and held and a.get("port"):
+        refused.append(
+            {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
+        )
+    return targets, refused, left
+
+
+def idle_sglang(members):
+    """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
+    tick (engines.md section 3.3) before the same kill_process_tree, so it is killed at once instead."""
+    if not any(engine_kind(p["argv"]) == "sglang" for p in members):
+        return False
+    return client_connections([p["pid"] for p in members]) == 0
+
+
+def stop_targets(targets, procs, drain_s):
+    """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
+    SGLang group is SIGKILLed at once (nothing to drain)."""
+    own_pgid = os.getpgid(0)
+    groups: Dict[int, List[int]] = {}
+    for pid, info in targets.items():
+        groups.setdefault(info["pgid"], []).append(pid)
+    signalled = []  # (pgid, whole group?, idle SGLang?)
+    for pgid in groups:
+        members = [p for p in procs.values() if p["pgid"] == pgid]
+        whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
+        signalled.append((pgid, whole, whole and idle_sglang(members)))
+    for pgid, whole, idle in signalled:
+        sig = signal.SIGKILL if idle else signal.SIGTERM
+        for pid in groups[pgid]:
+            targets[pid]["stop"] = "idle: killed at once" if idle else "SIGTERM, drained"
+        try:
+            if whole:
+                os.killpg(pgid, sig)
+            else:
+                for pid in groups[pgid]:
+                    os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + drain_s
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.05)
+    forced = []
+    after_drain = "SIGKILL after the %g s drain window" % drain_s
+    live_groups = live_process_groups() if any(whole for _, whole, _ in signalled) else set()
+    for pgid, whole, idle in signalled:
+        try:
+            if whole:
+                if pgid not in live_groups:  # drained: only zombies left, awaiting their parent's wait()
+                    continue
+                os.killpg(pgid, signal.SIGKILL)
+                if not idle:
+                    forced.append(pgid)
+                    for pid in groups[pgid]:
+                        targets[pid]["stop"] = after_drain
+            else:
+                for pid in groups[pgid]:
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        forced.append(pid)
+                        targets[pid]["stop"] = after_drain
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + 5
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.05)
+    return [
+        {
+            "pid": p,
+            "pgid": t["pgid"],
+            "user": t["user"],
+            "cmdline": t["cmdline"][:200],
+            "why": t["why"],
+            "stop": t.get("stop"),
+        }
+        for p, t in sorted(targets.items())
+    ], forced
+
+
+def wait_memory_released(before, timeout_s, ignore_mib):
+    start = time.time()
+    used = nvml_pids_and_memory()[1]
+    while used is not None and time.time() - start < timeout_s:
+        if all(u <= ignore_mib for u in used):
+            break
+        time.sleep(0.1)
+        used = nvml_pids_and_memory()[1]
+    return before, used, time.time() - start
