@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from fleet import events
 from fleet.control import ops
+from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import LockedError, PreflightError, UnsafeToKill
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
@@ -201,3 +202,26 @@ def test_an_unwritable_log_dir_is_refused_before_the_running_server_is_stopped(h
     assert "the log directory" in caught.value.message and "Nothing on the host was changed" in caught.value.message
     assert alive(host, running) and state(host)["status"] == "ready"
     assert not (host.dir / "state" / "lock.json").exists()
+
+
+def test_health_of_a_served_host_is_ok_and_a_dead_server_is_healed_within_the_hourly_limit(
+    host: nshost.NamespaceHost,
+) -> None:
+    assert deploy(host)[0].ok
+    options = HealthOptions(max_heals_per_hour=1, heal=True)
+    healthy = check_host(host.transport(), host.host, options)
+    assert healthy.status == "ok", healthy.problems()
+    assert {c.name for c in healthy.checks} >= {"server", "port", "models", "generation"}
+    host.shell(f"kill -9 -{state(host)['pgid']}")
+    down = check_host(host.transport(), host.host, options)
+    assert down.status == "critical" and down.healable and not down.server_up
+
+    def restart() -> Any:
+        return ops.restart(host.transport(), host.host, force=False, progress=Events())
+
+    healed = heal_host(host.transport(), host.host, down, options, restart)
+    assert healed.heal == "restarted: server ready"
+    assert check_host(host.transport(), host.host, options).status == "ok"
+    host.shell(f"kill -9 -{state(host)['pgid']}")
+    again = heal_host(host.transport(), host.host, check_host(host.transport(), host.host, options), options, restart)
+    assert again.heal is not None and "1 heals in the last hour" in again.heal  # crash-looping: left alone

@@ -19,6 +19,7 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.probe import collect
     from fleet.host_common import http_request, read_record, smoke_request
+    from fleet.host_procs import alive, argv_at, boot_id, start_ticks
 
 HEALTH_LOG_LINES = 2000
 
@@ -69,18 +70,19 @@ def health_main():
     out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
     pid = st.get("pid")
     if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
-        alive = os.path.exists("/proc/%d" % pid)
-        cmd: List[str] = []
-        if alive:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                cmd = f.read().decode("utf-8", "replace").split("\0")
+        # the recorded process itself: not a zombie nobody reaped (a container without an init), not a
+        # later process given the same pid (the record's boot and start time, when it has them)
+        ticks = st.get("start_ticks")
+        same = not isinstance(ticks, int) or (st.get("boot_id") == boot_id() and start_ticks(pid) == ticks)
+        running = same and alive(pid)
+        cmd: List[str] = (argv_at(pid) or []) if running else []
         recorded = (st.get("plan") or {}).get("argv") or []
-        drift = alive and recorded and [w for w in cmd if w][-len(recorded) :] != recorded
+        drift = running and recorded and [w for w in cmd if w][-len(recorded) :] != recorded
         group = [p for p in facts["servers"] if p["pgid"] == st.get("pgid")]
         ports = sorted(set(q["port"] for p in group for q in p.get("ports", [])))
         out["server"] = {
             "pid": pid,
-            "alive": alive,
+            "alive": running,
             "drift": bool(drift),
             "ports": ports,
             "port": st.get("port"),
