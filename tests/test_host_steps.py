@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import run_cli
-from fleet.control.deploy import run_json
 from fleet.errors import HostStepError
+from fleet.hostscripts import run_json
 from fleet.transport.local import LocalTransport
 from fleet_testbed import simhost
 

@@ -1,4 +1,4 @@
-"""The one place a host script is built: what fleet sends to run one step on a host.
+"""The one place a host script is built and sent: what fleet runs for one step on a host (`run_json`).
 
 A step's source is the shared host code (fleet.protocol's types, fleet.host_common, fleet.host_procs)
 followed by the step's own file(s), each compiled under its own file name; the shell wrapper around it
@@ -14,7 +14,13 @@ import json
 import shlex
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fleet.errors import HostStepError
+from fleet.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from fleet.transport import Transport
 
 SHARED = ("protocol.py", "host_common.py", "host_procs.py")
 STEPS: dict[str, tuple[str, ...]] = {
@@ -56,3 +62,50 @@ def script_for(step: str, args: dict[str, Any], pythons: Sequence[str]) -> str:
         "done\n"
         f"printf '%s\\n' {shlex.quote(missing)}\n"
     )
+
+
+def run_json(
+    transport: Transport,
+    python: str,
+    step: str,
+    args: dict[str, Any],
+    stdin: bytes = b"",
+    timeout_s: float = 300.0,
+    *,
+    hold_stdin: bool = False,
+) -> dict[str, Any]:
+    """Run a host script that prints one JSON document; a script that fails on the host is a
+    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug.
+
+    `hold_stdin`: run it as a stream, whose stdin stays open until fleet has its answer; the script
+    (told by `client_on_stdin`) stops before changing anything when it ends: fleet is gone."""
+    if hold_stdin:
+        received = bytearray()
+
+        def keep(chunk: bytes) -> bool:
+            received.extend(chunk)
+            return True
+
+        args = {**args, "client_on_stdin": True}
+        script = script_for(step, args, [python])
+        code = transport.stream(script, keep, stdin=stdin + b"\n", timeout_s=timeout_s)
+        result = CommandResult(code, bytes(received), b"")
+    else:
+        result = transport.run(script_for(step, args, [python]), stdin=stdin, timeout_s=timeout_s)
+    try:
+        data: dict[str, Any] = json.loads(result.text)
+    except ValueError as exc:
+        said = (result.text + result.error_text)[-2000:]
+        raise HostStepError(
+            f"{transport.host_name}: fleet's {step} step failed on the host and said no result "
+            f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
+            "Run with --debug for all it printed.",
+            said,
+        ) from exc
+    if "error" in data:
+        raise HostStepError(
+            f"{transport.host_name}: fleet's {step} step failed on the host ({data['error']}).",
+            "Run with --debug for the host's traceback." if data.get("traceback") else "",
+            str(data.get("traceback", "")),
+        )
+    return data

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -26,6 +26,14 @@ from tenacity import (
 )
 
 from fleet import events
+from fleet.control.answers import (
+    LOCK_GRACE_S,
+    locked,
+    rollback_said,
+    synthetic_line,
+    unwritable_host_dir,
+    unwritable_state_dir,
+)
 from fleet.crashes import Diagnosis, GiveUp, LogContext, Signature, decide, diagnose, traceback_of
 from fleet.errors import (
     DeployFailed,
@@ -38,69 +46,20 @@ from fleet.errors import (
     UnsafeToKill,
 )
 from fleet.facts import HostFacts
-from fleet.hostscripts import script_for
+from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
 from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResult, build_plan
-from fleet.protocol import STATE_SCHEMA, ActResult, Launched, LockResult, StateRecord, WatchEvent
+from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
-from fleet.transport.base import CommandResult
 
 READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete\.|Starting vLLM (API )?server on http",
 }
 TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
-LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
-
-
-def run_json(
-    transport: Transport,
-    python: str,
-    step: str,
-    args: dict[str, Any],
-    stdin: bytes = b"",
-    timeout_s: float = 300.0,
-    *,
-    hold_stdin: bool = False,
-) -> dict[str, Any]:
-    """Run a host script that prints one JSON document; a script that fails on the host is a
-    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug.
-
-    `hold_stdin`: run it as a stream, whose stdin stays open until fleet has its answer; the script
-    (told by `client_on_stdin`) stops before changing anything when it ends: fleet is gone."""
-    if hold_stdin:
-        received = bytearray()
-
-        def keep(chunk: bytes) -> bool:
-            received.extend(chunk)
-            return True
-
-        args = {**args, "client_on_stdin": True}
-        script = script_for(step, args, [python])
-        code = transport.stream(script, keep, stdin=stdin + b"\n", timeout_s=timeout_s)
-        result = CommandResult(code, bytes(received), b"")
-    else:
-        result = transport.run(script_for(step, args, [python]), stdin=stdin, timeout_s=timeout_s)
-    try:
-        data: dict[str, Any] = json.loads(result.text)
-    except ValueError as exc:
-        said = (result.text + result.error_text)[-2000:]
-        raise HostStepError(
-            f"{transport.host_name}: fleet's {step} step failed on the host and said no result "
-            f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
-            "Run with --debug for all it printed.",
-            said,
-        ) from exc
-    if "error" in data:
-        raise HostStepError(
-            f"{transport.host_name}: fleet's {step} step failed on the host ({data['error']}).",
-            "Run with --debug for the host's traceback." if data.get("traceback") else "",
-            str(data.get("traceback", "")),
-        )
-    return data
 
 
 @dataclass
@@ -151,31 +110,6 @@ def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext
         sm=gpus.sm,
         argv=tuple(plan.engine_args()),
     )
-
-
-def locked(host_name: str, lock: LockResult, since: str = "") -> LockedError:
-    holder = lock.get("holder_pid")
-    working = f"; its process {holder} on the host is running" if holder else ""
-    return LockedError(
-        f"{host_name}: locked by {lock.get('owner')}{' since ' + since if since else ''} "
-        f"({lock.get('command') or 'deploy'}{working}).",
-        "Wait for it to finish. A fleet run that is interrupted or killed has its host process release the "
-        f"lock within seconds; a lock with no live process is taken over after {LOCK_GRACE_S:.0f} s.",
-    )
-
-
-def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, Any]) -> PreflightError:
-    """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
-    return PreflightError(
-        f"{host_name}: {what} {found.get('path')} on the host cannot be written ({found.get('error')}). "
-        "Nothing on the host was changed.",
-        f"Set {setting}: for this host to a directory its SSH user can write.",
-    )
-
-
-def unwritable_state_dir(host_name: str, lock: LockResult) -> PreflightError:
-    """The host-side step could not take its lock: the state directory cannot be made or written."""
-    return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
 
 
 class Deployer:
@@ -433,7 +367,7 @@ class Deployer:
                     self.progress(events.Ready(attempt, dict(smoke_event)))
                     return result
                 rec.outcome = {"exit": "crashed", "smoke": "smoke_failed", "timeout": "timeout"}.get(last["e"], "error")
-                synthetic = _synthetic_line(last)
+                synthetic = synthetic_line(last)
                 has_traceback = any("Traceback (most recent call last)" in x for x in lines)
                 if synthetic and not (synthetic.startswith("[fleet] engine killed") and has_traceback):
                     lines.append(synthetic)
@@ -495,7 +429,7 @@ class Deployer:
         if failed := out.get("write_failed"):
             raise DeployFailed(
                 f"{self.host.name}: writing {failed['path']} failed after the old server was stopped "
-                f"({failed['error']}); {_rollback_said(out)}",
+                f"({failed['error']}); {rollback_said(out)}",
                 "Free disk space on the host, then run again.",
             )
         if out.get("refused"):
@@ -554,35 +488,6 @@ class Deployer:
                 release_lock=True,
                 command="give-up",
             )
-
-
-def _rollback_said(out: ActResult) -> str:
-    if back := out.get("rolled_back"):
-        unrecorded = " (not recorded: `fleet status` names the old pid)" if out.get("rollback_unrecorded") else ""
-        return (
-            f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), "
-            f"unchecked{unrecorded}."
-        )
-    return f"the previous server was not relaunched: {out.get('rollback_failed')}. The host has no server."
-
-
-def _synthetic_line(ev: WatchEvent) -> str | None:
-    """What fleet itself observed, as a log line the knowledge base can match."""
-    if ev["e"] == "smoke":
-        if ev.get("status") == 200:
-            return f"[fleet] smoke check failed: garbage output (answer {ev.get('text', '')[:120]!r})"
-        return f"[fleet] smoke check failed: HTTP {ev.get('status')} ({str(ev.get('text', ''))[:200]})"
-    if ev["e"] == "timeout":
-        if ev.get("what") == "progress":
-            return f"[fleet] no log progress for {ev.get('after_s', 0):.0f} s"
-        return f"[fleet] {ev.get('what')} timeout after {ev.get('after_s', 0):.0f} s"
-    if ev["e"] == "exit":
-        code = ev.get("code")
-        if code is not None and code > 128:
-            return f"[fleet] engine killed by signal {code - 128}" if code - 128 == 9 else None
-        if code is None:
-            return "[fleet] engine killed by signal (no exit status recorded)"
-    return None
 
 
 def plan_or_refuse(

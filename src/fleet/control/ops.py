@@ -8,20 +8,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleet import events
-from fleet.control.deploy import (
-    Deployer,
-    DeployResult,
-    locked,
-    plan_or_refuse,
-    recorded,
-    run_json,
-    unwritable_state_dir,
-)
+from fleet.control.answers import locked, unwritable_state_dir
+from fleet.control.deploy import Deployer, DeployResult, plan_or_refuse, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError
 from fleet.facts import HostFacts
 from fleet.health import HostHealth
+from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version

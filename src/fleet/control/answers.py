@@ -1,0 +1,66 @@
+"""What a host step's answer means to the operator: the errors fleet raises from it, and what fleet saw
+itself (a failed smoke check, a timeout, a kill) as log lines the crash knowledge base can match."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fleet.errors import LockedError, PreflightError
+from fleet.protocol import ActResult, LockResult, WatchEvent
+
+LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
+
+
+def locked(host_name: str, lock: LockResult, since: str = "") -> LockedError:
+    holder = lock.get("holder_pid")
+    working = f"; its process {holder} on the host is running" if holder else ""
+    return LockedError(
+        f"{host_name}: locked by {lock.get('owner')}{' since ' + since if since else ''} "
+        f"({lock.get('command') or 'deploy'}{working}).",
+        "Wait for it to finish. A fleet run that is interrupted or killed has its host process release the "
+        f"lock within seconds; a lock with no live process is taken over after {LOCK_GRACE_S:.0f} s.",
+    )
+
+
+def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, Any]) -> PreflightError:
+    """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
+    return PreflightError(
+        f"{host_name}: {what} {found.get('path')} on the host cannot be written ({found.get('error')}). "
+        "Nothing on the host was changed.",
+        f"Set {setting}: for this host to a directory its SSH user can write.",
+    )
+
+
+def unwritable_state_dir(host_name: str, lock: LockResult) -> PreflightError:
+    """The host-side step could not take its lock: the state directory cannot be made or written."""
+    return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
+
+
+def rollback_said(out: ActResult) -> str:
+    if back := out.get("rolled_back"):
+        unrecorded = " (not recorded: `fleet status` names the old pid)" if out.get("rollback_unrecorded") else ""
+        return (
+            f"rolled back: the previous server was relaunched (pid {back['pid']}, log {back['log']}), "
+            f"unchecked{unrecorded}."
+        )
+    return f"the previous server was not relaunched: {out.get('rollback_failed')}. The host has no server."
+
+
+def synthetic_line(ev: WatchEvent) -> str | None:
+    """What fleet itself observed, as a log line the knowledge base can match."""
+    if ev["e"] == "smoke":
+        if ev.get("status") == 200:
+            return f"[fleet] smoke check failed: garbage output (answer {ev.get('text', '')[:120]!r})"
+        return f"[fleet] smoke check failed: HTTP {ev.get('status')} ({str(ev.get('text', ''))[:200]})"
+    if ev["e"] == "timeout":
+        if ev.get("what") == "progress":
+            return f"[fleet] no log progress for {ev.get('after_s', 0):.0f} s"
+        return f"[fleet] {ev.get('what')} timeout after {ev.get('after_s', 0):.0f} s"
+    if ev["e"] == "exit":
+        code = ev.get("code")
+        if code is not None and code > 128:
+            return f"[fleet] engine killed by signal {code - 128}" if code - 128 == 9 else None
+        if code is None:
+            return "[fleet] engine killed by signal (no exit status recorded)"
+    return None

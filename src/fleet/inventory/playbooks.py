@@ -1,0 +1,268 @@
+"""Playbooks (`playbooks/*.yaml`): what to serve and how, validated with file:line errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from msgspec import Meta, field
+
+from fleet.errors import ConfigError
+from fleet.inventory.hosts import Inventory
+from fleet.inventory.strict import (
+    ENV_NAME_RE,
+    NAME_RE,
+    Engine,
+    _check_no_shell_meta,
+    _check_remote_path,
+    _config_error,
+    _Invalid,
+    _mapping,
+    _Strict,
+    _validated,
+)
+from fleet.yamlfile import YamlDoc, load_yaml
+
+
+def _check_regex(value: str) -> None:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"is not a valid regular expression ({exc})") from exc
+    if _backtracks_exponentially(value):
+        raise ValueError(
+            "repeats a group that itself repeats or has alternatives (like (a+)+ or (.|.)*), which can take "
+            "hours to match; write it without the nested repetition"
+        )
+
+
+def _backtracks_exponentially(pattern: str) -> bool:
+    """A repeated piece that can itself match in several ways (an inner repeat or alternation) makes
+    Python's backtracking matcher exponential on a near miss: `^(.|.|.)*\\d$` hung deploy and left a
+    host process spinning. Refused when the playbook is read; the match itself runs on the host."""
+    from re import _parser  # type: ignore[attr-defined]  # the stdlib regex parser (sre_parse), walked
+
+    def walk(items: Any, inside_repeat: bool) -> bool:
+        for op, arg in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                low, high, sub = arg
+                repeats = high is _parser.MAXREPEAT or high > 1
+                if inside_repeat and repeats:
+                    return True
+                if walk(sub, inside_repeat or repeats):
+                    return True
+            elif name == "BRANCH":
+                if inside_repeat or any(walk(branch, inside_repeat) for branch in arg[1]):
+                    return True
+            elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT") and walk(arg[-1], inside_repeat):
+                return True
+        return False
+
+    return walk(_parser.parse(pattern), False)
+
+
+class Smoke(_Strict, frozen=True, kw_only=True):
+    """A prompt whose answer proves the server really generates (not only that /health says 200)."""
+
+    prompt: Annotated[str, Meta(min_length=1, max_length=2000)]
+    expect: Annotated[str, Meta(min_length=1, max_length=200)]  # a regex the answer must match
+    max_tokens: Annotated[int, Meta(ge=1, le=512)] = 16
+
+    checks = {"expect": _check_regex}
+
+
+class Speculative(_Strict, frozen=True, kw_only=True):
+    """Speculative decoding with the model's own MTP heads (SGLang NEXTN, vLLM `mtp`)."""
+
+    enabled: bool = True
+    steps: Annotated[int, Meta(ge=1, le=16)] = 1
+    topk: Annotated[int, Meta(ge=1, le=16)] = 1
+
+
+def _check_model(value: str) -> None:
+    _check_remote_path(value if value.startswith(("/", "~/")) else "/" + value)
+
+
+def _check_served_name(value: str) -> None:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", value):
+        raise ValueError("must be letters, digits and ._:/- (at most 128)")
+
+
+def _check_host_name(value: str) -> None:
+    if not NAME_RE.match(value):
+        raise ValueError("must be a host name from the inventory")
+
+
+def _check_args(value: list[str]) -> None:
+    for arg in value:
+        _check_no_shell_meta(arg)
+
+
+# Flags fleet writes itself from the playbook and the inventory, and checks (port free, model files, the
+# address it probes): an extra_args copy would win in the engine's parser and run something unchecked.
+FLEET_OWNED_FLAGS = {
+    "--model-path": "model:",
+    "--model": "model:",
+    "--served-model-name": "served_name:",
+    "--host": "bind_address: in the inventory",
+    "--port": "port:",
+}
+
+
+# The launch command travels as one argument of the remote step: past ~128 KiB the kernel refuses it
+# ("Argument list too long"), after the old server was stopped. Real flags are far shorter.
+MAX_EXTRA_ARG_BYTES = 4096
+MAX_EXTRA_ARGS_BYTES = 32768
+
+
+def _check_extra_args(value: list[str]) -> None:
+    _check_args(value)
+    for i, arg in enumerate(value):
+        if len(arg.encode()) > MAX_EXTRA_ARG_BYTES:
+            raise ValueError(
+                f"item {i + 1} is {len(arg.encode())} bytes, more than the {MAX_EXTRA_ARG_BYTES} a flag may take; "
+                "put long values (templates, JSON) in a file on the host and pass its path"
+            )
+    total = sum(len(a.encode()) + 1 for a in value)
+    if total > MAX_EXTRA_ARGS_BYTES:
+        raise ValueError(f"is {total} bytes in all, more than the {MAX_EXTRA_ARGS_BYTES} fleet accepts")
+    for arg in value:
+        flag = arg.partition("=")[0]
+        # argparse also takes an unambiguous prefix (`--por` for --port), as SGLang's parser does
+        prefixed = (f for f in FLEET_OWNED_FLAGS if len(flag) > 3 and f.startswith(flag))
+        owned = flag if flag in FLEET_OWNED_FLAGS else next(prefixed, None)
+        if owned and flag.startswith("--"):
+            raise ValueError(f"sets {owned}, which fleet sets itself; use {FLEET_OWNED_FLAGS[owned]} instead")
+
+
+def _check_env_names(names: Iterable[str]) -> None:
+    for name in names:
+        if not ENV_NAME_RE.match(name):
+            raise ValueError(f"has an invalid variable name {name!r}")
+
+
+# Variables that change which program, library or startup code runs (the loader's, the interpreter's,
+# the shell's): a playbook sets one only when it also lists it in allow_runtime_env.
+RUNTIME_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",  # moves Python's user site-packages (a .pth there runs code) and every dotfile read
+        "PYTHONPATH",
+        "PYTHONWARNINGS",  # imports the module a warning filter names
+        "PYTHONBREAKPOINT",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONPLATLIBDIR",
+        "PYTHONINSPECT",
+        "BASH_ENV",
+        "ENV",
+        "IFS",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "GCONV_PATH",
+    }
+)
+
+
+def changes_what_runs(name: str) -> bool:
+    return name in RUNTIME_ENV or name.startswith(("LD_", "DYLD_"))
+
+
+def _check_env(value: dict[str, str]) -> None:
+    _check_env_names(value)
+    _check_args(list(value.values()))
+
+
+class Playbook(_Strict, frozen=True, kw_only=True):
+    engine: Engine
+    model: str
+    served_name: str
+    default_host: str | None = None
+    port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
+    speculative: Speculative | None = None
+    context_length: Annotated[int, Meta(ge=256, le=10_000_000)] | None = None
+    mem_fraction: Annotated[float, Meta(gt=0.05, lt=1.0)] | None = None
+    tp: Annotated[int, Meta(ge=1, le=64)] | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...
+    secret_env: list[str] = field(default_factory=list)
+    smoke: Smoke
+    literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
+    ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
+    max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
+
+    checks = {
+        "model": _check_model,
+        "served_name": _check_served_name,
+        "default_host": _check_host_name,
+        "extra_args": _check_extra_args,
+        "env": _check_env,
+        "allow_runtime_env": _check_env_names,
+        "secret_env": _check_env_names,
+    }
+
+    def check_together(self) -> None:
+        allowed = set(self.allow_runtime_env)
+        for key, names in (("env", list(self.env)), ("secret_env", self.secret_env)):
+            for name in names:
+                if changes_what_runs(name) and name not in allowed:
+                    raise _Invalid(
+                        (key, name) if key == "env" else (key,),
+                        "value",
+                        f"sets {name}, which changes what program, library or startup code runs; if that is "
+                        f"intended, list it in allow_runtime_env: [{name}] too",
+                    )
+
+
+@dataclass(frozen=True)
+class NamedPlaybook:
+    name: str
+    path: Path
+    spec: Playbook
+
+
+def parse_playbook(doc: YamlDoc, name: str) -> NamedPlaybook:
+    data = _mapping(doc, (), doc.data, "a playbook")
+    if not data:
+        raise ConfigError(f"{doc.path}:1: the playbook is empty.", "See playbooks/qwen36-27b.yaml for an example.")
+    origins = {key: doc.line_of((key,)) for key in data}
+    try:
+        spec = _validated(Playbook, data)
+    except _Invalid as problem:
+        raise _config_error(doc, (), problem, origins) from None
+    return NamedPlaybook(name, doc.path, spec)
+
+
+def load_playbook(ref: str, playbook_dir: Path) -> NamedPlaybook:
+    """`ref` is a playbook name (`qwen35-nvfp4` → playbooks/qwen35-nvfp4.yaml) or a path to a YAML file."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path = Path(ref)
+        name = path.stem
+    else:
+        if not NAME_RE.match(ref):
+            raise ConfigError(f'playbook "{ref}": not a valid playbook name.', "Use a name from playbooks/.")
+        path = playbook_dir / f"{ref}.yaml"
+        name = ref
+        if not path.exists():
+            known = sorted(p.stem for p in playbook_dir.glob("*.yaml")) if playbook_dir.is_dir() else []
+            raise ConfigError(
+                f'playbook "{ref}": no file {path}.',
+                f"Known playbooks: {', '.join(known) or '(none)'}.",
+            )
+    return parse_playbook(load_yaml(path), name)
+
+
+def check_playbook_host(playbook: NamedPlaybook, inventory: Inventory) -> None:
+    host = playbook.spec.default_host
+    if host is not None and host not in inventory.hosts:
+        raise ConfigError(
+            f'{playbook.path}: default_host "{host}" is not in {inventory.path}.',
+            f"Known hosts: {', '.join(sorted(inventory.hosts))}.",
+        )
