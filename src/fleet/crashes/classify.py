@@ -1,0 +1,323 @@
+"""Crash knowledge base: signatures (data) + `diagnose(log) -> Diagnosis` + `decide(...) -> next action`.
+
+Pure: no clocks, no I/O beyond reading the packaged YAML once. `healthy` needs positive evidence (a
+ready line or answered generation requests) and no failure; a log with neither is `starting`; a log
+with a failure that no signature explains is `unknown`, with its evidence lines. Signatures are tried
+in order (the root cause before its symptoms), on normalised lines (`logtext`). The relaunch policy
+decides first and the deploy loop acts (tenacity-style): a fix is applied at most once, the same
+signature after its fix gives up, an unknown failure gives up at once, and attempts are bounded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from fleet.crashes.logtext import (
+    FRAME,
+    SERVING,
+    TRACEBACK_HEAD,
+    LogText,
+    is_exception_line,
+    is_failure,
+    normalize,
+    normalize_log,
+    transient_lines,
+)
+from fleet.crashes.signatures import (
+    CATEGORIES,
+    Signature,
+    builtin_signatures,
+    known_fixes,
+    load_signatures,
+    parse_signatures,
+)
+from fleet.plan import Fix, Version, args_dict
+
+READY_PATTERNS = (
+    re.compile(r"The server is fired up and ready to roll!"),
+    re.compile(r"Starting vLLM (API )?server (\d+ )?on http"),
+    re.compile(r"Application startup complete\."),
+)
+
+
+@dataclass(frozen=True)
+class LogContext:
+    """What the diagnosis may condition on: engine, version, model traits, GPU, the launched flags."""
+
+    engine: str | None = None
+    version: Version | None = None
+    hybrid: bool | None = None
+    nvfp4: bool | None = None
+    moe: bool | None = None
+    sm: int | None = None
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    category: str
+    signature: str | None
+    explanation: str
+    fix: Fix | None
+    evidence: tuple[str, ...]
+    source: str = ""
+    basis: str = ""  # how sure: which signature, the frames of a cut traceback, or a generic error
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "signature": self.signature,
+            "explanation": self.explanation,
+            "basis": self.basis,
+            "fix": self.fix.describe() if self.fix else None,
+            "evidence": list(self.evidence),
+        }
+
+
+def _conditions_hold(sig: Signature, ctx: LogContext) -> bool:
+    if sig.engine != "any" and ctx.engine is not None and sig.engine != ctx.engine:
+        return False
+    if sig.versions and ctx.version is not None and not (sig.versions[0] <= ctx.version <= sig.versions[1]):
+        return False
+    w = sig.when
+    for trait in ("hybrid", "nvfp4", "moe"):
+        if trait in w and getattr(ctx, trait) is not None and bool(w[trait]) != getattr(ctx, trait):
+            return False
+    if ctx.sm is not None and (
+        "sm_min" in w and ctx.sm < int(w["sm_min"]) or "sm_max" in w and ctx.sm > int(w["sm_max"])
+    ):
+        return False
+    if "flag" in w:
+        args = args_dict(list(ctx.argv))
+        for name, value in dict(w["flag"]).items():
+            if name not in args or (value is not None and args[name] != str(value)):
+                return False
+    return True
+
+
+@lru_cache(maxsize=1024)
+def _one_pass(patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+    """A signature's patterns as one alternation: one scan of the log instead of one per pattern."""
+    if len(patterns) < 2:
+        return patterns
+    try:
+        return (re.compile("|".join(f"(?:{p.pattern})" for p in patterns), re.MULTILINE),)
+    except re.error:  # a pattern with global flags, (?i)…, cannot be joined: scanned on its own
+        return patterns
+
+
+class _Searchable:
+    """The log as one text of windows (a line and its wrapped continuation), searched per signature
+    in one regex pass instead of one call per line."""
+
+    def __init__(self, log: LogText) -> None:
+        self.starts: list[int] = []
+        pos = 0
+        for w in log.windows:
+            self.starts.append(pos)
+            pos += len(w) + 1
+        self.text = "\n".join(log.windows)
+
+    def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
+        found: set[int] = set()
+        for p in _one_pass(tuple(patterns)):
+            for m in p.finditer(self.text):
+                i = bisect.bisect_right(self.starts, m.start()) - 1
+                if only is None or i in only:
+                    found.add(i)
+        return sorted(found)
+
+    def any(self, patterns: Sequence[re.Pattern[str]]) -> bool:
+        return any(p.search(self.text) for p in patterns)
+
+
+def _cut_traceback(log: LogText) -> range | None:
+    """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
+    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line)]
+    if not frames:
+        return None
+    last = frames[-1]
+    if any(is_exception_line(x) for x in log.lines[last + 1 :]):
+        return None
+    heads = [i for i in range(last) if TRACEBACK_HEAD.search(log.lines[i]) or is_exception_line(log.lines[i])]
+    return range(heads[-1] + 1 if heads else 0, len(log.lines))
+
+
+def diagnose(
+    lines: Sequence[str], ctx: LogContext = LogContext(), signatures: Sequence[Signature] | None = None
+) -> Diagnosis:
+    """Classify an engine log. Only positive evidence of serving, with no failure, is `healthy`."""
+    sigs = builtin_signatures() if signatures is None else signatures
+    log = normalize_log(lines)
+    n = len(log.lines)
+    ready_at = next((i for i, line in enumerate(log.lines) if any(p.search(line) for p in READY_PATTERNS)), None)
+    transient = transient_lines(log)
+    failures = [i for i in range(n) if is_failure(log, i, transient)]
+    # What the frames of a cut traceback point at counts only where no exception line says more.
+    cut = None if any(is_exception_line(x) for x in log.lines) else _cut_traceback(log)
+    search = _Searchable(log)
+    frame_hints: list[tuple[int, Signature]] = []
+    for sig in sigs:
+        if not _conditions_hold(sig, ctx):
+            continue
+        if sig.scope == "cut_traceback":
+            if cut is None:
+                continue
+            hits = search.hits(sig.patterns, only=cut)
+        else:
+            hits = [i for i in search.hits(sig.patterns) if i not in transient]
+        if sig.phase == "startup" and ready_at is not None:
+            hits = [i for i in hits if i < ready_at]
+        if sig.phase == "runtime":
+            hits = [i for i in hits if ready_at is not None and i > ready_at]
+        if len(hits) < sig.min_count:
+            continue
+        if sig.requires and not all(search.any((r,)) for r in sig.requires):
+            continue
+        if sig.unless and search.any(sig.unless):
+            continue
+        if sig.supporting and not (set(failures) - set(hits)) and cut is None:
+            continue
+        if sig.scope == "cut_traceback":
+            frame_hints.append((hits[-1], sig))
+            continue
+        basis = f"signature {sig.id}"
+        return Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(log, hits), sig.source, basis)
+    if frame_hints:  # the deepest frame a hint recognises says most about where it failed
+        deepest, sig = max(frame_hints, key=lambda h: h[0])
+        basis = f"signature {sig.id}, from the frames of a traceback cut before its exception line"
+        evidence = tuple(log.lines[i].strip() for i in range(max(deepest - 2, 0), deepest + 1))
+        return Diagnosis(sig.category, sig.id, sig.explanation, None, evidence, sig.source, basis)
+    if failures or cut is not None:
+        return _unknown(log, failures, cut)
+    if any(SERVING.search(line) for line in log.lines):
+        return Diagnosis("healthy", None, "the server is ready or serving, with no failure in the log", None, ())
+    return Diagnosis(
+        "starting",
+        None,
+        "no failure in the log, and nothing in it shows the server ready or serving (no ready line, "
+        "no answered generation request)",
+        None,
+        tuple(x for x in log.lines[-3:] if x.strip()),
+    )
+
+
+_SYMPTOM = re.compile(
+    r"EngineDeadError|Engine core initialization failed|See root cause above|See stack trace|RayTaskError|"
+    r"ChildProcessError|Received sigquit|WorkerDied"
+)
+
+
+def _unknown(log: LogText, failures: list[int], cut: range | None) -> Diagnosis:
+    # An exception that only reports another process's death is a symptom, not "what failed".
+    exceptions = [i for i in failures if is_exception_line(log.lines[i]) and not _SYMPTOM.search(log.lines[i])]
+    if cut is not None and not exceptions:
+        frames = [log.lines[i].strip() for i in cut if FRAME.match(log.lines[i])]
+        return Diagnosis(
+            "unknown",
+            None,
+            "the log ends inside a traceback, before its exception line; the last frames show where it failed",
+            None,
+            tuple([*[log.lines[i] for i in failures[-1:]], *frames[-3:]]),
+            basis="no signature: a traceback cut before its exception line",
+        )
+    pick = sorted(set(failures[:1] + exceptions[-2:] + failures[-2:]))
+    evidence = tuple(log.window(i) for i in pick)
+    if exceptions:
+        # The error is all there, and it is none of the known families: outside them, by definition.
+        return Diagnosis(
+            "other",
+            None,
+            "a failure outside fleet's known categories; the exception line says what failed",
+            None,
+            evidence,
+            basis="no signature: generic error in the log (its exception line is complete)",
+        )
+    return Diagnosis(
+        "unknown",
+        None,
+        "the log shows a failure but not what it was (no exception line and no known error text)",
+        None,
+        evidence,
+        basis="no signature: generic error lines in the log",
+    )
+
+
+def _evidence(log: LogText, hits: list[int]) -> tuple[str, ...]:
+    """The matching lines, with the exception line that ends their traceback when there is one."""
+    keep: list[str] = []
+    for i in hits[:3]:
+        if log.window(i) not in keep:
+            keep.append(log.window(i))
+        for j in range(i + 1, min(i + 40, len(log.lines))):
+            if is_exception_line(log.lines[j]):
+                if log.window(j) not in keep:
+                    keep.append(log.window(j))
+                break
+    return tuple(keep)
+
+
+def traceback_of(lines: Sequence[str]) -> list[str]:
+    """The whole (first) traceback in a log, as lines; the last 50 lines when there is none."""
+    norm = normalize(lines)
+    start = next((i for i, line in enumerate(norm) if "Traceback (most recent call last)" in line), None)
+    if start is None:
+        return norm[-50:]
+    end = start + 1
+    while end < len(norm) and (norm[end].startswith((" ", "\t")) or norm[end] == "" or end == start + 1):
+        end += 1
+    return norm[start : min(end + 1, len(norm))]
+
+
+# --- the relaunch policy ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    fix: Fix
+    signature: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+
+
+def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attempts: int) -> Relaunch | GiveUp:
+    """Pure relaunch policy. `applied`: signature ids whose fix this deploy already applied."""
+    if diagnosis.category in ("healthy", "starting"):
+        return GiveUp("the engine stopped without an error in its log")
+    if diagnosis.signature is None or diagnosis.category == "unknown":
+        return GiveUp("unknown failure: fleet does not relaunch what it cannot explain")
+    if diagnosis.fix is None:
+        return GiveUp(f"known failure without an automatic fix: {diagnosis.explanation}")
+    if diagnosis.signature in applied:
+        return GiveUp(f"{diagnosis.signature} came back after its fix was applied")
+    if attempt >= max_attempts:
+        return GiveUp(f"attempt {attempt}/{max_attempts} failed; no attempts left")
+    return Relaunch(diagnosis.fix, diagnosis.signature, diagnosis.explanation)
+
+
+__all__ = [
+    "CATEGORIES",
+    "READY_PATTERNS",
+    "LogContext",
+    "Diagnosis",
+    "GiveUp",
+    "Relaunch",
+    "Signature",
+    "builtin_signatures",
+    "decide",
+    "diagnose",
+    "known_fixes",
+    "load_signatures",
+    "normalize",
+    "parse_signatures",
+    "traceback_of",
+]

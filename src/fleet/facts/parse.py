@@ -1,0 +1,300 @@
+"""Host facts: the probe script's text and the pure parser of its JSON answer into `HostFacts`.
+
+Pure: builds strings and parses data; never touches the network (pyinfra's "fact = command + parser").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleet.errors import HostStepError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleet.inventory import ExpectedGpus
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mib: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    compute_capability: str  # "12.0": SM120 (RTX PRO 6000 / 5090) is not SM100 (B200)
+    memory_total_mib: int
+    memory_used_mib: int
+    temperature_c: int | None
+    processes: tuple[GpuProcess, ...]
+    ecc_uncorrected: int | None = None
+    throttle_reasons: int | None = None
+    retired_pages_pending: bool | None = None
+    row_remap_pending: bool | None = None  # a GPU reset applies it (Ampere and later)
+    row_remap_failure: bool | None = None  # no spare rows left: the GPU needs service
+    nvlink: bool = False
+
+    @property
+    def sm(self) -> int:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major) * 10 + int(minor or 0)
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    uid: int | None
+    user: str
+    comm: str
+    cmdline: str
+    start_ticks: int = 0
+    ports: tuple[int, ...] = ()
+
+    @property
+    def engine(self) -> str | None:
+        low = self.cmdline.lower()
+        if "sglang" in low:
+            return "sglang"
+        if "vllm" in low:
+            return "vllm"
+        return None
+
+
+@dataclass(frozen=True)
+class EngineInstall:
+    engine: str
+    python: str
+    version: str | None
+    packages: dict[str, str]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    path: str
+    exists: bool
+    config: dict[str, Any] | None
+    config_error: str | None
+    quant_config: dict[str, Any] | None
+    weights_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RemoteState:
+    state: dict[str, Any] | None
+    learned: dict[str, Any] | None
+    errors: tuple[str, ...]  # fleet's files on the host that exist but cannot be read (path: why)
+    heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
+    state_error: str | None = None  # the deployment record itself is unreadable: what runs is unknown
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    host: str
+    hostname: str
+    user: str
+    uid: int
+    time: float
+    boot_time: int
+    clock_ticks: int
+    gpu_source: str  # "nvml", "nvidia-smi" or "none"
+    gpu_error: str | None
+    gpus: tuple[Gpu, ...]
+    driver_version: str | None
+    cuda_version: str | None
+    device_files: tuple[str, ...]
+    holders: tuple[Proc, ...]
+    servers: tuple[Proc, ...]
+    listeners: tuple[Listener, ...]
+    engines: dict[str, EngineInstall]
+    model: ModelFiles | None
+    disks: tuple[Disk, ...]
+    remote: RemoteState
+    load: tuple[float, ...] = ()
+    mem_available_kib: int | None = None
+    gpu_tools_missing: bool = False  # source "none" because nothing reads GPUs here, not a failing driver
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
+        """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
+        wild = ("0.0.0.0", "::")
+        return next(
+            (
+                lst
+                for lst in self.listeners
+                if lst.port == port and (bind_address in wild or lst.address in wild or lst.address == bind_address)
+            ),
+            None,
+        )
+
+    def uptime_s(self, proc: Proc) -> float:
+        return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))
+
+
+def one_line(cmdline: str) -> str:
+    """A process's command line for a listing: a `python -c` program's newlines would break it."""
+    return " ".join(cmdline.split())
+
+
+@dataclass(frozen=True)
+class GpuMismatch:
+    """One way the host's GPUs differ from the inventory's `expected_gpus`."""
+
+    message: str
+    missing: bool = False  # fewer GPUs than expected: one may have fallen off the bus
+
+
+def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[GpuMismatch]:
+    if expected is None:
+        return []
+    out = []
+    if len(gpus) != expected.count:
+        fewer = len(gpus) < expected.count
+        hint = " (a GPU that fell off the bus is gone from NVML: look for Xid 79 in the kernel log)" if fewer else ""
+        out.append(GpuMismatch(f"inventory expects {expected.count} GPUs, the host reports {len(gpus)}{hint}", fewer))
+    if expected.name_contains:
+        wanted = expected.name_contains.lower()
+        names = sorted({g.name for g in gpus if wanted not in g.name.lower()})
+        if names:
+            wanted_text = f'GPUs named "*{expected.name_contains}*"'
+            out.append(GpuMismatch(f"inventory expects {wanted_text}, the host reports {', '.join(names)}"))
+    if expected.compute_capability:
+        ccs = sorted({g.compute_capability for g in gpus if g.compute_capability != expected.compute_capability})
+        if ccs:
+            wanted_cc = f"compute capability {expected.compute_capability}"
+            out.append(GpuMismatch(f"inventory expects {wanted_cc}, the host reports {', '.join(ccs)}"))
+    return out
+
+
+def probe_source() -> str:
+    """The probe's source as it runs on the host (tests run it in-process)."""
+    from fleet.hostscripts import source_for
+
+    return source_for("probe")
+
+
+def _proc(d: dict[str, Any]) -> Proc:
+    return Proc(
+        pid=int(d["pid"]),
+        ppid=int(d.get("ppid", 0)),
+        pgid=int(d.get("pgid", 0)),
+        uid=d.get("uid"),
+        user=str(d.get("user", "?")),
+        comm=str(d.get("comm", "")),
+        cmdline=str(d.get("cmdline", "")),
+        start_ticks=int(d.get("start_ticks", 0)),
+        ports=tuple(int(p["port"]) for p in d.get("ports", [])),
+    )
+
+
+def parse_facts(host: str, text: str) -> HostFacts:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise HostStepError(
+            f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
+            "Run with --debug for all it printed.",
+            text[-2000:],
+        ) from exc
+    if "probe_error" in raw or "error" in raw:
+        why = raw.get("probe_error") or raw.get("error")
+        raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")
+    gpu = raw.get("gpu", {})
+    gpus = tuple(
+        Gpu(
+            index=int(g["index"]),
+            name=str(g["name"]),
+            uuid=str(g["uuid"]),
+            compute_capability=str(g["compute_capability"]),
+            memory_total_mib=int(g["memory_total_mib"]),
+            memory_used_mib=int(g["memory_used_mib"]),
+            temperature_c=g.get("temperature_c"),
+            processes=tuple(GpuProcess(int(p["pid"]), int(p["used_mib"])) for p in g.get("processes", [])),
+            ecc_uncorrected=g.get("ecc_uncorrected"),
+            throttle_reasons=g.get("throttle_reasons"),
+            retired_pages_pending=g.get("retired_pages_pending"),
+            row_remap_pending=g.get("row_remap_pending"),
+            row_remap_failure=g.get("row_remap_failure"),
+            nvlink=bool(g.get("nvlink", False)),
+        )
+        for g in gpu.get("gpus", [])
+    )
+    engines = {
+        name: EngineInstall(
+            engine=name,
+            python=str(e.get("python", "")),
+            version=e.get("version"),
+            packages=dict(e.get("packages", {})),
+            error=e.get("error"),
+        )
+        for name, e in raw.get("engines", {}).items()
+    }
+    m = raw.get("model")
+    model = (
+        ModelFiles(
+            path=m["path"],
+            exists=bool(m.get("exists")),
+            config=m.get("config"),
+            config_error=m.get("config_error"),
+            quant_config=m.get("quant_config"),
+            weights_bytes=m.get("weights_bytes"),
+        )
+        if m
+        else None
+    )
+    st = raw.get("state", {})
+    remote = RemoteState(
+        state=st.get("state"),
+        learned=st.get("learned"),
+        errors=tuple(v for k, v in st.items() if k.endswith("_error")),
+        heals=tuple(float(t) for t in (st.get("heals") or []) if isinstance(t, int | float)),
+        state_error=st.get("state_error"),
+    )
+    devices = raw.get("devices", {})
+    return HostFacts(
+        host=host,
+        hostname=str(raw.get("hostname", "")),
+        user=str(raw.get("user", "")),
+        uid=int(raw.get("uid", -1)),
+        time=float(raw.get("time", 0.0)),
+        boot_time=int(raw.get("boot_time", 0)),
+        clock_ticks=int(raw.get("clock_ticks", 100)),
+        gpu_source=str(gpu.get("source", "none")),
+        gpu_error=gpu.get("error"),
+        gpus=gpus,
+        driver_version=gpu.get("driver_version"),
+        cuda_version=gpu.get("cuda_version"),
+        device_files=tuple(devices.get("device_files", [])),
+        holders=tuple(_proc(p) for p in devices.get("holders", [])),
+        servers=tuple(_proc(p) for p in raw.get("servers", [])),
+        listeners=tuple(Listener(str(x["address"]), int(x["port"]), x.get("pid")) for x in raw.get("listeners", [])),
+        engines=engines,
+        model=model,
+        disks=tuple(Disk(d["path"], d.get("free_bytes")) for d in raw.get("disk", [])),
+        remote=remote,
+        load=tuple(raw.get("load", ())),
+        mem_available_kib=raw.get("mem_available_kib"),
+        gpu_tools_missing=gpu.get("tools_missing") is True,
+        raw=raw,
+    )
