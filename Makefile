@@ -30,12 +30,13 @@ reliability-report: $(VENV)/.installed system-deps oracle vllm-env
 ## fast: the tier to run while working: lint, types and the pure-core tests (well under a minute)
 fast: lint typecheck unit
 
-## unit: the pure-core tests only (seconds)
+## unit: the fast tests only: the pure core, and the deploy loop in simulated hosts' namespaces (4 workers:
+## most of their time is spent waiting for simulated engines, not computing)
 unit: $(VENV)/.installed
-	$(BIN)/pytest -q -m "not ssh and not slow and not realparser and not vllm"
+	$(BIN)/pytest -q -n 4 -m "not ssh and not slow and not realparser and not vllm"
 
 ## coverage: the fast tier under coverage.py, host scripts included; the deploy loop and host-script figures
-HOST_SIDE := src/fleet/control/deploy.py,src/fleet/control/remote_*.py,src/fleet/facts/probe.py,src/fleet/host_common.py,src/fleet/protocol.py,src/fleet/hostscripts.py
+HOST_SIDE := src/fleet/control/deploy.py,src/fleet/control/remote_*.py,src/fleet/facts/probe.py,src/fleet/host_common.py,src/fleet/host_procs.py,src/fleet/protocol.py,src/fleet/hostscripts.py
 coverage: $(VENV)/.installed
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "not ssh and not slow and not realparser and not vllm"

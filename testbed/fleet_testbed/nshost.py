@@ -8,6 +8,7 @@ Needs root and util-linux's unshare/nsenter (`available()` says); tests skip wit
 from __future__ import annotations
 
 import os
+import random
 import select
 import shutil
 import signal
@@ -22,6 +23,12 @@ from fleet.transport.base import CommandResult, OnChunk
 from fleet_testbed import simhost
 
 
+def loopback_address() -> str:
+    """A loopback address of its own for one simulated host: the namespaces share the network, and two test
+    runs on one machine (a CI run beside a developer's) must not meet on 127.0.3.3:30000."""
+    return f"127.{random.randrange(100, 200)}.{random.randrange(0, 256)}.{random.randrange(2, 255)}"
+
+
 def available() -> bool:
     return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("nsenter"))
 
@@ -32,7 +39,7 @@ class NamespaceHost:
     def __init__(self, root: Path, spec: simhost.HostSpec, bind_address: str) -> None:
         self.spec = replace(spec, address=bind_address)
         self.dir = simhost.build_host(root, self.spec)
-        simhost.set_host(self.dir, startup_scale=0.05)
+        simhost.set_host(self.dir, startup_scale=0.01)
         self._outer = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"],
             start_new_session=True,

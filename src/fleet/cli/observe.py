@@ -67,11 +67,17 @@ DIAGNOSE_BYTES = 16 << 20  # and at most this much of it in memory (a server log
 
 
 def _log_end(stream: Any) -> str:
-    """The last DIAGNOSE_LINES lines of a binary stream, never more than ~DIAGNOSE_BYTES held at once."""
+    """The last DIAGNOSE_LINES lines of a binary stream, never more than ~DIAGNOSE_BYTES held or read from a
+    file."""
     from collections import deque
 
     kept: deque[bytes] = deque()
     held = 0
+    if stream.seekable():  # a file: only its end is read (a pipe is read through, keeping its end)
+        size = stream.seek(0, 2)
+        stream.seek(max(0, size - DIAGNOSE_BYTES))
+        if size > DIAGNOSE_BYTES:
+            stream.readline(1 << 20)  # the line cut by the seek, or its first MiB
     while line := stream.readline(1 << 20):  # a line without an end arrives in pieces
         kept.append(line)
         held += len(line)

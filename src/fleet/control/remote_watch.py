@@ -291,6 +291,8 @@ def main(a):
                         emit({"e": "line", "o": end, "t": text})
                     emit(result)
                     return
+                for end, text in log.read()[0]:  # what the server logged up to its answer: its ready line
+                    emit({"e": "line", "o": end, "t": text})
                 emit(result)
                 on_success(a)
                 emit({"e": "done"})
