@@ -250,7 +250,9 @@ def test_a_server_started_by_hand_on_the_gpus_is_stopped_as_a_stale_engine(host:
     """The operator's own engine from before fleet (same user, an engine by what it runs) holds the GPUs
     and the port: fleet stops it without --force and says why."""
     assert deploy(host)[0].ok
-    argv = " ".join(shlex.quote(w) for w in state(host)["plan"]["argv"])
+    planned = state(host)["plan"]["argv"]
+    by_hand_argv = [*planned[:3], "--api-key", "sk-by-hand-4242", *planned[3:]]  # python -m sglang.launch_server
+    argv = " ".join(shlex.quote(w) for w in by_hand_argv)
     ops.stop(host.transport(), host.host, force=False)
     host.shell(f"cd {host.dir} && setsid {argv} </dev/null >/dev/null 2>&1 &")
     host.shell("for i in $(seq 100); do pgrep -f '[s]glang::scheduler' >/dev/null && break; sleep 0.05; done")
@@ -260,3 +262,5 @@ def test_a_server_started_by_hand_on_the_gpus_is_stopped_as_a_stale_engine(host:
     stopped = seen.of(events.Stopped)[0].stopped
     assert by_hand in [p["pid"] for p in stopped]
     assert not alive(host, by_hand)
+    shown = json.dumps([events.to_json(e) for e in seen.seen])  # what every listener was given
+    assert "--api-key ***" in shown and "sk-by-hand-4242" not in shown  # its credential is not repeated

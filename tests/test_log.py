@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fleet import log
 
 
@@ -40,3 +42,23 @@ def test_a_terminal_run_drops_info_events_without_importing_structlog() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "health_skipped_overlap" in r.stderr and "host_checked" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "shown"),
+    [
+        (
+            "sglang serve --api-key sk-123 --port 1",
+            "sglang serve --api-key *** --port 1",
+        ),
+        ("vllm serve m --hf-token=hf_abc", "vllm serve m --hf-token=***"),
+        ("x --admin-api-key k --password p", "x --admin-api-key *** --password ***"),
+        ("x --api-key --port 1", "x --api-key --port 1"),  # no value: the next flag is not one
+        ("x --keyboard-layout us --tp 2", "x --keyboard-layout *** --tp 2"),  # better masked than shown
+        ("python -m sglang.launch_server --port 30000", "python -m sglang.launch_server --port 30000"),
+    ],
+)
+def test_credentials_on_other_processes_command_lines_are_masked(cmdline: str, shown: str) -> None:
+    from fleet.secrets import mask_credentials
+
+    assert mask_credentials(cmdline) == shown

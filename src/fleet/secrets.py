@@ -4,7 +4,9 @@ sent to the host on stdin only, and redacted from everything fleet prints, logs 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from fleet.errors import ConfigError
 
@@ -29,6 +31,28 @@ def redact(text: str, secrets: dict[str, str]) -> str:
         if len(value) >= 4:
             text = text.replace(value, REDACTED)
     return text
+
+
+# A credential on someone's command line (`--api-key sk-...`, `--hf-token=...`): another process fleet
+# stops or reports may have been started that way, by hand. Its value is not fleet's to repeat.
+_CREDENTIAL_FLAG = re.compile(r"(--?[\w.-]*(?:key|token|secret|passw(?:or)?d)[\w.-]*)(=|\s+)(?!-)(\S+)", re.I)
+
+
+def mask_credentials(cmdline: str) -> str:
+    """The command line with the values of credential-looking flags masked."""
+    return _CREDENTIAL_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", cmdline)
+
+
+def shown_processes(processes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Process records from a host step as fleet shows them: credentials on command lines masked."""
+    out = []
+    for p in processes:
+        p = dict(p)
+        if isinstance(p.get("cmdline"), str):
+            p["cmdline"] = mask_credentials(p["cmdline"])
+        p.pop("argv", None)  # the masked command line says it; argv would repeat it unmasked
+        out.append(p)
+    return out
 
 
 class LineFilter:

@@ -4,10 +4,11 @@ itself (a failed smoke check, a timeout, a kill) as log lines the crash knowledg
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from fleet.errors import LockedError, PreflightError
 from fleet.protocol import ActResult, LockResult, WatchEvent
+from fleet.secrets import shown_processes
 
 LOCK_GRACE_S = 5.0  # a lock whose holder process is gone counts as stale after this long untouched
 
@@ -64,3 +65,12 @@ def synthetic_line(ev: WatchEvent) -> str | None:
         if code is None:
             return "[fleet] engine killed by signal (no exit status recorded)"
     return None
+
+
+def act_answer(raw: dict[str, Any]) -> ActResult:
+    """The act step's answer as fleet keeps and shows it: the processes it stopped, left or refused, with
+    credentials on their command lines masked (a server started by hand with `--api-key ...`)."""
+    for key in ("stopped", "left", "refused"):
+        if isinstance(raw.get(key), list):
+            raw[key] = shown_processes(raw[key])
+    return cast(ActResult, raw)

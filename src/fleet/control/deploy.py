@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from tenacity import (
     Retrying,
@@ -28,6 +28,7 @@ from tenacity import (
 from fleet import events
 from fleet.control.answers import (
     LOCK_GRACE_S,
+    act_answer,
     locked,
     rollback_said,
     synthetic_line,
@@ -223,8 +224,7 @@ class Deployer:
                 "env": env,
                 "log_dir": self.host.settings.log_dir,
             }
-        return cast(
-            ActResult,
+        return act_answer(
             run_json(
                 self.t,
                 plan.python,
@@ -233,7 +233,7 @@ class Deployer:
                 stdin=json.dumps(self.secrets).encode(),
                 timeout_s=self.drain_s + 240,
                 hold_stdin=True,
-            ),
+            )
         )
 
     def watch(

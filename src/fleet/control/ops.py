@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleet import events
-from fleet.control.answers import locked, unwritable_state_dir
+from fleet.control.answers import act_answer, locked, unwritable_state_dir
 from fleet.control.deploy import Deployer, DeployResult, plan_or_refuse, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
@@ -20,6 +20,7 @@ from fleet.inventory import Host, NamedPlaybook
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import gpu_summary, learned_fixes
+from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -246,7 +247,7 @@ def restart(
     )
 
 
-def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
+def stop(t: Transport, host: Host, *, force: bool) -> ActResult:
     facts = read_facts(t, host)
     state = recorded(facts)
     port = state.get("port")
@@ -265,7 +266,7 @@ def stop(t: Transport, host: Host, *, force: bool) -> dict[str, Any]:
         "release_lock": True,
     }
     python = next(iter(host.settings.engines.values()), "python3")
-    out = run_json(t, python, "act", args)
+    out = act_answer(run_json(t, python, "act", args))
     if out["lock"]["status"] == "unwritable":
         raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":
