@@ -29,12 +29,8 @@ from fleet.crashes.logtext import (
     transient_lines,
 )
 from fleet.crashes.signatures import (
-    CATEGORIES,
     Signature,
     builtin_signatures,
-    known_fixes,
-    load_signatures,
-    parse_signatures,
 )
 from fleet.plan import Fix, Version, args_dict
 
@@ -302,22 +298,3 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
     if attempt >= max_attempts:
         return GiveUp(f"attempt {attempt}/{max_attempts} failed; no attempts left")
     return Relaunch(diagnosis.fix, diagnosis.signature, diagnosis.explanation)
-
-
-__all__ = [
-    "CATEGORIES",
-    "READY_PATTERNS",
-    "LogContext",
-    "Diagnosis",
-    "GiveUp",
-    "Relaunch",
-    "Signature",
-    "builtin_signatures",
-    "decide",
-    "diagnose",
-    "known_fixes",
-    "load_signatures",
-    "normalize",
-    "parse_signatures",
-    "traceback_of",
-]
