@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
@@ -42,7 +43,7 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import alive, boot_id, process_table, start_ticks
-    from fleet.protocol import ActResult
+    from fleet.protocol import ActResult, CheckResult, Launched, LockResult
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
 # never in a file or a command line), waits, and records the exit status atomically. It is a Python of
@@ -66,7 +67,7 @@ os.replace(exit_file + ".tmp", exit_file)
 # --- lock ----------------------------------------------------------------------------------------------
 
 
-def take_lock(a):
+def take_lock(a: Dict[str, Any]) -> LockResult:
     state_dir = expand(a["state_dir"])
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -106,7 +107,7 @@ def take_lock(a):
         return {"status": "taken", "taken_over": taken_over}
 
 
-def release_lock(state_dir, run_id):
+def release_lock(state_dir: str, run_id: str) -> None:
     path = os.path.join(expand(state_dir), "lock.json")
     cur = read_record(path)
     if cur is None or cur.get("run_id") == run_id:
@@ -135,7 +136,7 @@ CHECKS = {
 }
 
 
-def client_gone(a):
+def client_gone(a: Dict[str, Any]) -> bool:
     """Whether fleet has gone away (its end of stdin closed: Ctrl-C, kill -9, a cut connection). Only
     asked when fleet said it holds stdin open while it waits for this step."""
     if not a.get("client_on_stdin"):
@@ -148,7 +149,7 @@ def client_gone(a):
         return True
 
 
-def engine_check(c, gone):
+def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
     code = CHECKS.get(c["engine"])
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
@@ -183,7 +184,7 @@ def engine_check(c, gone):
 # --- launch --------------------------------------------------------------------------------------------
 
 
-def unwritable_dir(path):
+def unwritable_dir(path: str) -> Optional[Dict[str, Any]]:
     """None if files can be created in `path` (made if missing), else why not: tried, since root passes
     every access check yet cannot write on a read-only mount or into an immutable directory."""
     try:
@@ -199,7 +200,7 @@ def unwritable_dir(path):
 MIN_FREE_INODES = 64  # a launch creates a log, an exit file, temporary records: a handful, with room
 
 
-def short_of_space(needs):
+def short_of_space(needs: List[List[Any]]) -> Optional[Dict[str, Any]]:
     """The first directory fleet will write with less free space than it needs, or None: checked before
     anything is stopped, so a full disk refuses the deploy instead of leaving the host with no server."""
     for setting, path, need in needs:
@@ -219,7 +220,9 @@ def short_of_space(needs):
     return None
 
 
-def previous_launch(previous, log_dir, secrets):
+def previous_launch(
+    previous: Optional[Dict[str, Any]], log_dir: str, secrets: Dict[str, str]
+) -> Union[Dict[str, Any], str]:
     """The launch arguments of the server a record describes (to roll back to it), or why there are none:
     without the secrets it ran with it would start, but not as it was."""
     plan = previous.get("plan") if isinstance(previous, dict) else None
@@ -229,11 +232,13 @@ def previous_launch(previous, log_dir, secrets):
     if missing:
         return "the previous server needs secrets this run does not carry (%s)" % ", ".join(missing)
     env = dict((e["name"], e["value"]) for e in plan.get("env") or [] if isinstance(e, dict) and "name" in e)
-    name = previous.get("playbook") or "rollback"
+    name = (previous or {}).get("playbook") or "rollback"
     return {"name": name, "attempt": 0, "argv": plan["argv"], "env": env, "log_dir": log_dir}
 
 
-def launch_and_record(a, secrets, state_dir, previous, out):
+def launch_and_record(
+    a: Dict[str, Any], secrets: Dict[str, str], state_dir: str, previous: Optional[Dict[str, Any]], out: ActResult
+) -> None:
     """Record the new attempt, launch it, record its process. A write that fails here (the disk filled up
     after the check) must not leave the host without a server: the previous one is relaunched."""
     st_path = os.path.join(state_dir, "state.json")
@@ -273,7 +278,7 @@ def launch_and_record(a, secrets, state_dir, previous, out):
         except OSError as again:
             out["rollback_failed"] = again.strerror or str(again)
             return
-        rec = dict(previous, status="unverified", reason="relaunched by fleet's rollback, not checked")
+        rec = dict(previous or {}, status="unverified", reason="relaunched by fleet's rollback, not checked")
         rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
         rec["boot_id"] = boot_id()
         try:
@@ -287,7 +292,7 @@ def launch_and_record(a, secrets, state_dir, previous, out):
                 out["rollback_unrecorded"] = True
 
 
-def new_log(log_dir, name, attempt):
+def new_log(log_dir: str, name: str, attempt: int) -> Tuple[int, str, str]:
     """(log path, exit file path) of a new attempt, never an earlier one's: two launches within one
     second (a restart right after a failure) once shared a log and the earlier attempt's exit file."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -301,7 +306,7 @@ def new_log(log_dir, name, attempt):
     raise OSError("no free log name in %s" % log_dir)
 
 
-def mark_unverified(state_dir):
+def mark_unverified(state_dir: str) -> None:
     st_path = os.path.join(state_dir, "state.json")
     st = read_record(st_path) or {}
     st.update(
@@ -312,7 +317,7 @@ def mark_unverified(state_dir):
     write_record(st_path, st)
 
 
-def launch(a, secrets):
+def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_fd, log_path, exit_path = new_log(log_dir, a["name"], a["attempt"])
@@ -355,7 +360,7 @@ def launch(a, secrets):
     }
 
 
-def main():
+def main() -> ActResult:
     a = json.loads(sys.argv[1])
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
@@ -371,7 +376,7 @@ def main():
         release_lock(state_dir, a["lock"]["run_id"])
         return out
 
-    def gone():
+    def gone() -> bool:
         return client_gone(a)
 
     if a.get("check"):

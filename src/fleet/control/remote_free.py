@@ -9,7 +9,7 @@ policy itself (whose process is whose) is host_common.kill_verdict, tested on it
 import os
 import signal
 import time
-from typing import Dict, List
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
@@ -26,11 +26,11 @@ except NameError:  # imported as a module (fleet's own tests)
     )
 
 
-def expand(path):
+def expand(path: str) -> str:
     return os.path.expanduser(path) if path else path
 
 
-def recorded_group_is_ours(pgid, st):
+def recorded_group_is_ours(pgid: int, st: Dict[str, Any]) -> bool:
     """Whether the process group id fleet recorded still names the group it launched. A group id is a
     pid, and pids are reused, even within seconds: only the exact identity counts -- the same boot, the
     same pid, and its leader's start time in clock ticks exactly as recorded at launch. A record without
@@ -41,12 +41,12 @@ def recorded_group_is_ours(pgid, st):
     return isinstance(recorded, int) and start_ticks(pgid) == recorded
 
 
-def is_engine(p):
+def is_engine(p: Dict[str, Any]) -> bool:
     """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
     return engine_kind(p["argv"]) is not None
 
 
-def nvml_pids_and_memory():
+def nvml_pids_and_memory() -> Tuple[Set[int], Optional[List[int]]]:
     try:
         import pynvml as n
 
@@ -67,7 +67,9 @@ def nvml_pids_and_memory():
         n.nvmlShutdown()
 
 
-def classify(a, procs):
+def classify(
+    a: Dict[str, Any], procs: Dict[int, Dict[str, Any]]
+) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
     launch unless forced) and what it leaves running (GPU daemons and tools)."""
     me = os.getuid()
@@ -105,7 +107,7 @@ def classify(a, procs):
     return targets, refused, left
 
 
-def idle_sglang(members):
+def idle_sglang(members: List[Dict[str, Any]]) -> bool:
     """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
     tick (engines.md section 3.3) before the same kill_process_tree, so it is killed at once instead."""
     if not any(engine_kind(p["argv"]) == "sglang" for p in members):
@@ -113,7 +115,9 @@ def idle_sglang(members):
     return client_connections([p["pid"] for p in members]) == 0
 
 
-def stop_targets(targets, procs, drain_s):
+def stop_targets(
+    targets: Dict[int, Dict[str, Any]], procs: Dict[int, Dict[str, Any]], drain_s: float
+) -> Tuple[List[Dict[str, Any]], List[int]]:
     """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
     SGLang group is SIGKILLed at once (nothing to drain)."""
     own_pgid = os.getpgid(0)
@@ -177,7 +181,9 @@ def stop_targets(targets, procs, drain_s):
     ], forced
 
 
-def wait_memory_released(before, timeout_s, ignore_mib):
+def wait_memory_released(
+    before: Optional[List[int]], timeout_s: float, ignore_mib: int
+) -> Tuple[Optional[List[int]], Optional[List[int]], float]:
     start = time.time()
     used = nvml_pids_and_memory()[1]
     while used is not None and time.time() - start < timeout_s:

@@ -12,7 +12,7 @@ import sys
 import time
 
 
-def main():
+def main() -> None:
     a = json.loads(sys.argv[1])
     state_dir = os.path.expanduser(a["state_dir"])
     path = os.path.join(state_dir, "heals.json")

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import List
+from typing import Any, Dict, List, Optional, Tuple
 
 try:  # prepended when sent: the probe (collect) and the shared host code
     collect  # noqa: B018
@@ -24,7 +24,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
 HEALTH_LOG_LINES = 2000
 
 
-def _read_new(path, offset, limit=1 << 20):
+def _read_new(path: str, offset: int, limit: int = 1 << 20) -> Tuple[str, int]:
     """Bytes appended to `path` since `offset` (from the start if the file shrank: rotated)."""
     try:
         size = os.path.getsize(path)
@@ -38,7 +38,7 @@ def _read_new(path, offset, limit=1 << 20):
     return data.decode("utf-8", "replace"), size
 
 
-def _kernel_lines(source, offset):
+def _kernel_lines(source: str, offset: int) -> Tuple[str, int]:
     if source and source != "dmesg":
         return _read_new(os.path.expanduser(source), offset)
     try:
@@ -49,7 +49,7 @@ def _kernel_lines(source, offset):
     return text[offset:] if offset <= len(text) else text, len(text)
 
 
-def _metric_total(text):
+def _metric_total(text: str) -> Optional[float]:
     total = None
     for line in text.splitlines():
         if line.startswith(("sglang:num_requests_total", "vllm:request_success_total")):
@@ -60,14 +60,22 @@ def _metric_total(text):
     return total
 
 
-def health_main():
+def health_main() -> None:
     args = json.loads(sys.argv[1])
     facts = collect(args)
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
     book_path = os.path.join(state_dir, "health.json")
     book = read_record(book_path) or {}
     st = (facts.get("state") or {}).get("state") or {}
-    out = {"facts": facts, "server": None, "http": {}, "log_lines": [], "kernel": [], "since": book.get("time")}
+    http: Dict[str, Any] = {}
+    out: Dict[str, Any] = {
+        "facts": facts,
+        "server": None,
+        "http": http,
+        "log_lines": [],
+        "kernel": [],
+        "since": book.get("time"),
+    }
     pid = st.get("pid")
     if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
         # the recorded process itself: not a zombie nobody reaped (a container without an init), not a
@@ -91,25 +99,25 @@ def health_main():
     if out["server"] and out["server"]["alive"]:
         base = "http://%s:%d" % (st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
         code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])
-        out["http"]["health"] = {"status": code, "seconds": secs}
+        http["health"] = {"status": code, "seconds": secs}
         code, body, secs = http_request("GET", base + "/v1/models", timeout=args["http_timeout_s"])
         try:
             ids = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
         except (ValueError, AttributeError):
             ids = []
-        out["http"]["models"] = {"status": code, "ids": ids}
+        http["models"] = {"status": code, "ids": ids}
         code, body, secs = http_request("GET", base + "/metrics", timeout=args["http_timeout_s"])
         served = _metric_total(body) if code == 200 else None
-        out["http"]["metrics"] = {"status": code, "requests_total": served}
+        http["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
         smoke = st.get("smoke") or {}
         if args["skip_generation"]:
-            out["http"]["generation"] = {"skipped": "--skip-generation"}
+            http["generation"] = {"skipped": "--skip-generation"}
         elif traffic:
-            out["http"]["generation"] = {"skipped": "served traffic since the last check"}
+            http["generation"] = {"skipped": "served traffic since the last check"}
         elif smoke.get("prompt"):
             result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"])
-            out["http"]["generation"] = dict(result, text=result["text"][:300])
+            http["generation"] = dict(result, text=result["text"][:300])
             if served is not None:
                 served += 1  # our own request is not traffic
         book["requests_total"] = served

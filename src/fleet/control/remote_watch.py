@@ -22,6 +22,7 @@ import stat
 import sys
 import threading
 import time
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
@@ -36,7 +37,7 @@ class ClientGone(Exception):
     """fleet's end of the channel is closed: nobody reads what this watcher says any more."""
 
 
-def emit(obj):
+def emit(obj: Dict[str, Any]) -> None:
     try:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
@@ -44,7 +45,7 @@ def emit(obj):
         raise ClientGone() from exc
 
 
-def alive_group(pgid):
+def alive_group(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -54,17 +55,17 @@ def alive_group(pgid):
         return True
 
 
-def smoke(a):
+def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
     base = "http://%s:%d" % (a["address"], a["port"])
     result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120))
     return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
 
-def lock_path(a):
+def lock_path(a: Dict[str, Any]) -> str:
     return os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
 
 
-def touch_lock(a):
+def touch_lock(a: Dict[str, Any]) -> None:
     """Keep the run's lock fresh, naming this process as the one that holds it."""
     path = lock_path(a)
     try:
@@ -79,7 +80,7 @@ def touch_lock(a):
         pass
 
 
-def release_lock(a):
+def release_lock(a: Dict[str, Any]) -> None:
     try:
         if (read_record(lock_path(a)) or {}).get("run_id") == a["run_id"]:
             os.unlink(lock_path(a))
@@ -87,7 +88,7 @@ def release_lock(a):
         pass
 
 
-def on_success(a):
+def on_success(a: Dict[str, Any]) -> None:
     state_dir = os.path.expanduser(a["state_dir"])
     st_path = os.path.join(state_dir, "state.json")
     st = read_record(st_path) or {}
@@ -105,7 +106,7 @@ def on_success(a):
     release_lock(a)
 
 
-def reclaim(a):
+def reclaim(a: Dict[str, Any]) -> Optional[str]:
     """On a resumed watch (its connection was cut, so the last watcher let go): take the lock and the
     record back for this run; None, or why not (another run took the host meanwhile)."""
     path = lock_path(a)
@@ -126,7 +127,7 @@ def reclaim(a):
     return None
 
 
-def on_client_gone(a):
+def on_client_gone(a: Dict[str, Any]) -> None:
     """fleet stopped listening before the server was proven: say so in the record, free the host."""
     st_path = os.path.join(os.path.expanduser(a["state_dir"]), "state.json")
     try:
@@ -143,13 +144,13 @@ def on_client_gone(a):
     release_lock(a)
 
 
-def watch_client(a):
+def watch_client(a: Dict[str, Any]) -> threading.Event:
     """An event set when fleet's end of this command's stdin closes (only when fleet holds it open)."""
     gone = threading.Event()
     if not a.get("client_on_stdin"):
         return gone
 
-    def wait_for_eof():
+    def wait_for_eof() -> None:
         try:
             while os.read(0, 4096):
                 pass
@@ -167,13 +168,14 @@ class LogFollower:
 
     TAIL = 64  # bytes before the offset remembered: a log cut and written again past the offset differs there
 
-    def __init__(self, path, offset):
-        self.path, self.offset, self.pending, self.inode, self.missing = path, offset, b"", None, False
+    def __init__(self, path: str, offset: int) -> None:
+        self.path, self.offset, self.pending, self.missing = path, offset, b"", False
+        self.inode: Optional[int] = None
         self.tail = b""
 
-    def read(self):
+    def read(self) -> Tuple[List[Tuple[int, str]], List[Dict[str, Any]]]:
         """(complete lines as (end offset, text), events about the file)."""
-        events = []
+        events: List[Dict[str, Any]] = []
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in its place must not block
             with os.fdopen(fd, "rb") as f:
@@ -197,7 +199,7 @@ class LogFollower:
             return [], events
         return self._lines(chunk), events
 
-    def _same_tail(self, f):
+    def _same_tail(self, f: IO[bytes]) -> bool:
         """Whether the bytes just before the offset are still those read there (a truncated log that was
         already written past the old offset again is longer, not shorter)."""
         if not self.tail:
@@ -205,7 +207,7 @@ class LogFollower:
         f.seek(self.offset - len(self.tail))
         return f.read(len(self.tail)) == self.tail
 
-    def _lines(self, chunk, final=False):
+    def _lines(self, chunk: bytes, final: bool = False) -> List[Tuple[int, str]]:
         self.tail = (self.tail + chunk)[-self.TAIL :]
         base = self.offset - len(self.pending)
         self.offset += len(chunk)
@@ -220,13 +222,13 @@ class LogFollower:
             out.append((min(base, self.offset), raw.decode("utf-8", "replace")))
         return out
 
-    def rest(self):
+    def rest(self) -> List[Tuple[int, str]]:
         """Every line left, the unterminated last one included (the process has ended)."""
         lines, _ = self.read()
         return lines + self._lines(b"", final=True)
 
 
-def main(a):
+def main(a: Dict[str, Any]) -> None:
     ready_re = re.compile(a["ready_regex"])
     log = LogFollower(a["log"], a["offset"])
     start = time.time()
@@ -311,7 +313,7 @@ def main(a):
         time.sleep(POLL_S)
 
 
-def run():
+def run() -> None:
     a = json.loads(sys.argv[1])
     try:
         main(a)

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
@@ -31,7 +31,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
 
 
-def _holders(device_glob):
+def _holders(device_glob: str) -> Dict[str, Any]:
     """Processes holding the GPU device files: `fuser` when present, else a /proc scan."""
     files = gpu_device_files(device_glob)
     pids, method = device_holders(files)
@@ -39,7 +39,7 @@ def _holders(device_glob):
     return {"device_files": files, "method": method, "holders": [p for p in found if p]}
 
 
-def _nvml():
+def _nvml() -> Dict[str, Any]:
     import pynvml as n  # the engine environment's binding (nvidia-ml-py)
 
     n.nvmlInit()
@@ -113,7 +113,7 @@ def _nvml():
         n.nvmlShutdown()
 
 
-def _nvidia_smi():
+def _nvidia_smi() -> Optional[Dict[str, Any]]:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
@@ -164,7 +164,7 @@ def _nvidia_smi():
     }
 
 
-def _gpus():
+def _gpus() -> Dict[str, Any]:
     try:
         return _nvml()
     except Exception as exc:  # no pynvml, no driver: fall back to nvidia-smi
@@ -195,7 +195,7 @@ VERSION_SNIPPET = (
 ) % (WANTED_PACKAGES,)
 
 
-def _packages_here():
+def _packages_here() -> Dict[str, str]:
     """Versions read off the `{name}-{version}.dist-info` directory names on sys.path (how wheels
     install); importlib.metadata (~20 ms of imports) only for a wanted package installed as an `.egg-info`."""
     wanted = dict((d.replace("-", "_"), d) for d in WANTED_PACKAGES)
@@ -228,10 +228,10 @@ def _packages_here():
     return out
 
 
-def _engine_versions(engines):
+def _engine_versions(engines: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
     """Installed versions per engine environment; read in-process for the Python running this probe
     (a second interpreter start costs more than the rest of the probe)."""
-    out = {}
+    out: Dict[str, Dict[str, Any]] = {}
     here = os.path.expanduser(os.environ.get("FLEET_PROBE_PYTHON", ""))
     for engine, python in sorted(engines.items()):
         python = os.path.expanduser(python)
@@ -253,7 +253,7 @@ def _engine_versions(engines):
     return out
 
 
-def _json_file(path, limit=4 << 20):
+def _json_file(path: str, limit: int = 4 << 20) -> Tuple[Any, Optional[str]]:
     text = read_text(path, limit)
     if text is None:
         return None, None
@@ -263,7 +263,7 @@ def _json_file(path, limit=4 << 20):
         return None, "%s: %s" % (path, exc)
 
 
-def _model(path):
+def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
     if not path:
         return None
     path = os.path.expanduser(path)
@@ -283,7 +283,7 @@ def _model(path):
     return out
 
 
-def _disk(path):
+def _disk(path: str) -> Dict[str, Any]:
     path = os.path.expanduser(path)
     probe = path
     while probe and not os.path.exists(probe):
@@ -297,7 +297,7 @@ def _disk(path):
         return {"path": path, "error": str(exc)}
 
 
-def _state(state_dir):
+def _state(state_dir: str) -> Dict[str, Any]:
     state_dir = os.path.expanduser(state_dir)
     out = {}
     for name in ("state", "learned", "lock", "heals"):
@@ -312,7 +312,7 @@ def _state(state_dir):
     return out
 
 
-def collect(args):
+def collect(args: Dict[str, Any]) -> Dict[str, Any]:
     listeners = listening_sockets()
     owners = socket_owners(set(listeners))
     ports_by_pid: Dict[Optional[int], List[Dict[str, Any]]] = {}
@@ -364,7 +364,7 @@ def collect(args):
     return facts
 
 
-def main():
+def main() -> None:
     sys.stdout.write(json.dumps(collect(json.loads(sys.argv[1]))))
 
 
