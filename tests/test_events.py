@@ -65,3 +65,26 @@ def test_fanout_sends_each_event_to_every_listener_in_order() -> None:
     for e in SAMPLES[:3]:
         send(e)
     assert a == b == SAMPLES[:3]
+
+
+def test_nobody_reading_the_json_progress_does_not_stop_the_deploy() -> None:
+    closed = io.StringIO()
+    closed.close()  # like stderr piped into `head -1`, gone
+    send = events.JsonLines("blackwell", closed)
+    send(SAMPLES[0])
+    send(SAMPLES[1])  # no exception: the deploy goes on
+
+
+def test_the_structured_log_on_a_terminal_gets_no_escape_sequences_from_the_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleet import log
+
+    log.configure(verbose=True)
+    try:
+        events.logged("blackwell")(events.LogLine("ok \x1b]0;pwned\x07\x1b[2J done"))
+        events.logged("blackwell")(events.Launched(7, "/logs/a\x1b[31m.log"))
+    finally:
+        log.configure(verbose=False)
+    err = capsys.readouterr().err
+    assert "ok  done" in err and "\x1b]" not in err and "\x1b[2J" not in err and "\x1b[31m" not in err

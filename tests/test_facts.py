@@ -125,3 +125,20 @@ def test_plan_and_facts_print_whole_lines_into_a_pipe(fleet_env: simhost.Sandbox
     assert any(x.startswith("error [quant-capability]") and x.endswith("(Marlin, slow).") for x in r.out.splitlines())
     facts = run_cli("facts", "--host", "blackwell").out.splitlines()
     assert sum("│ NVIDIA RTX PRO 6000 Blackwell Workstation Edition │ 12.0 │" in x for x in facts) == 8
+
+
+def test_credentials_on_command_lines_the_probe_reports_are_masked() -> None:
+    """Another user's server started with `--api-key sk-...` holds a GPU: `fleet facts` names it, masked."""
+    from fleet.facts import parse_facts
+
+    proc = {"pid": 9, "ppid": 1, "pgid": 9, "uid": 1001, "user": "bob", "comm": "python", "start_ticks": 5}
+    cmd = "python -m vllm.entrypoints.openai.api_server --api-key sk-bob-secret --port 8001"
+    raw = {
+        "servers": [dict(proc, cmdline=cmd, argv=cmd.split(), ports=[])],
+        "devices": {"device_files": [], "method": "fuser", "holders": [dict(proc, cmdline=cmd, argv=cmd.split())]},
+        "gpu": {"gpus": []},
+        "state": {},
+    }
+    facts = parse_facts("h", json.dumps(raw))
+    shown = json.dumps(facts.raw) + repr(facts)
+    assert "sk-bob-secret" not in shown and "--api-key ***" in shown

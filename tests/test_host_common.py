@@ -109,3 +109,40 @@ def test_a_rollback_needs_every_secret_the_previous_server_ran_with() -> None:
     back = previous_launch(previous, "/logs", {"HF_TOKEN": "x"})
     assert isinstance(back, dict) and back["argv"][0] == "/py" and back["name"] == "p"
     assert previous_launch(None, "/logs", {}) == "there was no previous server to relaunch"
+
+
+def test_every_listener_in_the_way_of_a_port_is_a_holder() -> None:
+    """fleet's old server on one address and another process on a second: a server binding 0.0.0.0
+    collides with both, so both are weighed by the kill policy (once only the lowest pid was)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from fleet.host_procs import port_holders
+
+    mine = socket.socket()
+    mine.bind(("127.0.0.1", 0))
+    mine.listen()
+    port = mine.getsockname()[1]
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import socket, time; s = socket.socket(); s.bind(('127.0.0.2', {port})); s.listen(); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"up\n"
+        holders, invisible = port_holders(port, "0.0.0.0")
+        assert holders == {os.getpid(), other.pid} and not invisible
+        assert port_holders(port, "127.0.0.2") == ({other.pid}, False)  # a specific address: only its own
+        assert port_holders(port, "127.0.0.3") == (set(), False)
+    finally:
+        other.kill()
+        other.wait()
+        assert other.stdout is not None
+        other.stdout.close()
+        mine.close()

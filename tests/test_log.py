@@ -55,6 +55,10 @@ def test_a_terminal_run_drops_info_events_without_importing_structlog() -> None:
         ("x --admin-api-key k --password p", "x --admin-api-key *** --password ***"),
         ("x --api-key --port 1", "x --api-key --port 1"),  # no value: the next flag is not one
         ("x --keyboard-layout us --tp 2", "x --keyboard-layout *** --tp 2"),  # better masked than shown
+        ("vllm serve --api-key k1 k2 --port 8000", "vllm serve --api-key *** --port 8000"),  # several keys
+        ("x --api-key=a b --tp 2", "x --api-key=*** --tp 2"),  # one argv word with a space in it
+        ("sh -c OPENAI_API_KEY=sk-1 python -m vllm", "sh -c OPENAI_API_KEY=*** python -m vllm"),
+        ("x --tokenizer-path /m/tok --tp 2", "x --tokenizer-path /m/tok --tp 2"),
         ("python -m sglang.launch_server --port 30000", "python -m sglang.launch_server --port 30000"),
     ],
 )

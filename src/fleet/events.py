@@ -174,22 +174,31 @@ class JsonLines:
     """One JSON object per event on a stream: {"host", "elapsed_s", "event", ...the event's fields}."""
 
     def __init__(self, host: str, stream: IO[str]) -> None:
-        self.host, self.stream, self.started = host, stream, time.monotonic()
+        self.host, self.started = host, time.monotonic()
+        self.stream: IO[str] | None = stream
 
     def __call__(self, event: Event) -> None:
+        if self.stream is None:
+            return
         elapsed = round(time.monotonic() - self.started, 3)
-        self.stream.write(json.dumps({"host": self.host, "elapsed_s": elapsed, **to_json(event)}) + "\n")
-        self.stream.flush()
+        try:
+            self.stream.write(json.dumps({"host": self.host, "elapsed_s": elapsed, **to_json(event)}) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError, OSError):  # nobody reads the progress (`| head`): the deploy goes on
+            self.stream = None
 
 
 def logged(host: str) -> Sink:
     """Events to the structured log (fleet.log): engine log lines at debug, the rest at info."""
     from fleet import log
+    from fleet.terminal import safe_line
 
     logger = log.get(host=host)
 
     def send(event: Event) -> None:
-        data = asdict(event)
+        # on a terminal (--debug) structlog prints strings as they are: text from the host is made safe
+        # first; nested values are printed as their repr, which escapes control characters
+        data = {k: safe_line(v) if isinstance(v, str) else v for k, v in asdict(event).items()}
         (logger.debug if isinstance(event, LogLine) else logger.info)(event.kind, **data)
 
     return send

@@ -228,19 +228,18 @@ def socket_owners(inodes: Set[str]) -> Dict[str, int]:
     return owners
 
 
-def port_owner(port: int, bind_address: str = "0.0.0.0") -> Tuple[Optional[int], bool]:
-    """(pid, held) of the listener a server binding bind_address:port would collide with; the pid is
-    None when the owner cannot be seen (another user's process)."""
+def port_holders(port: int, bind_address: str = "0.0.0.0") -> Tuple[Set[int], bool]:
+    """(pids listening where a server binding bind_address:port would collide, whether some such listener
+    has no owner fleet can see: another user's process). Every holder counts: fleet's old server on one
+    address and someone else's on another both stand in the way."""
     specific = bind_address not in ("0.0.0.0", "::") and "." in bind_address
     inodes = set(
         inode
         for inode, (address, p) in listening_sockets().items()
         if p == port and (not specific or address in ("0.0.0.0", "::", bind_address))
     )
-    if not inodes:
-        return None, False
-    owners = socket_owners(inodes)
-    return (min(owners.values()) if owners else None), True
+    owners = socket_owners(inodes) if inodes else {}
+    return set(owners.values()), any(inode not in owners for inode in inodes)
 
 
 def client_connections(pids_: List[int]) -> Optional[int]:

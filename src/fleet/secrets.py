@@ -33,14 +33,24 @@ def redact(text: str, secrets: dict[str, str]) -> str:
     return text
 
 
-# A credential on someone's command line (`--api-key sk-...`, `--hf-token=...`): another process fleet
-# stops or reports may have been started that way, by hand. Its value is not fleet's to repeat.
-_CREDENTIAL_FLAG = re.compile(r"(--?[\w.-]*(?:key|token|secret|passw(?:or)?d)[\w.-]*)(=|\s+)(?!-)(\S+)", re.I)
+# A credential on someone's command line (`--api-key sk-...`, `--hf-token=...`, `OPENAI_API_KEY=sk-...`
+# before the program in `sh -c`): another process fleet stops or reports may have been started that way,
+# by hand. Its value is not fleet's to repeat. A flag's every value up to the next flag is masked (vLLM
+# takes several API keys after one --api-key): masking a positional argument too is the safe mistake.
+_CREDENTIAL_WORD = r"[\w.-]*(?:key|token(?!izer)|secret|passw(?:or)?d|credential)[\w.-]*"
+_CREDENTIAL_FLAG = re.compile(rf"(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
+_CREDENTIAL_ENV = re.compile(rf"(?<![\w-])({_CREDENTIAL_WORD})=\S+", re.I)
 
 
 def mask_credentials(cmdline: str) -> str:
-    """The command line with the values of credential-looking flags masked."""
-    return _CREDENTIAL_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", cmdline)
+    """The command line with the values of credential-looking flags and environment assignments masked."""
+
+    def flag(m: re.Match[str]) -> str:
+        value = m.group(2)
+        return m.group(1) + ("=" + REDACTED if value.startswith("=") else " " + REDACTED)
+
+    masked = _CREDENTIAL_FLAG.sub(flag, cmdline)
+    return _CREDENTIAL_ENV.sub(lambda m: m.group(1) + "=" + REDACTED, masked)
 
 
 def shown_processes(processes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

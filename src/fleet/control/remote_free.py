@@ -21,7 +21,7 @@ except NameError:  # imported as a module (fleet's own tests)
         client_connections,
         device_holders,
         live_process_groups,
-        port_owner,
+        port_holders,
         start_ticks,
     )
 
@@ -77,9 +77,8 @@ def classify(
     recorded = a.get("recorded_pgid")
     targets, refused, left = {}, [], []
     candidates = set(p for p, info in procs.items() if is_engine(info))
-    owner, held = port_owner(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (None, False)
-    if owner:
-        candidates.add(owner)
+    owners, invisible = port_holders(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (set(), False)
+    candidates |= owners
     gpu_holders = device_holders(gpu_device_files(expand(a["gpu_devices"])))[0] | nvml_pids_and_memory()[0]
     candidates |= gpu_holders
     for pid in sorted(candidates):
@@ -91,7 +90,7 @@ def classify(
             me=me,
             own=(os.getpid(), own_pgid),
             recorded_pgid=recorded,
-            port=a.get("port") if pid == owner else None,
+            port=a.get("port") if pid in owners else None,
             force=a["kill_policy"] == "force",
         )
         if verdict == "leave":
@@ -100,7 +99,7 @@ def classify(
             refused.append(dict(info, why=why))
         elif verdict == "stop":
             targets[pid] = dict(info, why=why)
-    if owner is None and held and a.get("port"):
+    if invisible and a.get("port"):
         refused.append(
             {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
+from fleet.secrets import shown_processes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -220,6 +221,11 @@ def parse_facts(host: str, text: str) -> HostFacts:
     if "probe_error" in raw or "error" in raw:
         why = raw.get("probe_error") or raw.get("error")
         raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")
+    # other users' command lines (GPU holders, servers) may carry credentials: masked before fleet keeps,
+    # prints or records any of them (`fleet facts --json` prints this raw document)
+    for key, where in (("servers", raw), ("holders", raw.get("devices") or {})):
+        if isinstance(where, dict) and isinstance(where.get(key), list):
+            where[key] = shown_processes(p for p in where[key] if isinstance(p, dict))
     gpu = raw.get("gpu", {})
     gpus = tuple(
         Gpu(

@@ -36,7 +36,10 @@ def _holders(device_glob: str) -> Dict[str, Any]:
     files = gpu_device_files(device_glob)
     pids, method = device_holders(files)
     found = [process(pid) for pid in sorted(pids)]
-    return {"device_files": files, "method": method, "holders": [p for p in found if p]}
+    holders = [p for p in found if p]
+    for p in holders:
+        p.pop("argv", None)  # the command line says it once
+    return {"device_files": files, "method": method, "holders": holders}
 
 
 def _nvml() -> Dict[str, Any]:
@@ -326,6 +329,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
             continue
         info = process(pid, argv)
         if info:
+            info.pop("argv", None)  # the command line says it once
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
             servers.append(info)
     load = (read_text("/proc/loadavg") or "0 0 0").split()[:3]
