@@ -669,3 +669,11 @@ def test_fix_round_trips_through_json() -> None:
         set_flags=(("--x", None), ("--y", "1")), remove_flags=("--z",), set_env=(("A", "1"),), derive="sweep_port"
     )
     assert Fix.from_json(fix.to_json()) == fix
+
+
+def test_a_failure_at_the_end_of_a_very_long_line_is_still_seen() -> None:
+    """Progress bars joined by carriage returns make one line of megabytes; the crash is at its end."""
+    bars = "".join(f"Loading safetensors checkpoint shards: {i % 100}% |####| {i}/9999\r" for i in range(20000))
+    line = bars + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    d = diagnose([line], LogContext())
+    assert d.signature == "cuda-oom-startup", d

@@ -51,9 +51,14 @@ _PREFIXES = [
 
 
 WINDOW_CHARS = 1000
-# What of one line is read at all: far more than a window, and a megabyte-long line (a config dump, a
-# file of NULs) costs nothing to strip (stripping every character of 16 MiB took seconds).
+# What of one line is read at all: its start and its end, each far more than a window, so a megabyte-long
+# line (a config dump, a file of NULs) costs nothing to strip (stripping 16 MiB took seconds), and a
+# failure at the end of a long line of progress bars joined by carriage returns is still seen.
 LINE_CHARS = 16 * WINDOW_CHARS
+
+
+def _bounded(raw: str) -> str:
+    return raw if len(raw) <= 2 * LINE_CHARS else raw[:LINE_CHARS] + " ... " + raw[-LINE_CHARS:]
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class LogText:
 
 
 def _strip(raw: str) -> tuple[str, str | None]:
-    text = _REPEATED.sub("", _CONTROL.sub("", raw[:LINE_CHARS].rstrip("\r\n")))
+    text = _REPEATED.sub("", _CONTROL.sub("", _bounded(raw.rstrip("\r\n"))))
     text = _K8S_RIGHT.sub("", text)
     level = None
     for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
@@ -99,11 +104,15 @@ def _strip(raw: str) -> tuple[str, str | None]:
 
 
 def normalize_log(raw_lines: Iterable[str]) -> LogText:
-    """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'."""
+    """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'; split
+    a line at carriage returns as a terminal would show it (progress bars redrawn in place, then the
+    crash on the same line)."""
     lines: list[str] = []
     levels: list[str | None] = []
     for raw in raw_lines:
         pieces = raw.split("\\n") if "\\n" in raw and "Traceback" in raw else [raw]
+        if "\r" in raw.rstrip("\r\n"):
+            pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:
             text, level = _strip(piece)
             lines.append(text)
