@@ -184,7 +184,7 @@ class JsonLines:
         try:
             self.stream.write(json.dumps({"host": self.host, "elapsed_s": elapsed, **to_json(event)}) + "\n")
             self.stream.flush()
-        except (BrokenPipeError, ValueError, OSError):  # nobody reads the progress (`| head`): the deploy goes on
+        except (OSError, ValueError):  # a broken pipe: nobody reads the progress (`| head`): the deploy goes on
             self.stream = None
 
 

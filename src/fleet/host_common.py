@@ -250,7 +250,7 @@ def smoke_request(base_url: str, model: str, smoke: Dict[str, Any], timeout: flo
     return {"status": status, "ok": bool(matched), "text": shown, "seconds": seconds}
 
 
-def write_record(path: str, data: Dict[str, Any]) -> None:
+def write_record(path: str, data: Any) -> None:
     """Replace a record atomically: a unique temporary file, fsynced, renamed over it. On failure (a full
     disk) the temporary file is removed and the old record is left as it was."""
     tmp = "%s.%d.%d.tmp" % (path, os.getpid(), int(time.time() * 1e6))
@@ -265,6 +265,29 @@ def write_record(path: str, data: Dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def release_lock(state_dir: str, run_id: str) -> None:
+    """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable)."""
+    path = os.path.join(os.path.expanduser(state_dir), "lock.json")
+    cur = read_record(path)
+    if cur is None or cur.get("run_id") == run_id:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def mark_unverified(state_dir: str, run_id: str) -> None:
+    """fleet went away after this run launched its server and before it was proven: the record says so
+    (a record another run wrote since, or one past "starting", is left alone)."""
+    path = os.path.join(os.path.expanduser(state_dir), "state.json")
+    st = read_record(path) or {}
+    if st.get("run_id") == run_id and st.get("status") == "starting":
+        st.update(
+            status="unverified",
+            reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
+            updated=time.time(),
+        )
+        write_record(path, st)
 
 
 def read_record(path: str) -> Optional[Dict[str, Any]]:

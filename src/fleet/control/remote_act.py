@@ -37,11 +37,7 @@ except NameError:  # imported as a module (fleet's own tests)
         stop_targets,
         wait_memory_released,
     )
-    from fleet.host_common import (
-        LAUNCH_MARK,
-        read_record,
-        write_record,
-    )
+    from fleet.host_common import LAUNCH_MARK, mark_unverified, read_record, release_lock, write_record
     from fleet.host_procs import alive, boot_id, process_table, start_ticks
     from fleet.protocol import ActResult, CheckResult, Launched, LockResult
 
@@ -105,16 +101,6 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
         except OSError as exc:  # a full disk: nothing has been changed yet
             return {"status": "unwritable", "path": state_dir, "error": exc.strerror or str(exc)}
         return {"status": "taken", "taken_over": taken_over}
-
-
-def release_lock(state_dir: str, run_id: str) -> None:
-    path = os.path.join(expand(state_dir), "lock.json")
-    cur = read_record(path)
-    if cur is None or cur.get("run_id") == run_id:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 # --- engine pre-flight check ---------------------------------------------------------------------------
@@ -306,17 +292,6 @@ def new_log(log_dir: str, name: str, attempt: int) -> Tuple[int, str, str]:
     raise OSError("no free log name in %s" % log_dir)
 
 
-def mark_unverified(state_dir: str) -> None:
-    st_path = os.path.join(state_dir, "state.json")
-    st = read_record(st_path) or {}
-    st.update(
-        status="unverified",
-        reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
-        updated=time.time(),
-    )
-    write_record(st_path, st)
-
-
 def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
@@ -435,7 +410,7 @@ def main() -> ActResult:
             release_lock(state_dir, a["lock"]["run_id"])
             return out
         if gone():  # gone after the stop: the launch stands, recorded as never checked
-            mark_unverified(state_dir)
+            mark_unverified(state_dir, a["lock"]["run_id"])
             release_lock(state_dir, a["lock"]["run_id"])
             out["client_gone"] = True
             return out

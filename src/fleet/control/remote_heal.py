@@ -11,6 +11,11 @@ import os
 import sys
 import time
 
+try:  # the shared host code is prepended when this script is sent to a host
+    write_record  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests, mypy)
+    from fleet.host_common import write_record
+
 
 def main() -> None:
     a = json.loads(sys.argv[1])
@@ -27,16 +32,7 @@ def main() -> None:
     allowed = recent < a["limit"]
     if allowed:
         os.makedirs(state_dir, exist_ok=True)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        try:
-            with open(tmp, "w") as f:
-                json.dump(heals + [now], f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_record(path, heals + [now])
     sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
 
 

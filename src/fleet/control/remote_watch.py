@@ -27,7 +27,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import http_request, read_record, smoke_request, write_record
+    from fleet.host_common import http_request, mark_unverified, read_record, release_lock, smoke_request, write_record
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -80,14 +80,6 @@ def touch_lock(a: Dict[str, Any]) -> None:
         pass
 
 
-def release_lock(a: Dict[str, Any]) -> None:
-    try:
-        if (read_record(lock_path(a)) or {}).get("run_id") == a["run_id"]:
-            os.unlink(lock_path(a))
-    except OSError:
-        pass
-
-
 def on_success(a: Dict[str, Any]) -> None:
     state_dir = os.path.expanduser(a["state_dir"])
     st_path = os.path.join(state_dir, "state.json")
@@ -103,7 +95,7 @@ def on_success(a: Dict[str, Any]) -> None:
         else:
             learned.pop(a["learned_key"], None)
         write_record(lpath, learned)
-    release_lock(a)
+    release_lock(a["state_dir"], a["run_id"])
 
 
 def reclaim(a: Dict[str, Any]) -> Optional[str]:
@@ -129,19 +121,11 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
 
 def on_client_gone(a: Dict[str, Any]) -> None:
     """fleet stopped listening before the server was proven: say so in the record, free the host."""
-    st_path = os.path.join(os.path.expanduser(a["state_dir"]), "state.json")
     try:
-        st = read_record(st_path) or {}
-        if st.get("run_id") == a["run_id"] and st.get("status") == "starting":
-            st.update(
-                status="unverified",
-                reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
-                updated=time.time(),
-            )
-            write_record(st_path, st)
+        mark_unverified(a["state_dir"], a["run_id"])
     except OSError:
         pass
-    release_lock(a)
+    release_lock(a["state_dir"], a["run_id"])
 
 
 def watch_client(a: Dict[str, Any]) -> threading.Event:

@@ -1,8 +1,6 @@
-"""Host facts: the probe script's text and the pure parser of its JSON answer into `HostFacts`.
+"""Host facts: the probe (probe.py, run on the host) and the pure parser of its answer (parse).
 
-Pure: builds strings and parses data; never touches the network (pyinfra's "fact = command + parser").
-
-The code is in parse; this package exports what the rest of fleet uses.
+This package exports what the rest of fleet uses; the modules say the rest.
 """
 
 from fleet.facts.parse import HostFacts, gpu_mismatches, one_line, parse_facts, probe_source

@@ -1,9 +1,6 @@
-"""Health verdicts: the raw answer of one host's health probe → checks with Nagios-style statuses. Pure.
+"""Health verdicts from one host's health probe, and the Prometheus text (checks). Pure.
 
-Also renders the Prometheus text format for node_exporter's textfile collector. The probe itself
-(`fleet/control/remote_health.py`) runs on the host; the caller does I/O and healing.
-
-The code is in checks; this package exports what the rest of fleet uses.
+This package exports what the rest of fleet uses; the modules say the rest.
 """
 
 from fleet.health.checks import (
