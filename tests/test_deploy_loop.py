@@ -235,6 +235,28 @@ def test_health_of_a_served_host_is_ok_and_a_dead_server_is_healed_within_the_ho
     assert again.heal is not None and "1 heals in the last hour" in again.heal  # crash-looping: left alone
 
 
+def test_ctrl_c_between_launch_and_watch_frees_the_lock_and_records_the_server_unverified(
+    host: nshost.NamespaceHost,
+) -> None:
+    """The one moment no host step holds fleet's stdin: act has answered, the watch has not started. An
+    interrupt there costs one more round trip, and leaves no lock for the next run to take over."""
+
+    def interrupt_once_launched(event: events.Event) -> None:
+        if isinstance(event, events.Launched):
+            raise KeyboardInterrupt
+
+    t = host.transport()
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    with pytest.raises(KeyboardInterrupt):
+        ops.deploy(t, host.host, pb, force=False, engine_check=False, progress=interrupt_once_launched)
+    assert t.commands_run == 3  # facts, act, and the interrupted run's clean-up
+    assert not (host.dir / "state" / "lock.json").exists()
+    st = state(host)
+    assert st["status"] == "unverified" and "before the server was checked" in st["reason"]
+    again, _ = deploy(host)
+    assert again.ok and state(host)["pid"] != st["pid"]
+
+
 def test_a_lock_left_by_a_run_that_died_is_taken_over_and_said(host: nshost.NamespaceHost) -> None:
     lock = host.dir / "state" / "lock.json"
     lock.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_fleet_killed_or_interrupted_mid_deploy_frees_the_host_at_once(
     fleet_env: simhost.Sandbox, how: signal.Signals
 ) -> None:
@@ -411,7 +411,7 @@ def test_a_full_state_disk_is_refused_before_anything_is_stopped(fleet_env: simh
         on_host(fleet_env, f"umount {state}; rm -rf {state}.saved")
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_fleet_gone_during_the_engine_check_changes_nothing_on_the_host(
     fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: signal.Signals
 ) -> None:

@@ -6,7 +6,10 @@ commands so `fleet --help` and cron runs start fast.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from types import FrameType
 
 import click
 
@@ -24,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     # Nagios: a check that could not run (bad inventory or arguments, say) is "unknown", not "critical".
     could_not_run = 3 if command_word(args) == "health" else None
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a cron timeout, `kill`, the pool when fleet's own process died) unwinds like Ctrl-C, so
+        # a deploy can leave the host unlocked and its half-checked server recorded on the way out.
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
         code = cli.main(args=argv, prog_name="fleet", standalone_mode=False)
     except FleetError as exc:
@@ -44,3 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

@@ -318,6 +318,23 @@ class Deployer:
         recorded_pgid: int | None,
     ) -> DeployResult:
         result = DeployResult(self.host.name, self.playbook_name, False, [], plan, learned_applied=plan.applied_fixes)
+        try:
+            return self._attempts(plan, model, gpus, wishes, result, learned_key, learned_existing, recorded_pgid)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the host must not be left locked by a run that ended
+            self._abandon()
+            raise
+
+    def _attempts(
+        self,
+        plan: LaunchPlan,
+        model: ModelSpec,
+        gpus: GpuSummary,
+        wishes: Wishes,
+        result: DeployResult,
+        learned_key: str,
+        learned_existing: list[dict[str, Any]],
+        recorded_pgid: int | None,
+    ) -> DeployResult:
         applied: list[str] = []
         new_learned: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -467,6 +484,20 @@ class Deployer:
                 "python3",
                 "act",
                 {"lock": self._lock_args("release"), "release_lock_only": True},
+            )
+
+    def _abandon(self) -> None:
+        """The run was interrupted. A step in flight saw its stdin close and finishes on its own; between
+        steps (act answered, watch not yet started) nothing on the host knows, so one more round trip
+        records a launched server as unverified and frees the lock. Best effort and bounded: the lock also
+        goes stale by itself."""
+        with contextlib.suppress(TransportError, HostStepError, KeyboardInterrupt):
+            run_json(
+                self.t,
+                "python3",
+                "act",
+                {"lock": self._lock_args("abandon"), "release_lock_only": True, "abandon": {"wait_s": 10.0}},
+                timeout_s=20,
             )
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> None:

@@ -335,11 +335,28 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     }
 
 
+def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
+    """fleet was interrupted: a step of the same run still working on the host (it saw fleet's end of its
+    stdin close and is finishing: recording, releasing) goes first, so the lock is not freed under it."""
+    path = os.path.join(expand(a["state_dir"]), "lock.json")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        cur = read_record(path) or {}
+        holder = cur.get("holder_pid")
+        if cur.get("run_id") != a["run_id"] or not isinstance(holder, int) or holder == os.getpid():
+            return
+        if not alive(holder):
+            return
+        time.sleep(0.1)
+
+
 def main() -> ActResult:
     a = json.loads(sys.argv[1])
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
+    if a.get("abandon"):
+        wait_for_steps_of_this_run(a["lock"], a["abandon"]["wait_s"])
     lock = take_lock(a["lock"])
     out["lock"] = lock
     if lock["status"] != "taken":  # held by another run, or no state directory to hold it in
@@ -348,6 +365,8 @@ def main() -> ActResult:
     for name in ("state.json", "learned.json"):  # a damaged record is set aside before it is written over
         read_record(os.path.join(state_dir, name))
     if a.get("release_lock_only"):
+        if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
+            mark_unverified(state_dir, a["lock"]["run_id"])
         release_lock(state_dir, a["lock"]["run_id"])
         return out
 
