@@ -364,3 +364,36 @@ def test_prepare_server_args_gives_the_launchers_verdict_without_starting(blackw
         env=sim.env(blackwell),
     )
     assert p.returncode == 1 and "is not compatible with radix cache" in p.stderr
+
+
+def test_engines_on_their_own_gpu_sets_see_and_hold_only_those(blackwell: Path) -> None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: each server's device 0 is its first listed GPU; it holds only
+    those device files and NVML (which ignores the variable) shows its memory on those GPUs only."""
+    order = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    one = sim.Running(blackwell, [*base(blackwell, Q36, 31030), "--tp", "2"], {**order, "CUDA_VISIBLE_DEVICES": "6,7"})
+    two = sim.Running(blackwell, [*base(blackwell, Q36, 31031), "--tp", "2"], {**order, "CUDA_VISIBLE_DEVICES": "2,3"})
+    with one as a, two as b:
+        assert a.wait_for(sim.READY) and b.wait_for(sim.READY), a.text() + b.text()
+        os.environ["SIM_HOST_DIR"] = str(blackwell)
+        used = {g["index"] for g in gpustate.gpu_table(blackwell) if g["memory_used_mib"] > 0}
+        assert used == {2, 3, 6, 7}
+        for s, mine in ((a, {"nvidia6", "nvidia7"}), (b, {"nvidia2", "nvidia3"})):
+            held = {
+                Path(os.readlink(f"/proc/{pid}/fd/{fd}")).name
+                for pid in _group_pids(s.proc.pid)
+                for fd in os.listdir(f"/proc/{pid}/fd")
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(blackwell / "dev" / "nvidia"))
+            }
+            assert held - {"nvidiactl", "nvidia-uvm"} == mine
+
+
+def test_a_tp_wider_than_the_visible_gpus_is_the_invalid_ordinal_error(blackwell: Path) -> None:
+    code, out = sim.run(blackwell, [*base(blackwell, Q36, 31032), "--tp", "4"], {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert code != 0 and "invalid device ordinal (tp_size=4, visible GPUs=2)" in out
+    code, out = sim.run(blackwell, [*base(blackwell, Q36, 31033)], {"CUDA_VISIBLE_DEVICES": "9"})
+    assert code != 0 and "RuntimeError: No CUDA GPUs are available" in out
+
+
+def _group_pids(pgid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]

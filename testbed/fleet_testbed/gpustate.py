@@ -89,3 +89,24 @@ def gpu_table(root: Path | None = None) -> list[dict[str, Any]]:
         used = g.get("baseline_used_mib", 0) + sum(p["used_mib"] for p in procs)
         table.append({**g, "index": i, "memory_used_mib": min(used, g["memory_total_mib"]), "processes": procs})
     return table
+
+
+def visible_gpus(env: dict[str, str] | None = None, root: Path | None = None) -> list[dict[str, Any]]:
+    """The GPUs a CUDA program sees, in its own order (its device 0 first): `CUDA_VISIBLE_DEVICES` as the
+    CUDA runtime reads it -- indices or UUIDs, up to the first entry that names no GPU; empty means none.
+    NVML and nvidia-smi ignore the variable (they always list every GPU); each entry keeps its physical
+    `index`, which is what the process registers and which device file it holds."""
+    table = gpu_table(root)
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return table
+    out: list[dict[str, Any]] = []
+    for item in (x.strip() for x in value.split(",")):
+        match = next(
+            (g for g in table if (item.isdigit() and int(item) == g["index"]) or (item and g["uuid"].startswith(item))),
+            None,
+        )
+        if match is None or match in out:
+            break
+        out.append(match)
+    return out

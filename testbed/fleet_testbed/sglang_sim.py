@@ -148,6 +148,12 @@ def _strategy_attr(version: Version) -> str:
 def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: dict[str, str]) -> Resolved:
     """Parse + resolve like `prepare_server_args` / `ServerArgs.__post_init__`. argparse errors exit 2."""
     args = build_parser(version).parse_args(argv)
+    if not gpus:  # CUDA_VISIBLE_DEVICES named no GPU of this host: torch finds none when args are resolved
+        raise SimError(
+            "RuntimeError",
+            "No CUDA GPUs are available",
+            [(f"{SITE}/srt/server_args.py", 860, "__post_init__", "self._handle_gpu_memory_settings()")],
+        )
     model = load_model(args.model_path)
     r = Resolved(args, version, model, gpus, env)
     algo = (args.speculative_algorithm or "").upper()
@@ -286,7 +292,7 @@ def prepare_server_args(argv: list[str]) -> Resolved:
     """What the stand-in `sglang.srt.server_args.prepare_server_args` does: fleet's pre-flight check calls it."""
     host = gpustate.load_host()
     time.sleep(float(host.get("check_delay_s", 0)))  # test hook: a slow check keeps fleet inside its launch step
-    return resolve(argv, parse_version(host["sglang_version"]), gpustate.gpu_table(), dict(os.environ))
+    return resolve(argv, parse_version(host["sglang_version"]), gpustate.visible_gpus(), dict(os.environ))
 
 
 # --- the running server ----------------------------------------------------------------------------------
@@ -536,7 +542,7 @@ def _free_mib(gpu: dict[str, Any]) -> int:
 def serve(argv: list[str]) -> None:
     host = gpustate.load_host()
     version = parse_version(host["sglang_version"])
-    gpus = gpustate.gpu_table()
+    gpus = gpustate.visible_gpus()
     try:
         r = resolve(argv, version, gpus, dict(os.environ))
     except SimError as err:
@@ -576,7 +582,7 @@ def serve(argv: list[str]) -> None:
     # children: one scheduler per TP rank holding its GPU (engines.md §3.4 titles), plus the detokenizer
     for rank in range(tp):
         server.children.append(
-            _spawn_child(f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", rank, 600)
+            _spawn_child(f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", gpus[rank]["index"], 600)
         )
     server.children.append(_spawn_child("sglang::detokenizer", None, 0))
     for child in server.children:  # each child reports once titled and holding its GPU
@@ -683,7 +689,7 @@ def serve(argv: list[str]) -> None:
                 [(f"{SITE}/srt/model_executor/pool_configurator.py", 41, "configure", "raise RuntimeError(")],
             )
         )
-    _register_pool(server, tp, want_mib)  # the KV pool is now allocated on every rank
+    _register_pool(server, [g["index"] for g in gpus[:tp]], want_mib)  # the KV pool, on every rank's GPU
     tokens = kv_mib * 1024 // 64
     log(f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB", 0)
     if not a.disable_cuda_graph:
@@ -756,13 +762,13 @@ def _sigterm_watchdog(server: Server) -> None:
         time.sleep(max(period, 0.05))
 
 
-def _register_pool(server: Server, tp: int, mib: int) -> None:
+def _register_pool(server: Server, gpus: list[int], mib: int) -> None:
     run = gpustate.host_dir() / "run" / "gpu"
-    for rank, child in enumerate(server.children[:tp]):
+    for gpu, child in zip(gpus, server.children, strict=False):
         rec = run / f"{child.pid}.json"
         tmp = run / f".{child.pid}.tmp"
         run.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"pid": child.pid, "gpu": rank, "used_mib": mib}))
+        tmp.write_text(json.dumps({"pid": child.pid, "gpu": gpu, "used_mib": mib}))
         tmp.replace(rec)
 
 
