@@ -457,6 +457,12 @@ NEAR_MISSES = [
         "unknown-architecture",
     ),
     ("CUDA driver version 13.0, runtime 12.9", SM120, "driver-mismatch"),
+    (  # SGLang's warning on PCIe boxes at TP > 2 (a hand-written command without the flag): it serves on
+        "[2026-11-29 10:00:00 TP0] Custom allreduce is disabled because it's not supported on more than two "
+        "PCIe-only GPUs. To silence this warning, specify disable_custom_all_reduce=True explicitly.",
+        SM120,
+        "nccl-p2p-family",
+    ),
     ("[fleet] log progress resumed", SM120, "fleet-no-progress"),
     ("[2026-11-29 10:00:00 TP0] Scheduler started; Initialization finished", SM120, "engine-child-failed"),
     (
