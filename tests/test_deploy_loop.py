@@ -49,17 +49,18 @@ class Events:
 
 
 def deploy(
-    h: nshost.NamespaceHost, t: Any = None, playbook: str = "qwen36-27b", engine_check: bool = False
+    h: nshost.NamespaceHost, t: Any = None, playbook: str = "qwen36-27b", engine_check: bool = False, **placed: Any
 ) -> tuple[Any, Events]:
-    """A deploy through fleet's own loop; the engine's own check (a Python start, ~0.5 s) only when asked."""
+    """A deploy through fleet's own loop; the engine's own check (a Python start, ~0.5 s) only when asked.
+    `placed`: name, gpus, replace (as --name, --gpus, --replace)."""
     seen = Events()
     pb = load_playbook(playbook, ROOT / "playbooks")
-    result = ops.deploy(t or h.transport(), h.host, pb, force=False, engine_check=engine_check, progress=seen)
+    result = ops.deploy(t or h.transport(), h.host, pb, force=False, engine_check=engine_check, progress=seen, **placed)
     return result, seen
 
 
 def state(h: nshost.NamespaceHost) -> dict[str, Any]:
-    return json.loads((h.dir / "state" / "state.json").read_text())
+    return json.loads(simhost.newest_record(h.dir).read_text())
 
 
 def test_a_first_time_deploy_costs_three_round_trips_and_records_the_server(host: nshost.NamespaceHost) -> None:
@@ -70,9 +71,9 @@ def test_a_first_time_deploy_costs_three_round_trips_and_records_the_server(host
     assert seen.of(events.LogLine) and seen.of(events.Ready)[0].smoke["ok"]
     assert result.round_trips == 3  # facts, act, watch
     st = state(host)
-    assert st["status"] == "ready" and st["schema"] == 1 and st["learned_key"]
+    assert st["status"] == "ready" and st["schema"] == 2 and st["learned_key"] and st["deployment"] == "qwen36-27b"
     assert "sglang.launch_server" in host.shell(f"cat /proc/{st['pid']}/cmdline | tr '\\0' ' '")
-    assert not (host.dir / "state" / "lock.json").exists()
+    assert not simhost.record(host.dir, "lock.json").exists()
 
 
 def test_a_known_crash_is_relaunched_with_its_fix_and_given_up_when_it_comes_back(
@@ -92,12 +93,12 @@ def test_a_known_crash_is_relaunched_with_its_fix_and_given_up_when_it_comes_bac
     assert not result.ok and result.reason == "sglang-kv-not-enough-memory came back after its fix was applied"
     st = state(host)
     assert st["status"] == "failed" and st["learned_key"] and st["attempt"] == 2
-    assert not (host.dir / "state" / "lock.json").exists()
+    assert not simhost.record(host.dir, "lock.json").exists()
 
 
 def test_a_second_run_while_the_first_holds_the_lock_is_refused(host: nshost.NamespaceHost) -> None:
     assert deploy(host)[0].ok
-    (host.dir / "state" / "lock.json").write_text(
+    simhost.record(host.dir, "lock.json").write_text(
         json.dumps({"run_id": "other", "owner": "someone", "since": 1, "command": "deploy", "holder_pid": 1})
     )
     with pytest.raises(LockedError) as caught:
@@ -162,7 +163,8 @@ def test_the_engine_check_refuses_a_command_line_before_the_running_server_is_st
 ) -> None:
     assert deploy(blackwell, playbook="qwen35-nvfp4")[0].ok
     running = engine_pid(blackwell)
-    result, seen = deploy(blackwell, playbook="qwen35-nvfp4-handwritten", engine_check=True)
+    # the same deployment, from another playbook: it replaces its own server
+    result, seen = deploy(blackwell, playbook="qwen35-nvfp4-handwritten", engine_check=True, name="qwen35-nvfp4")
     assert result.ok, result.reason
     assert [e.verdict for e in seen.of(events.EngineChecked)] == ["rejected", "rejected", "accepted"]
     assert [e.nothing_stopped for e in seen.of(events.Relaunching)] == [True, True]
@@ -179,7 +181,7 @@ def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceH
     assert not alive(host, pid)
     st = state(host)
     assert st["status"] == "stopped" and st["pid"] == pid and st["learned_key"]  # the record keeps what it knew
-    assert not (host.dir / "state" / "lock.json").exists()
+    assert not simhost.record(host.dir, "lock.json").exists()
 
 
 def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(host: nshost.NamespaceHost) -> None:
@@ -191,7 +193,7 @@ def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(h
         ops.restart(host.transport(), host.host, force=False, progress=Events())
     assert f"pid {holder}" in caught.value.message and "sleep 600" in caught.value.message
     assert alive(host, holder) and alive(host, running)  # nothing was stopped: the server serves on
-    assert state(host)["pid"] == running and not (host.dir / "state" / "lock.json").exists()
+    assert state(host)["pid"] == running and not simhost.record(host.dir, "lock.json").exists()
     assert ops.restart(host.transport(), host.host, force=True, progress=Events()).ok
     assert not alive(host, holder)
 
@@ -199,13 +201,13 @@ def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(h
 def test_an_unwritable_log_dir_is_refused_before_the_running_server_is_stopped(host: nshost.NamespaceHost) -> None:
     assert deploy(host)[0].ok
     running = engine_pid(host)
-    settings = msgspec.structs.replace(host.host.settings, log_dir=f"{host.dir}/state/state.json/logs")
+    settings = msgspec.structs.replace(host.host.settings, log_dir=f"{simhost.record(host.dir)}/logs")
     broken = dataclasses.replace(host.host, settings=settings)
     with pytest.raises(PreflightError) as caught:
         ops.restart(host.transport(), broken, force=False, progress=Events())
     assert "the log directory" in caught.value.message and "Nothing on the host was changed" in caught.value.message
     assert alive(host, running) and state(host)["status"] == "ready"
-    assert not (host.dir / "state" / "lock.json").exists()
+    assert not simhost.record(host.dir, "lock.json").exists()
 
 
 def test_health_of_a_served_host_is_ok_and_a_dead_server_is_healed_within_the_hourly_limit(
@@ -224,11 +226,11 @@ def test_health_of_a_served_host_is_ok_and_a_dead_server_is_healed_within_the_ho
     down = check_host(host.transport(), host.host, options)
     assert down.status == "critical" and down.healable and not down.server_up
 
-    def restart() -> Any:
-        return ops.restart(host.transport(), host.host, force=False, progress=Events())
+    def restart(name: str) -> Any:
+        return ops.restart(host.transport(), host.host, force=False, progress=Events(), name=name)
 
     healed = heal_host(host.transport(), host.host, down, options, restart)
-    assert healed.heal == "restarted: server ready"
+    assert healed.heal == "qwen36-27b: restarted: server ready"
     assert problems() == []
     host.shell(f"kill -9 -{state(host)['pgid']}")
     again = heal_host(host.transport(), host.host, check_host(host.transport(), host.host, options), options, restart)
@@ -250,7 +252,7 @@ def test_ctrl_c_between_launch_and_watch_frees_the_lock_and_records_the_server_u
     with pytest.raises(KeyboardInterrupt):
         ops.deploy(t, host.host, pb, force=False, engine_check=False, progress=interrupt_once_launched)
     assert t.commands_run == 3  # facts, act, and the interrupted run's clean-up
-    assert not (host.dir / "state" / "lock.json").exists()
+    assert not simhost.record(host.dir, "lock.json").exists()
     st = state(host)
     assert st["status"] == "unverified" and "before the server was checked" in st["reason"]
     again, _ = deploy(host)
@@ -258,7 +260,7 @@ def test_ctrl_c_between_launch_and_watch_frees_the_lock_and_records_the_server_u
 
 
 def test_a_lock_left_by_a_run_that_died_is_taken_over_and_said(host: nshost.NamespaceHost) -> None:
-    lock = host.dir / "state" / "lock.json"
+    lock = simhost.record(host.dir, "lock.json")
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text(json.dumps({"run_id": "dead", "owner": "ana@laptop", "since": 1, "command": "deploy"}))
     os.utime(lock, (1, 1))  # untouched for longer than the grace, and no holder process
@@ -277,7 +279,9 @@ def test_a_server_started_by_hand_on_the_gpus_is_stopped_as_a_stale_engine(host:
     argv = " ".join(shlex.quote(w) for w in by_hand_argv)
     ops.stop(host.transport(), host.host, force=False)
     host.shell(f"cd {host.dir} && setsid {argv} </dev/null >/dev/null 2>&1 &")
-    host.shell("for i in $(seq 100); do pgrep -f '[s]glang::scheduler' >/dev/null && break; sleep 0.05; done")
+    # its children titled as the engine's (a child's argv names its title before it retitles itself), and
+    # holding the GPUs: both schedulers and the detokenizer
+    host.shell("for i in $(seq 200); do [ $(pgrep -c -f '^sglang::') -ge 3 ] && break; sleep 0.05; done")
     by_hand = int(host.shell("pgrep -f -o '[s]glang.launch_server'").strip())
     result, seen = deploy(host)
     assert result.ok
