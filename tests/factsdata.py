@@ -39,7 +39,11 @@ def facts(
     listeners: list[dict[str, Any]] | None = None,
     servers: list[dict[str, Any]] | None = None,
     learned: dict[str, Any] | None = None,
+    deployments: dict[str, dict[str, Any]] | None = None,
+    gpu_processes: dict[int, list[dict[str, int]]] | None = None,
 ) -> HostFacts:
+    """`deployments`: name -> its records on the host ({"state": ..., "lock": ...}); `gpu_processes`:
+    GPU index -> [{pid, used_mib}] as NVML lists them."""
     name, cc, mem = gpu
     raw: dict[str, Any] = {
         "hostname": host,
@@ -61,7 +65,7 @@ def facts(
                     "memory_total_mib": mem,
                     "memory_used_mib": 0,
                     "temperature_c": 30,
-                    "processes": [],
+                    "processes": (gpu_processes or {}).get(i, []),
                     "nvlink": nvlink,
                 }
                 for i in range(count)
@@ -72,7 +76,7 @@ def facts(
         "listeners": listeners or [],
         "engines": {engine: {"python": f"/opt/{engine}/.venv/bin/python", "version": version, "packages": {}}},
         "disk": [{"path": "/models", "free_bytes": 10**12}, {"path": "/home/ops/.fleet/logs", "free_bytes": 10**11}],
-        "state": {"state": None, "learned": learned, "lock": None},
+        "state": {"learned": learned, "deployments": deployments or {}},
     }
     if model:
         files = model_files(model)

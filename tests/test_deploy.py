@@ -39,7 +39,7 @@ def remote(sb: simhost.Sandbox, spec: simhost.HostSpec, command: str) -> str:
 
 
 def state(sb: simhost.Sandbox, name: str) -> dict:
-    return json.loads((sb.host_dir(name) / "state" / "state.json").read_text())
+    return json.loads(simhost.newest_record(sb.host_dir(name)).read_text())
 
 
 def engine_pids(sb: simhost.Sandbox, spec: simhost.HostSpec) -> list[int]:
@@ -78,12 +78,15 @@ def test_the_motivating_story_fixes_two_crashes_then_remembers(fleet_env: simhos
 def test_engine_check_rejects_before_anything_is_stopped(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen35-nvfp4", "--host", "blackwell").code == 0
     running = state(fleet_env, "blackwell")["pid"]
-    r = run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell")
+    # another deployment on the same GPUs: --replace stops the first, once the new plan passed its check
+    r = run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--replace")
     assert r.code == 0, r.err
     assert r.err.count("re-checking (nothing was stopped)") == 2
     assert r.err.count("engine's own argument check: rejected") == 2
     assert r.err.index("engine's own argument check: accepted") < r.err.index("stopped fleet's server")
     assert state(fleet_env, "blackwell")["pid"] != running
+    replaced = json.loads(simhost.record(fleet_env.host_dir("blackwell"), "state.json", "qwen35-nvfp4").read_text())
+    assert replaced["status"] == "stopped" and replaced["reason"] == "replaced by deployment qwen35-nvfp4-handwritten"
 
 
 def test_a_plan_the_engine_rejects_leaves_the_running_server_and_its_record_alone(
@@ -93,7 +96,7 @@ def test_a_plan_the_engine_rejects_leaves_the_running_server_and_its_record_alon
     assert run_cli("deploy", "qwen35-nvfp4", "--host", "blackwell").code == 0
     before = state(fleet_env, "blackwell")
     hand = add_playbook(playbooks, "hand", "qwen35-nvfp4-handwritten", "max_attempts: 1\n")
-    r = run_cli("deploy", hand, "--host", "blackwell")
+    r = run_cli("deploy", hand, "--host", "blackwell", "--name", "qwen35-nvfp4")
     assert r.code == 7 and "engine's own argument check: rejected" in r.err
     assert "stopped" not in r.err
     after = state(fleet_env, "blackwell")
@@ -213,7 +216,7 @@ def test_a_recorded_process_group_id_reused_by_another_user_gets_no_trust(
             record |= {"boot_id": "0" * 8 + boot[8:], "started": time.time()}
         else:
             record |= {"boot_id": boot, "started": time.time() - 3 * 86400, "start_ticks": 1}
-        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        simhost.write_record(fleet_env.host_dir("ct129"), record)
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
         assert r.code == 6 and "process of user fleetdecoy" in r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
@@ -229,7 +232,7 @@ def test_a_recorded_group_whose_leader_started_within_seconds_of_the_record_is_n
         ticks = int(remote(fleet_env, CT129, f"cat /proc/{pgid}/stat").rsplit(")", 1)[1].split()[19])
         record = {"status": "ready", "engine": "sglang", "pid": pid, "pgid": pgid, "port": 30000, "boot_id": boot}
         record |= {"started": time.time(), "start_ticks": ticks + 1}
-        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        simhost.write_record(fleet_env.host_dir("ct129"), record)
         r = run_cli("stop", "--host", "ct129")
         assert r.code == 0 and f"not stopped: pid {pid} (user fleetdecoy" in r.out, r.out + r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
@@ -252,7 +255,7 @@ def test_another_users_process_inside_fleets_own_group_is_named_and_left_alone(f
         ticks = int(remote(fleet_env, CT129, f"cat /proc/{pgid}/stat").rsplit(")", 1)[1].split()[19])
         record = {"status": "ready", "engine": "sglang", "pid": int(pgid), "pgid": int(pgid), "port": 30000}
         record |= {"boot_id": boot, "started": time.time(), "start_ticks": ticks}
-        (fleet_env.host_dir("ct129") / "state" / "state.json").write_text(json.dumps(record))
+        simhost.write_record(fleet_env.host_dir("ct129"), record)
         r = run_cli("stop", "--host", "ct129")
         assert r.code == 0, r.err
         assert f"not stopped: pid {decoy} (user fleetdecoy" in r.out, r.out
@@ -325,7 +328,7 @@ def test_unknown_crash_fails_fast_with_the_traceback(fleet_env: simhost.Sandbox)
     assert "RuntimeError: CUBLAS_STATUS_WEIRD in gemm" in r.err
     assert "Traceback (most recent call last):" in r.err
     assert state(fleet_env, "ct129")["status"] == "failed"
-    assert not (fleet_env.host_dir("ct129") / "state" / "lock.json").exists()
+    assert not simhost.record(fleet_env.host_dir("ct129"), "lock.json").exists()
 
 
 def test_same_signature_after_its_fix_gives_up(fleet_env: simhost.Sandbox) -> None:
@@ -352,7 +355,7 @@ def test_weights_that_cannot_fit_are_refused_before_anything_changes(
     assert r.code == 4
     assert "tight on ct129: weights need 25.9 GiB per GPU at TP 2, more than 24.4 GiB" in r.err
     assert "Nothing on the host was changed." in r.err
-    assert not (fleet_env.host_dir("ct129") / "state" / "state.json").exists()
+    assert not simhost.record(fleet_env.host_dir("ct129"), "state.json").exists()
 
 
 def test_a_state_directory_the_host_cannot_write_stops_before_anything_changes(
@@ -418,7 +421,7 @@ def test_concurrent_deploys_to_one_host_exactly_one_acts(fleet_env: simhost.Sand
     results: list = []
     first = threading.Thread(target=lambda: results.append(run_cli("deploy", "qwen36-27b", "--host", "ct129")))
     first.start()
-    assert wait_until(lambda: (fleet_env.host_dir("ct129") / "state" / "lock.json").exists())
+    assert wait_until(lambda: simhost.record(fleet_env.host_dir("ct129"), "lock.json").exists())
     second = run_cli("deploy", "qwen36-27b", "--host", "ct129")
     first.join()
     assert second.code == 5 and "ct129: locked by" in second.err and "(deploy" in second.err
@@ -488,7 +491,7 @@ def test_a_damaged_record_is_set_aside_and_the_host_redeployed(fleet_env: simhos
     """state.json edited into a list: `restart` says the record is damaged (was a KeyError traceback),
     `health` names it, and the next deploy sets it aside (renamed, not deleted) and writes a good one."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
-    record = fleet_env.host_dir("ct129") / "state" / "state.json"
+    record = simhost.record(fleet_env.host_dir("ct129"), "state.json")
     record.write_text("[1, 2]")
     (fleet_env.host_dir("ct129") / "state" / "health.json").write_text('"not a mapping"')
     r = run_cli("restart", "--host", "ct129")
@@ -498,7 +501,8 @@ def test_a_damaged_record_is_set_aside_and_the_host_redeployed(fleet_env: simhos
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     assert state(fleet_env, "ct129")["status"] == "ready"
     assert [p.read_text() for p in record.parent.glob("state.json.corrupt-*")] == ["[1, 2]"]
-    assert [p.read_text() for p in record.parent.glob("health.json.corrupt-*")] == ['"not a mapping"']
+    health_book = fleet_env.host_dir("ct129") / "state"  # the host's health bookkeeping, beside the deployments
+    assert [p.read_text() for p in health_book.glob("health.json.corrupt-*")] == ['"not a mapping"']
 
 
 def test_a_running_server_that_fails_its_check_is_replaced(fleet_env: simhost.Sandbox) -> None:
@@ -518,7 +522,7 @@ def test_a_changed_plan_is_deployed_not_adopted(fleet_env: simhost.Sandbox, play
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     old = state(fleet_env, "ct129")["pid"]
     name = add_playbook(playbooks, "q36-ctx", "qwen36-27b", "context_length: 65536\n")
-    r = run_cli("deploy", name, "--host", "ct129", "--json")
+    r = run_cli("deploy", name, "--host", "ct129", "--name", "qwen36-27b", "--json")  # a new plan, same deployment
     assert r.code == 0, r.err
     out = json.loads(r.out)
     assert not out["adopted"] and len(out["attempts"]) == 1
@@ -586,7 +590,7 @@ def test_secrets_never_reach_argv_state_or_output(
 def test_files_fleet_writes_on_the_host_are_private(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     h = fleet_env.host_dir("ct129")
-    for path in [h / "state" / "state.json", *(h / "logs").glob("*.log")]:
+    for path in [simhost.record(h, "state.json"), *(h / "logs").glob("*.log")]:
         if not path.is_symlink():
             assert path.stat().st_mode & 0o077 == 0, path
 
@@ -598,4 +602,4 @@ def test_missing_secret_is_a_clear_error_before_anything_runs(
     name = add_playbook(playbooks, "needstoken", "qwen36-27b", "secret_env: [HF_TOKEN]\n")
     r = run_cli("deploy", name, "--host", "ct129")
     assert r.code == 2 and "secret_env lists HF_TOKEN, which is not set in your environment" in r.err
-    assert not (fleet_env.host_dir("ct129") / "state" / "state.json").exists()
+    assert not simhost.record(fleet_env.host_dir("ct129"), "state.json").exists()

@@ -35,7 +35,7 @@ def env_of(sb: simhost.Sandbox) -> dict[str, str]:
 
 
 def state_path(sb: simhost.Sandbox) -> Path:
-    return sb.host_dir("ct129") / "state" / "state.json"
+    return simhost.record(sb.host_dir("ct129"), "state.json")
 
 
 def wait_launched(sb: simhost.Sandbox, timeout: float = 20) -> dict:
@@ -71,7 +71,7 @@ def servers(sb: simhost.Sandbox) -> list[str]:
 
 
 def no_stale_lock(sb: simhost.Sandbox) -> bool:
-    return not (sb.host_dir("ct129") / "state" / "lock.json").exists()
+    return not simhost.record(sb.host_dir("ct129"), "lock.json").exists()
 
 
 def test_dropped_connection_while_streaming_resumes_without_gaps_or_repeats(fleet_env: simhost.Sandbox) -> None:
@@ -258,11 +258,11 @@ def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sand
     p = deploy_in_background(fleet_env, quiet=True)
     try:
         deadline = time.monotonic() + 20
-        while not (fleet_env.host_dir("ct129") / "state" / "lock.json").exists() and time.monotonic() < deadline:
+        while not simhost.record(fleet_env.host_dir("ct129"), "lock.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         h = run_cli("health", "--host", "ct129", "--heal", "--json", "--lock-file", str(tmp_path / "l"))
         row = json.loads(h.out)
-        assert row["heal"] is None or row["heal"].startswith("heal failed: ct129: locked by"), row["heal"]
+        assert row["heal"] is None or row["heal"].startswith("qwen36-27b: heal failed: ct129: locked by"), row["heal"]
     finally:
         assert p.wait(timeout=120) == 0
     assert len(servers(fleet_env)) == 1 and no_stale_lock(fleet_env)
@@ -271,7 +271,7 @@ def test_heal_while_a_deploy_holds_the_lock_does_not_act(fleet_env: simhost.Sand
 def test_host_that_stops_answering_during_launch_fails_clearly_then_recovers(fleet_env: simhost.Sandbox) -> None:
     simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=3.0)  # keeps fleet inside its act round trip
     p = deploy_in_background(fleet_env)
-    lock = fleet_env.host_dir("ct129") / "state" / "lock.json"
+    lock = simhost.record(fleet_env.host_dir("ct129"), "lock.json")
     deadline = time.monotonic() + 20
     while not lock.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -425,12 +425,12 @@ def test_fleet_gone_during_the_engine_check_changes_nothing_on_the_host(
     (pbs / "other.yaml").write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "mem_fraction: 0.8\n")
     simhost.set_host(fleet_env.host_dir("ct129"), check_delay_s=4.0)
     p = subprocess.Popen(
-        [FLEET, "deploy", "other", "--host", "ct129"],
+        [FLEET, "deploy", "other", "--host", "ct129", "--name", "qwen36-27b"],  # a new plan for the same deployment
         env={**env_of(fleet_env), "FLEET_PLAYBOOKS": str(pbs)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    lock = fleet_env.host_dir("ct129") / "state" / "lock.json"
+    lock = simhost.record(fleet_env.host_dir("ct129"), "lock.json")
     assert wait_for(lock.exists, 20)
     time.sleep(1.0)
     p.send_signal(how)

@@ -33,7 +33,7 @@ def by_host(rows: list[dict]) -> dict[str, dict]:
 
 
 def kill_server(sb: simhost.Sandbox) -> None:
-    pgid = json.loads((sb.host_dir("ct129") / "state" / "state.json").read_text())["pgid"]
+    pgid = json.loads(simhost.record(sb.host_dir("ct129"), "state.json").read_text())["pgid"]
     subprocess.run([*simhost.ssh_argv(sb, CT129), f"kill -9 -- -{pgid}"], check=True)
 
 
@@ -68,21 +68,21 @@ def test_a_killed_server_is_critical_and_heal_restarts_it(fleet_env: simhost.San
     assert code == 2 and rows[0]["status"] == "critical" and rows[0]["healable"]
     assert any(c["name"] == "server" and "is gone" in c["detail"] for c in rows[0]["checks"])
     code, rows, _ = health("--host", "ct129", "--heal")
-    assert rows[0]["heal"] == "restarted: server ready" and rows[0]["status"] == "warning" and code == 1
+    assert rows[0]["heal"] == "qwen36-27b: restarted: server ready" and rows[0]["status"] == "warning" and code == 1
     status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
     assert status["status"] == "ready" and status["pid"] not in (None, old_pid)
     assert health("--host", "ct129")[0] == 0
     kill_server(fleet_env)
     text = run_cli("health", "--host", "ct129", "--heal").out.splitlines()
     assert "server process" in text[0] and "is gone" in text[0] and "heal" not in text[0]
-    assert text[1].split() == ["heal:", "restarted:", "server", "ready"] and len(text) == 2
+    assert text[1].split() == ["heal:", "qwen36-27b:", "restarted:", "server", "ready"] and len(text) == 2
 
 
 def test_an_unreadable_deployment_record_is_a_warning_not_an_idle_host(fleet_env: simhost.Sandbox) -> None:
     """A state file edited by hand or cut short by a failing disk: the server can no longer be checked,
     which fleet says, instead of "no fleet deployment recorded" and OK while a server runs unwatched."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
-    state = fleet_env.host_dir("ct129") / "state" / "state.json"
+    state = simhost.record(fleet_env.host_dir("ct129"), "state.json")
     state.write_text(state.read_text()[:40])
     code, rows, _ = health("--host", "ct129", "--skip-generation")
     checks = {c["name"]: c for c in rows[0]["checks"]}
@@ -103,11 +103,12 @@ def test_an_unreadable_deployment_record_is_a_warning_not_an_idle_host(fleet_env
 def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     kill_server(fleet_env)
-    assert health("--host", "ct129", "--heal", "--max-heals-per-hour", "1")[1][0]["heal"] == "restarted: server ready"
+    healed = health("--host", "ct129", "--heal", "--max-heals-per-hour", "1")[1][0]["heal"]
+    assert healed == "qwen36-27b: restarted: server ready"
     kill_server(fleet_env)
     code, rows, _ = health("--host", "ct129", "--heal", "--max-heals-per-hour", "1")
     assert code == 2
-    assert rows[0]["heal"] == ("not healed: 1 heals in the last hour (limit 1); the server is crash-looping")
+    assert rows[0]["heal"] == "qwen36-27b: not healed: 1 heals in the last hour (limit 1); the server is crash-looping"
 
 
 def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> None:
@@ -116,9 +117,11 @@ def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> N
     limit (it did, with no python3 on the host's PATH: three heals in a minute at a limit of one)."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     kill_server(fleet_env)
-    (fleet_env.host_dir("ct129") / "state" / "heals.json").mkdir()
+    simhost.record(fleet_env.host_dir("ct129"), "heals.json").mkdir()
     code, rows, _ = health("--host", "ct129", "--heal")
-    assert code == 2 and rows[0]["heal"].startswith("not healed: the heal could not be recorded on the host")
+    assert code == 2 and rows[0]["heal"].startswith(
+        "qwen36-27b: not healed: the heal could not be recorded on the host"
+    )
     assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "dead"
 
 
@@ -179,7 +182,7 @@ def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.San
 def test_new_crash_lines_in_the_server_log_are_reported(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     health("--host", "ct129")
-    log = Path(json.loads((fleet_env.host_dir("ct129") / "state" / "state.json").read_text())["log"])
+    log = Path(json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["log"])
     with log.open("a") as f:
         f.write("[2026-11-29 12:00:00 TP1] RuntimeError: CUDA error: an illegal memory access was encountered\n")
     code, rows, _ = health("--host", "ct129", "--skip-generation")
@@ -198,6 +201,10 @@ def test_json_and_prometheus_outputs_parse(fleet_env: simhost.Sandbox, tmp_path:
     status = {s.labels["host"]: s.value for s in families["fleet_host_status"].samples}
     assert status == {"blackwell": 0.0, "ct129": 0.0}, rows
     assert {s.labels["host"] for s in families["fleet_server_up"].samples if s.value == 1} == {"ct129"}
+    up = {(s.labels["host"], s.labels["deployment"]): s.value for s in families["fleet_deployment_up"].samples}
+    assert up == {("ct129", "qwen36-27b"): 1.0}
+    generation = [s for s in families["fleet_check_status"].samples if s.labels["check"] == "generation"]
+    assert [(s.labels["deployment"], s.value) for s in generation] == [("qwen36-27b", 0.0)]
     assert len([s for s in families["fleet_gpu_memory_used_bytes"].samples if s.labels["host"] == "blackwell"]) == 8
     assert not list(tmp_path.glob(".fleet.prom.*"))  # written atomically: no temp file left
 
@@ -399,7 +406,7 @@ def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:
     from fleet.control.ops import adoption_problems
     from fleet.health import OK, Check, HostHealth, unreachable
 
-    assert adoption_problems(unreachable("ct129", "health probe failed: AttributeError")) == [
+    assert adoption_problems(unreachable("ct129", "health probe failed: AttributeError"), "m") == [
         "generation: not checked",
         "http_health: not checked",
         "server: not checked",
@@ -408,6 +415,11 @@ def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:
     proven = HostHealth(
         "ct129",
         OK,
-        (Check("server", OK, "pid 7 alive"), Check("http_health", OK, "200"), Check("generation", OK, "answer")),
+        tuple(Check(name, OK, "fine", deployment="m") for name in ("server", "http_health", "generation")),
     )
-    assert adoption_problems(proven) == []
+    assert adoption_problems(proven, "m") == []
+    assert adoption_problems(proven, "other") == [  # another deployment's checks prove nothing about this one
+        "generation: not checked",
+        "http_health: not checked",
+        "server: not checked",
+    ]

@@ -10,6 +10,7 @@ from importlib import resources
 import pytest
 
 from fleet.host_common import argv_of, engine_kind
+from fleet.hostscripts import SHARED, STEPS
 
 ENGINES = [
     (["/opt/sglang/.venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], "sglang"),
@@ -51,18 +52,12 @@ def test_proc_cmdline_padding_from_setproctitle_is_dropped() -> None:
     assert argv_of(b"sglang::scheduler_TP0\x00\x00   \x00") == ["sglang::scheduler_TP0"]
 
 
-@pytest.mark.parametrize(
-    ("package", "name"),
-    [("fleet", "protocol.py"), ("fleet", "host_common.py"), ("fleet.facts", "probe.py")]
-    + [("fleet.control", "remote_act.py")]
-    + [
-        ("fleet.control", "remote_watch.py"),
-        ("fleet.control", "remote_health.py"),
-        ("fleet.control", "remote_heal.py"),
-    ],
-)
-def test_host_code_is_ascii_and_parses_as_python_3_8(package: str, name: str) -> None:
-    text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
+HOST_FILES = sorted({f for files in (SHARED, *STEPS.values()) for f in files})  # every file a host runs
+
+
+@pytest.mark.parametrize("path", HOST_FILES)
+def test_host_code_is_ascii_and_parses_as_python_3_8(path: str) -> None:
+    text = resources.files("fleet").joinpath(path).read_text(encoding="utf-8")
     assert text.isascii(), [line for line in text.splitlines() if not line.isascii()][:3]
     tree = ast.parse(text, feature_version=(3, 8))
     assert not _annotations_python_3_8_cannot_evaluate(tree)

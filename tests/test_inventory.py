@@ -188,6 +188,22 @@ def test_group_vars_apply_and_host_vars_win(tmp_path: Path) -> None:
 
 PLAYBOOK_OK = "engine: sglang\nmodel: M\nserved_name: m\nsmoke:\n  prompt: hi\n  expect: hello\n"
 PLAYBOOK_CASES = [
+    ("gpus-zero", PLAYBOOK_OK + "gpus: 0\n", 'pb.yaml:7: field "gpus" must be at least 1 (got 0).'),
+    (
+        "gpus-empty",
+        PLAYBOOK_OK + "gpus: []\n",
+        'pb.yaml:7: field "gpus" lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a '
+        "count (gpus: 2), or leave it out for all of the host's GPUs.",
+    ),
+    ("gpus-twice", PLAYBOOK_OK + "gpus: [1, 2, 1]\n", 'pb.yaml:7: field "gpus" lists GPU 1 more than once.'),
+    ("gpus-negative", PLAYBOOK_OK + "gpus: [-1]\n", 'pb.yaml:7: field "gpus.0" must be at least 0 (got -1).'),
+    ("gpus-word", PLAYBOOK_OK + "gpus: all\n", "pb.yaml:7: field \"gpus\" must be an integer or a list (got 'all')."),
+    (
+        "gpus-in-env",
+        PLAYBOOK_OK + "env: {CUDA_VISIBLE_DEVICES: '0'}\n",
+        'pb.yaml:7: field "env" sets CUDA_VISIBLE_DEVICES, which fleet sets from gpus:; place the deployment '
+        "with gpus: instead.",
+    ),
     (
         "missing-engine",
         "model: M\nserved_name: m\nsmoke: {prompt: a, expect: b}\n",
@@ -354,6 +370,17 @@ def test_shipped_playbooks_validate() -> None:
 
 # Exit 2 for bad input, except `fleet health`: Nagios reads a check that could not run as unknown (3).
 CLI_CASES = [
+    (["deploy", "qwen36-27b", "--host", "ct129", "--gpus", "0"], 2, "--gpus 0: a deployment needs at least one GPU"),
+    (["deploy", "qwen36-27b", "--host", "ct129", "--gpus", "1,1"], 2, "a GPU is listed twice"),
+    (["deploy", "qwen36-27b", "--host", "ct129", "--gpus", "0;touch /tmp/fleet-canary"], 2, "not a GPU count"),
+    (["deploy", "qwen36-27b", "--host", "ct129", "--name", "a/b"], 2, "'a/b' is not a deployment name"),
+    (
+        ["deploy", "qwen36-27b", "--host", "ct129", "--name", "$(touch /tmp/fleet-canary)"],
+        2,
+        "is not a deployment name",
+    ),
+    (["stop", "--host", "ct129/../x"], 2, "'../x' is not a deployment name"),
+    (["restart", "--host", "ct129/a", "--name", "b"], 2, "--host names deployment 'a' and --name 'b'"),
     (
         ["facts", "--host", "ct129; touch /tmp/fleet-canary"],
         2,

@@ -49,11 +49,21 @@ class Case:
     expect: str = "accepted"
 
 
-def _fleet_plan(playbook: str, host: str, gpus: tuple, version: str, fixes: tuple[Fix, ...] = ()) -> tuple[str, ...]:
+def _fleet_plan(
+    playbook: str,
+    host: str,
+    gpus: tuple,
+    version: str,
+    fixes: tuple[Fix, ...] = (),
+    placed: tuple[int, ...] | None = None,
+    port: int | None = None,
+) -> tuple[str, ...]:
+    """`placed`, `port`: a deployment on some of the host's GPUs, beside another (its own --nccl-port)."""
     inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
     pb = load_playbook(playbook, ROOT / "playbooks")
     model = pb.spec.model
-    r = build_plan(inv.hosts[host], pb, facts(host, gpus[0], gpus[1], version=version, model=model), f"/models/{model}")
+    f = facts(host, gpus[0], gpus[1], version=version, model=model)
+    r = build_plan(inv.hosts[host], pb, f, f"/models/{model}", gpu_indices=placed, port=port)
     assert r.plan is not None
     plan = r.plan
     for i, fix in enumerate(fixes):
@@ -129,6 +139,15 @@ CASES = [
         True,
         _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.23"),
         gpu="sm86",
+    ),
+    *(
+        Case(
+            f"fleet-placed-beside-another-{version.replace('.', '')}",
+            version,
+            True,
+            _fleet_plan("qwen36-27b", "blackwell", (RTX_PRO_6000, 8), version, placed=(6, 7), port=30010),
+        )
+        for version in ("0.5.11", "0.5.23")
     ),
     Case(
         "fleet-handwritten-fixed-0511",

@@ -18,7 +18,7 @@ from fleet_testbed import simhost
 
 pytestmark = pytest.mark.vllm
 VENV = Path(os.environ.get("FLEET_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
-CPUBOX = replace(simhost.CT129, name="cpubox", address="127.0.2.9", gpu_count=1)
+CPUBOX = replace(simhost.CT129, name="cpubox", address="127.0.2.9", gpu_count=2)  # 2: two deployments side by side
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,26 @@ def test_real_vllm_serves_the_tiny_hybrid_qwen3_next(env: simhost.Sandbox) -> No
     assert servers(env) == []
     listeners = json.loads(run_cli("facts", "--host", "cpubox", "--json").out)["listeners"]
     assert 8011 not in {entry["port"] for entry in listeners}  # the port is free again
+
+
+def test_two_real_vllm_servers_side_by_side_each_its_own_deployment_and_port(env: simhost.Sandbox) -> None:
+    one = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--name", "one", "--gpus", "device=0", "--json")
+    two = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--name", "two", "--gpus", "device=1", "--json")
+    assert one.code == 0 and two.code == 0, one.err + two.err
+    assert json.loads(one.out)["endpoint"].endswith(":8011") and json.loads(two.out)["endpoint"].endswith(":8021")
+    rows = {
+        r["deployment"]: r for r in map(json.loads, run_cli("status", "--host", "cpubox", "--json").out.splitlines())
+    }
+    assert {n: (r["status"], r["gpus"], r["port"]) for n, r in rows.items()} == {
+        "one": ("ready", [0], 8011),
+        "two": ("ready", [1], 8021),
+    }
+    assert run_cli("stop", "--host", "cpubox/one").code == 0
+    health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
+    mine = {(c["deployment"], c["name"]): c["status"] for c in health["checks"] if c["deployment"]}
+    assert mine[("two", "generation")] == "ok" and mine[("one", "server")] == "ok"  # one: stopped by an operator
+    assert run_cli("stop", "--host", "cpubox").code == 0
+    assert servers(env) == []
 
 
 def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simhost.Sandbox) -> None:

@@ -24,6 +24,8 @@ class Planned:
     model: str
     argv: list[str]
     learned: list[str]  # learned fixes the plan already includes
+    deployment: str = ""
+    placement: str = ""  # which GPUs, and why: "GPUs 6,7 as asked", "all 8 GPUs"
 
 
 @dataclass(frozen=True)

@@ -306,3 +306,56 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
     with contextlib.suppress(OSError):
         os.replace(path, f"{path}.corrupt-{int(time.time())}")
     return None
+
+
+# fleet's records on a host: learned.json for the whole host, and a directory per deployment
+# (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
+# kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
+DEPLOYMENTS = "deployments"
+DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+LEGACY_FILES = ("state.json", "heals.json", "health.json")
+
+
+def deployment_dir(state_dir: str, name: str) -> str:
+    if not DEPLOYMENT_NAME_RE.match(name):  # checked by fleet too: a name is a path component here
+        raise ValueError("not a deployment name: %r" % name)
+    return os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS, name)
+
+
+def legacy_name(record: Dict[str, Any]) -> str:
+    """The deployment an older fleet's one-server record stands for: its playbook's name."""
+    name = record.get("playbook")
+    return name if isinstance(name, str) and DEPLOYMENT_NAME_RE.match(name) else "default"
+
+
+def deployment_names(state_dir: str) -> List[str]:
+    root = os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [n for n in entries if DEPLOYMENT_NAME_RE.match(n) and os.path.isdir(os.path.join(root, n))]
+
+
+def migrate_legacy(state_dir: str) -> Optional[str]:
+    """Move an older fleet's one-server record into its deployment's directory (nothing running is
+    touched: the record moves, its server stays fleet's). Run under the host's guard. Returns the name."""
+    root = os.path.expanduser(state_dir)
+    legacy = os.path.join(root, "state.json")
+    if not os.path.exists(legacy):
+        return None
+    record = read_record(legacy)
+    if record is None:  # set aside as corrupt by read_record: nothing left to move
+        return None
+    name = legacy_name(record)
+    target = deployment_dir(root, name)
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    for file in LEGACY_FILES:
+        src = os.path.join(root, file)
+        if not os.path.exists(src):
+            continue
+        if os.path.exists(os.path.join(target, file)):  # the deployment already has its own: keep the old aside
+            os.replace(src, "%s.before-deployments-%d" % (src, int(time.time())))
+        else:
+            os.replace(src, os.path.join(target, file))
+    return name

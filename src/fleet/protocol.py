@@ -12,15 +12,18 @@ try:
 except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are documentation there
     TypedDict = dict  # type: ignore
 
-# The deployment record on the host (state_dir/state.json). Version 1 adds the field itself; records
-# without it are read as version 1 too: every field is optional and read with a default.
-STATE_SCHEMA = 1
+# The deployment record on the host (state_dir/deployments/NAME/state.json). Version 2 adds the
+# deployment's name and GPUs; version 1 (state_dir/state.json, one server per host) is read as the
+# deployment its playbook names, on all GPUs. Every field is optional and read with a default.
+STATE_SCHEMA = 2
 
 
 class StateRecord(TypedDict, total=False):
     """state.json: written whole when an attempt launches, then only merged into (status changes)."""
 
     schema: int
+    deployment: str  # its name on the host (the playbook's, unless --name): state_dir/deployments/NAME
+    gpus: Optional[List[int]]  # nvidia-smi's indices it was placed on; absent: all of the host's
     playbook: str
     host: str
     engine: str
@@ -52,13 +55,14 @@ class StateRecord(TypedDict, total=False):
 
 
 class LockResult(TypedDict, total=False):
-    status: str  # taken | held | unwritable
+    status: str  # taken | held | overlap | unwritable
     owner: Optional[str]
     since: Optional[float]
     age_s: Optional[float]
     command: Optional[str]
     holder_pid: Optional[int]
     taken_over: Optional[Dict[str, Any]]
+    overlap: List[Dict[str, Any]]  # other deployments on this one's GPUs: deployment, gpus, pid
     path: str
     error: str
 

@@ -40,7 +40,10 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
         console().print(f"  [yellow]GPU query problem:[/] {_host(f.gpu_error)}")
     for w in warnings:
         console().print(f"  [yellow]warning:[/] {_host(w)}")
-    t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes")
+    from fleet.plan.placement import gpu_owners
+
+    owners = gpu_owners(f)
+    t = Table("GPU", "name", "CC", "memory used / total", "temp", "processes", "held by")
     for g in f.gpus:
         procs = ", ".join(f"{p.pid} ({mib(p.used_mib)})" for p in g.processes) or "-"
         t.add_row(
@@ -50,6 +53,7 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
             f"{mib(g.memory_used_mib)} / {mib(g.memory_total_mib)}",
             f"{g.temperature_c}°C" if g.temperature_c is not None else "?",
             procs,
+            _host(owners.get(g.index, "-")),
         )
     console().print(t)
     for name, e in sorted(f.engines.items()):

@@ -132,7 +132,7 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
             raise SystemExit(f"bench: deploy failed: {r.stderr[-2000:]}")
         round_trips.append(json.loads(r.stdout)["round_trips"])
 
-    state_file = h / "state" / "state.json"
+    state_file = simhost.record(h, "state.json")
 
     def replacing(check: bool, first_time: bool, env: dict[str, str] = env) -> list[float]:
         """Each timed deploy replaces a server started by hand (a deploy of the plan that already runs

@@ -3,7 +3,8 @@
 Brings up `blackwell` (8x RTX PRO 6000, SM120, SGLang 0.5.11) and `ct129` (2x RTX A6000) behind real
 sshd on loopback, deploys the hand-written Qwen3.5-397B-NVFP4 command (two known crashes, fixed and
 learned), deploys again (the running server is checked, not restarted), stops it and deploys once more
-(one attempt, learned fixes), deploys Qwen3.6-27B, shows status, stops all, and
+(one attempt, learned fixes), deploys Qwen3.6-27B, shares the blackwell box between two deployments on
+their own GPUs (an overlapping third is refused), shows status, stops all, and
 tears the fleet down (`--keep` leaves it up for you to try commands; `python -m fleet_testbed down`).
 """
 
@@ -60,9 +61,19 @@ def main() -> int:
         print("\n# Stop it and deploy once more: the fixes were learned for this host x model x engine version.")
         fleet("stop", "--host", "blackwell", env=env)
         fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
-        print("\n# fleet's own plan for the same model, and Qwen3.6-27B on the A6000 box:")
-        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", env=env)
+        print("\n# fleet's own plan for the same model (another deployment on the same GPUs: --replace stops the")
+        print("# hand-written one first), and Qwen3.6-27B on the A6000 box:")
+        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", env=env, check=False)
+        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", "--replace", env=env)
         fleet("deploy", "qwen36-27b", "--host", "ct129", env=env)
+        print("\n# One box, two deployments: the big model on GPUs 0-3, the small one on 6 and 7, each with its")
+        print("# own ports, state and lock. Restarting one leaves the other serving:")
+        fleet("stop", "--host", "blackwell", env=env)
+        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", "--gpus", "0,1,2,3", env=env)
+        fleet("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "6,7", env=env)
+        fleet("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "2,3", "--name", "third", env=env, check=False)
+        fleet("restart", "--host", "blackwell/qwen36-27b", env=env)
+        fleet("facts", "--host", "blackwell", env=env)
         print("\n# Pre-flight refuses what cannot work, before touching the host:")
         fleet("plan", "qwen35-nvfp4", "--host", "ct129", env=env, check=False)
         fleet("status", env=env)

@@ -181,6 +181,7 @@ def build_parser(version: Version) -> argparse.ArgumentParser:
     a("--tokenizer-path")
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
+    a("--nccl-port", type=int)  # 0.5.11 server_args L4343; 0.5.23 fields/parallel.py (default: a random free port)
     a("--tp-size", "--tp", dest="tp_size", type=int, default=1)
     a("--dp-size", "--dp", dest="dp_size", type=int, default=1)
     a("--ep-size", "--ep", dest="ep_size", type=int, default=1)

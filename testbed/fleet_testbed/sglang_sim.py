@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -326,6 +327,7 @@ class Server:
         self.r = r
         self.scale = scale
         self.status = "Starting"
+        self.nccl: socket.socket | SimError | None = None
         self.requests_served = 0
         self.children: list[subprocess.Popen[bytes]] = []
         self.started = time.time()
@@ -592,6 +594,9 @@ def serve(argv: list[str]) -> None:
     _sleep(server, 0.2)
     for rank in range(tp):
         log("Init torch distributed begin.", rank)
+    server.nccl = _bind_nccl(a.nccl_port) if tp > 1 else None  # rank 0's TCPStore holds it while serving
+    if isinstance(server.nccl, SimError):
+        server.child_failed(server.nccl, tp=0)
     _sleep(server, 0.2)
     if tp > 2 and host.get("interconnect", "pcie") == "pcie" and not a.disable_custom_all_reduce:
         log(
@@ -760,6 +765,26 @@ def _sigterm_watchdog(server: Server) -> None:
         if not rids:
             return
         time.sleep(max(period, 0.05))
+
+
+def _bind_nccl(port: int | None) -> socket.socket | SimError:
+    """torch.distributed's TCPStore on the NCCL port (a free one when not given), on every address."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("0.0.0.0", port or 0))
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        return SimError(
+            "torch.distributed.DistNetworkError",
+            f"The server socket has failed to listen on any local network address. port: {port}, useIpv6: false, "
+            "code: -98, name: EADDRINUSE, message: address already in use",
+            [
+                (f"{SITE}/srt/model_executor/model_runner.py", 812, "init_torch_distributed", ""),
+                ("/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", 189, "_create_c10d_store", ""),
+            ],
+        )
+    return sock
 
 
 def _register_pool(server: Server, gpus: list[int], mib: int) -> None:

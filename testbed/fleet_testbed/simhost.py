@@ -142,6 +142,27 @@ def build_vllm_host(root: Path, spec: HostSpec, vllm_python: str) -> Path:
     return hdir
 
 
+def record(hdir: Path, file: str = "state.json", deployment: str = "qwen36-27b") -> Path:
+    """One of fleet's records for a deployment on a simulated host (state_dir/deployments/NAME/FILE)."""
+    return hdir / "state" / "deployments" / deployment / file
+
+
+def write_record(hdir: Path, data: Any, file: str = "state.json", deployment: str = "qwen36-27b") -> Path:
+    """Write one of fleet's records for a deployment on a simulated host, as a test's side door."""
+    path = record(hdir, file, deployment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def newest_record(hdir: Path) -> Path:
+    """The state.json of the deployment written last on a simulated host (tests with one deployment)."""
+    found = sorted((hdir / "state" / "deployments").glob("*/state.json"), key=lambda p: p.stat().st_mtime_ns)
+    if not found:
+        raise FileNotFoundError(f"no deployment recorded on {hdir}")
+    return found[-1]
+
+
 def set_host(hdir: Path, **changes: Any) -> None:
     """Change host.json (e.g. sglang_version, an injected ECC error) of a simulated host."""
     host = json.loads((hdir / "host.json").read_text())

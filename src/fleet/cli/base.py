@@ -256,10 +256,53 @@ def emit_json(data: Any) -> None:
 
 
 def multi_host_options(fn: Any) -> Any:
-    """--host/--all/--force, shared by the commands that act on several hosts."""
+    """--host/--name/--all/--force, shared by the commands that act on several hosts' deployments."""
     fn = click.option("--force", is_flag=True, help="Also kill foreign GPU holders.")(fn)
     fn = click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")(fn)
-    return click.option("--host", "-H", "host_name", help="Inventory host or group.")(fn)
+    fn = click.option(
+        "--name", "deployment", help="One deployment (default: every deployment on the host). Also --host HOST/NAME."
+    )(fn)
+    return click.option("--host", "-H", "host_name", help="Inventory host or group (or HOST/DEPLOYMENT).")(fn)
+
+
+def split_deployment(host_name: str | None, deployment: str | None) -> tuple[str | None, str | None]:
+    """`--host blackwell/qwen36-27b` is `--host blackwell --name qwen36-27b`."""
+    from fleet.host_common import DEPLOYMENT_NAME_RE
+
+    if host_name and "/" in host_name:
+        host_name, _, named = host_name.partition("/")
+        if deployment and deployment != named:
+            raise ConfigError(f"--host names deployment {named!r} and --name {deployment!r}.", "Give it once.")
+        deployment = named
+    if deployment is not None and not DEPLOYMENT_NAME_RE.match(deployment):
+        raise ConfigError(
+            f"{deployment!r} is not a deployment name (letters, digits and ._-, at most 63).",
+            "`fleet status` lists the deployments of each host.",
+        )
+    return host_name, deployment
+
+
+def parse_gpus(value: str | None) -> int | tuple[int, ...] | None:
+    """--gpus: a count (`4`, fleet picks free GPUs) or indices as nvidia-smi numbers them (`6,7`;
+    one index as `device=3`, Docker's spelling)."""
+    if value is None:
+        return None
+    text = value.removeprefix("device=")
+    words = [w.strip() for w in text.split(",")]
+    if not all(w.isdigit() and len(w) <= 2 for w in words) or not words:
+        raise ConfigError(
+            f"--gpus {value!r}: not a GPU count or a list of GPU indices.",
+            "Give a count (--gpus 4), indices (--gpus 6,7) or one index (--gpus device=3).",
+        )
+    if text == value and len(words) == 1:
+        count = int(words[0])
+        if count < 1:
+            raise ConfigError("--gpus 0: a deployment needs at least one GPU.", "Give a count of 1 or more.")
+        return count
+    indices = tuple(int(w) for w in words)
+    if len(set(indices)) != len(indices):
+        raise ConfigError(f"--gpus {value!r}: a GPU is listed twice.", "List each GPU once.")
+    return indices
 
 
 def each_host(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,14 +13,16 @@ from fleet.cli.base import (
     emit_json,
     exit_for_failures,
     multi_host_options,
+    parse_gpus,
     say,
+    split_deployment,
     transport_for,
 )
 from fleet.cli.report import describe_left, describe_stopped, print_result, progress_for, result_json
 from fleet.errors import DeployFailed
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
-    pass
+    from fleet.inventory import Host
 
 
 @cli.command()
@@ -44,7 +46,10 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
     warnings = [m.message for m in gpu_mismatches(host.settings.expected_gpus, f.gpus)]
     warnings += [f"fleet's state on the host is unreadable: {e}" for e in f.remote.errors]
     if as_json:
-        emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run, "warnings": warnings})
+        from fleet.plan.placement import gpu_owners
+
+        held = {str(i): who for i, who in sorted(gpu_owners(f).items())}
+        emit_json(f.raw | {"host": host.name, "round_trips": t.commands_run, "warnings": warnings, "gpu_holders": held})
         return
     from fleet.render import render_facts
 
@@ -55,8 +60,12 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
 @click.argument("playbook")
 @click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
+@click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
 @click.pass_obj
-def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -> None:
+def plan(
+    ctx: Invocation, playbook: str, host_name: str | None, as_json: bool, deployment: str | None, gpus: str | None
+) -> None:
     """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
 
     Gathers the host's facts in one round trip; changes nothing on the host. Exits 4 when pre-flight
@@ -66,20 +75,28 @@ def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
     Example:
       fleet plan qwen35-nvfp4 --host blackwell
     """
+    from fleet.control import ops
     from fleet.control.gather import model_path, read_facts
-    from fleet.plan.build import build_plan
 
+    host_name, deployment = split_deployment(host_name, deployment)
+    placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
     host = ctx.host(host_name, pb)
+    name = ops.deployment_name(deployment, pb)
     path = model_path(host, pb.spec.model)
     with transport_for(ctx, host) as t:
         f = read_facts(t, host, model=path, engine=pb.spec.engine)
-    result = build_plan(host, pb, f, path)
+    placed = ops.place_and_plan(
+        host, pb, f, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
+    )
+    result = placed.result
     if as_json:
         emit_json(
             {
                 "host": host.name,
                 "playbook": pb.name,
+                "deployment": name,
+                "placement": placed.how,
                 "model": result.model.describe() if result.model else None,
                 "plan": result.plan.to_json() if result.plan else None,
                 "verdicts": [vars(v) for v in result.verdicts],
@@ -89,6 +106,7 @@ def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
         from fleet.render import render_plan
 
         render_plan(result, host.name, pb.name)
+        say(f"deployment {name} on {host.name}: {placed.how}")
     if result.errors:
         raise click.exceptions.Exit(4)
 
@@ -107,6 +125,9 @@ def plan(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
 @click.option("--no-engine-check", is_flag=True, help="Skip the engine's own argument check before stopping anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON; progress as JSON lines on stderr.")
 @click.option("--show-log", is_flag=True, help="Print every engine log line as it arrives.")
+@click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
+@click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
+@click.option("--replace", is_flag=True, help="Stop other deployments on those GPUs first.")
 @click.pass_obj
 def deploy(
     ctx: Invocation,
@@ -116,6 +137,9 @@ def deploy(
     no_engine_check: bool,
     as_json: bool,
     show_log: bool,
+    deployment: str | None,
+    gpus: str | None,
+    replace: bool,
 ) -> None:
     """Deploy a playbook to a host: plan, pre-flight, stop stale servers, free GPUs, launch, watch, prove.
 
@@ -124,12 +148,19 @@ def deploy(
     A server already running exactly this plan is checked (health, models, the smoke prompt) and left
     running; `fleet restart` restarts it (e.g. after a secret changed).
 
+    A deployment runs on its own GPUs (gpus: in the playbook, or --gpus) with its own state and lock;
+    other deployments on the host are left running. Placing one on GPUs another holds is refused unless
+    --replace.
+
     \b
-    Example:
+    Examples:
       fleet deploy qwen35-nvfp4 --host blackwell
+      fleet deploy qwen36-27b --host blackwell --gpus 6,7 --name small
     """
     from fleet.control import ops
 
+    host_name, deployment = split_deployment(host_name, deployment)
+    placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
     host = ctx.host(host_name, pb)
     with transport_for(ctx, host) as t:
@@ -141,6 +172,9 @@ def deploy(
             engine_check=not no_engine_check,
             progress=progress_for(host.name, as_json=as_json, show_log=show_log),
             signatures=ctx.signatures,
+            name=deployment,
+            gpus=placement,
+            replace=replace,
         )
     if as_json:
         emit_json(result_json(result))
@@ -153,27 +187,34 @@ def deploy(
 @cli.command()
 @multi_host_options
 @click.pass_obj
-def restart(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool) -> None:
-    """Redeploy the plan recorded on the host(s), with learned fixes, through the same loop.
+def restart(ctx: Invocation, host_name: str | None, deployment: str | None, all_hosts: bool, force: bool) -> None:
+    """Redeploy the plan recorded for a deployment (every one on the host without --name), on the GPUs it
+    was placed on, with learned fixes, through the same loop.
 
     \b
-    Example:
+    Examples:
       fleet restart --host blackwell
+      fleet restart --host blackwell/qwen36-27b
     """
     from fleet.control import ops
+    from fleet.control.gather import read_facts
 
-    results = each_host(
-        ctx,
-        host_name,
-        all_hosts,
-        lambda t, h: ops.restart(t, h, force=force, progress=progress_for(h.name), signatures=ctx.signatures),
-    )
+    host_name, deployment = split_deployment(host_name, deployment)
+
+    def each(t: Any, h: Host) -> list[Any]:
+        names: list[str | None] = [deployment] if deployment else [*ops.recorded_names(read_facts(t, h))] or [None]
+        return [
+            ops.restart(t, h, force=force, progress=progress_for(h.name), signatures=ctx.signatures, name=n)
+            for n in names
+        ]
+
     failures = []
-    for name, r, err in results:
+    for name, results, err in each_host(ctx, host_name, all_hosts, each):
         if err:
             say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
-        else:
+            continue
+        for r in results:
             print_result(r)
             if not r.ok:
                 failures.append(DeployFailed.exit_code)
@@ -183,17 +224,22 @@ def restart(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool
 @cli.command()
 @multi_host_options
 @click.pass_obj
-def stop(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool) -> None:
-    """Stop fleet's server (and any stale inference server) on the host(s), free the GPUs; state becomes "stopped".
+def stop(ctx: Invocation, host_name: str | None, deployment: str | None, all_hosts: bool, force: bool) -> None:
+    """Stop a deployment's server (every deployment's, and any stale inference server, without --name),
+    free its GPUs; its state becomes "stopped". Other deployments are left running.
 
     \b
-    Example:
+    Examples:
       fleet stop --host ct129
+      fleet stop --host blackwell --name qwen36-27b
     """
     from fleet.control import ops
 
+    host_name, deployment = split_deployment(host_name, deployment)
     failures = []
-    for name, out, err in each_host(ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force)):
+    for name, out, err in each_host(
+        ctx, host_name, all_hosts, lambda t, h: ops.stop(t, h, force=force, name=deployment)
+    ):
         if err:
             say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
@@ -211,10 +257,10 @@ def stop(ctx: Invocation, host_name: str | None, all_hosts: bool, force: bool) -
 
 @cli.command()
 @click.option("--host", "-H", "host_name", help="Inventory host or group (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per deployment per line.")
 @click.pass_obj
 def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
-    """One line per host: playbook, engine and version, pid, port, uptime, status, last outcome.
+    """One line per deployment: host/name, GPUs, playbook, engine and version, pid, port, uptime, status.
 
     \b
     Example:
@@ -223,19 +269,23 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
     from fleet.control import ops
     from fleet.control.gather import read_facts
 
-    rows, failures = [], []
-    for name, row, err in each_host(ctx, host_name, True, lambda t, h: ops.status_row(h, read_facts(t, h))):
-        rows.append(row if row else {"host": name, "status": "unreachable", "error": str(err)})
+    rows: list[dict[str, Any]] = []
+    failures: list[int] = []
+    for name, found, err in each_host(ctx, host_name, True, lambda t, h: ops.status_rows(h, read_facts(t, h))):
+        rows += found if found else [{"host": name, "status": "unreachable", "error": str(err)}]
         failures += [err.exit_code] if err else []
+    width = max((len(f"{r['host']}/{r.get('deployment') or ''}") for r in rows), default=12)
     for r in rows:
         if as_json:
             emit_json(r)
         elif r.get("error"):
-            say(f"{r['host']:<12} unreachable  {r['error']}")
+            say(f"{r['host']:<{width}} unreachable  {r['error']}")
         else:
             up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
+            where = f"{r['host']}/{r['deployment']}" if r.get("deployment") else r["host"]
+            gpus = ",".join(map(str, r["gpus"])) if isinstance(r.get("gpus"), list) else (r.get("gpus") or "-")
             say(  # the playbook, engine and fixes come from the host's record
-                f"{r['host']:<12} {r['status']:<10} {r.get('playbook') or '-':<18} "
+                f"{where:<{width}} {r['status']:<10} gpus {gpus:<8} {r.get('playbook') or '-':<18} "
                 f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
                 f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
                 f"attempts {r.get('attempts') or '-'}"

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.base import Invocation, cache_file, cli, emit_json, replaceable_file, say, transport_for, writable_file
+from fleet.cli.base import (
+    Invocation,
+    cache_file,
+    cli,
+    emit_json,
+    replaceable_file,
+    say,
+    split_deployment,
+    transport_for,
+    writable_file,
+)
 from fleet.errors import ConfigError
 from fleet.paths import pool_socket
 from fleet.terminal import safe_line, safe_text
@@ -21,7 +31,8 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host (or HOST/DEPLOYMENT).")
+@click.option("--name", "deployment", help="The deployment whose log to show (default: the newest log there).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
 @click.option(
     "-n",
@@ -33,17 +44,19 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 )
 @click.option("--raw", is_flag=True, help="Keep terminal control sequences from the log (secrets are still redacted).")
 @click.pass_obj
-def logs(ctx: Invocation, host_name: str, follow: bool, lines: int, raw: bool) -> None:
-    """Print (or follow) the current server log of a host over SSH.
+def logs(ctx: Invocation, host_name: str, deployment: str | None, follow: bool, lines: int, raw: bool) -> None:
+    """Print (or follow) a deployment's server log over SSH (the newest on the host without --name).
 
     \b
-    Example:
+    Examples:
       fleet logs --host blackwell -n 50 -f
+      fleet logs --host blackwell/qwen36-27b
     """
     from fleet.control import ops
     from fleet.secrets import LineFilter, redact
 
-    host = ctx.host(host_name)
+    named_host, deployment = split_deployment(host_name, deployment)
+    host = ctx.host(named_host)
     secrets = ctx.secrets
     lines_out = LineFilter(lambda text: redact(text if raw else safe_text(text), secrets))
 
@@ -54,7 +67,7 @@ def logs(ctx: Invocation, host_name: str, follow: bool, lines: int, raw: bool) -
 
     with transport_for(ctx, host) as t:
         try:
-            code = ops.logs(t, host, lines=lines, follow=follow, sink=sink)
+            code = ops.logs(t, host, lines=lines, follow=follow, sink=sink, name=deployment)
         finally:
             sys.stdout.write(lines_out.close())
             sys.stdout.flush()
@@ -89,10 +102,18 @@ def _log_end(stream: Any) -> str:
 @cli.command()
 @click.argument("source", required=False)
 @click.option("--host", "-H", "host_name", help="Diagnose the host's current server log instead of a file.")
+@click.option("--name", "deployment", help="With --host: that deployment's log (default: the newest there).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), help="Engine the log comes from (narrows signatures).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
-def diagnose(ctx: Invocation, source: str | None, host_name: str | None, engine: str | None, as_json: bool) -> None:
+def diagnose(
+    ctx: Invocation,
+    source: str | None,
+    host_name: str | None,
+    deployment: str | None,
+    engine: str | None,
+    as_json: bool,
+) -> None:
     """Classify an engine log (a file, - for stdin, or a host's current log) with the crash knowledge base.
 
     \b
@@ -107,6 +128,7 @@ def diagnose(ctx: Invocation, source: str | None, host_name: str | None, engine:
     if host_name:
         from fleet.control import ops
 
+        host_name, deployment = split_deployment(host_name, deployment)
         host = ctx.host(host_name)
         chunks: list[bytes] = []
 
@@ -115,7 +137,7 @@ def diagnose(ctx: Invocation, source: str | None, host_name: str | None, engine:
             return True
 
         with transport_for(ctx, host) as t:
-            ops.logs(t, host, lines=DIAGNOSE_LINES, follow=False, sink=keep)
+            ops.logs(t, host, lines=DIAGNOSE_LINES, follow=False, sink=keep, name=deployment)
         text = b"".join(chunks).decode("utf-8", "replace")
     elif source in (None, "-"):
         text = _log_end(sys.stdin.buffer)
@@ -282,8 +304,13 @@ def _health_run(
                     host,
                     result,
                     options,
-                    lambda: ops.restart(
-                        t, host, force=False, progress=events.logged(host.name), signatures=options.signatures
+                    lambda name: ops.restart(
+                        t,
+                        host,
+                        force=False,
+                        progress=events.logged(host.name),
+                        signatures=options.signatures,
+                        name=name,
                     ),
                 )
             return result
@@ -303,7 +330,7 @@ def _health_run(
             host=r.host,
             status=r.status,
             heal=r.heal,
-            problems=[f"{c.name}: {c.detail}" for c in r.problems()],
+            problems=[f"{c.label}: {c.detail}" for c in r.problems()],
         )
     if textfile:
         textfile.parent.mkdir(parents=True, exist_ok=True)
@@ -317,7 +344,7 @@ def _health_run(
     elif not (quiet and overall == "ok"):
         for r in results:
             problems = [c for c in r.problems() if c.name != "heal"]  # the heal has a line of its own
-            summary = "; ".join(f"{c.name}: {c.detail}" for c in problems[:3]) or "all checks ok"
+            summary = "; ".join(f"{c.label}: {c.detail}" for c in problems[:3]) or "all checks ok"
             say(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")  # evidence from logs
             if r.heal:
                 say(f"{'':<12} heal: {r.heal}")

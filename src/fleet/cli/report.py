@@ -60,6 +60,8 @@ class Reporter:
         h = self.host
         if isinstance(event, events.Planned):
             self.say(f"{h}: {event.model}")
+            if event.placement:
+                self.say(f"{h}: deployment {event.deployment} on {event.placement}")
             if event.learned:
                 self.say(f"{h}: the plan includes learned fixes: {', '.join(event.learned)}")
         elif isinstance(event, events.AttemptStarted):

@@ -24,6 +24,21 @@ def locked(host_name: str, lock: LockResult, since: str = "") -> LockedError:
     )
 
 
+def overlap_refused(host_name: str, deployment: str, lock: LockResult) -> PreflightError:
+    """Found by the act step under the host's guard: another deployment took these GPUs meanwhile."""
+    who = "; ".join(
+        f"deployment {o.get('deployment')} on GPUs {','.join(map(str, o.get('gpus') or [])) or 'all'}"
+        + (f" and port {o['port']}" if o.get("port") else "")
+        + (f" (pid {o['pid']})" if o.get("pid") else " (deploying now)")
+        for o in lock.get("overlap") or []
+    )
+    return PreflightError(
+        f"{host_name}: deployment {deployment} would share GPUs or a port with {who}. Nothing on the host was changed.",
+        "Run it again once the other is up (fleet then picks another port), place it on other GPUs (gpus:, "
+        "--gpus), or pass --replace to stop the other first.",
+    )
+
+
 def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, Any]) -> PreflightError:
     """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
     return PreflightError(

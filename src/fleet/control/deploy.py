@@ -30,6 +30,7 @@ from fleet.control.answers import (
     LOCK_GRACE_S,
     act_answer,
     locked,
+    overlap_refused,
     rollback_said,
     synthetic_line,
     unwritable_host_dir,
@@ -48,10 +49,10 @@ from fleet.errors import (
 )
 from fleet.facts import HostFacts
 from fleet.hostscripts import run_json, script_for
-from fleet.inventory import Host, NamedPlaybook
+from fleet.inventory import Host
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
-from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES, PlanResult, build_plan
+from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -132,10 +133,18 @@ class Deployer:
         progress_timeout_s: float = 300.0,
         drain_s: float = 15.0,
         signatures: Sequence[Signature] | None = None,
+        deployment: str | None = None,
+        gpus: tuple[int, ...] | None = None,
+        replace: tuple[str, ...] = (),
     ) -> None:
+        """`deployment`: its name on the host (the playbook's by default); `gpus`: its placement (None:
+        all of the host's GPUs); `replace`: other deployments on those GPUs to stop first."""
         self.t = transport
         self.host = host
         self.playbook_name = playbook_name
+        self.deployment = deployment or playbook_name
+        self.gpus = gpus
+        self.replace = replace
         self.smoke = smoke
         self.kill_policy = kill_policy
         self.secrets = secrets
@@ -155,6 +164,7 @@ class Deployer:
         """The deployment record (state.json) for this plan: the one place its shape is written."""
         rec: StateRecord = {
             "schema": STATE_SCHEMA,
+            "deployment": self.deployment,
             "playbook": self.playbook_name,
             "host": self.host.name,
             "engine": plan.engine,
@@ -168,11 +178,18 @@ class Deployer:
             "attempt": attempt,
             "updated": time.time(),
         }
+        if self.gpus is not None:
+            rec["gpus"] = list(self.gpus)
         return rec
 
-    def _lock_args(self, command: str) -> dict[str, Any]:
+    def _lock_args(self, command: str, *, places: bool = False) -> dict[str, Any]:
+        """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
         return {
             "state_dir": self.host.settings.state_dir,
+            "deployment": self.deployment,
+            "places": places,
+            "gpus": list(self.gpus) if self.gpus is not None else None,
+            "replace": list(self.replace),
             "run_id": self.run_id,
             "owner": self.owner,
             "grace_s": LOCK_GRACE_S,
@@ -185,6 +202,7 @@ class Deployer:
             "bind_address": self.host.settings.bind_address,
             "gpu_devices": self.host.settings.gpu_devices,
             "kill_policy": self.kill_policy,
+            "gpus": list(self.gpus) if self.gpus is not None else None,
             "recorded_pgid": recorded_pgid,
             "drain_s": self.drain_s,
             "memory_wait_s": 30.0,
@@ -204,7 +222,7 @@ class Deployer:
         command: str = "deploy",
     ) -> ActResult:
         args: dict[str, Any] = {
-            "lock": self._lock_args(command),
+            "lock": {**self._lock_args(command, places=launch), "port": plan.port},
             "free": self._free_args(plan.port, recorded_pgid),
             "state_update": state,
             "release_lock": release_lock,
@@ -218,7 +236,7 @@ class Deployer:
             args["check"] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args(), "env": env}
         if launch:
             args["launch"] = {
-                "name": self.playbook_name,
+                "name": self.deployment,
                 "attempt": attempt,
                 "argv": plan.argv(),
                 "env": env,
@@ -281,6 +299,7 @@ class Deployer:
                 "progress_timeout_s": self.progress_timeout_s,
                 "health_timeout_s": 120.0,
                 "state_dir": self.host.settings.state_dir,
+                "deployment": self.deployment,
                 "run_id": self.run_id,
                 "owner": self.owner,
             }
@@ -432,6 +451,8 @@ class Deployer:
         if lock["status"] == "held":
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0))
             raise locked(self.host.name, lock, since)
+        if lock["status"] == "overlap":
+            raise overlap_refused(self.host.name, self.deployment, lock)
         if previous := lock.get("taken_over"):
             self.progress(events.LockTakenOver(dict(previous)))
         if unwritable := out.get("log_dir_unwritable"):
@@ -521,18 +542,6 @@ class Deployer:
             )
 
 
-def plan_or_refuse(
-    host: Host, playbook: NamedPlaybook, facts: HostFacts, path: str, signatures: Sequence[Signature] | None = None
-) -> PlanResult:
-    result = build_plan(host, playbook, facts, path, signatures)
-    if result.errors or result.plan is None:
-        raise PreflightError(
-            "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
-            "Nothing on the host was changed.",
-        )
-    return result
-
-
-def recorded(facts: HostFacts) -> dict[str, Any]:
-    st = facts.remote.state
-    return st if isinstance(st, dict) else {}
+def recorded(facts: HostFacts, deployment: str) -> dict[str, Any]:
+    """The host's record of `deployment` (empty when there is none)."""
+    return dict(facts.remote.deployment(deployment).state)

@@ -5,21 +5,25 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from dataclasses import replace as replace_field
 from typing import Any
 
 from fleet import events
 from fleet.control.answers import act_answer, locked, unwritable_state_dir
-from fleet.control.deploy import Deployer, DeployResult, plan_or_refuse, recorded
+from fleet.control.deploy import Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import ConfigError, FleetError, PreflightError
 from fleet.facts import HostFacts
 from fleet.health import HostHealth
+from fleet.host_common import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
 from fleet.model import parse_model_spec
-from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
-from fleet.plan.build import gpu_summary, learned_fixes
+from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, parse_version, show_version
+from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes
+from fleet.plan.placement import Placement, place, port_for
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
@@ -28,6 +32,19 @@ from fleet.transport import Transport
 def _smoke(playbook: NamedPlaybook) -> dict[str, Any]:
     s = playbook.spec.smoke
     return {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
+
+
+def deployment_name(name: str | None, playbook: NamedPlaybook) -> str:
+    """A deployment's name: `--name`, else its playbook's. It names a directory on the host."""
+    chosen = name if name is not None else playbook.name
+    if not DEPLOYMENT_NAME_RE.match(chosen):
+        said = "--name" if name is not None else f"the playbook's name (from {playbook.path})"
+        raise ConfigError(
+            f"{said}: {chosen!r} is not a deployment name (letters, digits and ._-, at most 63, starting "
+            "with a letter or digit).",
+            "Give one with --name NAME.",
+        )
+    return chosen
 
 
 def deploy(
@@ -39,18 +56,34 @@ def deploy(
     engine_check: bool,
     progress: events.Sink,
     signatures: Sequence[Signature] | None = None,
+    name: str | None = None,
+    gpus: int | tuple[int, ...] | None = None,
+    replace: bool = False,
 ) -> DeployResult:
+    """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them."""
+    deployment = deployment_name(name, playbook)
     path = model_path(host, playbook.spec.model)
     facts = read_facts(t, host, model=path, engine=playbook.spec.engine)
-    result = plan_or_refuse(host, playbook, facts, path, signatures)
+    placed = place_and_plan(host, playbook, facts, deployment, gpus, replace=replace, signatures=signatures)
+    placement, indices, result = placed.placement, placed.indices, placed.result
+    if result.errors or result.plan is None:
+        raise PreflightError(
+            "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
+            "Nothing on the host was changed.",
+        )
     assert result.plan and result.model and result.gpus
-    progress(events.Planned(result.model.describe(), result.plan.argv(), list(result.plan.applied_fixes)))
+    progress(
+        events.Planned(
+            result.model.describe(), result.plan.argv(), list(result.plan.applied_fixes), deployment, placed.how
+        )
+    )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
-    if _runs_this_plan(facts, result.plan, playbook.name):
-        adopted = _adopt(t, host, playbook.name, result.plan, recorded(facts).get("pid"), progress, secrets)
+    mine = recorded(facts, deployment)
+    if _runs_this_plan(mine, facts, result.plan, playbook.name) and not placement.replaces:
+        adopted = _adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
         if adopted is not None:
             return adopted
-    if engine_check and _ran_before(facts, result.plan):
+    if engine_check and _ran_before(mine, result.plan):
         engine_check = False
         progress(events.EngineCheckSkipped(show_version(result.plan.engine_version)))
     deployer = Deployer(
@@ -65,6 +98,9 @@ def deploy(
         max_attempts=playbook.spec.max_attempts,
         ready_timeout_s=playbook.spec.ready_timeout_s,
         signatures=signatures,
+        deployment=deployment,
+        gpus=indices,
+        replace=tuple(o.name for o in placement.replaces),
     )
     existing = _learned_as_json(facts, result.learned_key, signatures)
     return deployer.run(
@@ -74,8 +110,55 @@ def deploy(
         result.wishes,
         learned_key=result.learned_key,
         learned_existing=existing,
-        recorded_pgid=_recorded_pgid(facts),
+        recorded_pgid=_recorded_pgid(mine),
     )
+
+
+@dataclass(frozen=True)
+class Placed:
+    placement: Placement
+    indices: tuple[int, ...] | None  # what the launch names (CUDA_VISIBLE_DEVICES); None: all, unnamed
+    result: PlanResult
+    how: str
+
+
+def place_and_plan(
+    host: Host,
+    playbook: NamedPlaybook,
+    facts: HostFacts,
+    deployment: str,
+    gpus: int | tuple[int, ...] | None,
+    *,
+    replace: bool,
+    signatures: Sequence[Signature] | None = None,
+    show_refusal: bool = False,
+) -> Placed:
+    """The deployment's GPUs and port on this host, then its plan (`fleet plan` shows, `deploy` runs it).
+    `gpus` (--gpus) overrides the playbook's gpus:. A placement that cannot be made is a PreflightError;
+    `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
+    instead, shown with the rest of what pre-flight says."""
+    asked = gpus if gpus is not None else _asked(playbook)
+    where = f"{'--gpus' if gpus is not None else playbook.where('gpus')} ({host.name})"
+    refused = None
+    try:
+        placement = place(deployment, asked, facts, replace=replace, where=where)
+    except PreflightError as exc:
+        if not show_refusal:
+            raise
+        placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
+        refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
+    indices = placement.gpus if asked is not None else None
+    port, moved = port_for(deployment, playbook.spec.port, facts)
+    path = model_path(host, playbook.spec.model)
+    result = build_plan(host, playbook, facts, path, signatures, indices, port)
+    if refused is not None:
+        result = replace_field(result, verdicts=(refused, *result.verdicts))
+    return Placed(placement, indices, result, f"{placement.how}; {moved}" if moved else placement.how)
+
+
+def _asked(playbook: NamedPlaybook) -> int | tuple[int, ...] | None:
+    value = playbook.spec.gpus
+    return tuple(value) if isinstance(value, list) else value
 
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU
@@ -85,10 +168,9 @@ SERVER_CHECKS = frozenset({"server", "drift", "port", "http_health", "models", "
 ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
 
 
-def _runs_this_plan(facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
-    """The host's recorded server was started from exactly this plan (argv, environment, secret names),
-    was last seen ready, and its process is still there."""
-    st = recorded(facts)
+def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
+    """The deployment's recorded server (`st`) was started from exactly this plan (argv, environment,
+    secret names), was last seen ready, and its process is still there."""
     old, new = st.get("plan") or {}, plan.to_json()
 
     def env(p: dict[str, Any]) -> list[tuple[Any, Any]]:
@@ -104,10 +186,9 @@ def _runs_this_plan(facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> b
     )
 
 
-def _ran_before(facts: HostFacts, plan: LaunchPlan) -> bool:
+def _ran_before(st: dict[str, Any], plan: LaunchPlan) -> bool:
     """This exact command line already ran to readiness on this host with this engine version: the
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
-    st = recorded(facts)
     return (
         st.get("status") in ("ready", "stopped")
         and (st.get("plan") or {}).get("argv") == plan.argv()
@@ -115,24 +196,26 @@ def _ran_before(facts: HostFacts, plan: LaunchPlan) -> bool:
     )
 
 
-def adoption_problems(health: HostHealth) -> list[str]:
-    """Why a running server may not be kept as it is; empty when it proved itself. A check that did not
-    run proves nothing: a probe that failed on the host returns no server checks at all, and must not
-    read as a server that passed them."""
+def adoption_problems(health: HostHealth, deployment: str) -> list[str]:
+    """Why a deployment's running server may not be kept as it is; empty when it proved itself. A check
+    that did not run proves nothing: a probe that failed on the host returns no server checks at all,
+    and must not read as a server that passed them."""
     from fleet.health import OK
 
-    failing = [c for c in health.checks if c.name in SERVER_CHECKS and c.status != OK]
-    passed = {c.name for c in health.checks if c.status == OK}
+    mine = [c for c in health.checks if c.deployment == deployment]
+    failing = [c for c in mine if c.name in SERVER_CHECKS and c.status != OK]
+    passed = {c.name for c in mine if c.status == OK}
     problems = [f"{c.name}: {c.detail}" for c in failing]
     problems += [f"{name}: not checked" for name in sorted(ADOPTION_PROOF - passed - {c.name for c in failing})]
     if problems:
-        problems += [f"{c.name}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
+        problems += [f"{c.label}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
     return problems
 
 
 def _adopt(
     t: Transport,
     host: Host,
+    deployment: str,
     playbook_name: str,
     plan: LaunchPlan,
     pid: int | None,
@@ -145,11 +228,12 @@ def _adopt(
 
     started = time.monotonic()
     health = check_host(t, host, HealthOptions(secrets=secrets))
-    problems = adoption_problems(health)
+    problems = adoption_problems(health, deployment)
     if problems:
         progress(events.NotAdopted(list(problems)))
         return None
-    progress(events.Adopted(pid, [f"{c.name}: {c.detail}" for c in health.checks if c.name in SERVER_CHECKS]))
+    shown = [f"{c.name}: {c.detail}" for c in health.checks if c.deployment == deployment and c.name in SERVER_CHECKS]
+    progress(events.Adopted(pid, shown))
     return DeployResult(
         host=host.name,
         playbook=playbook_name,
@@ -177,8 +261,8 @@ def _kill_policy(host: Host, force: bool) -> str:
     return "force" if force else host.settings.kill_policy
 
 
-def _recorded_pgid(facts: HostFacts) -> int | None:
-    pgid = recorded(facts).get("pgid")
+def _recorded_pgid(st: dict[str, Any]) -> int | None:
+    pgid = st.get("pgid")
     return int(pgid) if isinstance(pgid, int) else None
 
 
@@ -204,15 +288,46 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
     )
 
 
+def chosen_deployment(facts: HostFacts, name: str | None, *, verb: str) -> str:
+    """The deployment a one-deployment command acts on: `name`, or the host's only one."""
+    names = sorted(n for n, d in facts.remote.deployments.items() if d.state.get("plan"))
+    if name is not None:
+        return name
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise ConfigError(
+            f"{facts.host}: nothing recorded to {verb} (no fleet deployment on this host).",
+            "Run `fleet deploy PLAYBOOK --host HOST` first.",
+        )
+    raise ConfigError(
+        f"{facts.host}: {len(names)} deployments ({', '.join(names)}); say which to {verb}.",
+        f"Pass --name NAME (or HOST/NAME): fleet {verb} {facts.host}/{names[0]}.",
+    )
+
+
+def recorded_names(facts: HostFacts) -> list[str]:
+    """Every deployment the host has a record of (a plan, a lock, an error), by name."""
+    return sorted(facts.remote.deployments)
+
+
 def restart(
-    t: Transport, host: Host, *, force: bool, progress: events.Sink, signatures: Sequence[Signature] | None = None
+    t: Transport,
+    host: Host,
+    *,
+    force: bool,
+    progress: events.Sink,
+    signatures: Sequence[Signature] | None = None,
+    name: str | None = None,
 ) -> DeployResult:
+    """Redeploy a deployment's recorded plan on the GPUs it was placed on (`name`: the host's only one)."""
     state_facts = read_facts(t, host)
-    state = recorded(state_facts)
+    deployment = chosen_deployment(state_facts, name, verb="restart")
+    state = recorded(state_facts, deployment)
     if not state.get("plan"):
         raise ConfigError(
-            f"{host.name}: nothing recorded to restart (no fleet deployment on this host).",
-            "Run `fleet deploy PLAYBOOK --host HOST` first.",
+            f"{host.name}: nothing recorded to restart for deployment {deployment}.",
+            "Run `fleet deploy PLAYBOOK --host HOST` first (fleet status lists the deployments).",
         )
     try:
         plan = plan_from_state(state)
@@ -222,12 +337,16 @@ def restart(
             f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",
             f"Deploy again: fleet deploy PLAYBOOK --host {host.name}.",
         ) from exc
+    placed = state_facts.remote.deployment(deployment).gpus
     facts = read_facts(t, host, model=plan.model_path, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
         raise ConfigError(f"{host.name}: the recorded model {plan.model_path} or the GPUs are gone.", "Redeploy.")
     model = parse_model_spec(plan.model_path, facts.model.config, facts.model.quant_config, facts.model.weights_bytes)
-    gpus = gpu_summary(facts)
-    assert gpus is not None
+    gpus = gpu_summary(facts, placed)
+    if gpus is None:
+        raise ConfigError(
+            f"{host.name}: the GPUs {placed} deployment {deployment} was placed on are gone.", "Redeploy."
+        )
     secrets = read_secrets(plan.secret_env, str(state.get("playbook")))
     deployer = Deployer(
         t,
@@ -238,19 +357,42 @@ def restart(
         secrets=secrets,
         progress=progress,
         signatures=signatures,
+        deployment=deployment,
+        gpus=placed,
     )
     key = str(state.get("learned_key", ""))
     existing = _learned_as_json(facts, key, signatures)
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
+    mine = recorded(facts, deployment)
     return deployer.run(
-        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(facts)
+        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(mine)
     )
 
 
-def stop(t: Transport, host: Host, *, force: bool) -> ActResult:
+def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> ActResult:
+    """Stop one deployment (`name`), or every deployment on the host and any stale engine (None)."""
     facts = read_facts(t, host)
-    state = recorded(facts)
-    port = state.get("port")
+    if name is not None and name not in facts.remote.deployments:
+        known = ", ".join(recorded_names(facts)) or "none"
+        raise ConfigError(
+            f"{host.name}: no deployment named {name} (deployments there: {known}); nothing was stopped.",
+            f"`fleet status --host {host.name}` lists them; `fleet stop --host {host.name}` stops every one.",
+        )
+    names = [name] if name is not None else recorded_names(facts)
+    merged: ActResult = {"stopped": [], "left": [], "refused": []}
+    for deployment in names or ["default"]:  # no record at all: stale engines are still stopped
+        out = _stop_one(t, host, facts, deployment, force=force, everything=name is None)
+        merged["stopped"] += out.get("stopped", [])
+        merged["left"] += [p for p in out.get("left", []) if p not in merged["left"]]
+        merged["refused"] += [p for p in out.get("refused", []) if p not in merged["refused"]]
+    return merged
+
+
+def _stop_one(
+    t: Transport, host: Host, facts: HostFacts, deployment: str, *, force: bool, everything: bool
+) -> ActResult:
+    state = recorded(facts, deployment)
+    placed = facts.remote.deployment(deployment).gpus
     deployer = Deployer(
         t,
         host,
@@ -258,10 +400,12 @@ def stop(t: Transport, host: Host, *, force: bool) -> ActResult:
         smoke={},
         kill_policy=_kill_policy(host, force),
         secrets={},
+        deployment=deployment,
+        gpus=None if everything else placed,
     )
     args = {
         "lock": deployer._lock_args("stop"),
-        "free": deployer._free_args(port, _recorded_pgid(facts)),
+        "free": deployer._free_args(state.get("port"), _recorded_pgid(state)),
         "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
         "release_lock": True,
     }
@@ -275,17 +419,27 @@ def stop(t: Transport, host: Host, *, force: bool) -> ActResult:
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
 
 
-def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
-    st = recorded(facts)
+def status_rows(host: Host, facts: HostFacts) -> list[dict[str, Any]]:
+    """One row per deployment on the host (one saying "none" when it has none)."""
+    names = recorded_names(facts)
+    return [status_row(host, facts, n) for n in names] if names else [status_row(host, facts, None)]
+
+
+def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str, Any]:
+    record = facts.remote.deployment(deployment) if deployment else None
+    st = dict(record.state) if record else {}
     pid = st.get("pid")
     alive = any(p.pid == pid for p in facts.servers) if isinstance(pid, int) else False
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
-    status = st.get("status", "unreadable" if facts.remote.state_error else "none")
+    status = st.get("status", "unreadable" if record and record.state_error else "none")
     if (status == "ready" or (status in ("starting", "unverified") and isinstance(pid, int))) and not alive:
         status = "dead"  # also "starting" with its engine gone: it crashed, or the run launching it died
+    gpus = record.gpus if record else None
     return {
         "host": host.name,
+        "deployment": deployment,
+        "gpus": list(gpus) if gpus is not None else ("all" if st else None),
         "playbook": st.get("playbook"),
         "engine": st.get("engine"),
         "engine_version": st.get("engine_version"),
@@ -296,8 +450,12 @@ def status_row(host: Host, facts: HostFacts) -> dict[str, Any]:
         "attempts": st.get("attempts") or st.get("attempt"),
         "last_outcome": st.get("reason") or status,
         "applied_fixes": st.get("applied_fixes", []),
-        "other_servers": len([p for p in facts.servers if p.pgid != st.get("pgid")]),
+        "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
     }
+
+
+def _recorded_groups(facts: HostFacts) -> set[int]:
+    return {d.state["pgid"] for d in facts.remote.deployments.values() if isinstance(d.state.get("pgid"), int)}
 
 
 NO_SERVER_LOG = 3  # the logs script's exit code when the host has no server log yet
@@ -310,12 +468,17 @@ def logs_script(log_dir: str, name: str | None, lines: int, follow: bool) -> str
     return f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || exit {NO_SERVER_LOG}\nexec tail -n {int(lines)} {follow_flag} "$f"\n'
 
 
-def logs(t: Transport, host: Host, *, lines: int, follow: bool, sink: Callable[[bytes], bool]) -> int:
-    """Print (or follow) the newest server log on the host: one round trip, streamed as written."""
-    code = t.stream(logs_script(host.settings.log_dir, None, lines, follow), sink, timeout_s=10**7 if follow else 60)
+def logs(
+    t: Transport, host: Host, *, lines: int, follow: bool, sink: Callable[[bytes], bool], name: str | None = None
+) -> int:
+    """Print (or follow) a deployment's server log (`name`), or the newest one on the host: one round trip,
+    streamed as written."""
+    script = logs_script(host.settings.log_dir, name, lines, follow)
+    code = t.stream(script, sink, timeout_s=10**7 if follow else 60)
     if code == NO_SERVER_LOG:
+        whose = f" for deployment {name}" if name else ""
         raise FleetError(
-            f"{host.name}: no server log in {host.settings.log_dir} yet.",
+            f"{host.name}: no server log{whose} in {host.settings.log_dir} yet.",
             f"fleet writes one when it deploys: fleet deploy PLAYBOOK --host {host.name}",
         )
     return code

@@ -1,6 +1,6 @@
-"""Runs ON the host (sent as `python -c`): lock, engine pre-flight check, stop stale servers, free the
-GPUs (remote_free.py, sent before this file), launch detached, record state -- one round trip. Prints one
-JSON document.
+"""Runs ON the host (sent as `python -c`): lock (remote_lock.py), engine pre-flight check, stop stale
+servers, free the deployment's GPUs (remote_free.py; both sent before this file), launch detached,
+record state -- one round trip. Prints one JSON document.
 
 Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
 Safety rules it enforces itself, whatever the caller says:
@@ -12,7 +12,6 @@ Safety rules it enforces itself, whatever the caller says:
 Secrets arrive on stdin as JSON and reach the engine through its launcher's stdin: never a file or argv.
 """
 
-import fcntl
 import json
 import os
 import re
@@ -29,6 +28,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_free import (
+        all_gpu_indices,
         classify,
         expand,
         is_engine,
@@ -37,9 +37,15 @@ except NameError:  # imported as a module (fleet's own tests)
         stop_targets,
         wait_memory_released,
     )
-    from fleet.host_common import LAUNCH_MARK, mark_unverified, read_record, release_lock, write_record
-    from fleet.host_procs import alive, boot_id, process_table, start_ticks
-    from fleet.protocol import ActResult, CheckResult, Launched, LockResult
+    from fleet.control.remote_lock import (
+        record_replaced,
+        sibling_groups,
+        take_lock,
+        wait_for_steps_of_this_run,
+    )
+    from fleet.host_common import LAUNCH_MARK, deployment_dir, mark_unverified, read_record, release_lock, write_record
+    from fleet.host_procs import boot_id, process_table, start_ticks
+    from fleet.protocol import ActResult, CheckResult, Launched
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
 # never in a file or a command line), waits, and records the exit status atomically. It is a Python of
@@ -58,49 +64,6 @@ with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)
 """
-
-
-# --- lock ----------------------------------------------------------------------------------------------
-
-
-def take_lock(a: Dict[str, Any]) -> LockResult:
-    state_dir = expand(a["state_dir"])
-    try:
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        guard = open(os.path.join(state_dir, "lock.guard"), "a")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:  # the first write of a run: nothing has been changed yet
-        return {"status": "unwritable", "path": state_dir, "error": exc.strerror or str(exc)}
-    path = os.path.join(state_dir, "lock.json")
-    with guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        cur = read_record(path)
-        age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
-        # Held while a host process of that run is alive (act, watch), or within a short grace between its
-        # round trips; a run whose fleet was killed leaves a stale lock that the next run takes over.
-        holder = cur.get("holder_pid") if cur else None
-        if (
-            cur is not None
-            and cur.get("run_id") != a["run_id"]
-            and age is not None
-            and (age < a["grace_s"] or (isinstance(holder, int) and alive(holder)))
-        ):
-            return {
-                "status": "held",
-                "owner": cur.get("owner"),
-                "since": cur.get("since"),
-                "age_s": age,
-                "command": cur.get("command"),
-                "holder_pid": holder if isinstance(holder, int) and alive(holder) else None,
-            }
-        taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
-        if cur is None or cur.get("run_id") != a["run_id"]:
-            cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
-        cur["holder_pid"] = os.getpid()
-        try:
-            write_record(path, cur)
-        except OSError as exc:  # a full disk: nothing has been changed yet
-            return {"status": "unwritable", "path": state_dir, "error": exc.strerror or str(exc)}
-        return {"status": "taken", "taken_over": taken_over}
 
 
 # --- engine pre-flight check ---------------------------------------------------------------------------
@@ -335,21 +298,6 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     }
 
 
-def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
-    """fleet was interrupted: a step of the same run still working on the host (it saw fleet's end of its
-    stdin close and is finishing: recording, releasing) goes first, so the lock is not freed under it."""
-    path = os.path.join(expand(a["state_dir"]), "lock.json")
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        cur = read_record(path) or {}
-        holder = cur.get("holder_pid")
-        if cur.get("run_id") != a["run_id"] or not isinstance(holder, int) or holder == os.getpid():
-            return
-        if not alive(holder):
-            return
-        time.sleep(0.1)
-
-
 def main() -> ActResult:
     a = json.loads(sys.argv[1])
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
@@ -361,9 +309,10 @@ def main() -> ActResult:
     out["lock"] = lock
     if lock["status"] != "taken":  # held by another run, or no state directory to hold it in
         return out
-    state_dir = expand(a["lock"]["state_dir"])
-    for name in ("state.json", "learned.json"):  # a damaged record is set aside before it is written over
-        read_record(os.path.join(state_dir, name))
+    root = expand(a["lock"]["state_dir"])
+    state_dir = deployment_dir(root, a["lock"]["deployment"])
+    for path in (os.path.join(state_dir, "state.json"), os.path.join(root, "learned.json")):
+        read_record(path)  # a damaged record is set aside before it is written over
     if a.get("release_lock_only"):
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
             mark_unverified(state_dir, a["lock"]["run_id"])
@@ -397,6 +346,12 @@ def main() -> ActResult:
     ):
         free = dict(free, recorded_pgid=None)
         out["recorded_group_reused"] = recorded
+    siblings, replaced, sibling_gpus = sibling_groups(root, a["lock"]["deployment"], a["lock"].get("replace") or [])
+    if free.get("gpus") is None and sibling_gpus:  # all GPUs, but the ones the host's other deployments run on
+        every = all_gpu_indices(expand(free["gpu_devices"]))
+        if every is not None:
+            free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
+    free = dict(free, siblings=siblings, replaced=sorted(replaced))
     targets, refused, out["left"] = classify(free, procs)
     out["refused"] = refused
     if refused and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
@@ -405,15 +360,22 @@ def main() -> ActResult:
         release_lock(state_dir, a["lock"]["run_id"])
         out["client_gone"] = True
         return out
-    before = nvml_pids_and_memory()[1]
+    gpus = free.get("gpus")
+    before = nvml_pids_and_memory(gpus)[1]
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
-    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"])
+    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], gpus)
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
+    record_replaced(root, replaced, a["lock"]["deployment"])
+    stopped_groups = set(t["pgid"] for t in targets.values())
     for _sweep in range(3):  # children that outlived their parent (JIT workers), by title
         left = [
             p
             for p in process_table().values()
-            if is_engine(p) and p["uid"] == os.getuid() and p["pgid"] != os.getpgid(0)
+            if is_engine(p)
+            and p["uid"] == os.getuid()
+            and p["pgid"] != os.getpgid(0)
+            and p["pgid"] not in siblings
+            and (gpus is None or p["pgid"] in stopped_groups)
         ]
         if not left:
             break

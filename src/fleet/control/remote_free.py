@@ -7,6 +7,7 @@ policy itself (whose process is whose) is host_common.kill_verdict, tested on it
 """
 
 import os
+import re
 import signal
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -46,7 +47,8 @@ def is_engine(p: Dict[str, Any]) -> bool:
     return engine_kind(p["argv"]) is not None
 
 
-def nvml_pids_and_memory() -> Tuple[Set[int], Optional[List[int]]]:
+def nvml_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
+    """Processes on, and MiB used of, the GPUs `indices` (None: every GPU)."""
     try:
         import pynvml as n
 
@@ -56,6 +58,8 @@ def nvml_pids_and_memory() -> Tuple[Set[int], Optional[List[int]]]:
     try:
         pids, used = set(), []
         for i in range(n.nvmlDeviceGetCount()):
+            if indices is not None and i not in indices:
+                continue
             h = n.nvmlDeviceGetHandleByIndex(i)
             used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
             try:
@@ -67,29 +71,81 @@ def nvml_pids_and_memory() -> Tuple[Set[int], Optional[List[int]]]:
         n.nvmlShutdown()
 
 
+def all_gpu_indices(device_glob: str) -> Optional[List[int]]:
+    """Every GPU of the host by NVML index (from the /dev/nvidiaN files when NVML cannot be asked)."""
+    try:
+        import pynvml as n
+
+        n.nvmlInit()
+        try:
+            return list(range(n.nvmlDeviceGetCount()))
+        finally:
+            n.nvmlShutdown()
+    except Exception:
+        pass
+    names = [os.path.basename(f) for f in gpu_device_files(device_glob)]
+    found = sorted(int(x[6:]) for x in names if re.match(r"^nvidia\d+$", x))
+    return found or None
+
+
+def device_files_of(device_glob: str, indices: Optional[List[int]]) -> List[str]:
+    """The GPU device files a deployment's processes hold: every one for a deployment on all GPUs;
+    else only /dev/nvidiaN of its own GPUs (N is the GPU's minor number, which need not be its index).
+    nvidiactl and nvidia-uvm are opened by every CUDA process: holding them says nothing about which GPU."""
+    files = gpu_device_files(device_glob)
+    if indices is None:
+        return files
+    minors = set(indices)
+    try:
+        import pynvml as n
+
+        n.nvmlInit()
+        try:
+            minors = set(n.nvmlDeviceGetMinorNumber(n.nvmlDeviceGetHandleByIndex(i)) for i in indices)
+        finally:
+            n.nvmlShutdown()
+    except Exception:  # no NVML binding (nvidia-smi only): minor numbers follow the indices on most boxes
+        pass
+    return [
+        f for f in files if re.match(r"^nvidia(\d+)$", os.path.basename(f)) and int(os.path.basename(f)[6:]) in minors
+    ]
+
+
 def classify(
     a: Dict[str, Any], procs: Dict[int, Dict[str, Any]]
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
-    launch unless forced) and what it leaves running (GPU daemons and tools)."""
+    launch unless forced) and what it leaves running (GPU daemons and tools).
+
+    A deployment on some GPUs looks only at those GPUs, its port and its own recorded server; the
+    servers of the host's other deployments (`siblings`: process group -> deployment) are never touched,
+    those it was told to replace (`replaced`) are stopped like its own."""
     me = os.getuid()
     own_pgid = os.getpgid(0)
     recorded = a.get("recorded_pgid")
+    gpus = a.get("gpus")
+    siblings = dict((int(k), v) for k, v in (a.get("siblings") or {}).items())
+    replaced = set(a.get("replaced") or [])
     targets, refused, left = {}, [], []
-    candidates = set(p for p, info in procs.items() if is_engine(info))
     owners, invisible = port_holders(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (set(), False)
-    candidates |= owners
-    gpu_holders = device_holders(gpu_device_files(expand(a["gpu_devices"])))[0] | nvml_pids_and_memory()[0]
-    candidates |= gpu_holders
+    gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | nvml_pids_and_memory(gpus)[0]
+    candidates = owners | gpu_holders
+    for pid, proc in procs.items():
+        if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced)):
+            candidates.add(pid)
     for pid in sorted(candidates):
-        info = procs.get(pid)
-        if info is None:
+        if pid not in procs:
+            continue
+        info = procs[pid]
+        if info["pgid"] in siblings and info["pgid"] not in replaced and info["uid"] == me:
+            if pid in owners or pid in gpu_holders:  # its server is in this deployment's way
+                refused.append(dict(info, why="deployment %s's server (--replace stops it)" % siblings[info["pgid"]]))
             continue
         verdict, why = kill_verdict(
             info,
             me=me,
             own=(os.getpid(), own_pgid),
-            recorded_pgid=recorded,
+            recorded_pgid=recorded if info["pgid"] not in replaced else info["pgid"],
             port=a.get("port") if pid in owners else None,
             force=a["kill_policy"] == "force",
         )
@@ -181,13 +237,14 @@ def stop_targets(
 
 
 def wait_memory_released(
-    before: Optional[List[int]], timeout_s: float, ignore_mib: int
+    before: Optional[List[int]], timeout_s: float, ignore_mib: int, indices: Optional[List[int]] = None
 ) -> Tuple[Optional[List[int]], Optional[List[int]], float]:
+    """Until the GPUs `indices` (None: all) are idle: a sibling deployment's memory is not waited for."""
     start = time.time()
-    used = nvml_pids_and_memory()[1]
+    used = nvml_pids_and_memory(indices)[1]
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break
         time.sleep(0.1)
-        used = nvml_pids_and_memory()[1]
+        used = nvml_pids_and_memory(indices)[1]
     return before, used, time.time() - start

@@ -1,4 +1,4 @@
-"""Runs ON the host (sent as `python -c`): may `fleet health --heal` restart the server now? Prints
+"""Runs ON the host (sent as `python -c`): may `fleet health --heal` restart a deployment now? Prints
 {"allowed": bool, "recent": n} and records the heal only when allowed.
 
 Decided and recorded here, by the host's clock and with the engine's Python: a limit computed from host
@@ -14,12 +14,12 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import write_record
+    from fleet.host_common import deployment_dir, write_record
 
 
 def main() -> None:
     a = json.loads(sys.argv[1])
-    state_dir = os.path.expanduser(a["state_dir"])
+    state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
     path = os.path.join(state_dir, "heals.json")
     try:
         with open(path) as f:

@@ -1,10 +1,10 @@
 """Runs ON the host, appended to the facts probe's text (`collect` comes from there): everything
 `fleet health` needs in one round trip. Prints one JSON document.
 
-Adds to the facts: the recorded server's process and command line, its HTTP checks (/health,
-/v1/models, a real generation unless skipped or traffic was served since the last check), the new
-server-log lines, new `NVRM: Xid` and OOM-killer lines from the kernel log, and keeps its own
-bookkeeping (offsets, counters) in state_dir/health.json.
+Adds to the facts, for every deployment: its recorded server's process and command line, its HTTP
+checks (/health, /v1/models, a real generation unless skipped or traffic was served since the last
+check), its new server-log lines; and for the host: new `NVRM: Xid` and OOM-killer lines from the
+kernel log. Keeps its own bookkeeping (offsets, counters) in state_dir/health.json.
 """
 
 import json
@@ -60,22 +60,13 @@ def _metric_total(text: str) -> Optional[float]:
     return total
 
 
-def health_main() -> None:
-    args = json.loads(sys.argv[1])
-    facts = collect(args)
-    state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
-    book_path = os.path.join(state_dir, "health.json")
-    book = read_record(book_path) or {}
-    st = (facts.get("state") or {}).get("state") or {}
-    http: Dict[str, Any] = {}
-    out: Dict[str, Any] = {
-        "facts": facts,
-        "server": None,
-        "http": http,
-        "log_lines": [],
-        "kernel": [],
-        "since": book.get("time"),
-    }
+def check_server(
+    st: Dict[str, Any], servers: List[Dict[str, Any]], book: Dict[str, Any], args: Dict[str, Any]
+) -> Dict[str, Any]:
+    """One deployment's server: its process, its HTTP answers, its new log lines. `book` is its part of
+    the bookkeeping, updated in place."""
+    out: Dict[str, Any] = {"server": None, "http": {}, "log_lines": []}
+    http = out["http"]
     pid = st.get("pid")
     if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
         # the recorded process itself: not a zombie nobody reaped (a container without an init), not a
@@ -86,7 +77,7 @@ def health_main() -> None:
         cmd: List[str] = (argv_at(pid) or []) if running else []
         recorded = (st.get("plan") or {}).get("argv") or []
         drift = running and recorded and [w for w in cmd if w][-len(recorded) :] != recorded
-        group = [p for p in facts["servers"] if p["pgid"] == st.get("pgid")]
+        group = [p for p in servers if p["pgid"] == st.get("pgid")]
         ports = sorted(set(q["port"] for p in group for q in p.get("ports", [])))
         out["server"] = {
             "pid": pid,
@@ -121,11 +112,31 @@ def health_main() -> None:
             if served is not None:
                 served += 1  # our own request is not traffic
         book["requests_total"] = served
-    log = st.get("log")
+    log = st.get("log") if st.get("status") != "stopped" else None  # a stopped server's log is history
     if log:
         text, size = _read_new(log, book.get("log_offset", 0) if book.get("log") == log else 0)
         out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]
         book["log"], book["log_offset"] = log, size
+    return out
+
+
+def health_main() -> None:
+    args = json.loads(sys.argv[1])
+    facts = collect(args)
+    state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
+    book_path = os.path.join(state_dir, "health.json")
+    book = read_record(book_path) or {}
+    kept = book.get("deployments")
+    books: Dict[str, Dict[str, Any]] = kept if isinstance(kept, dict) else {}
+    out: Dict[str, Any] = {"facts": facts, "deployments": {}, "kernel": [], "since": book.get("time")}
+    for name, records in sorted(((facts.get("state") or {}).get("deployments") or {}).items()):
+        st = records.get("state") if isinstance(records.get("state"), dict) else {}
+        mine = books.get(name)
+        if not isinstance(mine, dict):
+            mine = {}
+        out["deployments"][name] = check_server(st, facts["servers"], mine, args)
+        books[name] = mine
+    book["deployments"] = dict((n, b) for n, b in books.items() if n in out["deployments"])
     text, pos = _kernel_lines(args.get("kernel_log"), book.get("kernel_offset", 0))
     out["kernel"] = [
         line

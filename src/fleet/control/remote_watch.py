@@ -27,7 +27,15 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import http_request, mark_unverified, read_record, release_lock, smoke_request, write_record
+    from fleet.host_common import (
+        deployment_dir,
+        http_request,
+        mark_unverified,
+        read_record,
+        release_lock,
+        smoke_request,
+        write_record,
+    )
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -62,7 +70,7 @@ def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def lock_path(a: Dict[str, Any]) -> str:
-    return os.path.join(os.path.expanduser(a["state_dir"]), "lock.json")
+    return os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "lock.json")
 
 
 def touch_lock(a: Dict[str, Any]) -> None:
@@ -81,21 +89,21 @@ def touch_lock(a: Dict[str, Any]) -> None:
 
 
 def on_success(a: Dict[str, Any]) -> None:
-    state_dir = os.path.expanduser(a["state_dir"])
+    state_dir = deployment_dir(a["state_dir"], a["deployment"])
     st_path = os.path.join(state_dir, "state.json")
     st = read_record(st_path) or {}
     st.update(a["success_state"])
     st["ready_at"] = time.time()
     write_record(st_path, st)
     if a.get("learned_key"):
-        lpath = os.path.join(state_dir, "learned.json")
+        lpath = os.path.join(os.path.expanduser(a["state_dir"]), "learned.json")  # the host's, not one deployment's
         learned = read_record(lpath) or {}
         if a["learned"]:
             learned[a["learned_key"]] = a["learned"]
         else:
             learned.pop(a["learned_key"], None)
         write_record(lpath, learned)
-    release_lock(a["state_dir"], a["run_id"])
+    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
 def reclaim(a: Dict[str, Any]) -> Optional[str]:
@@ -110,7 +118,7 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
         )
     if lock is None:
         write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
-    st_path = os.path.join(os.path.expanduser(a["state_dir"]), "state.json")
+    st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "state.json")
     st = read_record(st_path) or {}
     if st.get("run_id") == a["run_id"] and st.get("status") == "unverified":
         st.update(status="starting", updated=time.time())
@@ -122,10 +130,10 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
 def on_client_gone(a: Dict[str, Any]) -> None:
     """fleet stopped listening before the server was proven: say so in the record, free the host."""
     try:
-        mark_unverified(a["state_dir"], a["run_id"])
+        mark_unverified(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
     except OSError:
         pass
-    release_lock(a["state_dir"], a["run_id"])
+    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
 def watch_client(a: Dict[str, Any]) -> threading.Event:

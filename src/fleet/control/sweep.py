@@ -60,10 +60,12 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     if "probe_error" in raw or "error" in raw:
         return step_failed(host.name, f"health probe failed: {raw.get('probe_error') or raw.get('error')}")
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
-    st = facts.remote.state or {}
-    lines = [redact(x, options.secrets) for x in raw.get("log_lines") or []]  # an engine may echo a secret
-    diagnosis = diagnose(lines, LogContext(engine=st.get("engine")), options.signatures) if lines else None
-    return evaluate(host.name, raw, facts, diagnosis, time.monotonic() - started, s.expected_gpus)
+    diagnoses = {}
+    for name, answer in (raw.get("deployments") or {}).items():
+        engine = facts.remote.deployment(name).state.get("engine")
+        lines = [redact(x, options.secrets) for x in answer.get("log_lines") or []]  # an engine may echo a secret
+        diagnoses[name] = diagnose(lines, LogContext(engine=engine), options.signatures) if lines else None
+    return evaluate(host.name, raw, facts, diagnoses, time.monotonic() - started, s.expected_gpus)
 
 
 def heal_host(
@@ -71,33 +73,43 @@ def heal_host(
     host: Host,
     health: HostHealth,
     options: HealthOptions,
-    restart: Callable[[], Any],
+    restart: Callable[[str], Any],
 ) -> HostHealth:
-    """Restart an unhealthy server through the deploy loop, unless the rate limit says it is crash-looping.
-    The limit is decided on the host (its clock, its record); when it cannot be, nothing is restarted."""
+    """Restart each unhealthy deployment through the deploy loop (`restart(name)`), unless its rate limit
+    says it is crash-looping. The limit is decided on the host (its clock, its record); when it cannot
+    be, nothing is restarted."""
+    for name in health.healable:
+        health = _heal_one(t, host, health, options, name, restart)
+    return health
+
+
+def _heal_one(
+    t: Transport, host: Host, health: HostHealth, options: HealthOptions, name: str, restart: Callable[[str], Any]
+) -> HostHealth:
     python = next(iter(host.settings.engines.values()), "python3")
-    args = {"state_dir": host.settings.state_dir, "limit": options.max_heals_per_hour}
+    args = {"state_dir": host.settings.state_dir, "deployment": name, "limit": options.max_heals_per_hour}
     result = t.run(script_for("heal", args, [python]), timeout_s=30)
     try:
         decision = json.loads(result.text)
         allowed, recent = bool(decision["allowed"]), int(decision["recent"])
     except (ValueError, KeyError, TypeError):
         detail = (result.text + result.error_text).strip()[-200:] or f"exit {result.exit_code}"
-        return after_heal(health, False, f"not healed: the heal could not be recorded on the host ({detail})")
+        return after_heal(health, name, False, f"not healed: the heal could not be recorded on the host ({detail})")
     if not allowed:
         return after_heal(
             health,
+            name,
             False,
             f"not healed: {recent} heals in the last hour (limit "
             f"{options.max_heals_per_hour}); the server is crash-looping",
         )
     try:
-        outcome = restart()
+        outcome = restart(name)
     except FleetError as exc:
-        return after_heal(health, False, f"heal failed: {exc.message}")
+        return after_heal(health, name, False, f"heal failed: {exc.message}")
     ok = bool(getattr(outcome, "ok", False))
     return after_heal(
-        health, ok, "restarted: server ready" if ok else f"restart failed: {getattr(outcome, 'reason', '?')}"
+        health, name, ok, "restarted: server ready" if ok else f"restart failed: {getattr(outcome, 'reason', '?')}"
     )
 
 

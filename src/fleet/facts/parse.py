@@ -95,12 +95,33 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class DeploymentRecord:
+    """What the host keeps for one deployment (state_dir/deployments/NAME)."""
+
+    name: str
+    state: dict[str, Any]  # empty when there is none (or it is unreadable: state_error)
+    lock: dict[str, Any] | None = None
+    heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
+    state_error: str | None = None  # the record itself is unreadable: what runs is unknown
+    legacy: bool = False  # an older fleet's one-server record (state_dir/state.json): all GPUs
+
+    @property
+    def gpus(self) -> tuple[int, ...] | None:
+        """The GPUs the deployment was placed on; None: all of the host's (records before placement)."""
+        value = self.state.get("gpus")
+        if isinstance(value, list) and all(isinstance(i, int) for i in value):
+            return tuple(value)
+        return None
+
+
+@dataclass(frozen=True)
 class RemoteState:
-    state: dict[str, Any] | None
     learned: dict[str, Any] | None
     errors: tuple[str, ...]  # fleet's files on the host that exist but cannot be read (path: why)
-    heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
-    state_error: str | None = None  # the deployment record itself is unreadable: what runs is unknown
+    deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
+
+    def deployment(self, name: str) -> DeploymentRecord:
+        return self.deployments.get(name) or DeploymentRecord(name, {})
 
 
 @dataclass(frozen=True)
@@ -269,14 +290,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         if m
         else None
     )
-    st = raw.get("state", {})
-    remote = RemoteState(
-        state=st.get("state"),
-        learned=st.get("learned"),
-        errors=tuple(v for k, v in st.items() if k.endswith("_error")),
-        heals=tuple(float(t) for t in (st.get("heals") or []) if isinstance(t, int | float)),
-        state_error=st.get("state_error"),
-    )
+    remote = _remote_state(raw.get("state") or {})
     devices = raw.get("devices", {})
     return HostFacts(
         host=host,
@@ -304,3 +318,22 @@ def parse_facts(host: str, text: str) -> HostFacts:
         gpu_tools_missing=gpu.get("tools_missing") is True,
         raw=raw,
     )
+
+
+def _remote_state(st: dict[str, Any]) -> RemoteState:
+    deployments: dict[str, DeploymentRecord] = {}
+    errors = [v for k, v in st.items() if k.endswith("_error")]
+    for name, d in (st.get("deployments") or {}).items():
+        if not isinstance(d, dict):
+            continue
+        errors += [v for k, v in d.items() if k.endswith("_error")]
+        deployments[str(name)] = DeploymentRecord(
+            name=str(name),
+            state=d["state"] if isinstance(d.get("state"), dict) else {},
+            lock=d["lock"] if isinstance(d.get("lock"), dict) else None,
+            heals=tuple(float(t) for t in (d.get("heals") or []) if isinstance(t, int | float)),
+            state_error=d.get("state_error"),
+            legacy=d.get("legacy") is True,
+        )
+    learned = st.get("learned")
+    return RemoteState(learned if isinstance(learned, dict) else None, tuple(errors), deployments)

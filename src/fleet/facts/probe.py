@@ -14,12 +14,19 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import SIMULATED_GPUS_MARK, engine_kind, gpu_device_files  # noqa: F401
+    from fleet.host_common import (  # noqa: F401
+        SIMULATED_GPUS_MARK,
+        deployment_dir,
+        deployment_names,
+        engine_kind,
+        gpu_device_files,
+        legacy_name,
+    )
     from fleet.host_procs import (
         argv_at,
         device_holders,
@@ -300,11 +307,10 @@ def _disk(path: str) -> Dict[str, Any]:
         return {"path": path, "error": str(exc)}
 
 
-def _state(state_dir: str) -> Dict[str, Any]:
-    state_dir = os.path.expanduser(state_dir)
-    out = {}
-    for name in ("state", "learned", "lock", "heals"):
-        path = os.path.join(state_dir, name + ".json")
+def _records(directory: str, names: Sequence[str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for name in names:
+        path = os.path.join(directory, name + ".json")
         data, error = _json_file(path)
         want = list if name == "heals" else dict
         if data is not None and not isinstance(data, want):  # valid JSON, not a record (edited by hand)
@@ -312,6 +318,25 @@ def _state(state_dir: str) -> Dict[str, Any]:
         out[name] = data
         if error:
             out[name + "_error"] = error
+    return out
+
+
+def _state(state_dir: str) -> Dict[str, Any]:
+    """The host's learned fixes and every deployment's records; an older fleet's one-server record (in
+    state_dir itself) is the deployment it names until a deploy moves it (host_common.migrate_legacy)."""
+    root = os.path.expanduser(state_dir)
+    out = _records(root, ("learned",))
+    deployments = {}
+    for name in deployment_names(root):
+        records = _records(deployment_dir(root, name), ("state", "lock", "heals"))
+        if any(v is not None for v in records.values()):  # an empty directory: a stop with nothing recorded
+            deployments[name] = records
+    if os.path.exists(os.path.join(root, "state.json")):
+        legacy = _records(root, ("state", "lock", "heals"))
+        name = legacy_name(legacy["state"] or {})
+        if name not in deployments:
+            deployments[name] = dict(legacy, legacy=True)
+    out["deployments"] = deployments
     return out
 
 

@@ -1,4 +1,4 @@
-"""Health verdicts from one host's health probe, and the Prometheus text (checks). Pure.
+"""Health verdicts from one host's health probe (checks), and their Prometheus text (prometheus). Pure.
 
 This package exports what the rest of fleet uses; the modules say the rest.
 """
@@ -15,11 +15,11 @@ from fleet.health.checks import (
     after_heal,
     check_failed,
     evaluate,
-    prometheus_text,
     step_failed,
     unreachable,
     worst,
 )
+from fleet.health.prometheus import prometheus_text
 
 __all__ = [
     "CRITICAL",

@@ -1,18 +1,19 @@
 """Health verdicts: the raw answer of one host's health probe → checks with Nagios-style statuses. Pure.
 
-Also renders the Prometheus text format for node_exporter's textfile collector. The probe itself
-(`fleet/control/remote_health.py`) runs on the host; the caller does I/O and healing.
+Checks of the host (resources, GPUs once each) and of each deployment on it (its server, port, HTTP
+answers, log). The probe itself (`fleet/control/remote_health.py`) runs on the host; the caller does
+I/O and healing; `fleet.health.prometheus` renders the results for node_exporter.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet.crashes import Diagnosis
-from fleet.facts import HostFacts, gpu_mismatches
+from fleet.facts import DeploymentRecord, HostFacts, gpu_mismatches
 
 if TYPE_CHECKING:
     from fleet.inventory import ExpectedGpus
@@ -59,6 +60,11 @@ class Check:
     status: str
     detail: str
     hardware: bool = False
+    deployment: str | None = None  # a check of one deployment's server; None: of the host
+
+    @property
+    def label(self) -> str:
+        return f"{self.deployment}: {self.name}" if self.deployment else self.name
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class HostHealth:
     gpus: tuple[dict[str, Any], ...] = ()
     duration_s: float = 0.0
     heal: str | None = None  # what healing did, when asked
-    healable: bool = False
+    healable: tuple[str, ...] = ()  # deployments a restart may heal
+    up: dict[str, bool] = field(default_factory=dict)  # deployment -> its recorded server is alive
 
     @property
     def hardware_fault(self) -> bool:
@@ -90,7 +97,14 @@ class HostHealth:
             "heal": self.heal,
             "duration_s": round(self.duration_s, 3),
             "checks": [
-                {"name": c.name, "status": c.status, "detail": c.detail, "hardware": c.hardware} for c in self.checks
+                {
+                    "name": c.name,
+                    "deployment": c.deployment,
+                    "status": c.status,
+                    "detail": c.detail,
+                    "hardware": c.hardware,
+                }
+                for c in self.checks
             ],
             "gpus": list(self.gpus),
         }
@@ -127,16 +141,66 @@ def evaluate(
     host: str,
     raw: dict[str, Any],
     facts: HostFacts,
-    diagnosis: Diagnosis | None,
+    diagnoses: Mapping[str, Diagnosis | None] | None,
     duration_s: float = 0.0,
     expected_gpus: ExpectedGpus | None = None,
 ) -> HostHealth:
+    """The host's checks, then each deployment's (`raw["deployments"][NAME]`, `diagnoses[NAME]`: its log)."""
+    checks = _host_checks(raw, facts)
+    answers = raw.get("deployments") or {}
+    healable: list[str] = []
+    alive_groups: dict[str, tuple[set[int], tuple[int, ...], int]] = {}  # name -> (pids, its GPUs, TP)
+    for name, record in sorted(facts.remote.deployments.items()):
+        answer = answers.get(name) or {}
+        mine = _deployment_checks(record, answer, (diagnoses or {}).get(name))
+        checks += mine
+        st = record.state
+        server = answer.get("server") or {}
+        if server.get("alive") and st.get("status") in ("ready", "starting", "unverified"):
+            every = tuple(g.index for g in facts.gpus)
+            tp = _tp((st.get("plan") or {}).get("argv") or [])
+            alive_groups[name] = (set(server.get("group_pids", [])), record.gpus or every, tp)
+        if (
+            worst([c.status for c in mine]) == CRITICAL
+            and st.get("plan")
+            and st.get("status") != "stopped"
+            and not any(c.hardware for c in mine)
+        ):
+            healable.append(name)
+    if not facts.remote.deployments:
+        checks.append(Check("server", OK, "no fleet deployment recorded"))
+    checks += _gpu_checks(facts, alive_groups, expected_gpus, raw)
+    overall = worst([c.status for c in checks])
+    hh = HostHealth(
+        host,
+        overall,
+        tuple(checks),
+        server_up=bool(alive_groups) and len(alive_groups) == len(_expected_up(facts)),
+        up={name: name in alive_groups for name in facts.remote.deployments},
+        playbook=", ".join(sorted(facts.remote.deployments)) or None,
+        gpus=tuple(
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_used_mib": g.memory_used_mib,
+                "memory_total_mib": g.memory_total_mib,
+                "temperature_c": g.temperature_c,
+            }
+            for g in facts.gpus
+        ),
+        duration_s=duration_s,
+    )
+    return replace(hh, healable=tuple(healable) if overall == CRITICAL and not hh.hardware_fault else ())
+
+
+def _expected_up(facts: HostFacts) -> list[str]:
+    return [
+        n for n, d in facts.remote.deployments.items() if d.state.get("status") in ("ready", "starting", "unverified")
+    ]
+
+
+def _host_checks(raw: dict[str, Any], facts: HostFacts) -> list[Check]:
     checks: list[Check] = [Check("ssh", OK, "reachable")]
-    st = facts.remote.state if isinstance(facts.remote.state, dict) else {}
-    server = raw.get("server")
-    http = raw.get("http") or {}
-    status = st.get("status")
-    # host resources
     cpus = facts.raw.get("cpu_count") or 1
     if facts.load:
         per_cpu = facts.load[0] / cpus
@@ -155,45 +219,51 @@ def evaluate(
         )
     if facts.remote.errors:  # e.g. edited by hand, or a disk that failed mid-write
         checks.append(Check("fleet_state", WARNING, "unreadable on the host: " + "; ".join(facts.remote.errors)))
-    # the server
-    if not st and facts.remote.state_error:
-        checks.append(Check("server", WARNING, "the deployment record is unreadable: what should run is unknown"))
+    return checks
+
+
+def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnosis: Diagnosis | None) -> list[Check]:
+    st = record.state
+    server = answer.get("server")
+    http = answer.get("http") or {}
+    status = st.get("status")
+    checks: list[Check] = []
+
+    def add(name: str, level: str, detail: str) -> None:
+        checks.append(Check(name, level, detail, deployment=record.name))
+
+    if not st and record.state_error:
+        add("server", WARNING, "the deployment record is unreadable: what should run is unknown")
     elif not st:
-        checks.append(Check("server", OK, "no fleet deployment recorded"))
+        add("server", OK, "nothing recorded (a deploy under way, or a stop with nothing to stop)")
     elif status == "stopped":
-        checks.append(Check("server", OK, "stopped by an operator"))
+        add("server", OK, "stopped by an operator" if not st.get("reason") else f"stopped: {st['reason']}")
     elif status == "failed":
-        checks.append(Check("server", CRITICAL, f"last deploy failed: {st.get('reason', '?')}"))
+        add("server", CRITICAL, f"last deploy failed: {st.get('reason', '?')}")
     elif server is None or not server.get("alive"):
-        checks.append(Check("server", CRITICAL, f"server process {st.get('pid')} is gone"))
+        add("server", CRITICAL, f"server process {st.get('pid')} is gone")
     else:
         if status == "unverified":  # launched, then fleet's run ended before it proved the server
-            checks.append(Check("server", WARNING, f"pid {server['pid']} alive, unverified: {st.get('reason', '?')}"))
+            add("server", WARNING, f"pid {server['pid']} alive, unverified: {st.get('reason', '?')}")
         else:
-            checks.append(Check("server", OK, f"pid {server['pid']} alive"))
+            add("server", OK, f"pid {server['pid']} alive")
         if server.get("drift"):
-            checks.append(Check("drift", WARNING, "the running command line differs from the recorded plan"))
+            add("drift", WARNING, "the running command line differs from the recorded plan")
         port = server.get("port")
         owned = port in server.get("ports", [])
-        checks.append(
-            Check("port", OK if owned else CRITICAL, f"port {port} {'owned' if owned else 'NOT held'} by the server")
-        )
+        add("port", OK if owned else CRITICAL, f"port {port} {'owned' if owned else 'NOT held'} by the server")
         h = http.get("health") or {}
-        checks.append(
-            Check(
-                "http_health",
-                OK if h.get("status") == 200 else CRITICAL,
-                f"/health {h.get('status')} in {h.get('seconds', 0):.2f}s",
-            )
+        add(
+            "http_health",
+            OK if h.get("status") == 200 else CRITICAL,
+            f"/health {h.get('status')} in {h.get('seconds', 0):.2f}s",
         )
         m = http.get("models") or {}
         served = st.get("served_name")
-        checks.append(
-            Check("models", OK if served in m.get("ids", []) else WARNING, f"/v1/models lists {m.get('ids')}")
-        )
+        add("models", OK if served in m.get("ids", []) else WARNING, f"/v1/models lists {m.get('ids')}")
         g = http.get("generation") or {}
         if "skipped" in g:
-            checks.append(Check("generation", OK, f"skipped ({g['skipped']})"))
+            add("generation", OK, f"skipped ({g['skipped']})")
         elif g:
             ok = g.get("ok")
             detail = (
@@ -201,33 +271,29 @@ def evaluate(
                 if g.get("status") == 200
                 else f"HTTP {g.get('status')}: {str(g.get('text', ''))[:120]}"
             )
-            checks.append(
-                Check("generation", OK if ok else CRITICAL, detail if ok else f"wrong or no answer: {detail}")
-            )
+            add("generation", OK if ok else CRITICAL, detail if ok else f"wrong or no answer: {detail}")
     if diagnosis is not None and diagnosis.category not in ("healthy", "starting"):
-        checks.append(
-            Check(
-                "crash_log",
-                CRITICAL,
-                f"{diagnosis.category} ({diagnosis.signature}) in the server log: "
-                f"{(diagnosis.evidence or ('',))[0][:160]}",
-            )
+        add(
+            "crash_log",
+            CRITICAL,
+            f"{diagnosis.category} ({diagnosis.signature}) in the server log: {(diagnosis.evidence or ('',))[0][:160]}",
         )
-    # GPUs
-    alive = bool(server and server.get("alive"))
-    tp = _tp((st.get("plan") or {}).get("argv") or []) if status in ("ready", "starting", "unverified") and alive else 0
-    server_pids = set(server.get("group_pids", [])) if server else set()
-    gpus = []
+    return checks
+
+
+def _gpu_checks(
+    facts: HostFacts,
+    alive_groups: Mapping[str, tuple[set[int], tuple[int, ...], int]],
+    expected_gpus: ExpectedGpus | None,
+    raw: dict[str, Any],
+) -> list[Check]:
+    """Once per GPU: faults, heat, throttling; memory against the deployment placed there (a server
+    holding none of its GPU's memory, memory used on a GPU no deployment runs on, someone else's
+    process on a deployment's GPU)."""
+    checks: list[Check] = []
+    starting = any(d.state.get("status") == "starting" for d in facts.remote.deployments.values())
+    owner = {i: name for name, (_, gpus, _) in alive_groups.items() for i in gpus}
     for g in facts.gpus:
-        gpus.append(
-            {
-                "index": g.index,
-                "name": g.name,
-                "memory_used_mib": g.memory_used_mib,
-                "memory_total_mib": g.memory_total_mib,
-                "temperature_c": g.temperature_c,
-            }
-        )
         if g.ecc_uncorrected:
             checks.append(
                 Check(f"gpu{g.index} ecc", CRITICAL, f"{g.ecc_uncorrected} uncorrected ECC errors", hardware=True)
@@ -258,13 +324,21 @@ def evaluate(
         bad = [name for bit, name in THROTTLE_BAD.items() if (g.throttle_reasons or 0) & bit]
         if bad:
             checks.append(Check(f"gpu{g.index} throttle", WARNING, ", ".join(bad)))
-        if g.index < tp and g.memory_used_mib < 1024:
-            checks.append(Check(f"gpu{g.index} memory", WARNING, "the server holds no memory on this GPU"))
-        if not alive and status != "starting" and g.memory_used_mib > 1024:
-            checks.append(Check(f"gpu{g.index} memory", WARNING, f"{g.memory_used_mib} MiB used with no server"))
-        foreign = [p.pid for p in g.processes if p.pid not in server_pids]
-        if foreign and server_pids:
-            checks.append(Check(f"gpu{g.index} foreign", WARNING, f"processes not of the server: {foreign}"))
+        name = owner.get(g.index)
+        if name is None:
+            if not starting and g.memory_used_mib > 1024:
+                checks.append(Check(f"gpu{g.index} memory", WARNING, f"{g.memory_used_mib} MiB used with no server"))
+            continue
+        pids, gpus, tp = alive_groups[name]
+        if g.index in gpus[:tp] and g.memory_used_mib < 1024:
+            checks.append(
+                Check(f"gpu{g.index} memory", WARNING, "the server holds no memory on this GPU", deployment=name)
+            )
+        foreign = [p.pid for p in g.processes if p.pid not in pids]
+        if foreign and pids:
+            checks.append(
+                Check(f"gpu{g.index} foreign", WARNING, f"processes not of the server: {foreign}", deployment=name)
+            )
     unread = bool(facts.gpu_error) and not facts.gpus
     if unread:  # no GPU checks ran at all: not "OK"
         # NVML and nvidia-smi both failing is the driver (not loaded, a GPU fallen off the bus); a host with
@@ -296,76 +370,19 @@ def evaluate(
                     hardware=hw,
                 )
             )
-    overall = worst([c.status for c in checks])
-    hh = HostHealth(
-        host,
-        overall,
-        tuple(checks),
-        server_up=bool(server and server.get("alive")),
-        playbook=st.get("playbook"),
-        gpus=tuple(gpus),
-        duration_s=duration_s,
+    return checks
+
+
+def after_heal(health: HostHealth, deployment: str, healed: bool, what: str) -> HostHealth:
+    """A successful heal leaves the deployment serving but worth a look (warning); a failed one stays
+    critical. The host's status is then the worst of the heal and what the heal did not touch."""
+    checks = (*health.checks, Check("heal", WARNING if healed else CRITICAL, what, deployment=deployment))
+    untouched = [c.status for c in checks if c.deployment != deployment or c.name == "heal"]
+    said = f"{deployment}: {what}"
+    return replace(
+        health,
+        checks=checks,
+        heal=f"{health.heal}; {said}" if health.heal else said,
+        status=worst(untouched),
+        up={**health.up, deployment: healed} if healed else health.up,
     )
-    healable = overall == CRITICAL and not hh.hardware_fault and bool(st.get("plan")) and status != "stopped"
-    return HostHealth(**{**hh.__dict__, "healable": healable})
-
-
-def after_heal(health: HostHealth, healed: bool, what: str) -> HostHealth:
-    """A successful heal leaves the host serving but worth a look: warning; a failed one stays critical."""
-    checks = (*health.checks, Check("heal", WARNING if healed else CRITICAL, what))
-    return HostHealth(
-        **{
-            **health.__dict__,
-            "checks": checks,
-            "heal": what,
-            "status": WARNING if healed else worst([c.status for c in checks]),
-        }
-    )
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-@dataclass
-class _Metric:
-    name: str
-    help: str
-    type: str = "gauge"
-    samples: list[str] = field(default_factory=list)
-
-
-def prometheus_text(results: Sequence[HostHealth], now: float) -> str:
-    """node_exporter textfile-collector format."""
-    m = {
-        "status": _Metric("fleet_host_status", "Worst check status: 0 ok, 1 warning, 2 critical, 3 unknown."),
-        "check": _Metric("fleet_check_status", "Per check status: 0 ok, 1 warning, 2 critical, 3 unknown."),
-        "up": _Metric("fleet_server_up", "1 if the recorded inference server process is alive."),
-        "mem": _Metric("fleet_gpu_memory_used_bytes", "GPU memory used."),
-        "temp": _Metric("fleet_gpu_temperature_celsius", "GPU temperature."),
-        "dur": _Metric("fleet_health_check_duration_seconds", "Time to check the host."),
-    }
-    for r in results:
-        h = _label(r.host)
-        m["status"].samples.append(f'fleet_host_status{{host="{h}"}} {SEVERITY[r.status]}')
-        m["up"].samples.append(f'fleet_server_up{{host="{h}"}} {int(r.server_up)}')
-        m["dur"].samples.append(f'fleet_health_check_duration_seconds{{host="{h}"}} {r.duration_s:.3f}')
-        for c in r.checks:
-            m["check"].samples.append(f'fleet_check_status{{host="{h}",check="{_label(c.name)}"}} {SEVERITY[c.status]}')
-        for g in r.gpus:
-            m["mem"].samples.append(
-                f'fleet_gpu_memory_used_bytes{{host="{h}",gpu="{g["index"]}"}} {int(g["memory_used_mib"]) << 20}'
-            )
-            if g.get("temperature_c") is not None:
-                m["temp"].samples.append(
-                    f'fleet_gpu_temperature_celsius{{host="{h}",gpu="{g["index"]}"}} {g["temperature_c"]}'
-                )
-    lines: list[str] = []
-    for metric in m.values():
-        lines += [f"# HELP {metric.name} {metric.help}", f"# TYPE {metric.name} {metric.type}", *metric.samples]
-    lines += [
-        "# HELP fleet_health_last_run_timestamp_seconds When fleet health last ran.",
-        "# TYPE fleet_health_last_run_timestamp_seconds gauge",
-        f"fleet_health_last_run_timestamp_seconds {now:.3f}",
-    ]
-    return "\n".join(lines) + "\n"

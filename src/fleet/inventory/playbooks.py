@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -174,7 +175,27 @@ def changes_what_runs(name: str) -> bool:
     return name in RUNTIME_ENV or name.startswith(("LD_", "DYLD_"))
 
 
+def _check_gpus(value: int | list[int]) -> None:
+    if isinstance(value, list):
+        if not value:
+            raise ValueError(
+                "lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a count "
+                "(gpus: 2), or leave it out for all of the host's GPUs"
+            )
+        repeated = sorted({i for i in value if value.count(i) > 1})
+        if repeated:
+            raise ValueError(f"lists GPU {', '.join(map(str, repeated))} more than once")
+
+
+# Set from gpus: (the deployment's placement): a second spelling in env: would launch on other GPUs than
+# the ones fleet checked, freed and recorded.
+PLACEMENT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
 def _check_env(value: dict[str, str]) -> None:
+    for name in PLACEMENT_ENV:
+        if name in value:
+            raise ValueError(f"sets {name}, which fleet sets from gpus:; place the deployment with gpus: instead")
     _check_env_names(value)
     _check_args(list(value.values()))
 
@@ -189,6 +210,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     context_length: Annotated[int, Meta(ge=256, le=10_000_000)] | None = None
     mem_fraction: Annotated[float, Meta(gt=0.05, lt=1.0)] | None = None
     tp: Annotated[int, Meta(ge=1, le=64)] | None = None
+    # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, or all (left out)
+    gpus: Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...
@@ -204,6 +227,7 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         "default_host": _check_host_name,
         "extra_args": _check_extra_args,
         "env": _check_env,
+        "gpus": _check_gpus,
         "allow_runtime_env": _check_env_names,
         "secret_env": _check_env_names,
     }
@@ -226,6 +250,11 @@ class NamedPlaybook:
     name: str
     path: Path
     spec: Playbook
+    lines: dict[str, int] = dataclass_field(default_factory=dict)  # top-level key -> its line in the file
+
+    def where(self, key: str) -> str:
+        """`file:line` of a setting, for errors found only once the host is known (GPUs it lacks)."""
+        return f"{self.path}:{self.lines[key]}" if key in self.lines else str(self.path)
 
 
 def parse_playbook(doc: YamlDoc, name: str) -> NamedPlaybook:
@@ -237,7 +266,7 @@ def parse_playbook(doc: YamlDoc, name: str) -> NamedPlaybook:
         spec = _validated(Playbook, data)
     except _Invalid as problem:
         raise _config_error(doc, (), problem, origins) from None
-    return NamedPlaybook(name, doc.path, spec)
+    return NamedPlaybook(name, doc.path, spec, origins)
 
 
 def load_playbook(ref: str, playbook_dir: Path) -> NamedPlaybook:

@@ -93,6 +93,11 @@ def plan_launch(
         Flag("--port", str(wishes.port), "port", "playbook port"),
     ]
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "unbuffered-log", "log lines reach the file as written")]
+    if gpus.indices:
+        env += [
+            EnvVar("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus.indices)), "placement", "the deployment's GPUs"),
+            EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "placement", "GPU indices mean what nvidia-smi shows"),
+        ]
     verdicts: list[Verdict] = []
     if not wishes.literal:
         for rule in SGLANG_RULES if wishes.engine == "sglang" else VLLM_RULES:

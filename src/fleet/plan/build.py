@@ -34,12 +34,21 @@ MIN_LOG_DISK_BYTES = 200 << 20
 MIN_STATE_DISK_BYTES = 16 << 20  # state, lock and learned fixes: kilobytes, with room to spare
 
 
-def gpu_summary(facts: HostFacts) -> GpuSummary | None:
-    if not facts.gpus:
+def gpu_summary(facts: HostFacts, indices: Sequence[int] | None = None) -> GpuSummary | None:
+    """The deployment's GPUs (`indices`; all of the host's when None) as the planner sees them. Only a
+    placement asked for is written into the launch (CUDA_VISIBLE_DEVICES): a server placed on all GPUs
+    runs exactly the command line fleet ran before placements existed, so it is still adopted."""
+    gpus = [g for g in facts.gpus if indices is None or g.index in indices]
+    if not gpus:
         return None
-    g = facts.gpus[0]
+    g = gpus[0]
     return GpuSummary(
-        g.name, len(facts.gpus), g.sm, min(x.memory_total_mib for x in facts.gpus), all(x.nvlink for x in facts.gpus)
+        g.name,
+        len(gpus),
+        g.sm,
+        min(x.memory_total_mib for x in gpus),
+        all(x.nvlink for x in gpus),
+        tuple(x.index for x in gpus) if indices is not None else (),
     )
 
 
@@ -112,10 +121,16 @@ def build_plan(
     facts: HostFacts,
     model_path: str,
     signatures: Sequence[Signature] | None = None,
+    gpu_indices: Sequence[int] | None = None,
+    port: int | None = None,
 ) -> PlanResult:
+    """`gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
+    `port`: the port placement chose when the playbook's belongs to another deployment there."""
     pb = playbook.spec
     where = f"{playbook.name} on {host.name}"
     wishes = wishes_for(host, playbook)
+    if port is not None:
+        wishes = replace(wishes, port=port)
     verdicts: list[Verdict] = []
     install = facts.engines.get(pb.engine)
     version = parse_version(install.version) if install else None
@@ -134,7 +149,7 @@ def build_plan(
                 f"({install.error or 'version unknown'}). Install it or fix engines: in the inventory.",
             )
         )
-    gpus = gpu_summary(facts)
+    gpus = gpu_summary(facts, gpu_indices)
     if gpus is None:
         verdicts.append(
             _err("no-gpus", f"{where}: no GPUs found ({facts.gpu_error or 'NVML and nvidia-smi report none'}).")
@@ -213,7 +228,12 @@ def preflight(
         )
     tp = _tp_of(plan)
     if tp > gpus.count:
-        out.append(_err("tp", f"{where}: TP {tp} exceeds the {gpus.count} GPUs of the host. Lower tp:."))
+        out.append(
+            _err(
+                "tp",
+                f"{where}: TP {tp} exceeds the deployment's {gpus.count} GPUs. Lower tp: or give it more GPUs.",
+            )
+        )
     if model.num_attention_heads and model.num_attention_heads % tp:
         out.append(
             _err(
@@ -240,15 +260,18 @@ def preflight(
                 )
             )
     # the port: fleet stops engine servers, never anything else
-    holder = facts.port_holder(plan.port, host.settings.bind_address)
-    if holder is not None:
-        server_pids = {p.pid for p in facts.servers}
-        if holder.pid not in server_pids:
+    nccl = plan.flag("--nccl-port")
+    planned = [(plan.port, host.settings.bind_address, "port")]
+    planned += [(int(str(nccl.value)), "0.0.0.0", "NCCL port")] if nccl is not None else []
+    server_pids = {p.pid for p in facts.servers}
+    for port, address, what in planned:
+        holder = facts.port_holder(port, address)
+        if holder is not None and holder.pid not in server_pids:
             who = f"pid {holder.pid}" if holder.pid else "a process fleet cannot see (another user?)"
             out.append(
                 _err(
                     "port-held",
-                    f"{where}: port {plan.port} is held by {who}, which is not an inference "
+                    f"{where}: {what} {port} is held by {who}, which is not an inference "
                     "server fleet may stop. Stop it or choose another port: in the playbook.",
                 )
             )

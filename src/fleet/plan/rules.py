@@ -37,6 +37,14 @@ def spell(flag: str, version: Version | None) -> str:
     return flag
 
 
+NCCL_PORT_OFFSET = 10000
+
+
+def nccl_port_for(port: int) -> int:
+    """The NCCL port of a placed SGLang server: distinct whenever the HTTP ports are."""
+    return port + NCCL_PORT_OFFSET if port + NCCL_PORT_OFFSET <= 65535 else port - NCCL_PORT_OFFSET
+
+
 # --- the inputs every rule sees --------------------------------------------------------------------------
 
 
@@ -166,6 +174,14 @@ SGLANG_RULES: tuple[Rule, ...] = (
         lambda i: i.wishes.mem_fraction is not None,
         lambda i: [("--mem-fraction-static", str(i.wishes.mem_fraction))],
         "playbook mem_fraction",
+    ),
+    Rule(
+        "nccl-port",
+        lambda i: bool(i.gpus.indices),
+        lambda i: [("--nccl-port", str(nccl_port_for(i.wishes.port)))],
+        "a server placed beside others gets a fixed NCCL port derived from its HTTP port: SGLang otherwise "
+        "takes a free one at start-up, and two servers starting together can take the same",
+        "scale-out.md §3; sglang #7418",
     ),
 )
 

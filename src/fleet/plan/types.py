@@ -34,6 +34,7 @@ class GpuSummary:
     sm: int  # compute capability as 120 (SM120), 100 (SM100), 86 (SM86)
     memory_mib: int  # per GPU
     nvlink: bool
+    indices: tuple[int, ...] = ()  # a placement's GPUs as nvidia-smi numbers them; () all of the host's
 
     @property
     def blackwell(self) -> bool:

@@ -72,6 +72,11 @@ def nvmlDeviceGetHandleByIndex(i):
     return i
 
 
+def nvmlDeviceGetMinorNumber(h):
+    """The N of /dev/nvidiaN; a real box may number them apart from NVML's indices (host.json `minor`)."""
+    return int(_table()[h].get("minor", h))
+
+
 def nvmlDeviceGetName(h):
     return _table()[h]["name"]
 

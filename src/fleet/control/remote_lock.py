@@ -1,0 +1,171 @@
+"""Runs ON the host as part of fleet's act step (sent after remote_free.py, before remote_act.py): the
+deployment's lock, and what the host's other deployments hold -- checked here, under one host-wide
+guard (a flock), so two runs placing deployments at once cannot both take a GPU or a port.
+
+Layout: state_dir/lock.guard (the guard), state_dir/deployments/NAME/lock.json (a deployment's lock);
+an older fleet's one-server records in state_dir itself are moved into their deployment's directory
+the first time a lock is taken (host_common.migrate_legacy).
+
+Host code: standard library only, Python 3.8.
+"""
+
+import fcntl
+import os
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+try:  # the shared host code is prepended when this script is sent to a host
+    recorded_group_is_ours  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_free import expand, recorded_group_is_ours
+    from fleet.host_common import (
+        deployment_dir,
+        deployment_names,
+        migrate_legacy,
+        read_record,
+        release_lock,
+        write_record,
+    )
+    from fleet.host_procs import alive
+    from fleet.protocol import LockResult
+
+
+def take_lock(a: Dict[str, Any]) -> LockResult:
+    """The deployment's lock, taken under the host's guard (one flock for all deployments: placing
+    one and checking the others' GPUs is then one step no other run interleaves with)."""
+    root = expand(a["state_dir"])
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        guard = open(os.path.join(root, "lock.guard"), "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:  # the first write of a run: nothing has been changed yet
+        return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}
+    with guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        # an older fleet's run, still going, holds the one lock it knew; one it left behind is removed
+        legacy_lock = os.path.join(root, "lock.json")
+        held = held_by_another(legacy_lock, a)
+        if held is not None:
+            return held
+        if os.path.exists(legacy_lock):
+            release_lock(root, (read_record(legacy_lock) or {}).get("run_id", ""))
+        try:
+            migrate_legacy(root)
+            directory = deployment_dir(root, a["deployment"])
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}
+        path = os.path.join(directory, "lock.json")
+        held = held_by_another(path, a)
+        if held is not None:
+            return held
+        overlap = overlapping(root, a)
+        if overlap:
+            return {"status": "overlap", "overlap": overlap}
+        cur = read_record(path)
+        taken_over = cur if cur is not None and cur.get("run_id") != a["run_id"] else None
+        if cur is None or cur.get("run_id") != a["run_id"]:
+            cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
+        if a.get("places"):
+            cur["gpus"], cur["port"] = a.get("gpus"), a.get("port")
+        cur["holder_pid"] = os.getpid()
+        try:
+            write_record(path, cur)
+        except OSError as exc:  # a full disk: nothing has been changed yet
+            return {"status": "unwritable", "path": directory, "error": exc.strerror or str(exc)}
+        return {"status": "taken", "taken_over": taken_over}
+
+
+def held_by_another(path: str, a: Dict[str, Any]) -> Optional[LockResult]:
+    """Held while a host process of that run is alive (act, watch), or within a short grace between its
+    round trips; a run whose fleet was killed leaves a stale lock that the next run takes over."""
+    cur = read_record(path)
+    if cur is None or cur.get("run_id") == a["run_id"]:
+        return None
+    age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
+    holder = cur.get("holder_pid")
+    live = isinstance(holder, int) and alive(holder)
+    if age is None or not (age < a["grace_s"] or live):
+        return None
+    return {
+        "status": "held",
+        "owner": cur.get("owner"),
+        "since": cur.get("since"),
+        "age_s": age,
+        "command": cur.get("command"),
+        "holder_pid": holder if live else None,
+    }
+
+
+def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Other deployments on a GPU or the port this one is placed on (and that it was not told to replace):
+    a running server of theirs, or a run of theirs under way (its lock names its GPUs and port). The check fleet made from
+    the facts, made again here, where no other run can interleave."""
+    if not a.get("places"):  # a stop or a lock release places nothing
+        return []
+    mine = a.get("gpus")  # None: all GPUs
+    out = []
+    for name in deployment_names(root):
+        if name == a["deployment"] or name in (a.get("replace") or []):
+            continue
+        directory = deployment_dir(root, name)
+        st = read_record(os.path.join(directory, "state.json")) or {}
+        pgid = st.get("pgid")
+        running = isinstance(pgid, int) and recorded_group_is_ours(pgid, st) and st.get("status") != "stopped"
+        busy = held_by_another(os.path.join(directory, "lock.json"), a)
+        if not running and busy is None:
+            continue
+        claim = st if running else (read_record(os.path.join(directory, "lock.json")) or {})
+        theirs = claim.get("gpus")
+        shared_gpus = mine is None or theirs is None or bool(set(mine) & set(theirs))
+        shared_port = a.get("port") is not None and claim.get("port") == a.get("port")
+        if shared_gpus or shared_port:
+            out.append(
+                {
+                    "deployment": name,
+                    "gpus": theirs,
+                    "port": claim.get("port") if shared_port else None,
+                    "pid": st.get("pid") if running else None,
+                }
+            )
+    return out
+
+
+def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, str], Dict[int, str], Set[int]]:
+    """The running servers of the host's other deployments, by process group (exact identity only):
+    (those left alone, those this run replaces, the GPUs the ones left alone run on)."""
+    siblings: Dict[int, str] = {}
+    replaced: Dict[int, str] = {}
+    gpus: Set[int] = set()
+    for name in deployment_names(root):
+        if name == me:
+            continue
+        st = read_record(os.path.join(deployment_dir(root, name), "state.json")) or {}
+        pgid = st.get("pgid")
+        if isinstance(pgid, int) and recorded_group_is_ours(pgid, st):
+            (replaced if name in replace else siblings)[pgid] = name
+            if name not in replace and isinstance(st.get("gpus"), list):
+                gpus |= set(i for i in st["gpus"] if isinstance(i, int))
+    return siblings, replaced, gpus
+
+
+def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
+    for name in replaced.values():
+        path = os.path.join(deployment_dir(root, name), "state.json")
+        st = read_record(path) or {}
+        st.update(status="stopped", reason="replaced by deployment %s" % by, updated=time.time())
+        write_record(path, st)
+
+
+def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
+    """fleet was interrupted: a step of the same run still working on the host (it saw fleet's end of its
+    stdin close and is finishing: recording, releasing) goes first, so the lock is not freed under it."""
+    path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "lock.json")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        cur = read_record(path) or {}
+        holder = cur.get("holder_pid")
+        if cur.get("run_id") != a["run_id"] or not isinstance(holder, int) or holder == os.getpid():
+            return
+        if not alive(holder):
+            return
+        time.sleep(0.1)

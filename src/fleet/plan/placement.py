@@ -1,0 +1,156 @@
+"""Where a deployment runs on its host: the GPUs asked for (indices, a count, or all of them), checked
+against the GPUs the host has, the other deployments there and processes fleet does not own.
+
+Pure: facts in, a placement or a refusal out. The act step checks the same again on the host, under
+the host's guard, so two deploys placing themselves at once cannot both take a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleet.errors import PreflightError
+from fleet.facts import HostFacts
+
+Asked = int | tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Occupant:
+    """Another deployment on the host whose server runs (or whose deploy is under way) on `gpus`."""
+
+    name: str
+    gpus: tuple[int, ...]
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    gpus: tuple[int, ...]  # nvidia-smi's indices (PCI bus order): what CUDA_VISIBLE_DEVICES lists
+    how: str  # said with the plan
+    replaces: tuple[Occupant, ...] = ()  # other deployments on these GPUs that --replace stops first
+
+
+def occupants(facts: HostFacts, me: str) -> list[Occupant]:
+    """The host's other deployments that hold GPUs now: a live recorded server, or a run in progress."""
+    every = tuple(g.index for g in facts.gpus)
+    live = {p.pid for p in facts.servers}
+    out = []
+    for rec in facts.remote.deployments.values():
+        if rec.name == me:
+            continue
+        pid = rec.state.get("pid")
+        running = isinstance(pid, int) and pid in live
+        if running or (rec.lock is not None and rec.state.get("status") == "starting"):
+            out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid if running else None))
+    return out
+
+
+def foreign_users(facts: HostFacts) -> dict[int, list[int]]:
+    """GPU index -> pids using memory there that no deployment of fleet's owns (another user's job)."""
+    # this user's engines: a stale one is stopped by the deploy, so it does not bar its GPU
+    ours = {p.pid for p in facts.servers if p.uid == facts.uid}
+    return {
+        g.index: [p.pid for p in g.processes if p.pid not in ours and p.used_mib > 0]
+        for g in facts.gpus
+        if any(p.pid not in ours and p.used_mib > 0 for p in g.processes)
+    }
+
+
+def gpu_owners(facts: HostFacts) -> dict[int, str]:
+    """GPU index -> who holds it, as `fleet facts` shows it: a deployment of fleet's, or the pids of
+    processes that are not (another user's job, a hand-started server)."""
+    owners = {i: f"deployment {o.name}" for o in occupants(facts, "") for i in o.gpus}
+    for index, pids in foreign_users(facts).items():
+        if index not in owners:
+            owners[index] = "pids " + ", ".join(map(str, pids))
+    return owners
+
+
+def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: str) -> Placement:
+    """`where` is the setting's `file:line` (or the option) for errors. `replace`: GPUs held by other
+    deployments are taken, those deployments stopped first."""
+    indices = tuple(g.index for g in facts.gpus)
+    others = occupants(facts, name)
+    shown = _shown(indices)
+    if isinstance(asked, tuple):
+        missing = [i for i in asked if i not in indices]
+        if missing:
+            raise PreflightError(
+                f"{where}: GPU {_shown(tuple(missing))} does not exist on {facts.host} (it has GPUs {shown}).",
+                "List GPUs the host has (fleet facts shows them), or give a count: gpus: N.",
+            )
+        gpus, how = tuple(asked), f"GPUs {_shown(asked)} as asked"
+    elif isinstance(asked, int):
+        if asked > len(indices):
+            raise PreflightError(
+                f"{where}: {asked} GPUs asked for; {facts.host} has {len(indices)} (GPUs {shown}).",
+                "Ask for fewer GPUs.",
+            )
+        taken = {i for o in others for i in o.gpus} if not replace else set()
+        barred = taken | set(foreign_users(facts))
+        free = [i for i in indices if i not in barred]
+        picked = _contiguous(free, asked)
+        if picked is None:
+            held = "; ".join(f"{_shown(o.gpus)}: deployment {o.name}" for o in others)
+            foreign = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in foreign_users(facts).items())
+            raise PreflightError(
+                f"{where}: {asked} free GPUs asked for; {facts.host} has {len(free)} free "
+                f"({'; '.join(x for x in (held, foreign) if x) or 'none held'}).",
+                "Stop a deployment there first, pass --replace to take its GPUs, or ask for fewer.",
+            )
+        gpus, how = picked, f"{asked} free GPUs picked: {_shown(picked)}"
+    else:
+        gpus, how = indices, f"all {len(indices)} GPUs"
+    clash = tuple(o for o in others if set(o.gpus) & set(gpus))
+    if clash and not replace:
+        raise PreflightError(
+            f"{where}: GPUs {_shown(gpus)} for deployment {name} overlap "
+            + "; ".join(
+                f"deployment {o.name} on GPUs {_shown(o.gpus)}" + (f" (pid {o.pid})" if o.pid else " (deploying now)")
+                for o in clash
+            )
+            + ".",
+            "Place it on other GPUs (gpus: in the playbook, or --gpus), or pass --replace to stop "
+            + ("those deployments" if len(clash) > 1 else f"{clash[0].name}")
+            + " first.",
+        )
+    return Placement(name, tuple(gpus), how, clash)
+
+
+def _contiguous(free: Sequence[int], n: int) -> tuple[int, ...] | None:
+    """n free GPUs, adjacent ones first (neighbours usually share a PCIe switch), else the lowest n."""
+    for start in range(len(free) - n + 1):
+        window = free[start : start + n]
+        if window[-1] - window[0] == n - 1:
+            return tuple(window)
+    return tuple(free[:n]) if len(free) >= n else None
+
+
+def _shown(gpus: Sequence[int]) -> str:
+    return ",".join(map(str, gpus))
+
+
+PORT_STEP = 10  # SGLang's DP-attention ports sit at port+233..+239: neighbours 10 apart never share them
+
+
+def port_for(name: str, wanted: int, facts: HostFacts) -> tuple[int, str]:
+    """The deployment's HTTP port: the playbook's, unless another deployment on the host uses it (then
+    the next one, in steps of PORT_STEP, that no deployment records and nothing listens on)."""
+    taken = {
+        int(rec.state["port"]): rec.name
+        for rec in facts.remote.deployments.values()
+        if rec.name != name and isinstance(rec.state.get("port"), int) and rec.state.get("status") != "stopped"
+    }
+    if wanted not in taken:
+        return wanted, ""
+    port = wanted
+    while port in taken or facts.port_holder(port) is not None:
+        port += PORT_STEP
+        if port > 65535:
+            raise PreflightError(
+                f"{facts.host}: no free port for deployment {name} from {wanted} on.", "Set port: in the playbook."
+            )
+    return port, f"port {wanted} is deployment {taken[wanted]}'s: {name} uses {port}"

@@ -1,0 +1,175 @@
+"""Several deployments on one host, each on its own GPUs, ports, state and lock: fleet's real host scripts
+in a simulated 8-GPU host's namespaces (fleet_testbed.nshost), through fleet's own loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from fleet import events
+from fleet.control import ops
+from fleet.control.sweep import HealthOptions, check_host
+from fleet.errors import ConfigError, PreflightError
+from fleet.inventory import load_playbook
+from fleet_testbed import nshost, simhost
+
+pytestmark = pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[nshost.NamespaceHost]:
+    h = nshost.NamespaceHost(tmp_path, simhost.BLACKWELL, nshost.loopback_address())
+    yield h
+    h.close()
+
+
+def deploy(h: nshost.NamespaceHost, name: str, gpus: Any, **kw: Any) -> tuple[Any, list[events.Event]]:
+    seen: list[events.Event] = []
+    pb = load_playbook(kw.pop("playbook", "qwen36-27b"), ROOT / "playbooks")
+    result = ops.deploy(
+        h.transport(), h.host, pb, force=False, engine_check=False, progress=seen.append, name=name, gpus=gpus, **kw
+    )
+    return result, seen
+
+
+def record(h: nshost.NamespaceHost, name: str) -> dict[str, Any]:
+    return json.loads(simhost.record(h.dir, "state.json", name).read_text())
+
+
+def held_gpus(h: nshost.NamespaceHost, pgid: int) -> set[str]:
+    """The /dev/nvidiaN files the processes of a group hold open (what fuser would list)."""
+    out = h.shell(
+        f"for p in $(ps -o pid= -g {pgid}); do ls -l /proc/$p/fd 2>/dev/null; done | grep -o 'nvidia[0-9]*$' || true"
+    )
+    return set(out.split())
+
+
+def environment(h: nshost.NamespaceHost, pid: int) -> dict[str, str]:
+    raw = h.shell(f"cat /proc/{pid}/environ | tr '\\0' '\\n'")
+    return dict(line.split("=", 1) for line in raw.splitlines() if "=" in line)
+
+
+def alive(h: nshost.NamespaceHost, pid: int) -> bool:
+    return h.shell(f"ps -o stat= -p {pid} || true").strip()[:1] not in ("", "Z")
+
+
+def engine_of(h: nshost.NamespaceHost, name: str) -> int:
+    """The engine process (python -m sglang.launch_server) of a deployment: the launcher's child."""
+    return int(h.shell(f"pgrep -P {record(h, name)['pid']} -f sglang.launch_server").split()[0])
+
+
+def test_two_deployments_share_a_box_on_their_own_gpus_ports_and_records(box: nshost.NamespaceHost) -> None:
+    a, seen = deploy(box, "big", (0, 1, 2, 3))
+    b, _ = deploy(box, "small", (6, 7))
+    assert a.ok and b.ok, (a.reason, b.reason)
+    planned = next(e for e in seen if isinstance(e, events.Planned))
+    assert planned.deployment == "big" and planned.placement == "GPUs 0,1,2,3 as asked"
+    big, small = record(box, "big"), record(box, "small")
+    assert (big["gpus"], small["gpus"]) == ([0, 1, 2, 3], [6, 7])
+    assert (big["port"], small["port"]) == (30000, 30010)  # the second moved off the first's port by rule
+    argv_b = small["plan"]["argv"]
+    assert argv_b[argv_b.index("--nccl-port") + 1] == "40010"
+    env = environment(box, engine_of(box, "small"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert held_gpus(box, big["pgid"]) == {"nvidia0", "nvidia1", "nvidia2", "nvidia3"}
+    assert held_gpus(box, small["pgid"]) == {"nvidia6", "nvidia7"}
+    shown: list[bytes] = []
+    ops.logs(box.transport(), box.host, lines=500, follow=False, sink=lambda b: shown.append(b) or True, name="small")
+    assert b"port=30010" in b"".join(shown) and b"port=30000," not in b"".join(shown)  # small's own log
+    rows = ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))
+    assert [(r["deployment"], r["gpus"], r["status"]) for r in rows] == [
+        ("big", [0, 1, 2, 3], "ready"),
+        ("small", [6, 7], "ready"),
+    ]
+
+
+def test_restarting_or_stopping_one_deployment_leaves_the_other_untouched(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "big", (0, 1, 2, 3))[0].ok and deploy(box, "small", (6, 7))[0].ok
+    small = record(box, "small")
+    restarted = ops.restart(box.transport(), box.host, force=False, progress=events.ignore, name="big")
+    assert restarted.ok
+    assert record(box, "small")["pid"] == small["pid"] and alive(box, small["pid"])
+    assert held_gpus(box, small["pgid"]) == {"nvidia6", "nvidia7"}
+    with pytest.raises(ConfigError, match="2 deployments \\(big, small\\); say which to restart"):
+        ops.restart(box.transport(), box.host, force=False, progress=events.ignore)
+    with pytest.raises(ConfigError, match="no deployment named bigg \\(deployments there: big, small\\)"):
+        ops.stop(box.transport(), box.host, force=False, name="bigg")
+    out = ops.stop(box.transport(), box.host, force=False, name="big")
+    assert {p["pgid"] for p in out["stopped"]} == {record(box, "big")["pgid"]}
+    assert record(box, "big")["status"] == "stopped" and alive(box, small["pid"])
+    health = check_host(box.transport(), box.host, HealthOptions())
+    mine = {(c.deployment, c.name): c.status for c in health.checks if c.deployment}
+    assert mine[("small", "generation")] == "ok" and mine[("big", "server")] == "ok"  # stopped by an operator
+    assert health.up == {"big": False, "small": True}
+    everything = ops.stop(box.transport(), box.host, force=False)  # --host alone: every deployment there
+    assert everything["refused"] == [] and not alive(box, small["pid"])
+    assert {n: record(box, n)["status"] for n in ("big", "small")} == {"big": "stopped", "small": "stopped"}
+
+
+def test_overlap_is_refused_naming_the_other_unless_replaced(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "big", (0, 1, 2, 3))[0].ok
+    big = record(box, "big")
+    with pytest.raises(PreflightError) as caught:
+        deploy(box, "small", (3, 4))
+    assert "deployment big on GPUs 0,1,2,3 (pid" in caught.value.message and "--replace" in caught.value.hint
+    assert not simhost.record(box.dir, "state.json", "small").exists() and alive(box, big["pid"])
+    with pytest.raises(PreflightError, match="overlap deployment big"):
+        deploy(box, "whole", None)  # all GPUs: also over big's
+    replaced, _ = deploy(box, "small", (3, 4), replace=True)
+    assert replaced.ok and not alive(box, big["pid"])
+    assert record(box, "big")["status"] == "stopped" and "replaced by deployment small" in record(box, "big")["reason"]
+
+
+def test_a_count_is_placed_on_free_gpus_beside_the_others(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "big", (0, 1, 2, 3))[0].ok
+    result, seen = deploy(box, "pair", 2)
+    assert result.ok and record(box, "pair")["gpus"] == [4, 5]
+    assert next(e for e in seen if isinstance(e, events.Planned)).placement.startswith("2 free GPUs picked: 4,5")
+
+
+def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_running(box: nshost.NamespaceHost) -> None:
+    """An older fleet kept one state.json per host: it is read as the deployment its playbook names, on
+    all GPUs; the next deploy of that playbook proves and keeps the running server, and moves the record."""
+    assert deploy(box, "qwen36-27b", None)[0].ok
+    current = simhost.record(box.dir, "state.json", "qwen36-27b")
+    old = json.loads(current.read_text())
+    for key in ("deployment", "gpus"):
+        old.pop(key, None)
+    old["schema"] = 1
+    (box.dir / "state" / "state.json").write_text(json.dumps(old))  # as the previous fleet wrote it
+    current.unlink()
+    (current.parent / "lock.guard").unlink(missing_ok=True)
+    current.parent.rmdir()
+    rows = ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))
+    assert [(r["deployment"], r["status"], r["pid"]) for r in rows] == [("qwen36-27b", "ready", old["pid"])]
+    with pytest.raises(PreflightError, match="overlap deployment qwen36-27b"):
+        deploy(box, "beside", (6, 7))  # the old server holds every GPU
+    again, seen = deploy(box, "qwen36-27b", None)
+    assert again.ok and again.adopted and alive(box, old["pid"])
+    deployed = deploy(box, "qwen36-27b", None, playbook="qwen36-27b")[0]  # adopted again, from the same record
+    assert deployed.adopted
+    stopped = ops.stop(box.transport(), box.host, force=False, name="qwen36-27b")
+    assert old["pid"] in [p["pid"] for p in stopped["stopped"]]  # found through the moved record
+    assert not (box.dir / "state" / "state.json").exists() and record(box, "qwen36-27b")["status"] == "stopped"
+
+
+def test_a_deploy_under_way_elsewhere_on_the_host_holds_its_gpus_and_port_against_a_second(
+    box: nshost.NamespaceHost,
+) -> None:
+    """Two deploys placing themselves at once: the facts each read showed no other, so the act step checks
+    again under the host's guard, against the other run's lock (its GPUs and port)."""
+    lock = simhost.record(box.dir, "lock.json", "other")
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"run_id": "r", "owner": "ana", "holder_pid": 1, "gpus": [6, 7], "port": 30000}))
+    with pytest.raises(PreflightError) as caught:
+        deploy(box, "small", (0, 1))
+    said = caught.value.message
+    assert "share GPUs or a port with deployment other on GPUs 6,7 and port 30000 (deploying now)" in said
+    assert not simhost.record(box.dir, "state.json", "small").exists()
+    lock.unlink()  # the other run ended: its GPUs and port are free again
+    assert deploy(box, "small", (0, 1))[0].ok

@@ -1,0 +1,85 @@
+"""Two deployments on one box over real sshd: started at once, one restarted while the other answers a
+steady stream of requests (none may fail), status and facts per deployment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import BLACKWELL, ROOT, run_cli
+from fleet_testbed import simhost
+from simengine import chat
+
+pytestmark = pytest.mark.ssh
+FLEET = str(Path(sys.executable).parent / "fleet")
+
+
+def placed(d: Path, name: str, base: str, port: int, gpus: str) -> None:
+    text = (ROOT / "playbooks" / f"{base}.yaml").read_text().replace("port: 30000", f"port: {port}")
+    (d / f"{name}.yaml").write_text(text + f"gpus: {gpus}\n")
+
+
+def test_two_deployments_start_together_and_a_restart_of_one_drops_no_request_to_the_other(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    placed(playbooks, "big", "qwen35-nvfp4", 30000, "[0, 1, 2, 3]")
+    placed(playbooks, "small", "qwen36-27b", 30100, "[6, 7]")
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed")}
+    both = [
+        subprocess.Popen([FLEET, "deploy", name, "--host", "blackwell"], env=env, stderr=subprocess.PIPE, text=True)
+        for name in ("big", "small")
+    ]
+    said = [p.communicate(timeout=300)[1] for p in both]
+    assert [p.returncode for p in both] == [0, 0], said
+    hdir = fleet_env.host_dir("blackwell")
+    small = json.loads(simhost.record(hdir, "state.json", "small").read_text())
+    big = json.loads(simhost.record(hdir, "state.json", "big").read_text())
+    assert (small["gpus"], big["gpus"]) == ([6, 7], [0, 1, 2, 3])
+
+    failures: list[object] = []
+    answered = 0
+    stop = threading.Event()
+
+    def ask_small() -> None:
+        nonlocal answered
+        while not stop.is_set():
+            code, body = chat(BLACKWELL.address, 30100, "The capital of France?", served=small["served_name"])
+            if code == 200:
+                answered += 1
+            else:
+                failures.append((code, body))
+
+    client = threading.Thread(target=ask_small)
+    client.start()
+    try:
+        r = run_cli("restart", "--host", "blackwell/big")
+    finally:
+        stop.set()
+        client.join(timeout=30)
+    assert r.code == 0, r.err
+    assert failures == [] and answered > 0
+    after = json.loads(simhost.record(hdir, "state.json", "small").read_text())
+    assert after["pid"] == small["pid"]
+    assert json.loads(simhost.record(hdir, "state.json", "big").read_text())["pid"] != big["pid"]
+    status = run_cli("status", "--host", "blackwell", "--json")
+    rows = [json.loads(line) for line in status.out.splitlines()]
+    assert [(r["deployment"], r["status"], r["port"]) for r in rows] == [
+        ("big", "ready", 30000),
+        ("small", "ready", 30100),
+    ]
+    facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
+    held = {**{str(i): "deployment big" for i in range(4)}, "6": "deployment small", "7": "deployment small"}
+    assert facts["gpu_holders"] == held
+    stopped = run_cli("stop", "--host", "blackwell")
+    assert stopped.code == 0 and "stopped" in stopped.out
+    rows = [json.loads(line) for line in run_cli("status", "--host", "blackwell", "--json").out.splitlines()]
+    assert {r["status"] for r in rows} == {"stopped"}

@@ -1,0 +1,111 @@
+"""Where a deployment runs on its host (fleet.plan.placement): pure, from facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from factsdata import RTX_PRO_6000, facts
+from fleet.errors import PreflightError
+from fleet.plan.placement import place, port_for
+
+
+def server(pid: int, pgid: int | None = None, uid: int = 1000) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "pgid": pgid or pid,
+        "uid": uid,
+        "user": "ops",
+        "comm": "python",
+        "cmdline": "python -m sglang.launch_server",
+    }
+
+
+def deployed(pid: int, gpus: list[int] | None, port: int = 30000, status: str = "ready") -> dict[str, Any]:
+    state: dict[str, Any] = {"pid": pid, "pgid": pid, "status": status, "port": port}
+    if gpus is not None:
+        state["gpus"] = gpus
+    return {"state": state}
+
+
+def box(**kw: Any) -> Any:
+    return facts("blackwell", RTX_PRO_6000, 8, **kw)
+
+
+def test_indices_as_asked_all_by_default_and_a_count_picks_adjacent_free_gpus() -> None:
+    f = box(servers=[server(500)], deployments={"big": deployed(500, [0, 1, 2, 3, 4])})
+    assert place("small", (6, 7), f, replace=False, where="x").gpus == (6, 7)
+    assert place("big", None, box(), replace=False, where="x").gpus == tuple(range(8))
+    picked = place("small", 2, f, replace=False, where="x")
+    assert picked.gpus == (5, 6) and picked.how == "2 free GPUs picked: 5,6"
+
+
+def test_a_count_skips_gpus_another_users_process_uses() -> None:
+    f = box(
+        servers=[server(500)],
+        deployments={"big": deployed(500, [0, 1])},
+        gpu_processes={2: [{"pid": 900, "used_mib": 4000}]},
+    )
+    assert place("small", 2, f, replace=False, where="x").gpus == (3, 4)
+
+
+def test_overlap_with_a_running_deployment_is_refused_naming_it_unless_replaced() -> None:
+    f = box(servers=[server(500)], deployments={"big": deployed(500, [0, 1, 2, 3])})
+    with pytest.raises(PreflightError) as caught:
+        place("small", (3, 4), f, replace=False, where="playbooks/small.yaml:7 (blackwell)")
+    said = caught.value.message
+    assert (
+        said.startswith("playbooks/small.yaml:7 (blackwell): GPUs 3,4")
+        and "deployment big on GPUs 0,1,2,3 (pid 500)" in said
+    )
+    assert "--replace" in caught.value.hint
+    replaced = place("small", (3, 4), f, replace=True, where="x")
+    assert [o.name for o in replaced.replaces] == ["big"]
+
+
+def test_a_dead_or_stopped_deployment_holds_no_gpus_and_an_older_fleets_record_holds_all() -> None:
+    dead = box(deployments={"big": deployed(500, [0, 1])})  # pid 500 is not among the running servers
+    assert place("small", (0, 1), dead, replace=False, where="x").gpus == (0, 1)
+    legacy = box(servers=[server(500)], deployments={"old": {**deployed(500, None), "legacy": True}})
+    with pytest.raises(PreflightError, match="deployment old on GPUs 0,1,2,3,4,5,6,7"):
+        place("small", (7,), legacy, replace=False, where="x")
+
+
+@pytest.mark.parametrize(
+    ("asked", "said"),
+    [
+        ((8,), "GPU 8 does not exist on blackwell (it has GPUs 0,1,2,3,4,5,6,7)"),
+        (9, "9 GPUs asked for; blackwell has 8"),
+    ],
+)
+def test_gpus_the_host_does_not_have_are_refused_with_where_they_were_asked(asked: Any, said: str) -> None:
+    with pytest.raises(PreflightError) as caught:
+        place("small", asked, box(), replace=False, where="playbooks/small.yaml:4 (blackwell)")
+    assert caught.value.message.startswith("playbooks/small.yaml:4 (blackwell): " + said)
+
+
+def test_a_count_that_does_not_fit_beside_the_others_names_them() -> None:
+    f = box(servers=[server(500)], deployments={"big": deployed(500, [0, 1, 2, 3, 4, 5, 6])})
+    with pytest.raises(PreflightError, match="2 free GPUs asked for; blackwell has 1 free .*deployment big"):
+        place("small", 2, f, replace=False, where="x")
+
+
+def test_a_port_another_deployment_records_moves_this_one_by_a_step() -> None:
+    f = box(servers=[server(500)], deployments={"a": deployed(500, [0, 1], port=30000)})
+    assert port_for("a", 30000, f) == (30000, "")
+    assert port_for("b", 30000, f) == (30010, "port 30000 is deployment a's: b uses 30010")
+    stopped = box(deployments={"a": deployed(500, [0, 1], port=30000, status="stopped")})
+    assert port_for("b", 30000, stopped) == (30000, "")
+
+
+def test_fleet_facts_says_which_deployment_or_foreign_process_holds_each_gpu() -> None:
+    from fleet.plan.placement import gpu_owners
+
+    f = box(
+        servers=[server(500)],
+        deployments={"big": deployed(500, [0, 1]), "gone": deployed(600, [2, 3])},
+        gpu_processes={5: [{"pid": 900, "used_mib": 4000}]},
+    )
+    assert gpu_owners(f) == {0: "deployment big", 1: "deployment big", 5: "pids 900"}
