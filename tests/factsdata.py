@@ -41,9 +41,10 @@ def facts(
     learned: dict[str, Any] | None = None,
     deployments: dict[str, dict[str, Any]] | None = None,
     gpu_processes: dict[int, list[dict[str, int]]] | None = None,
+    topology: list[list[int]] | None = None,
 ) -> HostFacts:
     """`deployments`: name -> its records on the host ({"state": ..., "lock": ...}); `gpu_processes`:
-    GPU index -> [{pid, used_mib}] as NVML lists them."""
+    GPU index -> [{pid, used_mib}] as NVML lists them; `topology`: [[i, j, level]] as the probe reports it."""
     name, cc, mem = gpu
     raw: dict[str, Any] = {
         "hostname": host,
@@ -56,6 +57,7 @@ def facts(
             "source": "nvml",
             "driver_version": "580.95.05",
             "cuda_version": "13.0",
+            "topology": topology,
             "gpus": [
                 {
                     "index": i,

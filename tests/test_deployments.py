@@ -125,11 +125,16 @@ def test_overlap_is_refused_naming_the_other_unless_replaced(box: nshost.Namespa
     assert record(box, "big")["status"] == "stopped" and "replaced by deployment small" in record(box, "big")["reason"]
 
 
-def test_a_count_is_placed_on_free_gpus_beside_the_others(box: nshost.NamespaceHost) -> None:
-    assert deploy(box, "big", (0, 1, 2, 3))[0].ok
+def test_a_count_is_placed_on_free_gpus_sharing_the_closest_links(box: nshost.NamespaceHost) -> None:
+    """The probe reads NVML's topology (the simulated board: two GPUs per PCIe switch, four per socket);
+    a count takes GPUs behind one switch, not the next indices (3 and 4 sit on two sockets)."""
+    topology = ops.read_facts(box.transport(), box.host).gpu_topology
+    assert (topology[(0, 1)], topology[(1, 2)], topology[(3, 4)]) == (10, 40, 50)
+    assert deploy(box, "first", (1, 2))[0].ok
     result, seen = deploy(box, "pair", 2)
     assert result.ok and record(box, "pair")["gpus"] == [4, 5]
-    assert next(e for e in seen if isinstance(e, events.Planned)).placement.startswith("2 free GPUs picked: 4,5")
+    said = next(e for e in seen if isinstance(e, events.Planned)).placement
+    assert said.startswith("2 free GPUs picked: 4,5 (one PCIe switch)")
 
 
 def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_running(box: nshost.NamespaceHost) -> None:

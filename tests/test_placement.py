@@ -42,6 +42,26 @@ def test_indices_as_asked_all_by_default_and_a_count_picks_adjacent_free_gpus() 
     assert picked.gpus == (5, 6) and picked.how == "2 free GPUs picked: 5,6"
 
 
+def workstation(count: int = 8) -> list[list[int]]:
+    """Two GPUs per PCIe switch, half of them per CPU socket (NVML levels: 10 switch, 40 node, 50 system)."""
+    half = count // 2
+    return [
+        [i, j, 10 if i // 2 == j // 2 else 40 if i // half == j // half else 50]
+        for i in range(count)
+        for j in range(i + 1, count)
+    ]
+
+
+def test_with_nvmls_topology_a_count_takes_gpus_behind_one_switch_not_adjacent_indices_across_sockets() -> None:
+    f = box(servers=[server(500)], deployments={"a": deployed(500, [1, 2])}, topology=workstation())
+    picked = place("pair", 2, f, replace=False, where="x")  # adjacency alone would take 3,4: two sockets
+    assert picked.gpus == (4, 5) and picked.how == "2 free GPUs picked: 4,5 (one PCIe switch)"
+    four = place("four", 4, f, replace=False, where="x")
+    assert four.gpus == (4, 5, 6, 7) and four.how.endswith("(one NUMA node)")
+    spread = place("five", 5, f, replace=False, where="x")
+    assert spread.how.endswith("(across NUMA nodes)")
+
+
 def test_a_count_skips_gpus_another_users_process_uses() -> None:
     f = box(
         servers=[server(500)],

@@ -78,6 +78,9 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
             # What an idle real H200 (driver 580) reported used through NVML while nvidia-smi said 0 MiB:
             # memory the driver reserves (docs/real-gpu.md). Only the stand-in pynvml adds it.
             "driver_reserved_mib": 615,
+            # a workstation board's layout: two GPUs behind each PCIe switch, half the GPUs per CPU socket
+            "pcie_switch": i // 2,
+            "numa_node": i // max(1, spec.gpu_count // 2),
         }
         for i in range(spec.gpu_count)
     ]

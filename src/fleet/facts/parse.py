@@ -156,6 +156,8 @@ class HostFacts:
     load: tuple[float, ...] = ()
     mem_available_kib: int | None = None
     gpu_tools_missing: bool = False  # source "none" because nothing reads GPUs here, not a failing driver
+    # (i, j) with i < j -> the closest link the two GPUs share, as NVML ranks it (empty: unknown)
+    gpu_topology: dict[tuple[int, int], int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
@@ -316,6 +318,11 @@ def parse_facts(host: str, text: str) -> HostFacts:
         load=tuple(raw.get("load", ())),
         mem_available_kib=raw.get("mem_available_kib"),
         gpu_tools_missing=gpu.get("tools_missing") is True,
+        gpu_topology={
+            (int(t[0]), int(t[1])): int(t[2])
+            for t in gpu.get("topology") or []
+            if isinstance(t, list) and len(t) == 3 and all(isinstance(x, int) for x in t)
+        },
         raw=raw,
     )
 

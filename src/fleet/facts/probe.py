@@ -116,11 +116,27 @@ def _nvml() -> Dict[str, Any]:
         return {
             "source": "nvml",
             "gpus": gpus,
+            "topology": _topology(n, len(gpus)),
             "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
             "cuda_version": "%d.%d" % (cuda // 1000, (cuda % 1000) // 10),
         }
     finally:
         n.nvmlShutdown()
+
+
+def _topology(n: Any, count: int) -> Optional[List[List[int]]]:
+    """[i, j, level] for every pair of GPUs: the closest link they share, as NVML ranks it (10: one PCIe
+    switch, 20: several switches, 30: a host bridge, 40: one NUMA node, 50: across sockets). None when
+    NVML cannot say (a driver or board that does not report it)."""
+    try:
+        handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        return [
+            [i, j, int(n.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))]
+            for i in range(count)
+            for j in range(i + 1, count)
+        ]
+    except Exception:
+        return None
 
 
 def _nvidia_smi() -> Optional[Dict[str, Any]]:

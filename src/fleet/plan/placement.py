@@ -7,6 +7,7 @@ the host's guard, so two deploys placing themselves at once cannot both take a G
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,8 +93,8 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
         taken = {i for o in others for i in o.gpus} if not replace else set()
         barred = taken | set(foreign_users(facts))
         free = [i for i in indices if i not in barred]
-        picked = _contiguous(free, asked)
-        if picked is None:
+        closest = _closest(free, asked, facts.gpu_topology)
+        if closest is None:
             held = "; ".join(f"{_shown(o.gpus)}: deployment {o.name}" for o in others)
             foreign = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in foreign_users(facts).items())
             raise PreflightError(
@@ -101,7 +102,7 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
                 f"({'; '.join(x for x in (held, foreign) if x) or 'none held'}).",
                 "Stop a deployment there first, pass --replace to take its GPUs, or ask for fewer.",
             )
-        gpus, how = picked, f"{asked} free GPUs picked: {_shown(picked)}"
+        gpus, how = closest[0], f"{asked} free GPUs picked: {_shown(closest[0])}{closest[1]}"
     else:
         gpus, how = indices, f"all {len(indices)} GPUs"
     clash = tuple(o for o in others if set(o.gpus) & set(gpus))
@@ -120,13 +121,33 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
     return Placement(name, tuple(gpus), how, clash)
 
 
-def _contiguous(free: Sequence[int], n: int) -> tuple[int, ...] | None:
-    """n free GPUs, adjacent ones first (neighbours usually share a PCIe switch), else the lowest n."""
+# NVML's topology levels (nvmlGpuTopologyLevel_t): how close two GPUs are, as a placement says it.
+LINKS = {0: "one board", 10: "one PCIe switch", 20: "PCIe switches", 30: "one host bridge", 40: "one NUMA node"}
+LINKS_APART = "across NUMA nodes"
+MAX_SEARCHED_GPUS = 16  # every subset is weighed up to here (16 choose 8 is 12870); beyond, adjacency
+
+
+def _closest(free: Sequence[int], n: int, topology: dict[tuple[int, int], int]) -> tuple[tuple[int, ...], str] | None:
+    """n free GPUs that share the closest links: the fewest hops between the farthest pair, then in all
+    (NCCL's all-reduce runs at the pace of the slowest link). Without NVML's topology, adjacent indices
+    (neighbours usually share a PCIe switch), else the lowest n."""
+    if len(free) < n:
+        return None
+    known = all((a, b) in topology for a, b in itertools.combinations(free, 2))
+    if topology and known and len(free) <= MAX_SEARCHED_GPUS and n > 1:
+
+        def cost(group: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
+            links = [topology[pair] for pair in itertools.combinations(group, 2)]
+            return max(links), sum(links), group
+
+        best = min(itertools.combinations(free, n), key=cost)
+        worst = cost(best)[0]
+        return best, f" ({LINKS.get(worst, LINKS_APART)})"
     for start in range(len(free) - n + 1):
         window = free[start : start + n]
         if window[-1] - window[0] == n - 1:
-            return tuple(window)
-    return tuple(free[:n]) if len(free) >= n else None
+            return tuple(window), ""
+    return tuple(free[:n]), ""
 
 
 def _shown(gpus: Sequence[int]) -> str:

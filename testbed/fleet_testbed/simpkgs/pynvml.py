@@ -72,6 +72,22 @@ def nvmlDeviceGetHandleByIndex(i):
     return i
 
 
+NVML_TOPOLOGY_INTERNAL, NVML_TOPOLOGY_SINGLE, NVML_TOPOLOGY_MULTIPLE = 0, 10, 20
+NVML_TOPOLOGY_HOSTBRIDGE, NVML_TOPOLOGY_NODE, NVML_TOPOLOGY_SYSTEM = 30, 40, 50
+
+
+def nvmlDeviceGetTopologyCommonAncestor(h1, h2):
+    """The closest link two GPUs share, from host.json's pcie_switch and numa_node per GPU."""
+    a, b = _table()[h1], _table()[h2]
+    if "pcie_switch" not in a or "pcie_switch" not in b:
+        raise NVMLError("Not Supported")
+    if h1 == h2:
+        return NVML_TOPOLOGY_INTERNAL
+    if a["pcie_switch"] == b["pcie_switch"]:
+        return NVML_TOPOLOGY_SINGLE
+    return NVML_TOPOLOGY_NODE if a.get("numa_node") == b.get("numa_node") else NVML_TOPOLOGY_SYSTEM
+
+
 def nvmlDeviceGetMinorNumber(h):
     """The N of /dev/nvidiaN; a real box may number them apart from NVML's indices (host.json `minor`)."""
     return int(_table()[h].get("minor", h))
