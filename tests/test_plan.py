@@ -227,6 +227,16 @@ def test_learned_fixes_are_applied_and_named() -> None:
     assert "spec-params-incomplete" not in {v.rule for v in r.verdicts}
 
 
+def test_learned_fixes_are_kept_per_gpu_model_and_older_keys_read_as_this_ones() -> None:
+    fix = [{"signature": "sglang-spec-params-incomplete", "learned_at": "-", "fix": Fix(derive="x").to_json()}]
+    base = "blackwell|/models/Qwen3.5-397B-A17B-NVFP4|sglang|0.5.11"
+    gpu = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
+    r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS, learned={f"{base}|NVIDIA B200": fix})
+    assert r.plan is not None and r.plan.applied_fixes == () and r.learned_key == f"{base}|{gpu}"
+    r = plan(playbook("qwen35-nvfp4-handwritten"), "blackwell", BLACKWELL_GPUS, learned={f"{base}|{gpu}": fix})
+    assert r.plan is not None and r.plan.applied_fixes == ("sglang-spec-params-incomplete",)
+
+
 def test_learned_fixes_of_another_engine_version_are_not_applied() -> None:
     key = "blackwell|/models/Qwen3.5-397B-A17B-NVFP4|sglang|0.5.10"
     learned = {key: [{"signature": "x", "learned_at": "-", "fix": Fix(derive="speculative_num_steps").to_json()}]}

@@ -52,8 +52,10 @@ def gpu_summary(facts: HostFacts, indices: Sequence[int] | None = None) -> GpuSu
     )
 
 
-def learned_key(host: str, model_path: str, engine: str, version: Version | None) -> str:
-    return f"{host}|{model_path}|{engine}|{show_version(version)}"
+def learned_key(host: str, model_path: str, engine: str, version: Version | None, gpu: str) -> str:
+    """What a learned fix is kept for: host x model x engine version x GPU model (a fix for one board's
+    GPUs says nothing about another's: a host's cards can be swapped, a deployment's set differs)."""
+    return f"{host}|{model_path}|{engine}|{show_version(version)}|{gpu}"
 
 
 def learned_fixes(facts: HostFacts, key: str, signatures: Sequence[Signature] | None = None) -> tuple[LearnedFix, ...]:
@@ -63,7 +65,9 @@ def learned_fixes(facts: HostFacts, key: str, signatures: Sequence[Signature] | 
     fix, is dropped: state.json is a file on the host, and anything can be written into it."""
     known = known_fixes(builtin_signatures() if signatures is None else signatures)
     table = facts.remote.learned or {}
-    entries = table.get(key, []) if isinstance(table, dict) else []
+    # fleet before deployments kept them without the GPU model: read as this GPU model's
+    older = key.rsplit("|", 1)[0] if key.count("|") == 4 else None
+    entries = (table.get(key) or (table.get(older) if older else None) or []) if isinstance(table, dict) else []
     out: list[LearnedFix] = []
     for e in entries:
         try:
@@ -171,7 +175,7 @@ def build_plan(
             verdicts.append(
                 _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
             )
-    key = learned_key(host.name, model_path, pb.engine, version)
+    key = learned_key(host.name, model_path, pb.engine, version, gpus.name if gpus else "")
     if model is None or gpus is None or install is None:
         return PlanResult(None, model, gpus, wishes, key, tuple(verdicts))
     plan = plan_launch(
