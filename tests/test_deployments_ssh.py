@@ -79,7 +79,32 @@ def test_two_deployments_start_together_and_a_restart_of_one_drops_no_request_to
     facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
     held = {**{str(i): "deployment big" for i in range(4)}, "6": "deployment small", "7": "deployment small"}
     assert facts["gpu_holders"] == held
+    overlap = run_cli("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "3,4")
+    assert overlap.code == 4 and "overlap deployment big on GPUs 0,1,2,3" in overlap.err
+    one = json.loads(run_cli("health", "--host", "blackwell/small", "--json").out)
+    assert {c["deployment"] for c in one["checks"]} == {None, "small"} and one["status"] == "ok", one
     stopped = run_cli("stop", "--host", "blackwell")
     assert stopped.code == 0 and "stopped" in stopped.out
     rows = [json.loads(line) for line in run_cli("status", "--host", "blackwell", "--json").out.splitlines()]
     assert {r["status"] for r in rows} == {"stopped"}
+
+
+def test_a_host_deployed_by_the_previous_fleet_is_upgraded_in_place(fleet_env: simhost.Sandbox) -> None:
+    """The one state.json an older fleet kept per host (written here as it wrote it): status shows it as
+    the deployment its playbook names, deploy proves and keeps its server, stop finds and stops it."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    hdir = fleet_env.host_dir("ct129")
+    current = simhost.record(hdir, "state.json")
+    old = json.loads(current.read_text())
+    old = {k: v for k, v in old.items() if k not in ("deployment", "gpus")} | {"schema": 1}
+    (hdir / "state" / "state.json").write_text(json.dumps(old))
+    for leftover in current.parent.iterdir():
+        leftover.unlink()
+    current.parent.rmdir()
+    rows = [json.loads(line) for line in run_cli("status", "--host", "ct129", "--json").out.splitlines()]
+    assert [(r["deployment"], r["status"], r["pid"]) for r in rows] == [("qwen36-27b", "ready", old["pid"])]
+    again = json.loads(run_cli("deploy", "qwen36-27b", "--host", "ct129", "--json").out)
+    assert again["ok"] and again["adopted"]
+    assert run_cli("stop", "--host", "ct129").code == 0
+    assert not (hdir / "state" / "state.json").exists()
+    assert json.loads(simhost.record(hdir, "state.json").read_text())["status"] == "stopped"

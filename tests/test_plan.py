@@ -309,3 +309,24 @@ def test_derived_plans_never_trip_a_known_crash() -> None:
         for version in ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.15", "0.5.20", "0.5.23"):
             r = plan(playbook(pb_name), host_name, gpus, version=version)
             assert not [v for v in r.verdicts if v.level == "crash"], (pb_name, version)
+
+
+def test_golden_a_deployment_placed_beside_another_on_blackwell() -> None:
+    """CUDA_VISIBLE_DEVICES and PCI bus order for its GPUs, TP from their count, its own NCCL port."""
+    f = facts("blackwell", BLACKWELL_GPUS[0], BLACKWELL_GPUS[1], model="Qwen3.6-27B")
+    r = build_plan(host("blackwell"), playbook("qwen36-27b"), f, "/models/Qwen3.6-27B", gpu_indices=(6, 7), port=30010)
+    golden("qwen36-27b-blackwell-gpus-6-7-sglang-0.5.11", r)
+    assert not r.errors
+
+
+def test_memory_someone_else_uses_on_the_deployments_gpus_is_a_warning_before_anything_stops() -> None:
+    busy = {6: [{"pid": 900, "used_mib": 20480}]}
+    f = facts("blackwell", BLACKWELL_GPUS[0], BLACKWELL_GPUS[1], model="Qwen3.6-27B", gpu_processes=busy)
+    on_it = build_plan(host("blackwell"), playbook("qwen36-27b"), f, "/models/Qwen3.6-27B", gpu_indices=(6, 7))
+    said = [v.message for v in on_it.verdicts if v.rule == "gpu-memory-used"]
+    assert said == [
+        "qwen36-27b on blackwell: GPU 6 has 20.0 GiB in use by pid 900, not an engine fleet stops; the launch "
+        "is refused while it runs (or pass --force)."
+    ]
+    beside = build_plan(host("blackwell"), playbook("qwen36-27b"), f, "/models/Qwen3.6-27B", gpu_indices=(0, 1))
+    assert not [v for v in beside.verdicts if v.rule == "gpu-memory-used"]

@@ -169,7 +169,8 @@ def diagnose(
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts).")
+@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts), or HOST/DEPLOYMENT.")
+@click.option("--name", "deployment", help="Only this deployment's checks (and its host's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
 @click.option(
     "--textfile",
@@ -216,6 +217,7 @@ def diagnose(
 def health(
     ctx: Invocation,
     host_name: str | None,
+    deployment: str | None,
     as_json: bool,
     textfile: Path | None,
     heal: bool,
@@ -237,9 +239,11 @@ def health(
       fleet health
       fleet health --json --textfile /var/lib/node_exporter/textfile/fleet.prom
       fleet health --heal --quiet --log-file ~/.cache/fleet/health.log
+      fleet health --host blackwell/qwen36-27b
     """
     import fcntl
 
+    host_name, deployment = split_deployment(host_name, deployment)
     from fleet import log
     from fleet.health import EXIT_CODE
 
@@ -271,13 +275,14 @@ def health(
             signatures=ctx.signatures,
             secrets=ctx.secrets,
         )
-        overall = _health_run(ctx, host_name, options, as_json, textfile, deadline_s, quiet, logger)
+        overall = _health_run(ctx, host_name, deployment, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
 def _health_run(
     ctx: Invocation,
     host_name: str | None,
+    deployment: str | None,
     options: HealthOptions,
     as_json: bool,
     textfile: Path | None,
@@ -295,6 +300,8 @@ def _health_run(
     def one(host: Host) -> Any:
         with transport_for(ctx, host) as t:
             result = control.check_host(t, host, options)
+            if deployment is not None and result.checks and result.checks[0].status == "ok":
+                result = result.only(deployment)  # (a host that could not be checked says so as it is)
             if options.heal and result.healable:
                 from fleet import events
                 from fleet.control import ops  # the deploy loop: only a heal needs it

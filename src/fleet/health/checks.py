@@ -84,6 +84,21 @@ class HostHealth:
     def hardware_fault(self) -> bool:
         return any(c.hardware and c.status == CRITICAL for c in self.checks)
 
+    def only(self, deployment: str) -> HostHealth:
+        """The host's own checks and one deployment's (`fleet health --host H/NAME`)."""
+        checks = tuple(c for c in self.checks if c.deployment in (None, deployment))
+        if deployment not in self.up:
+            checks += (Check("server", UNKNOWN, f"no deployment {deployment} on this host", deployment=deployment),)
+        return replace(
+            self,
+            checks=checks,
+            status=worst([c.status for c in checks]),
+            server_up=self.up.get(deployment, False),
+            playbook=deployment,
+            healable=tuple(n for n in self.healable if n == deployment),
+            up={n: u for n, u in self.up.items() if n == deployment},
+        )
+
     def problems(self) -> list[Check]:
         return sorted((c for c in self.checks if c.status != OK), key=lambda c: -SEVERITY[c.status])
 

@@ -294,6 +294,27 @@ def preflight(
                 )
             )
     out += facts_warnings(host, facts)
+    # memory on the deployment's GPUs that no engine of fleet's user holds: the fit above assumed it free
+    engines = {p.pid for p in facts.servers if p.uid == facts.uid}
+    for g in facts.gpus:
+        if gpus.indices and g.index not in gpus.indices:
+            continue
+        others = [p for p in g.processes if p.pid not in engines and p.used_mib > 1024]
+        if others:
+            used = sum(p.used_mib for p in others) / 1024
+            pids = ", ".join(str(p.pid) for p in others)
+            out.append(
+                Verdict(
+                    "warning",
+                    "gpu-memory-used",
+                    f"{where}: GPU {g.index} has {used:.1f} GiB in use by pid {pids}, not an engine fleet stops; "
+                    + (
+                        "fleet kills it (kill_policy: force)."
+                        if host.settings.kill_policy == "force"
+                        else "the launch is refused while it runs (or pass --force)."
+                    ),
+                )
+            )
     return out
 
 
