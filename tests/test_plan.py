@@ -330,3 +330,15 @@ def test_memory_someone_else_uses_on_the_deployments_gpus_is_a_warning_before_an
     ]
     beside = build_plan(host("blackwell"), playbook("qwen36-27b"), f, "/models/Qwen3.6-27B", gpu_indices=(0, 1))
     assert not [v for v in beside.verdicts if v.rule == "gpu-memory-used"]
+
+
+def test_a_placed_vllm_server_starts_its_internal_ports_from_its_http_port() -> None:
+    f = facts("blackwell", BLACKWELL_GPUS[0], BLACKWELL_GPUS[1], engine="vllm", version="0.33.0", model="Qwen3.6-27B")
+    pb = playbook("qwen36-27b", engine="vllm")
+    placed = build_plan(host("blackwell"), pb, f, "/models/Qwen3.6-27B", gpu_indices=(6, 7), port=30010)
+    assert placed.plan is not None
+    env = {e.name: e.value for e in placed.plan.env}
+    assert env["VLLM_PORT"] == "40010" and env["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert placed.plan.flag("--nccl-port") is None  # SGLang's flag, not vLLM's
+    whole = build_plan(host("blackwell"), pb, f, "/models/Qwen3.6-27B")
+    assert whole.plan is not None and "VLLM_PORT" not in {e.name for e in whole.plan.env}

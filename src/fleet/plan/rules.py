@@ -234,6 +234,16 @@ VLLM_RULES: tuple[Rule, ...] = (
         lambda i: [("--gpu-memory-utilization", str(i.wishes.mem_fraction))],
         "playbook mem_fraction",
     ),
+    Rule(
+        "internal-ports",
+        lambda i: bool(i.gpus.indices),
+        lambda i: [],
+        "a server placed beside others starts its internal ports (distributed init, engine-core sockets) at "
+        "its HTTP port + 10000: vLLM scans up from VLLM_PORT, else takes free ports at start-up that two "
+        "servers starting together can both take",
+        "scale-out.md §3; vllm #15987; vllm/utils/network_utils.py get_open_ports_list",
+        env=lambda i: [("VLLM_PORT", str(nccl_port_for(i.wishes.port)))],
+    ),
 )
 
 
