@@ -67,6 +67,7 @@ def test_two_deployments_share_a_box_on_their_own_gpus_ports_and_records(box: ns
     a, seen = deploy(box, "big", (0, 1, 2, 3))
     b, _ = deploy(box, "small", (6, 7))
     assert a.ok and b.ok, (a.reason, b.reason)
+    assert b.name == "qwen36-27b (deployment small)"  # how the outcome names it
     planned = next(e for e in seen if isinstance(e, events.Planned))
     assert planned.deployment == "big" and planned.placement == "GPUs 0,1,2,3 as asked"
     big, small = record(box, "big"), record(box, "small")

@@ -130,20 +130,17 @@ def progress_for(host: str, *, as_json: bool = False, show_log: bool = False) ->
 
 def print_result(r: Any) -> None:
     if r.ok and r.adopted:
-        say(f"{r.host}: {r.playbook} is up at {r.endpoint}: {r.reason} (`fleet restart` restarts it).")
+        say(f"{r.host}: {r.name} is up at {r.endpoint}: {r.reason} (`fleet restart` restarts it).")
         return
     if r.ok:
         fixes = f"; fixed on the way: {', '.join(r.new_fixes)}" if r.new_fixes else ""
-        say(
-            f"{r.host}: {r.playbook} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in "
-            f"{r.ready_s:.1f}s{fixes}."
-        )
+        say(f"{r.host}: {r.name} is up at {r.endpoint} after {len(r.attempts)} attempt(s) in {r.ready_s:.1f}s{fixes}.")
         if r.learned_applied:
             say(f"{r.host}: learned fixes used: {', '.join(r.learned_applied)}")
         return
     last = r.attempts[-1]
     d = last.diagnosis
-    say(f"{r.host}: {r.playbook} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
+    say(f"{r.host}: {r.name} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
     if d is not None:
         say(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True)
         for line in d.evidence:
@@ -160,6 +157,7 @@ def result_json(r: Any) -> dict[str, Any]:
     return {
         "host": r.host,
         "playbook": r.playbook,
+        "deployment": r.deployment or r.playbook,
         "ok": r.ok,
         "reason": r.reason,
         "endpoint": r.endpoint,

@@ -90,6 +90,16 @@ class DeployResult:
     log_tail: list[str] = field(default_factory=list)
     round_trips: int = 0
     adopted: bool = False  # the server already ran this plan and answered: nothing was restarted
+    deployment: str = ""  # its name on the host, when not the playbook's
+
+    @property
+    def name(self) -> str:
+        """How a person is told which server this is: the playbook, and the deployment when it differs."""
+        return (
+            f"{self.playbook} (deployment {self.deployment})"
+            if self.deployment not in ("", self.playbook)
+            else self.playbook
+        )
 
 
 def run_id() -> str:
@@ -336,7 +346,15 @@ class Deployer:
         learned_existing: list[dict[str, Any]],
         recorded_pgid: int | None,
     ) -> DeployResult:
-        result = DeployResult(self.host.name, self.playbook_name, False, [], plan, learned_applied=plan.applied_fixes)
+        result = DeployResult(
+            self.host.name,
+            self.playbook_name,
+            False,
+            [],
+            plan,
+            learned_applied=plan.applied_fixes,
+            deployment=self.deployment,
+        )
         try:
             return self._attempts(plan, model, gpus, wishes, result, learned_key, learned_existing, recorded_pgid)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the host must not be left locked by a run that ended

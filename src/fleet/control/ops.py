@@ -246,6 +246,7 @@ def _adopt(
         learned_applied=plan.applied_fixes,
         round_trips=t.commands_run,
         adopted=True,
+        deployment=deployment,
     )
 
 
