@@ -13,8 +13,8 @@ import pytest
 from conftest import ROOT
 from fleet import events
 from fleet.control import ops
-from fleet.control.sweep import HealthOptions, check_host
-from fleet.errors import ConfigError, PreflightError
+from fleet.control.sweep import HealthOptions, check_host, heal_host
+from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
 
@@ -156,7 +156,7 @@ def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_runni
     with pytest.raises(PreflightError, match="overlap deployment qwen36-27b"):
         deploy(box, "beside", (6, 7))  # the old server holds every GPU
     again, seen = deploy(box, "qwen36-27b", None)
-    assert again.ok and again.adopted and alive(box, old["pid"])
+    assert again.ok and again.adopted and alive(box, old["pid"]), [e for e in seen if isinstance(e, events.NotAdopted)]
     deployed = deploy(box, "qwen36-27b", None, playbook="qwen36-27b")[0]  # adopted again, from the same record
     assert deployed.adopted
     stopped = ops.stop(box.transport(), box.host, force=False, name="qwen36-27b")
@@ -167,15 +167,97 @@ def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_runni
 def test_a_deploy_under_way_elsewhere_on_the_host_holds_its_gpus_and_port_against_a_second(
     box: nshost.NamespaceHost,
 ) -> None:
-    """Two deploys placing themselves at once: the facts each read showed no other, so the act step checks
-    again under the host's guard, against the other run's lock (its GPUs and port)."""
+    """Two deploys placing themselves at once: each read the facts before the other took its lock, so the
+    act step checks again under the host's guard, against the other run's lock (its GPUs and ports).
+    The other run is made to start between this one's facts and its act (on its Planned event)."""
     lock = simhost.record(box.dir, "lock.json", "other")
-    lock.parent.mkdir(parents=True)
-    lock.write_text(json.dumps({"run_id": "r", "owner": "ana", "holder_pid": 1, "gpus": [6, 7], "port": 30000}))
+
+    def other_run_starts(event: events.Event) -> None:
+        if isinstance(event, events.Planned):
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            claim = {"run_id": "r", "owner": "ana", "holder_pid": 1, "gpus": [6, 7], "ports": [30000, 40000]}
+            lock.write_text(json.dumps(claim))
+
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
     with pytest.raises(PreflightError) as caught:
-        deploy(box, "small", (0, 1))
+        ops.deploy(
+            box.transport(),
+            box.host,
+            pb,
+            force=False,
+            engine_check=False,
+            progress=other_run_starts,
+            name="small",
+            gpus=(0, 1),
+        )
     said = caught.value.message
     assert "share GPUs or a port with deployment other on GPUs 6,7 and port 30000 (deploying now)" in said
     assert not simhost.record(box.dir, "state.json", "small").exists()
-    lock.unlink()  # the other run ended: its GPUs and port are free again
-    assert deploy(box, "small", (0, 1))[0].ok
+    # seen in the facts, the other run's claim moves this one to another port instead
+    result, seen = deploy(box, "small", (0, 1))
+    assert result.ok and record(box, "small")["port"] == 30010
+    lock.unlink()
+
+
+def test_a_deployment_moved_off_its_playbook_port_is_kept_on_redeploy_not_restarted(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "x", (0, 1))[0].ok and deploy(box, "a", (2, 3))[0].ok
+    first = record(box, "a")
+    again, _ = deploy(box, "a", (2, 3))
+    assert again.adopted and record(box, "a")["pid"] == first["pid"] and record(box, "a")["port"] == 30010
+
+
+def test_a_count_avoids_gpus_an_engine_started_by_hand_uses(box: nshost.NamespaceHost) -> None:
+    python = f"{box.dir}/env/bin/python"
+    model = f"{box.dir}/models/Qwen3.6-27B"
+    gpus = "CUDA_VISIBLE_DEVICES=4,5 CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    box.shell(
+        f"cd {box.dir} && {gpus} setsid {python} -m sglang.launch_server --model-path {model} --tp 2 "
+        f"--host {box.spec.address} --port 31000 </dev/null >/dev/null 2>&1 &"
+    )
+    box.shell("for i in $(seq 200); do [ $(pgrep -c -f '^sglang::scheduler') -ge 2 ] && break; sleep 0.05; done")
+    facts = ops.read_facts(box.transport(), box.host)
+    assert {g.index for g in facts.gpus if g.holders} == {4, 5}  # who holds which /dev/nvidiaN
+    result, _ = deploy(box, "pair", 2, replace=True)
+    assert result.ok and record(box, "pair")["gpus"] == [0, 1]
+    assert box.shell("pgrep -f -c '[p]ort 31000'").strip() == "1"  # the hand-started engine serves on
+
+
+def test_a_crashed_deployment_whose_leader_nobody_reaped_frees_its_gpus(box: nshost.NamespaceHost) -> None:
+    """No init reaps in this namespace (as in a container without one): the killed server's leader stays
+    a zombie, which must not count as a running deployment."""
+    assert deploy(box, "a", (0, 1))[0].ok
+    box.shell(f"kill -9 -{record(box, 'a')['pgid']}")
+    result, _ = deploy(box, "b", (0, 1))
+    assert result.ok, result.reason
+
+
+def test_stopping_every_deployment_stops_the_rest_when_one_is_busy(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "a", (0, 1))[0].ok and deploy(box, "c", (4, 5))[0].ok
+    lock = simhost.record(box.dir, "lock.json", "b")
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"run_id": "r", "owner": "ana", "holder_pid": 1, "command": "deploy"}))
+    with pytest.raises(LockedError) as caught:
+        ops.stop(box.transport(), box.host, force=False)
+    assert "(deployment b): locked by ana" in caught.value.message and "Stopped the rest" in caught.value.message
+    assert {n: record(box, n)["status"] for n in ("a", "c")} == {"a": "stopped", "c": "stopped"}
+
+
+def test_an_older_fleets_crashed_server_is_healed_through_its_moved_record(box: nshost.NamespaceHost) -> None:
+    assert deploy(box, "qwen36-27b", None)[0].ok
+    current = simhost.record(box.dir, "state.json", "qwen36-27b")
+    old = {k: v for k, v in json.loads(current.read_text()).items() if k not in ("deployment", "gpus", "ports")}
+    (box.dir / "state" / "state.json").write_text(json.dumps(old))
+    (box.dir / "state" / "health.json").write_text(json.dumps({"kernel_offset": 7}))  # the host's bookkeeping
+    current.unlink()
+    box.shell(f"kill -9 -{old['pgid']}")
+    options = HealthOptions(heal=True)
+    down = check_host(box.transport(), box.host, options)
+    assert down.healable == ("qwen36-27b",)
+
+    def restart(name: str) -> Any:
+        return ops.restart(box.transport(), box.host, force=False, progress=events.ignore, name=name)
+
+    healed = heal_host(box.transport(), box.host, down, options, restart)
+    assert healed.heal == "qwen36-27b: restarted: server ready", healed.heal
+    assert not (box.dir / "state" / "state.json").exists() and record(box, "qwen36-27b")["status"] == "ready"
+    assert (box.dir / "state" / "health.json").exists()  # not moved into the deployment's directory

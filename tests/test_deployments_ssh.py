@@ -79,7 +79,7 @@ def test_two_deployments_start_together_and_a_restart_of_one_drops_no_request_to
     facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
     held = {**{str(i): "deployment big" for i in range(4)}, "6": "deployment small", "7": "deployment small"}
     assert facts["gpu_holders"] == held
-    overlap = run_cli("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "3,4")
+    overlap = run_cli("deploy", "small", "--host", "blackwell", "--name", "third", "--gpus", "3,4")
     assert overlap.code == 4 and "overlap deployment big on GPUs 0,1,2,3" in overlap.err
     one = json.loads(run_cli("health", "--host", "blackwell/small", "--json").out)
     assert {c["deployment"] for c in one["checks"]} == {None, "small"} and one["status"] == "ok", one

@@ -93,3 +93,24 @@ def test_gpus_that_cannot_be_read_are_never_an_ok_host() -> None:
     )
     unobservable = evaluate("blackwell", {}, no_tools, None)
     assert [(c.status, c.hardware) for c in unobservable.checks if c.name == "gpus"] == [(WARNING, False)]
+
+
+def test_a_gpu_fault_blocks_healing_only_the_deployment_placed_on_that_gpu() -> None:
+    """Two crashed deployments; uncorrectable ECC errors on GPU 7, where only `small` runs: `big` on GPUs
+    0-3 may be restarted, `small` may not (a restart cannot fix its GPU)."""
+    crashed = {"status": "ready", "pid": 4242, "pgid": 4242, "plan": {"argv": ["python"]}}
+    f = facts(
+        "blackwell",
+        RTX_PRO_6000,
+        8,
+        deployments={
+            "big": {"state": {**crashed, "gpus": [0, 1, 2, 3]}},
+            "small": {"state": {**crashed, "gpus": [6, 7]}},
+        },
+    )
+    broken = replace(f, gpus=(*f.gpus[:7], replace(f.gpus[7], ecc_uncorrected=3)))
+    health = evaluate("blackwell", {}, broken, None)
+    assert health.status == CRITICAL and health.healable == ("big",)
+    fault = next(c for c in health.checks if c.name == "gpu7 ecc")
+    assert fault.hardware and fault.gpu == 7
+    assert evaluate("blackwell", {}, f, None).healable == ("big", "small")

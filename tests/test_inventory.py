@@ -190,6 +190,11 @@ PLAYBOOK_OK = "engine: sglang\nmodel: M\nserved_name: m\nsmoke:\n  prompt: hi\n 
 PLAYBOOK_CASES = [
     ("gpus-zero", PLAYBOOK_OK + "gpus: 0\n", 'pb.yaml:7: field "gpus" must be at least 1 (got 0).'),
     (
+        "served-name-newline",
+        PLAYBOOK_OK.replace("served_name: m", 'served_name: "m\\n"'),
+        "pb.yaml:3: field \"served_name\" must be letters, digits and ._:/- (at most 128) (got 'm\\n').",
+    ),
+    (
         "gpus-empty",
         PLAYBOOK_OK + "gpus: []\n",
         'pb.yaml:7: field "gpus" lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a '
@@ -380,6 +385,9 @@ CLI_CASES = [
         "is not a deployment name",
     ),
     (["stop", "--host", "ct129/../x"], 2, "'../x' is not a deployment name"),
+    (["deploy", "qwen36-27b", "--host", "ct129", "--gpus", "\u0663,\u0664"], 2, "not a GPU count"),  # Arabic-Indic 3,4
+    (["deploy", "qwen36-27b", "--host", "ct129", "--gpus", "\u00b2"], 2, "not a GPU count"),  # superscript 2
+    (["deploy", "qwen36-27b", "--host", "ct129", "--name", "x\n"], 2, "'x\\n' is not a deployment name"),
     (["restart", "--host", "ct129/a", "--name", "b"], 2, "--host names deployment 'a' and --name 'b'"),
     (
         ["facts", "--host", "ct129; touch /tmp/fleet-canary"],

@@ -129,3 +129,48 @@ def test_fleet_facts_says_which_deployment_or_foreign_process_holds_each_gpu() -
         gpu_processes={5: [{"pid": 900, "used_mib": 4000}]},
     )
     assert gpu_owners(f) == {0: "deployment big", 1: "deployment big", 5: "pids 900"}
+
+
+def test_a_deployment_keeps_its_own_port_and_a_port_meeting_anothers_internal_port_is_moved() -> None:
+    placed = {**deployed(500, [0, 1], port=30000), "state": {**deployed(500, [0, 1])["state"], "ports": [30000, 40000]}}
+    moved = deployed(600, [2, 3], port=30010)
+    f = box(servers=[server(500), server(600)], deployments={"x": placed, "a": moved})
+    assert port_for("a", 30000, f) == (30010, "port 30000 is deployment x's: a keeps 30010")  # a redeploy
+    assert port_for("b", 40000, f) == (40010, "port 40000 is deployment x's: b uses 40010")  # x's NCCL port
+    assert port_for("c", 30000, f)[0] == 30020
+
+
+def test_a_count_never_lands_on_gpus_in_use_and_replace_takes_others_only_when_none_are_free() -> None:
+    hand = {6: [{"pid": 700, "used_mib": 70000}], 7: [{"pid": 701, "used_mib": 70000}]}  # an engine by hand
+    f = box(
+        servers=[server(500), server(700), server(701)], deployments={"a": deployed(500, [0, 1])}, gpu_processes=hand
+    )
+    assert place("pair", 2, f, replace=True, where="x").gpus == (2, 3)  # free GPUs first, even with --replace
+    crowded = box(servers=[server(500)], deployments={"a": deployed(500, [0, 1, 2, 3, 4, 5, 6])})
+    taken = place("pair", 2, crowded, replace=True, where="x")
+    assert len(taken.gpus) == 2 and [o.name for o in taken.replaces] == ["a"]
+
+
+def test_a_stale_lock_holds_no_gpus_a_live_one_does() -> None:
+    lock = {"run_id": "r", "holder_pid": 99999, "gpus": [0, 1]}
+    stale = box(deployments={"a": {"state": {"status": "starting", "gpus": [0, 1]}, "lock": lock}})
+    assert place("b", (0, 1), stale, replace=False, where="x").gpus == (0, 1)
+    live = box(deployments={"a": {"state": {"status": "starting", "gpus": [0, 1]}, "lock": lock, "lock_live": True}})
+    with pytest.raises(PreflightError, match="deployment a on GPUs 0,1 \\(deploying now\\)"):
+        place("b", (0, 1), live, replace=False, where="x")
+
+
+def test_restart_without_a_name_leaves_stopped_deployments_stopped_when_there_are_several() -> None:
+    from fleet.control.ops import restartable
+
+    plan = {"plan": {"argv": ["python"]}}
+    several = box(
+        deployments={
+            "a": {"state": {**plan, "status": "ready"}},
+            "b": {"state": {**plan, "status": "stopped"}},
+            "c": {"state": {**plan, "status": "failed"}},
+        }
+    )
+    assert restartable(several) == ["a", "c"]
+    one = box(deployments={"b": {"state": {**plan, "status": "stopped"}}})
+    assert restartable(one) == ["b"]  # the host's only deployment, as `fleet restart --host` always did

@@ -50,52 +50,49 @@ def servers(sb: simhost.Sandbox) -> list[str]:
     return sorted({line.split()[0] for line in out.splitlines()})
 
 
-def test_real_vllm_serves_the_tiny_hybrid_qwen3_next(env: simhost.Sandbox) -> None:
-    r = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--json")
-    assert r.code == 0, r.out
-    out = json.loads(r.out)
-    assert out["ok"] and len(out["attempts"]) == 1
-    assert out["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    log = Path(out["attempts"][0]["log"]).read_text()
-    assert "Application startup complete." in log
-    assert diagnose(log.splitlines(), LogContext(engine="vllm")).category == "healthy"
-    status = json.loads(run_cli("status", "--host", "cpubox", "--json").out)
-    assert status["status"] == "ready" and status["engine"] == "vllm"
+def status_of(name: str) -> dict:
+    rows = map(json.loads, run_cli("status", "--host", "cpubox", "--json").out.splitlines())
+    return next(r for r in rows if r["deployment"] == name)
 
-    health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
-    checks = {c["name"]: c for c in health["checks"]}
-    assert health["status"] in ("ok", "warning"), health
-    assert checks["http_health"]["status"] == "ok" and checks["generation"]["status"] == "ok"
-    assert checks["models"]["detail"] == "/v1/models lists ['tiny']"
 
-    restarted = run_cli("restart", "--host", "cpubox")
-    assert restarted.code == 0, restarted.err
-    assert json.loads(run_cli("status", "--host", "cpubox", "--json").out)["pid"] != status["pid"]
+def test_real_vllm_serves_the_tiny_hybrid_qwen3_next_and_a_second_server_beside_it(env: simhost.Sandbox) -> None:
+    """One real vLLM on the host's first (simulated) GPU, a second of the same playbook beside it on the
+    other: each its own deployment, port (8011, then 8021) and VLLM_PORT; stopping one leaves the other
+    answering; a restart brings the first back."""
+    try:
+        r = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--gpus", "device=0", "--json")
+        assert r.code == 0, r.out
+        out = json.loads(r.out)
+        assert out["ok"] and len(out["attempts"]) == 1 and out["endpoint"].endswith(":8011")
+        assert out["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        log = Path(out["attempts"][0]["log"]).read_text()
+        assert "Application startup complete." in log
+        assert diagnose(log.splitlines(), LogContext(engine="vllm")).category == "healthy"
+        first = status_of("tiny-qwen3-next")
+        assert first["status"] == "ready" and first["engine"] == "vllm" and first["gpus"] == [0]
 
-    assert run_cli("stop", "--host", "cpubox").code == 0
+        two = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--name", "two", "--gpus", "device=1", "--json")
+        assert two.code == 0, two.err
+        assert json.loads(two.out)["endpoint"].endswith(":8021")
+        assert (status_of("two")["status"], status_of("two")["gpus"], status_of("two")["port"]) == ("ready", [1], 8021)
+
+        assert run_cli("stop", "--host", "cpubox/tiny-qwen3-next").code == 0
+        health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
+        checks = {(c["deployment"], c["name"]): c for c in health["checks"]}
+        assert health["status"] in ("ok", "warning"), health
+        assert checks[("two", "http_health")]["status"] == "ok" and checks[("two", "generation")]["status"] == "ok"
+        assert checks[("two", "models")]["detail"] == "/v1/models lists ['tiny']"
+        assert checks[("tiny-qwen3-next", "server")]["detail"] == "stopped by an operator"
+
+        restarted = run_cli("restart", "--host", "cpubox/tiny-qwen3-next")
+        assert restarted.code == 0, restarted.err
+        assert status_of("tiny-qwen3-next")["pid"] not in (None, first["pid"])
+        assert status_of("two")["status"] == "ready"
+    finally:
+        assert run_cli("stop", "--host", "cpubox").code == 0
     assert servers(env) == []
     listeners = json.loads(run_cli("facts", "--host", "cpubox", "--json").out)["listeners"]
-    assert 8011 not in {entry["port"] for entry in listeners}  # the port is free again
-
-
-def test_two_real_vllm_servers_side_by_side_each_its_own_deployment_and_port(env: simhost.Sandbox) -> None:
-    one = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--name", "one", "--gpus", "device=0", "--json")
-    two = run_cli("deploy", "tiny-qwen3-next", "--host", "cpubox", "--name", "two", "--gpus", "device=1", "--json")
-    assert one.code == 0 and two.code == 0, one.err + two.err
-    assert json.loads(one.out)["endpoint"].endswith(":8011") and json.loads(two.out)["endpoint"].endswith(":8021")
-    rows = {
-        r["deployment"]: r for r in map(json.loads, run_cli("status", "--host", "cpubox", "--json").out.splitlines())
-    }
-    assert {n: (r["status"], r["gpus"], r["port"]) for n, r in rows.items()} == {
-        "one": ("ready", [0], 8011),
-        "two": ("ready", [1], 8021),
-    }
-    assert run_cli("stop", "--host", "cpubox/one").code == 0
-    health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
-    mine = {(c["deployment"], c["name"]): c["status"] for c in health["checks"] if c["deployment"]}
-    assert mine[("two", "generation")] == "ok" and mine[("one", "server")] == "ok"  # one: stopped by an operator
-    assert run_cli("stop", "--host", "cpubox").code == 0
-    assert servers(env) == []
+    assert not {8011, 8021} & {entry["port"] for entry in listeners}  # the ports are free again
 
 
 def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simhost.Sandbox) -> None:

@@ -312,8 +312,8 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
 # (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
 # kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
 DEPLOYMENTS = "deployments"
-DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-LEGACY_FILES = ("state.json", "heals.json", "health.json")
+DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
+LEGACY_FILES = ("state.json", "heals.json")  # health.json stays: it is the host's bookkeeping
 
 
 def deployment_dir(state_dir: str, name: str) -> str:

@@ -282,3 +282,34 @@ def device_holders(files: List[str]) -> Tuple[Set[int], str]:
             except OSError:
                 continue
     return found, "proc"
+
+
+def holders_by_file(files: List[str]) -> Dict[str, List[int]]:
+    """Pids holding each of these device files (which GPU a process holds, not only that it holds one)."""
+    if shutil.which("fuser"):
+        out: Dict[str, List[int]] = {}
+        try:
+            for f in files:
+                found = subprocess.run(["fuser", f], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+                out[f] = sorted(int(t) for t in re.findall(rb"\d+", found))
+            return out
+        except OSError:
+            pass
+    real = dict((os.path.realpath(f), f) for f in files)
+    scanned: Dict[str, List[int]] = dict((f, []) for f in files)
+    for pid in pids():
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        held = set()
+        for fd in fds:
+            try:
+                target = os.path.realpath("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target in real:
+                held.add(real[target])
+        for f in held:
+            scanned[f].append(pid)
+    return scanned

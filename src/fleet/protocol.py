@@ -31,6 +31,7 @@ class StateRecord(TypedDict, total=False):
     plan: Dict[str, Any]
     smoke: Dict[str, Any]
     port: int
+    ports: List[int]  # every port fleet planned for it: HTTP, and a placed server's internal base
     served_name: str
     check_address: str
     status: str  # starting | ready | unverified | failed | stopped

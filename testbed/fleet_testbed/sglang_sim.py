@@ -594,7 +594,7 @@ def serve(argv: list[str]) -> None:
     _sleep(server, 0.2)
     for rank in range(tp):
         log("Init torch distributed begin.", rank)
-    server.nccl = _bind_nccl(a.nccl_port) if tp > 1 else None  # rank 0's TCPStore holds it while serving
+    server.nccl = _bind_nccl(a.host, a.nccl_port) if tp > 1 else None  # rank 0's TCPStore holds it while serving
     if isinstance(server.nccl, SimError):
         server.child_failed(server.nccl, tp=0)
     _sleep(server, 0.2)
@@ -767,11 +767,13 @@ def _sigterm_watchdog(server: Server) -> None:
         time.sleep(max(period, 0.05))
 
 
-def _bind_nccl(port: int | None) -> socket.socket | SimError:
-    """torch.distributed's TCPStore on the NCCL port (a free one when not given), on every address."""
+def _bind_nccl(address: str, port: int | None) -> socket.socket | SimError:
+    """torch.distributed's TCPStore on the NCCL port (a free one when not given). The real one listens on
+    every address; here on the server's own, since simulated hosts share one network namespace (and
+    test runs beside each other on one machine must not meet on 0.0.0.0:40000)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind(("0.0.0.0", port or 0))
+        sock.bind((address, port or 0))
         sock.listen(16)
     except OSError:
         sock.close()

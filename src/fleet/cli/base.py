@@ -289,7 +289,7 @@ def parse_gpus(value: str | None) -> int | tuple[int, ...] | None:
         return None
     text = value.removeprefix("device=")
     words = [w.strip() for w in text.split(",")]
-    if not all(w.isdigit() and len(w) <= 2 for w in words) or not words:
+    if not all(w.isascii() and w.isdigit() and len(w) <= 2 for w in words) or not words:
         raise ConfigError(
             f"--gpus {value!r}: not a GPU count or a list of GPU indices.",
             "Give a count (--gpus 4), indices (--gpus 6,7) or one index (--gpus device=3).",

@@ -202,7 +202,7 @@ def restart(ctx: Invocation, host_name: str | None, deployment: str | None, all_
     host_name, deployment = split_deployment(host_name, deployment)
 
     def each(t: Any, h: Host) -> list[Any]:
-        names: list[str | None] = [deployment] if deployment else [*ops.recorded_names(read_facts(t, h))] or [None]
+        names: list[str | None] = [deployment] if deployment else [*ops.restartable(read_facts(t, h))] or [None]
         return [
             ops.restart(t, h, force=force, progress=progress_for(h.name), signatures=ctx.signatures, name=n)
             for n in names

@@ -190,6 +190,7 @@ class Deployer:
         }
         if self.gpus is not None:
             rec["gpus"] = list(self.gpus)
+        rec["ports"] = planned_ports(plan)
         return rec
 
     def _lock_args(self, command: str, *, places: bool = False) -> dict[str, Any]:
@@ -232,7 +233,7 @@ class Deployer:
         command: str = "deploy",
     ) -> ActResult:
         args: dict[str, Any] = {
-            "lock": {**self._lock_args(command, places=launch), "port": plan.port},
+            "lock": {**self._lock_args(command, places=launch), "ports": planned_ports(plan)},
             "free": self._free_args(plan.port, recorded_pgid),
             "state_update": state,
             "release_lock": release_lock,
@@ -558,6 +559,17 @@ class Deployer:
                 release_lock=True,
                 command="give-up",
             )
+
+
+def planned_ports(plan: LaunchPlan) -> list[int]:
+    """The ports a plan's server opens that fleet chose: HTTP, and the internal base of a placed one."""
+    internal = plan.flag("--nccl-port")
+    base = (
+        int(str(internal.value))
+        if internal is not None
+        else next((int(e.value) for e in plan.env if e.name == "VLLM_PORT"), None)
+    )
+    return [plan.port] if base is None else [plan.port, base]
 
 
 def recorded(facts: HostFacts, deployment: str) -> dict[str, Any]:

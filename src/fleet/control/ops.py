@@ -14,7 +14,7 @@ from fleet.control.answers import act_answer, locked, unwritable_state_dir
 from fleet.control.deploy import Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
-from fleet.errors import ConfigError, FleetError, PreflightError
+from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
 from fleet.facts import HostFacts
 from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE
@@ -148,7 +148,7 @@ def place_and_plan(
         placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
-    port, moved = port_for(deployment, playbook.spec.port, facts)
+    port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
     path = model_path(host, playbook.spec.model)
     result = build_plan(host, playbook, facts, path, signatures, indices, port)
     if refused is not None:
@@ -307,6 +307,14 @@ def chosen_deployment(facts: HostFacts, name: str | None, *, verb: str) -> str:
     )
 
 
+def restartable(facts: HostFacts) -> list[str]:
+    """What `fleet restart --host H` restarts: every deployment with a plan, but those an operator
+    stopped (or another deployment replaced) when there are several."""
+    planned = sorted(n for n, d in facts.remote.deployments.items() if d.state.get("plan"))
+    running = [n for n in planned if facts.remote.deployments[n].state.get("status") != "stopped"]
+    return running if len(planned) > 1 else planned
+
+
 def recorded_names(facts: HostFacts) -> list[str]:
     """Every deployment the host has a record of (a plan, a lock, an error), by name."""
     return sorted(facts.remote.deployments)
@@ -381,11 +389,24 @@ def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> A
         )
     names = [name] if name is not None else recorded_names(facts)
     merged: ActResult = {"stopped": [], "left": [], "refused": []}
+    busy: list[LockedError] = []
     for deployment in names or ["default"]:  # no record at all: stale engines are still stopped
-        out = _stop_one(t, host, facts, deployment, force=force, everything=name is None)
+        try:
+            out = _stop_one(t, host, facts, deployment, force=force, everything=name is None)
+        except LockedError as exc:  # another run is busy with this one: the others are still stopped
+            if name is not None:
+                raise
+            busy.append(exc)
+            continue
         merged["stopped"] += out.get("stopped", [])
         merged["left"] += [p for p in out.get("left", []) if p not in merged["left"]]
         merged["refused"] += [p for p in out.get("refused", []) if p not in merged["refused"]]
+    if busy:
+        stopped = ", ".join(str(p.get("pid")) for p in merged["stopped"]) or "nothing"
+        raise LockedError(
+            "; ".join(exc.message for exc in busy) + f" Stopped the rest (pids {stopped}).",
+            busy[0].hint,
+        )
     return merged
 
 
@@ -415,8 +436,7 @@ def _stop_one(
     if out["lock"]["status"] == "unwritable":
         raise unwritable_state_dir(host.name, out["lock"])
     if out["lock"]["status"] == "held":
-        lock = out["lock"]
-        raise locked(host.name, lock)
+        raise locked(f"{host.name} (deployment {deployment})", out["lock"])
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
 
 

@@ -66,7 +66,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
         if cur is None or cur.get("run_id") != a["run_id"]:
             cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
         if a.get("places"):
-            cur["gpus"], cur["port"] = a.get("gpus"), a.get("port")
+            cur["gpus"], cur["ports"] = gpus_of(a), ports_of(a)
         cur["holder_pid"] = os.getpid()
         try:
             write_record(path, cur)
@@ -97,12 +97,13 @@ def held_by_another(path: str, a: Dict[str, Any]) -> Optional[LockResult]:
 
 
 def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Other deployments on a GPU or the port this one is placed on (and that it was not told to replace):
-    a running server of theirs, or a run of theirs under way (its lock names its GPUs and port). The check fleet made from
-    the facts, made again here, where no other run can interleave."""
+    """Other deployments on a GPU or a port this one is placed on (and that it was not told to replace):
+    a running server of theirs, or a run of theirs under way (its lock names its GPUs and ports). The
+    check fleet made from the facts, made again here, where no other run can interleave."""
     if not a.get("places"):  # a stop or a lock release places nothing
         return []
-    mine = a.get("gpus")  # None: all GPUs
+    mine = gpus_of(a)  # None: all GPUs
+    my_ports = set(ports_of(a))
     out = []
     for name in deployment_names(root):
         if name == a["deployment"] or name in (a.get("replace") or []):
@@ -110,24 +111,45 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
         directory = deployment_dir(root, name)
         st = read_record(os.path.join(directory, "state.json")) or {}
         pgid = st.get("pgid")
-        running = isinstance(pgid, int) and recorded_group_is_ours(pgid, st) and st.get("status") != "stopped"
-        busy = held_by_another(os.path.join(directory, "lock.json"), a)
-        if not running and busy is None:
+        running = (
+            isinstance(pgid, int)
+            and recorded_group_is_ours(pgid, st)
+            and alive(pgid)  # a leader nobody reaped (no init in a container) is a crashed server
+            and st.get("status") != "stopped"
+        )
+        if not running and held_by_another(os.path.join(directory, "lock.json"), a) is None:
             continue
         claim = st if running else (read_record(os.path.join(directory, "lock.json")) or {})
-        theirs = claim.get("gpus")
+        theirs = gpus_of(claim)
         shared_gpus = mine is None or theirs is None or bool(set(mine) & set(theirs))
-        shared_port = a.get("port") is not None and claim.get("port") == a.get("port")
-        if shared_gpus or shared_port:
+        shared_ports = sorted(my_ports & set(ports_of(claim)))
+        if shared_gpus or shared_ports:
             out.append(
                 {
                     "deployment": name,
                     "gpus": theirs,
-                    "port": claim.get("port") if shared_port else None,
+                    "port": shared_ports[0] if shared_ports else None,
                     "pid": st.get("pid") if running else None,
                 }
             )
     return out
+
+
+def gpus_of(record: Dict[str, Any]) -> Optional[List[int]]:
+    """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
+    value = record.get("gpus")
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    return None
+
+
+def ports_of(record: Dict[str, Any]) -> List[int]:
+    """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
+    value = record.get("ports")
+    if isinstance(value, list) and value and all(isinstance(p, int) for p in value):
+        return value
+    port = record.get("port")
+    return [port] if isinstance(port, int) else []
 
 
 def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, str], Dict[int, str], Set[int]]:
@@ -143,8 +165,8 @@ def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, st
         pgid = st.get("pgid")
         if isinstance(pgid, int) and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
-            if name not in replace and isinstance(st.get("gpus"), list):
-                gpus |= set(i for i in st["gpus"] if isinstance(i, int))
+            if name not in replace:
+                gpus |= set(gpus_of(st) or [])
     return siblings, replaced, gpus
 
 

@@ -15,6 +15,7 @@ fleet keeps this command's stdin open while it listens: when it ends (fleet kill
 connection cut) the watcher records the server as unverified, releases the lock and exits.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -95,14 +96,19 @@ def on_success(a: Dict[str, Any]) -> None:
     st.update(a["success_state"])
     st["ready_at"] = time.time()
     write_record(st_path, st)
-    if a.get("learned_key"):
-        lpath = os.path.join(os.path.expanduser(a["state_dir"]), "learned.json")  # the host's, not one deployment's
-        learned = read_record(lpath) or {}
-        if a["learned"]:
-            learned[a["learned_key"]] = a["learned"]
-        else:
-            learned.pop(a["learned_key"], None)
-        write_record(lpath, learned)
+    if a.get("learned_key") and a["learned"]:
+        root = os.path.expanduser(a["state_dir"])
+        # the host's, shared by its deployments: merged under the host's guard, never dropped (another
+        # deployment of the same model may have just learned what this one started without)
+        with open(os.path.join(root, "lock.guard"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            lpath = os.path.join(root, "learned.json")
+            learned = read_record(lpath) or {}
+            kept = learned.get(a["learned_key"])
+            entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
+            known = set(e.get("signature") for e in entries)
+            learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
+            write_record(lpath, learned)
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 

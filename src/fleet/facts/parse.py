@@ -40,6 +40,7 @@ class Gpu:
     row_remap_pending: bool | None = None  # a GPU reset applies it (Ampere and later)
     row_remap_failure: bool | None = None  # no spare rows left: the GPU needs service
     nvlink: bool = False
+    holders: tuple[int, ...] = ()  # pids holding its /dev/nvidiaN (also those NVML does not list)
 
     @property
     def sm(self) -> int:
@@ -104,6 +105,7 @@ class DeploymentRecord:
     heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
     state_error: str | None = None  # the record itself is unreadable: what runs is unknown
     legacy: bool = False  # an older fleet's one-server record (state_dir/state.json): all GPUs
+    lock_live: bool = False  # a run holds its lock now (a deploy, stop or restart under way)
 
     @property
     def gpus(self) -> tuple[int, ...] | None:
@@ -250,6 +252,13 @@ def parse_facts(host: str, text: str) -> HostFacts:
         if isinstance(where, dict) and isinstance(where.get(key), list):
             where[key] = shown_processes(p for p in where[key] if isinstance(p, dict))
     gpu = raw.get("gpu", {})
+    by_file = (raw.get("devices") or {}).get("by_file") or {}
+
+    def holders_of(g: dict[str, Any]) -> tuple[int, ...]:
+        minor = g.get("minor") if isinstance(g.get("minor"), int) else g["index"]
+        held = by_file.get(f"nvidia{minor}") if isinstance(by_file, dict) else None
+        return tuple(int(p) for p in held if isinstance(p, int)) if isinstance(held, list) else ()
+
     gpus = tuple(
         Gpu(
             index=int(g["index"]),
@@ -266,6 +275,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             row_remap_pending=g.get("row_remap_pending"),
             row_remap_failure=g.get("row_remap_failure"),
             nvlink=bool(g.get("nvlink", False)),
+            holders=holders_of(g),
         )
         for g in gpu.get("gpus", [])
     )
@@ -341,6 +351,7 @@ def _remote_state(st: dict[str, Any]) -> RemoteState:
             heals=tuple(float(t) for t in (d.get("heals") or []) if isinstance(t, int | float)),
             state_error=d.get("state_error"),
             legacy=d.get("legacy") is True,
+            lock_live=d.get("lock_live") is True,
         )
     learned = st.get("learned")
     return RemoteState(learned if isinstance(learned, dict) else None, tuple(errors), deployments)

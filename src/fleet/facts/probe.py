@@ -30,6 +30,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_procs import (
         argv_at,
         device_holders,
+        holders_by_file,
         listening_sockets,
         pids,
         process,
@@ -46,7 +47,9 @@ def _holders(device_glob: str) -> Dict[str, Any]:
     holders = [p for p in found if p]
     for p in holders:
         p.pop("argv", None)  # the command line says it once
-    return {"device_files": files, "method": method, "holders": holders}
+    per_gpu = [f for f in files if re.match(r"^nvidia\d+$", os.path.basename(f))]
+    by_file = dict((os.path.basename(f), h) for f, h in holders_by_file(per_gpu).items()) if pids else {}
+    return {"device_files": files, "method": method, "holders": holders, "by_file": by_file}
 
 
 def _nvml() -> Dict[str, Any]:
@@ -63,6 +66,7 @@ def _nvml() -> Dict[str, Any]:
             mem = n.nvmlDeviceGetMemoryInfo(h)
             gpu = {
                 "index": i,
+                "minor": None,
                 "name": name.decode() if isinstance(name, bytes) else name,
                 "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
                 "compute_capability": "%d.%d" % (major, minor),
@@ -76,6 +80,10 @@ def _nvml() -> Dict[str, Any]:
                 "row_remap_pending": None,
                 "row_remap_failure": None,
             }
+            try:  # the N of /dev/nvidiaN, which need not be the index
+                gpu["minor"] = int(n.nvmlDeviceGetMinorNumber(h))
+            except Exception:
+                pass
             try:  # PCIe-only cards raise NotSupported; an active link 0 means NVLink
                 gpu["nvlink"] = bool(n.nvmlDeviceGetNvLinkState(h, 0))
             except Exception:
@@ -337,6 +345,22 @@ def _records(directory: str, names: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
+LOCK_GRACE_S = 5.0  # as fleet.control.answers: between a run's round trips its lock is held this long
+
+
+def _lock_live(path: str, lock: Any) -> bool:
+    """A run holds this lock now: its host process is there, or it was touched within the grace."""
+    if not isinstance(lock, dict):
+        return False
+    holder = lock.get("holder_pid")
+    if isinstance(holder, int) and holder > 0 and os.path.exists("/proc/%d" % holder):
+        return True
+    try:
+        return time.time() - os.path.getmtime(path) < LOCK_GRACE_S
+    except OSError:
+        return False
+
+
 def _state(state_dir: str) -> Dict[str, Any]:
     """The host's learned fixes and every deployment's records; an older fleet's one-server record (in
     state_dir itself) is the deployment it names until a deploy moves it (host_common.migrate_legacy)."""
@@ -346,11 +370,14 @@ def _state(state_dir: str) -> Dict[str, Any]:
     for name in deployment_names(root):
         records = _records(deployment_dir(root, name), ("state", "lock", "heals"))
         if any(v is not None for v in records.values()):  # an empty directory: a stop with nothing recorded
+            records["lock_live"] = _lock_live(os.path.join(deployment_dir(root, name), "lock.json"), records["lock"])
             deployments[name] = records
     if os.path.exists(os.path.join(root, "state.json")):
         legacy = _records(root, ("state", "lock", "heals"))
         name = legacy_name(legacy["state"] or {})
-        if name not in deployments:
+        if name not in deployments or deployments[name].get("state") is None:  # not yet moved (a heal's
+            # bookkeeping may have made the directory first)
+            legacy["lock_live"] = _lock_live(os.path.join(root, "lock.json"), legacy["lock"])
             deployments[name] = dict(legacy, legacy=True)
     out["deployments"] = deployments
     return out

@@ -61,6 +61,7 @@ class Check:
     detail: str
     hardware: bool = False
     deployment: str | None = None  # a check of one deployment's server; None: of the host
+    gpu: int | None = None  # a check of one GPU (its faults concern only the deployment placed there)
 
     @property
     def label(self) -> str:
@@ -175,12 +176,7 @@ def evaluate(
             every = tuple(g.index for g in facts.gpus)
             tp = _tp((st.get("plan") or {}).get("argv") or [])
             alive_groups[name] = (set(server.get("group_pids", [])), record.gpus or every, tp)
-        if (
-            worst([c.status for c in mine]) == CRITICAL
-            and st.get("plan")
-            and st.get("status") != "stopped"
-            and not any(c.hardware for c in mine)
-        ):
+        if worst([c.status for c in mine]) == CRITICAL and st.get("plan") and st.get("status") != "stopped":
             healable.append(name)
     if not facts.remote.deployments:
         checks.append(Check("server", OK, "no fleet deployment recorded"))
@@ -205,7 +201,14 @@ def evaluate(
         ),
         duration_s=duration_s,
     )
-    return replace(hh, healable=tuple(healable) if overall == CRITICAL and not hh.hardware_fault else ())
+    faulty = [c for c in checks if c.hardware and c.status == CRITICAL]
+
+    def sound(name: str) -> bool:
+        """No hardware fault a restart cannot fix: on the host as a whole, or on one of its GPUs."""
+        placed = facts.remote.deployments[name].gpus
+        return not any(c.gpu is None or placed is None or c.gpu in placed for c in faulty)
+
+    return replace(hh, healable=tuple(n for n in healable if sound(n)))
 
 
 def _expected_up(facts: HostFacts) -> list[str]:
@@ -311,15 +314,33 @@ def _gpu_checks(
     for g in facts.gpus:
         if g.ecc_uncorrected:
             checks.append(
-                Check(f"gpu{g.index} ecc", CRITICAL, f"{g.ecc_uncorrected} uncorrected ECC errors", hardware=True)
+                Check(
+                    f"gpu{g.index} ecc",
+                    CRITICAL,
+                    f"{g.ecc_uncorrected} uncorrected ECC errors",
+                    hardware=True,
+                    gpu=g.index,
+                )
             )
         if g.retired_pages_pending:
             checks.append(
-                Check(f"gpu{g.index} retired_pages", CRITICAL, "page retirement pending (reset the GPU)", hardware=True)
+                Check(
+                    f"gpu{g.index} retired_pages",
+                    CRITICAL,
+                    "page retirement pending (reset the GPU)",
+                    hardware=True,
+                    gpu=g.index,
+                )
             )
         if g.row_remap_pending:
             checks.append(
-                Check(f"gpu{g.index} row_remap", CRITICAL, "row remapping pending (reset the GPU)", hardware=True)
+                Check(
+                    f"gpu{g.index} row_remap",
+                    CRITICAL,
+                    "row remapping pending (reset the GPU)",
+                    hardware=True,
+                    gpu=g.index,
+                )
             )
         if g.row_remap_failure:
             checks.append(
@@ -328,6 +349,7 @@ def _gpu_checks(
                     CRITICAL,
                     "row remapping failed: no spare rows left (the GPU needs service)",
                     hardware=True,
+                    gpu=g.index,
                 )
             )
         if g.temperature_c is not None and g.temperature_c >= 83:

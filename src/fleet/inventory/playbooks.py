@@ -89,7 +89,7 @@ def _check_model(value: str) -> None:
 
 
 def _check_served_name(value: str) -> None:
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$", value):
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z", value):
         raise ValueError("must be letters, digits and ._:/- (at most 128)")
 
 

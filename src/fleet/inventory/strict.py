@@ -14,11 +14,11 @@ import msgspec
 from fleet.errors import ConfigError
 from fleet.yamlfile import KeyPath, YamlDoc
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:%-]{0,252}$")
-REMOTE_PATH_RE = re.compile(r"^(~/|/)[A-Za-z0-9._/+@-]*$")
-DEVICE_GLOB_RE = re.compile(r"^/[A-Za-z0-9._/+@*?\[\]-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:%-]{0,252}\Z")
+REMOTE_PATH_RE = re.compile(r"^(~/|/)[A-Za-z0-9._/+@-]*\Z")
+DEVICE_GLOB_RE = re.compile(r"^/[A-Za-z0-9._/+@*?\[\]-]*\Z")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 # Characters a shell would interpret; refused in values that reach the host even though they are quoted.
 SHELL_META = set(";&|`$<>\\'\n\r\x00")
 

@@ -266,7 +266,9 @@ def preflight(
     # the port: fleet stops engine servers, never anything else
     nccl = plan.flag("--nccl-port")
     planned = [(plan.port, host.settings.bind_address, "port")]
-    planned += [(int(str(nccl.value)), "0.0.0.0", "NCCL port")] if nccl is not None else []
+    # checked like the HTTP port, on the server's address (torch listens on every address: a listener on
+    # another address of the host is found at launch, as the port-in-use crash)
+    planned += [(int(str(nccl.value)), host.settings.bind_address, "NCCL port")] if nccl is not None else []
     server_pids = {p.pid for p in facts.servers}
     for port, address, what in planned:
         holder = facts.port_holder(port, address)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from fleet.errors import PreflightError
 from fleet.facts import HostFacts
+from fleet.host_common import safelisted
+from fleet.plan.rules import nccl_port_for
 
 Asked = int | tuple[int, ...] | None
 
@@ -35,7 +37,7 @@ class Placement:
 
 
 def occupants(facts: HostFacts, me: str) -> list[Occupant]:
-    """The host's other deployments that hold GPUs now: a live recorded server, or a run in progress."""
+    """The host's other deployments that hold GPUs now: a live recorded server, or a run under way."""
     every = tuple(g.index for g in facts.gpus)
     live = {p.pid for p in facts.servers}
     out = []
@@ -43,28 +45,39 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
         if rec.name == me:
             continue
         pid = rec.state.get("pid")
-        running = isinstance(pid, int) and pid in live
-        if running or (rec.lock is not None and rec.state.get("status") == "starting"):
-            out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid if running else None))
+        running = isinstance(pid, int) and pid in live and rec.state.get("status") != "stopped"
+        if running:
+            out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
+        elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
+            claimed = (rec.lock or {}).get("gpus")
+            if isinstance(claimed, list) and all(isinstance(i, int) for i in claimed):
+                out.append(Occupant(rec.name, tuple(claimed), None))
+            else:
+                out.append(Occupant(rec.name, every, None))
     return out
 
 
-def foreign_users(facts: HostFacts) -> dict[int, list[int]]:
-    """GPU index -> pids using memory there that no deployment of fleet's owns (another user's job)."""
-    # this user's engines: a stale one is stopped by the deploy, so it does not bar its GPU
-    ours = {p.pid for p in facts.servers if p.uid == facts.uid}
-    return {
-        g.index: [p.pid for p in g.processes if p.pid not in ours and p.used_mib > 0]
-        for g in facts.gpus
-        if any(p.pid not in ours and p.used_mib > 0 for p in g.processes)
-    }
+def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
+    """GPU index -> pids using it (in NVML's list, or holding its /dev/nvidiaN) that are not deployment
+    `me`'s own server nor a GPU daemon or tool: a count is never placed there. The servers of other
+    deployments are among them, and so is a server started by hand, or one whose record was lost."""
+    mine = facts.remote.deployment(me).state.get("pgid")
+    own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine}
+    tools = {p.pid for p in facts.holders if safelisted({"comm": p.comm, "cmdline": p.cmdline})}
+    out: dict[int, list[int]] = {}
+    for g in facts.gpus:
+        users = sorted({p.pid for p in g.processes} | set(g.holders))
+        others = [pid for pid in users if pid not in own and pid not in tools]
+        if others:
+            out[g.index] = others
+    return out
 
 
 def gpu_owners(facts: HostFacts) -> dict[int, str]:
     """GPU index -> who holds it, as `fleet facts` shows it: a deployment of fleet's, or the pids of
     processes that are not (another user's job, a hand-started server)."""
     owners = {i: f"deployment {o.name}" for o in occupants(facts, "") for i in o.gpus}
-    for index, pids in foreign_users(facts).items():
+    for index, pids in busy_gpus(facts, "").items():
         if index not in owners:
             owners[index] = "pids " + ", ".join(map(str, pids))
     return owners
@@ -90,13 +103,15 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
                 f"{where}: {asked} GPUs asked for; {facts.host} has {len(indices)} (GPUs {shown}).",
                 "Ask for fewer GPUs.",
             )
-        taken = {i for o in others for i in o.gpus} if not replace else set()
-        barred = taken | set(foreign_users(facts))
-        free = [i for i in indices if i not in barred]
+        taken = {i for o in others for i in o.gpus}
+        busy = busy_gpus(facts, name)
+        free = [i for i in indices if i not in taken and i not in busy]
         closest = _closest(free, asked, facts.gpu_topology)
+        if closest is None and replace:  # free GPUs first; another deployment's only when they run out
+            closest = _closest([i for i in indices if i not in busy or i in taken], asked, facts.gpu_topology)
         if closest is None:
             held = "; ".join(f"{_shown(o.gpus)}: deployment {o.name}" for o in others)
-            foreign = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in foreign_users(facts).items())
+            foreign = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in busy.items() if i not in taken)
             raise PreflightError(
                 f"{where}: {asked} free GPUs asked for; {facts.host} has {len(free)} free "
                 f"({'; '.join(x for x in (held, foreign) if x) or 'none held'}).",
@@ -157,21 +172,44 @@ def _shown(gpus: Sequence[int]) -> str:
 PORT_STEP = 10  # SGLang's DP-attention ports sit at port+233..+239: neighbours 10 apart never share them
 
 
-def port_for(name: str, wanted: int, facts: HostFacts) -> tuple[int, str]:
-    """The deployment's HTTP port: the playbook's, unless another deployment on the host uses it (then
-    the next one, in steps of PORT_STEP, that no deployment records and nothing listens on)."""
-    taken = {
-        int(rec.state["port"]): rec.name
-        for rec in facts.remote.deployments.values()
-        if rec.name != name and isinstance(rec.state.get("port"), int) and rec.state.get("status") != "stopped"
-    }
-    if wanted not in taken:
+def ports_of(state: dict[str, object]) -> set[int]:
+    """Every port a deployment's recorded server opens that fleet planned (`ports`; `port` in records
+    written before placements)."""
+    ports = state.get("ports")
+    if isinstance(ports, list) and ports and all(isinstance(p, int) for p in ports):
+        return set(ports)
+    port = state.get("port")
+    return {port} if isinstance(port, int) else set()
+
+
+def port_for(name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.0.0") -> tuple[int, str]:
+    """The deployment's HTTP port: the one it already has (a redeploy keeps its endpoint), else the
+    playbook's, unless another deployment on the host uses it or its internal base (then the next one,
+    in steps of PORT_STEP, that no deployment records and nothing else listens on)."""
+    taken: dict[int, str] = {}
+    for rec in facts.remote.deployments.values():
+        if rec.name != name and rec.state.get("status") != "stopped":
+            taken.update((p, rec.name) for p in ports_of(rec.state))
+        if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
+            taken.update((p, rec.name) for p in ports_of(rec.lock))
+    own = facts.remote.deployment(name).state.get("port")
+    mine = {p.pid for p in facts.servers if p.pgid == facts.remote.deployment(name).state.get("pgid")}
+
+    def free(port: int) -> bool:
+        holder = facts.port_holder(port, bind_address)
+        return port not in taken and nccl_port_for(port) not in taken and (holder is None or holder.pid in mine)
+
+    if free(wanted):
         return wanted, ""
+    if isinstance(own, int) and own != wanted and free(own):
+        return own, f"port {wanted} is deployment {taken.get(wanted, '?')}'s: {name} keeps {own}"
     port = wanted
-    while port in taken or facts.port_holder(port) is not None:
+    while not free(port):
         port += PORT_STEP
-        if port > 65535:
+        if port > 65535 - 10000:
             raise PreflightError(
                 f"{facts.host}: no free port for deployment {name} from {wanted} on.", "Set port: in the playbook."
             )
-    return port, f"port {wanted} is deployment {taken[wanted]}'s: {name} uses {port}"
+    clash = taken.get(wanted) or taken.get(nccl_port_for(wanted))
+    why = f"deployment {clash}'s" if clash else "in use"
+    return port, f"port {wanted} is {why}: {name} uses {port}"
