@@ -359,3 +359,20 @@ def migrate_legacy(state_dir: str) -> Optional[str]:
         else:
             os.replace(src, os.path.join(target, file))
     return name
+
+
+def record_gpus(record: Dict[str, Any]) -> Optional[List[int]]:
+    """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
+    value = record.get("gpus")
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    return None
+
+
+def record_ports(record: Dict[str, Any]) -> List[int]:
+    """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
+    value = record.get("ports")
+    if isinstance(value, list) and value and all(isinstance(p, int) for p in value):
+        return value
+    port = record.get("port")
+    return [port] if isinstance(port, int) else []

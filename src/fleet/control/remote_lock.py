@@ -23,6 +23,8 @@ except NameError:  # imported as a module (fleet's own tests)
         deployment_names,
         migrate_legacy,
         read_record,
+        record_gpus,
+        record_ports,
         release_lock,
         write_record,
     )
@@ -66,7 +68,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
         if cur is None or cur.get("run_id") != a["run_id"]:
             cur = {"run_id": a["run_id"], "owner": a["owner"], "since": time.time(), "command": a.get("command")}
         if a.get("places"):
-            cur["gpus"], cur["ports"] = gpus_of(a), ports_of(a)
+            cur["gpus"], cur["ports"] = record_gpus(a), record_ports(a)
         cur["holder_pid"] = os.getpid()
         try:
             write_record(path, cur)
@@ -102,8 +104,8 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
     check fleet made from the facts, made again here, where no other run can interleave."""
     if not a.get("places"):  # a stop or a lock release places nothing
         return []
-    mine = gpus_of(a)  # None: all GPUs
-    my_ports = set(ports_of(a))
+    mine = record_gpus(a)  # None: all GPUs
+    my_ports = set(record_ports(a))
     out = []
     for name in deployment_names(root):
         if name == a["deployment"] or name in (a.get("replace") or []):
@@ -120,9 +122,9 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
         if not running and held_by_another(os.path.join(directory, "lock.json"), a) is None:
             continue
         claim = st if running else (read_record(os.path.join(directory, "lock.json")) or {})
-        theirs = gpus_of(claim)
+        theirs = record_gpus(claim)
         shared_gpus = mine is None or theirs is None or bool(set(mine) & set(theirs))
-        shared_ports = sorted(my_ports & set(ports_of(claim)))
+        shared_ports = sorted(my_ports & set(record_ports(claim)))
         if shared_gpus or shared_ports:
             out.append(
                 {
@@ -133,23 +135,6 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
                 }
             )
     return out
-
-
-def gpus_of(record: Dict[str, Any]) -> Optional[List[int]]:
-    """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
-    value = record.get("gpus")
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return value
-    return None
-
-
-def ports_of(record: Dict[str, Any]) -> List[int]:
-    """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
-    value = record.get("ports")
-    if isinstance(value, list) and value and all(isinstance(p, int) for p in value):
-        return value
-    port = record.get("port")
-    return [port] if isinstance(port, int) else []
 
 
 def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, str], Dict[int, str], Set[int]]:
@@ -166,7 +151,7 @@ def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, st
         if isinstance(pgid, int) and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
             if name not in replace:
-                gpus |= set(gpus_of(st) or [])
+                gpus |= set(record_gpus(st) or [])
     return siblings, replaced, gpus
 
 

@@ -110,10 +110,10 @@ class DeploymentRecord:
     @property
     def gpus(self) -> tuple[int, ...] | None:
         """The GPUs the deployment was placed on; None: all of the host's (records before placement)."""
-        value = self.state.get("gpus")
-        if isinstance(value, list) and all(isinstance(i, int) for i in value):
-            return tuple(value)
-        return None
+        from fleet.host_common import record_gpus
+
+        value = record_gpus(self.state)
+        return tuple(value) if value is not None else None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fleet.errors import PreflightError
 from fleet.facts import HostFacts
-from fleet.host_common import safelisted
+from fleet.host_common import record_gpus, record_ports, safelisted
 from fleet.plan.rules import nccl_port_for
 
 Asked = int | tuple[int, ...] | None
@@ -49,11 +49,8 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
         elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
-            claimed = (rec.lock or {}).get("gpus")
-            if isinstance(claimed, list) and all(isinstance(i, int) for i in claimed):
-                out.append(Occupant(rec.name, tuple(claimed), None))
-            else:
-                out.append(Occupant(rec.name, every, None))
+            claimed = record_gpus(rec.lock or {})
+            out.append(Occupant(rec.name, tuple(claimed) if claimed is not None else every, None))
     return out
 
 
@@ -172,16 +169,6 @@ def _shown(gpus: Sequence[int]) -> str:
 PORT_STEP = 10  # SGLang's DP-attention ports sit at port+233..+239: neighbours 10 apart never share them
 
 
-def ports_of(state: dict[str, object]) -> set[int]:
-    """Every port a deployment's recorded server opens that fleet planned (`ports`; `port` in records
-    written before placements)."""
-    ports = state.get("ports")
-    if isinstance(ports, list) and ports and all(isinstance(p, int) for p in ports):
-        return set(ports)
-    port = state.get("port")
-    return {port} if isinstance(port, int) else set()
-
-
 def port_for(name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.0.0") -> tuple[int, str]:
     """The deployment's HTTP port: the one it already has (a redeploy keeps its endpoint), else the
     playbook's, unless another deployment on the host uses it or its internal base (then the next one,
@@ -189,9 +176,9 @@ def port_for(name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.
     taken: dict[int, str] = {}
     for rec in facts.remote.deployments.values():
         if rec.name != name and rec.state.get("status") != "stopped":
-            taken.update((p, rec.name) for p in ports_of(rec.state))
+            taken.update((p, rec.name) for p in record_ports(rec.state))
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
-            taken.update((p, rec.name) for p in ports_of(rec.lock))
+            taken.update((p, rec.name) for p in record_ports(rec.lock))
     own = facts.remote.deployment(name).state.get("port")
     mine = {p.pid for p in facts.servers if p.pgid == facts.remote.deployment(name).state.get("pgid")}
 
