@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: reliability-report demo test fast unit coverage oracle vllm-env lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: reliability-report demo test fast unit coverage oracle vllm-env images lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,11 +20,11 @@ demo: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.demo
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
-test: $(VENV)/.installed system-deps oracle vllm-env lint typecheck
+test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
 	$(BIN)/pytest -q
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
-reliability-report: $(VENV)/.installed system-deps oracle vllm-env
+reliability-report: $(VENV)/.installed system-deps oracle vllm-env images
 	FLEET_RELIABILITY_REPORT=$(CURDIR)/docs/reliability.md $(BIN)/pytest -q
 
 ## fast: the tier to run while working: lint, types and the pure-core tests (well under a minute)
@@ -56,6 +56,11 @@ vllm-env: .cache/vllm-venv/.ok
 $(ORACLE)/.venv/.ok-build:
 	rm -rf $(ORACLE) && mkdir -p .cache && cp -r ../shared/tools/sglang-oracle $(ORACLE) && chmod -R u+w $(ORACLE)
 	cd $(ORACLE) && ./build
+
+## images: the test images in podman: a Debian rootfs with python3 (debootstrap, ~2 min once, cached in
+## .cache/images) and the simulated SGLang 0.5.11/0.5.23 on it (seconds; rebuilt when the simulator changes)
+images: $(VENV)/.installed system-deps
+	$(BIN)/python -m fleet_testbed.images
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests testbed

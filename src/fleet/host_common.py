@@ -145,6 +145,8 @@ def kill_verdict(
     why = None
     if info["uid"] != me and not fleets:
         why = "process of user %s" % info["user"]
+    elif info.get("container") and not fleets:  # fleet's own containers were stopped by name before this
+        why = "runs in container %s, which is not this deployment's" % info["container"]
     elif not engine and not fleets:
         why = "holds port %d, not an inference server" % port if port else "not an inference server"
     if why:

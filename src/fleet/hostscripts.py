@@ -24,11 +24,16 @@ if TYPE_CHECKING:
 
 SHARED = ("protocol.py", "host_common.py", "host_procs.py")
 STEPS: dict[str, tuple[str, ...]] = {
-    "probe": ("facts/probe.py",),  # facts in one round trip
+    "probe": ("control/remote_container.py", "facts/probe.py"),  # facts in one round trip
     # lock, engine check, stop, free, launch, record
-    "act": ("control/remote_free.py", "control/remote_lock.py", "control/remote_act.py"),
+    "act": (
+        "control/remote_container.py",
+        "control/remote_free.py",
+        "control/remote_lock.py",
+        "control/remote_act.py",
+    ),
     "watch": ("control/remote_watch.py",),  # follow an attempt, prove the server
-    "health": ("facts/probe.py", "control/remote_health.py"),  # the facts plus the server's checks
+    "health": ("control/remote_container.py", "facts/probe.py", "control/remote_health.py"),  # facts + checks
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
 }
 

@@ -80,6 +80,7 @@ class Launched(TypedDict):
     exit_file: str
     started: float
     start_ticks: Optional[int]
+    container: Optional[Dict[str, Any]]  # {cli, name, id} of a server in a container; None for a process
 
 
 class ActResult(TypedDict, total=False):

@@ -108,9 +108,18 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
             console().print(f"  env {name}=<secret, sent through a 0600 file>")
         if plan.applied_fixes:
             console().print(f"  learned fixes applied: {', '.join(plan.applied_fixes)}")
-        env = " ".join(f"{e.name}={shlex.quote(e.value)}" for e in plan.env)
-        console().print("\n[bold]command:[/]")
-        console().print(f"{env} {shlex.join(plan.argv())}", markup=False)
+        if plan.container is not None:
+            c = plan.container
+            console().print(f"\n[bold]container ({c.cli}, image {_host(c.image)}):[/]")
+            for option in c.options_for(plan):
+                console().print(f"  {shlex.join(option.words)}", markup=False)
+                console().print(f"      {option.reason}", style="dim", markup=False)
+            console().print("\n[bold]command:[/]")
+            console().print(shlex.join(c.run_argv(plan)), markup=False)
+        else:
+            env = " ".join(f"{e.name}={shlex.quote(e.value)}" for e in plan.env)
+            console().print("\n[bold]command:[/]")
+            console().print(f"{env} {shlex.join(plan.argv())}", markup=False)
     style = {"error": "red", "crash": "red", "warning": "yellow", "info": "cyan"}
     for v in result.verdicts:
         console().print(f"{v.level} [{v.rule}] {v.message}", style=style.get(v.level), markup=False)

@@ -1,7 +1,7 @@
 """The simulated host's GPU state: static data from `host.json`, live usage from running engines.
 
 Read by the stand-in `pynvml`, the stand-in `nvidia-smi` and the engine simulator, so all three agree.
-A running simulated engine process registers what it holds in `run/gpu/<pid>.json`; entries of dead
+A running simulated engine process registers what it holds in `run/gpu/<pid namespace>-<pid>.json`; entries of dead
 processes are ignored (and pruned), like NVML forgetting a process that exited.
 """
 
@@ -27,6 +27,17 @@ def load_host(root: Path | None = None) -> dict[str, Any]:
     return data
 
 
+def sglang_version(host: dict[str, Any] | None = None) -> str:
+    """The stand-in SGLang's version: its installed metadata (a host's environment, or an image's), else
+    host.json's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return str((host or load_host())["sglang_version"])
+
+
 def _alive(pid: int) -> bool:
     """A live process (a zombie holds no GPU memory, as NVML would say)."""
     try:
@@ -36,18 +47,54 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _pid_namespace(pid: int | str = "self") -> int:
+    return os.stat(f"/proc/{pid}/ns/pid").st_ino
+
+
+# Inside an engine's container (the testbed's images set this) the host's processes are not visible: their
+# entries are not ours to prune, as NVML in a container still counts other processes' memory. (Not
+# /.dockerenv: the machine running the testbed may itself be a container.)
+IN_CONTAINER = os.environ.get("SIM_IN_CONTAINER") == "1"
+
+
+def _host_pid(namespace: int, inner: int) -> int | None:
+    """The pid, as seen here, of process `inner` of pid namespace `namespace` (a container's engine), as
+    NVML reports a container's processes by their host pids; None when no such process is visible."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if _pid_namespace(name) != namespace:
+                continue
+            with open(f"/proc/{name}/status") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if nspid and int(nspid[-1]) == inner:
+            return int(name)
+    return None
+
+
 def usage(root: Path | None = None) -> list[dict[str, int]]:
-    """[{pid, gpu, used_mib}] for live processes."""
+    """[{pid, gpu, used_mib}] for live processes, pids as seen from here."""
     root = root or host_dir()
     out: list[dict[str, int]] = []
     run = root / "run" / "gpu"
     if not run.is_dir():
         return out
+    here = _pid_namespace()
     for entry in run.glob("*.json"):
         try:
             rec = json.loads(entry.read_text())
         except (OSError, ValueError):
             continue
+        namespace = rec.pop("pidns", here)
+        if namespace != here:
+            pid = _host_pid(namespace, int(rec["pid"]))
+            if pid is None and IN_CONTAINER:  # the host's (or another container's): not ours to judge
+                out.append(rec)
+                continue
+            rec["pid"] = pid if pid is not None else -1
         if _alive(int(rec["pid"])) or _still_releasing(entry, rec, root):
             out.append(rec)
         else:
@@ -67,13 +114,17 @@ def _still_releasing(entry: Path, rec: dict[str, Any], root: Path) -> bool:
     return bool(time.time() - rec["dead_since"] < release_s)
 
 
-def register(gpu: int, used_mib: int, root: Path | None = None) -> None:
+def register(gpu: int, used_mib: int, root: Path | None = None, pid: int | None = None) -> None:
+    """Record that process `pid` (this one by default; in this pid namespace) holds `used_mib` on `gpu`."""
     root = root or host_dir()
+    pid = os.getpid() if pid is None else pid
     run = root / "run" / "gpu"
     run.mkdir(parents=True, exist_ok=True)
-    tmp = run / f".{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "gpu": gpu, "used_mib": used_mib}))
-    tmp.replace(run / f"{os.getpid()}.json")
+    namespace = _pid_namespace()  # a container's pids are its own: the namespace says whose
+    name = f"{namespace}-{pid}"
+    tmp = run / f".{name}.tmp"
+    tmp.write_text(json.dumps({"pid": pid, "pidns": namespace, "gpu": gpu, "used_mib": used_mib}))
+    tmp.replace(run / f"{name}.json")
 
 
 def gpu_table(root: Path | None = None) -> list[dict[str, Any]]:

@@ -293,7 +293,7 @@ def prepare_server_args(argv: list[str]) -> Resolved:
     """What the stand-in `sglang.srt.server_args.prepare_server_args` does: fleet's pre-flight check calls it."""
     host = gpustate.load_host()
     time.sleep(float(host.get("check_delay_s", 0)))  # test hook: a slow check keeps fleet inside its launch step
-    return resolve(argv, parse_version(host["sglang_version"]), gpustate.visible_gpus(), dict(os.environ))
+    return resolve(argv, parse_version(gpustate.sglang_version(host)), gpustate.visible_gpus(), dict(os.environ))
 
 
 # --- the running server ----------------------------------------------------------------------------------
@@ -543,7 +543,7 @@ def _free_mib(gpu: dict[str, Any]) -> int:
 
 def serve(argv: list[str]) -> None:
     host = gpustate.load_host()
-    version = parse_version(host["sglang_version"])
+    version = parse_version(gpustate.sglang_version(host))
     gpus = gpustate.visible_gpus()
     try:
         r = resolve(argv, version, gpus, dict(os.environ))
@@ -790,13 +790,8 @@ def _bind_nccl(address: str, port: int | None) -> socket.socket | SimError:
 
 
 def _register_pool(server: Server, gpus: list[int], mib: int) -> None:
-    run = gpustate.host_dir() / "run" / "gpu"
     for gpu, child in zip(gpus, server.children, strict=False):
-        rec = run / f"{child.pid}.json"
-        tmp = run / f".{child.pid}.tmp"
-        run.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"pid": child.pid, "gpu": gpu, "used_mib": mib}))
-        tmp.replace(rec)
+        gpustate.register(gpu, mib, pid=child.pid)
 
 
 def _watch_children(server: Server) -> None:

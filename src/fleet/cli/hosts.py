@@ -77,6 +77,7 @@ def plan(
     """
     from fleet.control import ops
     from fleet.control.gather import model_path, read_facts
+    from fleet.inventory.runtime import chosen_runtime
 
     host_name, deployment = split_deployment(host_name, deployment)
     placement = parse_gpus(gpus)
@@ -85,7 +86,9 @@ def plan(
     name = ops.deployment_name(deployment, pb)
     path = model_path(host, pb.spec.model)
     with transport_for(ctx, host) as t:
-        f = read_facts(t, host, model=path, engine=pb.spec.engine)
+        f = read_facts(
+            t, host, model=path, engine=pb.spec.engine, runtime=chosen_runtime(pb.spec.runtime, host.settings.runtime)
+        )
     placed = ops.place_and_plan(
         host, pb, f, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
     )

@@ -50,9 +50,11 @@ from fleet.errors import (
 from fleet.facts import HostFacts
 from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host
+from fleet.inventory.runtime import SECRETS_MOUNT
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
 from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
+from fleet.plan.container import CONTAINER_PYTHON
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -243,8 +245,16 @@ class Deployer:
             ],
         }
         env = {e.name: e.value for e in plan.env}
+        cont = plan.container
         if check:
             args["check"] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args(), "env": env}
+            if cont is not None:  # run in the image, as the server will be
+                args["check"]["container"] = {
+                    "cli": cont.cli,
+                    "image": cont.image,
+                    "name": f"{cont.name}-check",
+                    "options": cont.check_options(plan),
+                }
         if launch:
             args["launch"] = {
                 "name": self.deployment,
@@ -253,6 +263,16 @@ class Deployer:
                 "env": env,
                 "log_dir": self.host.settings.log_dir,
             }
+            if cont is not None:
+                args["launch"]["container"] = {
+                    "cli": cont.cli,
+                    "image": cont.image,
+                    "name": cont.name,
+                    "options": [word for option in cont.options_for(plan) for word in option.words],
+                    "python": CONTAINER_PYTHON,
+                    "secrets_dir": cont.secrets_dir,
+                    "secrets_mount": SECRETS_MOUNT,
+                }
         return act_answer(
             run_json(
                 self.t,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fleet.facts import HostFacts, parse_facts
 from fleet.hostscripts import script_for
 from fleet.inventory import Host
+from fleet.inventory.runtime import Container
 from fleet.transport import Transport
 
 
@@ -15,7 +16,15 @@ def model_path(host: Host, model: str) -> str:
     return f"{host.settings.models_dir.rstrip('/')}/{model}"
 
 
-def read_facts(transport: Transport, host: Host, *, model: str | None = None, engine: str | None = None) -> HostFacts:
+def read_facts(
+    transport: Transport,
+    host: Host,
+    *,
+    model: str | None = None,
+    engine: str | None = None,
+    runtime: Container | None = None,
+) -> HostFacts:
+    """`runtime`: the container a deployment runs in (its image's engine version replaces the host's)."""
     s = host.settings
     pythons = [s.engines[engine]] if engine and engine in s.engines else []
     pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
@@ -24,8 +33,16 @@ def read_facts(transport: Transport, host: Host, *, model: str | None = None, en
         "engines": {str(k): v for k, v in s.engines.items()},
         "model_path": model_path(host, model) if model else None,
         "state_dir": s.state_dir,
+        "log_dir": s.log_dir,
         "disk_paths": [s.models_dir, s.log_dir, s.state_dir],
     }
+    if runtime is not None and engine is not None:
+        args["container"] = {
+            "cli": runtime.container,
+            "image": runtime.image,
+            "engine": engine,
+            "state_dir": s.state_dir,
+        }
     script = script_for("probe", args, pythons)
     result = transport.run(script, timeout_s=60)
     return parse_facts(host.name, result.text)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as replace_field
-from typing import Any
+from typing import Any, TypeGuard
 
 from fleet import events
 from fleet.control.answers import act_answer, locked, unwritable_state_dir
@@ -20,9 +20,11 @@ from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
+from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes
+from fleet.plan.container import ContainerPlan
 from fleet.plan.placement import Placement, place, port_for
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
@@ -63,7 +65,10 @@ def deploy(
     """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them."""
     deployment = deployment_name(name, playbook)
     path = model_path(host, playbook.spec.model)
-    facts = read_facts(t, host, model=path, engine=playbook.spec.engine)
+    runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
+    facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
+        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
     placed = place_and_plan(host, playbook, facts, deployment, gpus, replace=replace, signatures=signatures)
     placement, indices, result = placed.placement, placed.indices, placed.result
     if result.errors or result.plan is None:
@@ -150,10 +155,37 @@ def place_and_plan(
     indices = placement.gpus if asked is not None else None
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
     path = model_path(host, playbook.spec.model)
-    result = build_plan(host, playbook, facts, path, signatures, indices, port)
+    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
     return Placed(placement, indices, result, f"{placement.how}; {moved}" if moved else placement.how)
+
+
+def _wants_pull(runtime: Container | None, facts: HostFacts) -> TypeGuard[Container]:
+    """The runtime's pull: says to pull its image now (missing: only when the host lacks it)."""
+    c = facts.container
+    if runtime is None or c is None or not c.cli or runtime.pull == "never":
+        return False
+    return runtime.pull == "always" or not c.image_present
+
+
+def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink) -> bool:
+    """Pull an image the host lacks (the runtime's pull: missing/always), its output streamed as it comes;
+    whether it worked. Nothing is stopped before: a failed pull leaves the image missing, which pre-flight
+    then refuses with its reason."""
+    buf = b""
+
+    def on_chunk(chunk: bytes) -> bool:
+        nonlocal buf
+        buf += chunk
+        *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
+        for line in lines:
+            if line.strip():
+                progress(events.LogLine(f"[{cli.rsplit('/', 1)[-1]} pull] " + line.decode("utf-8", "replace")))
+        return True
+
+    code = t.stream(f"{shlex.quote(cli)} pull {shlex.quote(runtime.image)} 2>&1", on_chunk, timeout_s=3600)
+    return code == 0
 
 
 def _asked(playbook: NamedPlaybook) -> int | tuple[int, ...] | None:
@@ -286,6 +318,7 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
         secret_env=tuple(p.get("secret_env", [])),
         verdicts=(),
         applied_fixes=tuple(p.get("applied_fixes", [])),
+        container=ContainerPlan.from_json(p["container"]) if p.get("container") else None,
     )
 
 
@@ -347,9 +380,10 @@ def restart(
             f"Deploy again: fleet deploy PLAYBOOK --host {host.name}.",
         ) from exc
     placed = state_facts.remote.deployment(deployment).gpus
-    facts = read_facts(t, host, model=plan.model_path, engine=plan.engine)
+    on_host = plan.container.model_host_path if plan.container else plan.model_path  # mounted in a container
+    facts = read_facts(t, host, model=on_host, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
-        raise ConfigError(f"{host.name}: the recorded model {plan.model_path} or the GPUs are gone.", "Redeploy.")
+        raise ConfigError(f"{host.name}: the recorded model {on_host} or the GPUs are gone.", "Redeploy.")
     model = parse_model_spec(plan.model_path, facts.model.config, facts.model.quant_config, facts.model.weights_bytes)
     gpus = gpu_summary(facts, placed)
     if gpus is None:

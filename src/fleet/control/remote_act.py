@@ -27,6 +27,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_container import (
+        CONTAINER_LAUNCHER,
+        fleet_containers,
+        inspect,
+        recorded_cli,
+        run_cli,
+        stop_containers,
+    )
     from fleet.control.remote_free import (
         all_gpu_indices,
         classify,
@@ -104,17 +112,22 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
     env = dict(os.environ, **c.get("env", {}))
     deadline = time.time() + c.get("timeout_s", 180)
+    cont = c.get("container")
+    argv = [expand(c["python"]), "-c", code] + c["args"]
+    if cont:  # the check runs in the same image as the server, with its mounts and environment
+        argv = [cont["cli"], "run", "--rm", "--name", cont["name"], "--network", "host"] + cont["options"]
+        argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
         try:
-            p = subprocess.Popen(
-                [expand(c["python"]), "-c", code] + c["args"], stdout=output, stderr=subprocess.STDOUT, env=env
-            )
+            p = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, env=env)
         except OSError as exc:
             return {"verdict": "could_not_check", "output": str(exc)}
         while p.poll() is None:
             if gone() or time.time() > deadline:
                 p.kill()
                 p.wait()
+                if cont:  # the client is gone; its container is not
+                    run_cli([cont["cli"], "rm", "-f", cont["name"]])
                 if time.time() > deadline:
                     return {"verdict": "could_not_check", "output": "the check timed out"}
                 return {"verdict": "client_gone", "output": ""}
@@ -177,6 +190,8 @@ def previous_launch(
     plan = previous.get("plan") if isinstance(previous, dict) else None
     if not isinstance(plan, dict) or not plan.get("argv"):
         return "there was no previous server to relaunch"
+    if plan.get("container"):
+        return "the previous server ran in a container, which only a deploy starts again"
     missing = sorted(set(plan.get("secret_env") or []) - set(secrets))
     if missing:
         return "the previous server needs secrets this run does not carry (%s)" % ", ".join(missing)
@@ -205,13 +220,14 @@ def launch_and_record(
                 "started": out["launched"]["started"],
                 "start_ticks": out["launched"]["start_ticks"],
                 "boot_id": boot_id(),
+                "container": out["launched"].get("container"),
             }
         )
         write_record(st_path, st)
     except OSError as exc:
         out["write_failed"] = {"path": exc.filename or state_dir, "error": exc.strerror or str(exc)}
         launched = out.pop("launched", None)
-        if launched:  # launched but unrecorded: fleet could not stop it safely later
+        if launched and launched["pgid"] > 1:  # launched but unrecorded: fleet could not stop it safely later
             try:
                 os.killpg(launched["pgid"], signal.SIGKILL)
             except OSError:
@@ -255,10 +271,25 @@ def new_log(log_dir: str, name: str, attempt: int) -> Tuple[int, str, str]:
     raise OSError("no free log name in %s" % log_dir)
 
 
+def link_latest(log_dir: str, name: str, log_path: str) -> None:
+    """NAME.latest.log -> the attempt's log (what `fleet logs` and people on the host read)."""
+    latest = os.path.join(log_dir, "%s.latest.log" % name)
+    try:  # a convenience for people on the host; a full disk or a squatted name must not fail the launch
+        if os.path.islink(latest):
+            os.unlink(latest)
+        os.symlink(os.path.basename(log_path), latest)
+    except OSError:
+        pass
+
+
 def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_fd, log_path, exit_path = new_log(log_dir, a["name"], a["attempt"])
+    if a.get("container"):
+        os.close(log_fd)
+        link_latest(log_dir, a["name"], log_path)
+        return launch_container(a, secrets, log_path, exit_path)
     env = dict(os.environ)
     env.update(a["env"])
     env.update(secrets)
@@ -281,13 +312,7 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     except BaseException:  # started but not given its environment: it must not run unrecorded
         os.killpg(child.pid, signal.SIGKILL)
         raise
-    latest = os.path.join(log_dir, "%s.latest.log" % a["name"])
-    try:  # a convenience for people on the host; a full disk or a squatted name must not fail the launch
-        if os.path.islink(latest):
-            os.unlink(latest)
-        os.symlink(os.path.basename(log_path), latest)
-    except OSError:
-        pass
+    link_latest(log_dir, a["name"], log_path)
     return {
         "pid": child.pid,
         "pgid": child.pid,
@@ -295,6 +320,49 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
         "exit_file": exit_path,
         "started": time.time(),
         "start_ticks": start_ticks(child.pid),
+        "container": None,
+    }
+
+
+def launch_container(a: Dict[str, Any], secrets: Dict[str, str], log_path: str, exit_path: str) -> Launched:
+    """`run -d` the engine in its container through fleet's launcher (its PID 1); the secrets go in a 0600
+    file the launcher deletes, never in the options `inspect` shows. A `run` that fails (no GPU runtime,
+    a CUDA requirement, a name in use) is written to the attempt's log with its exit code, to be diagnosed
+    like a crash."""
+    c = a["container"]
+    os.makedirs(c["secrets_dir"], mode=0o700, exist_ok=True)
+    secret_name = "env-%s-%d.json" % (a["name"], a["attempt"])
+    secret_file = os.path.join(c["secrets_dir"], secret_name)
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(secrets, f)
+    launcher = ["-c", CONTAINER_LAUNCHER, LAUNCH_MARK, exit_path, log_path, c["secrets_mount"] + "/" + secret_name]
+    argv = [c["cli"], "run", "-d"] + c["options"] + ["--entrypoint", c["python"], c["image"]] + launcher + a["argv"]
+    code, out, err = run_cli(argv, 300)
+    state = inspect(c["cli"], c["name"]) if code == 0 else None
+    pid = int(state["pid"]) if state and state["pid"] else -1
+    deadline = time.time() + 10
+    while pid > 0 and os.path.exists(secret_file) and time.time() < deadline:  # read by the launcher
+        time.sleep(0.05)
+    try:
+        os.unlink(secret_file)
+    except OSError:
+        pass
+    if code != 0 or pid <= 0:  # never started, or ended at once: what the runtime said is the log
+        said = err.strip() if code != 0 else run_cli([c["cli"], "logs", c["name"]])[2].strip()
+        with open(log_path, "a") as f:
+            f.write("[fleet] %s run: %s\n" % (c["cli"], said or "exited at once"))
+        if not os.path.exists(exit_path):
+            with open(exit_path, "w") as f:
+                f.write("%d\n" % (code if code != 0 else (state or {}).get("exit_code") or 1))
+    return {
+        "pid": pid,
+        "pgid": pid,  # the container's PID 1 leads its own session and group
+        "log": log_path,
+        "exit_file": exit_path,
+        "started": time.time(),
+        "start_ticks": start_ticks(pid) if pid > 0 else None,
+        "container": {"cli": c["cli"], "name": c["name"], "id": (state or {}).get("id") or out.strip()[:64]},
     }
 
 
@@ -322,6 +390,7 @@ def main() -> ActResult:
     def gone() -> bool:
         return client_gone(a)
 
+    container = (a.get("launch") or {}).get("container")
     if a.get("check"):
         out["check"] = engine_check(a["check"], gone)
         if out["check"]["verdict"] == "rejected":
@@ -351,8 +420,19 @@ def main() -> ActResult:
         every = all_gpu_indices(expand(free["gpu_devices"]))
         if every is not None:
             free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
-    free = dict(free, siblings=siblings, replaced=sorted(replaced))
+    # fleet's containers of this deployment (and those it replaces): stopped by name, not by signal
+    replaced_names = list(a["lock"].get("replace") or [])
+    clis = [(container or {}).get("cli"), recorded_cli(previous)] + list(free.get("container_clis") or [])
+    for other in replaced_names:
+        clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), "state.json"))))
+    named = [str(c) for c in clis if c]
+    ours, refused_containers = fleet_containers(
+        named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None
+    )
+    free = dict(free, siblings=siblings, replaced=sorted(replaced), container_clis=named)
+    free["own_containers"] = [c["id"] for c in ours]
     targets, refused, out["left"] = classify(free, procs)
+    refused = refused_containers + refused
     out["refused"] = refused
     if refused and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
         return out
@@ -362,7 +442,9 @@ def main() -> ActResult:
         return out
     gpus = free.get("gpus")
     before = nvml_pids_and_memory(gpus)[1]
+    stopped_containers = stop_containers(ours, a["free"]["drain_s"])
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
+    out["stopped"] = stopped_containers + out["stopped"]
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], gpus)
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(root, replaced, a["lock"]["deployment"])

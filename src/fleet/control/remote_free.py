@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_container import container_names, container_of
     from fleet.host_common import engine_kind, gpu_device_files, kill_verdict
     from fleet.host_procs import (
         alive,
@@ -133,10 +134,17 @@ def classify(
     for pid, proc in procs.items():
         if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced)):
             candidates.add(pid)
+    names: Optional[Dict[str, str]] = None
     for pid in sorted(candidates):
         if pid not in procs:
             continue
         info = procs[pid]
+        container = container_of(pid)
+        if container in (a.get("own_containers") or []):  # fleet's own: stopped by name (stop_containers)
+            continue
+        if container:  # another container's engine is somebody's server, never a stale one of fleet's
+            names = container_names(a.get("container_clis") or []) if names is None else names
+            info = dict(info, container=names.get(container, container[:12]))
         if info["pgid"] in siblings and info["pgid"] not in replaced and info["uid"] == me:
             if pid in owners or pid in gpu_holders:  # its server is in this deployment's way
                 refused.append(dict(info, why="deployment %s's server (--replace stops it)" % siblings[info["pgid"]]))

@@ -59,6 +59,7 @@ class Proc:
     cmdline: str
     start_ticks: int = 0
     ports: tuple[int, ...] = ()
+    container: str | None = None  # the id of the container it runs in
 
     @property
     def engine(self) -> str | None:
@@ -127,6 +128,63 @@ class RemoteState:
 
 
 @dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    image: str
+    state: str
+    labels: dict[str, str]
+    pid: int | None
+
+    @property
+    def deployment(self) -> str | None:
+        """The fleet deployment it runs, by its label (None: not fleet's)."""
+        return self.labels.get("fleet.deployment")
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """The container runtime a deployment asked for, as the host has it."""
+
+    cli: str | None  # its path; None: not installed
+    error: str | None = None
+    gpu_access: str | None = None  # toolkit | cdi | devices | None (no way for GPUs into a container)
+    image_present: bool = False
+    image_id: str | None = None
+    image_cuda: str | None = None
+    image_error: str | None = None
+    containers: tuple[ContainerInfo, ...] = ()
+    hf_cache: str | None = None
+
+
+def _container_facts(c: dict[str, Any]) -> ContainerFacts:
+    image = c.get("image") or {}
+    listed = tuple(
+        ContainerInfo(
+            str(x.get("id", "")),
+            str(x.get("name", "")),
+            str(x.get("image", "")),
+            str(x.get("state", "")),
+            {str(k): str(v) for k, v in (x.get("labels") or {}).items()},
+            x.get("pid") if isinstance(x.get("pid"), int) else None,
+        )
+        for x in c.get("containers") or []
+        if isinstance(x, dict)
+    )
+    return ContainerFacts(
+        cli=c.get("cli"),
+        error=c.get("error"),
+        gpu_access=c.get("gpu_access"),
+        image_present=image.get("present") is True,
+        image_id=image.get("id"),
+        image_cuda=image.get("cuda"),
+        image_error=image.get("error"),
+        containers=listed,
+        hf_cache=c.get("hf_cache"),
+    )
+
+
+@dataclass(frozen=True)
 class Listener:
     address: str
     port: int
@@ -161,6 +219,8 @@ class HostFacts:
     # (i, j) with i < j -> the closest link the two GPUs share, as NVML ranks it (empty: unknown)
     gpu_topology: dict[tuple[int, int], int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    container: ContainerFacts | None = None  # asked only for a deployment that runs in a container
+    paths: dict[str, str] = field(default_factory=dict)  # log_dir, state_dir as the host expands them
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
         """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
@@ -231,6 +291,7 @@ def _proc(d: dict[str, Any]) -> Proc:
         cmdline=str(d.get("cmdline", "")),
         start_ticks=int(d.get("start_ticks", 0)),
         ports=tuple(int(p["port"]) for p in d.get("ports", [])),
+        container=str(d["container"]) if isinstance(d.get("container"), str) else None,
     )
 
 
@@ -334,6 +395,8 @@ def parse_facts(host: str, text: str) -> HostFacts:
             if isinstance(t, list) and len(t) == 3 and all(isinstance(x, int) for x in t)
         },
         raw=raw,
+        container=_container_facts(raw["container"]) if isinstance(raw.get("container"), dict) else None,
+        paths={str(k): str(v) for k, v in (raw.get("paths") or {}).items()},
     )
 
 

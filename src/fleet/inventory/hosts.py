@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, field
 
 from fleet.errors import ConfigError
+from fleet.inventory.runtime import Runtime
 from fleet.inventory.strict import (
     ADDRESS_RE,
     DEVICE_GLOB_RE,
@@ -79,6 +80,7 @@ class HostSettings(_Strict, frozen=True, kw_only=True):
     connect_timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
     kernel_log: str = "dmesg"  # where health finds NVRM Xid / OOM-killer lines: "dmesg" or a file
     expected_gpus: ExpectedGpus | None = None
+    runtime: Runtime | None = None  # process (default) or a container; a playbook's runtime: wins
 
     checks = {
         "address": _check_address,

@@ -13,6 +13,7 @@ from msgspec import Meta, field
 
 from fleet.errors import ConfigError
 from fleet.inventory.hosts import Inventory
+from fleet.inventory.runtime import Runtime
 from fleet.inventory.strict import (
     ENV_NAME_RE,
     NAME_RE,
@@ -220,6 +221,7 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
     ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
+    runtime: Runtime | None = None  # process or a container (image); else the inventory's for the host
 
     checks = {
         "model": _check_model,

@@ -100,7 +100,7 @@ def _explained(cls: type[_Strict], data: Any, error: str) -> _Invalid:
     is_key = within is not None
     loc = tuple(int(index) if index else name for name, index in _PATH_PART.findall(within or at) if name or index)
     if found := re.match(r"Object contains unknown field `(.+)`$", what):
-        known = ", ".join(sorted(_type_at(cls, loc).__struct_fields__))
+        known = ", ".join(sorted(_type_at(cls, loc, mapping=True).__struct_fields__))
         return _Invalid((*loc, found[1]), "unknown", f"Known keys: {known}.")
     if found := re.match(r"Object missing required field `(.+)`$", what):
         return _Invalid((*loc, found[1]), "missing", "")
@@ -108,6 +108,8 @@ def _explained(cls: type[_Strict], data: Any, error: str) -> _Invalid:
         literal = _type_at(cls, loc)
         choices = ", ".join(repr(c) for c in typing.get_args(typing.get_args(literal)[0] if is_key else literal))
         subject = "has a key that must be" if is_key else "must be"
+        if not is_key and _type_at(cls, loc, mapping=True) is not literal:  # "process" or a mapping (runtime:)
+            return _Invalid(loc, "value", f"must be {choices} or a mapping (got {found[1]})")
         return _Invalid(loc, "value", f"{subject} one of {choices} (got {found[1]})")
     value = _value_at(data, loc)
     if found := re.match(r"Expected `([^`]+)`, got `", what):
@@ -132,14 +134,18 @@ def _value_at(data: Any, loc: tuple[str | int, ...]) -> Any:
     return data
 
 
-def _type_at(cls: type[_Strict], loc: tuple[str | int, ...]) -> Any:
-    """The type declared at `loc` (list indexes skipped, `X | None` read as X)."""
+def _type_at(cls: type[_Strict], loc: tuple[str | int, ...], *, mapping: bool = False) -> Any:
+    """The type declared at `loc` (list indexes skipped, `X | None` read as X; of `"word" | Struct`, the
+    struct when keys follow or `mapping` asks for it, else the word)."""
     kind: Any = cls
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, str):
             kind = typing.get_type_hints(kind)[part]
         if typing.get_origin(kind) in (types.UnionType, typing.Union):
-            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+            options = [k for k in typing.get_args(kind) if k is not type(None)]
+            structs = [k for k in options if isinstance(k, type) and issubclass(k, _Strict)]
+            keys_follow = any(isinstance(p, str) for p in loc[i + 1 :])
+            kind = structs[0] if structs and (keys_follow or mapping) else options[0]
     return kind
 
 

@@ -7,12 +7,15 @@ something fleet may not stop, and a log disk that is full.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from fleet import __version__
 from fleet.crashes import Signature, builtin_signatures, known_fixes
 from fleet.facts import HostFacts, gpu_mismatches
 from fleet.inventory import Host, NamedPlaybook
+from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import ModelConfigError, ModelSpec, parse_model_spec
 from fleet.plan import (
     GpuSummary,
@@ -26,6 +29,7 @@ from fleet.plan import (
     plan_launch,
     show_version,
 )
+from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 
 # Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
 # less 2 GiB); the rest is KV cache, activations and CUDA graphs. A tighter fit starts, then OOMs.
@@ -127,10 +131,13 @@ def build_plan(
     signatures: Sequence[Signature] | None = None,
     gpu_indices: Sequence[int] | None = None,
     port: int | None = None,
+    deployment: str | None = None,
 ) -> PlanResult:
     """`gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
-    `port`: the port placement chose when the playbook's belongs to another deployment there."""
+    `port`: the port placement chose when the playbook's belongs to another deployment there.
+    `deployment`: its name on the host (the playbook's by default); a container is named after it."""
     pb = playbook.spec
+    runtime = chosen_runtime(pb.runtime, host.settings.runtime)
     where = f"{playbook.name} on {host.name}"
     wishes = wishes_for(host, playbook)
     if port is not None:
@@ -176,19 +183,94 @@ def build_plan(
                 _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
             )
     key = learned_key(host.name, model_path, pb.engine, version, gpus.name if gpus else "")
-    if model is None or gpus is None or install is None:
+    container: ContainerPlan | None = None
+    if runtime is not None:
+        verdicts += container_preflight(where, runtime, facts)
+        container = _container_plan(runtime, playbook, facts, host, model_path, gpu_indices, deployment)
+    if model is None or gpus is None or install is None or (runtime is not None and container is None):
         return PlanResult(None, model, gpus, wishes, key, tuple(verdicts))
     plan = plan_launch(
-        model=model,
+        model=replace(model, path=model_mount_path(model_path)) if container else model,
         gpus=gpus,
         engine_version=version,
-        python=install.python,
+        python=CONTAINER_PYTHON if container else install.python,
         wishes=wishes,
         learned=learned_fixes(facts, key, signatures),
     )
+    plan = replace(plan, container=container)
     verdicts += preflight(where, plan, model, gpus, facts, host)
     plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))
     return PlanResult(plan, model, gpus, wishes, key, plan.verdicts)
+
+
+def _container_plan(
+    runtime: Container,
+    playbook: NamedPlaybook,
+    facts: HostFacts,
+    host: Host,
+    model_path: str,
+    gpu_indices: Sequence[int] | None,
+    deployment: str | None,
+) -> ContainerPlan | None:
+    """The container's `run`, or None when the host cannot run it (container_preflight says why)."""
+    c = facts.container
+    if c is None or c.cli is None or c.gpu_access is None or "log_dir" not in facts.paths:
+        return None
+    name = deployment or playbook.name
+    state_dir = facts.paths.get("state_dir", host.settings.state_dir)
+    return container_plan(
+        runtime,
+        deployment=name,
+        playbook=playbook.name,
+        model_host_path=facts.model.path if facts.model else model_path,  # ~/ expanded by the probe
+        gpu_access=c.gpu_access,
+        gpu_indices=gpu_indices,
+        device_files=facts.device_files,
+        log_dir=facts.paths["log_dir"],
+        secrets_dir=posixpath.join(state_dir, "deployments", name, "secrets"),
+        hf_cache=c.hf_cache,
+        fleet_version=__version__,
+    )
+
+
+def container_preflight(where: str, runtime: Container, facts: HostFacts) -> list[Verdict]:
+    """What refuses a container deployment before anything on the host is stopped (scale-out.md section 2:
+    the runtime, the GPU runtime, the image and its CUDA against the host's driver)."""
+    c = facts.container
+    cli = runtime.container
+    if c is None or c.cli is None:
+        why = c.error if c is not None and c.error else f"{cli} is not installed"
+        return [_err("container-runtime", f"{where}: {why}. Install {cli} on the host, or use runtime: process.")]
+    out: list[Verdict] = []
+    if c.gpu_access is None:
+        out.append(
+            _err(
+                "container-gpus",
+                f"{where}: a container on this host would see no GPU: neither a CDI spec for nvidia.com/gpu "
+                f"(/etc/cdi) nor docker's nvidia runtime is there (docker says: could not select device driver "
+                '"" with capabilities: [[gpu]]). Install the NVIDIA Container Toolkit and run '
+                "`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`.",
+            )
+        )
+    if not c.image_present:
+        how = (
+            f"pull: never. Run `{cli} pull {runtime.image}` there (or load it), or set pull: missing"
+            if runtime.pull == "never"
+            else f"`fleet deploy` pulls it first (pull: {runtime.pull}); if that failed, its output says why"
+        )
+        out.append(_err("image-missing", f"{where}: image {runtime.image} is not on the host; {how}."))
+    needs, has = parse_version(c.image_cuda), parse_version(facts.cuda_version)
+    if needs is not None and has is not None and needs[:2] > has[:2]:
+        out.append(
+            _err(
+                "image-cuda",
+                f"{where}: image {runtime.image} is built for CUDA {show_version(needs)[:-2]}, newer than the "
+                f"{show_version(has)[:-2]} the host's driver {facts.driver_version or ''} supports "
+                f"(nvidia-container-cli: requirement error: unsatisfied condition: cuda>={show_version(needs)[:-2]}). "
+                "Pick an image built for an older CUDA (e.g. a -cu12x tag) or upgrade the driver.",
+            )
+        )
+    return out
 
 
 def _tp_of(plan: LaunchPlan) -> int:

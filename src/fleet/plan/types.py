@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleet.plan.container import ContainerPlan
 
 Version = tuple[int, int, int]
 
@@ -163,6 +167,7 @@ class LaunchPlan:
     secret_env: tuple[str, ...]
     verdicts: tuple[Verdict, ...]
     applied_fixes: tuple[str, ...] = ()  # signature ids of fixes applied (learned or this deploy)
+    container: ContainerPlan | None = None  # run in this container (python: the image's); None: a process
 
     def module(self) -> str:
         return "sglang.launch_server" if self.engine == "sglang" else "vllm.entrypoints.openai.api_server"
@@ -198,6 +203,11 @@ class LaunchPlan:
             "applied_fixes": list(self.applied_fixes),
             "port": self.port,
             "served_name": self.served_name,
+            **(
+                {"container": {**self.container.to_json(), "run": self.container.run_argv(self)}}
+                if self.container
+                else {}
+            ),
         }
 
 

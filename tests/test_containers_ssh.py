@@ -1,0 +1,171 @@
+"""Deployments in real podman containers on the simulated blackwell, over real sshd.
+
+The images are made here (fleet_testbed.images: a Debian rootfs with python3 and the simulated SGLang at
+the tag's version). The host's GPU device files are character devices (mknod), mapped into the
+container with --device, as a host without the NVIDIA runtime would need them; the simulated engine in
+the container registers its GPU memory by its pid namespace, and NVML (the stand-in) reports it by host
+pid, as the real one does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import BLACKWELL, ROOT, run_cli
+from fleet_testbed import simhost
+
+pytestmark = [pytest.mark.ssh, pytest.mark.containers]
+
+
+def _podman_works() -> bool:
+    return shutil.which("podman") is not None and os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    if not _podman_works():
+        pytest.fail("podman (as root) is needed: run `make test` (it installs podman, runc and debootstrap)")
+    from fleet_testbed import images as built
+
+    return {v: built.sim_sglang(v) for v in ("0.5.11", "0.5.23")}
+
+
+def _remove_fleet_containers() -> None:
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "-q", "--filter", "label=fleet.deployment"], capture_output=True, text=True
+    )
+    ids = listed.stdout.split()
+    others = subprocess.run(["podman", "ps", "-a", "-q", "--filter", "name=^foreign-"], capture_output=True, text=True)
+    ids += others.stdout.split()
+    if ids:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True)
+
+
+@pytest.fixture
+def container_host(
+    fleet_env: simhost.Sandbox, images: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """blackwell with character-device GPUs and a playbook dir whose playbooks run in containers."""
+    hdir = fleet_env.host_dir("blackwell")
+    _remove_fleet_containers()
+    devices = sorted((hdir / "dev").glob("nvidia*"))
+    for dev in devices:
+        dev.unlink()
+        os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, as the driver's are
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    try:
+        yield hdir
+    finally:
+        _remove_fleet_containers()
+        for dev in devices:
+            dev.unlink(missing_ok=True)
+            dev.write_text("")
+
+
+def write_playbook(d: Path, hdir: Path, name: str, image: str, *, base: str = "qwen35-nvfp4", extra: str = "") -> None:
+    text = (ROOT / "playbooks" / f"{base}.yaml").read_text()
+    text += (
+        "runtime:\n"
+        "  container: podman\n"
+        f"  image: {image}\n"
+        f"  run_args: [-v, '{hdir}:{hdir}', -e, 'SIM_HOST_DIR={hdir}']\n"
+    ) + extra
+    (d / f"{name}.yaml").write_text(text)
+
+
+def podman_json(*args: str) -> list[dict[str, object]]:
+    out = subprocess.run(["podman", *args, "--format", "json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_version(
+    container_host: Path, images: dict[str, str], tmp_path: Path
+) -> None:
+    hdir = container_host
+    simhost.set_host(hdir, sglang_version="0.5.23")  # the host's own environment: not what the image runs
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    # the hand-written command of the story, run as written: NEXTN on a hybrid model without a mamba strategy
+    handwritten = (
+        "literal: true\n"
+        "extra_args: [--tp, '8', --speculative-algorithm, NEXTN, --speculative-num-draft-tokens, '2',"
+        " --speculative-eagle-topk, '1']\n"
+        "secret_env: [HF_TOKEN]\n"
+    )
+    write_playbook(playbooks, hdir, "qwen35-box", images["0.5.11"], extra=handwritten)
+    secret = "hf_container_secret_5e3c"
+    os.environ["HF_TOKEN"] = secret
+    try:
+        plan = run_cli("plan", "qwen35-box", "--host", "blackwell", "--json")
+        assert plan.code == 0, plan.err
+        shown = json.loads(plan.out)
+        assert shown["plan"]["engine_version"] == "0.5.11"
+        run = shown["plan"]["container"]["run"]
+        assert run[:3] == ["podman", "run", "-d"] and "--entrypoint" in run
+        assert run[3:5] == ["--name", "fleet-qwen35-box"]
+
+        r = run_cli("deploy", "qwen35-box", "--host", "blackwell")
+        assert r.code == 0, r.err
+        # the NEXTN crash of 0.5.11 inside the container, recognised, fixed, relaunched
+        assert "sglang-spec-hybrid-no-buffer" in r.err and "--mamba-scheduler-strategy extra_buffer" in r.err
+        rec = json.loads(simhost.record(hdir, "state.json", "qwen35-box").read_text())
+        assert rec["status"] == "ready" and rec["engine_version"] == "0.5.11"
+        assert rec["container"]["name"] == "fleet-qwen35-box"
+        listed = podman_json("ps", "--filter", "label=fleet.deployment=qwen35-box")
+        assert [c["Names"] for c in listed] == [["fleet-qwen35-box"]]
+        assert listed[0]["Labels"]["fleet.playbook"] == "qwen35-box"
+        # the secret reached the engine, and is in no option, no `inspect`, no state and no command line
+        inspected = subprocess.run(["podman", "inspect", "fleet-qwen35-box"], capture_output=True, text=True).stdout
+        assert secret not in inspected
+        assert secret not in json.dumps(rec)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert secret not in ps
+        assert not list((hdir / "state" / "deployments" / "qwen35-box" / "secrets").iterdir())
+        logs = run_cli("logs", "--host", "blackwell/qwen35-box", "-n", "200")
+        assert logs.code == 0 and "fired up" in logs.out
+
+        # the same plan again: the container proved itself and is kept
+        kept = run_cli("deploy", "qwen35-box", "--host", "blackwell")
+        assert kept.code == 0 and "already running this plan" in kept.out, kept.err
+        # a restart: the stale container is stopped and removed, the GPUs proven free, a new one started
+        again = run_cli("restart", "--host", "blackwell/qwen35-box")
+        assert again.code == 0, again.err
+        assert "fleet's container of deployment qwen35-box" in again.err
+        after = json.loads(simhost.record(hdir, "state.json", "qwen35-box").read_text())
+        assert after["container"]["id"] != rec["container"]["id"]
+        assert len(podman_json("ps", "-a", "--filter", "label=fleet.deployment=qwen35-box")) == 1
+
+        stop = run_cli("stop", "--host", "blackwell/qwen35-box")
+        assert stop.code == 0, stop.err
+        assert podman_json("ps", "-a", "--filter", "label=fleet.deployment=qwen35-box") == []
+        facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
+        assert all(not g["processes"] for g in facts["gpu"]["gpus"])
+    finally:
+        del os.environ["HF_TOKEN"]
+
+
+def test_a_foreign_container_on_the_gpus_is_refused_without_force(
+    container_host: Path, images: dict[str, str], fleet_env: simhost.Sandbox
+) -> None:
+    hdir = container_host
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra="gpus: [6, 7]\n")
+    # somebody's own SGLang container on GPU 7, started by hand (not fleet's: no labels)
+    run = ["podman", "run", "-d", "--name", "foreign-sglang", "--network", "none", "-v", f"{hdir}:{hdir}"]
+    run += ["-e", f"SIM_HOST_DIR={hdir}", "--entrypoint", "python3", images["0.5.23"]]
+    run += ["-m", "fleet_testbed.sim_child", "sglang::scheduler", "7", "30000"]  # holds GPU 7, 30 GB
+    foreign = subprocess.run([*simhost.ssh_argv(fleet_env, BLACKWELL), *run], capture_output=True, text=True)
+    assert foreign.returncode == 0, foreign.stderr
+    r = run_cli("deploy", "small", "--host", "blackwell")
+    assert r.code == 6, r.err
+    assert "foreign-sglang" in r.err and "not this deployment's" in r.err
+    running = podman_json("ps", "--filter", "name=foreign-sglang")
+    assert running and running[0]["State"] == "running"
