@@ -140,3 +140,53 @@ def test_a_bad_runtime_names_file_line_and_what_to_do(tmp_path: Path, runtime: s
     with pytest.raises(ConfigError) as err:
         load_playbook(str(path), tmp_path)
     assert f"{path}:5:" in err.value.message and message in err.value.message, err.value.message
+
+
+RUNTIME_FAILURES = [  # what docker/podman, the toolkit, CUDA and NCCL print when a container cannot run
+    (
+        '[fleet] podman run: Error: could not select device driver "" with capabilities: [[gpu]]',
+        "container-no-gpu-runtime",
+    ),
+    ("Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=3", "container-no-gpu-runtime"),
+    ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.9, please update", "driver-mismatch"),
+    ("RuntimeError: CUDA error: Error 804: forward compatibility was attempted on non supported HW", "driver-mismatch"),
+    (
+        "shmutils.cc:72 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-5Q6d",
+        "container-shm-too-small",
+    ),
+    ("[fleet] container OOM-killed: its memory limit was reached (exit 137)", "container-oom-killed"),
+]
+
+
+@pytest.mark.parametrize(("line", "signature"), RUNTIME_FAILURES)
+def test_what_a_container_runtime_says_when_it_fails_is_diagnosed(line: str, signature: str) -> None:
+    from fleet.crashes import LogContext, diagnose
+
+    ctx = LogContext(engine="sglang", version=(0, 5, 11), hybrid=False, nvfp4=False, moe=False, sm=120, argv=())
+    assert diagnose([line], ctx).signature == signature
+
+
+def test_an_oom_killed_exit_becomes_a_line_the_knowledge_base_reads() -> None:
+    from fleet.control.answers import synthetic_line
+
+    assert synthetic_line({"e": "exit", "code": 137, "oom_killed": True}) == (
+        "[fleet] container OOM-killed: its memory limit was reached (exit 137)"
+    )
+    assert synthetic_line({"e": "exit", "code": 137}) == "[fleet] engine killed by signal 9"
+
+
+@pytest.mark.parametrize(
+    ("seen", "status", "words"),
+    [
+        ({"running": True, "restart_count": 0}, "ok", "running"),
+        ({"running": True, "restart_count": 2}, "warning", "restarted 2 time(s)"),
+        ({"running": False, "oom_killed": True, "exit_code": 137}, "critical", "OOM-killed (exit 137)"),
+        ({"running": False, "status": "exited", "exit_code": 1}, "critical", "is exited (exit 1)"),
+        ({"missing": True}, "critical", "is gone"),
+    ],
+)
+def test_health_reads_a_containers_state_as_its_runtime_reports_it(seen: dict, status: str, words: str) -> None:
+    from fleet.health.checks import _container_check
+
+    name, level, detail = _container_check({**seen, "name": "fleet-qwen36"})
+    assert (name, level) == ("container", status) and words in detail and "fleet-qwen36" in detail

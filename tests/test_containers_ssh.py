@@ -88,7 +88,7 @@ def podman_json(*args: str) -> list[dict[str, object]]:
 
 
 def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_version(
-    container_host: Path, images: dict[str, str], tmp_path: Path
+    container_host: Path, images: dict[str, str], fleet_env: simhost.Sandbox
 ) -> None:
     hdir = container_host
     simhost.set_host(hdir, sglang_version="0.5.23")  # the host's own environment: not what the image runs
@@ -132,6 +132,18 @@ def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_versio
         logs = run_cli("logs", "--host", "blackwell/qwen35-box", "-n", "200")
         assert logs.code == 0 and "fired up" in logs.out
 
+        status = json.loads(run_cli("status", "--host", "blackwell", "--json").out)
+        assert (status["deployment"], status["container"], status["status"]) == (
+            "qwen35-box",
+            "fleet-qwen35-box",
+            "ready",
+        )
+        facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
+        shown = [(c["name"], c["labels"].get("fleet.deployment")) for c in facts["containers"]]
+        assert shown == [("fleet-qwen35-box", "qwen35-box")]
+        health = run_cli("health", "--host", "blackwell/qwen35-box")
+        assert health.code == 0 and "container fleet-qwen35-box running" in health.out, health.out + health.err
+
         # the same plan again: the container proved itself and is kept
         kept = run_cli("deploy", "qwen35-box", "--host", "blackwell")
         assert kept.code == 0 and "already running this plan" in kept.out, kept.err
@@ -142,6 +154,15 @@ def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_versio
         after = json.loads(simhost.record(hdir, "state.json", "qwen35-box").read_text())
         assert after["container"]["id"] != rec["container"]["id"]
         assert len(podman_json("ps", "-a", "--filter", "label=fleet.deployment=qwen35-box")) == 1
+
+        # the container killed behind fleet's back: health says so, and --heal starts it again
+        on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
+        subprocess.run([*on_host, "podman", "kill", "fleet-qwen35-box"], capture_output=True, check=True)
+        sick = run_cli("health", "--host", "blackwell/qwen35-box")
+        assert sick.code == 2 and "container fleet-qwen35-box is exited" in sick.out, sick.out + sick.err
+        healed = run_cli("health", "--host", "blackwell/qwen35-box", "--heal")
+        assert "restarted: server ready" in healed.out + healed.err, healed.out + healed.err
+        assert podman_json("ps", "--filter", "label=fleet.deployment=qwen35-box")[0]["State"] == "running"
 
         stop = run_cli("stop", "--host", "blackwell/qwen35-box")
         assert stop.code == 0, stop.err

@@ -367,6 +367,26 @@ TEXT_CASES = [
         "cut-in-model-registry",
     ),
     ("disk-full", "OSError: [Errno 28] No space left on device", LogContext(), "disk-full"),
+    (
+        "container-no-gpu-runtime",
+        '[fleet] docker run: docker: Error response from daemon: could not select device driver "" with '
+        "capabilities: [[gpu]].",
+        LogContext(),
+        "container-no-gpu-runtime",
+    ),
+    (
+        "container-shm",
+        "node1:77:92 [0] misc/shmutils.cc:72 NCCL WARN Error while creating shared memory segment "
+        "/dev/shm/nccl-hMbb1Z (size 9637888)",
+        LogContext(),
+        "container-shm-too-small",
+    ),
+    (
+        "container-oom",
+        "[fleet] container OOM-killed: its memory limit was reached (exit 137)",
+        LogContext(),
+        "container-oom-killed",
+    ),
 ]
 
 

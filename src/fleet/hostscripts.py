@@ -32,7 +32,7 @@ STEPS: dict[str, tuple[str, ...]] = {
         "control/remote_lock.py",
         "control/remote_act.py",
     ),
-    "watch": ("control/remote_watch.py",),  # follow an attempt, prove the server
+    "watch": ("control/remote_container.py", "control/remote_watch.py"),  # follow an attempt, prove the server
     "health": ("control/remote_container.py", "facts/probe.py", "control/remote_health.py"),  # facts + checks
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
 }

@@ -69,7 +69,14 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
         console().print("  inference servers:")
         for p in f.servers:
             ports = ",".join(map(str, p.ports)) or "-"
-            console().print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}: {_host(one_line(p.cmdline)[:120])}")
+            box = next((c for c in f.containers if c.id == p.container), None)
+            where = f" in container {_host(box.name)} ({_host(box.image)})" if box else ""
+            console().print(f"    pid {p.pid} (pgid {p.pgid}) ports {ports}{where}: {_host(one_line(p.cmdline)[:120])}")
+    if f.containers:
+        console().print("  containers:")
+        for c in f.containers:
+            mine = f"fleet deployment {_host(c.deployment)}" if c.deployment else "not fleet's"
+            console().print(f"    {_host(c.name)} ({_host(c.image)}): {_host(c.state)}, {mine}")
     for d in f.disks:
         console().print(f"  disk {_host(d.path)}: {mib((d.free_bytes or 0) >> 20)} free")
     if f.model:

@@ -59,6 +59,9 @@ class NamespaceHost:
             f"    engines: {{sglang: {self.dir}/env/bin/python}}\n    models_dir: {self.dir}/models\n"
             f"    state_dir: {self.dir}/state\n    log_dir: {self.dir}/logs\n"
             f"    gpu_devices: {self.dir}/dev/nvidia*\n"
+            # the simulated host's own kernel log: this machine's dmesg (a test's container OOM-killed
+            # at its memory limit, say) is not the simulated host's
+            f"    kernel_log: {self.dir}/kern.log\n"
         )
         self.host: Host = load_inventory(inventory).hosts[spec.name]
 

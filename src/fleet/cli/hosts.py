@@ -292,6 +292,7 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
                 f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
                 f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
                 f"attempts {r.get('attempts') or '-'}"
+                f"{'  container ' + str(r['container']) if r.get('container') else ''}"
                 f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
             )
     exit_for_failures(failures)

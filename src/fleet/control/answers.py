@@ -75,6 +75,8 @@ def synthetic_line(ev: WatchEvent) -> str | None:
         return f"[fleet] {ev.get('what')} timeout after {ev.get('after_s', 0):.0f} s"
     if ev["e"] == "exit":
         code = ev.get("code")
+        if ev.get("oom_killed"):
+            return f"[fleet] container OOM-killed: its memory limit was reached (exit {code})"
         if code is not None and code > 128:
             return f"[fleet] engine killed by signal {code - 128}" if code - 128 == 9 else None
         if code is None:

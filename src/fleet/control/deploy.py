@@ -318,6 +318,7 @@ class Deployer:
                 "log": launched["log"],
                 "exit_file": launched["exit_file"],
                 "pgid": launched["pgid"],
+                "container": launched.get("container"),
                 "offset": offset,
                 "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in watched),
                 "client_on_stdin": True,

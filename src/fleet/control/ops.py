@@ -195,7 +195,7 @@ def _asked(playbook: NamedPlaybook) -> int | tuple[int, ...] | None:
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU
 # faults) is not something a restart of this server would change.
-SERVER_CHECKS = frozenset({"server", "drift", "port", "http_health", "models", "generation", "crash_log"})
+SERVER_CHECKS = frozenset({"server", "container", "drift", "port", "http_health", "models", "generation", "crash_log"})
 # What must have run and passed before a running server is kept instead of restarted.
 ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
 
@@ -505,6 +505,7 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "attempts": st.get("attempts") or st.get("attempt"),
         "last_outcome": st.get("reason") or status,
         "applied_fixes": st.get("applied_fixes", []),
+        "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
     }
 

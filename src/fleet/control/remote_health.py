@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # prepended when sent: the probe (collect) and the shared host code
     collect  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
+    from fleet.control.remote_container import cli_path, inspect
     from fleet.facts.probe import collect
     from fleet.host_common import http_request, read_record, smoke_request
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
@@ -87,6 +88,14 @@ def check_server(
             "port": st.get("port"),
             "group_pids": [p["pid"] for p in group],
         }
+    box = st.get("container") if isinstance(st.get("container"), dict) else None
+    if box and box.get("cli") in ("docker", "podman") and st.get("status") in ("ready", "starting", "unverified"):
+        cli = cli_path(str(box["cli"]))  # what the runtime says of it: running, restarts, OOM-killed
+        out["container"] = (inspect(cli, str(box.get("id") or box.get("name"))) if cli else None) or {
+            "missing": True,
+            "name": box.get("name"),
+        }
+        out["container"]["name"] = box.get("name")
     if out["server"] and out["server"]["alive"]:
         base = "http://%s:%d" % (st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
         code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])

@@ -28,6 +28,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_container import cli_path, inspect
     from fleet.host_common import (
         deployment_dir,
         http_request,
@@ -271,7 +272,14 @@ def main(a: Dict[str, Any]) -> None:
                     code = int(f.read().strip() or -1)
             except (OSError, ValueError):
                 pass
-            emit({"e": "exit", "code": code})
+            ended: Dict[str, Any] = {"e": "exit", "code": code}
+            box = a.get("container")
+            if box:  # what the runtime saw: a container's memory limit kills without a word in the log
+                cli = cli_path(str(box.get("cli")))
+                seen = inspect(cli, str(box.get("id") or box.get("name"))) if cli else None
+                if seen and seen.get("oom_killed"):
+                    ended["oom_killed"] = True
+            emit(ended)
             return
         if phase == "starting" and now - last_http >= HTTP_READY_EVERY_S:
             last_http = now

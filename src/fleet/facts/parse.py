@@ -153,24 +153,26 @@ class ContainerFacts:
     image_id: str | None = None
     image_cuda: str | None = None
     image_error: str | None = None
-    containers: tuple[ContainerInfo, ...] = ()
     hf_cache: str | None = None
 
 
-def _container_facts(c: dict[str, Any]) -> ContainerFacts:
-    image = c.get("image") or {}
-    listed = tuple(
+def _containers(raw: Any) -> tuple[ContainerInfo, ...]:
+    return tuple(
         ContainerInfo(
             str(x.get("id", "")),
             str(x.get("name", "")),
             str(x.get("image", "")),
             str(x.get("state", "")),
-            {str(k): str(v) for k, v in (x.get("labels") or {}).items()},
+            {str(k): str(v) for k, v in (x.get("labels") or {}).items() if isinstance(x.get("labels"), dict)},
             x.get("pid") if isinstance(x.get("pid"), int) else None,
         )
-        for x in c.get("containers") or []
-        if isinstance(x, dict)
+        for x in (raw if isinstance(raw, list) else [])
+        if isinstance(x, dict) and x.get("id")
     )
+
+
+def _container_facts(c: dict[str, Any]) -> ContainerFacts:
+    image = c.get("image") or {}
     return ContainerFacts(
         cli=c.get("cli"),
         error=c.get("error"),
@@ -179,7 +181,6 @@ def _container_facts(c: dict[str, Any]) -> ContainerFacts:
         image_id=image.get("id"),
         image_cuda=image.get("cuda"),
         image_error=image.get("error"),
-        containers=listed,
         hf_cache=c.get("hf_cache"),
     )
 
@@ -220,6 +221,7 @@ class HostFacts:
     gpu_topology: dict[tuple[int, int], int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     container: ContainerFacts | None = None  # asked only for a deployment that runs in a container
+    containers: tuple[ContainerInfo, ...] = ()  # those running engines, and fleet's
     paths: dict[str, str] = field(default_factory=dict)  # log_dir, state_dir as the host expands them
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
@@ -396,6 +398,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         },
         raw=raw,
         container=_container_facts(raw["container"]) if isinstance(raw.get("container"), dict) else None,
+        containers=_containers(raw.get("containers")),
         paths={str(k): str(v) for k, v in (raw.get("paths") or {}).items()},
     )
 

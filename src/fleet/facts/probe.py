@@ -410,7 +410,8 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
     )
     with open("/proc/stat") as f:
         btime = next((int(line.split()[1]) for line in f if line.startswith("btime")), 0)
-    facts = {
+    state = _state(args.get("state_dir", "~/.fleet/state"))
+    facts: Dict[str, Any] = {
         "probe_version": 1,
         "hostname": os.uname().nodename,
         "user": pwd.getpwuid(os.getuid()).pw_name,
@@ -434,8 +435,9 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
         "paths": dict((k, os.path.expanduser(args[k])) for k in ("log_dir", "state_dir") if args.get(k)),
         "model": _model(args.get("model_path")),
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
-        "state": _state(args.get("state_dir", "~/.fleet/state")),
+        "state": state,
     }
+    facts["containers"] = _engine_containers(servers, state)
     if args.get("container"):
         facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)
     return facts
@@ -458,19 +460,34 @@ def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Di
         "packages": packages,
         "error": image.get("error") if not version else None,
     }
-    listed, error = containers(cli)
-    engine_pids = dict((s["pid"], s) for s in facts["servers"])
-    running_engines = set(container_of(pid) for pid in engine_pids)
-    shown = [x for x in listed if "fleet.deployment" in x["labels"] or x["id"] in running_engines]
     hf = os.path.expanduser("~/.cache/huggingface")
     return {
         "cli": cli,
         "gpu_access": gpu_access(cli, gpu_device_files(device_glob)),
         "image": image,
-        "containers": shown,
-        "containers_error": error,
         "hf_cache": hf if os.path.isdir(hf) else None,
     }
+
+
+def _engine_containers(servers: List[Dict[str, Any]], state: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Containers that run an engine here, or that fleet recorded a deployment in: asked of docker/podman
+    only when there are any (a `ps` of podman's costs more than the rest of the probe)."""
+    running = set(s["container"] for s in servers if s.get("container"))
+    recorded = any(
+        isinstance((d.get("state") or {}).get("container"), dict) for d in (state.get("deployments") or {}).values()
+    )
+    if not running and not recorded:
+        return []
+    out = []
+    for name in ("podman", "docker"):
+        cli = cli_path(name)
+        if cli is None:
+            continue
+        listed, error = containers(cli)
+        if error:
+            out.append({"cli": name, "error": error})
+        out += [dict(c, cli=name) for c in listed if c["id"] in running or "fleet.deployment" in c["labels"]]
+    return out
 
 
 def main() -> None:

@@ -240,6 +240,25 @@ def _host_checks(raw: dict[str, Any], facts: HostFacts) -> list[Check]:
     return checks
 
 
+def _container_check(box: dict[str, Any]) -> tuple[str, str, str]:
+    """What the container runtime says of a deployment's container (the server check says what runs)."""
+    name = box.get("name")
+    if box.get("missing"):
+        return "container", CRITICAL, f"container {name} is gone (removed, or the runtime cannot be asked)"
+    if box.get("oom_killed"):
+        return (
+            "container",
+            CRITICAL,
+            f"container {name} was OOM-killed (exit {box.get('exit_code')}): raise its memory limit",
+        )
+    if not box.get("running"):
+        return "container", CRITICAL, f"container {name} is {box.get('status')} (exit {box.get('exit_code')})"
+    restarts = int(box.get("restart_count") or 0)
+    if restarts:
+        return "container", WARNING, f"container {name} running, restarted {restarts} time(s) by the runtime"
+    return "container", OK, f"container {name} running"
+
+
 def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnosis: Diagnosis | None) -> list[Check]:
     st = record.state
     server = answer.get("server")
@@ -290,6 +309,8 @@ def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnos
                 else f"HTTP {g.get('status')}: {str(g.get('text', ''))[:120]}"
             )
             add("generation", OK if ok else CRITICAL, detail if ok else f"wrong or no answer: {detail}")
+    if answer.get("container"):
+        add(*_container_check(answer["container"]))
     if diagnosis is not None and diagnosis.category not in ("healthy", "starting"):
         add(
             "crash_log",
