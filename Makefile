@@ -58,9 +58,10 @@ $(ORACLE)/.venv/.ok-build:
 	cd $(ORACLE) && ./build
 
 ## images: the test images in podman: a Debian rootfs with python3 (debootstrap, ~2 min once, cached in
-## .cache/images) and the simulated SGLang 0.5.11/0.5.23 on it (seconds; rebuilt when the simulator changes)
-images: $(VENV)/.installed system-deps
-	$(BIN)/python -m fleet_testbed.images
+## .cache/images), the simulated SGLang 0.5.11/0.5.23 on it (seconds; rebuilt when the simulator changes)
+## and the real vLLM on CPU from vllm-env (hard links into the build context; about a minute)
+images: $(VENV)/.installed system-deps vllm-env
+	$(BIN)/python -m fleet_testbed.images .cache/vllm-venv
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests testbed

@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,15 +73,23 @@ def container_host(
             dev.write_text("")
 
 
-def write_playbook(d: Path, hdir: Path, name: str, image: str, *, base: str = "qwen35-nvfp4", extra: str = "") -> None:
+def write_playbook(
+    d: Path, hdir: Path, name: str, image: str, *, base: str = "qwen35-nvfp4", extra: str = "", cli: str = "podman"
+) -> None:
     text = (ROOT / "playbooks" / f"{base}.yaml").read_text()
     text += (
         "runtime:\n"
-        "  container: podman\n"
+        f"  container: {cli}\n"
         f"  image: {image}\n"
         f"  run_args: [-v, '{hdir}:{hdir}', -e, 'SIM_HOST_DIR={hdir}']\n"
     ) + extra
     (d / f"{name}.yaml").write_text(text)
+
+
+def container_check(health_json: str) -> tuple[str, str]:
+    checks = json.loads(health_json.splitlines()[0])["checks"]
+    found = next(c for c in checks if c["name"] == "container")
+    return found["status"], found["detail"]
 
 
 def podman_json(*args: str) -> list[dict[str, object]]:
@@ -141,8 +151,9 @@ def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_versio
         facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
         shown = [(c["name"], c["labels"].get("fleet.deployment")) for c in facts["containers"]]
         assert shown == [("fleet-qwen35-box", "qwen35-box")]
-        health = run_cli("health", "--host", "blackwell/qwen35-box")
-        assert health.code == 0 and "container fleet-qwen35-box running" in health.out, health.out + health.err
+        health = run_cli("health", "--host", "blackwell/qwen35-box", "--json")
+        assert health.code == 0, health.out + health.err
+        assert container_check(health.out) == ("ok", "container fleet-qwen35-box running")
 
         # the same plan again: the container proved itself and is kept
         kept = run_cli("deploy", "qwen35-box", "--host", "blackwell")
@@ -158,8 +169,9 @@ def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_versio
         # the container killed behind fleet's back: health says so, and --heal starts it again
         on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
         subprocess.run([*on_host, "podman", "kill", "fleet-qwen35-box"], capture_output=True, check=True)
-        sick = run_cli("health", "--host", "blackwell/qwen35-box")
-        assert sick.code == 2 and "container fleet-qwen35-box is exited" in sick.out, sick.out + sick.err
+        sick = run_cli("health", "--host", "blackwell/qwen35-box", "--json")
+        assert sick.code == 2, sick.out + sick.err
+        assert container_check(sick.out)[0] == "critical" and "is exited" in container_check(sick.out)[1]
         healed = run_cli("health", "--host", "blackwell/qwen35-box", "--heal")
         assert "restarted: server ready" in healed.out + healed.err, healed.out + healed.err
         assert podman_json("ps", "--filter", "label=fleet.deployment=qwen35-box")[0]["State"] == "running"
@@ -190,3 +202,101 @@ def test_a_foreign_container_on_the_gpus_is_refused_without_force(
     assert "foreign-sglang" in r.err and "not this deployment's" in r.err
     running = podman_json("ps", "--filter", "name=foreign-sglang")
     assert running and running[0]["State"] == "running"
+    facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
+    assert facts["gpu_holders"]["7"].startswith("container foreign-sglang (pids ")
+
+
+def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
+    container_host: Path, images: dict[str, str]
+) -> None:
+    """An image built for a newer CUDA than the driver's; an image that is not there with pull: never; one
+    that cannot be pulled (no registry is reachable here: the pull's own output is streamed); a docker
+    whose daemon is not running. Each is refused with its reason and exit 4, and nothing is launched."""
+    from fleet_testbed import images as built
+
+    hdir = container_host
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    newer = built.sim_sglang("0.5.11", cuda="13.1.0")  # the simulated host's driver supports CUDA 13.0
+    write_playbook(playbooks, hdir, "newer-cuda", newer)
+    plan = run_cli("plan", "newer-cuda", "--host", "blackwell")
+    assert plan.code == 4 and "[image-cuda]" in plan.out and "cuda>=13.1" in plan.out, plan.out
+
+    write_playbook(playbooks, hdir, "absent", "localhost/fleet-absent:1", extra="")
+    (playbooks / "absent.yaml").write_text(
+        (playbooks / "absent.yaml").read_text().replace("image:", "pull: never\n  image:")
+    )
+    never = run_cli("deploy", "absent", "--host", "blackwell")
+    assert never.code == 4 and "pull: never" in never.err and ": pull " not in never.err, never.err
+
+    write_playbook(playbooks, hdir, "unpullable", "localhost/fleet-absent:1")
+    pulled = run_cli("deploy", "unpullable", "--host", "blackwell")
+    assert pulled.code == 4, pulled.err
+    assert "blackwell: pull localhost/fleet-absent:1: " in pulled.err and "is not on the host" in pulled.err
+
+    write_playbook(playbooks, hdir, "dockerless", images["0.5.11"], cli="docker")
+    docker = run_cli("deploy", "dockerless", "--host", "blackwell")  # a client without its daemon, or none
+    assert docker.code == 4 and ("is not on the host" in docker.err or "docker is not installed" in docker.err)
+    assert podman_json("ps", "-a", "--filter", "label=fleet.deployment") == []
+    assert not list((hdir / "logs").glob("*.log"))
+
+
+@pytest.fixture
+def dockerd(container_host: Path, fleet_env: simhost.Sandbox, images: dict[str, str]) -> Iterator[str]:
+    """Debian's dockerd on the simulated blackwell (started over SSH, so it and its containers are that
+    host's processes), the simulated SGLang image loaded into it, and the host's `docker` pointed at it."""
+    real = shutil.which("docker")
+    if shutil.which("dockerd") is None or real is None:
+        pytest.fail("dockerd is needed: run `make test` (it installs Debian's docker.io)")
+    root = Path(tempfile.mkdtemp(prefix="fdk", dir="/tmp"))  # short: containerd's sockets live under it
+    sock = f"unix://{root}/docker.sock"
+    on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
+    start = (
+        f"nohup dockerd --host {sock} --data-root {root}/data --exec-root {root}/exec --pidfile {root}/docker.pid"
+        f" --iptables=false --bridge=none > {root}/dockerd.log 2>&1 < /dev/null &"
+    )
+    subprocess.run([*on_host, start], check=True, timeout=30)
+    wrapper = container_host / "bin" / "docker"  # first on the host's PATH
+    wrapper.write_text(f'#!/bin/sh\nexec {real} -H {sock} "$@"\n')
+    wrapper.chmod(0o755)
+    deadline = time.monotonic() + 60
+    while subprocess.run([real, "-H", sock, "info"], capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, (root / "dockerd.log").read_text()[-2000:]
+        time.sleep(0.5)
+    saved = subprocess.Popen(["podman", "save", "--format", "docker-archive", images["0.5.23"]], stdout=subprocess.PIPE)
+    assert saved.stdout is not None
+    with saved.stdout:
+        subprocess.run([real, "-H", sock, "load"], stdin=saved.stdout, check=True, capture_output=True)
+    saved.wait()
+    try:
+        yield sock
+    finally:
+        stop = f"{wrapper} rm -f $({wrapper} ps -aq) >/dev/null 2>&1; kill $(cat {root}/docker.pid); sleep 2"
+        subprocess.run([*on_host, stop], capture_output=True, timeout=60)
+        wrapper.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(root)], capture_output=True)  # its mounts were the host's own
+
+
+def test_docker_runs_a_deployment_the_same_way(dockerd: str, container_host: Path, images: dict[str, str]) -> None:
+    hdir = container_host
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra="gpus: [6, 7]\n", cli="docker")
+    plan = json.loads(run_cli("plan", "small", "--host", "blackwell", "--json").out)
+    assert plan["plan"]["engine_version"] == "0.5.23" and plan["plan"]["container"]["run"][:3] == [
+        "docker",
+        "run",
+        "-d",
+    ]
+    r = run_cli("deploy", "small", "--host", "blackwell")
+    assert r.code == 0, r.err
+    docker = [shutil.which("docker") or "docker", "-H", dockerd]
+    listed = subprocess.run(
+        [*docker, "ps", "--format", '{{.Names}} {{.Label "fleet.deployment"}}'], capture_output=True, text=True
+    )
+    assert listed.stdout.split() == ["fleet-small", "small"]
+    rec = json.loads(simhost.record(hdir, "state.json", "small").read_text())
+    assert rec["status"] == "ready" and rec["container"]["cli"] == "docker"
+    assert run_cli("stop", "--host", "blackwell/small").code == 0
+    left = subprocess.run(
+        [*docker, "ps", "-aq", "--filter", "label=fleet.deployment=small"], capture_output=True, text=True
+    )
+    assert left.stdout.strip() == ""

@@ -26,6 +26,7 @@ SAMPLES: list[events.Event] = [
     ),
     events.Launched(4243, "/var/log/fleet/a.log"),
     events.LogLine("Load weight begin"),
+    events.Pulling("lmsysorg/sglang:v0.5.11-cu129", "Copying blob sha256:4f4fb700ef54 done"),
     events.LogReset("truncated", "/var/log/fleet/a.log"),
     events.Reconnecting(1234),
     events.Diagnosed(

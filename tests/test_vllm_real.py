@@ -130,3 +130,57 @@ def test_generated_vllm_command_lines_pass_the_real_vllm_parser(golden: str) -> 
 def test_the_real_vllm_parser_rejects_an_unknown_flag() -> None:
     p = _vllm_check(["--model", "/m", "--no-such-flag"])
     assert p.returncode == 2 and "unrecognized arguments: --no-such-flag" in p.stderr
+
+
+@pytest.mark.containers
+def test_real_vllm_in_a_podman_container_deploys_answers_and_is_stopped(
+    env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same real vLLM, from an image (fleet_testbed.images.vllm_cpu): the version fleet plans with is
+    read from the image, the model is mounted read-only, the smoke prompt is answered, stop removes it."""
+    from fleet_testbed import images
+
+    image, mounts = images.vllm_cpu(VENV)
+    hdir = env.host_dir("cpubox")
+    devices = sorted((hdir / "dev").glob("nvidia*"))
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    text = (
+        (ROOT / "tests" / "data" / "playbooks" / "tiny-qwen3-next.yaml").read_text().replace("port: 8011", "port: 8031")
+    )
+    runtime = f"runtime: {{container: podman, image: {image}, mounts: [{', '.join(mounts)}]}}\n"
+    (playbooks / "tiny-box.yaml").write_text(text + runtime)
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    for dev in devices:  # character devices, as a GPU host's: they are mapped into the container
+        dev.unlink()
+        os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
+    try:
+        r = run_cli("deploy", "tiny-box", "--host", "cpubox", "--gpus", "device=0", "--json")
+        assert r.code == 0, r.out + r.err
+        out = json.loads(r.out)
+        assert out["ok"] and out["endpoint"].endswith(":8031")
+        rec = json.loads(simhost.record(hdir, "state.json", "tiny-box").read_text())
+        assert rec["engine_version"] == "0.32.0" and rec["container"]["name"] == "fleet-tiny-box"
+        assert "--model" in rec["plan"]["argv"] and "/models/tiny-qwen3-next" in rec["plan"]["argv"]
+        assert "Application startup complete." in Path(rec["log"]).read_text()
+        listed = subprocess.run(
+            ["podman", "ps", "--filter", "label=fleet.deployment=tiny-box", "--format", "{{.Names}} {{.Image}}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert listed == ["fleet-tiny-box", image]
+        assert status_of("tiny-box")["status"] == "ready"
+        assert run_cli("stop", "--host", "cpubox/tiny-box").code == 0
+        left = subprocess.run(
+            ["podman", "ps", "-a", "-q", "--filter", "label=fleet.deployment=tiny-box"], capture_output=True, text=True
+        )
+        assert left.stdout.strip() == ""
+    finally:
+        ids = subprocess.run(
+            ["podman", "ps", "-a", "-q", "--filter", "label=fleet.deployment=tiny-box"], capture_output=True, text=True
+        ).stdout.split()
+        if ids:
+            subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True)
+        for dev in devices:
+            dev.unlink(missing_ok=True)
+            dev.write_text("")

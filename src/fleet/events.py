@@ -95,6 +95,15 @@ class LogLine:
 
 
 @dataclass(frozen=True)
+class Pulling:
+    """A line of the container runtime's output while it pulls the deployment's image."""
+
+    kind: ClassVar[str] = "pulling"
+    image: str
+    line: str
+
+
+@dataclass(frozen=True)
 class LogReset:
     """The engine's log was truncated or replaced; it is followed from its start."""
 
@@ -147,6 +156,7 @@ Event = (
     | Stopped
     | Launched
     | LogLine
+    | Pulling
     | LogReset
     | Reconnecting
     | Diagnosed

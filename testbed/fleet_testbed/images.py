@@ -1,7 +1,7 @@
 """Container images for the simulated fleet, made here: no registry is reachable from these machines.
 
 A Debian rootfs with python3 (debootstrap, cached as a tar under .cache/images/), imported into podman
-once as `fleet-testbed-base:bookworm`; on it, the simulated SGLang (`localhost/fleet-sim-sglang:VERSION`):
+once as `fleet-testbed-base:bookworm-2`; on it, the simulated SGLang (`localhost/fleet-sim-sglang:VERSION`):
 the engine simulator and the stand-in `sglang` package whose installed version is the tag's, so the
 version fleet reads from an image is the image's, not the host's. `python -m fleet_testbed.images`
 builds what is missing.
@@ -18,7 +18,9 @@ from pathlib import Path
 
 TESTBED = Path(__file__).resolve().parent
 CACHE = TESTBED.parent.parent / ".cache" / "images"
-BASE = "localhost/fleet-testbed-base:bookworm"
+# python3, and libnuma1 for vLLM's CPU kernels (without it: "libnuma.so.1: cannot open shared object file")
+PACKAGES = "python3,libnuma1"
+BASE = "localhost/fleet-testbed-base:bookworm-2"  # a new tag (and tar) when PACKAGES change
 SIM_SGLANG = "localhost/fleet-sim-sglang"
 MIRROR = "http://deb.debian.org/debian"
 SIM_FILES = ("__init__.py", "gpustate.py", "sglang_sim.py", "sglang_flags.py", "sim_child.py")
@@ -38,15 +40,15 @@ def exists(image: str) -> bool:
 
 
 def rootfs_tar() -> Path:
-    """A minimal Debian 12 with python3, as a tar (about two minutes once, then cached)."""
-    tar = CACHE / "rootfs-bookworm.tar"
+    """A minimal Debian 12 with PACKAGES, as a tar (about two minutes once, then cached)."""
+    tar = CACHE / f"rootfs-{BASE.rsplit(':', 1)[1]}.tar"
     if tar.exists():
         return tar
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         root = Path(tmp) / "rootfs"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root), MIRROR],
+            ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(root), MIRROR],
             check=True,
             capture_output=True,
         )
@@ -72,7 +74,7 @@ def ensure_base() -> str:
 
 
 def _sim_digest() -> str:
-    files = [TESTBED / n for n in SIM_FILES] + sorted((TESTBED / "simpkgs").rglob("*.py"))
+    files = [TESTBED / n for n in SIM_FILES] + sorted((TESTBED / "simpkgs").rglob("*.py")) + [Path(__file__)]
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -94,6 +96,11 @@ def sim_sglang(version: str, cuda: str = "12.9.1") -> str:
         site = ctx / "fleet-sim" / "site"
         shutil.copytree(TESTBED / "simpkgs" / "sglang", site / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(TESTBED / "simpkgs" / "pynvml.py", site / "pynvml.py")
+        import setproctitle  # the engine's processes are titled as SGLang's are (sglang::scheduler...)
+
+        shutil.copytree(
+            Path(setproctitle.__file__).parent, site / "setproctitle", ignore=shutil.ignore_patterns("__pycache__")
+        )
         meta = site / f"sglang-{version}.dist-info" / "METADATA"
         meta.parent.mkdir(parents=True)
         meta.write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
@@ -108,9 +115,38 @@ def sim_sglang(version: str, cuda: str = "12.9.1") -> str:
     return tag
 
 
+VLLM_CPU = "localhost/fleet-vllm-cpu"
+
+
+def vllm_cpu(venv: Path) -> tuple[str, list[str]]:
+    """The real vLLM on CPU (the environment `make vllm-env` builds) as an image and the mounts it runs
+    with: the Debian base, with the environment and the Python it was made with mounted read-only at their
+    own paths (copying 1.5 GB into an image took minutes; a mount costs nothing), `python3` the venv's.
+    fleet reads the engine version with the runtime's mounts, as the engine will run."""
+    venv = venv.resolve()
+    home = next(line.split("=", 1)[1].strip() for line in (venv / "pyvenv.cfg").read_text().splitlines()
+                if line.startswith("home"))  # fmt: skip
+    prefix = Path(home).resolve().parent
+    mounts = [f"{venv}:{venv}:ro", f"{prefix}:{prefix}:ro"]
+    tag = f"{VLLM_CPU}:{hashlib.sha256(f'{venv} {BASE}'.encode()).hexdigest()[:10]}"
+    if not exists(tag):
+        ensure_base()
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "Containerfile").write_text(
+                f"FROM {BASE}\n"
+                f"ENV PATH={venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+                'LABEL org.opencontainers.image.title="fleet testbed: the real vLLM on CPU, mounted"\n'
+            )
+            podman("build", "--network", "none", "-t", tag, tmp)
+    return tag, mounts
+
+
 def main() -> None:
-    for version in sys.argv[1:] or ["0.5.11", "0.5.23"]:
+    for version in ["0.5.11", "0.5.23"]:
         print(sim_sglang(version))
+    venv = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    if venv is not None and (venv / ".ok").exists():
+        print(vllm_cpu(venv)[0])
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ class Reporter:
             self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
         elif isinstance(event, events.LogLine):
             self._log_line(event.line, elapsed)
+        elif isinstance(event, events.Pulling):
+            self.say(f"{h}: pull {safe_line(event.image)}: {safe_line(event.line)}")
         elif isinstance(event, events.Diagnosed):
             d = event.diagnosis
             self.say(

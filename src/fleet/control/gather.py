@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleet.facts import HostFacts, parse_facts
 from fleet.hostscripts import script_for
 from fleet.inventory import Host
@@ -28,7 +30,7 @@ def read_facts(
     s = host.settings
     pythons = [s.engines[engine]] if engine and engine in s.engines else []
     pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
-    args = {
+    args: dict[str, Any] = {
         "gpu_devices": s.gpu_devices,
         "engines": {str(k): v for k, v in s.engines.items()},
         "model_path": model_path(host, model) if model else None,
@@ -42,6 +44,7 @@ def read_facts(
             "image": runtime.image,
             "engine": engine,
             "state_dir": s.state_dir,
+            "mounts": list(runtime.mounts),
         }
     script = script_for("probe", args, pythons)
     result = transport.run(script, timeout_s=60)

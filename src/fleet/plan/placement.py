@@ -74,9 +74,15 @@ def gpu_owners(facts: HostFacts) -> dict[int, str]:
     """GPU index -> who holds it, as `fleet facts` shows it: a deployment of fleet's, or the pids of
     processes that are not (another user's job, a hand-started server)."""
     owners = {i: f"deployment {o.name}" for o in occupants(facts, "") for i in o.gpus}
+    in_container = {p.pid: p.container for p in (*facts.servers, *facts.holders) if p.container}
+    names = {c.id: c.name for c in facts.containers}
     for index, pids in busy_gpus(facts, "").items():
         if index not in owners:
-            owners[index] = "pids " + ", ".join(map(str, pids))
+            boxes = sorted(
+                {names.get(str(in_container[pid]), str(in_container[pid])[:12]) for pid in pids if pid in in_container}
+            )
+            shown = "pids " + ", ".join(map(str, pids))
+            owners[index] = f"container {', '.join(boxes)} ({shown})" if boxes else shown
     return owners
 
 
