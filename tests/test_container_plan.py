@@ -46,6 +46,7 @@ def run_for(access: str, indices: tuple[int, ...] | None, spec: Container | None
         secrets_dir="/home/op/.fleet/state/deployments/qwen36/secrets",
         hf_cache=None,
         fleet_version="0.1.0",
+        owner="0123456789abcdef",
     )
 
 
@@ -65,7 +66,13 @@ def test_a_toolkit_host_gets_the_deployments_gpus_by_device_and_no_host_indices_
     assert tail[:4] == ["--entrypoint", "python3", "lmsysorg/sglang:v0.5.11-cu129", "LAUNCHER"]
     assert tail[4:7] == ["python3", "-m", "sglang.launch_server"]
     labels = [argv[i + 1] for i, w in enumerate(argv) if w == "--label"]
-    assert {x.split("=")[0] for x in labels} == {"fleet.deployment", "fleet.playbook", "fleet.plan", "fleet.version"}
+    assert {x.split("=")[0] for x in labels} == {
+        "fleet.deployment",
+        "fleet.playbook",
+        "fleet.plan",
+        "fleet.version",
+        "fleet.owner",
+    }
 
 
 def test_cdi_and_simulated_device_files_map_only_the_deployments_gpus() -> None:
@@ -91,14 +98,14 @@ def test_secrets_are_never_options_and_the_plan_hash_follows_the_plan() -> None:
 
 
 def test_shm_size_replaces_the_host_ipc_and_run_args_come_last() -> None:
-    spec = Container(container="podman", image="x/y:1", shm_size="32g", run_args=["--ulimit", "memlock=-1"])
+    spec = Container(container="podman", image="x/y:1", shm_size="32g", run_args=["--ulimit=memlock=-1"])
     argv = run_for("cdi", None, spec).run_argv(plan())
     assert "--ipc" not in argv and argv[argv.index("--shm-size") + 1] == "32g"
-    assert argv[argv.index("--entrypoint") - 2 : argv.index("--entrypoint")] == ["--ulimit", "memlock=-1"]
+    assert argv[argv.index("--entrypoint") - 1] == "--ulimit=memlock=-1"
 
 
 def test_a_recorded_container_plan_is_read_back_exactly() -> None:
-    c = run_for("cdi", (6, 7), Container(container="podman", image="x/y:1", run_args=["--ulimit", "memlock=-1"]))
+    c = run_for("cdi", (6, 7), Container(container="podman", image="x/y:1", run_args=["--ulimit=memlock=-1"]))
     assert ContainerPlan.from_json(c.to_json()) == c
     assert model_mount_path("/data/models/Qwen3.6-27B/") == "/models/Qwen3.6-27B"
 
@@ -110,36 +117,60 @@ def test_the_playbooks_runtime_wins_over_the_hosts() -> None:
     assert chosen_runtime(None, None) is None
 
 
-@pytest.mark.parametrize(
-    ("runtime", "message"),
-    [
-        ("{container: podman, image: x, run_args: [--gpus, all]}", 'field "runtime.run_args" sets --gpus'),
-        ("{container: podman, image: x, run_args: [--network=bridge]}", "sets --network"),
-        ("{container: podman, image: x, run_args: [--restart, always]}", "sets --restart"),
-        ("{container: podman, image: x, run_args: [--label, fleet.deployment=y]}", "fleet.* labels"),
-        ("{container: podman, image: x, run_args: [--device, /dev/nvidia3]}", "maps an NVIDIA device"),
-        ("{container: podman, image: x, run_args: [-v, '/a:/models']}", "mounts over /models"),
-        (
-            "{container: podman, image: x, run_args: ['--mount', 'type=bind,src=/a,dst=/run/fleet-secrets']}",
-            "mounts over",
-        ),
-        ("{container: podman, image: x, run_args: ['-e', 'A=$(id)']}", "refuses to send"),
-        ("{container: podman, image: x, mounts: ['/a']}", "HOST_PATH:CONTAINER_PATH"),
-        ("{container: podman, image: x, mounts: ['/a/../etc:/b']}", "'..'"),
-        ("{container: podman, image: x, shm_size: lots}", "must be a size"),
-        ("{container: podman, image: 'Bad Image'}", "must be an image reference"),
-        ("{container: podman, image: x, pull: sometimes}", "'never', 'missing', 'always'"),
-        ("{container: lxc, image: x}", "'docker', 'podman'"),
-        ("{container: podman}", 'required field "runtime.image"'),
-        ("docker", "must be 'process' or a mapping"),
-    ],
-)
-def test_a_bad_runtime_names_file_line_and_what_to_do(tmp_path: Path, runtime: str, message: str) -> None:
-    path = tmp_path / "pb.yaml"
+BAD_RUNTIMES = [  # (runtime:, what the error says): each would run something fleet did not check or place
+    ("{container: podman, image: x, run_args: [--gpus=all]}", 'field "runtime.run_args" sets --gpus'),
+    ("{container: podman, image: x, run_args: [--network=bridge]}", "sets --network"),
+    ("{container: podman, image: x, run_args: [--restart=always]}", "sets --restart"),
+    ("{container: podman, image: x, run_args: [--privileged]}", "every GPU of the host"),
+    ("{container: podman, image: x, run_args: [--pull=always]}", "use pull:"),
+    ("{container: podman, image: x, run_args: ['--device-cgroup-rule=c 195:* rmw']}", "not the deployment's"),
+    ("{container: podman, image: x, run_args: [--label=fleet.deployment=y]}", "fleet.* labels"),
+    ("{container: podman, image: x, run_args: [-lfleet.deployment=other]}", "fleet.* labels"),
+    ("{container: podman, image: x, run_args: [--device=/dev/nvidia3]}", "maps an NVIDIA device"),
+    ("{container: podman, image: x, run_args: [--device=/dev/char/195:0]}", "maps an NVIDIA device"),
+    ("{container: podman, image: x, run_args: [-v, '/a:/models']}", "mounts over /models"),
+    ("{container: podman, image: x, run_args: ['-v/x:/models/Q/config.json']}", "mounts over /models"),
+    ("{container: podman, image: x, run_args: ['-v', '/dev:/dev']}", "mounts device files"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/a,destination=/models/Q']}", "mounts over"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/a,dst=//run/fleet-secrets']}", "mounts over"),
+    ("{container: podman, image: x, run_args: [evil/img:latest]}", "would be taken as the image"),
+    ("{container: podman, image: x, run_args: [--workdir]}", "write --workdir=VALUE"),
+    ("{container: podman, image: x, run_args: [--ulimit, memlock=-1]}", "write --ulimit=VALUE"),
+    ("{container: podman, image: x, run_args: [-dit]}", "combines short options"),
+    ("{container: podman, image: x, run_args: [-e]}", "ends with -e"),
+    ("{container: podman, image: x, run_args: ['-e', 'A=$(id)']}", "refuses to send"),
+    ("{container: podman, image: x, mounts: ['/a']}", "HOST_PATH:CONTAINER_PATH"),
+    ("{container: podman, image: x, mounts: ['/a/../etc:/b']}", "'..'"),
+    ("{container: podman, image: x, mounts: ['/x://models/Q/config.json']}", "mounts over /models"),
+    ("{container: podman, image: x, mounts: ['~/data:/data']}", "must be absolute"),
+    ("{container: podman, image: x, mounts: ['/dev/infiniband:/dev/infiniband']}", "mounts device files"),
+    ("{container: podman, image: x, shm_size: lots}", "must be a size"),
+    ("{container: podman, image: 'Bad Image'}", "must be an image reference"),
+    ("{container: podman, image: x, pull: sometimes}", "'never', 'missing', 'always'"),
+    ("{container: lxc, image: x}", "'docker', 'podman'"),
+    ("{container: podman}", 'required field "runtime.image"'),
+    ("docker", "must be 'process' or a mapping"),
+]
+
+
+def test_run_args_as_docker_reads_them_pass() -> None:
+    ok = "{container: podman, image: x, run_args: [--ulimit=memlock=-1, -e, A=1, -v, '/d:/data:ro', --init]}"
+    assert chosen_runtime(load_runtime(ok), None) is not None
+
+
+def load_runtime(runtime: str, tmp: Path | None = None) -> Container | str | None:
+    import tempfile
+
+    path = Path(tmp or tempfile.mkdtemp()) / "pb.yaml"
     path.write_text(f"engine: sglang\nmodel: m\nserved_name: s\nsmoke: {{prompt: p, expect: x}}\nruntime: {runtime}\n")
+    return load_playbook(str(path), path.parent).spec.runtime
+
+
+@pytest.mark.parametrize(("runtime", "message"), BAD_RUNTIMES)
+def test_a_bad_runtime_names_file_line_and_what_to_do(tmp_path: Path, runtime: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        load_playbook(str(path), tmp_path)
-    assert f"{path}:5:" in err.value.message and message in err.value.message, err.value.message
+        load_runtime(runtime, tmp_path)
+    assert f"{tmp_path / 'pb.yaml'}:5:" in err.value.message and message in err.value.message, err.value.message
 
 
 RUNTIME_FAILURES = [  # what docker/podman, the toolkit, CUDA and NCCL print when a container cannot run
@@ -190,3 +221,95 @@ def test_health_reads_a_containers_state_as_its_runtime_reports_it(seen: dict, s
 
     name, level, detail = _container_check({**seen, "name": "fleet-qwen36"})
     assert (name, level) == ("container", status) and words in detail and "fleet-qwen36" in detail
+
+
+def test_golden_the_motivating_deployment_in_a_docker_container_on_gpus_6_and_7() -> None:
+    """The whole `docker run` for Qwen3.6-27B placed on blackwell's GPUs 6 and 7 with the NVIDIA runtime,
+    one option per line (tests/golden/...-docker.txt; UPDATE_GOLDEN=1 rewrites it)."""
+    import dataclasses
+    import os
+    import shlex
+
+    import msgspec
+
+    from factsdata import RTX_PRO_6000, facts
+    from fleet.facts.parse import ContainerFacts
+    from fleet.inventory import load_inventory
+    from fleet.plan.build import build_plan
+
+    root = Path(__file__).resolve().parents[1]
+    blackwell = load_inventory(root / "inventory" / "hosts.yaml").hosts["blackwell"]
+    pb = load_playbook("qwen36-27b", root / "playbooks")
+    pb = dataclasses.replace(
+        pb,
+        spec=msgspec.structs.replace(
+            pb.spec, runtime=Container(container="docker", image="lmsysorg/sglang:v0.5.11-cu129")
+        ),
+    )
+    f = dataclasses.replace(
+        facts("blackwell", RTX_PRO_6000, 8, model="Qwen3.6-27B"),
+        container=ContainerFacts(cli="/usr/bin/docker", gpu_access="toolkit", image_present=True, image_cuda="12.9.1"),
+        paths={"log_dir": "/home/op/.fleet/logs", "state_dir": "/home/op/.fleet/state"},
+    )
+    r = build_plan(blackwell, pb, f, "/models/Qwen3.6-27B", gpu_indices=(6, 7), port=30010)
+    assert r.plan is not None and r.plan.container is not None and not r.errors, r.verdicts
+    c = r.plan.container
+    lines = [
+        f"{c.cli} run -d",
+        *(shlex.join(o.words) for o in c.options_for(r.plan)),
+        f"--entrypoint python3 {c.image}",
+    ]
+    lines += ["<fleet's launcher>", shlex.join(r.plan.argv()[:3]), *(shlex.join(x.words()) for x in r.plan.flags)]
+    text = " \\\n  ".join(lines) + "\n"
+    path = root / "tests" / "golden" / "qwen36-27b-blackwell-gpus-6-7-sglang-0.5.11-docker.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"the run differs from {path} (UPDATE_GOLDEN=1 rewrites it)"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"cli": "/bin/sh"}, {"options": None}, {"options": {}}, {"options": [{"words": []}]}, {"run_args": "--init"}],
+)
+def test_a_damaged_recorded_container_is_refused_not_run(damage: dict) -> None:
+    """The record is a file on the host: restart runs only what fleet itself would have written."""
+    recorded = {**run_for("cdi", (6, 7)).to_json(), **damage}
+    with pytest.raises(ValueError):
+        ContainerPlan.from_json(recorded)
+
+
+def test_fleet_and_its_launcher_agree_on_whose_container_it_is() -> None:
+    from fleet.host_common import container_owner
+
+    assert container_owner(1000, "/home/op/.fleet/state/") == container_owner(1000, "/home/op/.fleet/state")
+    assert container_owner(1000, "/home/op/.fleet/state") != container_owner(1001, "/home/op/.fleet/state")
+
+
+@pytest.mark.parametrize(
+    ("seen", "rule", "words"),
+    [
+        (None, "container-runtime", "podman is not installed"),
+        ({"cli": None, "error": "podman is not installed (not on PATH)"}, "container-runtime", "not on PATH"),
+        ({"cli": "/usr/bin/podman", "gpu_access": None, "image_present": True}, "container-gpus", "see no GPU"),
+        ({"cli": "/usr/bin/podman", "gpu_access": "cdi", "image_present": False}, "image-missing", "pull: never"),
+        (
+            {"cli": "/usr/bin/podman", "gpu_access": "cdi", "image_present": True, "image_cuda": "13.1.0"},
+            "image-cuda",
+            "cuda>=13.1",
+        ),
+    ],
+)
+def test_pre_flight_refuses_a_container_the_host_cannot_run(seen: dict | None, rule: str, words: str) -> None:
+    import dataclasses
+
+    from factsdata import RTX_PRO_6000, facts
+    from fleet.facts.parse import ContainerFacts
+    from fleet.plan.build import container_preflight
+
+    f = dataclasses.replace(
+        facts("blackwell", RTX_PRO_6000, 8, model="Qwen3.6-27B"),
+        container=ContainerFacts(**seen) if seen is not None else None,
+    )
+    spec = Container(container="podman", image="lmsysorg/sglang:v0.5.11-cu129", pull="never")
+    verdicts = container_preflight("qwen36 on blackwell", spec, dataclasses.replace(f, cuda_version="13.0"))
+    assert [(v.level, v.rule) for v in verdicts] == [("error", rule)] and words in verdicts[0].message, verdicts

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +25,7 @@ import pytest
 
 from conftest import BLACKWELL, ROOT, run_cli
 from fleet_testbed import simhost
+from simengine import chat
 
 pytestmark = [pytest.mark.ssh, pytest.mark.containers]
 
@@ -86,6 +90,28 @@ def write_playbook(
     (d / f"{name}.yaml").write_text(text)
 
 
+def follow_sees_a_request(hdir: Path) -> bool:
+    """`fleet logs --follow` prints what the engine in the container writes after it started following."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed")}
+    follow = subprocess.Popen(
+        [str(Path(sys.executable).parent / "fleet"), "logs", "--host", "blackwell/qwen35-box", "--follow", "-n", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    timer = threading.Timer(30, follow.kill)  # a follow that never shows the line must not hang the suite
+    timer.start()
+    try:
+        assert follow.stdout is not None and follow.stdout.readline()  # following
+        assert chat(BLACKWELL.address, 30000, "The capital of France?", served="qwen35")[0] == 200
+        return any('"POST /v1/chat/completions' in line for line in iter(follow.stdout.readline, ""))
+    finally:
+        timer.cancel()
+        follow.send_signal(signal.SIGINT)
+        follow.communicate(timeout=10)
+
+
 def container_check(health_json: str) -> tuple[str, str]:
     checks = json.loads(health_json.splitlines()[0])["checks"]
     found = next(c for c in checks if c["name"] == "container")
@@ -93,7 +119,9 @@ def container_check(health_json: str) -> tuple[str, str]:
 
 
 def podman_json(*args: str) -> list[dict[str, object]]:
-    out = subprocess.run(["podman", *args, "--format", "json"], capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(["podman", *args, "--format", "json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     return json.loads(out)
 
 
@@ -141,6 +169,7 @@ def test_the_motivating_deploy_runs_in_a_container_with_the_images_engine_versio
         assert not list((hdir / "state" / "deployments" / "qwen35-box" / "secrets").iterdir())
         logs = run_cli("logs", "--host", "blackwell/qwen35-box", "-n", "200")
         assert logs.code == 0 and "fired up" in logs.out
+        assert follow_sees_a_request(hdir)
 
         status = json.loads(run_cli("status", "--host", "blackwell", "--json").out)
         assert (status["deployment"], status["container"], status["status"]) == (
@@ -192,7 +221,7 @@ def test_a_foreign_container_on_the_gpus_is_refused_without_force(
     playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
     write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra="gpus: [6, 7]\n")
     # somebody's own SGLang container on GPU 7, started by hand (not fleet's: no labels)
-    run = ["podman", "run", "-d", "--name", "foreign-sglang", "--network", "none", "-v", f"{hdir}:{hdir}"]
+    run = ["podman", "run", "-d", "--name", "foreign-sglang", "--network", "host", "-v", f"{hdir}:{hdir}"]
     run += ["-e", f"SIM_HOST_DIR={hdir}", "--entrypoint", "python3", images["0.5.23"]]
     run += ["-m", "fleet_testbed.sim_child", "sglang::scheduler", "7", "30000"]  # holds GPU 7, 30 GB
     foreign = subprocess.run([*simhost.ssh_argv(fleet_env, BLACKWELL), *run], capture_output=True, text=True)
@@ -204,6 +233,22 @@ def test_a_foreign_container_on_the_gpus_is_refused_without_force(
     assert running and running[0]["State"] == "running"
     facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
     assert facts["gpu_holders"]["7"].startswith("container foreign-sglang (pids ")
+    # --force: stopped through its runtime, and left there (exited) for its owner: it is not fleet's
+    forced = run_cli("deploy", "small", "--host", "blackwell", "--force")
+    assert forced.code == 0, forced.err
+    assert "podman stop -t" in forced.err and "not removed: not fleet's" in forced.err
+    ended = podman_json("ps", "-a", "--filter", "name=foreign-sglang")
+    assert ended and ended[0]["State"] == "exited"
+
+    # another fleet's container (another user, another state directory) with the name this one would give:
+    # never removed, --force or not
+    write_playbook(playbooks, hdir, "other", images["0.5.23"], base="qwen36-27b", extra="gpus: [4, 5]\n")
+    squat = ["podman", "run", "-d", "--name", "fleet-other", "--network", "host", "--label", "fleet.deployment=other"]
+    squat += ["--label", "fleet.owner=someone-else", "--entrypoint", "sleep", images["0.5.23"], "600"]
+    assert subprocess.run([*simhost.ssh_argv(fleet_env, BLACKWELL), *squat], capture_output=True).returncode == 0
+    refused = run_cli("deploy", "other", "--host", "blackwell", "--force")
+    assert refused.code == 6 and "is not this fleet's" in refused.err, refused.err
+    assert podman_json("ps", "--filter", "name=fleet-other")[0]["State"] == "running"
 
 
 def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(

@@ -378,3 +378,11 @@ def record_ports(record: Dict[str, Any]) -> List[int]:
         return value
     port = record.get("port")
     return [port] if isinstance(port, int) else []
+
+
+def container_owner(uid: int, state_dir: str) -> str:
+    """Whose fleet a container is (label fleet.owner): the user and the state directory (expanded). Under
+    a shared docker daemon another user's fleet, or a second state directory, may use the same names."""
+    import hashlib
+
+    return hashlib.sha256(("%d:%s" % (uid, os.path.normpath(state_dir))).encode()).hexdigest()[:16]

@@ -252,7 +252,7 @@ class Deployer:
                 args["check"]["container"] = {
                     "cli": cont.cli,
                     "image": cont.image,
-                    "name": f"{cont.name}-check",
+                    "name": f"{cont.name}-check-{self.run_id}",  # never another deployment's name
                     "options": cont.check_options(plan),
                 }
         if launch:
@@ -280,7 +280,8 @@ class Deployer:
                 "act",
                 args,
                 stdin=json.dumps(self.secrets).encode(),
-                timeout_s=self.drain_s + 240,
+                # a container's step may also wait for its runtime: check, stop -t, rm, run -d, inspect
+                timeout_s=self.drain_s + 240 + (2 * self.drain_s + 600 if cont is not None else 0),
                 hold_stdin=True,
             )
         )

@@ -214,6 +214,7 @@ def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, play
         and old.get("argv") == new["argv"]
         and env(old) == env(new)
         and old.get("secret_env", []) == new["secret_env"]
+        and old.get("container") == new.get("container")  # the same image (by id), options and run
         and any(p.pid == st.get("pid") for p in facts.servers)
     )
 
@@ -221,10 +222,12 @@ def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, play
 def _ran_before(st: dict[str, Any], plan: LaunchPlan) -> bool:
     """This exact command line already ran to readiness on this host with this engine version: the
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
+    recorded = st.get("plan") or {}
     return (
         st.get("status") in ("ready", "stopped")
-        and (st.get("plan") or {}).get("argv") == plan.argv()
+        and recorded.get("argv") == plan.argv()
         and st.get("engine_version") == show_version(plan.engine_version)
+        and recorded.get("container") == (plan.to_json().get("container"))  # not another image of that version
     )
 
 

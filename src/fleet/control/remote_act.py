@@ -34,6 +34,7 @@ except NameError:  # imported as a module (fleet's own tests)
         recorded_cli,
         run_cli,
         stop_containers,
+        stop_foreign_containers,
     )
     from fleet.control.remote_free import (
         all_gpu_indices,
@@ -51,7 +52,15 @@ except NameError:  # imported as a module (fleet's own tests)
         take_lock,
         wait_for_steps_of_this_run,
     )
-    from fleet.host_common import LAUNCH_MARK, deployment_dir, mark_unverified, read_record, release_lock, write_record
+    from fleet.host_common import (
+        LAUNCH_MARK,
+        container_owner,
+        deployment_dir,
+        mark_unverified,
+        read_record,
+        release_lock,
+        write_record,
+    )
     from fleet.host_procs import boot_id, process_table, start_ticks
     from fleet.protocol import ActResult, CheckResult, Launched
 
@@ -331,6 +340,12 @@ def launch_container(a: Dict[str, Any], secrets: Dict[str, str], log_path: str, 
     like a crash."""
     c = a["container"]
     os.makedirs(c["secrets_dir"], mode=0o700, exist_ok=True)
+    for old in os.listdir(c["secrets_dir"]):  # left by a step that was killed between writing and deleting
+        if old.startswith("env-") and old.endswith(".json"):
+            try:
+                os.unlink(os.path.join(c["secrets_dir"], old))
+            except OSError:
+                pass
     secret_name = "env-%s-%d.json" % (a["name"], a["attempt"])
     secret_file = os.path.join(c["secrets_dir"], secret_name)
     fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -350,6 +365,7 @@ def launch_container(a: Dict[str, Any], secrets: Dict[str, str], log_path: str, 
         pass
     if code != 0 or pid <= 0:  # never started, or ended at once: what the runtime said is the log
         said = err.strip() if code != 0 else run_cli([c["cli"], "logs", c["name"]])[2].strip()
+        run_cli([c["cli"], "rm", "-f", c["name"]])  # created, or half-started by a run that timed out
         with open(log_path, "a") as f:
             f.write("[fleet] %s run: %s\n" % (c["cli"], said or "exited at once"))
         if not os.path.exists(exit_path):
@@ -426,8 +442,9 @@ def main() -> ActResult:
     for other in replaced_names:
         clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), "state.json"))))
     named = [str(c) for c in clis if c]
+    owner = container_owner(os.getuid(), root)
     ours, refused_containers = fleet_containers(
-        named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None
+        named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
     )
     free = dict(free, siblings=siblings, replaced=sorted(replaced), container_clis=named)
     free["own_containers"] = [c["id"] for c in ours]
@@ -442,7 +459,9 @@ def main() -> ActResult:
         return out
     gpus = free.get("gpus")
     before = nvml_pids_and_memory(gpus)[1]
-    stopped_containers = stop_containers(ours, a["free"]["drain_s"])
+    stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
+        targets, a["free"]["drain_s"]
+    )
     out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
     out["stopped"] = stopped_containers + out["stopped"]
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], gpus)

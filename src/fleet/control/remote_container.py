@@ -34,8 +34,8 @@ try:
     with open(secret_file) as f:
         env.update(json.load(f))
     os.unlink(secret_file)
-except (OSError, ValueError):
-    pass
+except (OSError, ValueError) as exc:
+    sys.stderr.write("fleet launcher: the secrets file %s could not be read (%s): starting without them\\n" % (secret_file, exc))
 try:
     child = subprocess.Popen(sys.argv[5:], env=env, stdin=subprocess.DEVNULL)
 except OSError as exc:
@@ -94,7 +94,9 @@ def _labels(raw: Any) -> Dict[str, str]:
 def containers(cli: str, label: Optional[str] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Every container (running or not), or those with `label` (KEY or KEY=VALUE): [{id, name, image,
     state, labels, pid}], and an error when the command line could not say."""
-    argv = [cli, "ps", "-a", "--no-trunc", "--format", "json"]
+    docker = os.path.basename(cli) == "docker"
+    # docker before 23 prints the word "json" for --format json; a template works in every version
+    argv = [cli, "ps", "-a", "--no-trunc", "--format", "{{json .}}" if docker else "json"]
     if label:
         argv[3:3] = ["--filter", "label=" + label]
     code, out, err = run_cli(argv)
@@ -109,17 +111,29 @@ def containers(cli: str, label: Optional[str] = None) -> Tuple[List[Dict[str, An
     for c in items or []:
         names = c.get("Names")
         name = names[0] if isinstance(names, list) and names else str(names or "")
+        labels = c.get("Labels")
+        if isinstance(labels, str) and "fleet." in labels:  # docker joins labels with commas: ask for the map
+            labels = _inspected_labels(cli, str(c.get("ID") or c.get("Id") or "")) or {}
         found.append(
             {
                 "id": str(c.get("Id") or c.get("ID") or ""),
                 "name": name,
                 "image": str(c.get("Image") or ""),
                 "state": str(c.get("State") or "").lower(),
-                "labels": _labels(c.get("Labels")),
+                "labels": _labels(labels),
                 "pid": c.get("Pid") if isinstance(c.get("Pid"), int) else None,
             }
         )
     return found, None
+
+
+def _inspected_labels(cli: str, ident: str) -> Optional[Dict[str, str]]:
+    code, out, _ = run_cli([cli, "inspect", "--type", "container", "--format", "{{json .Config.Labels}}", ident])
+    try:
+        labels = json.loads(out) if code == 0 else None
+    except ValueError:
+        return None
+    return _labels(labels) if isinstance(labels, dict) else None
 
 
 def inspect(cli: str, ident: str) -> Optional[Dict[str, Any]]:
@@ -147,7 +161,13 @@ def gpu_access(cli: str, device_files: List[str]) -> Optional[str]:
     """How GPUs reach a container on this host: "cdi" (a CDI spec for nvidia.com/gpu), "toolkit" (docker
     with the NVIDIA Container Toolkit's runtime), "devices" (GPU device files of a simulated host, mapped
     as they are), or None: no way, and a container would see no GPU."""
-    for d in CDI_DIRS:
+    docker_cdi = True
+    if os.path.basename(cli) == "docker":  # its NVIDIA runtime first: docker reads CDI specs only when enabled
+        code, out, _ = run_cli([cli, "info", "--format", "{{json .Runtimes}} {{json .CDISpecDirs}}"], 20)
+        if code == 0 and '"nvidia"' in out:
+            return "toolkit"
+        docker_cdi = code == 0 and "/cdi" in out
+    for d in CDI_DIRS if docker_cdi else ():
         try:
             names = sorted(os.listdir(d))
         except OSError:
@@ -159,10 +179,6 @@ def gpu_access(cli: str, device_files: List[str]) -> Optional[str]:
                         return "cdi"
             except OSError:
                 continue
-    if os.path.basename(cli) == "docker":
-        code, out, _ = run_cli([cli, "info", "--format", "{{json .Runtimes}}"], 20)
-        if code == 0 and '"nvidia"' in out:
-            return "toolkit"
     marked = any(os.path.exists(os.path.join(os.path.dirname(f), ".fleet-simulated-gpus")) for f in device_files)
     if marked and device_files and all(_is_char_device(f) for f in device_files):
         return "devices"
@@ -213,7 +229,8 @@ def image_facts(cli: str, image: str, cache_path: str, mounts: Optional[List[str
         return facts
     volumes = [w for m in mounts or [] for w in ("-v", m)]
     code, out, err = run_cli(
-        [cli, "run", "--rm", "--network", "none"] + volumes + ["--entrypoint", "python3", image, "-c", IMAGE_VERSIONS],
+        # the host's network: no namespace to make (and leave behind if the probe is killed mid-run)
+        [cli, "run", "--rm", "--network", "host"] + volumes + ["--entrypoint", "python3", image, "-c", IMAGE_VERSIONS],
         180,
     )
     try:
@@ -242,20 +259,25 @@ def recorded_cli(record: Optional[Dict[str, Any]]) -> Optional[str]:
 
 
 def fleet_containers(
-    clis: List[str], deployments: List[str], launching: Optional[str]
+    required: List[str], deployments: List[str], launching: Optional[str], owner: str
 ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """Fleet's containers of `deployments`, running or exited (each with its `cli`), and what is refused:
-    a container that has the name fleet will give a new one (`launching`) but is not fleet's is never
-    removed, and a runtime that cannot list its containers cannot be trusted to have none."""
+    """This fleet's containers of `deployments` (labels fleet.deployment and fleet.owner), running or
+    exited, each with its `cli`, in every runtime the host has; and what is refused: a container with the
+    name fleet will give a new one (`launching`) that is not this fleet's is never removed, and a runtime
+    the deployment uses (`required`) that cannot list its containers cannot be trusted to have none."""
     ours: List[Dict[str, Any]] = []
     refused: List[Dict[str, Any]] = []
-    for cli in sorted(set(c for c in clis if c and cli_path(c))):
+    for cli in ("docker", "podman"):
+        if not cli_path(cli):
+            continue
         found, error = containers(cli)
         if error:
-            refused.append({"pid": None, "user": "?", "cmdline": cli, "why": "cannot list containers: %s" % error})
-            continue
+            if cli in required:
+                refused.append({"pid": None, "user": "?", "cmdline": cli, "why": "cannot list containers: %s" % error})
+            continue  # a docker client without its daemon runs no container of anybody's
         for c in found:
-            if c["labels"].get("fleet.deployment") in deployments:
+            labels = c["labels"]
+            if labels.get("fleet.deployment") in deployments and labels.get("fleet.owner") == owner:
                 ours.append(dict(c, cli=cli))
             elif launching and c["name"] == launching:
                 refused.append(
@@ -263,7 +285,7 @@ def fleet_containers(
                         "pid": c["pid"],
                         "user": "?",
                         "cmdline": "container %s (%s)" % (c["name"], c["image"]),
-                        "why": "has the name fleet gives this deployment's container, but is not fleet's",
+                        "why": "has the name fleet gives this deployment's container, but is not this fleet's",
                     }
                 )
     return ours, refused
@@ -292,10 +314,41 @@ def stop_containers(ours: List[Dict[str, Any]], drain_s: float) -> List[Dict[str
     return stopped
 
 
-def container_names(clis: List[str]) -> Dict[str, str]:
-    """Container id -> "NAME (IMAGE)", for naming a container's processes."""
-    out: Dict[str, str] = {}
+def container_names(clis: List[str]) -> Dict[str, Tuple[str, str]]:
+    """Container id -> (the docker/podman that runs it, "NAME (IMAGE)"), for naming a container's processes."""
+    out: Dict[str, Tuple[str, str]] = {}
     for cli in sorted(set(c for c in clis if c and cli_path(c))):
         for c in containers(cli)[0]:
-            out[c["id"]] = "%s (%s)" % (c["name"], c["image"])
+            out[c["id"]] = (cli, "%s (%s)" % (c["name"], c["image"]))
     return out
+
+
+def stop_foreign_containers(targets: Dict[int, Dict[str, Any]], drain_s: float) -> List[Dict[str, Any]]:
+    """Containers that are not fleet's but were forced out of the deployment's way (kill policy "force"):
+    stopped through their runtime (`stop -t drain`), never removed -- they are somebody's, and how they
+    ended stays there for them to read. Their processes are taken out of `targets`."""
+    boxes: Dict[Tuple[str, str], List[int]] = {}
+    for pid, t in targets.items():
+        if t.get("container_id") and t.get("container_cli"):
+            boxes.setdefault((t["container_cli"], t["container_id"]), []).append(pid)
+    stopped = []
+    for (cli, ident), pids in sorted(boxes.items()):
+        code, _, err = run_cli([cli, "stop", "-t", str(int(drain_s)), ident], drain_s + 60)
+        how = (
+            "%s stop -t %d (not removed: not fleet's)" % (cli, int(drain_s))
+            if code == 0
+            else "stop failed: %s" % err[-200:]
+        )
+        for pid in pids:
+            t = targets.pop(pid)
+            stopped.append(
+                {
+                    "pid": pid,
+                    "pgid": t["pgid"],
+                    "user": t["user"],
+                    "cmdline": t["cmdline"][:200],
+                    "why": t["why"],
+                    "stop": how,
+                }
+            )
+    return stopped

@@ -8,7 +8,9 @@ policy itself (whose process is whose) is host_common.kill_verdict, tested on it
 
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -48,14 +50,46 @@ def is_engine(p: Dict[str, Any]) -> bool:
     return engine_kind(p["argv"]) is not None
 
 
+def smi_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
+    """As nvml_pids_and_memory, from `nvidia-smi`: the Python running a step may have no NVML binding (the
+    host's own python3, running the steps of a deployment in a container, usually has none)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return set(), None
+    try:
+        gpus, apps = [
+            subprocess.run(
+                [smi, query, "--format=csv,noheader,nounits"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                timeout=20,
+            ).stdout.decode()
+            for query in ("--query-gpu=index,uuid,memory.used", "--query-compute-apps=gpu_uuid,pid")
+        ]
+    except (OSError, subprocess.TimeoutExpired):
+        return set(), None
+    chosen, used = set(), []
+    for row in gpus.splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) == 3 and cells[0].isdigit() and (indices is None or int(cells[0]) in indices):
+            chosen.add(cells[1])
+            used.append(int(cells[2]) if cells[2].isdigit() else 0)
+    pids = set()
+    for row in apps.splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) == 2 and cells[0] in chosen and cells[1].isdigit():
+            pids.add(int(cells[1]))
+    return pids, used if chosen else None
+
+
 def nvml_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
-    """Processes on, and MiB used of, the GPUs `indices` (None: every GPU)."""
+    """Processes on, and MiB used of, the GPUs `indices` (None: every GPU); nvidia-smi without NVML."""
     try:
         import pynvml as n
 
         n.nvmlInit()
     except Exception:
-        return set(), None
+        return smi_pids_and_memory(indices)
     try:
         pids, used = set(), []
         for i in range(n.nvmlDeviceGetCount()):
@@ -134,7 +168,7 @@ def classify(
     for pid, proc in procs.items():
         if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced)):
             candidates.add(pid)
-    names: Optional[Dict[str, str]] = None
+    names: Optional[Dict[str, Tuple[str, str]]] = None
     for pid in sorted(candidates):
         if pid not in procs:
             continue
@@ -143,8 +177,9 @@ def classify(
         if container in (a.get("own_containers") or []):  # fleet's own: stopped by name (stop_containers)
             continue
         if container:  # another container's engine is somebody's server, never a stale one of fleet's
-            names = container_names(a.get("container_clis") or []) if names is None else names
-            info = dict(info, container=names.get(container, container[:12]))
+            names = container_names(["podman", "docker"]) if names is None else names
+            cli, shown = names.get(container, ("", container[:12]))
+            info = dict(info, container=shown, container_id=container, container_cli=cli)
         if info["pgid"] in siblings and info["pgid"] not in replaced and info["uid"] == me:
             if pid in owners or pid in gpu_holders:  # its server is in this deployment's way
                 refused.append(dict(info, why="deployment %s's server (--replace stops it)" % siblings[info["pgid"]]))

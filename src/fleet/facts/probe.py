@@ -461,7 +461,7 @@ def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Di
         "packages": packages,
         "error": image.get("error") if not version else None,
     }
-    hf = os.path.expanduser("~/.cache/huggingface")
+    hf = os.path.expanduser("~/.cache/huggingface/hub")  # downloads; not the token beside them
     return {
         "cli": cli,
         "gpu_access": gpu_access(cli, gpu_device_files(device_glob)),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Literal
 
@@ -19,8 +20,8 @@ MODEL_MOUNT = "/models"
 SECRETS_MOUNT = "/run/fleet-secrets"
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
 
-# `run` options fleet writes itself: a copy in run_args would win and run something fleet did not check,
-# place, free or record. Value: what to use instead.
+# `run` options fleet writes itself, or that would undo what it checked (the GPUs it placed, the image
+# and pull policy it read, the process tree it watches): a copy in run_args would win. Value: why.
 FLEET_OWNED_RUN_OPTIONS = {
     "--name": "fleet names the container fleet-<deployment>",
     "--gpus": "place the deployment with gpus:",
@@ -38,8 +39,22 @@ FLEET_OWNED_RUN_OPTIONS = {
     "--interactive": "fleet's containers take no input",
     "-t": "fleet's containers have no terminal",
     "--tty": "fleet's containers have no terminal",
+    "--privileged": "it gives the container every GPU of the host, not the deployment's",
+    "--device-cgroup-rule": "it lets the container open GPUs that are not the deployment's",
+    "--label-file": "labels go one by one (--label=KEY=VALUE); fleet.* labels are fleet's",
+    "--replace": "fleet replaces its own container, and only its own",
+    "--pull": "use pull: in the runtime",
+    "--cgroup-parent": "fleet finds a container's processes by their cgroup",
 }
-VOLUME_OPTIONS = ("-v", "--volume", "--mount")
+SHORT_WITH_VALUE = ("-v", "-e", "-l", "-u", "-w", "-m", "-c", "-p")  # docker/podman's short options taking one
+# Long options that take no value; any other long option is written --option=VALUE, as one word, so that a
+# value is never taken from the words fleet adds after run_args.
+LONG_WITHOUT_VALUE = ("--init", "--read-only", "--oom-kill-disable", "--no-healthcheck", "--quiet")
+
+
+def _normal(path: str) -> str:
+    """An absolute path as the kernel resolves its spelling (normpath keeps a leading //)."""
+    return "/" + posixpath.normpath(path).lstrip("/") if path.startswith("/") else path
 
 
 def _check_image(value: str) -> None:
@@ -58,39 +73,76 @@ def _check_mounts(value: list[str]) -> None:
         if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
             raise ValueError(f"item {item!r} must be HOST_PATH:CONTAINER_PATH or HOST_PATH:CONTAINER_PATH:ro")
         for path in parts[:2]:
+            if not path.startswith("/"):
+                raise ValueError(f"item {item!r}: paths must be absolute (~ is not expanded in a mount)")
             try:
                 _check_remote_path(path)
             except ValueError as exc:
                 raise ValueError(f"item {item!r}: {exc}") from None
-        _check_not_fleets_mount(parts[1])
+        _check_mount(parts[0], parts[1])
 
 
-def _check_not_fleets_mount(target: str) -> None:
+def _check_mount(source: str, target: str) -> None:
+    target = _normal(target)
     for owned in (MODEL_MOUNT, SECRETS_MOUNT, HF_CACHE_MOUNT):
-        if target.rstrip("/") == owned or target.startswith(owned + "/"):
+        if target == owned or target.startswith(owned + "/"):
             raise ValueError(f"mounts over {owned}, where fleet mounts its own (model:, secrets, the HF cache)")
+    if any(p == "/dev" or p.startswith("/dev/") for p in (_normal(source), target)):
+        raise ValueError("mounts device files; fleet maps the deployment's GPUs itself (gpus:)")
+
+
+def _run_arg_pairs(value: list[str]) -> list[tuple[str, str]]:
+    """run_args as (option, value) pairs, read as docker's and podman's parser reads them. What that parser
+    would read otherwise than fleet checks it (a bare word becomes the image, -dit is three options, a long
+    option's value taken from the next word) is refused."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(value):
+        word = value[i]
+        if word.startswith("--"):
+            name, has_value, inline = word.partition("=")
+            if not has_value and name not in LONG_WITHOUT_VALUE and name not in FLEET_OWNED_RUN_OPTIONS:
+                raise ValueError(f"gives {name} without =VALUE; write {name}=VALUE as one word")
+            pairs.append((name, inline))
+            i += 1
+        elif word.startswith("-") and len(word) >= 2:
+            name = word[:2]
+            if name in SHORT_WITH_VALUE and len(word) > 2:
+                pairs.append((name, word[2:]))
+                i += 1
+            elif name in SHORT_WITH_VALUE:
+                if i + 1 >= len(value):
+                    raise ValueError(f"ends with {name}, which needs a value")
+                pairs.append((name, value[i + 1]))
+                i += 2
+            elif len(word) > 2:
+                raise ValueError(f"combines short options ({word}); give each on its own")
+            else:
+                pairs.append((name, ""))
+                i += 1
+        else:
+            raise ValueError(f"has {word!r}, which is not an option or its value (it would be taken as the image)")
+    return pairs
 
 
 def _check_run_args(value: list[str]) -> None:
     for arg in value:
         _check_no_shell_meta(arg)
-    for i, arg in enumerate(value):
-        name, has_value, inline = arg.partition("=")
+    for name, following in _run_arg_pairs(value):
         if name in FLEET_OWNED_RUN_OPTIONS:
-            raise ValueError(f"sets {name}, which fleet sets itself: {FLEET_OWNED_RUN_OPTIONS[name]}")
-        following = inline if has_value else (value[i + 1] if i + 1 < len(value) else "")
+            raise ValueError(f"sets {name}, which fleet does not take from run_args: {FLEET_OWNED_RUN_OPTIONS[name]}")
         if name in ("-l", "--label") and following.startswith("fleet."):
             raise ValueError(f"sets the label {following.split('=')[0]}; fleet.* labels are fleet's own")
-        if name == "--device" and "nvidia" in following:
+        if name == "--device" and ("nvidia" in following or following.startswith("/dev/char")):
             raise ValueError("maps an NVIDIA device; fleet maps the deployment's GPUs itself (gpus:)")
-        if name in VOLUME_OPTIONS:
-            target = following.split(":")[1] if ":" in following else following
-            if name == "--mount":
-                target = next(
-                    (p.split("=", 1)[1] for p in following.split(",") if p.startswith(("dst=", "target="))), ""
-                )
-            if target:
-                _check_not_fleets_mount(target)
+        if name in ("-v", "--volume"):
+            source, _, rest = following.partition(":")
+            _check_mount(source, rest.split(":")[0] if rest else source)
+        if name == "--mount":
+            keys = dict(p.split("=", 1) for p in following.split(",") if "=" in p)
+            source = keys.get("source") or keys.get("src") or ""
+            target = keys.get("destination") or keys.get("dst") or keys.get("target") or ""
+            _check_mount(source, target)
 
 
 class Container(_Strict, frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from fleet import __version__
 from fleet.crashes import Signature, builtin_signatures, known_fixes
 from fleet.facts import HostFacts, gpu_mismatches
+from fleet.host_common import container_owner
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import ModelConfigError, ModelSpec, parse_model_spec
@@ -230,6 +231,8 @@ def _container_plan(
         secrets_dir=posixpath.join(state_dir, "deployments", name, "secrets"),
         hf_cache=c.hf_cache,
         fleet_version=__version__,
+        owner=container_owner(facts.uid, state_dir),
+        image_id=c.image_id or "",
     )
 
 

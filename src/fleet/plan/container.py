@@ -50,12 +50,16 @@ class ContainerPlan:
     gpu_access: str
     run_args: tuple[str, ...] = ()
     model_host_path: str = ""  # where the model mounted at /models/NAME is on the host
+    image_id: str = ""  # the image as the host has it now (a new pull of the same tag is a new plan)
+    log_dir: str = ""  # fleet's own mounts: not for the engine check, which runs before they exist
 
     def options_for(self, plan: LaunchPlan) -> list[RunOption]:
         """Every `run` option for `plan` (its environment, its hash as a label; a fix changes both)."""
         drop = PLACEMENT_ENV if self.gpu_access in ("toolkit", "cdi") else ()
         out = list(self.options)
-        out.insert(4, RunOption(("--label", f"fleet.plan={plan_hash(plan)}"), "which plan it runs (argv, environment)"))
+        out.insert(3, RunOption(("--label", f"fleet.plan={plan_hash(plan)}"), "which plan it runs (argv, environment)"))
+        if not any(e.name == "PYTHONUNBUFFERED" for e in plan.env):
+            out.append(RunOption(("-e", "PYTHONUNBUFFERED=1"), "the log shows each line as the engine writes it"))
         out += [RunOption(("-e", f"{e.name}={e.value}"), e.reason) for e in plan.env if e.name not in drop]
         if self.run_args:
             out.append(RunOption(self.run_args, "run_args in the runtime"))
@@ -71,9 +75,10 @@ class ContainerPlan:
     def check_options(self, plan: LaunchPlan) -> list[str]:
         """What the engine's argument check needs of the launch's options: mounts, environment, the
         operator's run_args; not the name, labels or GPUs (the check starts no server)."""
+        fleets = {f"{self.log_dir}:{self.log_dir}", f"{self.secrets_dir}:{SECRETS_MOUNT}"}
         out: list[str] = []
         for option in self.options_for(plan):
-            if option.words[0] in ("-v", "-e") or option.words == self.run_args:
+            if option.words == self.run_args or (option.words[0] in ("-v", "-e") and option.words[1] not in fleets):
                 out += option.words
         return out
 
@@ -88,23 +93,34 @@ class ContainerPlan:
             "options": [{"words": list(o.words), "reason": o.reason} for o in self.options],
             "run_args": list(self.run_args),
             "model_host_path": self.model_host_path,
+            "image_id": self.image_id,
+            "log_dir": self.log_dir,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> ContainerPlan:
-        """The container a deployment's record says it ran in (what `restart` runs again)."""
-        options = d["options"]
-        assert isinstance(options, list)
+        """The container a deployment's record says it ran in (what `restart` runs again). The record is a
+        file on the host: anything that is not what fleet writes is a ValueError."""
+        options, run_args = d.get("options"), d.get("run_args") or []
+        if d.get("cli") not in ("docker", "podman") or not isinstance(options, list) or not isinstance(run_args, list):
+            raise ValueError("the recorded container is not one fleet started")
+        parsed = []
+        for o in options:
+            if not isinstance(o, dict) or not isinstance(o.get("words"), list) or not o["words"]:
+                raise ValueError("a recorded container option is damaged")
+            parsed.append(RunOption(tuple(str(w) for w in o["words"]), str(o.get("reason", ""))))
         return cls(
             cli=str(d["cli"]),
             image=str(d["image"]),
             name=str(d["name"]),
             pull=str(d.get("pull", "missing")),
-            options=tuple(RunOption(tuple(str(w) for w in o["words"]), str(o["reason"])) for o in options),
+            options=tuple(parsed),
             secrets_dir=str(d["secrets_dir"]),
             gpu_access=str(d["gpu_access"]),
-            run_args=tuple(str(a) for a in d.get("run_args") or []),  # type: ignore[attr-defined]
+            run_args=tuple(str(a) for a in run_args),
             model_host_path=str(d.get("model_host_path", "")),
+            image_id=str(d.get("image_id", "")),
+            log_dir=str(d.get("log_dir", "")),
         )
 
 
@@ -152,6 +168,8 @@ def container_plan(
     secrets_dir: str,
     hf_cache: str | None,
     fleet_version: str,
+    owner: str,
+    image_id: str = "",
 ) -> ContainerPlan:
     """The `run` for a deployment in `spec`'s image (the plan's part: ContainerPlan.options_for).
     `log_dir`, `secrets_dir` and `hf_cache` are host paths, already expanded (the probe reports them);
@@ -161,6 +179,7 @@ def container_plan(
         RunOption(("--label", f"fleet.deployment={deployment}"), "marks the container as fleet's deployment"),
         RunOption(("--label", f"fleet.playbook={playbook}"), "the playbook it runs"),
         RunOption(("--label", f"fleet.version={fleet_version}"), "the fleet that started it"),
+        RunOption(("--label", f"fleet.owner={owner}"), "whose fleet (user and state directory): no other's is touched"),
         RunOption(("--network", "host"), "the engine binds the planned port on the host, as a process would"),
     ]
     if spec.shm_size:
@@ -169,13 +188,14 @@ def container_plan(
         o.append(RunOption(("--ipc", "host"), "NCCL and the engine's workers share memory through /dev/shm"))
     o += gpu_options(gpu_access, gpu_indices, device_files)
     o.append(RunOption(("-v", f"{model_host_path}:{model_mount_path(model_host_path)}:ro"), "the model, read-only"))
-    if hf_cache:
-        o.append(RunOption(("-v", f"{hf_cache}:{HF_CACHE_MOUNT}:ro"), "the host's Hugging Face cache, read-only"))
+    if hf_cache:  # its hub/ only: the cache directory also keeps the user's token
+        o.append(
+            RunOption(("-v", f"{hf_cache}:{HF_CACHE_MOUNT}/hub:ro"), "the host's Hugging Face downloads, read-only")
+        )
     o.append(RunOption(("-v", f"{log_dir}:{log_dir}"), "the engine's log is a file in fleet's log directory"))
     o.append(RunOption(("-v", f"{secrets_dir}:{SECRETS_MOUNT}"), "the launcher reads the secrets, then deletes them"))
     for mount in spec.mounts:
         o.append(RunOption(("-v", mount), "mounts in the runtime"))
-    o.append(RunOption(("-e", "PYTHONUNBUFFERED=1"), "the log shows each line as the engine writes it"))
     return ContainerPlan(
         spec.container,
         spec.image,
@@ -186,4 +206,6 @@ def container_plan(
         gpu_access,
         tuple(spec.run_args),
         model_host_path,
+        image_id,
+        log_dir,
     )
