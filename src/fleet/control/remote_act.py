@@ -295,9 +295,9 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_fd, log_path, exit_path = new_log(log_dir, a["name"], a["attempt"])
+    link_latest(log_dir, a["name"], log_path)
     if a.get("container"):
         os.close(log_fd)
-        link_latest(log_dir, a["name"], log_path)
         return launch_container(a, secrets, log_path, exit_path)
     env = dict(os.environ)
     env.update(a["env"])
@@ -321,7 +321,6 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     except BaseException:  # started but not given its environment: it must not run unrecorded
         os.killpg(child.pid, signal.SIGKILL)
         raise
-    link_latest(log_dir, a["name"], log_path)
     return {
         "pid": child.pid,
         "pgid": child.pid,
@@ -438,7 +437,7 @@ def main() -> ActResult:
             free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
     # fleet's containers of this deployment (and those it replaces): stopped by name, not by signal
     replaced_names = list(a["lock"].get("replace") or [])
-    clis = [(container or {}).get("cli"), recorded_cli(previous)] + list(free.get("container_clis") or [])
+    clis = [(container or {}).get("cli"), recorded_cli(previous)]
     for other in replaced_names:
         clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), "state.json"))))
     named = [str(c) for c in clis if c]
@@ -446,7 +445,7 @@ def main() -> ActResult:
     ours, refused_containers = fleet_containers(
         named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
     )
-    free = dict(free, siblings=siblings, replaced=sorted(replaced), container_clis=named)
+    free = dict(free, siblings=siblings, replaced=sorted(replaced))
     free["own_containers"] = [c["id"] for c in ours]
     targets, refused, out["left"] = classify(free, procs)
     refused = refused_containers + refused
