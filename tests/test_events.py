@@ -36,6 +36,7 @@ SAMPLES: list[events.Event] = [
     ),
     events.Relaunching(2, 3, "sglang-kv", "memory fraction +0.04", "too little KV", 3.5, False),
     events.Ready(1, {"e": "smoke", "ok": True, "text": "Paris"}),
+    events.ServiceStep("qwen36", "registered http://10.0.0.7:30000", "ct129/qwen36-1"),
 ]
 
 

@@ -31,6 +31,14 @@ CASES = [
     # (what, process, port held by it, force) -> verdict, why
     ("own engine", proc(ENGINE), None, False, ("stop", "inference server")),
     ("own engine by title", proc(["sglang::scheduler_TP0"]), None, False, ("stop", "inference server")),
+    # the real SGLang router titles itself sglang::router: it serves other servers and is never stale
+    (
+        "the SGLang router on the port",
+        proc(["sglang::router"]),
+        30000,
+        False,
+        ("refuse", "holds port 30000, not an inference server"),
+    ),
     (
         "fleet's group member",
         proc(["python3", "worker.py"], pgid=FLEETS_GROUP),

@@ -145,6 +145,16 @@ class Ready:
     smoke: dict[str, Any]  # the smoke event: the answer's text and latency
 
 
+@dataclass(frozen=True)
+class ServiceStep:
+    """A step of bringing up or rolling a service: the router, or one replica in it."""
+
+    kind: ClassVar[str] = "service"
+    service: str
+    what: str  # "router started", "deregistered", "registered", "refused: ...", "proved"
+    replica: str = ""  # host/deployment, when the step is one replica's
+
+
 Event = (
     Planned
     | Adopted
@@ -162,6 +172,7 @@ Event = (
     | Diagnosed
     | Relaunching
     | Ready
+    | ServiceStep
 )
 Sink = Callable[[Event], None]
 

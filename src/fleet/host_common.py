@@ -20,6 +20,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
 # The titles the engines give their processes (setproctitle): sglang::scheduler_TP0, VLLM::EngineCore.
 TITLE_RE = re.compile(r"^(sglang|VLLM)::[A-Za-z0-9_.-]+$")
+# The SGLang router (sglang-router, a Rust binary) titles itself like an engine process, holds no GPU and
+# serves other servers: never a stale engine to stop.
+ROUTER_TITLES = ("sglang::router",)
 ENGINE_MODULES = (
     ("sglang", re.compile(r"^sglang\.(launch_server|srt\.|data_parallel)")),
     ("vllm", re.compile(r"^vllm\.entrypoints\.")),
@@ -49,7 +52,7 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
         return None
     if len(argv) == 1:
         m = TITLE_RE.match(argv[0].strip())
-        if m:
+        if m and argv[0].strip() not in ROUTER_TITLES:
             return "sglang" if m.group(1) == "sglang" else "vllm"
     exe = os.path.basename(argv[0])
     if exe in SHELLS and len(argv) > 3 and argv[1] == "-c" and argv[3] == LAUNCH_MARK:

@@ -35,6 +35,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "watch": ("control/remote_container.py", "control/remote_watch.py"),  # follow an attempt, prove the server
     "health": ("control/remote_container.py", "facts/probe.py", "control/remote_health.py"),  # facts + checks
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
+    "router": ("control/remote_router.py",),  # a service's router and record
 }
 
 

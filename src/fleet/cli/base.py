@@ -22,6 +22,7 @@ from fleet.terminal import safe_text
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
     from fleet.crashes import Signature
     from fleet.inventory import Host, Inventory, NamedPlaybook
+    from fleet.inventory.services import NamedService
 
 
 class Invocation:
@@ -29,10 +30,17 @@ class Invocation:
     from them once: the inventory, the knowledge base with the project's crashes/*.yaml, the secrets."""
 
     def __init__(
-        self, inventory: Path, playbooks: Path, debug: bool, accept_new_host_key: bool, accept_new_jump_host_key: bool
+        self,
+        inventory: Path,
+        playbooks: Path,
+        debug: bool,
+        accept_new_host_key: bool,
+        accept_new_jump_host_key: bool,
+        services: Path | None = None,
     ) -> None:
         self.inventory_path = inventory
         self.playbooks_dir = playbooks
+        self.services_dir = services or Path("services")
         self.debug = debug
         self.accept_new_host_key = accept_new_host_key
         self.accept_new_jump_host_key = accept_new_jump_host_key
@@ -77,6 +85,11 @@ class Invocation:
         from fleet.inventory import load_playbook
 
         return load_playbook(ref, self.playbooks_dir)
+
+    def service(self, ref: str) -> NamedService:
+        from fleet.inventory.services import load_service
+
+        return load_service(ref, self.services_dir)
 
     def host(self, name: str | None, playbook: NamedPlaybook | None = None) -> Host:
         if not name and playbook is not None:
@@ -207,6 +220,12 @@ def replaceable_file(ctx: click.Context, param: click.Parameter, value: Path | N
     help="Playbook directory [env FLEET_PLAYBOOKS; default playbooks/].",
 )
 @click.option(
+    "--services",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Service directory [env FLEET_SERVICES; default services/].",
+)
+@click.option(
     "--accept-new-host-key", is_flag=True, help="Record an unknown SSH host key (a changed key is always refused)."
 )
 @click.option(
@@ -220,6 +239,7 @@ def cli(
     click_ctx: click.Context,
     inventory: Path | None,
     playbooks: Path | None,
+    services: Path | None,
     accept_new_host_key: bool,
     accept_new_jump_host_key: bool,
     debug: bool,
@@ -243,6 +263,7 @@ def cli(
         debug,
         accept_new_host_key,
         accept_new_jump_host_key,
+        services or _default_path("FLEET_SERVICES", "services"),
     )
 
 

@@ -188,20 +188,52 @@ def deploy(
 
 
 @cli.command()
+@click.argument("service", required=False)
 @multi_host_options
+@click.option(
+    "--rollback", is_flag=True, help="With SERVICE: redeploy each replica not serving from its last good plan."
+)
+@click.option("--json", "as_json", is_flag=True, help="With SERVICE: print the outcome as JSON.")
 @click.pass_obj
-def restart(ctx: Invocation, host_name: str | None, deployment: str | None, all_hosts: bool, force: bool) -> None:
+def restart(
+    ctx: Invocation,
+    service: str | None,
+    host_name: str | None,
+    deployment: str | None,
+    all_hosts: bool,
+    force: bool,
+    rollback: bool,
+    as_json: bool,
+) -> None:
     """Redeploy the plan recorded for a deployment (every one on the host without --name), on the GPUs it
     was placed on, with learned fixes, through the same loop.
+
+    With SERVICE (services/SERVICE.yaml): a rolling restart of its replicas with the playbook as it is now,
+    one at a time -- out of the router, drained, redeployed, proved, back in -- stopping at the first
+    that fails while the others serve; never taking out the last serving replica. --rollback then
+    returns each replica that is not serving to its last good plan.
 
     \b
     Examples:
       fleet restart --host blackwell
       fleet restart --host blackwell/qwen36-27b
+      fleet restart qwen36
+      fleet restart qwen36 --rollback
     """
     from fleet.control import ops
     from fleet.control.gather import read_facts
 
+    if service is not None:
+        if host_name or deployment or all_hosts or force:
+            raise click.UsageError(
+                "a service is restarted as a whole: give SERVICE without --host/--name/--all/--force"
+            )
+        from fleet.cli.services import restart_service
+
+        restart_service(ctx, service, rollback, as_json)
+        return
+    if rollback or as_json:
+        raise click.UsageError("--rollback and --json are for a service: fleet restart SERVICE --rollback")
     host_name, deployment = split_deployment(host_name, deployment)
 
     def each(t: Any, h: Host) -> list[Any]:
@@ -277,6 +309,12 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
     for name, found, err in each_host(ctx, host_name, True, lambda t, h: ops.status_rows(h, read_facts(t, h))):
         rows += found if found else [{"host": name, "status": "unreachable", "error": str(err)}]
         failures += [err.exit_code] if err else []
+    services: list[dict[str, Any]] = []
+    if not host_name:  # the whole fleet: the services too, as their routers see them
+        from fleet.cli.services import service_status_rows
+
+        services = service_status_rows(ctx)
+        failures += [1 for s in services if s.get("error")]
     width = max((len(f"{r['host']}/{r.get('deployment') or ''}") for r in rows), default=12)
     for r in rows:
         if as_json:
@@ -295,4 +333,8 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
                 f"{'  container ' + str(r['container']) if r.get('container') else ''}"
                 f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
             )
+    if services:
+        from fleet.cli.services import print_service_rows
+
+        print_service_rows(services, as_json)
     exit_for_failures(failures)

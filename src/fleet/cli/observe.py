@@ -21,7 +21,7 @@ from fleet.cli.base import (
     transport_for,
     writable_file,
 )
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, FleetError
 from fleet.paths import pool_socket
 from fleet.terminal import safe_line, safe_text
 
@@ -279,6 +279,26 @@ def health(
     raise click.exceptions.Exit(EXIT_CODE[overall])
 
 
+def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
+    """Each service in the services directory as one result named service/NAME (router, replicas serving
+    through it, a request through it); with --heal, a ready replica the router lost is registered again."""
+    from fleet.cli.services import service_run
+    from fleet.health import UNKNOWN, HostHealth
+    from fleet.health.checks import Check
+    from fleet.inventory.services import service_names
+
+    out = []
+    for name in service_names(ctx.services_dir):
+        try:
+            h = service_run(ctx, name).health(heal=options.heal, ask=not options.skip_generation)
+        except FleetError as exc:
+            out.append(HostHealth(f"service/{name}", UNKNOWN, (Check("service", UNKNOWN, exc.message),)))
+            continue
+        heal = "; ".join(h.heal) or None
+        out.append(HostHealth(f"service/{name}", h.status, tuple(h.checks), h.status == "ok", name, heal=heal))
+    return out
+
+
 def _health_run(
     ctx: Invocation,
     host_name: str | None,
@@ -330,6 +350,8 @@ def _health_run(
             import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
     results = control.sweep_in_processes(hosts, one, deadline_s, options.unreachable_status, processes)
     logger.info("hosts_swept", hosts=len(hosts), processes=processes, seconds=round(time.monotonic() - started, 3))
+    if not host_name:  # the whole fleet: each service as a whole too, after its replicas' hosts were healed
+        results += _service_health(ctx, options)
     results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
     for r in results:
         logger.info(

@@ -110,6 +110,8 @@ class Reporter:
             self.say(f"{h}: pid {event.pid} already runs this plan; checked it instead of restarting it:")
             for line in event.checks:
                 self.say(f"    {line}")
+        elif isinstance(event, events.ServiceStep):
+            self.say(f"{h}: {event.replica + ': ' if event.replica else ''}{event.what}")
         elif isinstance(event, events.NotAdopted):
             self.say(f"{h}: the running server has this plan but fails: {'; '.join(event.problems)}; redeploying")
 

@@ -104,6 +104,9 @@ class DeployResult:
         )
 
 
+DRAIN_S = 15.0  # how long a stopped server may finish its requests after SIGTERM
+
+
 def run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -143,7 +146,7 @@ class Deployer:
         max_attempts: int = 4,
         ready_timeout_s: float = 900.0,
         progress_timeout_s: float = 300.0,
-        drain_s: float = 15.0,
+        drain_s: float = DRAIN_S,
         signatures: Sequence[Signature] | None = None,
         deployment: str | None = None,
         gpus: tuple[int, ...] | None = None,

@@ -11,11 +11,11 @@ from typing import Any, TypeGuard
 
 from fleet import events
 from fleet.control.answers import act_answer, locked, unwritable_state_dir
-from fleet.control.deploy import Deployer, DeployResult, recorded
+from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
-from fleet.facts import HostFacts
+from fleet.facts import DeploymentRecord, HostFacts
 from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json
@@ -61,8 +61,12 @@ def deploy(
     name: str | None = None,
     gpus: int | tuple[int, ...] | None = None,
     replace: bool = False,
+    relaunch: bool = False,
+    drain_s: float = DRAIN_S,
 ) -> DeployResult:
-    """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them."""
+    """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them;
+    `relaunch` restarts a server already running this plan instead of adopting it (a rolling restart);
+    `drain_s` bounds how long the old server may finish its requests after SIGTERM."""
     deployment = deployment_name(name, playbook)
     path = model_path(host, playbook.spec.model)
     runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
@@ -84,7 +88,7 @@ def deploy(
     )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
     mine = recorded(facts, deployment)
-    if _runs_this_plan(mine, facts, result.plan, playbook.name) and not placement.replaces:
+    if not relaunch and _runs_this_plan(mine, facts, result.plan, playbook.name) and not placement.replaces:
         adopted = _adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
         if adopted is not None:
             return adopted
@@ -106,6 +110,7 @@ def deploy(
         deployment=deployment,
         gpus=indices,
         replace=tuple(o.name for o in placement.replaces),
+        drain_s=drain_s,
     )
     existing = _learned_as_json(facts, result.learned_key, signatures)
     return deployer.run(
@@ -364,11 +369,14 @@ def restart(
     progress: events.Sink,
     signatures: Sequence[Signature] | None = None,
     name: str | None = None,
+    state: dict[str, Any] | None = None,
+    drain_s: float = DRAIN_S,
 ) -> DeployResult:
-    """Redeploy a deployment's recorded plan on the GPUs it was placed on (`name`: the host's only one)."""
+    """Redeploy a deployment's recorded plan on the GPUs it was placed on (`name`: the host's only one);
+    `state`: another record of it to redeploy instead (a service's last good one, for --rollback)."""
     state_facts = read_facts(t, host)
     deployment = chosen_deployment(state_facts, name, verb="restart")
-    state = recorded(state_facts, deployment)
+    state = state if state is not None else recorded(state_facts, deployment)
     if not state.get("plan"):
         raise ConfigError(
             f"{host.name}: nothing recorded to restart for deployment {deployment}.",
@@ -382,7 +390,7 @@ def restart(
             f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",
             f"Deploy again: fleet deploy PLAYBOOK --host {host.name}.",
         ) from exc
-    placed = state_facts.remote.deployment(deployment).gpus
+    placed = DeploymentRecord(deployment, state).gpus  # where that record's server ran
     on_host = plan.container.model_host_path if plan.container else plan.model_path  # mounted in a container
     facts = read_facts(t, host, model=on_host, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
@@ -405,6 +413,7 @@ def restart(
         signatures=signatures,
         deployment=deployment,
         gpus=placed,
+        drain_s=drain_s,
     )
     key = str(state.get("learned_key", ""))
     existing = _learned_as_json(facts, key, signatures)

@@ -20,11 +20,9 @@ from fleet.inventory.strict import (
     Engine,
     _check_no_shell_meta,
     _check_remote_path,
-    _config_error,
     _Invalid,
-    _mapping,
     _Strict,
-    _validated,
+    parse_document,
 )
 from fleet.yamlfile import YamlDoc, load_yaml
 
@@ -260,14 +258,7 @@ class NamedPlaybook:
 
 
 def parse_playbook(doc: YamlDoc, name: str) -> NamedPlaybook:
-    data = _mapping(doc, (), doc.data, "a playbook")
-    if not data:
-        raise ConfigError(f"{doc.path}:1: the playbook is empty.", "See playbooks/qwen36-27b.yaml for an example.")
-    origins = {key: doc.line_of((key,)) for key in data}
-    try:
-        spec = _validated(Playbook, data)
-    except _Invalid as problem:
-        raise _config_error(doc, (), problem, origins) from None
+    spec, origins = parse_document(doc, Playbook, "playbook", "playbooks/qwen36-27b.yaml")
     return NamedPlaybook(name, doc.path, spec, origins)
 
 

@@ -67,22 +67,32 @@ def _validated(cls: type[StrictT], data: dict[str, Any]) -> StrictT:
     except msgspec.ValidationError as exc:
         raise _explained(cls, data, str(exc)) from None
     _run_checks(value, ())
-    together = getattr(value, "check_together", None)
-    if together is not None:
-        together()
     return value
 
 
 def _run_checks(value: _Strict, loc: tuple[str | int, ...]) -> None:
+    """Each field's `checks`, then the struct's `check_together`, in nested structs (and lists of them)
+    too, their problems located from the top."""
     for name in value.__struct_fields__:
         item = getattr(value, name)
         if isinstance(item, _Strict):
             _run_checks(item, (*loc, name))
-        elif item is not None and name in value.checks:
+            continue
+        if isinstance(item, list):
+            for i, element in enumerate(item):
+                if isinstance(element, _Strict):
+                    _run_checks(element, (*loc, name, i))
+        if item is not None and name in value.checks:
             try:
                 value.checks[name](item)
             except ValueError as exc:
                 raise _Invalid((*loc, name), "value", f"{exc}{_shown(item)}") from None
+    together = getattr(value, "check_together", None)
+    if together is not None:
+        try:
+            together()
+        except _Invalid as problem:
+            raise _Invalid((*loc, *problem.loc), problem.kind, problem.message) from None
 
 
 # msgspec's messages: "<what> - at `$.a.b[0]`", or "- at `key` in `$.a`" for a mapping's key.
@@ -141,11 +151,17 @@ def _type_at(cls: type[_Strict], loc: tuple[str | int, ...], *, mapping: bool = 
     for i, part in enumerate(loc):
         if isinstance(part, str):
             kind = typing.get_type_hints(kind)[part]
+        elif typing.get_origin(kind) is list:  # an index into a list of structs (replicas: [{host: a}])
+            kind = typing.get_args(kind)[0]
         if typing.get_origin(kind) in (types.UnionType, typing.Union):
             options = [k for k in typing.get_args(kind) if k is not type(None)]
             structs = [k for k in options if isinstance(k, type) and issubclass(k, _Strict)]
+            lists = [k for k in options if typing.get_origin(k) is list]
             keys_follow = any(isinstance(p, str) for p in loc[i + 1 :])
-            kind = structs[0] if structs and (keys_follow or mapping) else options[0]
+            if lists and i + 1 < len(loc) and isinstance(loc[i + 1], int):  # `3 | [{host: a}]`, indexed
+                kind = lists[0]
+            else:
+                kind = structs[0] if structs and (keys_follow or mapping) else options[0]
     return kind
 
 
@@ -166,6 +182,19 @@ def _config_error(doc: YamlDoc, key_base: KeyPath, problem: _Invalid, origins: M
     if problem.kind == "missing":
         return ConfigError(f'{where}: required field "{name}" is missing.', "Add it.")
     return ConfigError(f'{where}: field "{name}" {problem.message}.', "Correct the value.")
+
+
+def parse_document(doc: YamlDoc, cls: type[StrictT], what: str, example: str) -> tuple[StrictT, dict[str, int]]:
+    """A whole file (a playbook, a service) as a `cls`, and the line of each top-level key; a problem is a
+    ConfigError naming file:line."""
+    data = _mapping(doc, (), doc.data, f"a {what}")
+    if not data:
+        raise ConfigError(f"{doc.path}:1: the {what} is empty.", f"See {example} for an example.")
+    origins = {key: doc.line_of((key,)) for key in data}
+    try:
+        return _validated(cls, data), origins
+    except _Invalid as problem:
+        raise _config_error(doc, (), problem, origins) from None
 
 
 def _mapping(doc: YamlDoc, key_path: KeyPath, value: Any, what: str) -> dict[str, Any]:

@@ -1,0 +1,150 @@
+"""Commands on services (services/*.yaml: replicas of a playbook behind the SGLang router): up, down, and
+the rolling restart behind `fleet restart SERVICE`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fleet.cli.base import Invocation, cli, emit_json, say, transport_for
+from fleet.cli.report import print_result, progress_for, result_json
+
+if TYPE_CHECKING:
+    from fleet.control.service import ServiceResult, ServiceRun
+
+
+def service_run(ctx: Invocation, ref: str, *, as_json: bool = False) -> ServiceRun:
+    from fleet.control.service import ServiceRun
+
+    svc = ctx.service(ref)
+    playbook = ctx.playbook(svc.spec.playbook)
+    return ServiceRun(
+        svc,
+        ctx.inventory,
+        playbook,
+        lambda host: transport_for(ctx, host),
+        lambda where: progress_for(where, as_json=as_json),
+        ctx.signatures,
+    )
+
+
+def print_service(result: ServiceResult, as_json: bool) -> None:
+    if as_json:
+        emit_json(
+            {
+                "service": result.service,
+                "ok": result.ok,
+                "reason": result.reason,
+                "endpoint": result.endpoint,
+                "answer": result.answer,
+                "replicas": [
+                    {
+                        "replica": o.name,
+                        "url": o.url,
+                        "ok": o.ok,
+                        "result": result_json(o.result) if o.result else None,
+                        "error": str(o.error) if o.error else o.note or None,
+                    }
+                    for o in result.replicas
+                ],
+            }
+        )
+    else:
+        for o in result.replicas:
+            if o.result is not None:
+                print_result(o.result)
+            else:
+                say(f"{o.name}: {o.error or o.note}", err=True)
+        state = "is up" if result.ok else "FAILED"
+        say(f"service {result.service} {state} at {result.endpoint}: {result.reason}", err=not result.ok)
+    if not result.ok:
+        raise click.exceptions.Exit(7)
+
+
+@cli.command()
+@click.argument("service")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON; progress as JSON lines on stderr.")
+@click.pass_obj
+def up(ctx: Invocation, service: str, as_json: bool) -> None:
+    """Bring a service up: its router, every replica (each through the deploy loop, hosts in parallel),
+    exactly the ready replicas registered in the router, and a request through the router proved.
+
+    A replica already running its plan is left running. Exit 0 when every replica is up and the router
+    answers the smoke prompt; 7 otherwise (the ready replicas still serve).
+
+    \b
+    Example:
+      fleet up qwen36
+    """
+    print_service(service_run(ctx, service, as_json=as_json).up(), as_json)
+
+
+@cli.command()
+@click.argument("service")
+@click.pass_obj
+def down(ctx: Invocation, service: str) -> None:
+    """Take a service down: every worker out of its router, every replica stopped, the router stopped.
+
+    \b
+    Example:
+      fleet down qwen36
+    """
+    for line in service_run(ctx, service).down():
+        say(f"service {service}: {line}")
+
+
+def restart_service(ctx: Invocation, service: str, rollback: bool, as_json: bool) -> None:
+    """`fleet restart SERVICE`: the rolling restart (see `fleet restart --help`)."""
+    print_service(service_run(ctx, service, as_json=as_json).roll(rollback=rollback), as_json)
+
+
+def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
+    """One row per service in the services directory: its router and each replica as the router sees it."""
+    from fleet.errors import FleetError
+    from fleet.inventory.services import service_names
+
+    rows: list[dict[str, Any]] = []
+    for name in service_names(ctx.services_dir):
+        try:
+            run = service_run(ctx, name)
+            with transport_for(ctx, run.router_host) as t:
+                router = run.router(t, {"do": "health"})[0]
+                states = run.states(t)[0] if router.get("health") == 200 else []
+        except FleetError as exc:
+            rows.append({"service": name, "error": str(exc)})
+            continue
+        rows.append(
+            {
+                "service": name,
+                "router": run.endpoint,
+                "router_up": router.get("health") == 200,
+                "replicas": [
+                    {
+                        "replica": s.replica,
+                        "url": s.url,
+                        "status": s.status,
+                        "registered": s.registered,
+                        "healthy_in_router": s.healthy_in_router,
+                    }
+                    for s in states
+                ],
+            }
+        )
+    return rows
+
+
+def print_service_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    for row in rows:
+        if as_json:
+            emit_json(row)
+        elif row.get("error"):
+            say(f"service {row['service']}: {row['error']}")
+        else:
+            serving = sum(1 for r in row["replicas"] if r["registered"] and r["healthy_in_router"])
+            router = "up" if row["router_up"] else "DOWN"
+            count = f"{serving}/{len(row['replicas'])} serving"
+            say(f"service {row['service']}: router {router} at {row['router']}, {count}")
+            for r in row["replicas"]:
+                routed = ("healthy" if r["healthy_in_router"] else "unhealthy") if r["registered"] else "not registered"
+                say(f"  {r['replica']:<28} {r['status']:<10} {r['url'] or '-':<28} router: {routed}")

@@ -1,0 +1,239 @@
+"""Runs ON the router's host (sent as `python -c` with the router's Python): a service's SGLang router --
+started, asked, changed, stopped -- and the service's own record. One step runs a list of actions in
+order and answers {"results": [...]}, stopping at the first that fails.
+
+Actions: ensure (the router running with this command line), workers (what it routes to), add and
+remove (a worker, waiting until the router says it is done), ask (the smoke prompt through the router),
+stop, remember and recall (the service's record: each replica's last good state record, for --rollback).
+
+Layout: state_dir/services/NAME/router.json (the router process: pid, start ticks, boot id, argv),
+state_dir/services/NAME/service.json (the service's record), log_dir/router-NAME.log.
+The router is recognised only by that exact identity: a process that merely has its pid is never
+signalled. Host code: standard library only, Python 3.8.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Set
+
+try:  # the shared host code is prepended when this script is sent to a host
+    http_request  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests, mypy)
+    from fleet.host_common import http_request, read_record, smoke_request, write_record
+    from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
+
+
+def _dir(a: Dict[str, Any]) -> str:
+    path = os.path.join(os.path.expanduser(a["state_dir"]), "services", a["service"])
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _base(a: Dict[str, Any]) -> str:
+    bind = a["bind"] if a["bind"] not in ("0.0.0.0", "::") else "127.0.0.1"
+    return "http://%s:%d" % (bind, a["port"])
+
+
+def running_router(a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
+    rec = read_record(os.path.join(_dir(a), "router.json"))
+    if not rec or rec.get("boot_id") != boot_id():
+        return None
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or not alive(pid) or start_ticks(pid) != rec.get("start_ticks"):
+        return None
+    return rec
+
+
+def _stop(rec: Dict[str, Any], grace_s: float = 10.0) -> None:
+    pid = int(rec["pid"])
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGTERM)  # launched as the leader of its own session and group
+    deadline = time.time() + grace_s
+    while time.time() < deadline and alive(pid) and start_ticks(pid) == rec.get("start_ticks"):
+        time.sleep(0.1)
+    if alive(pid) and start_ticks(pid) == rec.get("start_ticks"):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _log_tail(path: str, lines: int = 30) -> List[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 16384))
+            return f.read().decode("utf-8", "replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def ensure(a: Dict[str, Any]) -> Dict[str, Any]:
+    """The router running with exactly `argv`: left alone when it is, else (re)started and waited for."""
+    directory = _dir(a)
+    rec = running_router(a)
+    if rec is not None and rec.get("argv") == a["argv"]:
+        return {"router": "running", "pid": rec["pid"], "log": rec.get("log")}
+    replaced = None
+    if rec is not None:  # its options changed: the new one starts with no workers; fleet registers them again
+        _stop(rec)
+        replaced = rec["pid"]
+    for port in (a["port"], a["metrics_port"]):
+        holders, hidden = port_holders(port, a["bind"])
+        if holders or hidden:
+            who = [process(p) or {"pid": p} for p in sorted(holders)]
+            return {"error": "port %d is in use" % port, "holders": who, "hidden_holder": hidden}
+    log_dir = os.path.expanduser(a["log_dir"])
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    log_path = os.path.join(log_dir, "router-%s.log" % a["service"])
+    argv = [os.path.expanduser(a["argv"][0])] + a["argv"][1:]
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=log_dir
+        )
+    rec = {
+        "pid": child.pid,
+        "start_ticks": start_ticks(child.pid),
+        "boot_id": boot_id(),
+        "argv": a["argv"],
+        "log": log_path,
+        "started": time.time(),
+    }
+    write_record(os.path.join(directory, "router.json"), rec)
+    deadline = time.time() + a.get("wait_s", 60)
+    while time.time() < deadline:
+        if child.poll() is not None:
+            return {"error": "the router exited (code %s)" % child.returncode, "log_tail": _log_tail(log_path)}
+        status, _, _ = http_request("GET", _base(a) + "/health", timeout=2)
+        if status == 200:
+            return {"router": "started", "pid": child.pid, "log": log_path, "replaced": replaced}
+        time.sleep(0.2)
+    return {
+        "error": "the router did not answer /health within %ss" % a.get("wait_s", 60),
+        "log_tail": _log_tail(log_path),
+    }
+
+
+def workers(a: Dict[str, Any]) -> Dict[str, Any]:
+    status, text, _ = http_request("GET", _base(a) + "/workers", timeout=10)
+    if status != 200:
+        return {"error": "the router's /workers answered %s: %s" % (status, text[:200])}
+    try:
+        listed = json.loads(text).get("workers") or []
+    except (ValueError, AttributeError):
+        return {"error": "the router's /workers answer is not JSON: %r" % text[:200]}
+    keep = ("id", "url", "is_healthy", "load")
+    return {"workers": [dict((k, w.get(k)) for k in keep) for w in listed if isinstance(w, dict)]}
+
+
+def _listed(a: Dict[str, Any], url: str) -> List[Dict[str, Any]]:
+    found = workers(a)
+    if "error" in found:
+        raise RuntimeError(found["error"])
+    return [w for w in found["workers"] if w.get("url") == url]
+
+
+def add(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Register `url` (unless it is) and wait until the router lists it healthy."""
+    url = a["url"]
+    if not _listed(a, url):
+        status, text, _ = http_request("POST", _base(a) + "/workers", {"url": url}, timeout=10)
+        if status not in (200, 201, 202):
+            return {"error": "the router refused worker %s: %s %s" % (url, status, text[:200])}
+    deadline = time.time() + a.get("wait_s", 60)
+    while time.time() < deadline:
+        listed = _listed(a, url)
+        if listed and all(w.get("is_healthy") for w in listed):
+            return {"added": url, "id": listed[0].get("id")}
+        time.sleep(0.2)
+    return {"error": "the router did not list %s as healthy within %ss" % (url, a.get("wait_s", 60))}
+
+
+def remove(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Deregister `url` and wait until the router no longer lists it (removal is asynchronous in 0.3.2)."""
+    url = a["url"]
+    deadline = time.time() + a.get("wait_s", 30)
+    asked: Set[Any] = set()
+    while time.time() < deadline:
+        listed = _listed(a, url)
+        if not listed:
+            return {"removed": url, "was_listed": bool(asked)}
+        for w in listed:
+            if w.get("id") not in asked:
+                status, text, _ = http_request("DELETE", _base(a) + "/workers/%s" % w.get("id"), timeout=10)
+                if status not in (200, 202, 204, 404):
+                    return {"error": "the router refused to remove %s: %s %s" % (url, status, text[:200])}
+                asked.add(w.get("id"))
+        time.sleep(0.2)
+    return {"error": "the router still lists %s after %ss" % (url, a.get("wait_s", 30))}
+
+
+def ask(a: Dict[str, Any]) -> Dict[str, Any]:
+    return {"answer": smoke_request(_base(a), a["served_name"], a["smoke"], a.get("timeout_s", 60))}
+
+
+def health(a: Dict[str, Any]) -> Dict[str, Any]:
+    status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
+    return {"router_running": running_router(a) is not None, "health": status, "text": text[:200]}
+
+
+def stop(a: Dict[str, Any]) -> Dict[str, Any]:
+    rec = running_router(a)
+    if rec is None:
+        return {"stopped": None}
+    _stop(rec)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(_dir(a), "router.json"))
+    return {"stopped": rec["pid"]}
+
+
+def remember(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Merge `replicas` (deployment -> what to remember of it) into the service's record."""
+    path = os.path.join(_dir(a), "service.json")
+    rec = read_record(path) or {}
+    found = rec.get("replicas")
+    replicas: Dict[str, Any] = found if isinstance(found, dict) else {}
+    for name, value in a["replicas"].items():
+        replicas[name] = dict(replicas.get(name) or {}, **value)
+    rec.update(replicas=replicas, updated=time.time())
+    write_record(path, rec)
+    return {"remembered": sorted(a["replicas"])}
+
+
+def recall(a: Dict[str, Any]) -> Dict[str, Any]:
+    return {"record": read_record(os.path.join(_dir(a), "service.json")) or {}}
+
+
+ACTIONS = {
+    "ensure": ensure,
+    "workers": workers,
+    "add": add,
+    "remove": remove,
+    "ask": ask,
+    "health": health,
+    "stop": stop,
+    "remember": remember,
+    "recall": recall,
+}
+
+
+def main() -> None:
+    common = json.loads(sys.argv[1])
+    results = []  # type: List[Dict[str, Any]]
+    for action in common.pop("actions"):
+        a = dict(common, **action)
+        try:
+            result = ACTIONS[a["do"]](a)
+        except Exception as exc:  # the router not answering, a record that cannot be written
+            result = {"error": "%s: %s" % (type(exc).__name__, exc)}
+        results.append(dict(result, do=a["do"]))
+        if "error" in result:
+            break
+    sys.stdout.write(json.dumps({"results": results}))
+
+
+if __name__ == "__main__":
+    main()

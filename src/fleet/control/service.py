@@ -1,0 +1,397 @@
+"""Services: replicas of one playbook behind the real SGLang router, kept by fleet.
+
+`up` starts the router (with no workers), deploys every replica through the normal deploy loop (hosts in
+parallel), registers exactly the replicas that proved they answer, and proves a request through the
+router. `roll` restarts the replicas one at a time: out of the router, drained, redeployed, proved,
+back in; it stops at the first replica that fails (the others keep serving) and never takes out the
+last serving replica. `rollback` redeploys a failed replica's last good record. The router is driven
+on its host by fleet's router step (remote_router.py), so it needs no port open to the control machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet import events
+from fleet.control import ops
+from fleet.control.deploy import DeployResult
+from fleet.control.gather import read_facts
+from fleet.crashes import Signature
+from fleet.errors import DeployFailed, FleetError, PreflightError
+from fleet.hostscripts import run_json
+from fleet.inventory import Host, Inventory, NamedPlaybook
+from fleet.inventory.services import NamedService, PlacedReplica
+from fleet.plan.service import (
+    ReplicaState,
+    reachable_address,
+    replica_url,
+    router_argv,
+    service_checks,
+    strangers,
+    take_out_refusal,
+    with_router,
+)
+from fleet.transport import Transport
+
+Connect = Callable[[Host], AbstractContextManager[Transport]]
+REGISTER_WAIT_S = 60.0
+
+
+@dataclass
+class ReplicaOutcome:
+    replica: PlacedReplica
+    result: DeployResult | None = None
+    error: FleetError | None = None
+    url: str | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.ok
+
+    @property
+    def name(self) -> str:
+        return f"{self.replica.host}/{self.replica.deployment}"
+
+
+@dataclass
+class ServiceResult:
+    service: str
+    ok: bool
+    reason: str
+    endpoint: str
+    replicas: list[ReplicaOutcome] = field(default_factory=list)
+    answer: dict[str, Any] | None = None
+
+
+@dataclass
+class ServiceHealth:
+    service: str
+    status: str
+    checks: list[Any]
+    states: list[ReplicaState]
+    heal: list[str] = field(default_factory=list)
+
+
+class ServiceRun:
+    """One command on one service. `connect` opens a transport to a host (the CLI's pool-aware one)."""
+
+    def __init__(
+        self,
+        service: NamedService,
+        inventory: Inventory,
+        playbook: NamedPlaybook,
+        connect: Connect,
+        progress_for: Callable[[str], events.Sink],
+        signatures: tuple[Signature, ...] | None = None,
+    ) -> None:
+        self.service, self.inventory, self.playbook = service, inventory, playbook
+        self.connect, self.progress_for, self.signatures = connect, progress_for, signatures
+        self.replicas = service.replicas(inventory)
+        self.router_host = inventory.hosts[service.router_host(inventory)]
+        spec, s = service.spec.router, self.router_host.settings
+        self.python = spec.python or s.engines.get("sglang") or "python3"
+        self.argv = router_argv(self.python, s.bind_address, spec.port, spec.policy, spec.metrics)
+        self.common = {
+            "service": service.name,
+            "state_dir": s.state_dir,
+            "log_dir": s.log_dir,
+            "port": spec.port,
+            "metrics_port": spec.metrics,
+            "bind": s.bind_address,
+        }
+        self.endpoint = replica_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
+        self.progress = progress_for(f"service/{service.name}")
+
+    # --- the router ---------------------------------------------------------------------------------
+
+    def router(self, t: Transport, *actions: dict[str, Any], timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        out = run_json(t, self.python, "router", {**self.common, "actions": list(actions)}, timeout_s=timeout_s)
+        results: list[dict[str, Any]] = out.get("results") or []
+        failed = next((r for r in results if "error" in r), None)
+        if failed is None:
+            return results
+        where = f"{self.router_host.name}: the router of service {self.service.name}"
+        if failed.get("do") == "ensure" and "holders" in failed:
+            held = ", ".join(
+                f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:60]})" for p in failed["holders"]
+            )
+            raise PreflightError(
+                f"{where}: {failed['error']}{' by ' + held if held else ' by another user'}; nothing was changed.",
+                f"Free the port or set router: port: in {self.service.path}.",
+            )
+        tail = "\n".join(failed.get("log_tail") or [])
+        hint = (
+            f"Is sglang-router installed for {self.python}? (pip install sglang-router)"
+            if "No module named" in tail
+            else f"Its log: {self.common['log_dir']}/router-{self.service.name}.log"
+        )
+        raise DeployFailed(f"{where}: {failed.get('do')}: {failed['error']}" + (f"\n{tail}" if tail else ""), hint)
+
+    def ensure_router(self, t: Transport) -> dict[str, Any]:
+        result = self.router(t, {"do": "ensure", "argv": self.argv, "wait_s": 60})[0]
+        what = "running" if result["router"] == "running" else "started"
+        replaced = f", replacing pid {result['replaced']} (its options changed)" if result.get("replaced") else ""
+        self.progress(
+            events.ServiceStep(self.service.name, f"router {what} at {self.endpoint} (pid {result['pid']}){replaced}")
+        )
+        return result
+
+    def _ask(self, t: Transport) -> dict[str, Any]:
+        smoke = ops._smoke(self.playbook)
+        answer: dict[str, Any] = self.router(
+            t, {"do": "ask", "served_name": self.playbook.spec.served_name, "smoke": smoke}
+        )[0]["answer"]
+        return answer
+
+    # --- replicas -----------------------------------------------------------------------------------
+
+    def host(self, replica: PlacedReplica) -> Host:
+        return self.inventory.hosts[replica.host]
+
+    def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
+        if not isinstance(port, int):
+            return None
+        s = self.host(replica).settings
+        return replica_url(reachable_address(s.bind_address, s.address, replica.host), port)
+
+    def _by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
+        """fn for every replica: hosts in parallel, one host's replicas in turn (placement is decided per host)."""
+        hosts: dict[str, list[PlacedReplica]] = {}
+        for r in self.replicas:
+            hosts.setdefault(r.host, []).append(r)
+
+        def on_host(replicas: list[PlacedReplica]) -> list[ReplicaOutcome]:
+            try:
+                with self.connect(self.host(replicas[0])) as t:
+                    return [fn(t, r) for r in replicas]
+            except FleetError as exc:  # the host could not be reached
+                return [ReplicaOutcome(r, error=exc) for r in replicas]
+
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            done = [o for group in pool.map(on_host, hosts.values()) for o in group]
+        order = {r.deployment: i for i, r in enumerate(self.replicas)}
+        return sorted(done, key=lambda o: order[o.replica.deployment])
+
+    def _deploy(self, t: Transport, r: PlacedReplica, *, relaunch: bool) -> ReplicaOutcome:
+        try:
+            result = ops.deploy(
+                t,
+                self.host(r),
+                self.playbook,
+                force=False,
+                engine_check=True,
+                progress=self.progress_for(f"{r.host}/{r.deployment}"),
+                signatures=self.signatures,
+                name=r.deployment,
+                gpus=r.gpus,
+                relaunch=relaunch,
+                drain_s=self.service.spec.drain_s,
+            )
+        except FleetError as exc:
+            return ReplicaOutcome(r, error=exc)
+        return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
+
+    def _record(self, t: Transport, r: PlacedReplica) -> dict[str, Any]:
+        return dict(read_facts(t, self.host(r)).remote.deployment(r.deployment).state)
+
+    def states(self, t: Transport) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """Each replica's state (its host's record and the router's view), the router's workers, and each
+        replica's record (by deployment)."""
+        records: dict[str, dict[str, Any]] = {}
+
+        def look(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
+            facts = read_facts(t, self.host(r))
+            row = ops.status_row(self.host(r), facts, r.deployment)
+            records[r.deployment] = dict(facts.remote.deployment(r.deployment).state)
+            return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
+
+        looked = self._by_host(look)
+        workers = self.router(t, {"do": "workers"})[0]["workers"]
+        plain = [ReplicaState(o.name, o.url, "unreachable" if o.error else o.note or "none") for o in looked]
+        return with_router(plain, workers), workers, records
+
+    # --- commands -----------------------------------------------------------------------------------
+
+    def up(self) -> ServiceResult:
+        with self.connect(self.router_host) as rt:
+            self.ensure_router(rt)
+            outcomes = self._by_host(lambda t, r: self._deploy(t, r, relaunch=False))
+            ready = [o for o in outcomes if o.ok and o.url]
+            workers = self.router(rt, {"do": "workers"})[0]["workers"]
+            wanted = {o.url for o in ready}
+            stale = sorted({str(w["url"]) for w in workers} - wanted)
+            actions: list[dict[str, Any]] = [{"do": "remove", "url": u} for u in stale]
+            actions += [{"do": "add", "url": o.url, "wait_s": REGISTER_WAIT_S} for o in ready]
+            if actions:
+                self.router(rt, *actions)
+            for u in stale:
+                self.progress(events.ServiceStep(self.service.name, f"deregistered {u} (not a ready replica of it)"))
+            for o in ready:
+                self.progress(events.ServiceStep(self.service.name, f"registered {o.url}", o.name))
+            answer = self._ask(rt) if ready else None
+            if ready:
+                self._remember_good(rt, ready)
+        return self._result(outcomes, answer)
+
+    def _remember_good(self, rt: Transport, done: list[ReplicaOutcome]) -> None:
+        good: dict[str, Any] = {}
+        for o in done:
+            with self.connect(self.host(o.replica)) as t:
+                good[o.replica.deployment] = {"host": o.replica.host, "good": self._record(t, o.replica)}
+        self.router(rt, {"do": "remember", "replicas": good})
+
+    def _result(
+        self, outcomes: list[ReplicaOutcome], answer: dict[str, Any] | None, stopped: str = ""
+    ) -> ServiceResult:
+        failed = [o for o in outcomes if not o.ok]
+        routed = bool(answer and answer.get("ok"))
+        if stopped:
+            reason = stopped
+        elif failed:
+            reason = f"{len(failed)} of {len(self.replicas)} replicas failed: {', '.join(o.name for o in failed)}"
+        elif not routed:
+            reason = f"a request through the router did not answer as expected: {(answer or {}).get('text', '')[:200]}"
+        else:
+            reason = f"{len(outcomes)} replicas serving; a request through the router answered"
+        return ServiceResult(
+            self.service.name, not failed and routed and not stopped, reason, self.endpoint, outcomes, answer
+        )
+
+    def roll(self, *, rollback: bool = False) -> ServiceResult:
+        """Restart the replicas one at a time (or, with `rollback`, redeploy each replica that is not serving
+        from its last good record), never leaving the router without a serving replica."""
+        with self.connect(self.router_host) as rt:
+            started = self.ensure_router(rt)["router"] == "started"
+            states, workers, records = self.states(rt)
+            if started:  # a new router knows no workers: the ready replicas first
+                ready = [s for s in states if s.status == "ready" and s.url]
+                if ready:
+                    self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in ready])
+                states, workers, records = self.states(rt)
+            good = (self.router(rt, {"do": "recall"})[0]["record"].get("replicas") or {}) if rollback else {}
+            outcomes: list[ReplicaOutcome] = []
+            for r, state in zip(self.replicas, states, strict=True):
+                if rollback and state.serving:
+                    continue
+                if rollback and not isinstance((good.get(r.deployment) or {}).get("good"), dict):
+                    outcomes.append(ReplicaOutcome(r, note="no good record to roll back to"))
+                    return self._result(outcomes, None, f"{state.replica}: no good record to roll back to")
+                if state.registered:
+                    refusal = take_out_refusal(state, states)
+                    if refusal:
+                        self.progress(events.ServiceStep(self.service.name, f"stopped: {refusal}", state.replica))
+                        return self._result(outcomes, None, f"not restarted: {refusal}")
+                    self._take_out(rt, state, records.get(r.deployment) or {})
+                outcome = self._redeploy(r, good.get(r.deployment, {}).get("good") if rollback else None)
+                outcomes.append(outcome)
+                if not outcome.ok:
+                    self._put_back_if_serving(rt, r)
+                    why = outcome.result.reason if outcome.result else str(outcome.error)
+                    self.progress(
+                        events.ServiceStep(self.service.name, f"failed: {why}; the roll stops here", outcome.name)
+                    )
+                    return self._result(
+                        outcomes, None, f"{outcome.name} failed; the roll stopped, the others keep serving"
+                    )
+                assert outcome.url
+                self.router(rt, {"do": "add", "url": outcome.url, "wait_s": REGISTER_WAIT_S})
+                self.progress(events.ServiceStep(self.service.name, f"registered {outcome.url}", outcome.name))
+                self._remember_good(rt, [outcome])
+                states, workers, records = self.states(rt)
+            answer = self._ask(rt)
+        return self._result(outcomes, answer)
+
+    def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any]) -> None:
+        if record.get("status") == "ready":  # what serves now is the last good record, should this roll fail
+            self.router(rt, {"do": "remember", "replicas": {state.replica.split("/", 1)[1]: {"good": record}}})
+        self.router(rt, {"do": "remove", "url": state.url, "wait_s": 30})
+        self.progress(events.ServiceStep(self.service.name, f"deregistered {state.url}; draining", state.replica))
+
+    def _redeploy(self, r: PlacedReplica, good: dict[str, Any] | None) -> ReplicaOutcome:
+        try:
+            with self.connect(self.host(r)) as t:
+                if good is None:
+                    return self._deploy(t, r, relaunch=True)
+                result = ops.restart(
+                    t,
+                    self.host(r),
+                    force=False,
+                    progress=self.progress_for(f"{r.host}/{r.deployment}"),
+                    signatures=self.signatures,
+                    name=r.deployment,
+                    state=good,
+                    drain_s=self.service.spec.drain_s,
+                )
+                return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
+        except FleetError as exc:
+            return ReplicaOutcome(r, error=exc)
+
+    def _put_back_if_serving(self, rt: Transport, r: PlacedReplica) -> None:
+        """A replica whose new plan was refused before its old server stopped still serves: back it goes."""
+        try:
+            with self.connect(self.host(r)) as t:
+                row = ops.status_row(self.host(r), read_facts(t, self.host(r)), r.deployment)
+        except FleetError:
+            return
+        url = self.url_of(r, row.get("port"))
+        if row["status"] == "ready" and url:
+            self.router(rt, {"do": "add", "url": url, "wait_s": REGISTER_WAIT_S})
+            self.progress(events.ServiceStep(self.service.name, f"registered again {url} (its old server still runs)"))
+
+    def health(self, *, heal: bool, ask: bool = True) -> ServiceHealth:
+        """The service as a whole; `heal` registers again each ready replica the router lost (a dead
+        replica is restarted by the host's own heal, which `fleet health --heal` runs first)."""
+        from fleet.plan.service import overall
+
+        with self.connect(self.router_host) as rt:
+            router = self.router(rt, {"do": "health"})[0]
+            if router.get("health") != 200:
+                checks = service_checks(router, [], self.service.spec.min_healthy, None)
+                return ServiceHealth(self.service.name, overall(checks), checks, [])
+            states, workers, _ = self.states(rt)
+            healed = []
+            if heal:
+                lost = [s for s in states if s.status == "ready" and s.url and not s.registered]
+                if lost:
+                    self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
+                    healed = [f"registered {s.replica} again" for s in lost]
+                    states, workers, _ = self.states(rt)
+            answer = self._ask(rt) if ask and any(s.serving for s in states) else None
+            if ask and answer is None:
+                answer = {"ok": False, "status": None, "text": "no replica serves through the router"}
+            checks = service_checks(router, states, self.service.spec.min_healthy, answer)
+            extra = strangers(states, workers)
+            if extra:
+                from fleet.health.checks import WARNING, Check
+
+                checks.append(Check("router_workers", WARNING, f"the router also routes to {', '.join(extra)}"))
+            return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
+
+    def down(self) -> list[str]:
+        """Deregister and stop every replica, then stop the router; what was done, one line each."""
+        done = []
+        with self.connect(self.router_host) as rt:
+            running = self.router(rt, {"do": "health"})[0].get("router_running")
+            if running:
+                workers = self.router(rt, {"do": "workers"})[0]["workers"]
+                if workers:
+                    self.router(rt, *[{"do": "remove", "url": w["url"]} for w in workers])
+                    done.append(f"deregistered {len(workers)} worker(s)")
+
+            def stop_one(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
+                facts = read_facts(t, self.host(r))
+                if r.deployment not in facts.remote.deployments:
+                    return ReplicaOutcome(r, note="not deployed")
+                out = ops.stop(t, self.host(r), force=False, name=r.deployment)
+                return ReplicaOutcome(r, note=f"stopped {len(out.get('stopped', []))} process(es)")
+
+            for o in self._by_host(stop_one):
+                done.append(f"{o.name}: {o.note or o.error}")
+            stopped = self.router(rt, {"do": "stop"})[0].get("stopped")
+            done.append(f"router stopped (pid {stopped})" if stopped else "router was not running")
+        return done

@@ -1,0 +1,224 @@
+"""Services: replicas of a playbook behind the real SGLang router (sglang-router 0.3.2, its Rust binary),
+on simulated hosts in their own namespaces, through fleet's own deploy loop and router step. Requests
+really go through the router to the simulated engines."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from fleet import events
+from fleet.control import ops
+from fleet.control.service import ServiceRun
+from fleet.control.sweep import HealthOptions, check_host, heal_host
+from fleet.errors import PreflightError
+from fleet.inventory import Inventory, load_playbook
+from fleet.inventory.services import load_service
+from fleet_testbed import nshost, simhost
+
+pytestmark = [
+    pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
+    pytest.mark.slow,  # real routers and simulated engines, about a minute in all
+]
+
+sglang_router = pytest.importorskip("sglang_router", reason="the real router: pip install sglang-router")
+
+
+class Fleet:
+    """Simulated 2-GPU hosts (node-a, node-b) and one service file; the router runs on node-a."""
+
+    def __init__(self, root: Path, replicas: int = 2) -> None:
+        self.root = root
+        self.hosts = {
+            name: nshost.NamespaceHost(root, replace(simhost.CT129, name=name), nshost.loopback_address())
+            for name in ("node-a", "node-b")
+        }
+        self.inventory = Inventory(root / "inventory.yaml", {n: h.host for n, h in self.hosts.items()}, {})
+        self.router_port = 31000 + (hash(root) % 2000)
+        listed = "".join(f"  - host: node-{'ab'[i % 2]}\n" for i in range(replicas))
+        self.services = root / "services"
+        self.services.mkdir()
+        (self.services / "qwen36.yaml").write_text(
+            f"playbook: qwen36-27b\nreplicas:\n{listed}router:\n  host: node-a\n  port: {self.router_port}\n"
+            "  policy: round_robin\ndrain_s: 10\n"
+        )
+        self.events: list[events.Event] = []
+
+    @contextmanager
+    def connect(self, host: Any) -> Iterator[Any]:
+        yield self.hosts[host.name].transport()
+
+    def run(self, playbook: str = "qwen36-27b") -> ServiceRun:
+        svc = load_service("qwen36", self.services)
+        pb = load_playbook(playbook, ROOT / "playbooks") if "/" not in playbook else load_playbook(playbook, ROOT)
+        return ServiceRun(svc, self.inventory, pb, self.connect, lambda where: self.events.append)
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.hosts['node-a'].spec.address}:{self.router_port}"
+
+    def ask(self, timeout: float = 30.0) -> str:
+        body = json.dumps(
+            {"model": "qwen36", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        ).encode()
+        request = urllib.request.Request(
+            self.router_url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return str(json.loads(r.read())["choices"][0]["message"]["content"])
+
+    def workers(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.router_url + "/workers", timeout=10) as r:
+            return list(json.loads(r.read())["workers"])
+
+    def record(self, host: str, deployment: str) -> dict[str, Any]:
+        return json.loads(simhost.record(self.hosts[host].dir, "state.json", deployment).read_text())
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            h.close()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    f = Fleet(tmp_path)
+    yield f
+    f.close()
+
+
+class RequestLoop:
+    """Requests through the router, one after another, until stopped: how many answered, which failed."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet, self.answered, self.failed = fleet, 0, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if "Paris" in self.fleet.ask():
+                    self.answered += 1
+                else:
+                    self.failed.append("wrong answer")
+            except Exception as exc:  # every failure counts: a refused connection, a 503, a timeout
+                self.failed.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> RequestLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def test_up_deploys_every_replica_registers_them_and_proves_a_request_through_the_router(fleet: Fleet) -> None:
+    result = fleet.run().up()
+    assert result.ok, result.reason
+    assert [o.name for o in result.replicas] == ["node-a/qwen36-1", "node-b/qwen36-2"]
+    assert result.answer and result.answer["ok"]
+    urls = {w["url"] for w in fleet.workers()}
+    assert urls == {o.url for o in result.replicas}
+    assert all(w["is_healthy"] for w in fleet.workers())
+    assert "Paris" in fleet.ask()
+    # a second `up` leaves everything as it is: the replicas are adopted, the router kept
+    pids = {o.name: fleet.record(*o.name.split("/"))["pid"] for o in result.replicas}
+    again = fleet.run().up()
+    assert again.ok and all(o.result and o.result.adopted for o in again.replicas)
+    assert {o.name: fleet.record(*o.name.split("/"))["pid"] for o in again.replicas} == pids
+    said = [e.what for e in fleet.events if isinstance(e, events.ServiceStep)]
+    assert any(w.startswith("router started") for w in said) and any(w.startswith("router running") for w in said)
+
+
+def test_rolling_restart_drops_no_request_and_replaces_every_replica(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    before = {n: fleet.record(n, f"qwen36-{i}")["pid"] for i, n in ((1, "node-a"), (2, "node-b"))}
+    with RequestLoop(fleet) as loop:
+        time.sleep(1)
+        result = fleet.run().roll()
+        time.sleep(1)
+    assert result.ok, result.reason
+    assert loop.failed == [], loop.failed[:5]
+    assert loop.answered > 10
+    after = {n: fleet.record(n, f"qwen36-{i}")["pid"] for i, n in ((1, "node-a"), (2, "node-b"))}
+    assert all(after[n] != before[n] for n in before)
+    assert len(fleet.workers()) == 2
+
+
+def test_a_replica_whose_new_plan_crashes_stops_the_roll_and_rollback_restores_it(fleet: Fleet, tmp_path: Path) -> None:
+    assert fleet.run().up().ok
+    changed = tmp_path / "qwen36-27b.yaml"
+    changed.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "context_length: 8192\n")
+    simhost.set_host(fleet.hosts["node-b"].dir, inject_scheduler_error="RuntimeError: fleet has never seen this")
+    with RequestLoop(fleet) as loop:
+        result = fleet.run(str(changed)).roll()
+        time.sleep(1)
+    assert not result.ok
+    assert [o.ok for o in result.replicas] == [True, False]  # node-a rolled; node-b failed and the roll stopped
+    assert "failed" in result.reason
+    assert loop.failed == [], loop.failed[:5]  # node-a served throughout
+    assert [w["url"] for w in fleet.workers()] == [result.replicas[0].url]
+    assert "--context-length" in fleet.record("node-a", "qwen36-1")["plan"]["argv"]
+    simhost.set_host(fleet.hosts["node-b"].dir, inject_scheduler_error=None)
+    back = fleet.run(str(changed)).roll(rollback=True)
+    assert back.ok, back.reason
+    assert [o.name for o in back.replicas] == ["node-b/qwen36-2"]  # only the replica that was not serving
+    assert "--context-length" not in fleet.record("node-b", "qwen36-2")["plan"]["argv"]  # its last good plan
+    assert len(fleet.workers()) == 2
+
+
+def test_a_replica_killed_behind_the_routers_back_is_noticed_and_healed(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    b = fleet.hosts["node-b"]
+    pid = fleet.record("node-b", "qwen36-2")["pid"]
+    b.shell(f"python3 -c 'import os, signal; os.killpg({pid}, signal.SIGKILL)'")
+    time.sleep(1)
+    h = fleet.run().health(heal=False)
+    assert h.status == "warning"  # one of two serves: at least min_healthy (1)
+    assert any(c.name == "replica" and "node-b/qwen36-2" in c.detail for c in h.checks)
+    options = HealthOptions(heal=True)
+    host = check_host(b.transport(), b.host, options)
+    assert "qwen36-2" in host.healable
+    heal_host(
+        b.transport(),
+        b.host,
+        host,
+        options,
+        lambda name: ops.restart(b.transport(), b.host, force=False, progress=events.ignore, name=name),
+    )
+    healed = fleet.run().health(heal=True)
+    assert healed.status == "ok", [c for c in healed.checks if c.status != "ok"]
+    assert len(fleet.workers()) == 2 and "Paris" in fleet.ask()
+
+
+def test_the_last_serving_replica_is_never_taken_out(tmp_path: Path) -> None:
+    f = Fleet(tmp_path, replicas=1)
+    try:
+        assert f.run().up().ok
+        pid = f.record("node-a", "qwen36-1")["pid"]
+        result = f.run().roll()
+        assert not result.ok and "no serving replica" in result.reason
+        assert f.record("node-a", "qwen36-1")["pid"] == pid  # nothing was restarted
+        assert len(f.workers()) == 1 and "Paris" in f.ask()
+    finally:
+        f.close()
+
+
+def test_a_router_port_held_by_another_process_refuses_before_any_replica_is_deployed(fleet: Fleet) -> None:
+    a = fleet.hosts["node-a"]
+    a.shell(f"setsid python3 -m http.server {fleet.router_port} --bind {a.spec.address} >/dev/null 2>&1 &")
+    time.sleep(1)
+    with pytest.raises(PreflightError, match=f"port {fleet.router_port} is in use"):
+        fleet.run().up()
+    assert not (a.dir / "state" / "deployments" / "qwen36-1").exists()

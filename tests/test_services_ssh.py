@@ -1,0 +1,87 @@
+"""The example service (services/qwen36.yaml: a replica on ct129, one on blackwell's GPUs 6 and 7, the
+real SGLang router on ct129) through fleet's command line over real sshd: up, status, health, a rolling
+restart under a steady stream of requests through the router (none may fail), down."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import CT129, ROOT, run_cli
+from fleet_testbed import simhost
+from simengine import chat
+
+pytestmark = pytest.mark.ssh
+pytest.importorskip("sglang_router", reason="the real router: pip install sglang-router")
+
+
+def routed() -> tuple[int | None, object]:
+    return chat(CT129.address, 30080, "What is the capital of France?", served="qwen36")
+
+
+def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_down(
+    fleet_env: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_SERVICES", str(ROOT / "services"))
+    up = run_cli("up", "qwen36")
+    assert up.code == 0, up.out + up.err
+    assert f"service qwen36 is up at http://{CT129.address}:30080" in up.out + up.err
+    code, body = routed()
+    assert code == 200 and "Paris" in str(body)
+
+    status = run_cli("status")
+    assert "service qwen36: router up" in status.out and "2/2 serving" in status.out, status.out
+    assert "ct129/qwen36-1" in status.out and "blackwell/qwen36-2" in status.out
+    health = run_cli("health")
+    assert "service/qwen36" in health.out and health.code == 0, health.out
+
+    failures: list[object] = []
+    answered = 0
+    stop = threading.Event()
+
+    def ask() -> None:
+        nonlocal answered
+        while not stop.is_set():
+            code, body = routed()
+            if code == 200 and "Paris" in str(body):
+                answered += 1
+            else:
+                failures.append((code, body))
+
+    loop = threading.Thread(target=ask, daemon=True)
+    loop.start()
+    try:
+        rolled = run_cli("restart", "qwen36")
+    finally:
+        stop.set()
+        loop.join(60)
+    assert rolled.code == 0, rolled.out + rolled.err
+    assert failures == [] and answered > 10, (failures[:5], answered)
+    for replica in ("ct129/qwen36-1", "blackwell/qwen36-2"):
+        assert (
+            f"{replica}: deregistered" in rolled.out + rolled.err
+            and f"{replica}: registered" in rolled.out + rolled.err
+        )
+
+    refused = run_cli("restart", "qwen36", "--host", "ct129")
+    assert refused.code == 2 and "restarted as a whole" in refused.err
+
+    down = run_cli("down", "qwen36")
+    assert down.code == 0, down.out
+    assert "router stopped" in down.out
+    assert routed()[0] is None  # nothing listens on the router's port any more
+    for host, name in (("ct129", "qwen36-1"), ("blackwell", "qwen36-2")):
+        assert '"status": "stopped"' in simhost.record(fleet_env.host_dir(host), "state.json", name).read_text()
+
+
+def test_a_bad_service_file_changes_nothing(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "svc.yaml").write_text("playbook: qwen36-27b\nreplicas: 2\nrouter: {host: ct129}\n")
+    monkeypatch.setenv("FLEET_SERVICES", str(tmp_path))
+    result = run_cli("up", "svc")
+    assert result.code == 2
+    assert f'{tmp_path}/svc.yaml:2: field "replicas" is a count (2), which needs hosts:' in result.err
+    assert not list((fleet_env.host_dir("ct129") / "logs").iterdir())
