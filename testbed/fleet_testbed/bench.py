@@ -12,7 +12,9 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
      and the same with connections kept between runs: fleet through `fleet pool`, ssh through
      ControlMaster, and the floor (the probe written into remote shells already open);
   4. cold start: `fleet --help` and `fleet health` on one host, whole process;
-  5. deploy and sweep again through a TCP proxy adding 20 ms of round-trip time (latency.py).
+  5. deploy and sweep again through a TCP proxy adding 20 ms of round-trip time (latency.py);
+  6. a service's rolling restart against N single restarts, with failed requests through the router
+     during each (bench_service.py).
 Results: printed, and written to bench/results/latest.md.
 """
 
@@ -34,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet_testbed import simhost
+from fleet_testbed.bench_service import bench_rolling
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = str(Path(sys.executable).parent / "fleet")
@@ -543,6 +546,7 @@ def main() -> int:
     ]
     late: list[str] = []
     cold: list[str] = []
+    rolling: list[str] = []
     try:
         ct129 = sb.specs[1]
         out += bench_deploy(
@@ -554,6 +558,7 @@ def main() -> int:
             "",
         ]
         out += bench_crash_latency(sb, a.crashes)
+        rolling = bench_rolling(sb, env, fleet, a.runs, "### 6. Rolling restart of a service (seconds, whole process)")
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:
@@ -585,7 +590,7 @@ def main() -> int:
             proxy.close()
     finally:
         simhost.down(ROOT / "sweep")
-    text = "\n".join(out + late) + "\n"
+    text = "\n".join(out + late + rolling) + "\n"
     print(text)
     dest = REPO / "bench" / "results" / "latest.md"
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -129,11 +129,16 @@ def workers(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"workers": [dict((k, w.get(k)) for k in keep) for w in listed if isinstance(w, dict)]}
 
 
-def _listed(a: Dict[str, Any], url: str) -> List[Dict[str, Any]]:
+def workers_or_raise(a: Dict[str, Any]) -> List[Dict[str, Any]]:
     found = workers(a)
     if "error" in found:
         raise RuntimeError(found["error"])
-    return [w for w in found["workers"] if w.get("url") == url]
+    listed: List[Dict[str, Any]] = found["workers"]
+    return listed
+
+
+def _listed(a: Dict[str, Any], url: str) -> List[Dict[str, Any]]:
+    return [w for w in workers_or_raise(a) if w.get("url") == url]
 
 
 def add(a: Dict[str, Any]) -> Dict[str, Any]:
@@ -155,6 +160,10 @@ def add(a: Dict[str, Any]) -> Dict[str, Any]:
 def remove(a: Dict[str, Any]) -> Dict[str, Any]:
     """Deregister `url` and wait until the router no longer lists it (removal is asynchronous in 0.3.2)."""
     url = a["url"]
+    if a.get("keep_one_healthy"):  # checked here, by the router's own view at this moment
+        others = [w for w in workers_or_raise(a) if w.get("url") != url and w.get("is_healthy")]
+        if not others:
+            return {"refused": "the router lists no other healthy worker: taking %s out would leave it none" % url}
     deadline = time.time() + a.get("wait_s", 30)
     asked: Set[Any] = set()
     while time.time() < deadline:

@@ -10,10 +10,12 @@ on its host by fleet's router step (remote_router.py), so it needs no port open 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_state
 from typing import Any
 
 from fleet import events
@@ -106,6 +108,28 @@ class ServiceRun:
         }
         self.endpoint = replica_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
         self.progress = progress_for(f"service/{service.name}")
+        self._stack: ExitStack | None = None
+        self._open: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def session(self) -> Iterator[Transport]:
+        """One connection per host for a whole command (a roll talks to each host several times), closed
+        at its end; yields the router host's."""
+        with ExitStack() as stack:
+            self._stack, self._open = stack, {}
+            try:
+                yield self.on(self.router_host)
+            finally:
+                self._stack, self._open = None, {}
+
+    def on(self, host: Host) -> Transport:
+        """The session's connection to `host` (hosts are reached from several threads, each host from one)."""
+        with self._lock:
+            if host.name not in self._open:
+                assert self._stack is not None, "on() outside a session"
+                self._open[host.name] = self._stack.enter_context(self.connect(host))
+            return self._open[host.name]
 
     # --- the router ---------------------------------------------------------------------------------
 
@@ -167,8 +191,8 @@ class ServiceRun:
 
         def on_host(replicas: list[PlacedReplica]) -> list[ReplicaOutcome]:
             try:
-                with self.connect(self.host(replicas[0])) as t:
-                    return [fn(t, r) for r in replicas]
+                t = self.on(self.host(replicas[0]))
+                return [fn(t, r) for r in replicas]
             except FleetError as exc:  # the host could not be reached
                 return [ReplicaOutcome(r, error=exc) for r in replicas]
 
@@ -218,7 +242,7 @@ class ServiceRun:
     # --- commands -----------------------------------------------------------------------------------
 
     def up(self) -> ServiceResult:
-        with self.connect(self.router_host) as rt:
+        with self.session() as rt:
             self.ensure_router(rt)
             outcomes = self._by_host(lambda t, r: self._deploy(t, r, relaunch=False))
             ready = [o for o in outcomes if o.ok and o.url]
@@ -227,6 +251,8 @@ class ServiceRun:
             stale = sorted({str(w["url"]) for w in workers} - wanted)
             actions: list[dict[str, Any]] = [{"do": "remove", "url": u} for u in stale]
             actions += [{"do": "add", "url": o.url, "wait_s": REGISTER_WAIT_S} for o in ready]
+            if ready:
+                actions.append(self._remember_good(ready))
             if actions:
                 self.router(rt, *actions)
             for u in stale:
@@ -234,16 +260,12 @@ class ServiceRun:
             for o in ready:
                 self.progress(events.ServiceStep(self.service.name, f"registered {o.url}", o.name))
             answer = self._ask(rt) if ready else None
-            if ready:
-                self._remember_good(rt, ready)
         return self._result(outcomes, answer)
 
-    def _remember_good(self, rt: Transport, done: list[ReplicaOutcome]) -> None:
-        good: dict[str, Any] = {}
-        for o in done:
-            with self.connect(self.host(o.replica)) as t:
-                good[o.replica.deployment] = {"host": o.replica.host, "good": self._record(t, o.replica)}
-        self.router(rt, {"do": "remember", "replicas": good})
+    def _remember_good(self, done: list[ReplicaOutcome]) -> dict[str, Any]:
+        """The router-step action that keeps each proved replica's record as its last good one."""
+        good = {o.replica.deployment: {"good": self._record(self.on(self.host(o.replica)), o.replica)} for o in done}
+        return {"do": "remember", "replicas": good}
 
     def _result(
         self, outcomes: list[ReplicaOutcome], answer: dict[str, Any] | None, stopped: str = ""
@@ -265,7 +287,7 @@ class ServiceRun:
     def roll(self, *, rollback: bool = False) -> ServiceResult:
         """Restart the replicas one at a time (or, with `rollback`, redeploy each replica that is not serving
         from its last good record), never leaving the router without a serving replica."""
-        with self.connect(self.router_host) as rt:
+        with self.session() as rt:
             started = self.ensure_router(rt)["router"] == "started"
             states, workers, records = self.states(rt)
             if started:  # a new router knows no workers: the ready replicas first
@@ -275,67 +297,71 @@ class ServiceRun:
                 states, workers, records = self.states(rt)
             good = (self.router(rt, {"do": "recall"})[0]["record"].get("replicas") or {}) if rollback else {}
             outcomes: list[ReplicaOutcome] = []
-            for r, state in zip(self.replicas, states, strict=True):
+            for i, r in enumerate(self.replicas):
+                state = states[i]
                 if rollback and state.serving:
                     continue
                 if rollback and not isinstance((good.get(r.deployment) or {}).get("good"), dict):
                     outcomes.append(ReplicaOutcome(r, note="no good record to roll back to"))
                     return self._result(outcomes, None, f"{state.replica}: no good record to roll back to")
                 if state.registered:
-                    refusal = take_out_refusal(state, states)
+                    refusal = take_out_refusal(state, states) or self._take_out(rt, state, records.get(r.deployment))
                     if refusal:
                         self.progress(events.ServiceStep(self.service.name, f"stopped: {refusal}", state.replica))
                         return self._result(outcomes, None, f"not restarted: {refusal}")
-                    self._take_out(rt, state, records.get(r.deployment) or {})
+                    states[i] = replace_state(state, registered=False, healthy_in_router=False)
                 outcome = self._redeploy(r, good.get(r.deployment, {}).get("good") if rollback else None)
                 outcomes.append(outcome)
                 if not outcome.ok:
                     self._put_back_if_serving(rt, r)
                     why = outcome.result.reason if outcome.result else str(outcome.error)
-                    self.progress(
-                        events.ServiceStep(self.service.name, f"failed: {why}; the roll stops here", outcome.name)
-                    )
-                    return self._result(
-                        outcomes, None, f"{outcome.name} failed; the roll stopped, the others keep serving"
-                    )
+                    said = f"failed: {why}; the roll stops here"
+                    self.progress(events.ServiceStep(self.service.name, said, outcome.name))
+                    return self._result(outcomes, None, f"{outcome.name} failed; the roll stopped, the others serve")
                 assert outcome.url
+                # (its record becomes its last good one when a later roll takes it out while it serves)
                 self.router(rt, {"do": "add", "url": outcome.url, "wait_s": REGISTER_WAIT_S})
                 self.progress(events.ServiceStep(self.service.name, f"registered {outcome.url}", outcome.name))
-                self._remember_good(rt, [outcome])
-                states, workers, records = self.states(rt)
+                states[i] = ReplicaState(state.replica, outcome.url, "ready", True, True)
             answer = self._ask(rt)
         return self._result(outcomes, answer)
 
-    def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any]) -> None:
-        if record.get("status") == "ready":  # what serves now is the last good record, should this roll fail
-            self.router(rt, {"do": "remember", "replicas": {state.replica.split("/", 1)[1]: {"good": record}}})
-        self.router(rt, {"do": "remove", "url": state.url, "wait_s": 30})
+    def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
+        """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
+        router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
+        actions: list[dict[str, Any]] = []
+        if record and record.get("status") == "ready":
+            actions.append({"do": "remember", "replicas": {state.replica.split("/", 1)[1]: {"good": record}}})
+        actions.append({"do": "remove", "url": state.url, "wait_s": 30, "keep_one_healthy": True})
+        refused = self.router(rt, *actions)[-1].get("refused")
+        if refused:
+            return str(refused)
         self.progress(events.ServiceStep(self.service.name, f"deregistered {state.url}; draining", state.replica))
+        return None
 
     def _redeploy(self, r: PlacedReplica, good: dict[str, Any] | None) -> ReplicaOutcome:
         try:
-            with self.connect(self.host(r)) as t:
-                if good is None:
-                    return self._deploy(t, r, relaunch=True)
-                result = ops.restart(
-                    t,
-                    self.host(r),
-                    force=False,
-                    progress=self.progress_for(f"{r.host}/{r.deployment}"),
-                    signatures=self.signatures,
-                    name=r.deployment,
-                    state=good,
-                    drain_s=self.service.spec.drain_s,
-                )
-                return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
+            t = self.on(self.host(r))
+            if good is None:
+                return self._deploy(t, r, relaunch=True)
+            result = ops.restart(
+                t,
+                self.host(r),
+                force=False,
+                progress=self.progress_for(f"{r.host}/{r.deployment}"),
+                signatures=self.signatures,
+                name=r.deployment,
+                state=good,
+                drain_s=self.service.spec.drain_s,
+            )
+            return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
         except FleetError as exc:
             return ReplicaOutcome(r, error=exc)
 
     def _put_back_if_serving(self, rt: Transport, r: PlacedReplica) -> None:
         """A replica whose new plan was refused before its old server stopped still serves: back it goes."""
         try:
-            with self.connect(self.host(r)) as t:
-                row = ops.status_row(self.host(r), read_facts(t, self.host(r)), r.deployment)
+            row = ops.status_row(self.host(r), read_facts(self.on(self.host(r)), self.host(r)), r.deployment)
         except FleetError:
             return
         url = self.url_of(r, row.get("port"))
@@ -348,7 +374,7 @@ class ServiceRun:
         replica is restarted by the host's own heal, which `fleet health --heal` runs first)."""
         from fleet.plan.service import overall
 
-        with self.connect(self.router_host) as rt:
+        with self.session() as rt:
             router = self.router(rt, {"do": "health"})[0]
             if router.get("health") != 200:
                 checks = service_checks(router, [], self.service.spec.min_healthy, None)
@@ -375,7 +401,7 @@ class ServiceRun:
     def down(self) -> list[str]:
         """Deregister and stop every replica, then stop the router; what was done, one line each."""
         done = []
-        with self.connect(self.router_host) as rt:
+        with self.session() as rt:
             running = self.router(rt, {"do": "health"})[0].get("router_running")
             if running:
                 workers = self.router(rt, {"do": "workers"})[0]["workers"]
