@@ -21,6 +21,7 @@ from fleet.plan.service import (
     service_checks,
     strangers,
     take_out_refusal,
+    url_host,
     with_router,
 )
 
@@ -171,6 +172,17 @@ def test_the_last_serving_replica_may_not_leave_the_router() -> None:
     refusal = take_out_refusal(a_alone, [a_alone, b_down])
     assert refusal and "no serving replica" in refusal and "serving: a/svc-1" in refusal
     assert take_out_refusal(b_down, [a_alone, b_down]) is None  # one that does not serve may go
+    c = ReplicaState("c/svc-3", "http://c:30000", "ready")
+    a, b, c = with_router([A, B, c], [*WORKERS, {"url": "http://c:30000", "is_healthy": True}])
+    assert take_out_refusal(a, [a, b, c], min_healthy=2) is None
+    below = take_out_refusal(a, [a, b, c], min_healthy=3)
+    assert below and "2 serving, fewer than min_healthy 3" in below
+
+
+def test_a_worker_url_is_read_back_to_its_address() -> None:
+    assert url_host("http://10.0.0.7:30000") == "10.0.0.7"
+    assert url_host(replica_url("fd00::7", 30000)) == "fd00::7"
+    assert url_host("http://gpu7.lan:30010/") == "gpu7.lan"
 
 
 def test_service_health_counts_serving_replicas_against_min_healthy() -> None:

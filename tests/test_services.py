@@ -21,7 +21,7 @@ from fleet import events
 from fleet.control import ops
 from fleet.control.service import ServiceRun
 from fleet.control.sweep import HealthOptions, check_host, heal_host
-from fleet.errors import PreflightError
+from fleet.errors import HostUnreachable, PreflightError
 from fleet.inventory import Inventory, load_playbook
 from fleet.inventory.services import load_service
 from fleet_testbed import nshost, simhost
@@ -53,13 +53,16 @@ class Fleet:
             "  policy: round_robin\ndrain_s: 10\n"
         )
         self.events: list[events.Event] = []
+        self.unreachable: set[str] = set()  # hosts fleet cannot connect to
 
     @contextmanager
     def connect(self, host: Any) -> Iterator[Any]:
+        if host.name in self.unreachable:
+            raise HostUnreachable(f"{host.name}: unreachable (the test cut it off).", "")
         yield self.hosts[host.name].transport()
 
-    def run(self, playbook: str = "qwen36-27b") -> ServiceRun:
-        svc = load_service("qwen36", self.services)
+    def run(self, playbook: str = "qwen36-27b", services: Path | None = None) -> ServiceRun:
+        svc = load_service("qwen36", services or self.services)
         pb = load_playbook(playbook, ROOT / "playbooks") if "/" not in playbook else load_playbook(playbook, ROOT)
         return ServiceRun(svc, self.inventory, pb, self.connect, lambda where: self.events.append)
 
@@ -83,6 +86,9 @@ class Fleet:
 
     def record(self, host: str, deployment: str) -> dict[str, Any]:
         return json.loads(simhost.record(self.hosts[host].dir, "state.json", deployment).read_text())
+
+    def url_of_b(self) -> str:
+        return f"http://{self.hosts['node-b'].spec.address}:30000"
 
     def close(self) -> None:
         for h in self.hosts.values():
@@ -222,3 +228,130 @@ def test_a_router_port_held_by_another_process_refuses_before_any_replica_is_dep
     with pytest.raises(PreflightError, match=f"port {fleet.router_port} is in use"):
         fleet.run().up()
     assert not (a.dir / "state" / "deployments" / "qwen36-1").exists()
+
+
+def router_pid(fleet: Fleet) -> int:
+    return int(json.loads((fleet.hosts["node-a"].dir / "state/services/qwen36/router.json").read_text())["pid"])
+
+
+def said(fleet: Fleet) -> list[str]:
+    return [e.what for e in fleet.events if isinstance(e, events.ServiceStep)]
+
+
+def test_a_router_change_whose_new_port_is_taken_leaves_the_running_router_serving(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    a, pid = fleet.hosts["node-a"], router_pid(fleet)
+    taken = fleet.router_port + 1
+    a.shell(f"setsid python3 -m http.server {taken} --bind {a.spec.address} >/dev/null 2>&1 &")
+    time.sleep(1)
+    path = fleet.services / "qwen36.yaml"
+    path.write_text(
+        path.read_text().replace("  policy: round_robin\n", f"  policy: round_robin\n  metrics_port: {taken}\n")
+    )
+    with pytest.raises(PreflightError, match=f"metrics_port {taken} is in use") as err:
+        fleet.run().up()
+    assert "metrics_port" in err.value.hint
+    assert router_pid(fleet) == pid and "Paris" in fleet.ask()  # nothing was changed
+
+
+def test_up_after_a_playbook_change_leaves_serving_replicas_for_the_roll(fleet: Fleet, tmp_path: Path) -> None:
+    assert fleet.run().up().ok
+    pids = [fleet.record("node-a", "qwen36-1")["pid"], fleet.record("node-b", "qwen36-2")["pid"]]
+    changed = tmp_path / "qwen36-27b.yaml"
+    changed.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "context_length: 8192\n")
+    with RequestLoop(fleet) as loop:
+        result = fleet.run(str(changed)).up()
+    assert not result.ok
+    assert all(o.error and "serves another plan" in str(o.error) for o in result.replicas)
+    assert [fleet.record("node-a", "qwen36-1")["pid"], fleet.record("node-b", "qwen36-2")["pid"]] == pids
+    assert loop.failed == [] and len(fleet.workers()) == 2
+
+
+def test_a_roll_uses_the_running_router_even_when_its_options_changed(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    pid = router_pid(fleet)
+    path = fleet.services / "qwen36.yaml"
+    path.write_text(path.read_text().replace("policy: round_robin", "policy: cache_aware"))
+    with RequestLoop(fleet) as loop:
+        assert fleet.run().roll().ok
+    assert router_pid(fleet) == pid and loop.failed == []
+    assert any("router options changed" in w and "fleet up qwen36" in w for w in said(fleet))
+
+
+def test_up_keeps_the_worker_of_a_replica_whose_host_it_cannot_reach(fleet: Fleet) -> None:
+    first = fleet.run().up()
+    fleet.unreachable.add("node-b")
+    again = fleet.run().up()
+    assert not again.ok and isinstance(again.replicas[1].error, HostUnreachable)
+    assert {w["url"] for w in fleet.workers()} == {o.url for o in first.replicas}  # node-b still serves
+
+
+def test_another_service_file_of_the_same_name_is_refused(fleet: Fleet, tmp_path: Path) -> None:
+    assert fleet.run().up().ok
+    pid = router_pid(fleet)
+    other = tmp_path / "staging"
+    other.mkdir()
+    (other / "qwen36.yaml").write_text(
+        (fleet.services / "qwen36.yaml").read_text().replace(str(fleet.router_port), str(fleet.router_port + 5))
+    )
+    with pytest.raises(PreflightError, match="was started from") as err:
+        fleet.run(services=other).up()
+    assert "Two service files are named qwen36" in err.value.hint
+    with pytest.raises(PreflightError, match="was started from"):
+        fleet.run(services=other).down()
+    assert router_pid(fleet) == pid and "Paris" in fleet.ask()
+
+
+def test_rollback_refuses_a_good_record_from_another_host(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    simhost.set_host(fleet.hosts["node-b"].dir, inject_scheduler_error="RuntimeError: fleet has never seen this")
+    assert not fleet.run().roll().ok
+    path = fleet.services / "qwen36.yaml"
+    path.write_text(path.read_text().replace("  - host: node-b\n", "  - host: node-a\n"))
+    back = fleet.run().roll(rollback=True)
+    assert not back.ok and "its last good record is from host node-b, not node-a" in back.reason
+
+
+def test_a_roll_interrupted_mid_replica_registers_a_still_serving_replica_again(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert fleet.run().up().ok
+
+    def interrupted(self: ServiceRun, r: Any, good: Any) -> Any:
+        raise KeyboardInterrupt  # Ctrl-C after the replica left the router, before it was redeployed
+
+    monkeypatch.setattr(ServiceRun, "_redeploy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fleet.run().roll()
+    assert len(fleet.workers()) == 2  # its old server still serves, and is back in the router
+    assert any("registered again" in w for w in said(fleet))
+
+
+def test_a_roll_redeploys_replicas_that_do_not_serve_first(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    pid = fleet.record("node-b", "qwen36-2")["pid"]
+    fleet.hosts["node-b"].shell(f"python3 -c 'import os, signal; os.killpg({pid}, signal.SIGKILL)'")
+    time.sleep(1)
+    result = fleet.run().roll()
+    assert result.ok, result.reason
+    assert [o.name for o in result.replicas] == ["node-b/qwen36-2", "node-a/qwen36-1"]
+
+
+def test_a_roll_does_not_take_out_a_replica_while_the_router_holds_the_others_circuit_open(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    simhost.set_host(fleet.hosts["node-b"].dir, generation_http_500=True)
+    for _ in range(30):  # the router retries each on node-a; node-b's circuit opens after ten failures
+        assert "Paris" in fleet.ask()
+    run = fleet.run()
+    run.circuit_wait_s = 2
+    result = run.roll()
+    assert not result.ok and "circuit open" in result.reason and fleet.url_of_b() in result.reason
+    assert len(fleet.workers()) == 2 and "Paris" in fleet.ask()  # nothing was taken out
+
+
+def test_down_says_which_replica_it_could_not_stop(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    fleet.unreachable.add("node-b")
+    done, failed = fleet.run().down()
+    assert len(failed) == 1 and isinstance(failed[0], HostUnreachable)
+    assert any(line.startswith("node-b/qwen36-2: NOT stopped") for line in done)

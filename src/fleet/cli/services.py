@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.base import Invocation, cli, emit_json, say, transport_for
+from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
 from fleet.cli.report import print_result, progress_for, result_json
 
 if TYPE_CHECKING:
@@ -90,8 +90,10 @@ def down(ctx: Invocation, service: str) -> None:
     Example:
       fleet down qwen36
     """
-    for line in service_run(ctx, service).down():
-        say(f"service {service}: {line}")
+    done, failed = service_run(ctx, service).down()
+    for line in done:
+        say(f"service {service}: {line}", err=line.startswith("NOT") or ": NOT stopped" in line)
+    exit_for_failures([e.exit_code for e in failed])
 
 
 def restart_service(ctx: Invocation, service: str, rollback: bool, as_json: bool) -> None:

@@ -63,10 +63,12 @@ def deploy(
     replace: bool = False,
     relaunch: bool = False,
     drain_s: float = DRAIN_S,
+    keep_other_plan: bool = False,
 ) -> DeployResult:
     """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them;
     `relaunch` restarts a server already running this plan instead of adopting it (a rolling restart);
-    `drain_s` bounds how long the old server may finish its requests after SIGTERM."""
+    `drain_s` bounds how long the old server may finish its requests after SIGTERM; `keep_other_plan`
+    refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead)."""
     deployment = deployment_name(name, playbook)
     path = model_path(host, playbook.spec.model)
     runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
@@ -88,6 +90,13 @@ def deploy(
     )
     secrets = read_secrets(playbook.spec.secret_env, playbook.name)
     mine = recorded(facts, deployment)
+    serving = mine.get("status") == "ready" and any(p.pid == mine.get("pid") for p in facts.servers)
+    if keep_other_plan and serving and not _runs_this_plan(mine, facts, result.plan, playbook.name):
+        raise PreflightError(
+            f"{host.name}: deployment {deployment} serves another plan than {playbook.name} gives now; "
+            "it was left serving.",
+            "A service's replicas change plan one at a time: fleet restart SERVICE.",
+        )
     if not relaunch and _runs_this_plan(mine, facts, result.plan, playbook.name) and not placement.replaces:
         adopted = _adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
         if adopted is not None:

@@ -36,7 +36,34 @@ def _dir(a: Dict[str, Any]) -> str:
 
 def _base(a: Dict[str, Any]) -> str:
     bind = a["bind"] if a["bind"] not in ("0.0.0.0", "::") else "127.0.0.1"
-    return "http://%s:%d" % (bind, a["port"])
+    return "http://%s:%d" % ("[%s]" % bind if ":" in bind else bind, a["port"])
+
+
+def circuits_open(a: Dict[str, Any]) -> Set[str]:
+    """Workers whose circuit the router holds open (it answers 503 "no available workers" rather than send
+    them requests, for a minute after ten failures, even while their /health is fine: sglang #13894),
+    from its metrics exporter: smg_worker_cb_state{worker="URL"} 1."""
+    bind = a["bind"] if a["bind"] not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = "http://%s:%d/metrics" % ("[%s]" % bind if ":" in bind else bind, a["metrics_port"])
+    status, text, _ = http_request("GET", url, timeout=5, limit=8 << 20)
+    if status != 200:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        if line.startswith("smg_worker_cb_state{") and line.rsplit(None, 1)[-1] == "1":
+            found.add(line.split('worker="', 1)[-1].split('"', 1)[0])
+    return found
+
+
+def _foreign(rec: Optional[Dict[str, Any]], a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """An error when the recorded router was started from another service file of the same name."""
+    source = (rec or {}).get("source")
+    if source and source != a["source"]:
+        return {
+            "error": "service %s's router here was started from %s, not %s" % (a["service"], source, a["source"]),
+            "foreign": source,
+        }
+    return None
 
 
 def running_router(a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -72,20 +99,23 @@ def _log_tail(path: str, lines: int = 30) -> List[str]:
 
 
 def ensure(a: Dict[str, Any]) -> Dict[str, Any]:
-    """The router running with exactly `argv`: left alone when it is, else (re)started and waited for."""
+    """The router running with exactly `argv`: left alone when it is, else started and waited for. One
+    running with other options is replaced only when `replace` says so (a new router knows no workers:
+    requests fail until fleet registers them again), and only after its new ports proved free."""
     directory = _dir(a)
     rec = running_router(a)
-    if rec is not None and rec.get("argv") == a["argv"]:
-        return {"router": "running", "pid": rec["pid"], "log": rec.get("log")}
+    if rec is not None and (rec.get("argv") == a["argv"] or not a.get("replace")):
+        return {"router": "running", "pid": rec["pid"], "log": rec.get("log"), "differs": rec.get("argv") != a["argv"]}
+    own = set([rec["pid"]]) if rec is not None else set()  # the old router's ports are about to be freed
+    for port, key in ((a["port"], "port"), (a["metrics_port"], "metrics_port")):
+        holders, hidden = port_holders(port, a["bind"])
+        if (holders - own) or hidden:
+            who = [process(p) or {"pid": p} for p in sorted(holders - own)]
+            return {"error": "%s %d is in use" % (key, port), "holders": who, "hidden_holder": hidden}
     replaced = None
     if rec is not None:  # its options changed: the new one starts with no workers; fleet registers them again
         _stop(rec)
         replaced = rec["pid"]
-    for port in (a["port"], a["metrics_port"]):
-        holders, hidden = port_holders(port, a["bind"])
-        if holders or hidden:
-            who = [process(p) or {"pid": p} for p in sorted(holders)]
-            return {"error": "port %d is in use" % port, "holders": who, "hidden_holder": hidden}
     log_dir = os.path.expanduser(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_path = os.path.join(log_dir, "router-%s.log" % a["service"])
@@ -101,6 +131,7 @@ def ensure(a: Dict[str, Any]) -> Dict[str, Any]:
         "argv": a["argv"],
         "log": log_path,
         "started": time.time(),
+        "source": a["source"],
     }
     write_record(os.path.join(directory, "router.json"), rec)
     deadline = time.time() + a.get("wait_s", 60)
@@ -161,9 +192,9 @@ def remove(a: Dict[str, Any]) -> Dict[str, Any]:
     """Deregister `url` and wait until the router no longer lists it (removal is asynchronous in 0.3.2)."""
     url = a["url"]
     if a.get("keep_one_healthy"):  # checked here, by the router's own view at this moment
-        others = [w for w in workers_or_raise(a) if w.get("url") != url and w.get("is_healthy")]
-        if not others:
-            return {"refused": "the router lists no other healthy worker: taking %s out would leave it none" % url}
+        refused = _last_available(a, url)
+        if refused:
+            return {"refused": refused}
     deadline = time.time() + a.get("wait_s", 30)
     asked: Set[Any] = set()
     while time.time() < deadline:
@@ -178,6 +209,26 @@ def remove(a: Dict[str, Any]) -> Dict[str, Any]:
                 asked.add(w.get("id"))
         time.sleep(0.2)
     return {"error": "the router still lists %s after %ss" % (url, a.get("wait_s", 30))}
+
+
+def _last_available(a: Dict[str, Any], url: str) -> Optional[str]:
+    """Why `url` may not leave the router: no other worker it lists is healthy with its circuit closed.
+    Open circuits close by themselves (after 60 s by default): waited for, up to `circuit_wait_s`."""
+    deadline = time.time() + a.get("circuit_wait_s", 90)
+    while True:
+        listed = [w for w in workers_or_raise(a) if w.get("url") != url]
+        healthy = [w for w in listed if w.get("is_healthy")]
+        tripped = circuits_open(a) if healthy else set()
+        if any(w.get("url") not in tripped for w in healthy):
+            return None
+        if not healthy or time.time() > deadline:
+            why = (
+                "no other healthy worker"
+                if not healthy
+                else "every other worker's circuit open (%s)" % (", ".join(sorted(tripped)))
+            )
+            return "the router has %s: taking %s out would leave it nothing to send requests to" % (why, url)
+        time.sleep(1)
 
 
 def ask(a: Dict[str, Any]) -> Dict[str, Any]:
@@ -232,6 +283,10 @@ ACTIONS = {
 def main() -> None:
     common = json.loads(sys.argv[1])
     results = []  # type: List[Dict[str, Any]]
+    foreign = _foreign(read_record(os.path.join(_dir(common), "router.json")), common)
+    if foreign:  # another service file of the same name runs here: none of its records are touched
+        sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
+        return
     for action in common.pop("actions"):
         a = dict(common, **action)
         try:

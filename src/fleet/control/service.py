@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from dataclasses import replace as replace_state
 from typing import Any
 
 from fleet import events
@@ -35,6 +34,7 @@ from fleet.plan.service import (
     service_checks,
     strangers,
     take_out_refusal,
+    url_host,
     with_router,
 )
 from fleet.transport import Transport
@@ -105,12 +105,15 @@ class ServiceRun:
             "port": spec.port,
             "metrics_port": spec.metrics,
             "bind": s.bind_address,
+            "source": str(service.path.resolve()),  # another file of the same name is another service
         }
         self.endpoint = replica_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
         self.progress = progress_for(f"service/{service.name}")
         self._stack: ExitStack | None = None
         self._open: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._refusal = ""  # why the roll stopped before a replica (set by _roll_one)
+        self.circuit_wait_s = 90.0  # how long a roll waits for an open circuit to close (the router's is 60 s)
 
     @contextmanager
     def session(self) -> Iterator[Transport]:
@@ -140,13 +143,19 @@ class ServiceRun:
         if failed is None:
             return results
         where = f"{self.router_host.name}: the router of service {self.service.name}"
+        if "foreign" in failed:
+            raise PreflightError(
+                f"{where}: {failed['error']}; nothing was changed.",
+                f"Two service files are named {self.service.name}: rename one (each replica's deployment is "
+                "named after it too), or take the other down with its own file first.",
+            )
         if failed.get("do") == "ensure" and "holders" in failed:
             held = ", ".join(
                 f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:60]})" for p in failed["holders"]
             )
             raise PreflightError(
                 f"{where}: {failed['error']}{' by ' + held if held else ' by another user'}; nothing was changed.",
-                f"Free the port or set router: port: in {self.service.path}.",
+                f"Free the port, or change router: port: or metrics_port: in {self.service.path}.",
             )
         tail = "\n".join(failed.get("log_tail") or [])
         hint = (
@@ -156,8 +165,13 @@ class ServiceRun:
         )
         raise DeployFailed(f"{where}: {failed.get('do')}: {failed['error']}" + (f"\n{tail}" if tail else ""), hint)
 
-    def ensure_router(self, t: Transport) -> dict[str, Any]:
-        result = self.router(t, {"do": "ensure", "argv": self.argv, "wait_s": 60})[0]
+    def ensure_router(self, t: Transport, *, replace: bool) -> dict[str, Any]:
+        """The router running; `replace`: also when it runs with other options (only `fleet up` does: a new
+        router starts with no workers, so requests fail until they are registered again)."""
+        result = self.router(t, {"do": "ensure", "argv": self.argv, "wait_s": 60, "replace": replace})[0]
+        if result.get("differs"):
+            said = f"router options changed in {self.service.path}; `fleet up {self.service.name}` applies them"
+            self.progress(events.ServiceStep(self.service.name, said + " (a new router: a brief outage)"))
         what = "running" if result["router"] == "running" else "started"
         replaced = f", replacing pid {result['replaced']} (its options changed)" if result.get("replaced") else ""
         self.progress(
@@ -177,11 +191,12 @@ class ServiceRun:
     def host(self, replica: PlacedReplica) -> Host:
         return self.inventory.hosts[replica.host]
 
-    def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
-        if not isinstance(port, int):
-            return None
+    def reachable(self, replica: PlacedReplica) -> str:
         s = self.host(replica).settings
-        return replica_url(reachable_address(s.bind_address, s.address, replica.host), port)
+        return reachable_address(s.bind_address, s.address, replica.host)
+
+    def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
+        return replica_url(self.reachable(replica), port) if isinstance(port, int) else None
 
     def _by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
         """fn for every replica: hosts in parallel, one host's replicas in turn (placement is decided per host)."""
@@ -202,6 +217,7 @@ class ServiceRun:
         return sorted(done, key=lambda o: order[o.replica.deployment])
 
     def _deploy(self, t: Transport, r: PlacedReplica, *, relaunch: bool) -> ReplicaOutcome:
+        """`relaunch`: the roll's redeploy; else `up`'s, which leaves a replica serving another plan alone."""
         try:
             result = ops.deploy(
                 t,
@@ -215,6 +231,7 @@ class ServiceRun:
                 gpus=r.gpus,
                 relaunch=relaunch,
                 drain_s=self.service.spec.drain_s,
+                keep_other_plan=not relaunch,
             )
         except FleetError as exc:
             return ReplicaOutcome(r, error=exc)
@@ -223,9 +240,11 @@ class ServiceRun:
     def _record(self, t: Transport, r: PlacedReplica) -> dict[str, Any]:
         return dict(read_facts(t, self.host(r)).remote.deployment(r.deployment).state)
 
-    def states(self, t: Transport) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """Each replica's state (its host's record and the router's view), the router's workers, and each
-        replica's record (by deployment)."""
+    def states(
+        self, t: Transport, *, router_up: bool = True
+    ) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """Each replica's state (its host's record and the router's view, unless the router is down), the
+        router's workers, and each replica's record (by deployment)."""
         records: dict[str, dict[str, Any]] = {}
 
         def look(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
@@ -235,7 +254,7 @@ class ServiceRun:
             return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
 
         looked = self._by_host(look)
-        workers = self.router(t, {"do": "workers"})[0]["workers"]
+        workers = self.router(t, {"do": "workers"})[0]["workers"] if router_up else []
         plain = [ReplicaState(o.name, o.url, "unreachable" if o.error else o.note or "none") for o in looked]
         return with_router(plain, workers), workers, records
 
@@ -243,12 +262,15 @@ class ServiceRun:
 
     def up(self) -> ServiceResult:
         with self.session() as rt:
-            self.ensure_router(rt)
+            self.ensure_router(rt, replace=True)
             outcomes = self._by_host(lambda t, r: self._deploy(t, r, relaunch=False))
             ready = [o for o in outcomes if o.ok and o.url]
             workers = self.router(rt, {"do": "workers"})[0]["workers"]
             wanted = {o.url for o in ready}
-            stale = sorted({str(w["url"]) for w in workers} - wanted)
+            # a replica fleet could not deploy (its host unreachable, its new plan refused) may still serve:
+            # its worker stays; one whose deploy ran and failed has no server left
+            unknown = {self.reachable(o.replica) for o in outcomes if o.result is None}
+            stale = sorted(u for u in {str(w["url"]) for w in workers} - wanted if url_host(u) not in unknown)
             actions: list[dict[str, Any]] = [{"do": "remove", "url": u} for u in stale]
             actions += [{"do": "add", "url": o.url, "wait_s": REGISTER_WAIT_S} for o in ready]
             if ready:
@@ -264,11 +286,17 @@ class ServiceRun:
 
     def _remember_good(self, done: list[ReplicaOutcome]) -> dict[str, Any]:
         """The router-step action that keeps each proved replica's record as its last good one."""
-        good = {o.replica.deployment: {"good": self._record(self.on(self.host(o.replica)), o.replica)} for o in done}
+        good = {
+            o.replica.deployment: {
+                "host": o.replica.host,
+                "good": self._record(self.on(self.host(o.replica)), o.replica),
+            }
+            for o in done
+        }
         return {"do": "remember", "replicas": good}
 
     def _result(
-        self, outcomes: list[ReplicaOutcome], answer: dict[str, Any] | None, stopped: str = ""
+        self, outcomes: list[ReplicaOutcome], answer: dict[str, Any] | None, stopped: str = "", nothing: str = ""
     ) -> ServiceResult:
         failed = [o for o in outcomes if not o.ok]
         routed = bool(answer and answer.get("ok"))
@@ -279,16 +307,18 @@ class ServiceRun:
         elif not routed:
             reason = f"a request through the router did not answer as expected: {(answer or {}).get('text', '')[:200]}"
         else:
-            reason = f"{len(outcomes)} replicas serving; a request through the router answered"
+            done = nothing or f"{len(outcomes)} replica(s) done"
+            reason = f"{done}; a request through the router answered"
         return ServiceResult(
             self.service.name, not failed and routed and not stopped, reason, self.endpoint, outcomes, answer
         )
 
     def roll(self, *, rollback: bool = False) -> ServiceResult:
         """Restart the replicas one at a time (or, with `rollback`, redeploy each replica that is not serving
-        from its last good record), never leaving the router without a serving replica."""
+        from its last good record), never leaving fewer than `min_healthy` (at least one) serving. Replicas
+        that do not serve go first: they cost no capacity, and they may be what later ones need."""
         with self.session() as rt:
-            started = self.ensure_router(rt)["router"] == "started"
+            started = self.ensure_router(rt, replace=False)["router"] == "started"
             states, workers, records = self.states(rt)
             if started:  # a new router knows no workers: the ready replicas first
                 ready = [s for s in states if s.status == "ready" and s.url]
@@ -296,43 +326,80 @@ class ServiceRun:
                     self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in ready])
                 states, workers, records = self.states(rt)
             good = (self.router(rt, {"do": "recall"})[0]["record"].get("replicas") or {}) if rollback else {}
+            order = sorted(range(len(self.replicas)), key=lambda i: states[i].serving)
+            if rollback:
+                order = [i for i in order if not states[i].serving]
+                if not order:
+                    return self._result([], self._ask(rt), "", nothing="nothing to roll back: every replica serves")
             outcomes: list[ReplicaOutcome] = []
-            for i, r in enumerate(self.replicas):
-                state = states[i]
-                if rollback and state.serving:
-                    continue
-                if rollback and not isinstance((good.get(r.deployment) or {}).get("good"), dict):
-                    outcomes.append(ReplicaOutcome(r, note="no good record to roll back to"))
-                    return self._result(outcomes, None, f"{state.replica}: no good record to roll back to")
-                if state.registered:
-                    refusal = take_out_refusal(state, states) or self._take_out(rt, state, records.get(r.deployment))
-                    if refusal:
-                        self.progress(events.ServiceStep(self.service.name, f"stopped: {refusal}", state.replica))
-                        return self._result(outcomes, None, f"not restarted: {refusal}")
-                    states[i] = replace_state(state, registered=False, healthy_in_router=False)
-                outcome = self._redeploy(r, good.get(r.deployment, {}).get("good") if rollback else None)
+            for i in order:
+                r, state = self.replicas[i], states[i]
+                kept = good.get(r.deployment) or {}
+                back = kept.get("good") if rollback else None
+                if rollback and (not isinstance(back, dict) or kept.get("host") != r.host):
+                    why = (
+                        "no good record to roll back to"
+                        if not isinstance(back, dict)
+                        else f"its last good record is from host {kept.get('host')}, not {r.host}"
+                    )
+                    outcomes.append(ReplicaOutcome(r, note=why))
+                    return self._result(outcomes, None, f"{state.replica}: {why}")
+                outcome = self._roll_one(rt, r, state, states, records.get(r.deployment), back)
+                if outcome is None:  # refused: it stays as it is
+                    return self._result(outcomes, None, f"not restarted: {self._refusal}")
                 outcomes.append(outcome)
                 if not outcome.ok:
-                    self._put_back_if_serving(rt, r)
-                    why = outcome.result.reason if outcome.result else str(outcome.error)
-                    said = f"failed: {why}; the roll stops here"
-                    self.progress(events.ServiceStep(self.service.name, said, outcome.name))
                     return self._result(outcomes, None, f"{outcome.name} failed; the roll stopped, the others serve")
-                assert outcome.url
-                # (its record becomes its last good one when a later roll takes it out while it serves)
-                self.router(rt, {"do": "add", "url": outcome.url, "wait_s": REGISTER_WAIT_S})
-                self.progress(events.ServiceStep(self.service.name, f"registered {outcome.url}", outcome.name))
                 states[i] = ReplicaState(state.replica, outcome.url, "ready", True, True)
             answer = self._ask(rt)
         return self._result(outcomes, answer)
+
+    def _roll_one(
+        self,
+        rt: Transport,
+        r: PlacedReplica,
+        state: ReplicaState,
+        states: list[ReplicaState],
+        record: dict[str, Any] | None,
+        back: dict[str, Any] | None,
+    ) -> ReplicaOutcome | None:
+        """One replica out of the router, redeployed, proved and back in; None when it may not leave now
+        (why in `_refusal`). Whatever interrupts it (a failure, Ctrl-C), a replica whose server still
+        serves is registered again before the roll ends."""
+        if state.registered:
+            refusal = take_out_refusal(state, states, self.service.spec.min_healthy)
+            refusal = refusal or self._take_out(rt, state, record)
+            if refusal:
+                self._refusal = refusal
+                self.progress(events.ServiceStep(self.service.name, f"stopped: {refusal}", state.replica))
+                return None
+        registered = False
+        try:
+            outcome = self._redeploy(r, back)
+            if not outcome.ok:
+                why = outcome.result.reason if outcome.result else str(outcome.error)
+                said = f"failed: {why}; the roll stops here"
+                self.progress(events.ServiceStep(self.service.name, said, outcome.name))
+                return outcome
+            assert outcome.url
+            # (its record becomes its last good one when a later roll takes it out while it serves)
+            self.router(rt, {"do": "add", "url": outcome.url, "wait_s": REGISTER_WAIT_S})
+            registered = True
+            self.progress(events.ServiceStep(self.service.name, f"registered {outcome.url}", outcome.name))
+            return outcome
+        finally:
+            if not registered:
+                self._put_back_if_serving(rt, r)
 
     def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
         """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
         router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
         actions: list[dict[str, Any]] = []
         if record and record.get("status") == "ready":
-            actions.append({"do": "remember", "replicas": {state.replica.split("/", 1)[1]: {"good": record}}})
-        actions.append({"do": "remove", "url": state.url, "wait_s": 30, "keep_one_healthy": True})
+            host, deployment = state.replica.split("/", 1)
+            actions.append({"do": "remember", "replicas": {deployment: {"host": host, "good": record}}})
+        remove = {"do": "remove", "url": state.url, "wait_s": 30, "keep_one_healthy": True}
+        actions.append(dict(remove, circuit_wait_s=self.circuit_wait_s))
         refused = self.router(rt, *actions)[-1].get("refused")
         if refused:
             return str(refused)
@@ -370,22 +437,28 @@ class ServiceRun:
             self.progress(events.ServiceStep(self.service.name, f"registered again {url} (its old server still runs)"))
 
     def health(self, *, heal: bool, ask: bool = True) -> ServiceHealth:
-        """The service as a whole; `heal` registers again each ready replica the router lost (a dead
-        replica is restarted by the host's own heal, which `fleet health --heal` runs first)."""
+        """The service as a whole; `heal` starts a router that died and registers again each ready replica
+        the router lost (a dead replica is restarted by the host's own heal, which `fleet health --heal`
+        runs first)."""
         from fleet.plan.service import overall
 
         with self.session() as rt:
             router = self.router(rt, {"do": "health"})[0]
-            if router.get("health") != 200:
-                checks = service_checks(router, [], self.service.spec.min_healthy, None)
-                return ServiceHealth(self.service.name, overall(checks), checks, [])
-            states, workers, _ = self.states(rt)
             healed = []
+            if heal and router.get("health") != 200 and not router.get("router_running"):
+                self.ensure_router(rt, replace=False)
+                healed.append("router started again")
+                router = self.router(rt, {"do": "health"})[0]
+            if router.get("health") != 200:  # each replica's own state still says what would serve
+                states = self.states(rt, router_up=False)[0]
+                checks = service_checks(router, states, self.service.spec.min_healthy, None)
+                return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
+            states, workers, _ = self.states(rt)
             if heal:
                 lost = [s for s in states if s.status == "ready" and s.url and not s.registered]
                 if lost:
                     self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
-                    healed = [f"registered {s.replica} again" for s in lost]
+                    healed += [f"registered {s.replica} again" for s in lost]
                     states, workers, _ = self.states(rt)
             answer = self._ask(rt) if ask and any(s.serving for s in states) else None
             if ask and answer is None:
@@ -398,8 +471,9 @@ class ServiceRun:
                 checks.append(Check("router_workers", WARNING, f"the router also routes to {', '.join(extra)}"))
             return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
 
-    def down(self) -> list[str]:
-        """Deregister and stop every replica, then stop the router; what was done, one line each."""
+    def down(self) -> tuple[list[str], list[FleetError]]:
+        """Deregister and stop every replica, then stop the router: what was done, one line each, and what
+        failed (a replica whose host could not be reached still runs)."""
         done = []
         with self.session() as rt:
             running = self.router(rt, {"do": "health"})[0].get("router_running")
@@ -416,8 +490,9 @@ class ServiceRun:
                 out = ops.stop(t, self.host(r), force=False, name=r.deployment)
                 return ReplicaOutcome(r, note=f"stopped {len(out.get('stopped', []))} process(es)")
 
-            for o in self._by_host(stop_one):
-                done.append(f"{o.name}: {o.note or o.error}")
+            outcomes = self._by_host(stop_one)
+            for o in outcomes:
+                done.append(f"{o.name}: {o.note or f'NOT stopped: {o.error}'}")
             stopped = self.router(rt, {"do": "stop"})[0].get("stopped")
             done.append(f"router stopped (pid {stopped})" if stopped else "router was not running")
-        return done
+        return done, [o.error for o in outcomes if o.error]

@@ -57,6 +57,11 @@ class Router(_Strict, frozen=True, kw_only=True):
             raise _Invalid(("metrics_port",), "value", "must differ from port")
 
 
+def _check_playbook_name(value: str) -> None:
+    if not NAME_RE.match(value):
+        raise ValueError("must be a playbook's name (playbooks/NAME.yaml)")
+
+
 def _check_host_names(names: list[str]) -> None:
     for name in names:
         _check_host_name(name)
@@ -70,7 +75,7 @@ class Service(_Strict, frozen=True, kw_only=True):
     min_healthy: Annotated[int, Meta(ge=1, le=64)] = 1  # health is critical below this many serving replicas
     drain_s: Annotated[float, Meta(ge=0, le=3600)] = 30.0  # a replica's in-flight requests may take this long
 
-    checks = {"playbook": _check_host_name, "hosts": _check_host_names}
+    checks = {"playbook": _check_playbook_name, "hosts": _check_host_names}
 
     def check_together(self) -> None:
         if isinstance(self.replicas, int) and not self.hosts:

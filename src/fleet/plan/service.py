@@ -45,6 +45,12 @@ def reachable_address(bind_address: str, address: str | None, name: str) -> str:
     return bind_address if bind_address not in ("0.0.0.0", "::") else (address or name)
 
 
+def url_host(url: str) -> str:
+    """The address part of a worker URL (http://[fd00::7]:30000 → fd00::7)."""
+    rest = url.split("://", 1)[-1].rsplit(":", 1)[0]
+    return rest[1:-1] if rest.startswith("[") else rest
+
+
 @dataclass(frozen=True)
 class ReplicaState:
     """One replica as the service sees it: where it is, what its host's record says, what the router says."""
@@ -79,13 +85,14 @@ def strangers(states: Sequence[ReplicaState], workers: Sequence[dict[str, Any]])
     return sorted({str(w.get("url")) for w in workers} - ours)
 
 
-def take_out_refusal(replica: ReplicaState, states: Sequence[ReplicaState]) -> str | None:
-    """Why `replica` may not leave the router now: it would leave no replica serving."""
+def take_out_refusal(replica: ReplicaState, states: Sequence[ReplicaState], min_healthy: int = 1) -> str | None:
+    """Why `replica` may not leave the router now: fewer than `min_healthy` (at least one) would serve."""
     others = [s for s in states if s.replica != replica.replica and s.serving]
-    if others:
+    if len(others) >= max(1, min_healthy):
         return None
+    left = "no serving replica" if not others else f"{len(others)} serving, fewer than min_healthy {min_healthy}"
     return (
-        f"taking {replica.replica} out would leave the router no serving replica "
+        f"taking {replica.replica} out would leave the router {left} "
         f"(serving: {', '.join(s.replica for s in states if s.serving) or 'none'})"
     )
 
