@@ -110,7 +110,7 @@ def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
     for name in service_names(ctx.services_dir):
         try:
             run = service_run(ctx, name)
-            with transport_for(ctx, run.router_host) as t:
+            with run.session() as t:
                 router = run.router(t, {"do": "health"})[0]
                 states = run.states(t)[0] if router.get("health") == 200 else []
         except FleetError as exc:
