@@ -387,6 +387,49 @@ TEXT_CASES = [
         LogContext(),
         "container-oom-killed",
     ),
+    # one server over two nodes: torch.distributed's own lines as each rank prints them
+    (
+        "multinode-missing-rank",
+        "[2026-11-30 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 189, in _create_c10d_store\n'
+        "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined.",
+        LogContext(engine="sglang"),
+        "multinode-peer-never-joined",
+    ),
+    (
+        "multinode-old-torch-barrier",
+        "RuntimeError: Timed out initializing process group in store based barrier on rank: 8, for key: "
+        "store_based_barrier_key:1 (world_size=16, worker_count=8, timeout=0:30:00)",
+        LogContext(engine="sglang"),
+        "multinode-peer-never-joined",
+    ),
+    (
+        "multinode-rank0-unreachable",
+        "torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to "
+        "connect to (10.0.0.1, 50000).",
+        LogContext(engine="sglang"),
+        "multinode-rank0-unreachable",
+    ),
+    (
+        "multinode-rank0-refused",
+        "torch.distributed.DistNetworkError: Connection refused: failed to connect to 10.0.0.1:50000",
+        LogContext(engine="vllm"),
+        "multinode-rank0-unreachable",
+    ),
+    (
+        "multinode-gloo",
+        "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error",
+        LogContext(engine="sglang"),
+        "multinode-gloo-mesh",
+    ),
+    (
+        "nccl-watchdog",
+        "[rank1]:[E1130 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600030 "
+        "milliseconds before timing out.",
+        LogContext(engine="sglang"),
+        "nccl-collective-watchdog",
+    ),
 ]
 
 

@@ -125,7 +125,7 @@ def test_a_host_error_in_a_child_is_reported_like_in_this_process() -> None:
 
 def test_a_child_that_stops_answering_is_killed_and_its_hosts_reported() -> None:
     results, _, seconds = in_a_fresh_process(a_child_freezes)
-    assert seconds < 5
+    assert seconds < 30  # not the frozen child's 60 s (a bound loose enough for a loaded 2-CPU machine)
     late = {r.host for r in results if r.checks[0].detail == "no answer within the 1 s deadline"}
     assert late == {h.name for h in HOSTS[1::2]}  # the frozen child had every other host
     assert {r.host for r in results if r.status == OK} == {h.name for h in HOSTS[0::2]}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from conftest import ROOT, run_cli
 from fleet.crashes import LogContext, diagnose
 from fleet_testbed import simhost
+from simengine import chat
 
 pytestmark = pytest.mark.vllm
 VENV = Path(os.environ.get("FLEET_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
@@ -93,6 +96,49 @@ def test_real_vllm_serves_the_tiny_hybrid_qwen3_next_and_a_second_server_beside_
     assert servers(env) == []
     listeners = json.loads(run_cli("facts", "--host", "cpubox", "--json").out)["listeners"]
     assert not {8011, 8021} & {entry["port"] for entry in listeners}  # the ports are free again
+
+
+def test_two_real_vllm_replicas_behind_the_real_router_roll_without_a_failed_request(
+    env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service of two real vLLM servers (one per simulated GPU) behind the real SGLang router on the same
+    host: up, then a rolling restart under a steady stream of requests through the router, then down."""
+    services = tmp_path / "services"
+    services.mkdir()
+    (services / "tiny.yaml").write_text(
+        "playbook: tiny-qwen3-next\nreplicas:\n  - {host: cpubox, gpus: [0]}\n  - {host: cpubox, gpus: [1]}\n"
+        f"router: {{host: cpubox, port: 8080, policy: round_robin, python: {sys.executable}}}\ndrain_s: 30\n"
+    )
+    monkeypatch.setenv("FLEET_SERVICES", str(services))
+    try:
+        up = run_cli("up", "tiny")
+        assert up.code == 0, up.out + up.err
+        failures: list[object] = []
+        answered = 0
+        stop = threading.Event()
+
+        def ask() -> None:
+            nonlocal answered
+            while not stop.is_set():
+                code, body = chat(CPUBOX.address, 8080, "Say something.", served="tiny")
+                if code == 200:
+                    answered += 1
+                else:
+                    failures.append((code, body))
+
+        loop = threading.Thread(target=ask, daemon=True)
+        loop.start()
+        try:
+            rolled = run_cli("restart", "tiny")
+        finally:
+            stop.set()
+            loop.join(120)
+        assert rolled.code == 0, rolled.out + rolled.err
+        assert failures == [] and answered > 0, (failures[:3], answered)
+    finally:
+        down = run_cli("down", "tiny")
+    assert down.code == 0, down.out + down.err
+    assert servers(env) == []
 
 
 def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simhost.Sandbox) -> None:
