@@ -13,9 +13,10 @@ import os
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from conftest import ROOT
@@ -57,10 +58,14 @@ def _fleet_plan(
     fixes: tuple[Fix, ...] = (),
     placed: tuple[int, ...] | None = None,
     port: int | None = None,
+    speculative: bool = True,
 ) -> tuple[str, ...]:
-    """`placed`, `port`: a deployment on some of the host's GPUs, beside another (its own --nccl-port)."""
+    """`placed`, `port`: a deployment on some of the host's GPUs, beside another (its own --nccl-port);
+    `speculative`: False plans the playbook without its speculative: section."""
     inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
     pb = load_playbook(playbook, ROOT / "playbooks")
+    if not speculative:
+        pb = replace(pb, spec=msgspec.structs.replace(pb.spec, speculative=None))
     model = pb.spec.model
     f = facts(host, gpus[0], gpus[1], version=version, model=model)
     r = build_plan(inv.hosts[host], pb, f, f"/models/{model}", gpu_indices=placed, port=port)
@@ -131,6 +136,13 @@ CASES = [
         "0.5.11",
         True,
         _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.11"),
+        gpu="sm86",
+    ),
+    Case(  # a hybrid model without NEXTN: extra_buffer rather than no_buffer, which turns overlap off
+        "fleet-qwen36-no-spec-ct129-0511",
+        "0.5.11",
+        True,
+        _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.11", speculative=False),
         gpu="sm86",
     ),
     Case(

@@ -117,13 +117,14 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "engines.md §1.3, §2.1",
     ),
     Rule(
-        "hybrid-spec-extra-buffer-old",
-        lambda i: i.spec_wanted and i.model.hybrid and i.v_in((0, 5, 9), (0, 5, 13)),
+        "hybrid-extra-buffer-old",
+        lambda i: i.model.hybrid and i.v_in((0, 5, 9), (0, 5, 13)),
         lambda i: [(MAMBA_OLD, "extra_buffer")],
-        "NEXTN on a hybrid GDN model: no_buffer (the default) rejects speculative decoding with radix cache on "
-        "0.5.10-0.5.13",
-        "engines.md §2.1; sglang issue #27418",
-        env=lambda i: [("SGLANG_ENABLE_SPEC_V2", "1")] if i.v_in((0, 5, 9), (0, 5, 10)) else [],
+        "hybrid GDN model on 0.5.9-0.5.13: SGLang's default (auto) resolves to no_buffer, which rejects NEXTN "
+        "with the radix cache and otherwise turns the overlap scheduler off; extra_buffer keeps both "
+        "(0.5.14+ picks it itself)",
+        "engines.md §1.1 (auto -> no_buffer), §2.1; sglang issue #27418",
+        env=lambda i: [("SGLANG_ENABLE_SPEC_V2", "1")] if i.spec_wanted and i.v_in((0, 5, 9), (0, 5, 10)) else [],
     ),
     Rule(
         "hybrid-spec-extra-buffer",
@@ -150,11 +151,13 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "engines.md §1.5",
     ),
     Rule(
-        "hybrid-blackwell-attention",
-        lambda i: i.model.hybrid and i.gpus.blackwell,
-        lambda i: [("--attention-backend", "flashinfer" if i.gpus.consumer_blackwell else "triton")],
-        "hybrid GDN models on Blackwell accept only an allow-list of attention backends",
-        "engines.md §1.6; #35080",
+        "hybrid-sm120-attention",
+        lambda i: i.model.hybrid and i.gpus.consumer_blackwell,
+        lambda i: [("--attention-backend", "flashinfer")],
+        "hybrid GDN models on Blackwell accept only triton, trtllm_mha, fa4 or flashinfer, and trtllm's prefill "
+        "exists only on SM100: on SM120 flashinfer, in the allow-list and what 0.5.23 resolves to there. "
+        "On SM100 SGLang's own default is left alone",
+        "engines.md §1.6; sglang #35080, #9140",
     ),
     Rule(
         "pcie-custom-all-reduce",
