@@ -96,3 +96,30 @@ def test_weight_size_comes_from_the_safetensors_index() -> None:
 def test_a_missing_or_malformed_config_is_a_clear_error(config: object) -> None:
     with pytest.raises(ModelConfigError, match="config.json is missing or not a JSON object"):
         parse_model_spec("/m", config, None, None)  # type: ignore[arg-type]
+
+
+def test_mtp_heads_named_only_by_the_checkpoints_tensors_count(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Qwen3-Next's config.json says nothing of its MTP head (SGLang knows it by architecture); the weight map
+    names its mtp.* tensors, which the probe counts."""
+    from fleet.facts import probe
+
+    config = json.loads((CONFIGS / "qwen3-next-80b-a3b.json").read_text())
+    config.pop("num_nextn_predict_layers")
+    assert parse_model_spec("/m", config, None, None).mtp_layers == 0
+    weight_map = {
+        "model.layers.0.mlp.gate.weight": "a.safetensors",
+        "mtp.fc.weight": "b.safetensors",
+        "mtp.layers.0.self_attn.q_proj.weight": "b.safetensors",
+        "mtp.pre_fc_norm_hidden.weight": "b.safetensors",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 10}, "weight_map": weight_map})
+    )
+    found = probe._model(str(tmp_path))
+    assert found is not None and found["mtp_weight_layers"] == 1
+    spec = parse_model_spec("/m", config, None, 10, found["mtp_weight_layers"])
+    assert spec.mtp_layers == 1 and spec.hybrid
+    assert probe._mtp_layers({"model.mtp.layers.0.x": "", "model.mtp.layers.1.x": ""}) == 2
+    assert probe._mtp_layers({"model.layers.0.mlp.gate_up_proj": "", "model.embed_tokens": ""}) == 0
+    assert probe._mtp_layers(["not", "a", "map"]) == 0

@@ -404,7 +404,8 @@ def restart(
     facts = read_facts(t, host, model=on_host, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
         raise ConfigError(f"{host.name}: the recorded model {on_host} or the GPUs are gone.", "Redeploy.")
-    model = parse_model_spec(plan.model_path, facts.model.config, facts.model.quant_config, facts.model.weights_bytes)
+    m = facts.model
+    model = parse_model_spec(plan.model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
     gpus = gpu_summary(facts, placed)
     if gpus is None:
         raise ConfigError(

@@ -88,6 +88,7 @@ class ModelFiles:
     config_error: str | None
     quant_config: dict[str, Any] | None
     weights_bytes: int | None
+    mtp_weight_layers: int = 0  # MTP layers the safetensors index names (mtp.layers.N.*)
 
 
 @dataclass(frozen=True)
@@ -361,6 +362,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             config_error=m.get("config_error"),
             quant_config=m.get("quant_config"),
             weights_bytes=m.get("weights_bytes"),
+            mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
         )
         if m
         else None

@@ -299,6 +299,26 @@ def _json_file(path: str, limit: int = 4 << 20) -> Tuple[Any, Optional[str]]:
         return None, "%s: %s" % (path, exc)
 
 
+MTP_LAYER_RE = re.compile(r"(?:^|\.)mtp\.layers\.(\d+)\.")
+
+
+def _mtp_layers(weight_map: Any) -> int:
+    """Multi-token-prediction layers the checkpoint's tensors name (mtp.layers.N.*, or some mtp.* tensor: one),
+    for a model whose config.json says nothing of them (Qwen3-Next: SGLang knows its head by architecture)."""
+    if not isinstance(weight_map, dict):
+        return 0
+    layers = set()
+    any_mtp = False
+    for key in weight_map:
+        if not isinstance(key, str):
+            continue
+        m = MTP_LAYER_RE.search(key)
+        if m:
+            layers.add(m.group(1))
+        any_mtp = any_mtp or key.startswith("mtp.") or ".mtp." in key
+    return len(layers) or (1 if any_mtp else 0)
+
+
 def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
     if not path:
         return None
@@ -312,6 +332,7 @@ def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
     size = None
     if isinstance(index, dict):
         size = (index.get("metadata") or {}).get("total_size")
+        out["mtp_weight_layers"] = _mtp_layers(index.get("weight_map"))
     if size is None:
         files = glob.glob(os.path.join(path, "*.safetensors"))
         size = sum(os.path.getsize(f) for f in files) if files else None

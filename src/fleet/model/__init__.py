@@ -119,8 +119,13 @@ def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tupl
 
 
 def parse_model_spec(
-    path: str, config: dict[str, Any] | None, quant_config: dict[str, Any] | None, weights_bytes: int | None
+    path: str,
+    config: dict[str, Any] | None,
+    quant_config: dict[str, Any] | None,
+    weights_bytes: int | None,
+    mtp_weight_layers: int = 0,
 ) -> ModelSpec:
+    """`mtp_weight_layers`: MTP layers the checkpoint's weight map names, for configs that do not say."""
     if not isinstance(config, dict):
         raise ModelConfigError(f"{path}/config.json is missing or not a JSON object")
     archs = config.get("architectures") or ["?"]
@@ -142,6 +147,7 @@ def parse_model_spec(
         _int(tc, "mtp_num_hidden_layers")
         or _int(config, "mtp_num_hidden_layers", "num_nextn_predict_layers", "nextn_predict_layers")
         or _int(tc, "num_nextn_predict_layers")
+        or mtp_weight_layers
     )
     family, sglang_quant, kv = _quantization(config, quant_config)
     experts = _int(tc, "num_experts", "n_routed_experts", "num_local_experts")

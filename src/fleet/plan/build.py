@@ -178,7 +178,7 @@ def build_plan(
         )
     else:
         try:
-            model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes)
+            model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
         except ModelConfigError as exc:
             verdicts.append(
                 _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
