@@ -111,8 +111,9 @@ def test_qwen35_nvfp4_on_ct129_is_refused_in_preflight_on_0511() -> None:
     r = plan(playbook("qwen35-nvfp4"), "ct129", CT129_GPUS)
     messages = [v.message for v in r.errors]
     assert (
-        "qwen35-nvfp4 on ct129: NVFP4 needs compute capability >= 10.0 in sglang 0.5.11; NVIDIA RTX A6000 is 8.6. "
-        "Pick a Blackwell host or SGLang >= 0.5.23 (Marlin, slow)."
+        "qwen35-nvfp4 on ct129: NVFP4 needs compute capability >= 10.0 before SGLang 0.5.23 (ModelOptFp4Config's "
+        "minimum is 100); pick a Blackwell host, or SGLang >= 0.5.23 (Marlin, slow); NVIDIA RTX A6000 is 8.6, "
+        "sglang 0.5.11 [0.5.11 srt/layers/quantization/modelopt_quant.py L1141; engines.md §1.7]."
     ) in messages
     assert any(m.startswith("qwen35-nvfp4 on ct129: weights need 108.9 GiB per GPU at TP 2") for m in messages)
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,6 +126,9 @@ def test_two_real_vllm_replicas_behind_the_real_router_roll_without_a_failed_req
                     answered += 1
                 else:
                     failures.append((code, body))
+                # steady, not saturating: both servers' OpenMP threads are bound to the same core on a 2-CPU
+                # machine, and a new server starting beside one kept 100% busy made no progress for minutes
+                time.sleep(0.25)
 
         loop = threading.Thread(target=ask, daemon=True)
         loop.start()

@@ -30,6 +30,7 @@ from fleet.plan import (
     plan_launch,
     show_version,
 )
+from fleet.plan.capabilities import capability
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 
 # Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
@@ -287,33 +288,12 @@ def preflight(
     out: list[Verdict] = []
     v = plan.engine_version
     cc = f"{gpus.sm // 10}.{gpus.sm % 10}"
-    # quantization the GPU cannot run (engines.md §1.7)
-    if model.nvfp4:
-        min_sm = (80 if v is not None and v >= (0, 5, 23) else 100) if plan.engine == "sglang" else 80
-        if gpus.sm < min_sm:
-            out.append(
-                _err(
-                    "quant-capability",
-                    f"{where}: NVFP4 needs compute capability >= {min_sm / 10:.1f} in "
-                    f"{plan.engine} {show_version(v)}; {gpus.name} is {cc}. Pick a Blackwell host"
-                    f"{' or SGLang >= 0.5.23 (Marlin, slow)' if plan.engine == 'sglang' else ''}.",
-                )
-            )
-        elif gpus.sm < 100:
-            out.append(
-                Verdict(
-                    "warning",
-                    "quant-capability",
-                    f"{where}: NVFP4 on {cc} runs through the Marlin W4A16 fallback: it works but is slow.",
-                )
-            )
-    if model.quantization == "fp8" and gpus.sm < 89:
+    # quantised checkpoints the GPU cannot run, or runs only through a fallback (fleet.plan.capabilities)
+    row = capability(plan.engine, model.sglang_quantization, model.moe, gpus.sm, v, tuple(plan.argv()))
+    if row is not None:
+        said = f"{where}: {row.why}; {gpus.name} is {cc}, {plan.engine} {show_version(v)} [{row.source}]."
         out.append(
-            _err(
-                "quant-capability",
-                f"{where}: FP8 weights need compute capability >= 8.9; {gpus.name} is "
-                f"{cc} (fp8e4nv unsupported). Use a BF16/AWQ/GPTQ checkpoint.",
-            )
+            _err("quant-capability", said) if row.verdict == "refused" else Verdict("warning", "quant-capability", said)
         )
     tp = _tp_of(plan)
     if tp > gpus.count:
