@@ -104,8 +104,14 @@ def test_two_real_vllm_replicas_behind_the_real_router_roll_without_a_failed_req
 ) -> None:
     """A service of two real vLLM servers (one per simulated GPU) behind the real SGLang router on the same
     host: up, then a rolling restart under a steady stream of requests through the router, then down."""
-    services = tmp_path / "services"
+    services, playbooks = tmp_path / "services", tmp_path / "playbooks"
     services.mkdir()
+    playbooks.mkdir()
+    # vLLM on CPU binds each server's OpenMP threads to core 0 of this 2-CPU machine: a server starting there
+    # beside one that serves made no progress for minutes, so these two let the kernel place their threads
+    tiny = (ROOT / "tests" / "data" / "playbooks" / "tiny-qwen3-next.yaml").read_text()
+    (playbooks / "tiny-qwen3-next.yaml").write_text(tiny.replace("env: {", "env: {VLLM_CPU_OMP_THREADS_BIND: nobind, "))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
     (services / "tiny.yaml").write_text(
         "playbook: tiny-qwen3-next\nreplicas:\n  - {host: cpubox, gpus: [0]}\n  - {host: cpubox, gpus: [1]}\n"
         f"router: {{host: cpubox, port: 8080, policy: round_robin, python: {sys.executable}}}\ndrain_s: 30\n"
@@ -126,9 +132,7 @@ def test_two_real_vllm_replicas_behind_the_real_router_roll_without_a_failed_req
                     answered += 1
                 else:
                     failures.append((code, body))
-                # steady, not saturating: both servers' OpenMP threads are bound to the same core on a 2-CPU
-                # machine, and a new server starting beside one kept 100% busy made no progress for minutes
-                time.sleep(0.25)
+                time.sleep(0.25)  # steady, not saturating: two CPUs serve both servers and their router
 
         loop = threading.Thread(target=ask, daemon=True)
         loop.start()
