@@ -40,9 +40,10 @@ def _base(a: Dict[str, Any]) -> str:
 
 
 def circuits_open(a: Dict[str, Any]) -> Set[str]:
-    """Workers whose circuit the router holds open (it answers 503 "no available workers" rather than send
-    them requests, for a minute after ten failures, even while their /health is fine: sglang #13894),
-    from its metrics exporter: smg_worker_cb_state{worker="URL"} 1."""
+    """Workers whose circuit the router does not hold closed (open: it answers 503 "no available workers"
+    rather than send them requests, for a minute after ten failures, even while their /health is fine,
+    sglang #13894; half-open: it lets a few trial requests through and refuses the rest), from its
+    metrics exporter: smg_worker_cb_state{worker="URL"} 0 is closed (measured: 1 after ten failures)."""
     bind = a["bind"] if a["bind"] not in ("0.0.0.0", "::") else "127.0.0.1"
     url = "http://%s:%d/metrics" % ("[%s]" % bind if ":" in bind else bind, a["metrics_port"])
     status, text, _ = http_request("GET", url, timeout=5, limit=8 << 20)
@@ -50,7 +51,7 @@ def circuits_open(a: Dict[str, Any]) -> Set[str]:
         return set()
     found = set()
     for line in text.splitlines():
-        if line.startswith("smg_worker_cb_state{") and line.rsplit(None, 1)[-1] == "1":
+        if line.startswith("smg_worker_cb_state{") and line.rsplit(None, 1)[-1] not in ("0", "0.0"):
             found.add(line.split('worker="', 1)[-1].split('"', 1)[0])
     return found
 
