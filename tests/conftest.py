@@ -64,6 +64,7 @@ def fleet_env(sandbox: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch) -> simh
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("FLEET_INVENTORY", str(sandbox.inventory))
     monkeypatch.setenv("FLEET_PLAYBOOKS", str(ROOT / "playbooks"))
+    monkeypatch.setenv("FLEET_SERVICES", str(sandbox.root / "no-services"))  # a test that wants one says so
     monkeypatch.setenv("XDG_CACHE_HOME", str(sandbox.root / "cache"))
     return sandbox
 

@@ -25,6 +25,10 @@ def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_do
     fleet_env: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEET_SERVICES", str(ROOT / "services"))
+    # a service file never brought up is a file, not a service: not listed, not checked
+    assert "service" not in run_cli("status").out
+    before = run_cli("health")
+    assert before.code == 0 and "service/qwen36" not in before.out, before.out
     up = run_cli("up", "qwen36")
     assert up.code == 0, up.out + up.err
     assert f"service qwen36 is up at http://{CT129.address}:30080" in up.out + up.err
@@ -72,6 +76,7 @@ def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_do
     assert down.code == 0, down.out
     assert "router stopped" in down.out
     assert routed()[0] is None  # nothing listens on the router's port any more
+    assert "service" not in run_cli("status").out and "service/qwen36" not in run_cli("health").out
     for host, name in (("ct129", "qwen36-1"), ("blackwell", "qwen36-2")):
         assert '"status": "stopped"' in simhost.record(fleet_env.host_dir(host), "state.json", name).read_text()
 

@@ -280,8 +280,9 @@ def health(
 
 
 def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
-    """Each service in the services directory as one result named service/NAME (router, replicas serving
-    through it, a request through it); with --heal, a ready replica the router lost is registered again."""
+    """Each service that is up (in the services directory, brought up by `fleet up`) as one result named
+    service/NAME (router, replicas serving through it, a request through it); with --heal, a dead router is
+    started and a ready replica the router lost is registered again."""
     from fleet.cli.services import service_run
     from fleet.health import UNKNOWN, HostHealth
     from fleet.health.checks import Check
@@ -293,6 +294,8 @@ def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
             h = service_run(ctx, name).health(heal=options.heal, ask=not options.skip_generation)
         except FleetError as exc:
             out.append(HostHealth(f"service/{name}", UNKNOWN, (Check("service", UNKNOWN, exc.message),)))
+            continue
+        if h is None:  # a service file never brought up is not checked
             continue
         heal = "; ".join(h.heal) or None
         out.append(HostHealth(f"service/{name}", h.status, tuple(h.checks), h.status == "ok", name, heal=heal))

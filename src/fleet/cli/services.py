@@ -102,7 +102,8 @@ def restart_service(ctx: Invocation, service: str, rollback: bool, as_json: bool
 
 
 def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
-    """One row per service in the services directory: its router and each replica as the router sees it."""
+    """One row per service that is up (brought up by `fleet up`, not taken down): its router and each replica
+    as the router sees it."""
     from fleet.errors import FleetError
     from fleet.inventory.services import service_names
 
@@ -112,6 +113,8 @@ def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
             run = service_run(ctx, name)
             with run.session() as t:
                 router = run.router(t, {"do": "health"})[0]
+                if not router.get("up"):  # never brought up, or taken down: not listed
+                    continue
                 states = run.states(t)[0] if router.get("health") == 200 else []
         except FleetError as exc:
             rows.append({"service": name, "error": str(exc)})

@@ -237,8 +237,11 @@ def ask(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def health(a: Dict[str, Any]) -> Dict[str, Any]:
+    """The router's /health, whether fleet's recorded router runs, and whether the service is up at all
+    (a router record exists from `fleet up` and no `fleet down` removed it)."""
     status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
-    return {"router_running": running_router(a) is not None, "health": status, "text": text[:200]}
+    recorded = os.path.exists(os.path.join(_dir(a), "router.json"))
+    return {"router_running": running_router(a) is not None, "health": status, "text": text[:200], "up": recorded}
 
 
 def stop(a: Dict[str, Any]) -> Dict[str, Any]:

@@ -436,14 +436,16 @@ class ServiceRun:
             self.router(rt, {"do": "add", "url": url, "wait_s": REGISTER_WAIT_S})
             self.progress(events.ServiceStep(self.service.name, f"registered again {url} (its old server still runs)"))
 
-    def health(self, *, heal: bool, ask: bool = True) -> ServiceHealth:
+    def health(self, *, heal: bool, ask: bool = True) -> ServiceHealth | None:
         """The service as a whole; `heal` starts a router that died and registers again each ready replica
         the router lost (a dead replica is restarted by the host's own heal, which `fleet health --heal`
-        runs first)."""
+        runs first). None: the service is not up (`fleet up` never ran, or `fleet down` did)."""
         from fleet.plan.service import overall
 
         with self.session() as rt:
             router = self.router(rt, {"do": "health"})[0]
+            if not router.get("up"):  # never brought up (or taken down): a file, not a service to check
+                return None
             healed = []
             if heal and router.get("health") != 200 and not router.get("router_running"):
                 self.ensure_router(rt, replace=False)
