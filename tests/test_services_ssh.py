@@ -29,6 +29,7 @@ def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_do
     assert "service" not in run_cli("status").out
     before = run_cli("health")
     assert before.code == 0 and "service/qwen36" not in before.out, before.out
+    assert not (fleet_env.host_dir("ct129") / "state" / "services").exists()  # looking changed nothing
     up = run_cli("up", "qwen36")
     assert up.code == 0, up.out + up.err
     assert f"service qwen36 is up at http://{CT129.address}:30080" in up.out + up.err

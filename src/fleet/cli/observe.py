@@ -283,13 +283,12 @@ def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
     """Each service that is up (in the services directory, brought up by `fleet up`) as one result named
     service/NAME (router, replicas serving through it, a request through it); with --heal, a dead router is
     started and a ready replica the router lost is registered again."""
-    from fleet.cli.services import service_run
+    from fleet.cli.services import service_run, services_here
     from fleet.health import UNKNOWN, HostHealth
     from fleet.health.checks import Check
-    from fleet.inventory.services import service_names
 
     out = []
-    for name in service_names(ctx.services_dir):
+    for name in services_here(ctx):
         try:
             h = service_run(ctx, name).health(heal=options.heal, ask=not options.skip_generation)
         except FleetError as exc:

@@ -101,14 +101,32 @@ def restart_service(ctx: Invocation, service: str, rollback: bool, as_json: bool
     print_service(service_run(ctx, service, as_json=as_json).roll(rollback=rollback), as_json)
 
 
+def services_here(ctx: Invocation) -> list[str]:
+    """The services directory's services whose router host this inventory has: another inventory (`-i`)
+    is another fleet, and its hosts' services are not this one's to list or check. A file that cannot be
+    read is kept, so that its error is reported."""
+    from fleet.errors import FleetError
+    from fleet.inventory.services import service_names
+
+    names = []
+    for name in service_names(ctx.services_dir):
+        try:
+            router = ctx.service(name).spec.router.host
+        except FleetError:
+            names.append(name)
+            continue
+        if router in ctx.inventory.hosts or router in ctx.inventory.groups:
+            names.append(name)
+    return names
+
+
 def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
     """One row per service that is up (brought up by `fleet up`, not taken down): its router and each replica
     as the router sees it."""
     from fleet.errors import FleetError
-    from fleet.inventory.services import service_names
 
     rows: list[dict[str, Any]] = []
-    for name in service_names(ctx.services_dir):
+    for name in services_here(ctx):
         try:
             run = service_run(ctx, name)
             with run.session() as t:

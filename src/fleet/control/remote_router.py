@@ -28,9 +28,11 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
 
 
-def _dir(a: Dict[str, Any]) -> str:
+def _dir(a: Dict[str, Any], create: bool = True) -> str:
+    """state_dir/services/NAME; made only by the actions that write there (status and health change nothing)."""
     path = os.path.join(os.path.expanduser(a["state_dir"]), "services", a["service"])
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    if create:
+        os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 
 
@@ -69,7 +71,7 @@ def _foreign(rec: Optional[Dict[str, Any]], a: Dict[str, Any]) -> Optional[Dict[
 
 def running_router(a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
-    rec = read_record(os.path.join(_dir(a), "router.json"))
+    rec = read_record(os.path.join(_dir(a, create=False), "router.json"))
     if not rec or rec.get("boot_id") != boot_id():
         return None
     pid = rec.get("pid")
@@ -240,7 +242,7 @@ def health(a: Dict[str, Any]) -> Dict[str, Any]:
     """The router's /health, whether fleet's recorded router runs, and whether the service is up at all
     (a router record exists from `fleet up` and no `fleet down` removed it)."""
     status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
-    recorded = os.path.exists(os.path.join(_dir(a), "router.json"))
+    recorded = os.path.exists(os.path.join(_dir(a, create=False), "router.json"))
     return {"router_running": running_router(a) is not None, "health": status, "text": text[:200], "up": recorded}
 
 
@@ -250,7 +252,7 @@ def stop(a: Dict[str, Any]) -> Dict[str, Any]:
         return {"stopped": None}
     _stop(rec)
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(_dir(a), "router.json"))
+        os.unlink(os.path.join(_dir(a, create=False), "router.json"))
     return {"stopped": rec["pid"]}
 
 
@@ -268,7 +270,7 @@ def remember(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def recall(a: Dict[str, Any]) -> Dict[str, Any]:
-    return {"record": read_record(os.path.join(_dir(a), "service.json")) or {}}
+    return {"record": read_record(os.path.join(_dir(a, create=False), "service.json")) or {}}
 
 
 ACTIONS = {
@@ -287,7 +289,7 @@ ACTIONS = {
 def main() -> None:
     common = json.loads(sys.argv[1])
     results = []  # type: List[Dict[str, Any]]
-    foreign = _foreign(read_record(os.path.join(_dir(common), "router.json")), common)
+    foreign = _foreign(read_record(os.path.join(_dir(common, create=False), "router.json")), common)
     if foreign:  # another service file of the same name runs here: none of its records are touched
         sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
         return
