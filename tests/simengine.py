@@ -9,8 +9,10 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -90,12 +92,12 @@ class Running:
         self.log.close()
 
 
-def http(url: str, body: dict[str, Any] | None = None) -> tuple[int | None, Any]:
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> tuple[int | None, Any]:
     req = urllib.request.Request(
         url, data=json.dumps(body).encode() if body is not None else None, headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, None
@@ -103,11 +105,44 @@ def http(url: str, body: dict[str, Any] | None = None) -> tuple[int | None, Any]
         return None, str(e)
 
 
-def chat(address: str, port: int, prompt: str, served: str = "m") -> tuple[int | None, Any]:
+def chat(address: str, port: int, prompt: str, served: str = "m", timeout: float = 5.0) -> tuple[int | None, Any]:
     return http(
         f"http://{address}:{port}/v1/chat/completions",
         {"model": served, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8},
+        timeout,
     )
+
+
+class RequestLoop:
+    """Requests one after another on a thread of their own while a block runs: `ask` returns None when a
+    request was answered as expected, else what came back instead (an exception counts as a failure too)."""
+
+    def __init__(self, ask: Callable[[], object], pause_s: float = 0.0, join_s: float = 60.0) -> None:
+        self.ask, self.pause_s, self.join_s = ask, pause_s, join_s
+        self.answered = 0
+        self.failures: list[object] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                failure = self.ask()
+            except Exception as exc:  # a refused connection, a 503, a timeout: every failure counts
+                failure = f"{type(exc).__name__}: {exc}"
+            if failure is None:
+                self.answered += 1
+            else:
+                self.failures.append(failure)
+            time.sleep(self.pause_s)
+
+    def __enter__(self) -> RequestLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.join_s)
 
 
 def established_tcp() -> list[tuple[str, str]]:

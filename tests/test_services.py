@@ -5,7 +5,6 @@ really go through the router to the simulated engines."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from fleet.errors import HostUnreachable, PreflightError
 from fleet.inventory import Inventory, load_playbook
 from fleet.inventory.services import load_service
 from fleet_testbed import nshost, simhost
+from simengine import RequestLoop
 
 pytestmark = [
     pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
@@ -102,31 +102,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     f.close()
 
 
-class RequestLoop:
-    """Requests through the router, one after another, until stopped: how many answered, which failed."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet, self.answered, self.failed = fleet, 0, []  # type: ignore[var-annotated]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if "Paris" in self.fleet.ask():
-                    self.answered += 1
-                else:
-                    self.failed.append("wrong answer")
-            except Exception as exc:  # every failure counts: a refused connection, a 503, a timeout
-                self.failed.append(f"{type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> RequestLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+def request_loop(fleet: Fleet) -> RequestLoop:
+    """Requests through the router until the block ends; each must be answered "Paris"."""
+    return RequestLoop(lambda: None if "Paris" in fleet.ask() else "wrong answer")
 
 
 def test_up_deploys_every_replica_registers_them_and_proves_a_request_through_the_router(fleet: Fleet) -> None:
@@ -150,12 +128,12 @@ def test_up_deploys_every_replica_registers_them_and_proves_a_request_through_th
 def test_rolling_restart_drops_no_request_and_replaces_every_replica(fleet: Fleet) -> None:
     assert fleet.run().up().ok
     before = {n: fleet.record(n, f"qwen36-{i}")["pid"] for i, n in ((1, "node-a"), (2, "node-b"))}
-    with RequestLoop(fleet) as loop:
+    with request_loop(fleet) as loop:
         time.sleep(1)
         result = fleet.run().roll()
         time.sleep(1)
     assert result.ok, result.reason
-    assert loop.failed == [], loop.failed[:5]
+    assert loop.failures == [], loop.failures[:5]
     assert loop.answered > 10
     after = {n: fleet.record(n, f"qwen36-{i}")["pid"] for i, n in ((1, "node-a"), (2, "node-b"))}
     assert all(after[n] != before[n] for n in before)
@@ -167,13 +145,13 @@ def test_a_replica_whose_new_plan_crashes_stops_the_roll_and_rollback_restores_i
     changed = tmp_path / "qwen36-27b.yaml"
     changed.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "context_length: 8192\n")
     simhost.set_host(fleet.hosts["node-b"].dir, inject_scheduler_error="RuntimeError: fleet has never seen this")
-    with RequestLoop(fleet) as loop:
+    with request_loop(fleet) as loop:
         result = fleet.run(str(changed)).roll()
         time.sleep(1)
     assert not result.ok
     assert [o.ok for o in result.replicas] == [True, False]  # node-a rolled; node-b failed and the roll stopped
     assert "failed" in result.reason
-    assert loop.failed == [], loop.failed[:5]  # node-a served throughout
+    assert loop.failures == [], loop.failures[:5]  # node-a served throughout
     assert [w["url"] for w in fleet.workers()] == [result.replicas[0].url]
     assert "--context-length" in fleet.record("node-a", "qwen36-1")["plan"]["argv"]
     simhost.set_host(fleet.hosts["node-b"].dir, inject_scheduler_error=None)
@@ -259,12 +237,12 @@ def test_up_after_a_playbook_change_leaves_serving_replicas_for_the_roll(fleet: 
     pids = [fleet.record("node-a", "qwen36-1")["pid"], fleet.record("node-b", "qwen36-2")["pid"]]
     changed = tmp_path / "qwen36-27b.yaml"
     changed.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "context_length: 8192\n")
-    with RequestLoop(fleet) as loop:
+    with request_loop(fleet) as loop:
         result = fleet.run(str(changed)).up()
     assert not result.ok
     assert all(o.error and "serves another plan" in str(o.error) for o in result.replicas)
     assert [fleet.record("node-a", "qwen36-1")["pid"], fleet.record("node-b", "qwen36-2")["pid"]] == pids
-    assert loop.failed == [] and len(fleet.workers()) == 2
+    assert loop.failures == [] and len(fleet.workers()) == 2
 
 
 def test_a_roll_uses_the_running_router_even_when_its_options_changed(fleet: Fleet) -> None:
@@ -272,9 +250,9 @@ def test_a_roll_uses_the_running_router_even_when_its_options_changed(fleet: Fle
     pid = router_pid(fleet)
     path = fleet.services / "qwen36.yaml"
     path.write_text(path.read_text().replace("policy: round_robin", "policy: cache_aware"))
-    with RequestLoop(fleet) as loop:
+    with request_loop(fleet) as loop:
         assert fleet.run().roll().ok
-    assert router_pid(fleet) == pid and loop.failed == []
+    assert router_pid(fleet) == pid and loop.failures == []
     assert any("router options changed" in w and "fleet up qwen36" in w for w in said(fleet))
 
 

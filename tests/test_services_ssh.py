@@ -4,14 +4,13 @@ restart under a steady stream of requests through the router (none may fail), do
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from conftest import CT129, ROOT, run_cli
 from fleet_testbed import simhost
-from simengine import chat
+from simengine import RequestLoop, chat
 
 pytestmark = pytest.mark.ssh
 pytest.importorskip("sglang_router", reason="the real router: pip install sglang-router")
@@ -42,28 +41,14 @@ def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_do
     health = run_cli("health")
     assert "service/qwen36" in health.out and health.code == 0, health.out
 
-    failures: list[object] = []
-    answered = 0
-    stop = threading.Event()
+    def routed_failure() -> object:
+        code, body = routed()
+        return None if code == 200 and "Paris" in str(body) else (code, body)
 
-    def ask() -> None:
-        nonlocal answered
-        while not stop.is_set():
-            code, body = routed()
-            if code == 200 and "Paris" in str(body):
-                answered += 1
-            else:
-                failures.append((code, body))
-
-    loop = threading.Thread(target=ask, daemon=True)
-    loop.start()
-    try:
+    with RequestLoop(routed_failure) as loop:
         rolled = run_cli("restart", "qwen36")
-    finally:
-        stop.set()
-        loop.join(60)
     assert rolled.code == 0, rolled.out + rolled.err
-    assert failures == [] and answered > 10, (failures[:5], answered)
+    assert loop.failures == [] and loop.answered > 10, (loop.failures[:5], loop.answered)
     for replica in ("ct129/qwen36-1", "blackwell/qwen36-2"):
         assert (
             f"{replica}: deregistered" in rolled.out + rolled.err

@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from conftest import ROOT, run_cli
 from fleet.crashes import LogContext, diagnose
 from fleet_testbed import simhost
-from simengine import chat
+from simengine import RequestLoop, chat
 
 pytestmark = pytest.mark.vllm
 VENV = Path(os.environ.get("FLEET_VLLM_VENV", ROOT / ".cache" / "vllm-venv"))
@@ -120,29 +118,16 @@ def test_two_real_vllm_replicas_behind_the_real_router_roll_without_a_failed_req
     try:
         up = run_cli("up", "tiny")
         assert up.code == 0, up.out + up.err
-        failures: list[object] = []
-        answered = 0
-        stop = threading.Event()
 
-        def ask() -> None:
-            nonlocal answered
-            while not stop.is_set():
-                code, body = chat(CPUBOX.address, 8080, "Say something.", served="tiny")
-                if code == 200:
-                    answered += 1
-                else:
-                    failures.append((code, body))
-                time.sleep(0.25)  # steady, not saturating: two CPUs serve both servers and their router
+        def routed_failure() -> object:
+            code, body = chat(CPUBOX.address, 8080, "Say something.", served="tiny")
+            return None if code == 200 else (code, body)
 
-        loop = threading.Thread(target=ask, daemon=True)
-        loop.start()
-        try:
+        # steady, not saturating (a pause after each): two CPUs serve both servers and their router
+        with RequestLoop(routed_failure, pause_s=0.25, join_s=120) as loop:
             rolled = run_cli("restart", "tiny")
-        finally:
-            stop.set()
-            loop.join(120)
         assert rolled.code == 0, rolled.out + rolled.err
-        assert failures == [] and answered > 0, (failures[:3], answered)
+        assert loop.failures == [] and loop.answered > 0, (loop.failures[:3], loop.answered)
     finally:
         down = run_cli("down", "tiny")
     assert down.code == 0, down.out + down.err
