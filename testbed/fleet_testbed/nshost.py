@@ -33,18 +33,65 @@ def available() -> bool:
     return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("nsenter"))
 
 
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True)
+
+
+class Network:
+    """A bridge on this machine joining hosts that each have a network namespace of their own: real
+    addresses, real TCP between them, and a firewall per host (iptables inside its namespace). A subnet
+    and bridge name of its own, so two test runs on one machine never meet."""
+
+    def __init__(self) -> None:
+        tag = f"{random.randrange(16**5):05x}"
+        self.bridge = f"flb{tag}"
+        self.prefix = f"10.{random.randrange(100, 250)}.{random.randrange(0, 256)}"
+        self.members = 0
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.prefix}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+
+    def attach(self, pid: int) -> tuple[str, str]:
+        """Gives the namespace of `pid` an interface on the bridge; returns (its address, its name there)."""
+        self.members += 1
+        outside, inside = f"{self.bridge}h{self.members}", f"{self.bridge}n{self.members}"
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", outside, "master", self.bridge, "up")
+        _ip("link", "set", inside, "netns", str(pid))
+        address = f"{self.prefix}.{self.members + 1}"
+        for argv in (
+            ["addr", "add", f"{address}/24", "dev", inside],
+            ["link", "set", inside, "up"],
+            ["link", "set", "lo", "up"],
+        ):
+            subprocess.run(["nsenter", "--target", str(pid), "--net", "ip", *argv], check=True, capture_output=True)
+        return address, inside
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
 class NamespaceHost:
     """One simulated host: its directory (simhost.build_host) and a namespace kept open by a sleeper."""
 
-    def __init__(self, root: Path, spec: simhost.HostSpec, bind_address: str) -> None:
-        self.spec = replace(spec, address=bind_address)
-        self.dir = simhost.build_host(root, self.spec)
-        simhost.set_host(self.dir, startup_scale=0.01)
+    def __init__(
+        self, root: Path, spec: simhost.HostSpec, bind_address: str = "", network: Network | None = None
+    ) -> None:
+        """`network`: the host gets a network namespace of its own on that bridge (its address is then
+        the bridge's, not `bind_address`); else it shares this machine's network and binds `bind_address`."""
+        own_net = ["--net"] if network is not None else []
         self._outer = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"],
+            ["unshare", "--pid", "--fork", "--mount-proc", *own_net, "--kill-child", "sleep", "infinity"],
             start_new_session=True,
         )
         self.init_pid = self._inner_pid()
+        self.interface = "lo"
+        if network is not None:
+            bind_address, self.interface = network.attach(self.init_pid)
+        self.namespaces = ["--pid", "--mount", *own_net]
+        self.spec = replace(spec, address=bind_address)
+        self.dir = simhost.build_host(root, self.spec)
+        simhost.set_host(self.dir, startup_scale=0.01)
         self.env = {
             "PATH": f"{self.dir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": str(self.dir),
@@ -62,6 +109,7 @@ class NamespaceHost:
             # the simulated host's own kernel log: this machine's dmesg (a test's container OOM-killed
             # at its memory limit, say) is not the simulated host's
             f"    kernel_log: {self.dir}/kern.log\n"
+            + (f"    network_interface: {self.interface}\n" if network is not None else "")
         )
         self.host: Host = load_inventory(inventory).hosts[spec.name]
 
@@ -81,6 +129,11 @@ class NamespaceHost:
         """A command inside the host, as a test's side door."""
         return self.transport().run(command, timeout_s=30).text
 
+    def block_port(self, port: int) -> None:
+        """A firewall on this host that silently drops connections to `port` (a packet filter, not a
+        refusal: the peer's connect times out, as across a real firewall)."""
+        self.shell(f"iptables -I INPUT -p tcp --dport {port} -j DROP")
+
     def close(self) -> None:
         """Ends the namespace: --kill-child takes every process of the host with it."""
         self._outer.send_signal(signal.SIGKILL)
@@ -98,7 +151,16 @@ class NamespaceTransport:
         self.cut_after: int | None = None
 
     def _argv(self, script: str) -> list[str]:
-        return ["nsenter", "--target", str(self.nshost.init_pid), "--pid", "--mount", "--", "/bin/sh", "-c", script]
+        return [
+            "nsenter",
+            "--target",
+            str(self.nshost.init_pid),
+            *self.nshost.namespaces,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ]
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         self.commands_run += 1

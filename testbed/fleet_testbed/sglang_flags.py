@@ -268,6 +268,7 @@ def build_parser(version: Version) -> argparse.ArgumentParser:
     a("--nnodes", type=int, default=1)
     a("--node-rank", type=int, default=0)
     a("--dist-init-addr")
+    a("--dist-timeout", type=int)
     a("--log-level", default="info")
     a("--device")
     a("--random-seed", type=int)

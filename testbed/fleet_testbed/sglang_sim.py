@@ -327,7 +327,7 @@ class Server:
         self.r = r
         self.scale = scale
         self.status = "Starting"
-        self.nccl: socket.socket | SimError | None = None
+        self.nccl: Any = None  # rank 0's TCPStore socket, a group's meeting, or the SimError it ended in
         self.requests_served = 0
         self.children: list[subprocess.Popen[bytes]] = []
         self.started = time.time()
@@ -421,8 +421,11 @@ def _sleep(server: Server, seconds: float) -> None:
 class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sim: Server
+    health_only = False  # a non-zero rank of a group: SGLang's dummy health server (log level warning)
 
     def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access log format
+        if self.health_only:
+            return
         uvicorn(
             f'{self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {args[1]} '
             f"{'OK' if str(args[1]) == '200' else ''}".rstrip()
@@ -441,6 +444,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if path in ("/health", "/health_generate"):  # engines.md §3.2: 503 while starting and while draining
             self._json(200 if s.status == "Up" else 503, {})
+        elif self.health_only:
+            self._json(200 if path == "/ping" else 404, {} if path == "/ping" else {"detail": "Not Found"})
         elif path == "/v1/models":
             self._json(
                 200,
@@ -482,6 +487,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         s = self.sim
+        if self.health_only:
+            self._json(404, {"detail": "Not Found"})
+            return
         length = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -567,10 +575,12 @@ def serve(argv: list[str]) -> None:
     for w in r.warnings:
         log(w)
     tp = a.tp_size
-    if tp > len(gpus):
+    local = tp // max(1, a.nnodes)  # the TP ranks on this node; the others are on the group's other nodes
+    first = local * a.node_rank  # this node's first global rank
+    if local > len(gpus):
         err = SimError(
             "RuntimeError",
-            f"CUDA error: invalid device ordinal (tp_size={tp}, visible GPUs={len(gpus)})",
+            f"CUDA error: invalid device ordinal (tp_size={tp}, ranks on this node={local}, visible GPUs={len(gpus)})",
             [(f"{SITE}/srt/managers/scheduler.py", 3938, "run_scheduler_process", "")],
         )
         server.children = []
@@ -580,23 +590,25 @@ def serve(argv: list[str]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     weights_mib = m.weights_bytes // tp // (1 << 20)
     total_mib = gpus[0]["memory_total_mib"]
-    free_mib = min(_free_mib(g) for g in gpus[:tp])
+    free_mib = min(_free_mib(g) for g in gpus[:local])
     # children: one scheduler per TP rank holding its GPU (engines.md §3.4 titles), plus the detokenizer
-    for rank in range(tp):
-        server.children.append(
-            _spawn_child(f"sglang::scheduler_TP{rank}" if tp > 1 else "sglang::scheduler", gpus[rank]["index"], 600)
-        )
+    for rank in range(local):
+        title = f"sglang::scheduler_TP{first + rank}" if tp > 1 else "sglang::scheduler"
+        server.children.append(_spawn_child(title, gpus[rank]["index"], 600))
     server.children.append(_spawn_child("sglang::detokenizer", None, 0))
     for child in server.children:  # each child reports once titled and holding its GPU
         assert child.stdout is not None
         child.stdout.readline()
         child.stdout.close()
     _sleep(server, 0.2)
-    for rank in range(tp):
-        log("Init torch distributed begin.", rank)
-    server.nccl = _bind_nccl(a.host, a.nccl_port) if tp > 1 else None  # rank 0's TCPStore holds it while serving
+    for rank in range(local):
+        log("Init torch distributed begin.", first + rank)
+    if a.nnodes > 1:
+        _meet_the_group(server, first)
+    else:
+        server.nccl = _bind_nccl(a.host, a.nccl_port) if tp > 1 else None  # rank 0's TCPStore, held while serving
     if isinstance(server.nccl, SimError):
-        server.child_failed(server.nccl, tp=0)
+        server.child_failed(server.nccl, tp=first)
     _sleep(server, 0.2)
     if tp > 2 and host.get("interconnect", "pcie") == "pcie" and not a.disable_custom_all_reduce:
         log(
@@ -604,11 +616,11 @@ def serve(argv: list[str]) -> None:
             "this warning, specify disable_custom_all_reduce=True explicitly.",
             0,
         )
-    log(f"Load weight begin. avail mem={free_mib / 1024:.2f} GB", 0)
+    log(f"Load weight begin. avail mem={free_mib / 1024:.2f} GB", first)
     _sleep(server, 0.3)
 
     def scheduler_error(err: SimError) -> None:
-        server.child_failed(err, tp=0)
+        server.child_failed(err, tp=first)
 
     injected = host.get("inject_scheduler_error")  # test hook: a failure fleet has never seen
     if injected:
@@ -667,7 +679,7 @@ def serve(argv: list[str]) -> None:
     log(
         f"Load weight end. type={m.arch}, dtype=torch.bfloat16, avail mem={(free_mib - weights_mib) / 1024:.2f} GB, "
         f"mem usage={weights_mib / 1024:.2f} GB.",
-        0,
+        first,
     )
     want_mib = int(total_mib * a.mem_fraction_static)
     # engines.md §5.5 / §5.7: too high a fraction is a CUDA OOM, too low leaves no KV pool
@@ -694,27 +706,33 @@ def serve(argv: list[str]) -> None:
                 [(f"{SITE}/srt/model_executor/pool_configurator.py", 41, "configure", "raise RuntimeError(")],
             )
         )
-    _register_pool(server, [g["index"] for g in gpus[:tp]], want_mib)  # the KV pool, on every rank's GPU
+    _register_pool(server, [g["index"] for g in gpus[:local]], want_mib)  # the KV pool, on every rank's GPU
     tokens = kv_mib * 1024 // 64
-    log(f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB", 0)
+    log(
+        f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB",
+        first,
+    )
     if not a.disable_cuda_graph:
         bs = a.cuda_graph_max_bs if version < RENAMED else a.cuda_graph_max_bs_decode
         log(
             f"Capture cuda graph begin. This can take up to several minutes. avail mem={(free_mib - want_mib) / 1024:.2f}"
             f" GB",
-            0,
+            first,
         )
         _sleep(server, 0.2)
         log(
             f"Capture cuda graph end. Time elapsed: {0.2 * scale:.2f} s. mem usage=0.50 GB. avail mem="
             f"{(free_mib - want_mib) / 1024:.2f} GB. max_bs={bs or 512}",
-            0,
+            first,
         )
     log(
         f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests="
         f"{a.max_running_requests or 2048}, context_len=262144, available_gpu_mem={(free_mib - want_mib) / 1024:.2f} GB",
-        0,
+        first,
     )
+    if a.node_rank > 0:  # SGLang's other ranks serve only /health (launch_dummy_health_check_server), quietly
+        _serve_follower(server, sigterm)
+        return
     # uvicorn binds last: a held port is only discovered after the model loaded (engines.md §5.8)
     try:
         httpd = ThreadingHTTPServer((a.host, a.port), Handler)
@@ -742,6 +760,62 @@ def serve(argv: list[str]) -> None:
     while not sigterm.wait(0.5):
         pass
     _sigterm_watchdog(server)
+    for child in server.children:
+        child.kill()
+        child.wait()
+    httpd.shutdown()
+    sys.exit(0)
+
+
+def _meet_the_group(server: Server, first: int) -> None:
+    """torch.distributed's rendezvous at rank 0's --dist-init-addr, then Gloo's interface lookup; sets
+    server.nccl to the meeting (or the SimError it ended in), and arms the NCCL watchdog."""
+    from fleet_testbed import sim_rendezvous
+
+    a = server.r.args
+    shown = int(a.dist_timeout or 600)
+    meeting = sim_rendezvous.meet(a.dist_init_addr, a.nnodes, a.node_rank, shown * server.scale, shown)
+    if isinstance(meeting, sim_rendezvous.Meeting):
+        ifname = server.r.env.get("GLOO_SOCKET_IFNAME")
+        wrong = sim_rendezvous.gloo_interface_error(ifname) if ifname else None
+        if wrong is not None:
+            server.nccl = wrong
+            return
+
+        def on_lost() -> None:
+            time.sleep(shown * server.scale)  # the collective waits its whole timeout first
+            for line in sim_rendezvous.watchdog_lines(first, shown):
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            for child in server.children:
+                with contextlib.suppress(OSError):
+                    child.kill()
+            os.abort()  # std::terminate: SIGABRT
+
+        meeting.watch(on_lost)
+        once = gpustate.load_host().get("rank_dies_once")  # test hook: this rank is lost once, after meeting
+        if once and os.path.exists(once):
+            os.remove(once)
+            for child in server.children:
+                child.kill()
+            os.kill(os.getpid(), signal.SIGKILL)
+    server.nccl = meeting
+
+
+def _serve_follower(server: Server, sigterm: threading.Event) -> None:
+    a = server.r.args
+    Handler.health_only = True
+    try:
+        httpd = ThreadingHTTPServer((a.host, a.port), Handler)
+    except OSError as exc:
+        log(f"Dummy health check server failed to start: [Errno {exc.errno}] address already in use")
+        server.kill_tree()
+        return
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=_watch_children, args=(server,), daemon=True).start()
+    server.status = "Up"
+    while not sigterm.wait(0.5):
+        pass
     for child in server.children:
         child.kill()
         child.wait()
