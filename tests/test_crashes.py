@@ -423,6 +423,20 @@ TEXT_CASES = [
         "multinode-gloo-mesh",
     ),
     (
+        "gloo-interface-missing",
+        "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:83] ifa != nullptr. "
+        "Unable to find address for: eth9",
+        LogContext(engine="sglang"),
+        "multinode-socket-interface-missing",
+    ),
+    (
+        "nccl-interface-missing",
+        "node-b:1234:1234 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth9\n"
+        "node-b:1234:1234 [0] bootstrap.cc:45 NCCL WARN Bootstrap : no socket interface found",
+        LogContext(engine="vllm"),
+        "multinode-socket-interface-missing",
+    ),
+    (
         "nccl-watchdog",
         "[rank1]:[E1130 10:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
         "timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600030 "

@@ -364,7 +364,7 @@ def test_an_unknown_nested_key_lists_the_keys_known_there(tmp_path: Path) -> Non
 def test_unknown_playbook_name_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError) as err:
         load_playbook("qwen99", ROOT / "playbooks")
-    assert "qwen35-nvfp4, qwen35-nvfp4-handwritten, qwen36-27b" in err.value.hint
+    assert "qwen35-nvfp4, qwen35-nvfp4-handwritten, qwen35-two-nodes, qwen36-27b" in err.value.hint
 
 
 def test_shipped_playbooks_validate() -> None:

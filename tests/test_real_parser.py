@@ -76,6 +76,20 @@ def _fleet_plan(
     return tuple(plan.engine_args())
 
 
+def _group_rank_plan(version: str, rank: int) -> tuple[str, ...]:
+    """qwen35-nvfp4 spread over two 8-GPU Blackwell boxes (tp 16), as rank `rank` runs it."""
+    from fleet.plan.group import Node, rank_plan
+
+    inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
+    pb = load_playbook("qwen35-nvfp4", ROOT / "playbooks")
+    pb = replace(pb, spec=msgspec.structs.replace(pb.spec, hosts=["blackwell", "blackwell-2"], tp=16))
+    f = facts("blackwell", RTX_PRO_6000, 8, version=version, model=pb.spec.model)
+    r = build_plan(inv.hosts["blackwell"], pb, f, f"/models/{pb.spec.model}", nodes=2)
+    assert r.plan is not None, r.verdicts
+    nodes = [Node(0, "blackwell", "10.0.0.1", "ens1f0"), Node(1, "blackwell-2", "10.0.0.2", "ens1f0")]
+    return tuple(rank_plan(r.plan, nodes, rank, 50000).engine_args())
+
+
 CASES = [
     Case("motivating-parse-0511", "0.5.11", False, tuple(shlex.split(HAND))),
     Case(
@@ -161,6 +175,11 @@ CASES = [
         )
         for version in ("0.5.11", "0.5.23")
     ),
+    *(  # one model over two hosts: every rank's command line, as the real parser of each version reads it
+        Case(f"fleet-group-rank{rank}-{version.replace('.', '')}", version, True, _group_rank_plan(version, rank))
+        for version in ("0.5.11", "0.5.23")
+        for rank in (0, 1)
+    ),
     Case(
         "fleet-handwritten-fixed-0511",
         "0.5.11",
@@ -177,9 +196,11 @@ CASES = [
 
 
 def _tp(argv: tuple[str, ...]) -> int:
+    """The TP ranks on this node: a group's TP is over all of its nodes."""
+    nodes = int(argv[argv.index("--nnodes") + 1]) if "--nnodes" in argv else 1
     for flag in ("--tp-size", "--tp"):
         if flag in argv:
-            return int(argv[argv.index(flag) + 1])
+            return int(argv[argv.index(flag) + 1]) // nodes
     return 1
 
 

@@ -53,6 +53,8 @@ class StateRecord(TypedDict, total=False):
     started: float
     log: str
     exit_file: str
+    # one rank of a group (one model over several hosts): {"hosts": [...], "rank": i, "dist_port": p}
+    group: Dict[str, Any]
 
 
 class LockResult(TypedDict, total=False):

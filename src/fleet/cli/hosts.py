@@ -82,6 +82,12 @@ def plan(
     host_name, deployment = split_deployment(host_name, deployment)
     placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
+    if pb.spec.hosts:  # one model over several hosts: every rank's plan
+        from fleet.cli.groups import plan_group, refuse_single_host_options
+
+        refuse_single_host_options(host=host_name, name=deployment, gpus=gpus)
+        plan_group(ctx, pb, as_json)
+        return
     host = ctx.host(host_name, pb)
     name = ops.deployment_name(deployment, pb)
     path = model_path(host, pb.spec.model)
@@ -156,15 +162,27 @@ def deploy(
     --replace.
 
     \b
+    A playbook with hosts: (one model over several hosts) is deployed as one group: every rank launched at
+    once, rank 0 proved with the smoke prompt, the others by their /health; when one rank fails the whole
+    group is stopped, diagnosed and relaunched (or given up, every rank stopped).
+
+    \b
     Examples:
       fleet deploy qwen35-nvfp4 --host blackwell
       fleet deploy qwen36-27b --host blackwell --gpus 6,7 --name small
+      fleet deploy qwen35-two-nodes
     """
     from fleet.control import ops
 
     host_name, deployment = split_deployment(host_name, deployment)
     placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
+    if pb.spec.hosts:  # one model over several hosts, launched and kept as one group
+        from fleet.cli.groups import deploy_group, refuse_single_host_options
+
+        refuse_single_host_options(host=host_name, name=deployment, gpus=gpus, replace=replace)
+        deploy_group(ctx, pb, force=force, engine_check=not no_engine_check, as_json=as_json, show_log=show_log)
+        return
     host = ctx.host(host_name, pb)
     with transport_for(ctx, host) as t:
         result = ops.deploy(
@@ -257,19 +275,34 @@ def restart(
 
 
 @cli.command()
+@click.argument("playbook", required=False)
 @multi_host_options
 @click.pass_obj
-def stop(ctx: Invocation, host_name: str | None, deployment: str | None, all_hosts: bool, force: bool) -> None:
+def stop(
+    ctx: Invocation, playbook: str | None, host_name: str | None, deployment: str | None, all_hosts: bool, force: bool
+) -> None:
     """Stop a deployment's server (every deployment's, and any stale inference server, without --name),
     free its GPUs; its state becomes "stopped". Other deployments are left running.
+
+    With PLAYBOOK (one whose hosts: spread a model over several hosts): every rank of the group.
 
     \b
     Examples:
       fleet stop --host ct129
       fleet stop --host blackwell --name qwen36-27b
+      fleet stop qwen35-two-nodes
     """
     from fleet.control import ops
 
+    if playbook is not None:
+        from fleet.cli.groups import refuse_single_host_options, stop_group
+
+        pb = ctx.playbook(playbook)
+        if not pb.spec.hosts:
+            raise click.UsageError(f"{playbook} runs on one host: fleet stop --host HOST --name {pb.name} stops it.")
+        refuse_single_host_options(host=host_name, name=deployment, all=all_hosts)
+        stop_group(ctx, pb, force)
+        return
     host_name, deployment = split_deployment(host_name, deployment)
     failures = []
     for name, out, err in each_host(

@@ -352,8 +352,11 @@ def _health_run(
             import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
     results = control.sweep_in_processes(hosts, one, deadline_s, options.unreachable_status, processes)
     logger.info("hosts_swept", hosts=len(hosts), processes=processes, seconds=round(time.monotonic() - started, 3))
-    if not host_name:  # the whole fleet: each service as a whole too, after its replicas' hosts were healed
+    if not host_name:  # the whole fleet: each service and group as a whole too, after their hosts were checked
+        from fleet.cli.groups import group_health
+
         results += _service_health(ctx, options)
+        results += group_health(ctx, options.heal)
     results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
     for r in results:
         logger.info(

@@ -171,15 +171,16 @@ def result_json(r: Any) -> dict[str, Any]:
         "learned_applied": list(r.learned_applied),
         "new_fixes": r.new_fixes,
         "argv": r.plan.argv(),
-        "attempts": [
-            {
-                "n": a.number,
-                "outcome": a.outcome,
-                "fix": a.fix,
-                "log": a.log,
-                "seconds": round(a.seconds, 3),
-                "diagnosis": a.diagnosis.to_json() if a.diagnosis else None,
-            }
-            for a in r.attempts
-        ],
+        "attempts": [attempt_json(a) for a in r.attempts],
+    }
+
+
+def attempt_json(a: Any) -> dict[str, Any]:
+    return {
+        "n": a.number,
+        "outcome": a.outcome,
+        "fix": a.fix,
+        "log": a.log,
+        "seconds": round(a.seconds, 3),
+        "diagnosis": a.diagnosis.to_json() if a.diagnosis else None,
     }

@@ -63,6 +63,7 @@ READY_REGEX = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete\.|Starting vLLM (API )?server on http",
 }
+NEVER = r"(?!)"  # a group's other ranks print no ready line: their /health says it
 TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
 
 
@@ -117,7 +118,7 @@ def owner() -> str:
     )
 
 
-def _context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext:
+def log_context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext:
     return LogContext(
         engine=plan.engine,
         version=plan.engine_version,
@@ -151,9 +152,12 @@ class Deployer:
         deployment: str | None = None,
         gpus: tuple[int, ...] | None = None,
         replace: tuple[str, ...] = (),
+        group: dict[str, Any] | None = None,
     ) -> None:
         """`deployment`: its name on the host (the playbook's by default); `gpus`: its placement (None:
-        all of the host's GPUs); `replace`: other deployments on those GPUs to stop first."""
+        all of the host's GPUs); `replace`: other deployments on those GPUs to stop first; `group`: this
+        host's rank of a group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no
+        smoke prompt (`smoke` empty): it is ready when its /health answers."""
         self.t = transport
         self.host = host
         self.playbook_name = playbook_name
@@ -170,6 +174,7 @@ class Deployer:
         self.progress_timeout_s = progress_timeout_s
         self.drain_s = drain_s
         self.signatures = signatures
+        self.group = group
         self.run_id = run_id()
         self.owner = owner()
 
@@ -196,6 +201,8 @@ class Deployer:
         if self.gpus is not None:
             rec["gpus"] = list(self.gpus)
         rec["ports"] = planned_ports(plan)
+        if self.group is not None:
+            rec["group"] = self.group
         return rec
 
     def _lock_args(self, command: str, *, places: bool = False) -> dict[str, Any]:
@@ -326,7 +333,7 @@ class Deployer:
                 "offset": offset,
                 "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in watched),
                 "client_on_stdin": True,
-                "ready_regex": READY_REGEX[plan.engine],
+                "ready_regex": READY_REGEX[plan.engine] if self.smoke else NEVER,
                 "address": plan.check_address,
                 "port": plan.port,
                 "served_name": plan.served_name,
@@ -452,7 +459,7 @@ class Deployer:
                 if synthetic and not (synthetic.startswith("[fleet] engine killed") and has_traceback):
                     lines.append(synthetic)
             rec.seconds = time.monotonic() - t0
-            rec.diagnosis = diagnose(lines, _context(plan, model, gpus), self.signatures)
+            rec.diagnosis = diagnose(lines, log_context(plan, model, gpus), self.signatures)
             tail = traceback_of(lines) if rec.diagnosis.signature is None else lines[-40:]
             result.log_tail = [redact(x, self.secrets) for x in tail]
             assert rec.diagnosis is not None
@@ -587,14 +594,19 @@ class Deployer:
 
 
 def planned_ports(plan: LaunchPlan) -> list[int]:
-    """The ports a plan's server opens that fleet chose: HTTP, and the internal base of a placed one."""
+    """The ports a plan's server opens that fleet chose: HTTP, the internal base of a placed one, and the
+    port a group's rank 0 meets the other ranks on."""
     internal = plan.flag("--nccl-port")
     base = (
         int(str(internal.value))
         if internal is not None
         else next((int(e.value) for e in plan.env if e.name == "VLLM_PORT"), None)
     )
-    return [plan.port] if base is None else [plan.port, base]
+    ports = [plan.port] if base is None else [plan.port, base]
+    rank, meet = plan.flag("--node-rank"), plan.flag("--dist-init-addr")
+    if rank is not None and rank.value == "0" and meet is not None and meet.value:
+        ports.append(int(meet.value.rpartition(":")[2]))
+    return ports
 
 
 def recorded(facts: HostFacts, deployment: str) -> dict[str, Any]:

@@ -25,8 +25,10 @@ def read_facts(
     model: str | None = None,
     engine: str | None = None,
     runtime: Container | None = None,
+    reach: tuple[str, int] | None = None,
 ) -> HostFacts:
-    """`runtime`: the container a deployment runs in (its image's engine version replaces the host's)."""
+    """`runtime`: the container a deployment runs in (its image's engine version replaces the host's);
+    `reach`: an address and port this host must reach (a group's rank 0), tried in the same round trip."""
     s = host.settings
     pythons = [s.engines[engine]] if engine and engine in s.engines else []
     pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
@@ -38,6 +40,8 @@ def read_facts(
         "log_dir": s.log_dir,
         "disk_paths": [s.models_dir, s.log_dir, s.state_dir],
     }
+    if reach is not None:
+        args["reach"] = {"address": reach[0], "port": reach[1], "timeout_s": 3}
     if runtime is not None and engine is not None:
         args["container"] = {
             "cli": runtime.container,

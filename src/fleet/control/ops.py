@@ -31,7 +31,7 @@ from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
 
-def _smoke(playbook: NamedPlaybook) -> dict[str, Any]:
+def smoke_of(playbook: NamedPlaybook) -> dict[str, Any]:
     s = playbook.spec.smoke
     return {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
 
@@ -108,7 +108,7 @@ def deploy(
         t,
         host,
         playbook_name=playbook.name,
-        smoke=_smoke(playbook),
+        smoke=smoke_of(playbook),
         kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,
@@ -129,7 +129,7 @@ def deploy(
         result.wishes,
         learned_key=result.learned_key,
         learned_existing=existing,
-        recorded_pgid=_recorded_pgid(mine),
+        recorded_pgid=recorded_pgid(mine),
     )
 
 
@@ -151,6 +151,7 @@ def place_and_plan(
     replace: bool,
     signatures: Sequence[Signature] | None = None,
     show_refusal: bool = False,
+    nodes: int = 1,
 ) -> Placed:
     """The deployment's GPUs and port on this host, then its plan (`fleet plan` shows, `deploy` runs it).
     `gpus` (--gpus) overrides the playbook's gpus:. A placement that cannot be made is a PreflightError;
@@ -169,7 +170,7 @@ def place_and_plan(
     indices = placement.gpus if asked is not None else None
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
     path = model_path(host, playbook.spec.model)
-    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment)
+    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
     return Placed(placement, indices, result, f"{placement.how}; {moved}" if moved else placement.how)
@@ -311,7 +312,7 @@ def _kill_policy(host: Host, force: bool) -> str:
     return "force" if force else host.settings.kill_policy
 
 
-def _recorded_pgid(st: dict[str, Any]) -> int | None:
+def recorded_pgid(st: dict[str, Any]) -> int | None:
     pgid = st.get("pgid")
     return int(pgid) if isinstance(pgid, int) else None
 
@@ -386,6 +387,13 @@ def restart(
     state_facts = read_facts(t, host)
     deployment = chosen_deployment(state_facts, name, verb="restart")
     state = state if state is not None else recorded(state_facts, deployment)
+    group = state.get("group")
+    if isinstance(group, dict):  # one rank alone cannot rejoin the others: the group restarts as a whole
+        raise ConfigError(
+            f"{host.name}: deployment {deployment} is rank {group.get('rank')} of a group over "
+            f"{', '.join(map(str, group.get('hosts') or []))}; a rank is never restarted alone.",
+            f"Relaunch the whole group: fleet deploy {state.get('playbook') or 'PLAYBOOK'}.",
+        )
     if not state.get("plan"):
         raise ConfigError(
             f"{host.name}: nothing recorded to restart for deployment {deployment}.",
@@ -430,7 +438,7 @@ def restart(
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
     mine = recorded(facts, deployment)
     return deployer.run(
-        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=_recorded_pgid(mine)
+        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=recorded_pgid(mine)
     )
 
 
@@ -483,7 +491,7 @@ def _stop_one(
     )
     args = {
         "lock": deployer._lock_args("stop"),
-        "free": deployer._free_args(state.get("port"), _recorded_pgid(state)),
+        "free": deployer._free_args(state.get("port"), recorded_pgid(state)),
         "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
         "release_lock": True,
     }

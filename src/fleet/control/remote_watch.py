@@ -9,6 +9,7 @@ object per line:
   {"e":"ready_line"}   {"e":"ready_http"}   {"e":"health","code":200}
   {"e":"smoke","ok":bool,"status":..,"text":..}   {"e":"exit","code":..}   {"e":"timeout","what":..}
   {"e":"done"}   {"e":"lost_lock","why":..}
+A group's rank other than 0 (no smoke prompt given) is done once its `/health` answers 200.
 On success it writes the deployment state and learned fixes fleet handed it, and releases the lock,
 so a successful deploy needs no further round trip. While it runs it keeps the lock's lease fresh.
 fleet keeps this command's stdin open while it listens: when it ends (fleet killed, Ctrl-C, the
@@ -292,6 +293,10 @@ def main(a: Dict[str, Any]) -> None:
             status, _, _ = http_request("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=5)
             if status == 200:
                 emit({"e": "health", "code": 200})
+                if not a["smoke"]:  # a group's other rank: it answers /health only; rank 0 is asked
+                    on_success(a)
+                    emit({"e": "done"})
+                    return
                 result = smoke(a)
                 if not result["ok"]:
                     time.sleep(a.get("settle_s", 1.0))  # a crash the request triggered reaches the log first

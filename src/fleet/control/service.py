@@ -180,7 +180,7 @@ class ServiceRun:
         return result
 
     def _ask(self, t: Transport) -> dict[str, Any]:
-        smoke = ops._smoke(self.playbook)
+        smoke = ops.smoke_of(self.playbook)
         answer: dict[str, Any] = self.router(
             t, {"do": "ask", "served_name": self.playbook.spec.served_name, "smoke": smoke}
         )[0]["answer"]

@@ -89,6 +89,7 @@ class ModelFiles:
     quant_config: dict[str, Any] | None
     weights_bytes: int | None
     mtp_weight_layers: int = 0  # MTP layers the safetensors index names (mtp.layers.N.*)
+    listing: str | None = None  # file count and a digest of the names and sizes (compared across a group)
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ class HostFacts:
     container: ContainerFacts | None = None  # asked only for a deployment that runs in a container
     containers: tuple[ContainerInfo, ...] = ()  # those running engines, and fleet's
     paths: dict[str, str] = field(default_factory=dict)  # log_dir, state_dir as the host expands them
+    reach: str | None = None  # a group's rank 0 dist port from here: open | refused | timeout ... | error: ...
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
         """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
@@ -363,6 +365,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             quant_config=m.get("quant_config"),
             weights_bytes=m.get("weights_bytes"),
             mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
+            listing=str(m["listing"]) if m.get("listing") else None,
         )
         if m
         else None
@@ -402,6 +405,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         container=_container_facts(raw["container"]) if isinstance(raw.get("container"), dict) else None,
         containers=_containers(raw.get("containers")),
         paths={str(k): str(v) for k, v in (raw.get("paths") or {}).items()},
+        reach=str(raw["reach"]) if raw.get("reach") else None,
     )
 
 

@@ -6,11 +6,13 @@ reported in the output instead of raising. Argument: one JSON object (see `main`
 """
 
 import glob
+import hashlib
 import json
 import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -337,7 +339,43 @@ def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
         files = glob.glob(os.path.join(path, "*.safetensors"))
         size = sum(os.path.getsize(f) for f in files) if files else None
     out["weights_bytes"] = size
+    out["listing"] = _listing(path)
     return out
+
+
+def _reach(r: Dict[str, Any]) -> str:
+    """A TCP connect from this host to a group's rank 0 before launch: refused is an answer (the host is
+    reachable, nothing listens yet); a timeout is a filter or a wrong address."""
+    import socket  # here, not at the top: the listener probe's test replaces _socket before the import
+
+    try:
+        sock = socket.create_connection((r["address"], int(r["port"])), timeout=float(r.get("timeout_s", 3)))
+        sock.close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except socket.timeout:  # noqa: UP041 (an alias of TimeoutError only from Python 3.10)
+        return "timeout after %.0f s" % float(r.get("timeout_s", 3))
+    except OSError as exc:
+        return "error: %s" % (exc.strerror or exc)
+
+
+def _listing(path: str) -> Optional[str]:
+    """A digest of the model directory's file names and sizes: two nodes of a group must load the same
+    checkpoint, and this compares them without reading the weights."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    h = hashlib.sha256()
+    for name in names:
+        try:
+            st = os.stat(os.path.join(path, name))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            h.update(("%s %d\n" % (name, st.st_size)).encode("utf-8", "surrogateescape"))
+    return "%d files, %s" % (len(names), h.hexdigest()[:12])
 
 
 def _disk(path: str) -> Dict[str, Any]:
@@ -459,6 +497,8 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
         "state": state,
     }
+    if args.get("reach"):
+        facts["reach"] = _reach(args["reach"])
     facts["containers"] = _engine_containers(servers + facts["devices"]["holders"], state)
     if args.get("container"):
         facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)

@@ -145,11 +145,14 @@ def check_failed(host: str, reason: str, duration_s: float = 0.0) -> HostHealth:
 
 
 def _tp(argv: Sequence[str]) -> int:
-    for flag in ("--tp-size", "--tp", "--tensor-parallel-size", "-tp"):
-        if flag in argv and argv.index(flag) + 1 < len(argv):
-            value = argv[argv.index(flag) + 1]
-            if value.isdigit():
-                return int(value)
+    return max((_flag_int(argv, f) for f in ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")), default=1)
+
+
+def _flag_int(argv: Sequence[str], flag: str) -> int:
+    if flag in argv and argv.index(flag) + 1 < len(argv):
+        value = argv[argv.index(flag) + 1]
+        if value.isdigit():
+            return int(value)
     return 1
 
 
@@ -174,9 +177,12 @@ def evaluate(
         server = answer.get("server") or {}
         if server.get("alive") and st.get("status") in ("ready", "starting", "unverified"):
             every = tuple(g.index for g in facts.gpus)
-            tp = _tp((st.get("plan") or {}).get("argv") or [])
+            argv = (st.get("plan") or {}).get("argv") or []
+            tp = _tp(argv) // max(1, _flag_int(argv, "--nnodes"))  # a group's rank holds its share of the TP ranks
             alive_groups[name] = (set(server.get("group_pids", [])), record.gpus or every, tp)
-        if worst([c.status for c in mine]) == CRITICAL and st.get("plan") and st.get("status") != "stopped":
+        # a rank of a group is healed with its group, as a whole (`group/NAME`), never alone
+        broken = worst([c.status for c in mine]) == CRITICAL and st.get("status") != "stopped"
+        if broken and st.get("plan") and not st.get("group"):
             healable.append(name)
     if not facts.remote.deployments:
         checks.append(Check("server", OK, "no fleet deployment recorded"))
@@ -297,7 +303,11 @@ def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnos
         )
         m = http.get("models") or {}
         served = st.get("served_name")
-        add("models", OK if served in m.get("ids", []) else WARNING, f"/v1/models lists {m.get('ids')}")
+        group: dict[str, Any] = st["group"] if isinstance(st.get("group"), dict) else {}
+        if group.get("rank"):  # SGLang's other ranks answer /health only; rank 0 serves the API
+            add("models", OK, f"rank {group['rank']} of a group: rank 0 ({(group.get('hosts') or ['?'])[0]}) serves")
+        else:
+            add("models", OK if served in m.get("ids", []) else WARNING, f"/v1/models lists {m.get('ids')}")
         g = http.get("generation") or {}
         if "skipped" in g:
             add("generation", OK, f"skipped ({g['skipped']})")

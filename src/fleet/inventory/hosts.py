@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +31,12 @@ from fleet.yamlfile import KeyPath, YamlDoc, load_yaml
 def _check_address(value: str) -> None:
     if not ADDRESS_RE.match(value):
         raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)")
+
+
+def _check_interface(value: str) -> None:
+    # Linux limits interface names to 15 bytes; the value goes into GLOO_/NCCL_SOCKET_IFNAME as is
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", value):
+        raise ValueError("must be a network interface name such as eth0 or ens1f0 (at most 15 characters)")
 
 
 def _check_user(value: str) -> None:
@@ -81,6 +88,10 @@ class HostSettings(_Strict, frozen=True, kw_only=True):
     kernel_log: str = "dmesg"  # where health finds NVRM Xid / OOM-killer lines: "dmesg" or a file
     expected_gpus: ExpectedGpus | None = None
     runtime: Runtime | None = None  # process (default) or a container; a playbook's runtime: wins
+    # One model over several hosts: the address the other nodes reach this one at (default: address, or
+    # bind_address when it names one), and the interface they reach it on (GLOO_/NCCL_SOCKET_IFNAME)
+    node_address: str | None = None
+    network_interface: str | None = None
 
     checks = {
         "address": _check_address,
@@ -94,6 +105,8 @@ class HostSettings(_Strict, frozen=True, kw_only=True):
         "gpu_devices": _check_device_glob,
         "bind_address": _check_address,
         "kernel_log": _check_kernel_log,
+        "node_address": _check_address,
+        "network_interface": _check_interface,
     }
 
 
@@ -105,6 +118,16 @@ class Host:
     settings: HostSettings
     groups: tuple[str, ...]
     source: str  # "inventory/hosts.yaml:12", for messages
+
+    @property
+    def node_address(self) -> str | None:
+        """Where the other nodes of a group reach this host; None when the inventory does not say."""
+        s = self.settings
+        if s.node_address:
+            return s.node_address
+        if s.address and s.connection == "ssh":
+            return s.address
+        return s.bind_address if s.bind_address not in ("0.0.0.0", "::") else None
 
 
 @dataclass(frozen=True)

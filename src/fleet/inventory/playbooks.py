@@ -97,6 +97,15 @@ def _check_host_name(value: str) -> None:
         raise ValueError("must be a host name from the inventory")
 
 
+def _check_group_hosts(value: list[str]) -> None:
+    for name in value:
+        _check_host_name(name)
+    if len(value) < 2:
+        raise ValueError("names the hosts one model is spread over: at least two (one host needs no hosts:)")
+    if len(set(value)) != len(value):
+        raise ValueError("names a host twice; each host runs one rank of the group")
+
+
 def _check_args(value: list[str]) -> None:
     for arg in value:
         _check_no_shell_meta(arg)
@@ -110,6 +119,13 @@ FLEET_OWNED_FLAGS = {
     "--served-model-name": "served_name:",
     "--host": "bind_address: in the inventory",
     "--port": "port:",
+    # one model over several hosts: written per node from hosts: and dist_port: (and the same for all)
+    "--nnodes": "hosts:",
+    "--node-rank": "hosts:",
+    "--dist-init-addr": "hosts: and dist_port:",
+    "--master-addr": "hosts:",
+    "--master-port": "dist_port:",
+    "--headless": "hosts:",
 }
 
 
@@ -220,8 +236,13 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
     runtime: Runtime | None = None  # process or a container (image); else the inventory's for the host
+    # One model over several hosts (the engine's own multi-node): rank 0 first, HTTP on rank 0; the ranks
+    # meet at rank 0's dist_port
+    hosts: list[str] | None = None
+    dist_port: Annotated[int, Meta(ge=1024, le=65535)] = 50000
 
     checks = {
+        "hosts": _check_group_hosts,
         "model": _check_model,
         "served_name": _check_served_name,
         "default_host": _check_host_name,
@@ -233,6 +254,14 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     }
 
     def check_together(self) -> None:
+        if self.hosts and self.default_host:
+            raise _Invalid(("default_host",), "value", "is set with hosts:; a group runs on its hosts: only")
+        if self.hosts and self.tp and self.tp % len(self.hosts):
+            raise _Invalid(
+                ("tp",), "value", f"{self.tp} does not split evenly over the {len(self.hosts)} hosts of hosts:"
+            )
+        if self.hosts and self.dist_port == self.port:
+            raise _Invalid(("dist_port",), "value", "is the HTTP port too; the ranks meet on a port of its own")
         allowed = set(self.allow_runtime_env)
         for key, names in (("env", list(self.env)), ("secret_env", self.secret_env)):
             for name in names:
@@ -282,6 +311,12 @@ def load_playbook(ref: str, playbook_dir: Path) -> NamedPlaybook:
 
 
 def check_playbook_host(playbook: NamedPlaybook, inventory: Inventory) -> None:
+    for name in playbook.spec.hosts or ():
+        if name not in inventory.hosts:
+            raise ConfigError(
+                f'{playbook.where("hosts")}: hosts: names "{name}", which is not in {inventory.path}.',
+                f"Known hosts: {', '.join(sorted(inventory.hosts))}.",
+            )
     host = playbook.spec.default_host
     if host is not None and host not in inventory.hosts:
         raise ConfigError(

@@ -134,8 +134,11 @@ def build_plan(
     gpu_indices: Sequence[int] | None = None,
     port: int | None = None,
     deployment: str | None = None,
+    nodes: int = 1,
 ) -> PlanResult:
     """`gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
+    `nodes`: the hosts of a group this host is one of, each with as many GPUs (fleet.plan.group); the plan
+    is the group's, over all of their GPUs.
     `port`: the port placement chose when the playbook's belongs to another deployment there.
     `deployment`: its name on the host (the playbook's by default); a container is named after it."""
     pb = playbook.spec
@@ -163,6 +166,8 @@ def build_plan(
             )
         )
     gpus = gpu_summary(facts, gpu_indices)
+    if gpus is not None and nodes > 1:  # between hosts there is a network, never NVLink
+        gpus = replace(gpus, count=gpus.count * nodes, nvlink=False)
     if gpus is None:
         verdicts.append(
             _err("no-gpus", f"{where}: no GPUs found ({facts.gpu_error or 'NVML and nvidia-smi report none'}).")

@@ -1,0 +1,457 @@
+"""One model over several hosts: a playbook with `hosts:` deployed as one group, that lives and dies together.
+
+Facts of every node in parallel (each also tries rank 0's dist port), the group's pre-flight, then every
+rank launched at once through the deploy machinery's act step (lock, engine check, stop, free, launch).
+Every rank is watched; rank 0 is proven with the smoke prompt, the others by their /health. When any rank
+fails (a crash, a hang that NCCL's watchdog ends, a rendezvous that times out) the whole group is stopped,
+diagnosed from the rank that failed first, and relaunched with the known fix (bounded), or given up: a
+group is never left half up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field, replace
+
+from fleet import events
+from fleet.control import ops
+from fleet.control.answers import synthetic_line
+from fleet.control.deploy import Attempt, Deployer, log_context, recorded
+from fleet.control.gather import model_path, read_facts
+from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
+from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
+from fleet.facts import HostFacts
+from fleet.health.checks import CRITICAL, OK, UNKNOWN, Check
+from fleet.inventory import Host, Inventory, NamedPlaybook
+from fleet.inventory.runtime import chosen_runtime
+from fleet.plan import LaunchPlan, apply_fix, relint
+from fleet.plan.build import PlanResult
+from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
+from fleet.protocol import ActResult, WatchEvent
+from fleet.secrets import read_secrets, redact
+from fleet.transport import Transport
+
+Connect = Callable[[Host], AbstractContextManager[Transport]]
+
+
+@dataclass
+class RankOutcome:
+    """How one rank's attempt ended: `done`, or the watcher's last event (exit, timeout...) and its log."""
+
+    rank: int
+    host: str
+    ended: str
+    lines: list[str]
+    finished_at: float
+
+
+@dataclass
+class GroupResult:
+    playbook: str
+    hosts: list[str]
+    ok: bool
+    attempts: list[Attempt] = field(default_factory=list)
+    reason: str = ""
+    endpoint: str = ""
+    failed_rank: RankOutcome | None = None  # the rank whose failure was diagnosed, on the last attempt
+
+
+@dataclass
+class GroupHealth:
+    playbook: str
+    status: str
+    checks: list[Check]
+    heal: str | None = None  # what healing did, when asked
+
+
+class GroupRun:
+    """A playbook placed on several hosts (`hosts:`), deployed and stopped as one."""
+
+    def __init__(
+        self,
+        playbook: NamedPlaybook,
+        inventory: Inventory,
+        connect: Connect,
+        progress_for: Callable[[str], events.Sink],
+        *,
+        force: bool = False,
+        engine_check: bool = True,
+        signatures: Sequence[Signature] | None = None,
+    ) -> None:
+        if not playbook.spec.hosts:
+            raise PreflightError(f"{playbook.path}: the playbook has no hosts: list.", "Add hosts: [a, b].")
+        self.playbook = playbook
+        self.hosts = [inventory.hosts[name] for name in playbook.spec.hosts]
+        self.connect = connect
+        self.progress_for = progress_for
+        self.force = force
+        self.engine_check = engine_check
+        self.signatures = signatures
+        self.nodes = [
+            Node(i, h.name, h.node_address or "", h.settings.network_interface) for i, h in enumerate(self.hosts)
+        ]
+
+    # -- plan ------------------------------------------------------------------------------------------
+
+    def plan(self) -> tuple[list[PlanResult], list[str]]:
+        """`fleet plan` of a group: each rank's plan (its rank flags in) and what the group's pre-flight
+        refuses; changes nothing."""
+        with ExitStack() as stack:
+            transports = [stack.enter_context(self.connect(h)) for h in self.hosts]
+            _, placed, problems = self._gather(transports)
+        pb = self.playbook.spec
+        ranked = [
+            replace(r, plan=rank_plan(r.plan, self.nodes, i, pb.dist_port)) if r.plan is not None else r
+            for i, r in enumerate(placed)
+        ]
+        return ranked, problems
+
+    def _gather(self, transports: list[Transport]) -> tuple[list[HostFacts], list[PlanResult], list[str]]:
+        """Every node's facts (in parallel), its plan of the group, and what the group's pre-flight refuses."""
+        pb = self.playbook.spec
+        if any(chosen_runtime(pb.runtime, h.settings.runtime) is not None for h in self.hosts):
+            raise PreflightError(
+                f"{self.playbook.path}: hosts: with a container runtime is not supported; a group runs its "
+                "engine as a process on each host.",
+                "Set runtime: process in the playbook, or deploy the image on one host.",
+            )
+        rank0 = self.nodes[0]
+
+        def facts(i: int) -> HostFacts:
+            host = self.hosts[i]
+            reach = (rank0.address, pb.dist_port) if rank0.address else None
+            return read_facts(transports[i], host, model=model_path(host, pb.model), engine=pb.engine, reach=reach)
+
+        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
+            all_facts = list(pool.map(facts, range(len(self.hosts))))
+        placed = [
+            ops.place_and_plan(
+                h,
+                self.playbook,
+                f,
+                self.playbook.name,
+                None,
+                replace=False,
+                signatures=self.signatures,
+                nodes=len(self.hosts),
+            ).result
+            for h, f in zip(self.hosts, all_facts, strict=True)
+        ]
+        problems = [v.message for r in placed for v in r.errors]
+        plans = [r.plan for r in placed]
+        if not problems and all(p is not None for p in plans):
+            ready = [p for p in plans if p is not None]
+            counts = [r.gpus.count // len(self.hosts) if r.gpus else 0 for r in placed]
+            mine = ops.recorded_pgid(recorded(all_facts[0], self.playbook.name))
+            own = {p.pid for p in all_facts[0].servers if mine is not None and p.pgid == mine}
+            verdicts = group_preflight(self.nodes, all_facts, ready, counts, pb.dist_port, pb.engine, own)
+            problems = [v.message for v in verdicts]
+        return all_facts, placed, problems
+
+    # -- deploy ----------------------------------------------------------------------------------------
+
+    def deploy(self) -> GroupResult:
+        with ExitStack() as stack:
+            transports = [stack.enter_context(self.connect(h)) for h in self.hosts]
+            all_facts, placed, problems = self._gather(transports)
+            if problems:
+                raise PreflightError(
+                    f"{self.playbook.name} over {', '.join(h.name for h in self.hosts)}: " + "; ".join(problems),
+                    "Nothing on any host was changed.",
+                )
+            pb = self.playbook.spec
+            secrets = read_secrets(pb.secret_env, self.playbook.name)
+            group = {"hosts": [h.name for h in self.hosts], "dist_port": pb.dist_port}
+            deployers = [
+                Deployer(
+                    t,
+                    h,
+                    playbook_name=self.playbook.name,
+                    smoke=ops.smoke_of(self.playbook) if i == 0 else {},
+                    kill_policy="force" if self.force else h.settings.kill_policy,
+                    secrets=secrets,
+                    progress=self.progress_for(h.name),
+                    engine_check=self.engine_check,
+                    max_attempts=pb.max_attempts,
+                    ready_timeout_s=pb.ready_timeout_s,
+                    signatures=self.signatures,
+                    group={**group, "rank": i},
+                )
+                for i, (t, h) in enumerate(zip(transports, self.hosts, strict=True))
+            ]
+            pgids = [ops.recorded_pgid(recorded(f, self.playbook.name)) for f in all_facts]
+            try:
+                return self._attempts(deployers, placed, pgids)
+            except KeyboardInterrupt:
+                for d in deployers:
+                    d._abandon()
+                raise
+
+    def _attempts(self, deployers: list[Deployer], placed: list[PlanResult], pgids: list[int | None]) -> GroupResult:
+        pb = self.playbook.spec
+        result = GroupResult(self.playbook.name, [h.name for h in self.hosts], False)
+        plans = [p.plan for p in placed if p.plan is not None]
+        applied: list[str] = []
+        attempt = 0
+        while True:
+            attempt += 1
+            ranked = [rank_plan(p, self.nodes, i, pb.dist_port) for i, p in enumerate(plans)]
+            rec = Attempt(attempt, ranked[0].argv())
+            result.attempts.append(rec)
+            t0 = time.monotonic()
+            for d, plan in zip(deployers, ranked, strict=True):
+                d.progress(events.AttemptStarted(attempt, pb.max_attempts, plan.argv()))
+            outs = self._act_all(deployers, ranked, attempt, pgids)
+            failed: RankOutcome | None = _rejected(outs, self.hosts, deployers)
+            if failed is not None:  # the engine refused the command there; stop the ranks launched elsewhere
+                self._stop_all(deployers, ranked, "the engine rejected the command", _launched(outs))
+            else:
+                failed = self._watch_all(deployers, ranked, outs, attempt)
+                if failed is None:
+                    rec.outcome = "ready"
+                    result.ok = True
+                    result.endpoint = f"http://{ranked[0].check_address}:{ranked[0].port}"
+                    deployers[0].progress(events.Ready(attempt, {"e": "smoke", "ok": True}))
+                    return result
+            rec.outcome = "rejected" if failed.ended == "rejected" else "crashed"
+            rec.seconds = time.monotonic() - t0
+            result.failed_rank = failed
+            where = placed[failed.rank]
+            assert where.model is not None and where.gpus is not None
+            rec.diagnosis = diagnose(
+                failed.lines, log_context(ranked[failed.rank], where.model, where.gpus), self.signatures
+            )
+            outcome = f"rank {failed.rank} ({failed.host}) {failed.ended}"
+            for d in deployers:
+                d.progress(events.Diagnosed(attempt, outcome, rec.diagnosis.to_json()))
+            decision = group_decision(rec.diagnosis, applied, attempt, pb.max_attempts, failed.lines)
+            if isinstance(decision, GiveUp):
+                result.reason = f"rank {failed.rank} ({failed.host}): {decision.reason}"
+                self._give_up(deployers, ranked, attempt, result.reason, rec.diagnosis)
+                return result
+            plans = [
+                relint(apply_fix(p, decision.fix, decision.signature, decision.reason), r.model, r.gpus, r.wishes)
+                for p, r in zip(plans, placed, strict=True)
+                if r.model is not None and r.gpus is not None
+            ]
+            applied.append(decision.signature)
+            rec.fix = decision.fix.describe()
+            for d in deployers:
+                d.progress(
+                    events.Relaunching(
+                        attempt=attempt + 1,
+                        max=pb.max_attempts,
+                        signature=decision.signature,
+                        fix=rec.fix,
+                        explanation=f"the whole group is relaunched: {decision.reason}",
+                        elapsed_s=rec.seconds,
+                        nothing_stopped=False,
+                    )
+                )
+
+    def _act_all(
+        self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int, pgids: list[int | None]
+    ) -> list[ActResult]:
+        """Every rank's act step at once. A rank that refuses (locked, a holder fleet will not kill)
+        stops the ranks that did launch, then the refusal is raised."""
+
+        def act(i: int) -> ActResult:
+            d = deployers[i]
+            state = d.record(plans[i], "starting", attempt=attempt)
+            state["run_id"], state["deployed_by"] = d.run_id, d.owner
+            check = d.engine_check and attempt == 1
+            return d.act(plans[i], attempt=attempt, launch=True, check=check, recorded_pgid=pgids[i], state=state)
+
+        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
+            futures = [pool.submit(act, i) for i in range(len(deployers))]
+        outs: list[ActResult] = []
+        error: FleetError | None = None
+        for d, f in zip(deployers, futures, strict=True):
+            try:
+                out = f.result()
+                outs.append(out)
+                d._stop_if_locked_or_unsafe(out)
+            except FleetError as exc:
+                error = error or exc
+        if error is not None:
+            self._stop_all(deployers, plans, f"another rank could not start: {error.message}", _launched(outs))
+            raise error
+        return outs
+
+    def _watch_all(
+        self, deployers: list[Deployer], plans: list[LaunchPlan], outs: list[ActResult], attempt: int
+    ) -> RankOutcome | None:
+        """Watches every rank; None when all are done. On the first rank that fails, the group is
+        stopped (so every other watcher ends too) and that rank's outcome returned."""
+
+        def watch(i: int) -> RankOutcome:
+            rec = Attempt(0, plans[i].argv())
+            success = {
+                "success_state": {
+                    "status": "ready",
+                    "attempts": attempt,
+                    "applied_fixes": list(plans[i].applied_fixes),
+                },
+                "learned_key": "",
+                "learned": [],
+            }
+            watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success)
+            last: WatchEvent = watched[-1] if watched else {"e": "error"}
+            said = synthetic_line(last)
+            if said:
+                lines.append(said)
+            return RankOutcome(i, self.hosts[i].name, str(last["e"]), lines, time.monotonic())
+
+        failed: RankOutcome | None = None
+        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
+            pending: set[Future[RankOutcome]] = {pool.submit(watch, i) for i in range(len(deployers))}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    try:
+                        outcome = f.result()
+                    except FleetError as exc:
+                        outcome = RankOutcome(-1, "?", "error", [f"[fleet] {exc.message}"], time.monotonic())
+                    if outcome.ended != "done" and failed is None:
+                        failed = outcome
+                        why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
+                        self._stop_all(deployers, plans, why, range(len(deployers)))
+        return failed
+
+    def _stop_all(self, deployers: list[Deployer], plans: list[LaunchPlan], why: str, ranks: Iterable[int]) -> None:
+        """Stops these ranks of the group, each over a connection of its own (its watcher holds the other)."""
+
+        def stop(i: int) -> None:
+            d = deployers[i]
+            with contextlib.suppress(TransportError, HostStepError), self.connect(self.hosts[i]) as t:
+                other = copy.copy(d)
+                other.t = t
+                state = d.record(plans[i], "stopped", attempt=0)
+                state["reason"] = f"the group is stopped as a whole: {why}"
+                other.act(plans[i], attempt=0, launch=False, check=False, recorded_pgid=None, state=state)
+
+        chosen = list(ranks)
+        if chosen:
+            with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+                list(pool.map(stop, chosen))
+
+    def _give_up(
+        self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int, reason: str, diagnosis: Diagnosis
+    ) -> None:
+        def give_up(i: int) -> None:
+            d = deployers[i]
+            state = d.record(plans[i], "failed", attempt=attempt)
+            state["reason"], state["diagnosis"] = reason, diagnosis.to_json()
+            with contextlib.suppress(TransportError, HostStepError):
+                d.act(
+                    plans[i],
+                    attempt=attempt,
+                    launch=False,
+                    check=False,
+                    recorded_pgid=None,
+                    state=state,
+                    release_lock=True,
+                    command="give-up",
+                )
+
+        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
+            list(pool.map(give_up, range(len(deployers))))
+
+    # -- health --------------------------------------------------------------------------------------
+
+    def health(self, *, heal: bool) -> GroupHealth | None:
+        """The group as a whole: every rank's recorded server alive and ready. None when the group was never
+        deployed (or was stopped). Rank 0 may answer while another rank is gone (its collectives hang until
+        NCCL's watchdog ends it): one rank down is the group down. `heal` relaunches the group whole."""
+        name = self.playbook.name
+        checks: list[Check] = []
+        recorded_any = False
+        broken = False
+        for i, host in enumerate(self.hosts):
+            try:
+                with self.connect(host) as t:
+                    f = read_facts(t, host)
+            except FleetError as exc:
+                checks.append(Check(f"rank{i}", UNKNOWN, f"{host.name}: {exc.message}"))
+                broken = True
+                continue
+            st = recorded(f, name)
+            group = st.get("group") if isinstance(st.get("group"), dict) else None
+            if group is None or group.get("hosts") != [h.name for h in self.hosts]:
+                checks.append(Check(f"rank{i}", CRITICAL, f"{host.name}: no record of rank {i} of this group"))
+                broken = True
+                continue
+            recorded_any = recorded_any or st.get("status") != "stopped"
+            alive = any(p.pid == st.get("pid") for p in f.servers)
+            if st.get("status") == "ready" and alive:
+                checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {st.get('pid')} alive, ready"))
+            else:
+                why = "gone" if not alive else st.get("status")
+                checks.append(
+                    Check(
+                        f"rank{i}",
+                        CRITICAL,
+                        f"{host.name}: rank {i} {why} ({st.get('reason') or 'no reason recorded'})",
+                    )
+                )
+                broken = True
+        if not recorded_any:
+            return None
+        if not broken:
+            return GroupHealth(name, OK, checks)
+        checks.append(
+            Check("group", CRITICAL, "a rank is down: the group cannot serve (rank 0 may still answer /health)")
+        )
+        if not heal:
+            return GroupHealth(name, CRITICAL, checks)
+        try:
+            result = self.deploy()
+        except FleetError as exc:
+            return GroupHealth(name, CRITICAL, checks, f"relaunching the group failed: {exc.message}")
+        if result.ok:
+            return GroupHealth(name, OK, checks, f"relaunched the group whole (attempts: {len(result.attempts)})")
+        return GroupHealth(name, CRITICAL, checks, f"relaunching the group failed: {result.reason}")
+
+    # -- stop ------------------------------------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """Stops every rank; returns what was done per host. Raises DeployFailed when a host could not be
+        reached or refused (the others are still stopped)."""
+        lines: list[str] = []
+        failures: list[str] = []
+
+        def one(host: Host) -> str:
+            with self.connect(host) as t:
+                out = ops.stop(t, host, force=self.force, name=self.playbook.name)
+            return f"{host.name}: stopped {len(out.get('stopped', []))} process(es)"
+
+        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
+            futures = {h.name: pool.submit(one, h) for h in self.hosts}
+        for name, f in futures.items():
+            try:
+                lines.append(f.result())
+            except FleetError as exc:
+                failures.append(f"{name}: {exc.message}")
+        if failures:
+            raise DeployFailed("; ".join(failures), "The other ranks were stopped; run fleet stop again.")
+        return lines
+
+
+def _launched(outs: Sequence[ActResult]) -> list[int]:
+    """The ranks whose act step launched a server (a refused or rejected rank launched none)."""
+    return [i for i, out in enumerate(outs) if out.get("launched")]
+
+
+def _rejected(outs: Sequence[ActResult], hosts: Sequence[Host], deployers: Sequence[Deployer]) -> RankOutcome | None:
+    """The first rank whose engine check rejected the command line, with what the engine said."""
+    for i, out in enumerate(outs):
+        check = out.get("check")
+        if check and check["verdict"] == "rejected":
+            said = redact(str(check["output"]), deployers[i].secrets).splitlines()
+            return RankOutcome(i, hosts[i].name, "rejected", said, time.monotonic())
+    return None

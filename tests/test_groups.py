@@ -1,0 +1,291 @@
+"""One model over several hosts: simulated 2-GPU hosts, each in network namespaces of its own on a bridge
+(real addresses, real TCP between them, iptables per host). The simulated SGLang really meets at rank 0's
+--dist-init-addr as torch.distributed does; fleet deploys, watches, relaunches and stops the group as one."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from fleet import events
+from fleet.control.group import GroupRun
+from fleet.crashes import LogContext, diagnose
+from fleet.errors import PreflightError, UnsafeToKill
+from fleet.inventory import Inventory, load_playbook
+from fleet_testbed import nshost, simhost
+
+pytestmark = [
+    pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
+    pytest.mark.slow,  # engines meeting over real TCP, tens of seconds in all
+]
+
+PLAYBOOK = """\
+engine: sglang
+model: Qwen3.6-27B
+served_name: qwen36
+hosts: [node-a, node-b]
+tp: 4
+dist_port: 50000
+smoke:
+  prompt: "What is the capital of France? Answer in one word."
+  expect: "(?i)paris"
+"""
+
+
+class Group:
+    def __init__(self, root: Path, playbook: str = PLAYBOOK) -> None:
+        self.network = nshost.Network()
+        self.hosts = {
+            name: nshost.NamespaceHost(root, replace(simhost.CT129, name=name), network=self.network)
+            for name in ("node-a", "node-b")
+        }
+        self.inventory = Inventory(root / "inventory.yaml", {n: h.host for n, h in self.hosts.items()}, {})
+        self.playbook_path = root / "group.yaml"
+        self.playbook_path.write_text(playbook)
+        self.events: list[tuple[str, events.Event]] = []
+
+    def connect(self, host: Any) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext(self.hosts[host.name].transport())
+
+    def run(self, **kw: Any) -> GroupRun:
+        pb = load_playbook(str(self.playbook_path), ROOT)
+        return GroupRun(
+            pb, self.inventory, self.connect, lambda where: lambda ev: self.events.append((where, ev)), **kw
+        )
+
+    def state(self, name: str) -> dict[str, Any]:
+        path = self.hosts[name].dir / "state" / "deployments" / "group" / "state.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def engines(self, name: str) -> list[int]:
+        # the engine processes themselves (not fleet's launcher, nor this command's own shell)
+        out = self.hosts[name].shell("pgrep -f '^[^ ]*python[^ ]* -m sglang[.]launch_server' || true")
+        return [int(x) for x in out.split()]
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            h.close()
+        self.network.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    g = Group(tmp_path)
+    yield g
+    g.close()
+
+
+def ask(address: str, port: int = 30000) -> tuple[int, str]:
+    body = json.dumps({"model": "qwen36", "messages": [{"role": "user", "content": "The capital of France?"}]})
+    request = urllib.request.Request(
+        f"http://{address}:{port}/v1/chat/completions", body.encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read())["choices"][0]["message"]["content"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def health(address: str, port: int = 30000) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_group_meets_over_the_network_serves_on_rank_0_and_records_each_rank(group: Group) -> None:
+    result = group.run().deploy()
+    assert result.ok, result.reason
+    a, b = group.hosts["node-a"], group.hosts["node-b"]
+    assert result.endpoint == f"http://{a.spec.address}:30000"
+    assert ask(a.spec.address) == (200, " Paris.")
+    assert health(b.spec.address) == 200  # the other rank answers /health only
+    assert ask(b.spec.address)[0] == 404
+    for rank, name in enumerate(("node-a", "node-b")):
+        st = group.state(name)
+        assert st["status"] == "ready"
+        assert st["group"] == {"hosts": ["node-a", "node-b"], "dist_port": 50000, "rank": rank}
+        argv = st["plan"]["argv"]
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--dist-init-addr") + 1] == f"{a.spec.address}:50000"  # the same for all
+        assert argv[argv.index("--tp-size") + 1] == "4"  # over both hosts' GPUs
+        env = {e["name"]: e["value"] for e in st["plan"]["env"]}
+        host = group.hosts[name]
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == host.interface
+        assert env["SGLANG_HOST_IP"] == host.spec.address
+    assert 50000 in group.state("node-a")["ports"]  # rank 0's meeting port is fleet's, checked like HTTP
+    log = Path(group.state("node-b")["log"]).read_text()
+    assert "TP2] Init torch distributed begin." in log and "TP3] Init torch distributed begin." in log
+    assert "TP0]" not in log and "TP1]" not in log  # node-b holds global ranks 2 and 3
+
+
+def test_a_rank_lost_after_the_meeting_brings_the_group_down_and_it_is_relaunched_whole(
+    group: Group, tmp_path: Path
+) -> None:
+    marker = group.hosts["node-b"].dir / "dies-once"
+    marker.write_text("")
+    simhost.set_host(group.hosts["node-b"].dir, rank_dies_once=str(marker))
+    result = group.run().deploy()
+    assert result.ok, result.reason
+    assert len(result.attempts) == 2
+    first = result.attempts[0]
+    assert first.outcome == "crashed" and first.diagnosis is not None
+    assert any("whole group is relaunched" in str(ev) for _, ev in group.events)
+    assert group.state("node-a")["status"] == group.state("node-b")["status"] == "ready"
+    assert ask(group.hosts["node-a"].spec.address) == (200, " Paris.")
+    # one engine per host: the first attempt's rank 0 was stopped, not left waiting for its lost peer
+    assert len(group.engines("node-a")) == 1 and len(group.engines("node-b")) == 1
+
+
+def test_a_rank_that_fails_every_time_is_given_up_with_its_diagnosis_and_no_rank_left_running(group: Group) -> None:
+    simhost.set_host(
+        group.hosts["node-b"].dir, inject_scheduler_error="RuntimeError: CUDA error: an illegal memory access"
+    )
+    result = group.run().deploy()
+    assert not result.ok
+    assert result.failed_rank is not None and result.failed_rank.host == "node-b"
+    assert "rank 1 (node-b)" in result.reason
+    assert group.engines("node-a") == [] and group.engines("node-b") == []  # never half a group
+    assert group.state("node-a")["status"] == group.state("node-b")["status"] == "failed"
+
+
+def test_a_firewall_between_the_nodes_is_found_before_anything_is_stopped(group: Group) -> None:
+    assert group.run().deploy().ok
+    before = group.engines("node-a") + group.engines("node-b")
+    group.hosts["node-a"].block_port(50000)  # rank 0's meeting port, dropped silently
+    with pytest.raises(PreflightError) as err:
+        group.run().deploy()
+    assert "node-b cannot reach rank 0" in err.value.message and "timeout" in err.value.message
+    assert group.engines("node-a") + group.engines("node-b") == before  # the running group serves on
+
+
+def test_nodes_with_different_engine_versions_are_refused(group: Group) -> None:
+    simhost.set_host(group.hosts["node-b"].dir, sglang_version="0.5.23")
+    with pytest.raises(PreflightError) as err:
+        group.run().deploy()
+    assert "different sglang versions" in err.value.message
+    assert "node-a 0.5.11" in err.value.message and "node-b 0.5.23" in err.value.message
+
+
+def test_a_gpu_holder_fleet_will_not_kill_on_one_node_stops_the_ranks_launched_elsewhere(group: Group) -> None:
+    b = group.hosts["node-b"]
+    # a process of the host (not an engine) holding a GPU: fleet refuses to kill it under the safe policy
+    b.shell(f"setsid sh -c 'exec sleep 300 3<{b.dir}/dev/nvidia1' </dev/null >/dev/null 2>&1 &")
+    time.sleep(0.3)
+    with pytest.raises(UnsafeToKill):
+        group.run().deploy()
+    assert group.engines("node-a") == []  # rank 0 was launched, then stopped: no half group waits
+    assert b.shell("pgrep -f 'sleep 300'").strip()  # and the holder lives
+
+
+def test_stop_stops_every_rank(group: Group) -> None:
+    assert group.run().deploy().ok
+    lines = group.run().stop()
+    assert len(lines) == 2
+    assert group.engines("node-a") == [] and group.engines("node-b") == []
+
+
+# --- the simulated engine's meeting on its own: torch's own lines, named by the knowledge base ----------
+
+
+def launch(h: nshost.NamespaceHost, rank: int, rank0: str, timeout: int = 300) -> None:
+    h.shell(
+        f"cd {h.dir} && nohup env/bin/python -m sglang.launch_server --model-path {h.dir}/models/Qwen3.6-27B "
+        f"--tp-size 4 --nnodes 2 --node-rank {rank} --dist-init-addr {rank0}:50000 --host {h.spec.address} "
+        f"--port 30000 --dist-timeout {timeout} > {h.dir}/engine.log 2>&1 &"
+    )
+
+
+def engine_log(h: nshost.NamespaceHost, wait_for: str, within_s: float = 20) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        text = (h.dir / "engine.log").read_text() if (h.dir / "engine.log").exists() else ""
+        if wait_for in text:
+            return text.splitlines()
+        time.sleep(0.2)
+    raise AssertionError(f"{wait_for!r} not in {h.spec.name}'s log: {text[-2000:]}")
+
+
+CONTEXT = LogContext(engine="sglang", version=(0, 5, 11), hybrid=True, nvfp4=False, moe=False, sm=86, argv=())
+
+
+def test_a_blocked_port_times_out_on_both_sides_with_torchs_lines(group: Group) -> None:
+    a, b = group.hosts["node-a"], group.hosts["node-b"]
+    a.block_port(50000)
+    launch(a, 0, a.spec.address)
+    launch(b, 1, a.spec.address)
+    rank0 = engine_log(a, "clients joined")
+    rank1 = engine_log(b, "while trying to connect to")
+    assert diagnose(rank0, CONTEXT).signature == "multinode-peer-never-joined"
+    assert diagnose(rank1, CONTEXT).signature == "multinode-rank0-unreachable"
+
+
+def test_a_missing_interface_is_gloos_error_and_the_peer_left_behind_hits_ncclls_watchdog(group: Group) -> None:
+    a, b = group.hosts["node-a"], group.hosts["node-b"]
+    launch(a, 0, a.spec.address)
+    b.shell(
+        f"cd {b.dir} && GLOO_SOCKET_IFNAME=eth9 nohup env/bin/python -m sglang.launch_server --model-path "
+        f"{b.dir}/models/Qwen3.6-27B --tp-size 4 --nnodes 2 --node-rank 1 --dist-init-addr {a.spec.address}:50000 "
+        f"--host {b.spec.address} --port 30000 > {b.dir}/engine.log 2>&1 &"
+    )
+    rank1 = engine_log(b, "Unable to find address for: eth9")
+    assert diagnose(rank1, CONTEXT).signature == "multinode-socket-interface-missing"
+    rank0 = engine_log(a, "Watchdog caught collective operation timeout")  # its peer went away after meeting
+    assert diagnose(rank0, CONTEXT).signature == "nccl-collective-watchdog"
+
+
+def test_health_sees_the_group_down_when_one_rank_is_gone_and_heal_relaunches_it_whole(group: Group) -> None:
+    run = group.run()
+    assert run.deploy().ok
+    healthy = run.health(heal=False)
+    assert healthy is not None and healthy.status == "ok"
+    (rank1,) = group.engines("node-b")
+    group.hosts["node-b"].shell(f"kill -9 {rank1}")
+    time.sleep(0.5)
+    # rank 0 still answers /health here (its collectives would hang): the group is down all the same
+    assert health(group.hosts["node-a"].spec.address) == 200
+    down = run.health(heal=False)
+    assert down is not None and down.status == "critical"
+    assert any(c.name == "rank1" and c.status == "critical" for c in down.checks)
+    healed = run.health(heal=True)
+    assert healed is not None and healed.status == "ok" and "relaunched the group whole" in str(healed.heal)
+    assert group.engines("node-b") and group.engines("node-b") != [rank1]
+    assert ask(group.hosts["node-a"].spec.address) == (200, " Paris.")
+
+
+def test_a_group_never_deployed_or_stopped_is_not_checked(group: Group) -> None:
+    assert group.run().health(heal=False) is None
+    assert group.run().deploy().ok
+    group.run().stop()
+    assert group.run().health(heal=True) is None  # stopped on purpose: nothing to heal
+
+
+def test_one_rank_is_never_restarted_alone(group: Group) -> None:
+    from fleet.control import ops
+    from fleet.errors import ConfigError
+
+    assert group.run().deploy().ok
+    b = group.hosts["node-b"]
+    with pytest.raises(ConfigError) as err:
+        ops.restart(b.transport(), b.host, force=False, progress=events.ignore, name="group")
+    assert "rank 1 of a group over node-a, node-b" in err.value.message and "fleet deploy group" in err.value.hint
+
+
+def test_the_plan_of_a_group_shows_every_ranks_command_and_changes_nothing(group: Group) -> None:
+    results, problems = group.run().plan()
+    assert problems == []
+    assert [r.plan.flag("--node-rank").value for r in results if r.plan] == ["0", "1"]  # type: ignore[union-attr]
+    assert group.engines("node-a") == [] and group.state("node-a") == {}
