@@ -187,3 +187,11 @@ def test_the_command_line_refuses_single_host_options_for_a_group_and_a_group_st
     assert r.code == 2 and "runs on one host" in r.err
     r = run_cli("plan", "qwen35-two-nodes")  # the example names hosts this inventory lacks
     assert r.code != 0 and 'qwen35-two-nodes.yaml:9: hosts: names "blackwell-a"' in r.err
+
+
+def test_the_inventorys_interface_wins_over_the_one_found_and_loopback_is_never_chosen() -> None:
+    said = Node(0, "a", "10.0.0.1", "ens1f0")
+    assert said.with_found_interface("eth7") == said
+    found = Node(0, "a", "10.0.0.1", None).with_found_interface("eth7")
+    assert found.interface == "eth7" and found.interface_from == "route"
+    assert Node(0, "a", "10.0.0.1", None).with_found_interface("lo").interface is None

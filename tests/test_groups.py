@@ -289,3 +289,18 @@ def test_the_plan_of_a_group_shows_every_ranks_command_and_changes_nothing(group
     assert problems == []
     assert [r.plan.flag("--node-rank").value for r in results if r.plan] == ["0", "1"]  # type: ignore[union-attr]
     assert group.engines("node-a") == [] and group.state("node-a") == {}
+
+
+def test_without_network_interface_each_node_gets_the_interface_its_route_to_rank_0_takes(group: Group) -> None:
+    import msgspec
+
+    for name, h in group.hosts.items():  # the inventory says nothing of interfaces
+        settings = msgspec.structs.replace(h.host.settings, network_interface=None)
+        group.inventory.hosts[name] = replace(h.host, settings=settings)
+    results, problems = group.run().plan()
+    assert problems == []
+    for name, r in zip(("node-a", "node-b"), results, strict=True):
+        assert r.plan is not None
+        env = {e.name: e for e in r.plan.env}
+        assert env["GLOO_SOCKET_IFNAME"].value == group.hosts[name].interface  # the bridge's, not lo
+        assert "route to rank 0" in env["GLOO_SOCKET_IFNAME"].reason

@@ -129,6 +129,7 @@ class GroupRun:
 
         with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
             all_facts = list(pool.map(facts, range(len(self.hosts))))
+        self.nodes = [n.with_found_interface(f.reach_interface) for n, f in zip(self.nodes, all_facts, strict=True)]
         placed = [
             ops.place_and_plan(
                 h,

@@ -226,6 +226,7 @@ class HostFacts:
     containers: tuple[ContainerInfo, ...] = ()  # those running engines, and fleet's
     paths: dict[str, str] = field(default_factory=dict)  # log_dir, state_dir as the host expands them
     reach: str | None = None  # a group's rank 0 dist port from here: open | refused | timeout ... | error: ...
+    reach_interface: str | None = None  # the interface this host reaches rank 0 on (the kernel's route)
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
         """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
@@ -406,6 +407,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         containers=_containers(raw.get("containers")),
         paths={str(k): str(v) for k, v in (raw.get("paths") or {}).items()},
         reach=str(raw["reach"]) if raw.get("reach") else None,
+        reach_interface=str(raw["reach_interface"]) if raw.get("reach_interface") else None,
     )
 
 

@@ -360,6 +360,32 @@ def _reach(r: Dict[str, Any]) -> str:
         return "error: %s" % (exc.strerror or exc)
 
 
+def _route_interface(address: str) -> Optional[str]:
+    """The network interface this host reaches `address` on (the one holding it, when it is this host's
+    own): the kernel's route choice, read without sending a packet. IPv4 only; None when unknown."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((address, 9))  # a UDP connect picks the route; nothing is sent
+            local = probe.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                except OSError:
+                    continue
+                if socket.inet_ntoa(packed[20:24]) == local:
+                    return name
+        finally:
+            probe.close()
+    except (OSError, UnicodeError):
+        return None
+    return None
+
+
 def _listing(path: str) -> Optional[str]:
     """A digest of the model directory's file names and sizes: two nodes of a group must load the same
     checkpoint, and this compares them without reading the weights."""
@@ -499,6 +525,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
     }
     if args.get("reach"):
         facts["reach"] = _reach(args["reach"])
+        facts["reach_interface"] = _route_interface(str(args["reach"]["address"]))
     facts["containers"] = _engine_containers(servers + facts["devices"]["holders"], state)
     if args.get("container"):
         facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)

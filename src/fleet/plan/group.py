@@ -27,6 +27,14 @@ class Node:
     host: str
     address: str  # where the other nodes reach it
     interface: str | None  # the interface they reach it on (GLOO_/NCCL_SOCKET_IFNAME); None: the engine picks
+    interface_from: str = "inventory"  # "inventory" (network_interface:) or "route" (found on the node)
+
+    def with_found_interface(self, found: str | None) -> Node:
+        """The inventory's network_interface: wins; else the interface the node's route to rank 0 takes,
+        which the facts step found (so a box with several networks does not leave Gloo to guess)."""
+        if self.interface or not found or found == "lo":
+            return self
+        return replace(self, interface=found, interface_from="route")
 
 
 def dist_init_addr(rank0: Node, port: int) -> str:
@@ -49,7 +57,12 @@ def rank_plan(plan: LaunchPlan, nodes: Sequence[Node], rank: int, dist_port: int
     )
     env = [EnvVar("SGLANG_HOST_IP", node.address, RULE, f"{node.host}'s own address, as the other ranks reach it")]
     if node.interface:
-        why = f"the interface {node.host} reaches the other nodes on (network_interface: in the inventory)"
+        why = (
+            f"the interface {node.host} reaches the other nodes on (network_interface: in the inventory)"
+            if node.interface_from == "inventory"
+            else f"the interface {node.host}'s route to rank 0 takes, found on the host (network_interface: "
+            "in the inventory overrides it)"
+        )
         env += [
             EnvVar("GLOO_SOCKET_IFNAME", node.interface, RULE, why),
             EnvVar("NCCL_SOCKET_IFNAME", node.interface, RULE, why),
