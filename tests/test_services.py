@@ -333,3 +333,38 @@ def test_down_says_which_replica_it_could_not_stop(fleet: Fleet) -> None:
     done, failed = fleet.run().down()
     assert len(failed) == 1 and isinstance(failed[0], HostUnreachable)
     assert any(line.startswith("node-b/qwen36-2: NOT stopped") for line in done)
+
+
+def test_a_second_command_on_the_service_while_a_roll_runs_is_refused_and_heal_waits(fleet: Fleet) -> None:
+    import threading
+
+    from fleet.errors import LockedError
+
+    assert fleet.run().up().ok
+    lease = fleet.hosts["node-a"].dir / "state" / "services" / "qwen36" / "lease.json"
+    rolled: list[Any] = []
+    roll = threading.Thread(target=lambda: rolled.append(fleet.run().roll()))
+    roll.start()
+    deadline = time.monotonic() + 20
+    while not lease.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lease.exists()
+    with pytest.raises(LockedError) as err:
+        fleet.run().up()
+    assert "is running `restart` on it" in err.value.message
+    healed = fleet.run().health(heal=True)
+    assert healed is not None and any("not healed: `restart`" in h for h in healed.heal)
+    roll.join(timeout=120)
+    assert rolled and rolled[0].ok, rolled and rolled[0].reason
+    assert not lease.exists()  # released at the end
+
+
+def test_a_lease_left_by_a_run_that_died_is_taken_over(fleet: Fleet) -> None:
+    assert fleet.run().up().ok
+    lease = fleet.hosts["node-a"].dir / "state" / "services" / "qwen36" / "lease.json"
+    stale = time.time() - 120
+    lease.write_text(
+        json.dumps({"run_id": "gone", "owner": "someone", "command": "restart", "since": stale, "touched": stale})
+    )
+    assert fleet.run().up().ok
+    assert not lease.exists()

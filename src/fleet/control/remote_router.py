@@ -13,6 +13,7 @@ signalled. Host code: standard library only, Python 3.8.
 """
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -273,7 +274,48 @@ def recall(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"record": read_record(os.path.join(_dir(a, create=False), "service.json")) or {}}
 
 
+def lease(a: Dict[str, Any]) -> Dict[str, Any]:
+    """The service's own lock: one command that changes it (up, a roll, down) at a time. A lease the
+    holder keeps touching; one left untouched for `ttl_s` (its fleet killed, its machine gone) is stale
+    and taken over. `peek`: only say who holds it; `release`: give it up (if it is this run's)."""
+    directory = _dir(a, create=not a.get("peek"))
+    if not os.path.isdir(directory):
+        return {"held": False}
+    path = os.path.join(directory, "lease.json")
+    with open(os.path.join(directory, "lease.guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        held = read_record(path) or {}
+        now = time.time()
+        live = bool(held) and now - float(held.get("touched") or 0) < float(a["ttl_s"])
+        if held and live and held.get("run_id") != a["run_id"]:
+            return {
+                "held": True,
+                "owner": held.get("owner"),
+                "command": held.get("command"),
+                "since": held.get("since"),
+            }
+        if a.get("peek"):
+            return {"held": False}
+        if a.get("release"):
+            if held and held.get("run_id") == a["run_id"]:
+                os.unlink(path)
+            return {"held": False, "released": True}
+        mine = held if held and held.get("run_id") == a["run_id"] else None
+        write_record(
+            path,
+            {
+                "run_id": a["run_id"],
+                "owner": a.get("owner"),
+                "command": a.get("command"),
+                "since": (mine or {}).get("since") or now,
+                "touched": now,
+            },
+        )
+        return {"held": False, "taken_over": dict(held) if held and not mine else None}
+
+
 ACTIONS = {
+    "lease": lease,
     "ensure": ensure,
     "workers": workers,
     "add": add,

@@ -10,7 +10,9 @@ on its host by fleet's router step (remote_router.py), so it needs no port open 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -19,10 +21,10 @@ from typing import Any
 
 from fleet import events
 from fleet.control import ops
-from fleet.control.deploy import DeployResult
+from fleet.control.deploy import DeployResult, owner, run_id
 from fleet.control.gather import read_facts
 from fleet.crashes import Signature
-from fleet.errors import DeployFailed, FleetError, PreflightError
+from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
@@ -41,6 +43,7 @@ from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
 REGISTER_WAIT_S = 60.0
+LEASE_TTL_S = 60.0  # a service's lease untouched this long was left by a run that died
 
 
 @dataclass
@@ -133,6 +136,45 @@ class ServiceRun:
                 assert self._stack is not None, "on() outside a session"
                 self._open[host.name] = self._stack.enter_context(self.connect(host))
             return self._open[host.name]
+
+    # --- the service's own lock ---------------------------------------------------------------------
+
+    @contextmanager
+    def exclusive(self, rt: Transport, command: str) -> Iterator[None]:
+        """Holds the service's lease (on the router's host) while `command` changes the service: a second
+        up, roll or down at once is refused, not interleaved. The lease is touched from a thread of its
+        own over its own connection; one left by a run that died expires after LEASE_TTL_S."""
+        lease = {"do": "lease", "run_id": run_id(), "owner": owner(), "command": command, "ttl_s": LEASE_TTL_S}
+        got = self.router(rt, lease)[0]
+        if got.get("held"):
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(got.get("since") or 0)))
+            raise LockedError(
+                f"service {self.service.name}: {got.get('owner')} is running `{got.get('command')}` on it since "
+                f"{since}; nothing was changed.",
+                f"Wait for it to end (a lease left by a run that died expires after {LEASE_TTL_S:.0f} s).",
+            )
+        done = threading.Event()
+
+        def keep() -> None:
+            with contextlib.suppress(FleetError), self.connect(self.router_host) as t:
+                while not done.wait(LEASE_TTL_S / 4):
+                    with contextlib.suppress(FleetError):
+                        self.router(t, lease)
+
+        keeper = threading.Thread(target=keep, name="service-lease", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            keeper.join(timeout=10)
+            with contextlib.suppress(FleetError):
+                self.router(rt, {**lease, "release": True})
+
+    def _busy(self, rt: Transport) -> str | None:
+        """Who holds the service's lease now, in words; None when nobody does."""
+        got = self.router(rt, {"do": "lease", "run_id": "", "ttl_s": LEASE_TTL_S, "peek": True})[0]
+        return f"`{got.get('command')}` by {got.get('owner')} is under way" if got.get("held") else None
 
     # --- the router ---------------------------------------------------------------------------------
 
@@ -261,7 +303,7 @@ class ServiceRun:
     # --- commands -----------------------------------------------------------------------------------
 
     def up(self) -> ServiceResult:
-        with self.session() as rt:
+        with self.session() as rt, self.exclusive(rt, "up"):
             self.ensure_router(rt, replace=True)
             outcomes = self._by_host(lambda t, r: self._deploy(t, r, relaunch=False))
             ready = [o for o in outcomes if o.ok and o.url]
@@ -317,7 +359,7 @@ class ServiceRun:
         """Restart the replicas one at a time (or, with `rollback`, redeploy each replica that is not serving
         from its last good record), never leaving fewer than `min_healthy` (at least one) serving. Replicas
         that do not serve go first: they cost no capacity, and they may be what later ones need."""
-        with self.session() as rt:
+        with self.session() as rt, self.exclusive(rt, "restart --rollback" if rollback else "restart"):
             started = self.ensure_router(rt, replace=False)["router"] == "started"
             states, workers, records = self.states(rt)
             if started:  # a new router knows no workers: the ready replicas first
@@ -447,6 +489,10 @@ class ServiceRun:
             if not router.get("up"):  # never brought up (or taken down): a file, not a service to check
                 return None
             healed = []
+            busy = self._busy(rt) if heal else None
+            if busy:  # a roll takes replicas out on purpose: healing now would undo its work
+                healed.append(f"not healed: {busy}")
+                heal = False
             if heal and router.get("health") != 200 and not router.get("router_running"):
                 self.ensure_router(rt, replace=False)
                 healed.append("router started again")
@@ -477,7 +523,7 @@ class ServiceRun:
         """Deregister and stop every replica, then stop the router: what was done, one line each, and what
         failed (a replica whose host could not be reached still runs)."""
         done = []
-        with self.session() as rt:
+        with self.session() as rt, self.exclusive(rt, "down"):
             running = self.router(rt, {"do": "health"})[0].get("router_running")
             if running:
                 workers = self.router(rt, {"do": "workers"})[0]["workers"]
