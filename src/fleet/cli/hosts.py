@@ -364,6 +364,7 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
                 f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
                 f"attempts {r.get('attempts') or '-'}"
                 f"{'  container ' + str(r['container']) if r.get('container') else ''}"
+                f"{'  ' + str(r['group']) if r.get('group') else ''}"
                 f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
             )
     if services:

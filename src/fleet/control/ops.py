@@ -537,7 +537,16 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "applied_fixes": st.get("applied_fixes", []),
         "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
+        "group": _group_said(st),
     }
+
+
+def _group_said(st: dict[str, Any]) -> str | None:
+    """`rank 1 of 2 (node-a, node-b)` for a rank of a group (one model over several hosts)."""
+    g = st.get("group")
+    if not isinstance(g, dict) or not isinstance(g.get("hosts"), list):
+        return None
+    return f"rank {g.get('rank')} of {len(g['hosts'])} ({', '.join(map(str, g['hosts']))})"
 
 
 def _recorded_groups(facts: HostFacts) -> set[int]:
