@@ -107,6 +107,7 @@ def preflight(fa: object, fb: object, **kw: object) -> list[str]:
     r, _ = group_plans()
     plans = kw.pop("plans", [r.plan, r.plan])
     counts = kw.pop("counts", [2, 2])
+    fb = replace(fb, hostname=f"{fb.hostname}-b")  # type: ignore[type-var]  # two machines
     return [v.message for v in group_preflight(NODES, [fa, fb], plans, counts, 50000, str(kw.pop("engine", "sglang")))]
 
 
@@ -143,7 +144,9 @@ def test_rank_0s_dist_port_held_by_something_else_is_refused() -> None:
     assert any(
         "dist_port 50000 on node-a (rank 0) is held (pid 4242" in m for m in preflight(reached(held), reached(f))
     )
-    own = group_preflight(NODES, [reached(held), reached(f)], [r.plan, r.plan], [2, 2], 50000, "sglang", {4242})
+    own = group_preflight(
+        NODES, [reached(held), reached(replace(f, hostname="b"))], [r.plan, r.plan], [2, 2], 50000, "sglang", {4242}
+    )
     assert own == []  # the group's own rank 0 holds it: a redeploy stops it first
 
 
@@ -195,3 +198,24 @@ def test_the_inventorys_interface_wins_over_the_one_found_and_loopback_is_never_
     found = Node(0, "a", "10.0.0.1", None).with_found_interface("eth7")
     assert found.interface == "eth7" and found.interface_from == "route"
     assert Node(0, "a", "10.0.0.1", None).with_found_interface("lo").interface is None
+
+
+def test_two_nodes_with_one_address_one_machine_or_a_loopback_rank_0_are_refused() -> None:
+    r, f = group_plans()
+    same = [Node(0, "node-a", "10.0.0.1", None), Node(1, "node-b", "10.0.0.1", None)]
+    said = [
+        v.message for v in group_preflight(same, [reached(f), reached(f)], [r.plan, r.plan], [2, 2], 50000, "sglang")
+    ]
+    assert any("same address" in m for m in said) and any("same machine" in m for m in said)
+    loop = [Node(0, "node-a", "127.0.0.1", None), Node(1, "node-b", "10.0.0.2", None)]
+    fb = replace(f, hostname="other")
+    said = [
+        v.message for v in group_preflight(loop, [reached(f), reached(fb)], [r.plan, r.plan], [2, 2], 50000, "sglang")
+    ]
+    assert said and "loopback" in said[0]
+
+
+def test_a_misconfiguration_is_given_up_at_once_not_relaunched_as_it_was() -> None:
+    for signature in ("multinode-socket-interface-missing", "multinode-rank0-unreachable", "multinode-gloo-mesh"):
+        assert isinstance(group_decision(diagnosis("worker_timeout", signature), [], 1, 4), GiveUp)
+    assert isinstance(group_decision(diagnosis("worker_timeout", "multinode-peer-never-joined"), [], 1, 4), Relaunch)

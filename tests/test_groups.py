@@ -310,3 +310,78 @@ def test_without_network_interface_each_node_gets_the_interface_its_route_to_ran
         env = {e.name: e for e in r.plan.env}
         assert env["GLOO_SOCKET_IFNAME"].value == group.hosts[name].interface  # the bridge's, not lo
         assert "route to rank 0" in env["GLOO_SOCKET_IFNAME"].reason
+
+
+class FailingTransport:
+    """A host's transport whose `n`th command (run or stream) fails as a dropped connection does."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self.inner, self.n, self.calls = inner, n, 0
+        self.host_name = inner.host_name
+
+    def _count(self) -> None:
+        from fleet.errors import HostUnreachable
+
+        self.calls += 1
+        if self.calls == self.n:
+            raise HostUnreachable(f"{self.host_name}: the connection dropped (cut by the test).", "")
+
+    def run(self, script: str, **kw: Any) -> Any:
+        self._count()
+        return self.inner.run(script, **kw)
+
+    def stream(self, *a: Any, **kw: Any) -> Any:
+        self._count()
+        return self.inner.stream(*a, **kw)
+
+    @property
+    def commands_run(self) -> int:
+        return int(self.inner.commands_run)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_rank_0_lost_at_launch_stops_the_rank_launched_elsewhere_and_frees_its_lock(group: Group) -> None:
+    from contextlib import nullcontext
+
+    from fleet.errors import HostUnreachable
+
+    first = {"node-a": True}
+
+    def connect(host: Any) -> Any:
+        t = group.hosts[host.name].transport()
+        if host.name == "node-a" and first.pop("node-a", False):  # facts (1), prepare (2), launch (3)
+            return nullcontext(FailingTransport(t, 3))
+        return nullcontext(t)
+
+    run = group.run()
+    run.connect = connect
+    with pytest.raises(HostUnreachable):
+        run.deploy()
+    assert group.engines("node-a") == [] and group.engines("node-b") == []  # never half a group
+    lock = group.hosts["node-b"].dir / "state" / "deployments" / "group" / "lock.json"
+    assert not lock.exists()
+    assert group.state("node-a").get("status") != "stopped"  # nothing launched there: no record invented
+
+
+def test_a_redeploy_the_engine_rejects_leaves_the_running_group_serving(group: Group) -> None:
+    assert group.run().deploy().ok
+    before = group.engines("node-a") + group.engines("node-b")
+    group.playbook_path.write_text(PLAYBOOK + "extra_args: [--no-such-flag]\n")
+    result = group.run().deploy()
+    assert not result.ok and result.attempts[-1].outcome == "rejected"
+    assert group.engines("node-a") + group.engines("node-b") == before  # nothing was stopped anywhere
+    assert ask(group.hosts["node-a"].spec.address) == (200, " Paris.")
+    assert group.state("node-a")["status"] == group.state("node-b")["status"] == "ready"
+
+
+def test_a_group_playbook_is_never_deployed_on_one_host_alone(group: Group) -> None:
+    from fleet.control import ops
+    from fleet.errors import ConfigError
+
+    a = group.hosts["node-a"]
+    pb = load_playbook(str(group.playbook_path), ROOT)
+    with pytest.raises(ConfigError) as err:
+        ops.deploy(a.transport(), a.host, pb, force=False, engine_check=False, progress=events.ignore)
+    assert "spread over its hosts" in err.value.message and group.engines("node-a") == []

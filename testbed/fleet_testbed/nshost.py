@@ -79,7 +79,7 @@ class NamespaceHost:
     ) -> None:
         """`network`: the host gets a network namespace of its own on that bridge (its address is then
         the bridge's, not `bind_address`); else it shares this machine's network and binds `bind_address`."""
-        own_net = ["--net"] if network is not None else []
+        own_net = ["--net", "--uts"] if network is not None else []  # and a host name of its own
         self._outer = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount-proc", *own_net, "--kill-child", "sleep", "infinity"],
             start_new_session=True,
@@ -88,6 +88,7 @@ class NamespaceHost:
         self.interface = "lo"
         if network is not None:
             bind_address, self.interface = network.attach(self.init_pid)
+            subprocess.run(["nsenter", "--target", str(self.init_pid), "--uts", "hostname", spec.name], check=True)
         self.namespaces = ["--pid", "--mount", *own_net]
         self.spec = replace(spec, address=bind_address)
         self.dir = simhost.build_host(root, self.spec)

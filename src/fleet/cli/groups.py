@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -116,7 +117,10 @@ def print_group_result(r: GroupResult) -> None:
         say(f"  last log lines of rank {r.failed_rank.rank} ({r.failed_rank.host}):", err=True)
         for line in r.failed_rank.lines[-30:]:
             say(f"    {line}", err=True)
-    say("  every rank was stopped: a group is never left half up.", err=True)
+    if r.not_stopped:
+        say(f"  NOT stopped: {'; '.join(r.not_stopped)} — run fleet stop {r.playbook} once it is reachable.", err=True)
+    else:
+        say("  every rank was stopped: a group is never left half up.", err=True)
 
 
 def group_result_json(r: GroupResult) -> dict[str, Any]:
@@ -129,6 +133,7 @@ def group_result_json(r: GroupResult) -> dict[str, Any]:
         "endpoint": r.endpoint,
         "attempts": [attempt_json(a) for a in r.attempts],
         "failed_rank": {"rank": failed.rank, "host": failed.host, "ended": failed.ended} if failed else None,
+        "not_stopped": r.not_stopped,
     }
 
 
@@ -147,9 +152,10 @@ def groups_here(ctx: Invocation) -> list[NamedPlaybook]:
     return out
 
 
-def group_health(ctx: Invocation, heal: bool) -> list[HostHealth]:
-    """Each group that is deployed as one result named group/NAME: every rank alive and ready; with --heal
-    a group with a rank down is relaunched whole."""
+def group_health(ctx: Invocation, heal: bool, hosts_checked: Sequence[HostHealth] = ()) -> list[HostHealth]:
+    """Each group that is deployed as one result named group/NAME: every rank alive and ready, and rank 0's
+    server sound as its host's check found it (`hosts_checked`); with --heal a broken group is relaunched
+    whole."""
     from fleet.errors import FleetError
     from fleet.health import UNKNOWN, HostHealth
     from fleet.health.checks import Check
@@ -157,7 +163,13 @@ def group_health(ctx: Invocation, heal: bool) -> list[HostHealth]:
     out: list[HostHealth] = []
     for pb in groups_here(ctx):
         try:
-            h = group_run(ctx, pb).health(heal=heal)
+            rank0 = next((r for r in hosts_checked if r.host == (pb.spec.hosts or [""])[0]), None)
+            problems = [
+                f"{c.name}: {c.detail}"
+                for c in (rank0.checks if rank0 else ())
+                if c.deployment == pb.name and c.status == "critical"
+            ]
+            h = group_run(ctx, pb).health(heal=heal, rank0_problems=problems)
         except FleetError as exc:
             out.append(HostHealth(f"group/{pb.name}", UNKNOWN, (Check("group", UNKNOWN, exc.message),)))
             continue

@@ -356,7 +356,7 @@ def _health_run(
         from fleet.cli.groups import group_health
 
         results += _service_health(ctx, options)
-        results += group_health(ctx, options.heal)
+        results += group_health(ctx, options.heal, results)
     results.sort(key=lambda r: (-SEVERITY[r.status], r.host))
     for r in results:
         logger.info(

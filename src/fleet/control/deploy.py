@@ -243,8 +243,12 @@ class Deployer:
         state: StateRecord | None,
         release_lock: bool = False,
         command: str = "deploy",
+        prepare_only: bool = False,
     ) -> ActResult:
+        """`prepare_only`: lock, check and sort what holds the GPUs, and stop there (the lock kept): a group
+        prepares every host before it stops anything on any."""
         args: dict[str, Any] = {
+            "prepare_only": prepare_only,
             "lock": {**self._lock_args(command, places=launch), "ports": planned_ports(plan)},
             "free": self._free_args(plan.port, recorded_pgid),
             "state_update": state,

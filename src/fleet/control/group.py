@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from fleet import events
 from fleet.control import ops
@@ -37,6 +40,7 @@ from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -59,6 +63,7 @@ class GroupResult:
     reason: str = ""
     endpoint: str = ""
     failed_rank: RankOutcome | None = None  # the rank whose failure was diagnosed, on the last attempt
+    not_stopped: list[str] = field(default_factory=list)  # hosts whose rank could not be stopped, with why
 
 
 @dataclass
@@ -188,9 +193,8 @@ class GroupRun:
             pgids = [ops.recorded_pgid(recorded(f, self.playbook.name)) for f in all_facts]
             try:
                 return self._attempts(deployers, placed, pgids)
-            except KeyboardInterrupt:
-                for d in deployers:
-                    d._abandon()
+            except KeyboardInterrupt:  # every rank at once: a watcher's host notices its client gone by itself
+                _in_parallel(lambda i: deployers[i]._abandon(), range(len(deployers)))
                 raise
 
     def _attempts(self, deployers: list[Deployer], placed: list[PlanResult], pgids: list[int | None]) -> GroupResult:
@@ -207,12 +211,10 @@ class GroupRun:
             t0 = time.monotonic()
             for d, plan in zip(deployers, ranked, strict=True):
                 d.progress(events.AttemptStarted(attempt, pb.max_attempts, plan.argv()))
-            outs = self._act_all(deployers, ranked, attempt, pgids)
-            failed: RankOutcome | None = _rejected(outs, self.hosts, deployers)
-            if failed is not None:  # the engine refused the command there; stop the ranks launched elsewhere
-                self._stop_all(deployers, ranked, "the engine rejected the command", _launched(outs))
-            else:
-                failed = self._watch_all(deployers, ranked, outs, attempt)
+            failed = self._prepare_all(deployers, ranked, attempt, pgids)
+            if failed is None:
+                outs = self._launch_all(deployers, ranked, attempt, pgids, result)
+                failed = self._watch_all(deployers, ranked, outs, attempt, result)
                 if failed is None:
                     rec.outcome = "ready"
                     result.ok = True
@@ -233,7 +235,10 @@ class GroupRun:
             decision = group_decision(rec.diagnosis, applied, attempt, pb.max_attempts, failed.lines)
             if isinstance(decision, GiveUp):
                 result.reason = f"rank {failed.rank} ({failed.host}): {decision.reason}"
-                self._give_up(deployers, ranked, attempt, result.reason, rec.diagnosis)
+                if any(a.outcome != "rejected" for a in result.attempts):
+                    self._give_up(deployers, ranked, attempt, result.reason, rec.diagnosis)
+                else:  # the engine refused every command line: nothing was stopped, the running group serves on
+                    _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                 return result
             plans = [
                 relint(apply_fix(p, decision.fix, decision.signature, decision.reason), r.model, r.gpus, r.wishes)
@@ -251,44 +256,101 @@ class GroupRun:
                         fix=rec.fix,
                         explanation=f"the whole group is relaunched: {decision.reason}",
                         elapsed_s=rec.seconds,
-                        nothing_stopped=False,
+                        nothing_stopped=rec.outcome == "rejected",
                     )
                 )
 
-    def _act_all(
+    def _prepare_all(
         self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int, pgids: list[int | None]
-    ) -> list[ActResult]:
-        """Every rank's act step at once. A rank that refuses (locked, a holder fleet will not kill)
-        stops the ranks that did launch, then the refusal is raised."""
+    ) -> RankOutcome | None:
+        """Every host locked, the engine's check run, and what holds the GPUs sorted, before anything is
+        stopped on any host. A refusal anywhere (locked, a holder fleet will not kill, no disk) frees every
+        lock taken and is raised; a rejected command line is returned as the rank's outcome."""
 
-        def act(i: int) -> ActResult:
+        def prepare(i: int) -> ActResult:
             d = deployers[i]
-            state = d.record(plans[i], "starting", attempt=attempt)
-            state["run_id"], state["deployed_by"] = d.run_id, d.owner
             check = d.engine_check and attempt == 1
-            return d.act(plans[i], attempt=attempt, launch=True, check=check, recorded_pgid=pgids[i], state=state)
+            return d.act(
+                plans[i],
+                attempt=attempt,
+                launch=True,
+                check=check,
+                recorded_pgid=pgids[i],
+                state=None,
+                prepare_only=True,
+            )
 
-        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
-            futures = [pool.submit(act, i) for i in range(len(deployers))]
-        outs: list[ActResult] = []
+        answers = _in_parallel(prepare, range(len(deployers)))
         error: FleetError | None = None
-        for d, f in zip(deployers, futures, strict=True):
+        rejected: RankOutcome | None = None
+        for i, d in enumerate(deployers):
+            out = answers[i]
+            if isinstance(out, FleetError):
+                error = error or out
+                continue
+            check = out.get("check")
+            if check and check["verdict"] == "rejected" and rejected is None:
+                said = redact(str(check["output"]), d.secrets).splitlines()
+                rejected = RankOutcome(i, self.hosts[i].name, "rejected", said, time.monotonic())
+                continue
             try:
-                out = f.result()
-                outs.append(out)
                 d._stop_if_locked_or_unsafe(out)
             except FleetError as exc:
                 error = error or exc
+        if error is not None or rejected is not None:
+            taken = [
+                i for i, out in answers.items() if not isinstance(out, FleetError) and out["lock"]["status"] == "taken"
+            ]
+            _in_parallel(lambda i: deployers[i]._release(), taken)
         if error is not None:
-            self._stop_all(deployers, plans, f"another rank could not start: {error.message}", _launched(outs))
             raise error
-        return outs
+        return rejected
+
+    def _launch_all(
+        self,
+        deployers: list[Deployer],
+        plans: list[LaunchPlan],
+        attempt: int,
+        pgids: list[int | None],
+        result: GroupResult,
+    ) -> list[ActResult]:
+        """Every rank stopped and launched at once (the hosts were prepared). A rank that fails now stops
+        the ranks that did launch, then its error is raised."""
+
+        def launch(i: int) -> ActResult:
+            d = deployers[i]
+            state = d.record(plans[i], "starting", attempt=attempt)
+            state["run_id"], state["deployed_by"] = d.run_id, d.owner
+            out = d.act(plans[i], attempt=attempt, launch=True, check=False, recorded_pgid=pgids[i], state=state)
+            d._stop_if_locked_or_unsafe(out)
+            return out
+
+        answers = _in_parallel(launch, range(len(deployers)))
+        errors = [a for a in answers.values() if isinstance(a, FleetError)]
+        if errors:
+            launched = [i for i, a in answers.items() if not isinstance(a, FleetError) and a.get("launched")]
+            result.not_stopped = self._stop_all(
+                deployers, plans, f"another rank could not start: {errors[0].message}", launched, release=True
+            )
+            if result.not_stopped:
+                raise DeployFailed(
+                    f"{errors[0].message}; the ranks launched elsewhere could NOT all be stopped: "
+                    f"{'; '.join(result.not_stopped)}",
+                    f"Run fleet stop {self.playbook.name} once the hosts are reachable.",
+                )
+            raise errors[0]
+        return [a for a in answers.values() if not isinstance(a, FleetError)]  # all ActResult here
 
     def _watch_all(
-        self, deployers: list[Deployer], plans: list[LaunchPlan], outs: list[ActResult], attempt: int
+        self,
+        deployers: list[Deployer],
+        plans: list[LaunchPlan],
+        outs: list[ActResult],
+        attempt: int,
+        result: GroupResult,
     ) -> RankOutcome | None:
-        """Watches every rank; None when all are done. On the first rank that fails, the group is
-        stopped (so every other watcher ends too) and that rank's outcome returned."""
+        """Watches every rank; None when all are done. On the first rank that fails (or whose host is
+        lost), the group is stopped (so every other watcher ends too) and that rank's outcome returned."""
 
         def watch(i: int) -> RankOutcome:
             rec = Attempt(0, plans[i].argv())
@@ -301,45 +363,64 @@ class GroupRun:
                 "learned_key": "",
                 "learned": [],
             }
-            watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success)
+            try:
+                watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success)
+            except FleetError as exc:  # its host lost while watching: the rank is lost to the group
+                return RankOutcome(i, self.hosts[i].name, "lost", [f"[fleet] {exc.message}"], time.monotonic())
             last: WatchEvent = watched[-1] if watched else {"e": "error"}
             said = synthetic_line(last)
             if said:
                 lines.append(said)
             return RankOutcome(i, self.hosts[i].name, str(last["e"]), lines, time.monotonic())
 
+        ended: queue.Queue[RankOutcome] = queue.Queue()
+        for i in range(len(deployers)):  # daemon threads: Ctrl-C is not held up by a watcher
+            threading.Thread(target=lambda i=i: ended.put(watch(i)), name=f"watch-rank{i}", daemon=True).start()
         failed: RankOutcome | None = None
-        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
-            pending: set[Future[RankOutcome]] = {pool.submit(watch, i) for i in range(len(deployers))}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    try:
-                        outcome = f.result()
-                    except FleetError as exc:
-                        outcome = RankOutcome(-1, "?", "error", [f"[fleet] {exc.message}"], time.monotonic())
-                    if outcome.ended != "done" and failed is None:
-                        failed = outcome
-                        why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
-                        self._stop_all(deployers, plans, why, range(len(deployers)))
+        for _ in range(len(deployers)):
+            outcome = ended.get()
+            if outcome.ended != "done" and failed is None:
+                failed = outcome
+                why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
+                result.not_stopped = self._stop_all(deployers, plans, why, range(len(deployers)))
         return failed
 
-    def _stop_all(self, deployers: list[Deployer], plans: list[LaunchPlan], why: str, ranks: Iterable[int]) -> None:
-        """Stops these ranks of the group, each over a connection of its own (its watcher holds the other)."""
+    def _stop_all(
+        self,
+        deployers: list[Deployer],
+        plans: list[LaunchPlan],
+        why: str,
+        ranks: Iterable[int],
+        release: bool = False,
+    ) -> list[str]:
+        """Stops these ranks, each over a connection of its own (its watcher holds the other); returns the
+        hosts where that could not be done, with why."""
 
-        def stop(i: int) -> None:
+        def stop(i: int) -> str | None:
             d = deployers[i]
-            with contextlib.suppress(TransportError, HostStepError), self.connect(self.hosts[i]) as t:
+            with self.connect(self.hosts[i]) as t:
                 other = copy.copy(d)
                 other.t = t
                 state = d.record(plans[i], "stopped", attempt=0)
                 state["reason"] = f"the group is stopped as a whole: {why}"
-                other.act(plans[i], attempt=0, launch=False, check=False, recorded_pgid=None, state=state)
+                out = other.act(
+                    plans[i],
+                    attempt=0,
+                    launch=False,
+                    check=False,
+                    recorded_pgid=None,
+                    state=state,
+                    release_lock=release,
+                )
+            lock = out["lock"]
+            return None if lock["status"] == "taken" else f"{self.hosts[i].name}: lock {lock['status']}"
 
-        chosen = list(ranks)
-        if chosen:
-            with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
-                list(pool.map(stop, chosen))
+        answers = _in_parallel(stop, list(ranks))
+        return [
+            f"{self.hosts[i].name}: {a.message}" if isinstance(a, FleetError) else str(a)
+            for i, a in answers.items()
+            if a is not None
+        ]
 
     def _give_up(
         self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int, reason: str, diagnosis: Diagnosis
@@ -348,8 +429,10 @@ class GroupRun:
             d = deployers[i]
             state = d.record(plans[i], "failed", attempt=attempt)
             state["reason"], state["diagnosis"] = reason, diagnosis.to_json()
-            with contextlib.suppress(TransportError, HostStepError):
-                d.act(
+            with contextlib.suppress(TransportError, HostStepError), self.connect(self.hosts[i]) as t:
+                other = copy.copy(d)
+                other.t = t
+                other.act(
                     plans[i],
                     attempt=attempt,
                     launch=False,
@@ -360,19 +443,21 @@ class GroupRun:
                     command="give-up",
                 )
 
-        with ThreadPoolExecutor(max_workers=len(deployers)) as pool:
-            list(pool.map(give_up, range(len(deployers))))
+        _in_parallel(give_up, range(len(deployers)))
 
     # -- health --------------------------------------------------------------------------------------
 
-    def health(self, *, heal: bool) -> GroupHealth | None:
+    def health(self, *, heal: bool, rank0_problems: Sequence[str] = ()) -> GroupHealth | None:
         """The group as a whole: every rank's recorded server alive and ready. None when the group was never
         deployed (or was stopped). Rank 0 may answer while another rank is gone (its collectives hang until
-        NCCL's watchdog ends it): one rank down is the group down. `heal` relaunches the group whole."""
+        NCCL's watchdog ends it): one rank down is the group down. `rank0_problems`: what the per-host check
+        found wrong with rank 0's server (HTTP, a generation). `heal` relaunches the group whole, unless the
+        last deploy gave it up (an operator decides then: a heal would only repeat the failure)."""
         name = self.playbook.name
         checks: list[Check] = []
         recorded_any = False
-        broken = False
+        broken = bool(rank0_problems)
+        given_up = False
         for i, host in enumerate(self.hosts):
             try:
                 with self.connect(host) as t:
@@ -388,6 +473,7 @@ class GroupRun:
                 broken = True
                 continue
             recorded_any = recorded_any or st.get("status") != "stopped"
+            given_up = given_up or st.get("status") == "failed"
             alive = any(p.pid == st.get("pid") for p in f.servers)
             if st.get("status") == "ready" and alive:
                 checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {st.get('pid')} alive, ready"))
@@ -403,6 +489,8 @@ class GroupRun:
                 broken = True
         if not recorded_any:
             return None
+        for problem in rank0_problems:
+            checks.append(Check("rank0", CRITICAL, f"{self.hosts[0].name}: {problem}"))
         if not broken:
             return GroupHealth(name, OK, checks)
         checks.append(
@@ -410,6 +498,10 @@ class GroupRun:
         )
         if not heal:
             return GroupHealth(name, CRITICAL, checks)
+        if given_up:
+            return GroupHealth(
+                name, CRITICAL, checks, f"not healed: the last deploy gave it up (fleet deploy {name} after a fix)"
+            )
         try:
             result = self.deploy()
         except FleetError as exc:
@@ -443,16 +535,25 @@ class GroupRun:
         return lines
 
 
-def _launched(outs: Sequence[ActResult]) -> list[int]:
-    """The ranks whose act step launched a server (a refused or rejected rank launched none)."""
-    return [i for i, out in enumerate(outs) if out.get("launched")]
+def _in_parallel(fn: Callable[[int], T], ranks: Iterable[int]) -> dict[int, T | FleetError]:
+    """`fn` for each rank at once, in daemon threads (Ctrl-C is not held up by one); what each returned, or
+    the FleetError it raised, by rank. Any other exception is raised here."""
+    results: dict[int, T | FleetError] = {}
+    crashed: list[BaseException] = []
 
+    def run(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except FleetError as exc:
+            results[i] = exc
+        except Exception as exc:  # a bug: raised in the caller, not lost in a thread
+            crashed.append(exc)
 
-def _rejected(outs: Sequence[ActResult], hosts: Sequence[Host], deployers: Sequence[Deployer]) -> RankOutcome | None:
-    """The first rank whose engine check rejected the command line, with what the engine said."""
-    for i, out in enumerate(outs):
-        check = out.get("check")
-        if check and check["verdict"] == "rejected":
-            said = redact(str(check["output"]), deployers[i].secrets).splitlines()
-            return RankOutcome(i, hosts[i].name, "rejected", said, time.monotonic())
-    return None
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if crashed:
+        raise crashed[0]
+    return dict(sorted(results.items()))

@@ -69,6 +69,12 @@ def deploy(
     `relaunch` restarts a server already running this plan instead of adopting it (a rolling restart);
     `drain_s` bounds how long the old server may finish its requests after SIGTERM; `keep_other_plan`
     refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead)."""
+    if playbook.spec.hosts:  # one model over several hosts is never launched on one of them alone
+        raise ConfigError(
+            f"{playbook.where('hosts')}: {playbook.name} is spread over its hosts: ({', '.join(playbook.spec.hosts)}); "
+            f"it cannot run on {host.name} alone (nor as a service's replica).",
+            f"Deploy it as a group: fleet deploy {playbook.name}.",
+        )
     deployment = deployment_name(name, playbook)
     path = model_path(host, playbook.spec.model)
     runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)

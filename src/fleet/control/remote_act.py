@@ -452,6 +452,8 @@ def main() -> ActResult:
     out["refused"] = refused
     if refused and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
         return out
+    if a.get("prepare_only"):  # a group's first step on each host: locked and checked, nothing stopped yet
+        return out
     if gone():  # nobody would watch what happens next: change nothing, free the host
         release_lock(state_dir, a["lock"]["run_id"])
         out["client_gone"] = True

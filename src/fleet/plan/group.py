@@ -17,6 +17,9 @@ from fleet.plan.types import EnvVar, Fix, Flag, LaunchPlan, Verdict, show_versio
 
 RULE = "multi-node"
 GROUP_RELAUNCH = "group-member-lost"
+# What a rank lost to the group looks like from the survivors (or from the rank itself): worth relaunching
+LOST = {"nccl-collective-watchdog", "multinode-peer-never-joined"}
+LOOPBACK = ("127.", "::1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,28 @@ def group_preflight(
                 "or node_address: for it in the inventory",
             )
         )
+    addresses = [n.address for n in nodes if n.address]
+    if len(set(addresses)) < len(addresses):
+        out.append(
+            Verdict(
+                "error", RULE, f"two nodes have the same address ({', '.join(addresses)}); each rank needs its own host"
+            )
+        )
+    boxes = [f.hostname for f in facts if f.hostname]
+    if len(set(boxes)) < len(boxes):
+        shown = ", ".join(f"{n.host}: {f.hostname}" for n, f in zip(nodes, facts, strict=True))
+        out.append(
+            Verdict("error", RULE, f"two inventory hosts are the same machine ({shown}); each rank needs its own")
+        )
+    if nodes[0].address.startswith(LOOPBACK):
+        out.append(
+            Verdict(
+                "error",
+                RULE,
+                f"rank 0's address {nodes[0].address} is a loopback address: the other nodes would reach "
+                "themselves; set node_address: for it in the inventory",
+            )
+        )
     versions = {n.host: show_version(p.engine_version) for n, p in zip(nodes, plans, strict=True)}
     if len(set(versions.values())) > 1:
         shown = ", ".join(f"{h} {v}" for h, v in versions.items())
@@ -176,7 +201,9 @@ PER_NODE_FLAGS = {"--host", "--model-path", "--model"}
 
 
 def _shared_words(plan: LaunchPlan) -> list[str]:
-    return [w for f in plan.flags if f.name not in PER_NODE_FLAGS for w in f.words()]
+    """The command and environment every rank must share (an environment fix learned on one node too)."""
+    flags = [w for f in plan.flags if f.name not in PER_NODE_FLAGS for w in f.words()]
+    return flags + sorted(f"{e.name}={e.value}" for e in plan.env)
 
 
 def _model_shape(facts: HostFacts) -> str:
@@ -195,7 +222,8 @@ def group_decision(
     decision = decide(diagnosis, applied, attempt, max_attempts)
     if isinstance(decision, Relaunch):
         return decision
-    lost = diagnosis.category == "worker_timeout" or any(x.startswith("[fleet] engine killed by signal") for x in lines)
+    # a wrong address, a firewall or a missing interface fails the same way again: only a loss is retried
+    lost = diagnosis.signature in LOST or any(x.startswith("[fleet] engine killed by signal") for x in lines)
     if not lost or GROUP_RELAUNCH in applied or attempt >= max_attempts:
         return decision
     return Relaunch(
