@@ -385,3 +385,24 @@ def test_a_group_playbook_is_never_deployed_on_one_host_alone(group: Group) -> N
     with pytest.raises(ConfigError) as err:
         ops.deploy(a.transport(), a.host, pb, force=False, engine_check=False, progress=events.ignore)
     assert "spread over its hosts" in err.value.message and group.engines("node-a") == []
+
+
+def test_a_stop_while_the_group_is_being_proven_is_refused_on_every_host(group: Group) -> None:
+    import threading
+
+    from fleet.errors import DeployFailed
+
+    simhost.set_host(group.hosts["node-a"].dir, generation_delay_s=4)  # rank 0's smoke answer takes a while
+    results: list[Any] = []
+    deploying = threading.Thread(target=lambda: results.append(group.run().deploy()))
+    deploying.start()
+    deadline = time.monotonic() + 60
+    while group.state("node-b").get("status") != "ready" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group.state("node-b").get("status") == "ready"  # rank 1 proven, rank 0 not yet
+    with pytest.raises(DeployFailed) as err:
+        group.run().stop()
+    assert "node-a" in err.value.message and "node-b" in err.value.message and "locked" in err.value.message
+    deploying.join(timeout=60)
+    assert results and results[0].ok, results and results[0].reason
+    assert group.engines("node-a") and group.engines("node-b")  # the stop touched neither rank

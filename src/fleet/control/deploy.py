@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -103,6 +104,15 @@ class DeployResult:
             if self.deployment not in ("", self.playbook)
             else self.playbook
         )
+
+
+class Hold:
+    """A group's rank, proven, holding its lock until the whole group is: `on_done` says it is proven,
+    `released` lets it go."""
+
+    def __init__(self, on_done: Callable[[], None]) -> None:
+        self.on_done = on_done
+        self.released = threading.Event()
 
 
 DRAIN_S = 15.0  # how long a stopped server may finish its requests after SIGTERM
@@ -301,9 +311,15 @@ class Deployer:
         )
 
     def watch(
-        self, plan: LaunchPlan, launched: Launched, success: dict[str, Any], on_line: Callable[[str], None]
+        self,
+        plan: LaunchPlan,
+        launched: Launched,
+        success: dict[str, Any],
+        on_line: Callable[[str], None],
+        hold: Hold | None = None,
     ) -> list[WatchEvent]:
-        """Stream the attempt; reconnect and resume from the last byte offset if the connection drops."""
+        """Stream the attempt; reconnect and resume from the last byte offset if the connection drops.
+        `hold`: a group's rank keeps its lock once proven, until `hold.released` (see remote_watch.hold)."""
         offset = 0
         watched: list[WatchEvent] = []
         buf = b""
@@ -316,6 +332,12 @@ class Deployer:
                 if not raw.strip():
                     continue
                 ev = json.loads(raw)
+                if ev["e"] == "held" and hold is not None:
+                    if hold.released.is_set():
+                        return False
+                    continue
+                if ev["e"] == "done" and hold is not None:
+                    hold.on_done()
                 if ev["e"] == "line":
                     offset = ev["o"]
                     on_line(ev["t"])
@@ -349,6 +371,7 @@ class Deployer:
                 "deployment": self.deployment,
                 "run_id": self.run_id,
                 "owner": self.owner,
+                "hold": hold is not None,
             }
             script = script_for("watch", args, [plan.python])
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
@@ -537,7 +560,7 @@ class Deployer:
             )
 
     def _watch_attempt(
-        self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any]
+        self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any], hold: Hold | None = None
     ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
         self.progress(events.Stopped(list(out.get("stopped", [])), list(out.get("left", [])), out.get("memory")))
@@ -551,7 +574,7 @@ class Deployer:
             lines.append(shown)
             self.progress(events.LogLine(shown))
 
-        return self.watch(plan, launched, success, on_line), lines
+        return self.watch(plan, launched, success, on_line, hold), lines
 
     def _release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale

@@ -24,7 +24,7 @@ from typing import TypeVar
 from fleet import events
 from fleet.control import ops
 from fleet.control.answers import synthetic_line
-from fleet.control.deploy import Attempt, Deployer, log_context, recorded
+from fleet.control.deploy import Attempt, Deployer, Hold, log_context, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
@@ -215,7 +215,8 @@ class GroupRun:
             if failed is None:
                 outs = self._launch_all(deployers, ranked, attempt, pgids, result)
                 failed = self._watch_all(deployers, ranked, outs, attempt, result)
-                if failed is None:
+                if failed is None:  # every rank proven: their locks, held until now, go together
+                    _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                     rec.outcome = "ready"
                     result.ok = True
                     result.endpoint = f"http://{ranked[0].check_address}:{ranked[0].port}"
@@ -352,6 +353,12 @@ class GroupRun:
         """Watches every rank; None when all are done. On the first rank that fails (or whose host is
         lost), the group is stopped (so every other watcher ends too) and that rank's outcome returned."""
 
+        ended: queue.Queue[RankOutcome] = queue.Queue()
+        holds = [
+            Hold(lambda i=i: ended.put(RankOutcome(i, self.hosts[i].name, "done", [], time.monotonic())))  # type: ignore[misc]
+            for i in range(len(deployers))
+        ]
+
         def watch(i: int) -> RankOutcome:
             rec = Attempt(0, plans[i].argv())
             success = {
@@ -364,7 +371,7 @@ class GroupRun:
                 "learned": [],
             }
             try:
-                watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success)
+                watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success, holds[i])
             except FleetError as exc:  # its host lost while watching: the rank is lost to the group
                 return RankOutcome(i, self.hosts[i].name, "lost", [f"[fleet] {exc.message}"], time.monotonic())
             last: WatchEvent = watched[-1] if watched else {"e": "error"}
@@ -373,16 +380,30 @@ class GroupRun:
                 lines.append(said)
             return RankOutcome(i, self.hosts[i].name, str(last["e"]), lines, time.monotonic())
 
-        ended: queue.Queue[RankOutcome] = queue.Queue()
-        for i in range(len(deployers)):  # daemon threads: Ctrl-C is not held up by a watcher
-            threading.Thread(target=lambda i=i: ended.put(watch(i)), name=f"watch-rank{i}", daemon=True).start()
+        def follow(i: int) -> None:
+            outcome = watch(i)
+            if outcome.ended != "done":  # a proven rank said so already (its hold)
+                ended.put(outcome)
+
+        watchers = [  # daemon threads: Ctrl-C is not held up by a watcher
+            threading.Thread(target=follow, args=(i,), name=f"watch-rank{i}", daemon=True)
+            for i in range(len(deployers))
+        ]
+        for w in watchers:
+            w.start()
         failed: RankOutcome | None = None
-        for _ in range(len(deployers)):
-            outcome = ended.get()
-            if outcome.ended != "done" and failed is None:
-                failed = outcome
-                why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
-                result.not_stopped = self._stop_all(deployers, plans, why, range(len(deployers)))
+        try:
+            for _ in range(len(deployers)):  # each rank once: proven, or failed
+                outcome = ended.get()
+                if outcome.ended != "done" and failed is None:
+                    failed = outcome
+                    why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
+                    result.not_stopped = self._stop_all(deployers, plans, why, range(len(deployers)))
+        finally:
+            for h in holds:  # every rank proven (or the group stopped): the watchers let go
+                h.released.set()
+        for w in watchers:
+            w.join(timeout=30)
         return failed
 
     def _stop_all(

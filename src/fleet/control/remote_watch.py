@@ -9,7 +9,8 @@ object per line:
   {"e":"ready_line"}   {"e":"ready_http"}   {"e":"health","code":200}
   {"e":"smoke","ok":bool,"status":..,"text":..}   {"e":"exit","code":..}   {"e":"timeout","what":..}
   {"e":"done"}   {"e":"lost_lock","why":..}
-A group's rank other than 0 (no smoke prompt given) is done once its `/health` answers 200.
+A group's rank other than 0 (no smoke prompt given) is done once its `/health` answers 200. With `hold`, a
+rank that is done keeps its lock, saying {"e":"held"} every second, until fleet closes stdin.
 On success it writes the deployment state and learned fixes fleet handed it, and releases the lock,
 so a successful deploy needs no further round trip. While it runs it keeps the lock's lease fresh.
 fleet keeps this command's stdin open while it listens: when it ends (fleet killed, Ctrl-C, the
@@ -111,6 +112,19 @@ def on_success(a: Dict[str, Any]) -> None:
             known = set(e.get("signature") for e in entries)
             learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
             write_record(lpath, learned)
+    if not a.get("hold"):  # a group's rank keeps its lock until the whole group is proven (see hold)
+        release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+
+
+def hold(a: Dict[str, Any], client_gone: threading.Event) -> None:
+    """A group's rank, proven: keep its lock (touched, so it stays live) until fleet, having proven every
+    rank, closes this command's stdin; say so every second, which is when fleet can end the stream."""
+    try:
+        while not client_gone.wait(1.0):
+            touch_lock(a)
+            emit({"e": "held"})
+    except ClientGone:
+        pass
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
@@ -296,6 +310,8 @@ def main(a: Dict[str, Any]) -> None:
                 if not a["smoke"]:  # a group's other rank: it answers /health only; rank 0 is asked
                     on_success(a)
                     emit({"e": "done"})
+                    if a.get("hold"):
+                        hold(a, client_gone)
                     return
                 result = smoke(a)
                 if not result["ok"]:
@@ -309,6 +325,8 @@ def main(a: Dict[str, Any]) -> None:
                 emit(result)
                 on_success(a)
                 emit({"e": "done"})
+                if a.get("hold"):
+                    hold(a, client_gone)
                 return
             if health_deadline is not None and time.time() > health_deadline:
                 emit({"e": "timeout", "what": "health", "status": status})
