@@ -406,3 +406,29 @@ def test_a_stop_while_the_group_is_being_proven_is_refused_on_every_host(group: 
     deploying.join(timeout=60)
     assert results and results[0].ok, results and results[0].reason
     assert group.engines("node-a") and group.engines("node-b")  # the stop touched neither rank
+
+
+def test_ctrl_c_mid_deploy_ends_promptly_and_leaves_no_lock(group: Group) -> None:
+    import os
+    import signal
+    import threading
+
+    simhost.set_host(group.hosts["node-a"].dir, generation_delay_s=30)  # rank 0 would take a long while
+
+    def interrupt_once_launched() -> None:
+        deadline = time.monotonic() + 60
+        while group.state("node-b").get("status") != "ready" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_launched, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        group.run().deploy()
+    assert time.monotonic() - started < 45  # not the 30 s smoke answer plus every watcher's timeout
+    deadline = time.monotonic() + 15
+    locks = [group.hosts[n].dir / "state" / "deployments" / "group" / "lock.json" for n in group.hosts]
+    while any(p.exists() for p in locks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(p.exists() for p in locks)  # nothing left locked: the next deploy or stop may run
+    assert group.state("node-a")["status"] in ("unverified", "starting")  # never "ready": it was not proven
