@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from factsdata import CONFIGS, model_files
 from fleet.model import ModelConfigError, parse_model_spec
 
@@ -123,3 +125,45 @@ def test_mtp_heads_named_only_by_the_checkpoints_tensors_count(tmp_path) -> None
     assert probe._mtp_layers({"model.mtp.layers.0.x": "", "model.mtp.layers.1.x": ""}) == 2
     assert probe._mtp_layers({"model.layers.0.mlp.gate_up_proj": "", "model.embed_tokens": ""}) == 0
     assert probe._mtp_layers(["not", "a", "map"]) == 0
+
+
+def _safetensors(path: Path, data_bytes: int, cut: int = 0) -> None:
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [data_bytes // 2], "data_offsets": [0, data_bytes]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * (data_bytes - cut))
+
+
+def test_a_model_that_is_not_whole_is_reported_file_by_file_without_reading_the_weights(tmp_path: Path) -> None:
+    from fleet.facts import probe
+
+    (tmp_path / "config.json").write_text("{}")
+    weight_map = {"a": "model-1.safetensors", "b": "model-2.safetensors", "c": "model-3.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _safetensors(tmp_path / "model-1.safetensors", 64)  # whole
+    _safetensors(tmp_path / "model-2.safetensors", 64, cut=10)  # a cut download
+    (tmp_path / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (tmp_path / ".cache" / "huggingface" / "download" / "model-3.safetensors.incomplete").write_bytes(b"x")
+    damage = probe._model(str(tmp_path))["damage"]  # type: ignore[index]
+    assert damage[0].startswith("model-2.safetensors: truncated: ") and "of " in damage[0]
+    assert damage[1] == "model-3.safetensors: missing"
+    assert damage[2].endswith("model-3.safetensors.incomplete: an unfinished download")
+    assert len(damage) == 3  # model-1 is whole
+    (tmp_path / "model-4.safetensors").write_bytes(b"\xff" * 20)  # not safetensors at all
+    assert any(
+        d.startswith("model-4.safetensors: truncated or not safetensors") for d in probe._model(str(tmp_path))["damage"]
+    )  # type: ignore[index]
+
+
+def test_a_damaged_model_is_refused_by_preflight_naming_the_files() -> None:
+    from dataclasses import replace
+
+    from factsdata import RTX_A6000, facts
+    from fleet.inventory import load_inventory, load_playbook
+    from fleet.plan.build import build_plan
+
+    inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    f = facts("ct129", RTX_A6000, 2, model=pb.spec.model)
+    f = replace(f, model=replace(f.model, damage=("model-00001-of-00094.safetensors: truncated: 10 of 20 bytes",)))
+    r = build_plan(inv.hosts["ct129"], pb, f, f"/models/{pb.spec.model}")
+    (err,) = [v for v in r.verdicts if v.rule == "model-damaged"]
+    assert err.level == "error" and "model-00001-of-00094.safetensors: truncated" in err.message

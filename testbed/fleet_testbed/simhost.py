@@ -127,9 +127,25 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
         dest = hdir / "models" / model.name
         if not dest.exists():
             shutil.copytree(model, dest)
+        write_weights(dest)
     for sub in ("state", "logs", "run/gpu"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     return hdir
+
+
+def write_weights(model_dir: Path) -> None:
+    """The weight files the model's index names, as sparse safetensors files: a real header, then the
+    size it declares (no disk used), so fleet's integrity check sees whole files."""
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    names = sorted(set(index.get("weight_map", {}).values()))
+    each = int(index.get("metadata", {}).get("total_size", 0)) // max(1, len(names))
+    for name in names:
+        if (model_dir / name).exists():
+            continue
+        header = json.dumps({"weight": {"dtype": "BF16", "shape": [each // 2], "data_offsets": [0, each]}}).encode()
+        with open(model_dir / name, "wb") as f:
+            f.write(len(header).to_bytes(8, "little") + header)
+            f.truncate(8 + len(header) + each)
 
 
 def build_vllm_host(root: Path, spec: HostSpec, vllm_python: str) -> Path:

@@ -90,6 +90,7 @@ class ModelFiles:
     weights_bytes: int | None
     mtp_weight_layers: int = 0  # MTP layers the safetensors index names (mtp.layers.N.*)
     listing: str | None = None  # file count and a digest of the names and sizes (compared across a group)
+    damage: tuple[str, ...] = ()  # what is not whole, file by file (missing, truncated, an unfinished download)
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             weights_bytes=m.get("weights_bytes"),
             mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
             listing=str(m["listing"]) if m.get("listing") else None,
+            damage=tuple(str(x) for x in m.get("damage") or [] if isinstance(m.get("damage"), list)),
         )
         if m
         else None

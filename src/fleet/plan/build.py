@@ -183,6 +183,14 @@ def build_plan(
             )
         )
     else:
+        if m.damage:  # found out at load time, the running server would already be stopped
+            verdicts.append(
+                _err(
+                    "model-damaged",
+                    f"{where}: the model in {model_path} is not whole: {'; '.join(m.damage)}. Download or copy "
+                    "those files again; nothing on the host was changed.",
+                )
+            )
         try:
             model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
         except ModelConfigError as exc:
