@@ -106,13 +106,23 @@ class DeployResult:
         )
 
 
+PREPARED_HOLD_S = 120.0  # a group's prepared host keeps its lock this long without a process holding it
+
+
 class Hold:
     """A group's rank, proven, holding its lock until the whole group is: `on_done` says it is proven,
     `released` lets it go."""
 
     def __init__(self, on_done: Callable[[], None]) -> None:
-        self.on_done = on_done
+        self._on_done = on_done
+        self.proven = False
         self.released = threading.Event()
+
+    def on_done(self) -> None:
+        """Once: a resumed watch (its connection was cut) proves the rank again and says done again."""
+        if not self.proven:
+            self.proven = True
+            self._on_done()
 
 
 DRAIN_S = 15.0  # how long a stopped server may finish its requests after SIGTERM
@@ -259,7 +269,12 @@ class Deployer:
         prepares every host before it stops anything on any."""
         args: dict[str, Any] = {
             "prepare_only": prepare_only,
-            "lock": {**self._lock_args(command, places=launch), "ports": planned_ports(plan)},
+            "lock": {
+                **self._lock_args(command, places=launch),
+                "ports": planned_ports(plan),
+                # held until the slowest host is prepared and the launch takes it again (or fleet died)
+                "hold_s": PREPARED_HOLD_S if prepare_only else 0,
+            },
             "free": self._free_args(plan.port, recorded_pgid),
             "state_update": state,
             "release_lock": release_lock,

@@ -270,7 +270,7 @@ class GroupRun:
 
         def prepare(i: int) -> ActResult:
             d = deployers[i]
-            check = d.engine_check and attempt == 1
+            check = d.engine_check  # every attempt: a fixed command line may be rejected in a new way
             return d.act(
                 plans[i],
                 attempt=attempt,
@@ -328,10 +328,13 @@ class GroupRun:
 
         answers = _in_parallel(launch, range(len(deployers)))
         errors = [a for a in answers.values() if isinstance(a, FleetError)]
-        if errors:
-            launched = [i for i, a in answers.items() if not isinstance(a, FleetError) and a.get("launched")]
+        if errors:  # every rank stopped: the new ones launched, and an old one where the launch failed
             result.not_stopped = self._stop_all(
-                deployers, plans, f"another rank could not start: {errors[0].message}", launched, release=True
+                deployers,
+                plans,
+                f"another rank could not start: {errors[0].message}",
+                range(len(deployers)),
+                release=True,
             )
             if result.not_stopped:
                 raise DeployFailed(
@@ -381,8 +384,11 @@ class GroupRun:
             return RankOutcome(i, self.hosts[i].name, str(last["e"]), lines, time.monotonic())
 
         def follow(i: int) -> None:
-            outcome = watch(i)
-            if outcome.ended != "done":  # a proven rank said so already (its hold)
+            try:
+                outcome = watch(i)
+            except Exception as exc:  # anything else (a closed terminal): the rank's outcome, never a hang
+                outcome = RankOutcome(i, self.hosts[i].name, "error", [f"[fleet] {exc!r}"], time.monotonic())
+            if not holds[i].proven or outcome.ended != "done":
                 ended.put(outcome)
 
         watchers = [  # daemon threads: Ctrl-C is not held up by a watcher
@@ -392,9 +398,13 @@ class GroupRun:
         for w in watchers:
             w.start()
         failed: RankOutcome | None = None
+        settled: set[int] = set()
         try:
-            for _ in range(len(deployers)):  # each rank once: proven, or failed
+            while len(settled) < len(deployers):  # each rank once: proven, or failed (a repeat is ignored)
                 outcome = ended.get()
+                if outcome.rank in settled:
+                    continue
+                settled.add(outcome.rank)
                 if outcome.ended != "done" and failed is None:
                     failed = outcome
                     why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"

@@ -70,6 +70,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
         if a.get("places"):
             cur["gpus"], cur["ports"] = record_gpus(a), record_ports(a)
         cur["holder_pid"] = os.getpid()
+        cur["hold_s"] = a.get("hold_s") or 0  # a group's prepared host: held this long with no process
         try:
             write_record(path, cur)
         except OSError as exc:  # a full disk: nothing has been changed yet
@@ -79,14 +80,16 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
 
 def held_by_another(path: str, a: Dict[str, Any]) -> Optional[LockResult]:
     """Held while a host process of that run is alive (act, watch), or within a short grace between its
-    round trips; a run whose fleet was killed leaves a stale lock that the next run takes over."""
+    round trips (longer, `hold_s`, for a group's host prepared while the others are: until every host is,
+    and the launch); a run whose fleet was killed leaves a stale lock that the next run takes over."""
     cur = read_record(path)
     if cur is None or cur.get("run_id") == a["run_id"]:
         return None
     age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
     holder = cur.get("holder_pid")
     live = isinstance(holder, int) and alive(holder)
-    if age is None or not (age < a["grace_s"] or live):
+    grace = max(float(a["grace_s"]), float(cur.get("hold_s") or 0))
+    if age is None or not (age < grace or live):
         return None
     return {
         "status": "held",
