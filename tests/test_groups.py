@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 from fleet import events
 from fleet.control.group import GroupRun
+from fleet.control.group_health import group_health, stop_group
 from fleet.crashes import LogContext, diagnose
 from fleet.errors import PreflightError, UnsafeToKill
 from fleet.inventory import Inventory, load_playbook
@@ -199,7 +200,7 @@ def test_a_gpu_holder_fleet_will_not_kill_on_one_node_stops_the_ranks_launched_e
 
 def test_stop_stops_every_rank(group: Group) -> None:
     assert group.run().deploy().ok
-    lines = group.run().stop()
+    lines = stop_group(group.run())
     assert len(lines) == 2
     assert group.engines("node-a") == [] and group.engines("node-b") == []
 
@@ -256,27 +257,27 @@ def test_a_missing_interface_is_gloos_error_and_the_peer_left_behind_hits_ncclls
 def test_health_sees_the_group_down_when_one_rank_is_gone_and_heal_relaunches_it_whole(group: Group) -> None:
     run = group.run()
     assert run.deploy().ok
-    healthy = run.health(heal=False)
+    healthy = group_health(run, heal=False)
     assert healthy is not None and healthy.status == "ok"
     (rank1,) = group.engines("node-b")
     group.hosts["node-b"].shell(f"kill -9 {rank1}")
     time.sleep(0.5)
     # rank 0 still answers /health here (its collectives would hang): the group is down all the same
     assert health(group.hosts["node-a"].spec.address) == 200
-    down = run.health(heal=False)
+    down = group_health(run, heal=False)
     assert down is not None and down.status == "critical"
     assert any(c.name == "rank1" and c.status == "critical" for c in down.checks)
-    healed = run.health(heal=True)
+    healed = group_health(run, heal=True)
     assert healed is not None and healed.status == "ok" and "relaunched the group whole" in str(healed.heal)
     assert group.engines("node-b") and group.engines("node-b") != [rank1]
     assert ask(group.hosts["node-a"].spec.address) == (200, " Paris.")
 
 
 def test_a_group_never_deployed_or_stopped_is_not_checked(group: Group) -> None:
-    assert group.run().health(heal=False) is None
+    assert group_health(group.run(), heal=False) is None
     assert group.run().deploy().ok
-    group.run().stop()
-    assert group.run().health(heal=True) is None  # stopped on purpose: nothing to heal
+    stop_group(group.run())
+    assert group_health(group.run(), heal=True) is None  # stopped on purpose: nothing to heal
 
 
 def test_one_rank_is_never_restarted_alone(group: Group) -> None:
@@ -402,7 +403,7 @@ def test_a_stop_while_the_group_is_being_proven_is_refused_on_every_host(group: 
         time.sleep(0.05)
     assert group.state("node-b").get("status") == "ready"  # rank 1 proven, rank 0 not yet
     with pytest.raises(DeployFailed) as err:
-        group.run().stop()
+        stop_group(group.run())
     assert "node-a" in err.value.message and "node-b" in err.value.message and "locked" in err.value.message
     deploying.join(timeout=60)
     assert results and results[0].ok, results and results[0].reason
@@ -455,7 +456,7 @@ def test_a_prepared_host_stays_locked_while_a_slow_engine_check_runs_on_another(
         time.sleep(0.05)
     time.sleep(6.5)  # node-a was prepared long ago, past the 5 s a lock without its process is honoured
     with pytest.raises(DeployFailed) as err:
-        group.run().stop()
+        stop_group(group.run())
     assert "node-a" in err.value.message and "node-b" in err.value.message  # refused on every host
     redeploy.join(timeout=120)
     assert results and results[0].ok, results and results[0].reason

@@ -96,7 +96,9 @@ def deploy_group(
 
 
 def stop_group(ctx: Invocation, playbook: NamedPlaybook, force: bool) -> None:
-    for line in group_run(ctx, playbook, force=force).stop():
+    from fleet.control.group_health import stop_group as stop_every_rank
+
+    for line in stop_every_rank(group_run(ctx, playbook, force=force)):
         say(line)
 
 
@@ -156,6 +158,7 @@ def group_health(ctx: Invocation, heal: bool, hosts_checked: Sequence[HostHealth
     """Each group that is deployed as one result named group/NAME: every rank alive and ready, and rank 0's
     server sound as its host's check found it (`hosts_checked`); with --heal a broken group is relaunched
     whole."""
+    from fleet.control.group_health import group_health as group_health_of
     from fleet.errors import FleetError
     from fleet.health import UNKNOWN, HostHealth
     from fleet.health.checks import Check
@@ -169,7 +172,7 @@ def group_health(ctx: Invocation, heal: bool, hosts_checked: Sequence[HostHealth
                 for c in (rank0.checks if rank0 else ())
                 if c.deployment == pb.name and c.status == "critical"
             ]
-            h = group_run(ctx, pb).health(heal=heal, rank0_problems=problems)
+            h = group_health_of(group_run(ctx, pb), heal=heal, rank0_problems=problems)
         except FleetError as exc:
             out.append(HostHealth(f"group/{pb.name}", UNKNOWN, (Check("group", UNKNOWN, exc.message),)))
             continue

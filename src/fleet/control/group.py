@@ -29,7 +29,6 @@ from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
 from fleet.facts import HostFacts
-from fleet.health.checks import CRITICAL, OK, UNKNOWN, Check
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.runtime import chosen_runtime
 from fleet.plan import LaunchPlan, apply_fix, relint
@@ -64,14 +63,6 @@ class GroupResult:
     endpoint: str = ""
     failed_rank: RankOutcome | None = None  # the rank whose failure was diagnosed, on the last attempt
     not_stopped: list[str] = field(default_factory=list)  # hosts whose rank could not be stopped, with why
-
-
-@dataclass
-class GroupHealth:
-    playbook: str
-    status: str
-    checks: list[Check]
-    heal: str | None = None  # what healing did, when asked
 
 
 class GroupRun:
@@ -475,95 +466,6 @@ class GroupRun:
                 )
 
         _in_parallel(give_up, range(len(deployers)))
-
-    # -- health --------------------------------------------------------------------------------------
-
-    def health(self, *, heal: bool, rank0_problems: Sequence[str] = ()) -> GroupHealth | None:
-        """The group as a whole: every rank's recorded server alive and ready. None when the group was never
-        deployed (or was stopped). Rank 0 may answer while another rank is gone (its collectives hang until
-        NCCL's watchdog ends it): one rank down is the group down. `rank0_problems`: what the per-host check
-        found wrong with rank 0's server (HTTP, a generation). `heal` relaunches the group whole, unless the
-        last deploy gave it up (an operator decides then: a heal would only repeat the failure)."""
-        name = self.playbook.name
-        checks: list[Check] = []
-        recorded_any = False
-        broken = bool(rank0_problems)
-        given_up = False
-        for i, host in enumerate(self.hosts):
-            try:
-                with self.connect(host) as t:
-                    f = read_facts(t, host)
-            except FleetError as exc:
-                checks.append(Check(f"rank{i}", UNKNOWN, f"{host.name}: {exc.message}"))
-                broken = True
-                continue
-            st = recorded(f, name)
-            group = st.get("group") if isinstance(st.get("group"), dict) else None
-            if group is None or group.get("hosts") != [h.name for h in self.hosts]:
-                checks.append(Check(f"rank{i}", CRITICAL, f"{host.name}: no record of rank {i} of this group"))
-                broken = True
-                continue
-            recorded_any = recorded_any or st.get("status") != "stopped"
-            given_up = given_up or st.get("status") == "failed"
-            alive = any(p.pid == st.get("pid") for p in f.servers)
-            if st.get("status") == "ready" and alive:
-                checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {st.get('pid')} alive, ready"))
-            else:
-                why = "gone" if not alive else st.get("status")
-                checks.append(
-                    Check(
-                        f"rank{i}",
-                        CRITICAL,
-                        f"{host.name}: rank {i} {why} ({st.get('reason') or 'no reason recorded'})",
-                    )
-                )
-                broken = True
-        if not recorded_any:
-            return None
-        for problem in rank0_problems:
-            checks.append(Check("rank0", CRITICAL, f"{self.hosts[0].name}: {problem}"))
-        if not broken:
-            return GroupHealth(name, OK, checks)
-        checks.append(
-            Check("group", CRITICAL, "a rank is down: the group cannot serve (rank 0 may still answer /health)")
-        )
-        if not heal:
-            return GroupHealth(name, CRITICAL, checks)
-        if given_up:
-            return GroupHealth(
-                name, CRITICAL, checks, f"not healed: the last deploy gave it up (fleet deploy {name} after a fix)"
-            )
-        try:
-            result = self.deploy()
-        except FleetError as exc:
-            return GroupHealth(name, CRITICAL, checks, f"relaunching the group failed: {exc.message}")
-        if result.ok:
-            return GroupHealth(name, OK, checks, f"relaunched the group whole (attempts: {len(result.attempts)})")
-        return GroupHealth(name, CRITICAL, checks, f"relaunching the group failed: {result.reason}")
-
-    # -- stop ------------------------------------------------------------------------------------------
-
-    def stop(self) -> list[str]:
-        """Stops every rank; returns what was done per host. Raises DeployFailed when a host could not be
-        reached or refused (the others are still stopped)."""
-        lines: list[str] = []
-        failures: list[str] = []
-
-        def one(host: Host) -> str:
-            with self.connect(host) as t:
-                out = ops.stop(t, host, force=self.force, name=self.playbook.name)
-            return f"{host.name}: stopped {len(out.get('stopped', []))} process(es)"
-
-        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
-            futures = {h.name: pool.submit(one, h) for h in self.hosts}
-        for name, f in futures.items():
-            try:
-                lines.append(f.result())
-            except FleetError as exc:
-                failures.append(f"{name}: {exc.message}")
-        if failures:
-            raise DeployFailed("; ".join(failures), "The other ranks were stopped; run fleet stop again.")
-        return lines
 
 
 def _in_parallel(fn: Callable[[int], T], ranks: Iterable[int]) -> dict[int, T | FleetError]:
