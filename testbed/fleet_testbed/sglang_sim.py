@@ -580,7 +580,9 @@ def serve(argv: list[str]) -> None:
     if local > len(gpus):
         err = SimError(
             "RuntimeError",
-            f"CUDA error: invalid device ordinal (tp_size={tp}, ranks on this node={local}, visible GPUs={len(gpus)})",
+            f"CUDA error: invalid device ordinal (tp_size={tp}, "
+            + (f"ranks on this node={local}, " if a.nnodes > 1 else "")
+            + f"visible GPUs={len(gpus)})",
             [(f"{SITE}/srt/managers/scheduler.py", 3938, "run_scheduler_process", "")],
         )
         server.children = []
