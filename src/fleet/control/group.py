@@ -34,7 +34,7 @@ from fleet.inventory.runtime import chosen_runtime
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
-from fleet.protocol import ActResult, WatchEvent
+from fleet.protocol import ActResult, StateRecord, WatchEvent
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
 
@@ -419,21 +419,9 @@ class GroupRun:
         hosts where that could not be done, with why."""
 
         def stop(i: int) -> str | None:
-            d = deployers[i]
-            with self.connect(self.hosts[i]) as t:
-                other = copy.copy(d)
-                other.t = t
-                state = d.record(plans[i], "stopped", attempt=0)
-                state["reason"] = f"the group is stopped as a whole: {why}"
-                out = other.act(
-                    plans[i],
-                    attempt=0,
-                    launch=False,
-                    check=False,
-                    recorded_pgid=None,
-                    state=state,
-                    release_lock=release,
-                )
+            state = deployers[i].record(plans[i], "stopped", attempt=0)
+            state["reason"] = f"the group is stopped as a whole: {why}"
+            out = self._stop_rank(deployers[i], plans[i], state, attempt=0, release=release, command="deploy")
             lock = out["lock"]
             return None if lock["status"] == "taken" else f"{self.hosts[i].name}: lock {lock['status']}"
 
@@ -451,21 +439,29 @@ class GroupRun:
             d = deployers[i]
             state = d.record(plans[i], "failed", attempt=attempt)
             state["reason"], state["diagnosis"] = reason, diagnosis.to_json()
-            with contextlib.suppress(TransportError, HostStepError), self.connect(self.hosts[i]) as t:
-                other = copy.copy(d)
-                other.t = t
-                other.act(
-                    plans[i],
-                    attempt=attempt,
-                    launch=False,
-                    check=False,
-                    recorded_pgid=None,
-                    state=state,
-                    release_lock=True,
-                    command="give-up",
-                )
+            with contextlib.suppress(TransportError, HostStepError):
+                self._stop_rank(d, plans[i], state, attempt=attempt, release=True, command="give-up")
 
         _in_parallel(give_up, range(len(deployers)))
+
+    def _stop_rank(
+        self, d: Deployer, plan: LaunchPlan, state: StateRecord, *, attempt: int, release: bool, command: str
+    ) -> ActResult:
+        """The act step that stops one rank and writes its record, over a connection of its own (the rank's
+        watcher may still hold the deployer's)."""
+        with self.connect(d.host) as t:
+            other = copy.copy(d)
+            other.t = t
+            return other.act(
+                plan,
+                attempt=attempt,
+                launch=False,
+                check=False,
+                recorded_pgid=None,
+                state=state,
+                release_lock=release,
+                command=command,
+            )
 
 
 def _in_parallel(fn: Callable[[int], T], ranks: Iterable[int]) -> dict[int, T | FleetError]:
