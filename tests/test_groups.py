@@ -491,6 +491,39 @@ def test_a_watcher_that_fails_unexpectedly_ends_the_deploy_instead_of_hanging_it
     results: list[Any] = []
     deploying = threading.Thread(target=lambda: results.append(run.deploy()), daemon=True)
     deploying.start()
-    deploying.join(timeout=90)
+    deploying.join(timeout=180)  # seconds alone; a loaded CI machine is slower, a hang never ends
     assert not deploying.is_alive() and results and not results[0].ok
+    assert lock_of(group, "node-a") is None and lock_of(group, "node-b") is None
+
+
+def test_a_watcher_still_silent_after_the_group_is_stopped_is_not_waited_for(
+    group: Group, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from fleet.control import group as group_module
+
+    monkeypatch.setattr(group_module, "SETTLE_S", 3.0)
+    stuck = threading.Event()
+    run = group.run()
+
+    def progress_for(where: str) -> Any:
+        def sink(ev: events.Event) -> None:
+            if isinstance(ev, events.LogLine):
+                if where == "node-a":
+                    stuck.wait()  # rank 0's watcher never says another word (a host frozen mid-stream)
+                else:
+                    raise BrokenPipeError(32, "Broken pipe")
+
+        return sink
+
+    run.progress_for = progress_for
+    results: list[Any] = []
+    deploying = threading.Thread(target=lambda: results.append(run.deploy()), daemon=True)
+    deploying.start()
+    deploying.join(timeout=120)
+    stuck.set()
+    assert not deploying.is_alive() and results and not results[0].ok
+    assert "node-b" in results[0].reason
+    assert group.engines("node-a") == [] and group.engines("node-b") == []
     assert lock_of(group, "node-a") is None and lock_of(group, "node-b") is None

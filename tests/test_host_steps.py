@@ -78,3 +78,10 @@ def test_a_broken_host_python_is_a_failed_step_not_an_unreachable_host(
     assert h.code == 3 and checks["host_step"]["status"] == "unknown" and "ssh" not in checks
     with pytest.raises(HostStepError):
         run_cli("-i", str(path), "--debug", "facts", "--host", "ct129")
+
+
+def test_a_command_that_exits_before_reading_its_input_is_answered_not_a_transport_crash() -> None:
+    # more than a pipe holds: writing it to a command that has already exited raises EPIPE in fleet
+    seen: list[bytes] = []
+    code = LocalTransport("h").stream("echo said; exit 3", lambda c: seen.append(c) or True, stdin=b"x" * 300_000)
+    assert code == 3 and b"".join(seen) == b"said\n"

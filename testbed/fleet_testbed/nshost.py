@@ -7,6 +7,7 @@ Needs root and util-linux's unshare/nsenter (`available()` says); tests skip wit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import select
@@ -189,8 +190,11 @@ class NamespaceTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(stdin)
-        proc.stdin.flush()  # held open while listening, as over SSH: its end tells the host fleet is gone
+        try:  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
+            proc.stdin.write(stdin)
+            proc.stdin.flush()
+        except BrokenPipeError:  # it ended without reading its input: its output and exit code still count
+            pass
         deadline = time.monotonic() + timeout_s
         sent = 0
         try:
@@ -209,7 +213,8 @@ class NamespaceTransport:
                     return -1
             raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
         finally:
-            proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # unread input left in its buffer
+                proc.stdin.close()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

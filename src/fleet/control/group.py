@@ -390,9 +390,13 @@ class GroupRun:
             w.start()
         failed: RankOutcome | None = None
         settled: set[int] = set()
+        stopped_at = 0.0
         try:
             while len(settled) < len(deployers):  # each rank once: proven, or failed (a repeat is ignored)
-                outcome = ended.get()
+                try:  # before a failure each watcher is bounded by its own timeouts; after it, by this
+                    outcome = ended.get(timeout=None if failed is None else _settle_left(stopped_at))
+                except queue.Empty:  # stopped, and its watcher still silent: the group does not wait for it
+                    break
                 if outcome.rank in settled:
                     continue
                 settled.add(outcome.rank)
@@ -400,11 +404,14 @@ class GroupRun:
                     failed = outcome
                     why = f"rank {outcome.rank} ({outcome.host}) {outcome.ended}"
                     result.not_stopped = self._stop_all(deployers, plans, why, range(len(deployers)))
+                    stopped_at = time.monotonic()
         finally:
             for h in holds:  # every rank proven (or the group stopped): the watchers let go
                 h.released.set()
-        for w in watchers:
-            w.join(timeout=30)
+        if len(settled) == len(deployers):  # each watcher has said its last word and ends now
+            deadline = time.monotonic() + 30
+            for w in watchers:
+                w.join(timeout=max(0.0, deadline - time.monotonic()))
         return failed
 
     def _stop_all(
@@ -462,6 +469,13 @@ class GroupRun:
                 release_lock=release,
                 command=command,
             )
+
+
+SETTLE_S = 60.0  # after the group is stopped, how long the other ranks' watchers get to see it
+
+
+def _settle_left(stopped_at: float) -> float:
+    return max(0.0, stopped_at + SETTLE_S - time.monotonic())
 
 
 def _in_parallel(fn: Callable[[int], T], ranks: Iterable[int]) -> dict[int, T | FleetError]:

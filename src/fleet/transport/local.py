@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -43,8 +44,11 @@ class LocalTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(stdin)
-        proc.stdin.flush()  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
+        try:  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
+            proc.stdin.write(stdin)
+            proc.stdin.flush()
+        except BrokenPipeError:  # it ended without reading its input: its output and exit code still count
+            pass
         deadline = time.monotonic() + timeout_s
         fd = proc.stdout.fileno()
         try:
@@ -61,10 +65,12 @@ class LocalTransport:
                 if not on_chunk(chunk):
                     return -1
         finally:
-            proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # unread input left in its buffer
+                proc.stdin.close()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            proc.stdout.close()
 
     def close(self) -> None:
         pass
