@@ -27,6 +27,8 @@ SAMPLES: list[events.Event] = [
     events.Launched(4243, "/var/log/fleet/a.log"),
     events.LogLine("Load weight begin"),
     events.Pulling("lmsysorg/sglang:v0.5.11-cu129", "Copying blob sha256:4f4fb700ef54 done"),
+    events.ModelPullPlanned("/models/Qwen3.6-27B", "0123456789abcdef" * 2 + "01234567", 15, 55 << 30, 0, 900 << 30),
+    events.ModelPullProgress(10 << 30, 55 << 30, 120e6, 402.0),
     events.LogReset("truncated", "/var/log/fleet/a.log"),
     events.Reconnecting(1234),
     events.Diagnosed(

@@ -104,6 +104,28 @@ class Pulling:
 
 
 @dataclass(frozen=True)
+class ModelPullPlanned:
+    """What `fleet pull` is about to download: the Hub's commit, and the disk it checked first."""
+
+    kind: ClassVar[str] = "model_pull_planned"
+    path: str
+    commit: str
+    files: int
+    bytes: int
+    have: int  # already on the host from an earlier, cut pull
+    free: int
+
+
+@dataclass(frozen=True)
+class ModelPullProgress:
+    kind: ClassVar[str] = "model_pull_progress"
+    done: int
+    total: int
+    rate_bps: float  # since the pull started
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
 class LogReset:
     """The engine's log was truncated or replaced; it is followed from its start."""
 
@@ -167,6 +189,8 @@ Event = (
     | Launched
     | LogLine
     | Pulling
+    | ModelPullPlanned
+    | ModelPullProgress
     | LogReset
     | Reconnecting
     | Diagnosed

@@ -36,6 +36,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "health": ("control/remote_container.py", "facts/probe.py", "control/remote_health.py"),  # facts + checks
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "router": ("control/remote_router.py",),  # a service's router and record
+    "pull": ("control/remote_container.py", "facts/probe.py", "control/remote_pull.py"),  # a model from the Hub
 }
 
 
@@ -47,7 +48,7 @@ def _read(path: str) -> str:
 @functools.cache
 def source_for(step: str) -> str:
     """The Python source of a step, as it runs on the host."""
-    prelude = "FLEET_PROBE_AS_LIBRARY = True\n" if step == "health" else ""  # the probe without its main
+    prelude = "FLEET_PROBE_AS_LIBRARY = True\n" if step in ("health", "pull") else ""  # the probe without its main
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + "".join(

@@ -137,6 +137,7 @@ def plan(
 @click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
 @click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
 @click.option("--replace", is_flag=True, help="Stop other deployments on those GPUs first.")
+@click.option("--no-pull", is_flag=True, help="Refuse a model missing on the host instead of pulling it (hf_repo:).")
 @click.pass_obj
 def deploy(
     ctx: Invocation,
@@ -149,8 +150,12 @@ def deploy(
     deployment: str | None,
     gpus: str | None,
     replace: bool,
+    no_pull: bool,
 ) -> None:
     """Deploy a playbook to a host: plan, pre-flight, stop stale servers, free GPUs, launch, watch, prove.
+
+    A model missing on the host is pulled first (see fleet pull) when the playbook has hf_repo:, unless
+    --no-pull.
 
     Known crashes are diagnosed and relaunched with their fix (each fix at most once, bounded attempts);
     unknown ones fail fast with the traceback. Exit 0 when the server answers the smoke prompt correctly.
@@ -173,6 +178,7 @@ def deploy(
       fleet deploy qwen35-two-nodes
     """
     from fleet.control import ops
+    from fleet.control.pull import HubAccess
 
     host_name, deployment = split_deployment(host_name, deployment)
     placement = parse_gpus(gpus)
@@ -196,6 +202,7 @@ def deploy(
             name=deployment,
             gpus=placement,
             replace=replace,
+            hub=None if no_pull else HubAccess.from_environment(),
         )
     if as_json:
         emit_json(result_json(result))

@@ -36,6 +36,40 @@ def describe_left(left: list[dict[str, Any]]) -> list[str]:
     return [f"left running: {p['why']} (pid {p['pid']}, user {p['user']})" for p in left]
 
 
+class PullShown:
+    """A model pull's progress as lines: its plan, then a line at each tenth of the download or every
+    10 s, whichever comes first (a terminal or a log file alike)."""
+
+    def __init__(self) -> None:
+        self.shown_tenth = -1
+        self.shown_at = 0.0
+
+    def lines(self, ev: events.Event) -> list[str]:
+        if isinstance(ev, events.ModelPullPlanned):
+            have = f" ({size(ev.have)} there from an earlier pull)" if ev.have else ""
+            return [
+                f"pulling commit {ev.commit[:12]} to {safe_line(ev.path)}: {ev.files} files, {size(ev.bytes)}"
+                f"{have}; {size(ev.free)} free"
+            ]
+        if isinstance(ev, events.ModelPullProgress) and ev.total:
+            tenth, now = ev.done * 10 // ev.total, time.monotonic()
+            if tenth > self.shown_tenth or now - self.shown_at >= 10:
+                self.shown_tenth, self.shown_at = tenth, now
+                eta = f", {ev.eta_s:.0f}s left" if ev.eta_s is not None and ev.done < ev.total else ""
+                return [
+                    f"{ev.done * 100 // ev.total}% {size(ev.done)} of {size(ev.total)}, {size(int(ev.rate_bps))}/s{eta}"
+                ]
+        return []
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 class Reporter:
     """Progress of a deploy on stderr: phases always; the live log line on a terminal."""
 
@@ -48,6 +82,7 @@ class Reporter:
         self.max = 1
         self.tty = sys.stderr.isatty()
         self.last_line = ""
+        self.pull = PullShown()
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -84,6 +119,9 @@ class Reporter:
             self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
         elif isinstance(event, events.LogLine):
             self._log_line(event.line, elapsed)
+        elif isinstance(event, events.ModelPullPlanned | events.ModelPullProgress):
+            for line in self.pull.lines(event):
+                self.say(f"{h}: {line}")
         elif isinstance(event, events.Pulling):
             self.say(f"{h}: pull {safe_line(event.image)}: {safe_line(event.line)}")
         elif isinstance(event, events.Diagnosed):

@@ -13,6 +13,7 @@ from fleet import events
 from fleet.control.answers import act_answer, locked, unwritable_state_dir
 from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
+from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
@@ -64,11 +65,13 @@ def deploy(
     relaunch: bool = False,
     drain_s: float = DRAIN_S,
     keep_other_plan: bool = False,
+    hub: HubAccess | None = None,
 ) -> DeployResult:
     """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them;
     `relaunch` restarts a server already running this plan instead of adopting it (a rolling restart);
     `drain_s` bounds how long the old server may finish its requests after SIGTERM; `keep_other_plan`
-    refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead)."""
+    refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead);
+    `hub`: a model missing on the host is pulled first when the playbook says where from (None: refused)."""
     if playbook.spec.hosts:  # one model over several hosts is never launched on one of them alone
         raise ConfigError(
             f"{playbook.where('hosts')}: {playbook.name} is spread over its hosts: ({', '.join(playbook.spec.hosts)}); "
@@ -80,6 +83,9 @@ def deploy(
     runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
     facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
     if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
+        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    if hub is not None and playbook.spec.hf_repo and (facts.model is None or not facts.model.exists):
+        pull_model(t, host, playbook, hub=hub, progress=progress)  # refuses (nothing stopped) if it cannot
         facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
     placed = place_and_plan(host, playbook, facts, deployment, gpus, replace=replace, signatures=signatures)
     placement, indices, result = placed.placement, placed.indices, placed.result

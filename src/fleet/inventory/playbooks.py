@@ -87,6 +87,16 @@ def _check_model(value: str) -> None:
     _check_remote_path(value if value.startswith(("/", "~/")) else "/" + value)
 
 
+def _check_hf_repo(value: str) -> None:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z", value) or ".." in value:
+        raise ValueError("must be a Hugging Face repository id, owner/name (Qwen/Qwen3.6-27B)")
+
+
+def _check_revision(value: str) -> None:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z", value) or ".." in value:
+        raise ValueError("must be a branch, tag or commit of the repository (main, v1.0, a 40-hex commit)")
+
+
 def _check_served_name(value: str) -> None:
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z", value):
         raise ValueError("must be letters, digits and ._:/- (at most 128)")
@@ -219,6 +229,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     engine: Engine
     model: str
     served_name: str
+    hf_repo: str | None = None  # where `fleet pull` gets the model from (the Hugging Face Hub)
+    revision: str = "main"  # of hf_repo: a branch, tag or commit
     default_host: str | None = None
     port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
     speculative: Speculative | None = None
@@ -245,6 +257,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         "hosts": _check_group_hosts,
         "model": _check_model,
         "served_name": _check_served_name,
+        "hf_repo": _check_hf_repo,
+        "revision": _check_revision,
         "default_host": _check_host_name,
         "extra_args": _check_extra_args,
         "env": _check_env,

@@ -179,7 +179,7 @@ def build_plan(
             _err(
                 "model-missing",
                 f"{where}: model directory {model_path} does not exist on the host. "
-                "Copy the model there or fix model: in the playbook.",
+                "Copy the model there, fix model: in the playbook, or give hf_repo: and run fleet pull.",
             )
         )
     else:

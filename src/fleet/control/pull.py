@@ -1,0 +1,149 @@
+"""`fleet pull`: a playbook's model onto a host from the Hugging Face Hub, downloaded by the host itself with
+its engine's own client, checked whole before it counts (the host side is control/remote_pull.py).
+
+One streamed step: the token goes on stdin (never in argv, never printed: every message is redacted of
+it), stdin stays open while fleet listens, and when fleet goes (Ctrl-C) the host stops where it is,
+leaving a resumable partial download that no deploy would take as the model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleet import events
+from fleet.control.gather import model_path
+from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
+from fleet.hostscripts import script_for
+from fleet.secrets import redact
+
+if TYPE_CHECKING:
+    from fleet.inventory import Host, NamedPlaybook
+    from fleet.transport import Transport
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """How the host reaches the Hub: the operator's HF_TOKEN (sent on stdin) and HF_ENDPOINT (a mirror)."""
+
+    token: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def from_environment(cls) -> HubAccess:
+        import os
+
+        return cls(os.environ.get("HF_TOKEN") or None, os.environ.get("HF_ENDPOINT") or None)
+
+
+@dataclass
+class PullResult:
+    host: str
+    path: str
+    outcome: str  # "present" (nothing downloaded) or "pulled"
+    files: int | None = None
+    bytes: int = 0
+    checksums: int = 0
+    commit: str | None = None
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "path": self.path,
+            "outcome": self.outcome,
+            "files": self.files,
+            "bytes": self.bytes,
+            "checksums": self.checksums,
+            "commit": self.commit,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def pull_model(
+    t: Transport,
+    host: Host,
+    playbook: NamedPlaybook,
+    *,
+    hub: HubAccess,
+    progress: Callable[[events.Event], None],
+) -> PullResult:
+    """Get the playbook's `hf_repo` at `revision` to its model path on `host`, or prove it is there."""
+    pb = playbook.spec
+    if not pb.hf_repo:
+        raise ConfigError(
+            f"{playbook.path}: the playbook has no hf_repo:, so fleet does not know where its model comes from.",
+            "Add hf_repo: owner/name (and revision: if not main) beside model:.",
+        )
+    path = model_path(host, pb.model)
+    python = host.settings.engines.get(pb.engine, "python3")
+    args = {"path": path, "repo": pb.hf_repo, "revision": pb.revision, "endpoint": hub.endpoint}
+    secrets = {"HF_TOKEN": hub.token} if hub.token else {}
+    started = time.monotonic()
+    answers: list[dict[str, Any]] = []
+    buf = b""
+
+    def on_chunk(chunk: bytes) -> bool:
+        nonlocal buf
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
+            if ev.get("e") == "planned":
+                progress(events.ModelPullPlanned(path, ev["commit"], ev["files"], ev["bytes"], ev["have"], ev["free"]))
+            elif ev.get("e") == "progress":
+                progress(_progress(ev["done"], ev["total"], time.monotonic() - started))
+            else:
+                answers.append(ev)
+        return True
+
+    stdin = json.dumps({"token": hub.token}).encode() + b"\n"
+    code = t.stream(script_for("pull", args, [python]), on_chunk, stdin=stdin, timeout_s=24 * 3600.0)
+    last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
+    why = redact(str(last.get("why") or last.get("error") or ""), secrets)
+    problems = [redact(str(p), secrets) for p in last.get("problems") or []]
+    seconds = time.monotonic() - started
+    if last["e"] in ("present", "pulled"):
+        return PullResult(
+            host.name,
+            path,
+            str(last["e"]),
+            None if last.get("files") is None else int(last["files"]),
+            int(last.get("bytes") or 0),
+            int(last.get("checksums") or 0),
+            last.get("commit"),
+            seconds,
+        )
+    if last["e"] == "error":
+        raise HostStepError(f"{host.name}: fleet's pull step failed on the host ({why}).", "")
+    listed = "".join(f"\n  {p}" for p in problems)
+    message = f"{host.name}: {pb.hf_repo} was not pulled to {path}: {why}{listed}"
+    if last.get("kind") == "download":
+        raise DeployFailed(
+            message, "Run fleet pull again: what was downloaded whole is kept, the rest is fetched anew."
+        )
+    raise PreflightError(message, HINTS.get(str(last.get("kind")), ""))
+
+
+def _progress(done: int, total: int, elapsed: float) -> events.ModelPullProgress:
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 else None
+    return events.ModelPullProgress(done, total, rate, eta)
+
+
+HINTS = {
+    "disk": "Free space on the host (or point models_dir: elsewhere), then pull again.",
+    "busy": "Wait for the other pull to end (fleet status shows nothing for it; its terminal does).",
+    "client": "Install the engine in the inventory's engines: path (its huggingface_hub comes with it).",
+    "listing": "Check hf_repo:, revision: and HF_TOKEN (a gated or private model needs a token that may read it).",
+    "foreign": "Move that directory away (or fix it), then pull again; fleet never changes a directory it did not make",
+}
