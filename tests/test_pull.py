@@ -83,7 +83,7 @@ def test_pull_downloads_checks_every_file_and_only_then_puts_the_model_at_its_pa
     assert not (world.target / ".cache").exists()  # the client's resume records go with the partial download
     marker = json.loads((world.target / ".fleet-pulled.json").read_text())
     assert marker["repo"] == REPO and marker["commit"] == world.repo.commit
-    assert "sizes and 2 checksums verified" in out  # the two safetensors files the Hub gives sha256 for
+    assert "sizes and 5 checksums verified" in out  # sha256 of the 2 LFS files, git blob ids of the other 3
     assert f"pulling commit {world.repo.commit[:12]}" in err and "100%" in err
 
 
@@ -121,7 +121,8 @@ def test_a_file_changed_since_fleet_checked_it_is_read_again_and_a_bad_checksum_
 ) -> None:
     assert world.pull()[0] == 0
     served = dict(world.hub.served)
-    assert world.pull()[1].count("0 checksums read again") == 1  # unchanged files are not read again
+    # the three small files kept in git are read every time; the two weight files, unchanged since, are not
+    assert "3 checksums read again" in world.pull()[1]
     data = bytearray((world.target / SHARD).read_bytes())
     data[-1] ^= 0xFF  # a bit flipped on the host's disk: same size, new mtime
     (world.target / SHARD).write_bytes(bytes(data))
@@ -319,3 +320,107 @@ def test_deploy_with_no_pull_refuses_a_missing_model_and_says_how_to_get_it(
         ops.deploy(h.transport(), h.host, pb, force=False, engine_check=False, progress=lambda e: None, hub=None)
     assert "does not exist" in refused.value.message and "fleet pull" in refused.value.message
     assert hub.served == {} and not (h.dir / "models" / "Qwen3.6-27B").exists()
+
+
+# --- found by an adversarial pass: each was a real defect ------------------------------------------------
+
+
+def test_a_token_with_a_stray_newline_is_refused_before_anything_is_sent_and_never_shown(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_abcdef123\r")
+    code, out, err = world.pull()
+    assert code == 2 and "whitespace or control characters" in err
+    assert "hf_secret_abcdef123" not in out + err and world.hub.served == {}
+
+
+def test_an_endpoint_with_a_password_in_it_is_refused(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", world.hub.url.replace("http://", "http://me:pw@"))
+    code, _, err = world.pull()
+    assert code == 2 and "without a user or password" in err and "pw@" not in err
+
+
+def test_a_listing_that_names_files_outside_the_model_directory_is_refused_and_touches_nothing(
+    world: World,
+) -> None:
+    assert world.pull()[0] == 0
+    victim = world.models / "victim.txt"
+    victim.write_text("the operator's")
+    world.repo.extra["../victim.txt"] = b"hostile"
+    code, _, err = world.pull()
+    assert code == 4 and "outside the model directory" in err and "../victim.txt" in err
+    assert victim.read_text() == "the operator's" and world.same_as_source()
+
+
+def test_a_partial_directory_fleet_did_not_make_is_never_written_into(world: World) -> None:
+    precious = world.root / "precious"
+    precious.mkdir()
+    (precious / "config.json").write_text("mine")
+    world.models.mkdir()
+    (world.models / "tiny-qwen3.fleet-partial").symlink_to(precious)
+    code, _, err = world.pull()
+    assert code == 4 and "fleet did not make it" in err
+    assert [p.name for p in precious.iterdir()] == ["config.json"] and (precious / "config.json").read_text() == "mine"
+    assert not world.target.exists()
+
+
+def test_something_at_the_models_path_that_is_not_a_directory_is_refused_before_downloading(world: World) -> None:
+    world.models.mkdir()
+    world.target.write_text("a file")
+    code, _, err = world.pull()
+    assert code == 4 and "is not a directory" in err and world.hub.served == {}
+    assert world.target.read_text() == "a file"
+
+
+def test_a_revision_the_hub_does_not_know_is_refused_even_with_a_model_there(world: World) -> None:
+    assert world.pull()[0] == 0
+    world.playbook.write_text(world.playbook.read_text().replace("revision: main", "revision: v9"))
+    world.hub.repos[REPO].known_revisions = {"main"}
+    code, _, err = world.pull()
+    assert code == 4 and "did not list" in err
+
+
+def test_a_new_commit_upstream_is_fetched_beside_the_model_and_swapped_in_only_when_whole(world: World) -> None:
+    assert world.pull()[0] == 0
+    first = world.repo.commit
+    make_model(world.source, seed=8)  # the weights changed upstream; every size stays the same
+    assert world.repo.commit != first
+    world.repo.truncated[SHARD] = (world.source / SHARD).stat().st_size - 1000  # and the first try is broken
+    code, _, err = world.pull()
+    assert code == 7 and f"{SHARD}: truncated" in err
+    marker = json.loads((world.target / ".fleet-pulled.json").read_text())
+    assert marker["commit"] == first  # the model that was there is still there, whole
+    world.repo.truncated.clear()
+    code, _, err = world.pull()
+    assert code == 0, err
+    assert world.same_as_source()
+    assert json.loads((world.target / ".fleet-pulled.json").read_text())["commit"] == world.repo.commit
+
+
+def test_a_model_resharded_upstream_keeps_no_file_of_the_old_layout(world: World) -> None:
+    assert world.pull()[0] == 0
+    shutil.rmtree(world.source)
+    make_model(world.source, shards=1)
+    code, _, err = world.pull()
+    assert code == 0, err
+    names = {p.name for p in world.target.iterdir()} - {".fleet-pulled.json"}
+    assert names == {p.name for p in world.source.iterdir()}
+
+
+def test_a_small_file_changed_in_place_is_found_by_its_git_blob_id_and_fetched_again(world: World) -> None:
+    assert world.pull()[0] == 0
+    config = world.target / "config.json"
+    config.write_text(config.read_text().replace("qwen3", "qwen2"))  # same size, another model type
+    code, _, err = world.pull()
+    assert code == 0, err
+    assert world.same_as_source()
+
+
+def test_progress_counts_only_what_this_pull_fetched() -> None:
+    from fleet.control.pull import _progress
+
+    kept = _progress(24 << 20, 48 << 20, had=24 << 20, elapsed=1.0)  # an earlier pull's files, nothing new yet
+    assert kept.rate_bps == 0 and kept.eta_s is None
+    going = _progress(34 << 20, 48 << 20, had=24 << 20, elapsed=2.0)
+    assert going.rate_bps == 5 << 20 and going.eta_s == pytest.approx(2.8)
+    assert _progress(0, 1, had=0, elapsed=0.0).eta_s is None

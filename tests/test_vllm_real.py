@@ -225,3 +225,40 @@ def test_real_vllm_in_a_podman_container_deploys_answers_and_is_stopped(
         for dev in devices:
             dev.unlink(missing_ok=True)
             dev.write_text("")
+
+
+def test_a_model_pulled_from_a_hub_by_deploy_is_what_the_real_vllm_serves(
+    env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's model directory does not exist; `fleet deploy` pulls it first with the vLLM environment's
+    own huggingface_hub, from a local stand-in for the Hub, over real SSH, then the real vLLM serves it."""
+    import shutil
+
+    from fleet_testbed.fakehub import FakeHub, Repo
+
+    source = tmp_path / "hub" / "tiny-qwen3-next"
+    shutil.copytree(env.host_dir("cpubox") / "models" / "tiny-qwen3-next", source)
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    tiny = (ROOT / "tests" / "data" / "playbooks" / "tiny-qwen3-next.yaml").read_text()
+    (playbooks / "pulled-tiny.yaml").write_text(
+        tiny.replace("model: tiny-qwen3-next", "model: pulled-tiny\nhf_repo: acme/tiny-qwen3-next")
+    )
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    hub = FakeHub()
+    hub.add("acme/tiny-qwen3-next", Repo(source))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    pulled = env.host_dir("cpubox") / "models" / "pulled-tiny"
+    try:
+        r = run_cli("deploy", "pulled-tiny", "--host", "cpubox", "--gpus", "device=0", "--json")
+        assert r.code == 0, r.err
+        assert json.loads(r.out)["ok"]
+        assert "pulling commit" in r.err and (pulled / ".fleet-pulled.json").exists()
+        assert (pulled / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+        argv = json.loads(r.out)["argv"]
+        assert argv[argv.index("--model") + 1] == str(pulled)
+    finally:
+        run_cli("stop", "--host", "cpubox")
+        hub.close()
+        shutil.rmtree(pulled, ignore_errors=True)

@@ -37,6 +37,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "router": ("control/remote_router.py",),  # a service's router and record
     "pull": ("control/remote_container.py", "facts/probe.py", "control/remote_pull.py"),  # a model from the Hub
+    "engine": ("control/remote_engine.py",),  # fleet's own engine environments: install, use
 }
 
 

@@ -61,6 +61,9 @@ def render_facts(f: HostFacts, warnings: list[str]) -> None:
             f"  engine {name}: {_host(e.version or 'not installed')} ({_host(e.python)})"
             f"{' — ' + _host(e.error) if e.error else ''}"
         )
+    for env in f.raw.get("managed_engines") or []:  # fleet engine install: one environment per version
+        state = ("current" if env.get("current") else "installed") if env.get("whole") else "unfinished, not used"
+        console().print(f"  fleet's {_host(str(env.get('engine')))} {_host(str(env.get('version')))}: {state}")
     if f.holders:
         console().print("  GPU device holders:")
         for p in f.holders:

@@ -14,7 +14,9 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
   4. cold start: `fleet --help` and `fleet health` on one host, whole process;
   5. deploy and sweep again through a TCP proxy adding 20 ms of round-trip time (latency.py);
   6. a service's rolling restart against N single restarts, with failed requests through the router
-     during each (bench_service.py).
+     during each (bench_service.py);
+  7. `fleet pull` of a model from a local stand-in for the Hub against plain `hf download` run on the
+     host over ssh (bench_pull.py).
 Results: printed, and written to bench/results/latest.md.
 """
 
@@ -36,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet_testbed import simhost
+from fleet_testbed.bench_pull import bench_pull
 from fleet_testbed.bench_service import bench_rolling
 
 REPO = Path(__file__).resolve().parents[2]
@@ -559,6 +562,9 @@ def main() -> int:
         ]
         out += bench_crash_latency(sb, a.crashes)
         rolling = bench_rolling(sb, env, fleet, a.runs, "### 6. Rolling restart of a service (seconds, whole process)")
+        rolling += bench_pull(
+            sb, env, fleet, row, a.runs, "### 7. Pulling a model onto a host (seconds, whole process)"
+        )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:

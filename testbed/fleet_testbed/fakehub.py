@@ -28,22 +28,51 @@ class Repo:
     cut_once: dict[str, int] = field(default_factory=dict)  # file -> bytes sent before the connection drops
     truncated: dict[str, int] = field(default_factory=dict)  # file -> the size the Hub itself has
     slow: dict[str, int] = field(default_factory=dict)  # file -> bytes a second it is sent at (stop a pull halfway)
+    extra: dict[str, bytes] = field(default_factory=dict)  # listed and served beside the directory's (any name)
+    known_revisions: set[str] | None = None  # the branches and tags it has (None: any name is its one commit)
 
-    def files(self) -> dict[str, bytes]:
+    _digests: dict[tuple[str, int, int, int | None], tuple[str, str]] = field(default_factory=dict, repr=False)
+
+    def files(self) -> dict[str, FileEntry]:
+        """Every file as the Hub has it now: its size and digests (each file read once per change)."""
         out = {}
         for p in sorted(self.root.rglob("*")):
-            if p.is_file():
-                name = p.relative_to(self.root).as_posix()
-                data = p.read_bytes()
-                out[name] = data[: self.truncated[name]] if name in self.truncated else data
+            if not p.is_file():
+                continue
+            name = p.relative_to(self.root).as_posix()
+            st = p.stat()
+            cut = self.truncated.get(name)
+            key = (name, st.st_size, st.st_mtime_ns, cut)
+            if key not in self._digests:
+                data = self.read(name)
+                blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's id of the file
+                self._digests[key] = (blob, hashlib.sha256(data).hexdigest())
+            sha1, sha256 = self._digests[key]
+            out[name] = FileEntry(min(st.st_size, cut) if cut is not None else st.st_size, sha1, sha256)
+        for name, data in self.extra.items():
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            out[name] = FileEntry(len(data), blob, hashlib.sha256(data).hexdigest())
         return out
+
+    def read(self, name: str) -> bytes:
+        if name in self.extra:
+            return self.extra[name]
+        data = (self.root / name).read_bytes()
+        return data[: self.truncated[name]] if name in self.truncated else data
 
     @property
     def commit(self) -> str:
         h = hashlib.sha1()
-        for name, data in self.files().items():
-            h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        for name, entry in self.files().items():
+            h.update(name.encode() + b"\0" + entry.sha256.encode())
         return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha1: str  # git's blob id: the Hub's oid (and ETag) of a file kept in git
+    sha256: str  # what the Hub lists for an LFS file
 
 
 class FakeHub:
@@ -93,6 +122,9 @@ class FakeHub:
             if repo is None:
                 return
             if kind == "revision":
+                asked = "/".join(rest)
+                if repo.known_revisions is not None and asked not in repo.known_revisions | {repo.commit}:
+                    return self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {asked}")
                 files = repo.files()
                 body = {"id": repo_id, "sha": repo.commit, "siblings": [{"rfilename": n} for n in files]}
                 return self._json(h, body)
@@ -117,21 +149,21 @@ class FakeHub:
 
     def _tree(self, repo: Repo, under: str) -> list[dict[str, Any]]:
         out = []
-        for name, data in repo.files().items():
+        for name, f in repo.files().items():
             if under and not name.startswith(under.rstrip("/") + "/"):
                 continue
-            entry: dict[str, Any] = {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data)}
-            entry["path"] = name
+            entry: dict[str, Any] = {"type": "file", "oid": f.sha1, "size": f.size, "path": name}
             if name.endswith(".safetensors"):  # LFS files: the Hub gives their sha256
-                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
             out.append(entry)
         return out
 
     def _file(self, h: BaseHTTPRequestHandler, repo: Repo, name: str, head: bool) -> None:
-        data = repo.files().get(name)
-        if data is None:
+        entry = repo.files().get(name)
+        if entry is None:
             return self._error(h, 404, "EntryNotFound", f"{name} not found")
-        etag = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else hashlib.sha1(data).hexdigest()
+        data = repo.read(name)
+        etag = entry.sha256 if name.endswith(".safetensors") else entry.sha1
         start = 0
         wanted = h.headers.get("Range", "")
         if wanted.startswith("bytes="):

@@ -100,3 +100,81 @@ class ProgressLines:
         events.logged(self.host)(ev)
         for line in self.shown.lines(ev):
             say(f"{self.host}: {line}", err=True)
+
+
+@cli.group()
+def engine() -> None:
+    """fleet's own engine environments on a host: one virtual environment per version, switched in one step.
+
+    \b
+    In the inventory, engines: {sglang: fleet} runs the version `fleet engine use` made current, and
+    engines: {sglang: "fleet==0.5.23"} that version's environment.
+    """
+
+
+@engine.command("install")
+@click.argument("spec")
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option("--python", help="The host's Python to make the environment with (default: python3).")
+@click.option("--pip-arg", "pip_args", multiple=True, help="One more argument for pip or uv (an index URL, say).")
+@click.pass_obj
+def engine_install(ctx: Invocation, spec: str, host_name: str, python: str | None, pip_args: tuple[str, ...]) -> None:
+    """Install SPEC (sglang==0.5.23) into an environment of its own on the host; the others stay.
+
+    uv is used where the host has it (with --prerelease=allow for SGLang), pip otherwise. The version
+    the engine's own metadata reports must be SPEC's, or the environment is not used.
+
+    \b
+    Example:
+      fleet engine install sglang==0.5.23 --host blackwell
+    """
+    from fleet.control.engines import engine_step
+
+    host = ctx.host(host_name)
+    with transport_for(ctx, host) as t:
+        show = lambda line: say(f"  | {line}", err=True)  # noqa: E731 - the installer's output, as it comes
+        out = engine_step(t, host, "install", spec, python=python, pip_args=pip_args, on_line=show)
+    done = "was already installed" if out["e"] == "present" else f"is installed ({out.get('installer')})"
+    say(f"{host.name}: {spec} {done}; fleet engine use {spec} --host {host.name} makes it current.")
+
+
+@engine.command("use")
+@click.argument("spec")
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.pass_obj
+def engine_use(ctx: Invocation, spec: str, host_name: str) -> None:
+    """Make SPEC's environment the current one (engines: {ENGINE: fleet}); running servers keep theirs
+    until they are restarted (`fleet restart`, or a service's rolling restart).
+
+    \b
+    Example:
+      fleet engine use sglang==0.5.11 --host blackwell
+    """
+    from fleet.control.engines import engine_step
+
+    host = ctx.host(host_name)
+    with transport_for(ctx, host) as t:
+        out = engine_step(t, host, "use", spec)
+    was = f" (was {out['previous']})" if out.get("previous") else ""
+    say(f"{host.name}: {spec} is current{was}.")
+
+
+@engine.command("list")
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
+@click.pass_obj
+def engine_list(ctx: Invocation, host_name: str, as_json: bool) -> None:
+    """fleet's engine environments on the host: each version, whole or not, and the current one."""
+    from fleet.control.gather import read_facts
+
+    host = ctx.host(host_name)
+    with transport_for(ctx, host) as t:
+        envs = read_facts(t, host).raw.get("managed_engines") or []
+    if as_json:
+        emit_json(envs)
+        return
+    for env in envs:
+        state = ("current" if env["current"] else "installed") if env["whole"] else "unfinished, not used"
+        say(f"{host.name}: {env['engine']}=={env['version']}: {state}")
+    if not envs:
+        say(f"{host.name}: no engine environments of fleet's (fleet engine install sglang==VERSION --host {host.name})")

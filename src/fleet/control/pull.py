@@ -9,6 +9,7 @@ leaving a resumable partial download that no deploy would take as the model.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from fleet.control.gather import model_path
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import script_for
 from fleet.secrets import redact
+from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleet.inventory import Host, NamedPlaybook
@@ -37,6 +39,22 @@ class HubAccess:
         import os
 
         return cls(os.environ.get("HF_TOKEN") or None, os.environ.get("HF_ENDPOINT") or None)
+
+    def check(self) -> None:
+        """Refused before anything is sent: a token with a stray newline would be echoed back by the HTTP
+        client's error; an endpoint carrying a password would travel in the host command's arguments."""
+        if self.token is not None and (not self.token.isprintable() or any(c.isspace() for c in self.token)):
+            raise ConfigError(
+                "HF_TOKEN holds whitespace or control characters (a newline from the file it was read from?).",
+                "Set it to the token alone: export HF_TOKEN=$(tr -d '[:space:]' < tokenfile).",
+            )
+        if self.endpoint is not None and (
+            not re.match(r"^https?://[^\s@/]+(/[^\s@]*)?\Z", self.endpoint) or not self.endpoint.isprintable()
+        ):
+            raise ConfigError(
+                "HF_ENDPOINT must be a plain http(s) URL without a user or password in it.",
+                "Give the mirror's URL alone; a token goes in HF_TOKEN (it is sent on stdin, never in argv).",
+            )
 
 
 @dataclass
@@ -81,10 +99,12 @@ def pull_model(
         )
     path = model_path(host, pb.model)
     python = host.settings.engines.get(pb.engine, "python3")
+    hub.check()
     args = {"path": path, "repo": pb.hf_repo, "revision": pb.revision, "endpoint": hub.endpoint}
     secrets = {"HF_TOKEN": hub.token} if hub.token else {}
     started = time.monotonic()
     answers: list[dict[str, Any]] = []
+    planned: dict[str, float] = {"at": started, "have": 0}
     buf = b""
 
     def on_chunk(chunk: bytes) -> bool:
@@ -99,9 +119,10 @@ def pull_model(
             except ValueError:
                 ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
             if ev.get("e") == "planned":
+                planned.update(at=time.monotonic(), have=int(ev["have"]))
                 progress(events.ModelPullPlanned(path, ev["commit"], ev["files"], ev["bytes"], ev["have"], ev["free"]))
             elif ev.get("e") == "progress":
-                progress(_progress(ev["done"], ev["total"], time.monotonic() - started))
+                progress(_progress(ev["done"], ev["total"], planned["have"], time.monotonic() - planned["at"]))
             else:
                 answers.append(ev)
         return True
@@ -109,8 +130,8 @@ def pull_model(
     stdin = json.dumps({"token": hub.token}).encode() + b"\n"
     code = t.stream(script_for("pull", args, [python]), on_chunk, stdin=stdin, timeout_s=24 * 3600.0)
     last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
-    why = redact(str(last.get("why") or last.get("error") or ""), secrets)
-    problems = [redact(str(p), secrets) for p in last.get("problems") or []]
+    why = redact(str(last.get("why") or last.get("error") or ""), secrets)[:600]  # redacted whole, then cut
+    problems = [safe_line(redact(str(p), secrets))[:300] for p in last.get("problems") or []]
     seconds = time.monotonic() - started
     if last["e"] in ("present", "pulled"):
         return PullResult(
@@ -127,16 +148,17 @@ def pull_model(
         raise HostStepError(f"{host.name}: fleet's pull step failed on the host ({why}).", "")
     listed = "".join(f"\n  {p}" for p in problems)
     message = f"{host.name}: {pb.hf_repo} was not pulled to {path}: {why}{listed}"
-    if last.get("kind") == "download":
-        raise DeployFailed(
-            message, "Run fleet pull again: what was downloaded whole is kept, the rest is fetched anew."
-        )
-    raise PreflightError(message, HINTS.get(str(last.get("kind")), ""))
+    hint = HINTS.get(str(last.get("kind")), "")
+    if last.get("stage") == "download":
+        raise DeployFailed(message, hint or "Run fleet pull again: the files that came whole are kept.")
+    raise PreflightError(message, hint)
 
 
-def _progress(done: int, total: int, elapsed: float) -> events.ModelPullProgress:
-    rate = done / elapsed if elapsed > 0 else 0.0
-    eta = (total - done) / rate if rate > 0 else None
+def _progress(done: int, total: int, had: float, elapsed: float) -> events.ModelPullProgress:
+    """The rate of what this pull fetched (not what an earlier one left), from when it began fetching."""
+    fetched = max(0.0, done - had)
+    rate = fetched / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 and fetched > 0 else None
     return events.ModelPullProgress(done, total, rate, eta)
 
 

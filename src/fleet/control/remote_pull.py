@@ -5,8 +5,9 @@ whole before it counts as present. Events, one JSON object per line:
   {"e":"planned","files":n,"bytes":n,"have":n,"free":n,"commit":sha}
   {"e":"progress","done":n,"total":n}            about once a second
   {"e":"pulled","files":n,"bytes":n,"checksums":n,"commit":sha}
-  {"e":"refused","kind":..,"why":..,"problems":[..]}   nothing counts as present (the reason, file by file);
-      kind: disk, busy, client, listing, foreign (a directory fleet did not make), download (after it began)
+  {"e":"refused","kind":..,"why":..,"problems":[..],"stage":..}   nothing new counts as present (file by file);
+      kind: disk, busy, client, listing, foreign (a directory fleet did not make), download;
+      stage: check (nothing downloaded) or download (it began)
   {"e":"error","error":..}
 
 The download goes into `<model>.fleet-partial/` (fleet's own) and is renamed to the model's path only once every file has the size the Hub lists, the checksum it lists, a safetensors header that
@@ -18,6 +19,7 @@ The next pull keeps every file already whole and fetches the rest (a cut connect
 resumed by the client itself, from the bytes it has).
 """
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -36,6 +38,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
+PARTIAL_MARK = ".fleet-partial-of-fleet"  # in a partial download fleet made: it may be resumed and removed
 HF_META = os.path.join(".cache", "huggingface")  # the client's own resume records inside local_dir
 DISK_MARGIN = 64 << 20  # left free beyond the checkpoint: logs and the client's metadata need room too
 PROGRESS_EVERY_S = 1.0
@@ -78,7 +81,11 @@ def listing(api: Any, repo: str, revision: str) -> Tuple[str, Dict[str, Dict[str
         if getattr(f, "size", None) is None or not hasattr(f, "blob_id"):
             continue  # a folder
         lfs = getattr(f, "lfs", None)
-        files[f.path] = {"size": int(f.size), "sha256": getattr(lfs, "sha256", None) if lfs else None}
+        files[f.path] = {
+            "size": int(f.size),
+            "sha256": getattr(lfs, "sha256", None) if lfs else None,
+            "git_sha1": None if lfs else f.blob_id,  # a file kept in git itself: its blob id is a checksum
+        }
     return commit, files
 
 
@@ -95,6 +102,16 @@ def bytes_under(path: str) -> int:
 
 def sha256_of(path: str) -> str:
     h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(1 << 20), b"")):
+            h.update(block)
+            if i % 256 == 255:  # hundreds of GB take minutes: fleet may be gone meanwhile
+                gone_now()
+    return h.hexdigest()
+
+
+def git_blob_sha1(path: str, size: int) -> str:
+    h = hashlib.sha1(b"blob %d\0" % size)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -132,6 +149,10 @@ def problems_in(
             checked += 1
             if sha256_of(full) != want["sha256"]:
                 out.append("%s: its sha256 is not the one the Hub lists" % name)
+        elif want.get("git_sha1") and not want.get("sha256"):  # small: read every time
+            checked += 1
+            if git_blob_sha1(full, size) != want["git_sha1"]:
+                out.append("%s: its content is not the one the Hub lists" % name)
     config, config_error = _json_file(os.path.join(path, "config.json"))
     if not isinstance(config, dict):
         out.append("config.json: %s" % (config_error or "not a JSON object"))
@@ -181,89 +202,128 @@ def forget(path: str, names: List[str]) -> None:
                 pass
 
 
+def refuse(kind: str, why: str, problems: Optional[List[str]] = None, stage: str = "check") -> None:
+    """stage: "check" (nothing was downloaded) or "download" (it began)."""
+    emit({"e": "refused", "kind": kind, "why": why, "problems": problems or [], "stage": stage})
+
+
+def unsafe_names(files: Dict[str, Dict[str, Any]]) -> List[str]:
+    """Names in the Hub's listing that would land outside the model directory (or hide in a terminal):
+    the listing is the remote side's word, not fleet's."""
+    bad = []
+    for name in files:
+        parts = name.split("/")
+        if (
+            not name
+            or name.startswith("/")
+            or any(p in ("", ".", "..") for p in parts)
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)
+            or parts[0] in (MARKER, ".cache")
+        ):
+            bad.append(name)
+    return bad
+
+
+def offline(exc: BaseException) -> bool:
+    """Whether the Hub was not reached at all (no route, refused, timed out, offline mode): only then does a
+    model already on the host count on its own terms. A 401, a 404 or an unknown revision is an answer."""
+    names = set(c.__name__ for c in type(exc).__mro__)
+    return bool(names & {"ConnectError", "ConnectTimeout", "TimeoutException", "NetworkError", "OfflineModeIsEnabled"})
+
+
+def ours(path: str) -> Optional[Dict[str, Any]]:
+    """The marker of a directory fleet made (a real directory, not a symlink to one), else None."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return None
+    marker, _ = _json_file(os.path.join(path, MARKER))
+    return marker if isinstance(marker, dict) else None
+
+
+def seed(partial: str, target: str, files: Dict[str, Dict[str, Any]], broken: List[str]) -> None:
+    """A new download of a model fleet made starts from its files that are whole and unchanged in size
+    (hard links: the model at the path is not touched); the client checks each against the Hub again."""
+    for name, want in files.items():
+        src, dst = os.path.join(target, name), os.path.join(partial, name)
+        if name in broken or os.path.lexists(dst) or not os.path.isfile(src) or os.path.islink(src):
+            continue
+        if os.path.getsize(src) != want["size"]:
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            pass
+
+
 def main(a: Dict[str, Any]) -> None:
     secret = read_secret()
     target = os.path.expanduser(a["path"]).rstrip("/")
     partial = target + PARTIAL
+    old = target + ".fleet-old"
     parent = os.path.dirname(target) or "/"
+    revision = a.get("revision") or "main"
     if a.get("endpoint"):
         os.environ["HF_ENDPOINT"] = a["endpoint"]
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as exc:
-        emit(
-            {
-                "e": "refused",
-                "kind": "disk",
-                "why": "the models directory %s cannot be made: %s" % (parent, exc.strerror),
-            }
-        )
-        return
+        return refuse("disk", "the models directory %s cannot be made: %s" % (parent, exc.strerror))
     guard = open(os.path.join(parent, ".%s.fleet-pull.lock" % os.path.basename(target)), "a")  # noqa: SIM115 - held to exit
     try:
         fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        emit({"e": "refused", "kind": "busy", "why": "another fleet pull of %s is running on this host" % target})
-        return
+        return refuse("busy", "another fleet pull of %s is running on this host" % target)
+    if ours(old) is not None:  # a swap cut between its two renames: the model that was there comes back
+        if not os.path.lexists(target):
+            os.rename(old, target)
+        else:
+            shutil.rmtree(old)
+    for path in (target, partial):
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return refuse("foreign", "%s is there and is not a directory; fleet leaves it as it is" % path)
+    if os.path.islink(partial) or (os.path.isdir(partial) and not os.path.exists(os.path.join(partial, PARTIAL_MARK))):
+        return refuse("foreign", "%s is there and fleet did not make it; it is left as it is" % partial)
     try:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError as exc:
-        emit({"e": "refused", "kind": "client", "why": "the engine's Python has no huggingface_hub (%s)" % exc})
-        return
+        return refuse("client", "the engine's Python has no huggingface_hub (%s)" % exc)
     token = secret.get("token") or None  # None: the host's own login, if it has one
     try:
-        commit, files = listing(HfApi(token=token), a["repo"], a.get("revision") or "main")
-    except Exception as exc:  # noqa: BLE001 - unreachable, no such repo or revision, a refused token
-        whole = os.path.isdir(target) and not problems_in(target, None)[0]
-        if whole:  # a host without the Hub: its model is checked on its own terms
-            emit({"e": "present", "files": None, "bytes": bytes_under(target), "commit": None, "unlisted": True})
+        commit, files = listing(HfApi(token=token), a["repo"], revision)
+    except Exception as exc:  # noqa: BLE001 - sorted below: not reached, or an answer
+        said = "%s: %s" % (type(exc).__name__, str(exc)[:2000])
+        if offline(exc) and os.path.isdir(target) and not problems_in(target, None)[0]:
+            emit({"e": "present", "files": None, "bytes": bytes_under(target), "commit": None, "unlisted": said})
         else:
-            emit(
-                {
-                    "e": "refused",
-                    "kind": "listing",
-                    "why": "the Hub did not list %s@%s: %s: %s"
-                    % (a["repo"], a.get("revision") or "main", type(exc).__name__, str(exc)[:600]),
-                }
-            )
+            refuse("listing", "the Hub did not list %s@%s: %s" % (a["repo"], revision, said))
         return
+    bad = unsafe_names(files)
+    if bad:
+        return refuse("listing", "the Hub's listing names files outside the model directory", bad[:20])
     total = sum(f["size"] for f in files.values())
 
+    marker = ours(target)
+    broken = []  # type: List[str]
     if os.path.isdir(target):
-        marker, _ = _json_file(os.path.join(target, MARKER))
-        ours = isinstance(marker, dict)
-        problems, checked = problems_in(target, files, marker.get("verified") if ours else None)
-        if not problems:
-            if ours and checked:  # checksums read again: remembered against the files' new stamps
+        same_commit = marker is not None and marker.get("commit") == commit
+        problems, checked = problems_in(target, files, marker.get("verified") if same_commit and marker else None)
+        if not problems and (marker is None or same_commit):
+            if marker is not None and checked:  # checksums read again: remembered against the files' new stamps
                 write_marker(target, dict(marker, verified=stamps(target, files)))
             emit({"e": "present", "files": len(files), "bytes": total, "commit": commit, "checksums": checked})
             return
-        if not ours:
-            emit(
-                {
-                    "e": "refused",
-                    "kind": "foreign",
-                    "why": "%s is there but not whole, and fleet did not make it (no %s in it): it is left as it is"
-                    % (target, MARKER),
-                    "problems": problems,
-                }
-            )
-            return
-        if os.path.exists(partial):
-            emit(
-                {
-                    "e": "refused",
-                    "kind": "foreign",
-                    "why": "both %s and %s exist; remove the one you do not want" % (target, partial),
-                }
-            )
-            return
-        os.rename(target, partial)  # fleet's own, damaged: repaired where a deploy cannot mistake it
-        forget(partial, [p.split(":")[0] for p in problems])
+        if marker is None:
+            why = "%s is there but not whole, and fleet did not make it (no %s in it): it is left as it is"
+            return refuse("foreign", why % (target, MARKER), problems)
+        broken = [p.split(":")[0] for p in problems]  # fleet's own: rebuilt beside it, swapped in when whole
 
-    os.makedirs(partial, exist_ok=True)
+    if not os.path.isdir(partial):
+        os.makedirs(partial)
+        open(os.path.join(partial, PARTIAL_MARK), "w").close()
     drop_unfinished(partial)
+    if marker is not None:
+        seed(partial, target, files, broken)
     have = sum(
         f["size"]
         for n, f in files.items()
@@ -272,15 +332,8 @@ def main(a: Dict[str, Any]) -> None:
     free = free_bytes(partial)
     emit({"e": "planned", "files": len(files), "bytes": total, "have": have, "free": free, "commit": commit})
     if total - have + DISK_MARGIN > free:
-        emit(
-            {
-                "e": "refused",
-                "kind": "disk",
-                "why": "not enough disk: %d bytes to download, %d free at %s (and %d kept free); nothing downloaded"
-                % (total - have, free, parent, DISK_MARGIN),
-            }
-        )
-        return
+        why = "not enough disk: %d bytes to download, %d free at %s (and %d kept free); nothing downloaded"
+        return refuse("disk", why % (total - have, free, parent, DISK_MARGIN))
 
     failed = []  # type: List[BaseException]
 
@@ -294,43 +347,48 @@ def main(a: Dict[str, Any]) -> None:
     worker.start()
     while worker.is_alive():
         worker.join(PROGRESS_EVERY_S)
-        if stdin_closed():  # Ctrl-C, or the connection cut: stop here; nothing counted present
-            os._exit(3)
+        gone_now()
         emit({"e": "progress", "done": min(total, bytes_under(partial)), "total": total})
     if failed:
         error = failed[0]
-        why = "the download failed: %s: %s" % (type(error).__name__, str(error)[:600])
-        emit({"e": "refused", "kind": "download", "why": why})
-        return
+        full = isinstance(error, OSError) and error.errno == errno.ENOSPC or "No space left" in str(error)
+        why = "the download failed: %s: %s" % (type(error).__name__, str(error)[:2000])
+        return refuse("disk" if full else "download", why + (" (at %s)" % partial if full else ""), stage="download")
     problems, checked = problems_in(partial, files)
+    gone_now()
     if problems:
         forget(partial, [p.split(":")[0] for p in problems if p.split(":")[0] in files])
-        emit(
-            {
-                "e": "refused",
-                "kind": "download",
-                "why": "what was downloaded is not whole; it is not used",
-                "problems": problems,
-            }
-        )
-        return
+        return refuse("download", "what was downloaded is not whole; it is not used", problems, stage="download")
     shutil.rmtree(os.path.join(partial, HF_META), ignore_errors=True)
-    try:
-        os.rmdir(os.path.join(partial, ".cache"))  # made by the client; kept if anything else is in it
-    except OSError:
-        pass
+    for leftover in (os.path.join(partial, ".cache"), os.path.join(partial, PARTIAL_MARK)):
+        try:  # the client's (kept if anything else is in it), and fleet's own mark
+            os.rmdir(leftover) if os.path.isdir(leftover) else os.remove(leftover)
+        except OSError:
+            pass
     write_marker(
         partial,
         {
             "repo": a["repo"],
-            "revision": a.get("revision") or "main",
+            "revision": revision,
             "commit": commit,
             "pulled_at": time.time(),
             "verified": stamps(partial, files),
         },
     )
-    os.rename(partial, target)
+    gone_now()
+    if os.path.isdir(target):  # fleet's own older or damaged copy: swapped out in two renames, then removed
+        os.rename(target, old)
+        os.rename(partial, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(partial, target)
     emit({"e": "pulled", "files": len(files), "bytes": total, "checksums": checked, "commit": commit})
+
+
+def gone_now() -> None:
+    """Ctrl-C, or the connection cut: stop here, before anything more counts as present."""
+    if stdin_closed():
+        os._exit(3)
 
 
 def run() -> None:

@@ -291,6 +291,39 @@ def _engine_versions(engines: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+def _managed_engines(state_dir: Optional[str]) -> List[Dict[str, Any]]:
+    """fleet's own engine environments (`fleet engine install`): each version, whole (its marker written
+    after the install proved the version) or not, and which one `fleet engine use` made current."""
+    if not state_dir:
+        return []
+    base = os.path.join(os.path.expanduser(state_dir), "engines")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    current = {}  # type: Dict[str, str]
+    for name in names:
+        if name.endswith("-current") and os.path.islink(os.path.join(base, name)):
+            current[name[: -len("-current")]] = os.readlink(os.path.join(base, name))
+    out = []
+    for name in names:
+        path = os.path.join(base, name)
+        if name.endswith(("-current", ".tmp")) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        engine, _, version = name.partition("-")
+        marker, _ = _json_file(os.path.join(path, ".fleet-engine.json"))
+        out.append(
+            {
+                "engine": engine,
+                "version": version,
+                "python": os.path.join(path, "bin", "python"),
+                "whole": isinstance(marker, dict),
+                "current": current.get(engine) == name,
+            }
+        )
+    return out
+
+
 def _json_file(path: str, limit: int = 4 << 20) -> Tuple[Any, Optional[str]]:
     text = read_text(path, limit)
     if text is None:
@@ -579,6 +612,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
             for i, (a, p) in sorted(listeners.items(), key=lambda x: x[1][1])
         ],
         "engines": _engine_versions(args.get("engines", {})),
+        "managed_engines": _managed_engines(args.get("state_dir")),
         "paths": dict((k, os.path.expanduser(args[k])) for k in ("log_dir", "state_dir") if args.get(k)),
         "model": _model(args.get("model_path")),
         "disk": [_disk(p) for p in args.get("disk_paths", [])],

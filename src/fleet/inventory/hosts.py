@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import Meta, field
 
 from fleet.errors import ConfigError
@@ -49,9 +50,28 @@ def _check_kernel_log(value: str) -> None:
         _check_remote_path(value)
 
 
+# `engines: {sglang: fleet}`: the environment `fleet engine use` chose; `fleet==0.5.23`: that version's
+MANAGED_ENGINE_RE = re.compile(r"^fleet(?:==(?P<version>[0-9][0-9A-Za-z.+!-]{0,40}))?\Z")
+
+
 def _check_engine_pythons(value: dict[str, str]) -> None:
     for python in value.values():
-        _check_remote_path(python)
+        if not MANAGED_ENGINE_RE.match(python):
+            _check_remote_path(python)
+
+
+def managed_python(state_dir: str, engine: str, version: str | None) -> str:
+    """The Python of fleet's own environment of `engine` on a host (`fleet engine install`): the version's,
+    or (no version) the one `fleet engine use` made current, through a symlink switched in one rename."""
+    return f"{state_dir.rstrip('/')}/engines/{engine}-{version or 'current'}/bin/python"
+
+
+def _with_managed_engines(settings: HostSettings) -> HostSettings:
+    engines = {}
+    for engine, python in settings.engines.items():
+        m = MANAGED_ENGINE_RE.match(python)
+        engines[engine] = managed_python(settings.state_dir, engine, m["version"]) if m else python
+    return msgspec.structs.replace(settings, engines=engines)
 
 
 def _check_device_glob(value: str) -> None:
@@ -223,7 +243,7 @@ def parse_inventory(doc: YamlDoc) -> Inventory:
                 merged[key] = value
                 origins[key] = doc.line_of((*key_path, key))
         try:
-            settings = _validated(HostSettings, merged)
+            settings = _with_managed_engines(_validated(HostSettings, merged))
         except _Invalid as problem:
             raise _config_error(doc, ("hosts", hname), problem, origins) from None
         if settings.connection == "ssh" and not settings.address:

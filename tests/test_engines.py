@@ -1,0 +1,131 @@
+"""`fleet engine install/use`: real virtual environments and a real pip on a host reached by
+`connection: local`, installing real wheels (two versions of a package named like the engine, built
+here) from a local package index; switched back and forth, and read back by the facts the planner uses."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from fleet.inventory import load_inventory
+
+
+def wheel(index: Path, name: str, version: str, body: str = "") -> Path:
+    """A real wheel of `name` at `version`, as pip installs any other."""
+    files = {
+        f"{name}/__init__.py": f"__version__ = {version!r}\n{body}",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{name}-{version}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: fleet-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}"
+        for path, text in files.items()
+    ]
+    files[f"{name}-{version}.dist-info/RECORD"] = "\n".join([*record, f"{name}-{version}.dist-info/RECORD,,"]) + "\n"
+    index.mkdir(parents=True, exist_ok=True)
+    out = index / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return out
+
+
+@pytest.fixture
+def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    index = tmp_path / "index"
+    for version in ("0.5.11", "0.5.23"):
+        wheel(index, "sglang", version)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the package index is this directory: no network needed
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  box:\n    connection: local\n    engines: {sglang: fleet}\n"
+        f"    state_dir: {tmp_path}/state\n    log_dir: {tmp_path}/logs\n    models_dir: {tmp_path}/models\n"
+    )
+    return inventory
+
+
+def engines(inventory: Path) -> dict[str, object]:
+    facts = json.loads(run_cli("-i", str(inventory), "facts", "--host", "box", "--json").out)
+    return {"version": facts["engines"]["sglang"].get("version"), "managed": facts["managed_engines"]}
+
+
+def test_install_two_versions_switch_back_and_forth_and_the_facts_follow(box: Path) -> None:
+    for version in ("0.5.23", "0.5.11"):
+        r = run_cli("-i", str(box), "engine", "install", f"sglang=={version}", "--host", "box")
+        assert r.code == 0, r.err
+        assert "is installed (pip)" in r.out
+    assert engines(box)["version"] is None  # installed, neither current yet: `fleet` names no environment
+
+    assert run_cli("-i", str(box), "engine", "use", "sglang==0.5.23", "--host", "box").code == 0
+    assert engines(box)["version"] == "0.5.23"
+    r = run_cli("-i", str(box), "engine", "use", "sglang==0.5.11", "--host", "box")
+    assert r.code == 0 and "(was 0.5.23)" in r.out
+    seen = engines(box)
+    assert seen["version"] == "0.5.11"
+    assert {(e["version"], e["whole"], e["current"]) for e in seen["managed"]} == {  # type: ignore[union-attr]
+        ("0.5.11", True, True),
+        ("0.5.23", True, False),
+    }
+    listed = run_cli("-i", str(box), "engine", "list", "--host", "box")
+    assert "sglang==0.5.11: current" in listed.out and "sglang==0.5.23: installed" in listed.out
+
+
+def test_a_second_install_of_the_same_version_changes_nothing(box: Path, tmp_path: Path) -> None:
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.23", "--host", "box").code == 0
+    env = tmp_path / "state" / "engines" / "sglang-0.5.23"
+    before = (env / ".fleet-engine.json").read_text()
+    r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.23", "--host", "box")
+    assert r.code == 0 and "already installed" in r.out
+    assert (env / ".fleet-engine.json").read_text() == before
+
+
+def test_a_version_the_index_lacks_is_refused_and_leaves_no_environment_that_could_be_used(
+    box: Path, tmp_path: Path
+) -> None:
+    r = run_cli("-i", str(box), "engine", "install", "sglang==9.9.9", "--host", "box")
+    assert r.code == 7 and "could not install sglang==9.9.9" in r.err
+    assert "No matching distribution" in r.err  # pip's own words, streamed
+    use = run_cli("-i", str(box), "engine", "use", "sglang==9.9.9", "--host", "box")
+    assert use.code == 4 and "no whole sglang 9.9.9 environment" in use.err
+    assert not (tmp_path / "state" / "engines" / "sglang-current").exists()
+
+
+def test_a_package_that_reports_another_version_than_asked_is_not_used(box: Path, tmp_path: Path) -> None:
+    # a wheel whose file name says one version and whose metadata another (as a mislabelled mirror serves)
+    index = Path(os.environ["PIP_FIND_LINKS"])
+    real = wheel(tmp_path / "other", "sglang", "0.5.12")
+    (index / "sglang-0.5.13-py3-none-any.whl").write_bytes(real.read_bytes())
+    r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.13", "--host", "box")
+    assert r.code == 7
+    assert not (tmp_path / "state" / "engines" / "sglang-0.5.13" / ".fleet-engine.json").exists()
+
+
+def test_an_unpinned_spec_is_refused_before_anything_runs(box: Path) -> None:
+    r = run_cli("-i", str(box), "engine", "install", "sglang>=0.5", "--host", "box")
+    assert r.code == 2 and "exact version" in r.err and "sglang==0.5.23" in r.err
+
+
+def test_the_inventory_names_fleets_environments_by_keyword(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  a:\n    connection: local\n    state_dir: /srv/fleet\n"
+        '    engines: {sglang: fleet, vllm: "fleet==0.11.0"}\n'
+    )
+    engines = load_inventory(inventory).hosts["a"].settings.engines
+    assert engines == {
+        "sglang": "/srv/fleet/engines/sglang-current/bin/python",
+        "vllm": "/srv/fleet/engines/vllm-0.11.0/bin/python",
+    }
+    inventory.write_text('hosts:\n  a:\n    connection: local\n    engines: {sglang: "fleet==;rm -rf /"}\n')
+    r = run_cli("-i", str(inventory), "facts", "--host", "a")
+    assert r.code == 2 and f"{inventory}:" in r.err
