@@ -8,12 +8,16 @@ import base64
 import hashlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from fleet.inventory import load_inventory
 
 
@@ -129,3 +133,85 @@ def test_the_inventory_names_fleets_environments_by_keyword(tmp_path: Path) -> N
     inventory.write_text('hosts:\n  a:\n    connection: local\n    engines: {sglang: "fleet==;rm -rf /"}\n')
     r = run_cli("-i", str(inventory), "facts", "--host", "a")
     assert r.code == 2 and f"{inventory}:" in r.err
+
+
+class SlowIndex:
+    """A package index (pip's --find-links page) on loopback that sends its wheel slowly."""
+
+    def __init__(self, wheel_path: Path, rate_bps: int) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        data, name = wheel_path.read_bytes(), wheel_path.name
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") == "":
+                    body = f'<html><body><a href="{name}">{name}</a></body></html>'.encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                step = rate_bps // 10
+                for i in range(0, len(data), step):
+                    try:
+                        self.wfile.write(data[i : i + step])
+                    except OSError:
+                        return
+                    time.sleep(0.1)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.slow  # a wheel sent slowly, on purpose
+def test_ctrl_c_mid_install_stops_the_installer_and_leaves_nothing_that_could_be_used(
+    box: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = wheel(tmp_path / "big", "sglang", "0.6.0", body=f"BLOB = {os.urandom(1 << 20).hex()!r}\n")
+    index = SlowIndex(big, 100_000)  # about 20 s for the wheel
+    monkeypatch.setenv("PIP_FIND_LINKS", index.url)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet", "-i", str(box), "engine", "install", "sglang==0.6.0", "--host", "box"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "testbed")},
+        )
+        assert proc.stderr is not None
+        seen = b""
+        while b"Collecting sglang" not in seen:  # pip's own words: the download has begun
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        proc.stderr.close()
+        env = tmp_path / "state" / "engines" / "sglang-0.6.0"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _installers(env):
+            time.sleep(0.2)
+        assert not _installers(env)  # pip went with fleet
+        assert not (env / ".fleet-engine.json").exists()
+        assert run_cli("-i", str(box), "engine", "use", "sglang==0.6.0", "--host", "box").code == 4
+    finally:
+        index.close()
+
+
+def _installers(env: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"{env}/bin/python -m pip"], capture_output=True, text=True).stdout
+    return out.splitlines()

@@ -109,6 +109,11 @@ def engine() -> None:
     \b
     In the inventory, engines: {sglang: fleet} runs the version `fleet engine use` made current, and
     engines: {sglang: "fleet==0.5.23"} that version's environment.
+
+    \b
+    Example:
+      fleet engine install sglang==0.5.23 --host blackwell
+      fleet engine use sglang==0.5.23 --host blackwell
     """
 
 
@@ -164,7 +169,12 @@ def engine_use(ctx: Invocation, spec: str, host_name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
 @click.pass_obj
 def engine_list(ctx: Invocation, host_name: str, as_json: bool) -> None:
-    """fleet's engine environments on the host: each version, whole or not, and the current one."""
+    """fleet's engine environments on the host: each version, whole or not, and the current one.
+
+    \b
+    Example:
+      fleet engine list --host blackwell
+    """
     from fleet.control.gather import read_facts
 
     host = ctx.host(host_name)

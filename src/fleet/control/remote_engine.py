@@ -55,7 +55,9 @@ def marker_of(env: str) -> Optional[Dict[str, Any]]:
 
 def run_streamed(argv: List[str]) -> int:
     """The installer's output line by line; stopped (and its group killed) when fleet goes away."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+    )
     assert proc.stdout is not None
     buf = b""
     while True:
@@ -78,6 +80,17 @@ def run_streamed(argv: List[str]) -> int:
     if buf:
         emit({"e": "line", "t": buf.decode("utf-8", "replace")[-500:]})
     return proc.wait()
+
+
+def die_with_parent() -> None:
+    """In the installer, before it runs: SIGKILL when this step ends, even killed outright (a local run's
+    Ctrl-C ends it so) -- an install nobody waits for must not go on writing the environment."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:  # not Linux: the stdin watch above still stops it while this step lives
+        pass
 
 
 def installed_version(python: str, engine: str) -> Optional[str]:
