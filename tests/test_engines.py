@@ -215,3 +215,24 @@ def test_ctrl_c_mid_install_stops_the_installer_and_leaves_nothing_that_could_be
 def _installers(env: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", f"{env}/bin/python -m pip"], capture_output=True, text=True).stdout
     return out.splitlines()
+
+
+def test_plan_with_another_engine_version_shows_the_upgrade_as_a_diff(tmp_path: Path) -> None:
+    from fleet_testbed import simhost
+
+    h = simhost.build_host(tmp_path, simhost.CT129)  # SGLang 0.5.11, its simulated GPUs, reached locally
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  ct129:\n    connection: local\n"
+        f"    engines: {{sglang: {h}/env/bin/python}}\n    gpu_devices: {h}/dev/nvidia*\n"
+        f"    models_dir: {h}/models\n    state_dir: {h}/state\n    log_dir: {h}/logs\n"
+    )
+    argv = ["-i", str(inventory), "--playbooks", str(ROOT / "playbooks"), "plan", "qwen36-27b", "--host", "ct129"]
+    r = run_cli(*argv, "--engine", "sglang==0.5.23")
+    assert r.code == 0, r.err
+    assert "upgrade preview: sglang 0.5.11 -> 0.5.23 (not installed: fleet engine install sglang==0.5.23" in r.out
+    assert "+ --mamba-radix-cache-strategy" in r.out
+    preview = json.loads(run_cli(*argv, "--engine", "sglang==0.5.23", "--json").out)["upgrade_preview"]
+    assert preview["plan"]["engine_version"] == "0.5.23" and preview["diff"]
+    wrong = run_cli(*argv, "--engine", "vllm==0.11.0")
+    assert wrong.code == 2 and "runs sglang, not vllm" in wrong.err

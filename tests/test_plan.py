@@ -347,3 +347,16 @@ def test_a_placed_vllm_server_starts_its_internal_ports_from_its_http_port() -> 
     assert placed.plan.flag("--nccl-port") is None  # SGLang's flag, not vLLM's
     whole = build_plan(host("blackwell"), pb, f, "/models/Qwen3.6-27B")
     assert whole.plan is not None and "VLLM_PORT" not in {e.name for e in whole.plan.env}
+
+
+def test_an_upgrade_preview_shows_the_renamed_flag_and_its_rule() -> None:
+    from fleet.plan.diff import plan_diff, versions
+
+    now = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS, version="0.5.11").plan
+    then = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS, version="0.5.23").plan
+    assert now is not None and then is not None
+    lines = plan_diff(now, then)
+    assert versions(now, then) == "sglang 0.5.11 -> 0.5.23"
+    assert "- --mamba-scheduler-strategy extra_buffer" in "\n".join(lines)
+    assert any(line.startswith("+ --mamba-radix-cache-strategy extra_buffer  (") for line in lines)
+    assert plan_diff(now, now) == []

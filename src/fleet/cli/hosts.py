@@ -62,18 +62,29 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
 @click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
+@click.option("--engine", "engine_spec", help="Also plan with this engine version (sglang==0.5.23): an upgrade's diff.")
 @click.pass_obj
 def plan(
-    ctx: Invocation, playbook: str, host_name: str | None, as_json: bool, deployment: str | None, gpus: str | None
+    ctx: Invocation,
+    playbook: str,
+    host_name: str | None,
+    as_json: bool,
+    deployment: str | None,
+    gpus: str | None,
+    engine_spec: str | None,
 ) -> None:
     """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
 
     Gathers the host's facts in one round trip; changes nothing on the host. Exits 4 when pre-flight
     refuses the deployment.
 
+    With --engine, the same deployment is also planned for that engine version, installed or not, and
+    shown as a diff against today's plan: flags renamed, removed or newly set, and verdicts that differ.
+
     \b
-    Example:
+    Examples:
       fleet plan qwen35-nvfp4 --host blackwell
+      fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23
     """
     from fleet.control import ops
     from fleet.control.gather import model_path, read_facts
@@ -99,6 +110,7 @@ def plan(
         host, pb, f, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
     )
     result = placed.result
+    preview = _upgrade_preview(ctx, host, pb, f, name, placement, engine_spec, result.plan) if engine_spec else None
     if as_json:
         emit_json(
             {
@@ -109,6 +121,7 @@ def plan(
                 "model": result.model.describe() if result.model else None,
                 "plan": result.plan.to_json() if result.plan else None,
                 "verdicts": [vars(v) for v in result.verdicts],
+                "upgrade_preview": preview,
             }
         )
     else:
@@ -116,8 +129,48 @@ def plan(
 
         render_plan(result, host.name, pb.name)
         say(f"deployment {name} on {host.name}: {placed.how}")
+        if preview is not None:
+            say(f"upgrade preview: {preview['versions']} ({preview['installed']})")
+            for line in preview["diff"] or ["(no difference in the command line, environment or verdicts)"]:
+                say(f"  {line}")
     if result.errors:
         raise click.exceptions.Exit(4)
+
+
+def _upgrade_preview(
+    ctx: Invocation, host: Host, pb: Any, f: Any, name: str, placement: Any, spec: str, now: Any
+) -> dict[str, Any]:
+    """The deployment planned for another engine version, as a diff against today's plan."""
+    from dataclasses import replace
+
+    from fleet.control import ops
+    from fleet.control.engines import parse_spec
+    from fleet.errors import ConfigError
+    from fleet.facts.parse import EngineInstall
+    from fleet.plan.diff import plan_diff, versions
+
+    engine, version = parse_spec(spec)
+    if engine != pb.spec.engine:
+        raise ConfigError(f"--engine {spec}: {pb.name} runs {pb.spec.engine}, not {engine}.", "")
+    install = f.engines.get(engine) or EngineInstall(engine, "python3", None, {}, None)
+    then_facts = replace(f, engines={**f.engines, engine: replace(install, version=version, error=None)})
+    then = ops.place_and_plan(
+        host, pb, then_facts, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
+    ).result
+    managed = [e for e in f.raw.get("managed_engines") or [] if e.get("engine") == engine]
+    if any(e.get("version") == version and e.get("whole") for e in managed):
+        installed = f"installed: fleet engine use {spec} --host {host.name}, then fleet restart, applies it"
+    else:
+        installed = f"not installed: fleet engine install {spec} --host {host.name}"
+    if now is None or then.plan is None:
+        lines = [f"{v.level}: {v.message}" for v in then.errors] or ["no plan for one of the two versions"]
+        return {"versions": f"{engine} -> {version}", "installed": installed, "diff": lines, "plan": None}
+    return {
+        "versions": versions(now, then.plan),
+        "installed": installed,
+        "diff": plan_diff(now, then.plan),
+        "plan": then.plan.to_json(),
+    }
 
 
 @cli.command()
