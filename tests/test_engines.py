@@ -20,6 +20,8 @@ import pytest
 from conftest import ROOT, run_cli
 from fleet.inventory import load_inventory
 
+pytestmark = pytest.mark.slow  # real venvs and pip installs: seconds each
+
 
 def wheel(index: Path, name: str, version: str, body: str = "") -> Path:
     """A real wheel of `name` at `version`, as pip installs any other."""
@@ -116,7 +118,7 @@ def test_a_package_that_reports_another_version_than_asked_is_not_used(box: Path
 
 def test_an_unpinned_spec_is_refused_before_anything_runs(box: Path) -> None:
     r = run_cli("-i", str(box), "engine", "install", "sglang>=0.5", "--host", "box")
-    assert r.code == 2 and "exact version" in r.err and "sglang==0.5.23" in r.err
+    assert r.code == 2 and "exact released version" in r.err and "sglang==0.5.23" in r.err
 
 
 def test_the_inventory_names_fleets_environments_by_keyword(tmp_path: Path) -> None:
@@ -177,7 +179,6 @@ class SlowIndex:
         self.server.server_close()
 
 
-@pytest.mark.slow  # a wheel sent slowly, on purpose
 def test_ctrl_c_mid_install_stops_the_installer_and_leaves_nothing_that_could_be_used(
     box: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,3 +237,97 @@ def test_plan_with_another_engine_version_shows_the_upgrade_as_a_diff(tmp_path: 
     assert preview["plan"]["engine_version"] == "0.5.23" and preview["diff"]
     wrong = run_cli(*argv, "--engine", "vllm==0.11.0")
     assert wrong.code == 2 and "runs sglang, not vllm" in wrong.err
+
+
+# --- found by an adversarial pass: each was a real defect ------------------------------------------------
+
+
+def test_an_environment_without_its_marker_is_an_error_in_the_facts_not_a_version(box: Path, tmp_path: Path) -> None:
+    env = tmp_path / "state" / "engines" / "sglang-0.5.11"
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box").code == 0
+    (env / ".fleet-engine.json").unlink()  # as an install cut short leaves it
+    box.write_text(box.read_text().replace("{sglang: fleet}", '{sglang: "fleet==0.5.11"}'))
+    facts = json.loads(run_cli("-i", str(box), "facts", "--host", "box", "--json").out)
+    assert facts["engines"]["sglang"].get("version") is None and "not whole" in facts["engines"]["sglang"]["error"]
+
+
+def test_versions_compare_as_pip_compares_them(box: Path, tmp_path: Path) -> None:
+    index = Path(os.environ["PIP_FIND_LINKS"])
+    wheel(index, "sglang", "0.5.24.0")  # metadata 0.5.24.0 is release 0.5.24
+    wheel(index, "sglang", "0.5.25+cu128")  # a build label, as vLLM's and PyTorch's indexes name builds
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.24", "--host", "box").code == 0
+    again = run_cli("-i", str(box), "engine", "install", "sglang==0.5.24.0", "--host", "box")
+    assert again.code == 0 and "already installed" in again.out  # one environment, not a second
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.25", "--host", "box").code == 0
+    assert sorted(p.name for p in (tmp_path / "state" / "engines").iterdir() if not p.name.startswith(".")) == [
+        "sglang-0.5.24",
+        "sglang-0.5.25",
+    ]
+
+
+def test_a_directory_fleet_did_not_make_is_never_removed(box: Path, tmp_path: Path) -> None:
+    theirs = tmp_path / "state" / "engines" / "sglang-0.5.11"
+    (theirs / "data").mkdir(parents=True)
+    (theirs / "data" / "precious").write_text("keep")
+    r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box")
+    assert r.code == 7 and "fleet did not make it" in r.err
+    assert (theirs / "data" / "precious").read_text() == "keep"
+
+
+def test_an_engines_directory_that_is_a_symlink_is_refused(box: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "engines").symlink_to(elsewhere)
+    r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box")
+    assert r.code == 7 and "is a symlink" in r.err and list(elsewhere.iterdir()) == []
+
+
+def test_an_environment_that_no_longer_runs_is_made_anew_and_not_made_current(box: Path, tmp_path: Path) -> None:
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box").code == 0
+    python = tmp_path / "state" / "engines" / "sglang-0.5.11" / "bin" / "python"
+    python.unlink()
+    python.symlink_to("/nonexistent/python3")  # its interpreter was removed (a pyenv version, an OS upgrade)
+    use = run_cli("-i", str(box), "engine", "use", "sglang==0.5.11", "--host", "box")
+    assert use.code == 4 and "no longer runs" in use.err
+    again = run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box")
+    assert again.code == 0 and "is installed" in again.out
+    assert run_cli("-i", str(box), "engine", "use", "sglang==0.5.11", "--host", "box").code == 0
+
+
+def test_the_facts_name_the_versions_own_environment_and_a_switch_is_not_the_same_plan(
+    box: Path, tmp_path: Path
+) -> None:
+    from fleet.control.ops import _runs_this_plan
+
+    for v in ("0.5.11", "0.5.23"):
+        assert run_cli("-i", str(box), "engine", "install", f"sglang=={v}", "--host", "box").code == 0
+    assert run_cli("-i", str(box), "engine", "use", "sglang==0.5.23", "--host", "box").code == 0
+    facts = json.loads(run_cli("-i", str(box), "facts", "--host", "box", "--json").out)
+    # the command line names sglang-0.5.23 itself: `fleet engine use` later does not move a running plan
+    assert facts["engines"]["sglang"]["python"] == str(
+        tmp_path / "state" / "engines" / "sglang-0.5.23" / "bin" / "python"
+    )
+
+    class Facts:
+        servers = [type("P", (), {"pid": 7})()]
+
+    record = {"status": "ready", "playbook": "p", "pid": 7, "plan": {"argv": ["x"], "env": [], "secret_env": []}}
+    plan = type(
+        "Plan", (), {"to_json": lambda self: {"argv": ["x"], "env": [], "secret_env": [], "engine_version": "0.5.11"}}
+    )()
+    record["plan"]["engine_version"] = "0.5.23"  # type: ignore[index]
+    assert not _runs_this_plan(record, Facts(), plan, "p")  # type: ignore[arg-type]
+
+
+def test_use_leaves_a_current_link_fleet_did_not_make(box: Path, tmp_path: Path) -> None:
+    assert run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box").code == 0
+    link = tmp_path / "state" / "engines" / "sglang-current"
+    link.symlink_to(tmp_path / "my-own-venv")
+    r = run_cli("-i", str(box), "engine", "use", "sglang==0.5.11", "--host", "box")
+    assert r.code == 4 and "not fleet's symlink" in r.err and os.readlink(link) == str(tmp_path / "my-own-venv")
+
+
+def test_a_python_that_is_not_there_is_a_clear_refusal(box: Path) -> None:
+    r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box", "--python", "/nope/python3")
+    assert r.code == 7 and "no Python at /nope/python3" in r.err

@@ -11,23 +11,25 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import script_for
+from fleet.inventory.hosts import VERSION_RE, canonical_version
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SPEC_RE = re.compile(r"^(?P<engine>sglang|vllm)==(?P<version>[0-9][0-9A-Za-z.+!-]{0,40})\Z")
+SPEC_RE = re.compile(rf"^(?P<engine>sglang|vllm)=={VERSION_RE}\Z")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """`sglang==0.5.23` → ("sglang", "0.5.23"): a pinned version, so what gets installed is what was asked."""
+    """`sglang==0.5.23` → ("sglang", "0.5.23"): a pinned version, so what gets installed is what was asked,
+    in its one canonical spelling (0.5.23.0 is 0.5.23: one environment, not two)."""
     m = SPEC_RE.match(spec)
     if not m:
         raise ConfigError(
-            f'"{spec}" is not an engine and an exact version.',
-            "Write it as sglang==0.5.23 or vllm==0.11.0 (a pinned version: an upgrade must be undoable).",
+            f'"{spec}" is not an engine and an exact released version.',
+            "Write it as sglang==0.5.23 or vllm==0.11.0 (a pinned version, no +build: an upgrade must be undoable).",
         )
-    return m["engine"], m["version"]
+    return m["engine"], canonical_version(m)
 
 
 def engine_step(

@@ -239,6 +239,7 @@ def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, play
         st.get("status") == "ready"
         and st.get("playbook") == playbook_name
         and old.get("argv") == new["argv"]
+        and old.get("engine_version") == new.get("engine_version")  # the same argv may run another version
         and env(old) == env(new)
         and old.get("secret_env", []) == new["secret_env"]
         and old.get("container") == new.get("container")  # the same image (by id), options and run

@@ -13,16 +13,19 @@ Virtual environments cannot be moved, so it is built where it stays. The previou
 `use` goes back in one rename.
 """
 
+import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-MARKER = ".fleet-engine.json"
+MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
+PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
 
 
 def emit(obj: Dict[str, Any]) -> None:
@@ -104,84 +107,140 @@ def installed_version(python: str, engine: str) -> Optional[str]:
     return text or None
 
 
+def same_version(got: Optional[str], want: str) -> bool:
+    """PEP 440's equality for the versions fleet names: 0.5.23.0 is 0.5.23, and a local build label
+    (0.5.23+cu128, as vLLM's and PyTorch's indexes name builds) is that release."""
+    if not got:
+        return False
+
+    def norm(v: str) -> Tuple[Tuple[int, ...], str]:
+        m = re.match(r"^([0-9]+(?:\.[0-9]+)*)(.*)$", v.split("+")[0].strip().lower())
+        if not m:
+            return ((), v)
+        release = [int(x) for x in m.group(1).split(".")]
+        while len(release) > 1 and release[-1] == 0:
+            release.pop()
+        return (tuple(release), m.group(2))
+
+    return norm(got) == norm(want)
+
+
+def guarded(a: Dict[str, Any]) -> Optional[str]:
+    """The engines directory, made if needed: refused (a reason) when it is a symlink (fleet would make and
+    remove environments wherever it points)."""
+    base = engines_dir(a)
+    if os.path.islink(base):
+        return "%s is a symlink; fleet keeps its environments in a directory of its own" % base
+    os.makedirs(base, exist_ok=True)
+    return None
+
+
 def install(a: Dict[str, Any]) -> None:
     engine, version = a["engine"], a["version"]
+    problem = guarded(a)
+    if problem:
+        return refuse(problem)
     env = os.path.join(engines_dir(a), "%s-%s" % (engine, version))
+    lock = open(os.path.join(engines_dir(a), ".%s-%s.lock" % (engine, version)), "a")  # noqa: SIM115 - held to exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return refuse("another fleet engine install of %s %s is running on this host" % (engine, version))
     if marker_of(env):
-        emit({"e": "present", "version": version})
-        return
-    os.makedirs(engines_dir(a), exist_ok=True)
-    if os.path.lexists(env):  # fleet's own unfinished one (no marker): made anew
-        if os.path.islink(env) or not os.path.isdir(env):
-            emit({"e": "refused", "why": "%s is there and is not a fleet environment; move it away" % env})
+        got = installed_version(os.path.join(env, "bin", "python"), engine)
+        if same_version(got, version):
+            emit({"e": "present", "version": version})
             return
-        shutil.rmtree(env)
+        emit({"e": "line", "t": "[fleet] %s no longer runs (%s): made anew" % (env, got or "its Python fails")})
+        os.remove(os.path.join(env, MARKER))
+        open(os.path.join(env, PENDING), "w").close()
+    if os.path.lexists(env):
+        if os.path.islink(env) or not os.path.isdir(env) or not os.path.exists(os.path.join(env, PENDING)):
+            return refuse("%s is there and fleet did not make it; move it away" % env)
+        shutil.rmtree(env)  # fleet's own unfinished one (its pending mark): made anew
     python = os.path.expanduser(a.get("python") or "python3")
+    if os.sep in python and not os.access(python, os.X_OK):
+        return refuse("there is no Python at %s on this host (--python)" % python)
+    os.makedirs(env)
+    open(os.path.join(env, PENDING), "w").close()  # fleet's, unfinished: the next install may remove it
+    try:
+        result = build(a, env, python, engine, version)
+    except BaseException:
+        shutil.rmtree(env, ignore_errors=True)
+        raise
+    if result is not None:  # refused: its disk given back
+        shutil.rmtree(env, ignore_errors=True)
+        return refuse(result)
+    with open(os.path.join(env, MARKER + ".tmp"), "w") as f:
+        json.dump({"engine": engine, "version": version, "installer": a["_installer"], "installed_at": time.time()}, f)
+    os.replace(os.path.join(env, MARKER + ".tmp"), os.path.join(env, MARKER))
+    os.remove(os.path.join(env, PENDING))
+    emit({"e": "installed", "version": version, "installer": a["_installer"]})
+
+
+def build(a: Dict[str, Any], env: str, python: str, engine: str, version: str) -> Optional[str]:
+    """The environment made and the engine installed in it; a reason when that failed."""
     uv = shutil.which("uv")
     spec = "%s==%s" % (engine, version)
     extra = list(a.get("pip_args") or [])
     if uv:
-        if run_streamed([uv, "venv", "--python", python, env]) != 0:
-            emit({"e": "refused", "why": "uv could not make the environment %s" % env})
-            return
+        a["_installer"] = "uv"
+        if run_streamed([uv, "venv", "--allow-existing", "--python", python, env]) != 0:
+            return "uv could not make the environment %s" % env
         # SGLang's releases depend on pre-releases (flashinfer): without this uv quietly picks an old SGLang
         pre = ["--prerelease=allow"] if engine == "sglang" else []
         code = run_streamed(
             [uv, "pip", "install", "--python", os.path.join(env, "bin", "python")] + pre + extra + [spec]
         )
-        installer = "uv"
     else:
-        if run_streamed([python, "-m", "venv", env]) != 0:
-            emit({"e": "refused", "why": "%s -m venv could not make the environment %s" % (python, env)})
-            return
+        a["_installer"] = "pip"
+        try:
+            made = run_streamed([python, "-m", "venv", env])
+        except OSError as exc:
+            return "%s cannot run: %s" % (python, exc.strerror)
+        if made != 0:
+            return "%s -m venv could not make the environment %s" % (python, env)
         pip = [os.path.join(env, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
         code = run_streamed(pip + extra + [spec])
-        installer = "pip"
     if code != 0:
-        emit(
-            {
-                "e": "refused",
-                "why": "%s could not install %s (exit %d); the environment is not used" % (installer, spec, code),
-            }
-        )
-        return
+        return "%s could not install %s (exit %d); the environment is removed" % (a["_installer"], spec, code)
     got = installed_version(os.path.join(env, "bin", "python"), engine)
-    if got != version:
-        emit(
-            {
-                "e": "refused",
-                "why": "%s installed %s %s, not %s; the environment is not used" % (installer, engine, got, version),
-            }
-        )
-        return
-    with open(os.path.join(env, MARKER + ".tmp"), "w") as f:
-        json.dump({"engine": engine, "version": version, "installer": installer, "installed_at": time.time()}, f)
-    os.replace(os.path.join(env, MARKER + ".tmp"), os.path.join(env, MARKER))
-    emit({"e": "installed", "version": version, "installer": installer})
+    if not same_version(got, version):
+        return "%s installed %s %s, not %s; the environment is removed" % (a["_installer"], engine, got, version)
+    return None
+
+
+def refuse(why: str) -> None:
+    emit({"e": "refused", "why": why})
 
 
 def use(a: Dict[str, Any]) -> None:
     engine, version = a["engine"], a["version"]
+    problem = guarded(a)
+    if problem:
+        return refuse(problem)
     base = engines_dir(a)
     name = "%s-%s" % (engine, version)
-    if not marker_of(os.path.join(base, name)):
-        emit(
-            {
-                "e": "refused",
-                "why": "no whole %s %s environment on this host (fleet engine install %s==%s first)"
-                % (engine, version, engine, version),
-            }
+    env = os.path.join(base, name)
+    if not marker_of(env) or os.path.islink(env):
+        return refuse(
+            "no whole %s %s environment on this host (fleet engine install %s==%s first)"
+            % (engine, version, engine, version)
         )
-        return
+    got = installed_version(os.path.join(env, "bin", "python"), engine)
+    if not same_version(got, version):
+        return refuse(
+            "%s no longer runs (%s); fleet engine install %s==%s makes it anew"
+            % (env, got or "its Python fails", engine, version)
+        )
     link = os.path.join(base, "%s-current" % engine)
     previous = os.readlink(link) if os.path.islink(link) else None
-    if os.path.lexists(link) and previous is None:
-        emit({"e": "refused", "why": "%s is there and is not fleet's symlink; move it away" % link})
-        return
+    if os.path.lexists(link) and (previous is None or not re.match(r"^%s-[^/]+$" % re.escape(engine), previous)):
+        return refuse("%s is there and is not fleet's symlink; move it away" % link)
     tmp = link + ".%d.tmp" % os.getpid()
     os.symlink(name, tmp)  # relative: the state directory may be reached by another path
     os.replace(tmp, link)
-    was = (previous or "")[len(engine) + 1 :] or None
+    was = previous[len(engine) + 1 :] if previous else None
     emit({"e": "current", "version": version, "previous": was})
 
 

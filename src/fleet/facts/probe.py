@@ -266,18 +266,42 @@ def _packages_here() -> Dict[str, str]:
     return out
 
 
-def _engine_versions(engines: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+def _managed_env(python: str, state_dir: Optional[str]) -> Tuple[str, Optional[str]]:
+    """A Python in fleet's own environments (`fleet engine install`): the current one's link resolved (the
+    command line then names the version's own environment, which `fleet engine use` does not move), and
+    a reason when the environment is not whole (no marker: unfinished, or not fleet's)."""
+    if not state_dir:
+        return python, None
+    base = os.path.join(os.path.expanduser(state_dir), "engines")
+    if not python.startswith(base + os.sep):
+        return python, None
+    env = os.path.dirname(os.path.dirname(python))
+    if os.path.islink(env):
+        target = os.readlink(env)
+        if os.sep in target:
+            return python, "fleet's link %s points outside %s" % (env, base)
+        env = os.path.join(base, target)
+        python = os.path.join(env, "bin", "python")
+    if not os.path.isfile(os.path.join(env, ".fleet-engine.json")):
+        return python, "fleet's environment %s is not whole (fleet engine install makes it)" % env
+    return python, None
+
+
+def _engine_versions(engines: Dict[str, str], state_dir: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
     """Installed versions per engine environment; read in-process for the Python running this probe
     (a second interpreter start costs more than the rest of the probe)."""
     out: Dict[str, Dict[str, Any]] = {}
     here = os.path.expanduser(os.environ.get("FLEET_PROBE_PYTHON", ""))
     for engine, python in sorted(engines.items()):
-        python = os.path.expanduser(python)
+        python, problem = _managed_env(os.path.expanduser(python), state_dir)
+        if problem:
+            out[engine] = {"python": python, "error": problem}
+            continue
         if not os.path.exists(python):
             out[engine] = {"python": python, "error": "not found"}
             continue
         try:
-            if python == here:
+            if here and os.path.realpath(os.path.dirname(python)) == os.path.realpath(os.path.dirname(here)):
                 packages = _packages_here()
             else:
                 proc = subprocess.run(
@@ -611,7 +635,7 @@ def collect(args: Dict[str, Any]) -> Dict[str, Any]:
             {"address": a, "port": p, "pid": owners.get(i)}
             for i, (a, p) in sorted(listeners.items(), key=lambda x: x[1][1])
         ],
-        "engines": _engine_versions(args.get("engines", {})),
+        "engines": _engine_versions(args.get("engines", {}), args.get("state_dir")),
         "managed_engines": _managed_engines(args.get("state_dir")),
         "paths": dict((k, os.path.expanduser(args[k])) for k in ("log_dir", "state_dir") if args.get(k)),
         "model": _model(args.get("model_path")),

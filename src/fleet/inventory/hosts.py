@@ -50,8 +50,20 @@ def _check_kernel_log(value: str) -> None:
         _check_remote_path(value)
 
 
+# A released version as pip names it (no epoch, no local +build): 0.5.23, 0.5.23rc1, 0.11.0.post1
+VERSION_RE = r"(?P<release>[0-9]{1,6}(?:\.[0-9]{1,6}){0,5})(?P<suffix>(?:a|b|rc)[0-9]{1,4})?(?P<post>\.post[0-9]{1,4})?"
 # `engines: {sglang: fleet}`: the environment `fleet engine use` chose; `fleet==0.5.23`: that version's
-MANAGED_ENGINE_RE = re.compile(r"^fleet(?:==(?P<version>[0-9][0-9A-Za-z.+!-]{0,40}))?\Z")
+MANAGED_ENGINE_RE = re.compile(rf"^fleet(?:=={VERSION_RE})?\Z")
+
+
+def canonical_version(m: re.Match[str]) -> str:
+    """One spelling per version, as PEP 440 compares them (0.5.23.0 and 0.5.023 are 0.5.23; 1 and 1.0 are
+    1.0.0): the name of its environment's directory."""
+    release = [int(x) for x in m["release"].split(".")]
+    while len(release) > 3 and release[-1] == 0:
+        release.pop()
+    release += [0] * (3 - len(release))
+    return ".".join(map(str, release)) + (m["suffix"] or "") + (m["post"] or "")
 
 
 def _check_engine_pythons(value: dict[str, str]) -> None:
@@ -70,7 +82,8 @@ def _with_managed_engines(settings: HostSettings) -> HostSettings:
     engines = {}
     for engine, python in settings.engines.items():
         m = MANAGED_ENGINE_RE.match(python)
-        engines[engine] = managed_python(settings.state_dir, engine, m["version"]) if m else python
+        version = canonical_version(m) if m and m["release"] else None
+        engines[engine] = managed_python(settings.state_dir, engine, version) if m else python
     return msgspec.structs.replace(settings, engines=engines)
 
 
