@@ -331,3 +331,33 @@ def test_use_leaves_a_current_link_fleet_did_not_make(box: Path, tmp_path: Path)
 def test_a_python_that_is_not_there_is_a_clear_refusal(box: Path) -> None:
     r = run_cli("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box", "--python", "/nope/python3")
     assert r.code == 7 and "no Python at /nope/python3" in r.err
+
+
+def test_a_second_install_of_the_same_version_while_one_runs_is_refused(
+    box: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = wheel(tmp_path / "big", "sglang", "0.6.0", body=f"BLOB = {os.urandom(1 << 20).hex()!r}\n")
+    index = SlowIndex(big, 100_000)
+    monkeypatch.setenv("PIP_FIND_LINKS", index.url)
+    argv = ["-i", str(box), "engine", "install", "sglang==0.6.0", "--host", "box"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "fleet", *argv],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "testbed")},
+    )
+    try:
+        assert first.stderr is not None
+        seen = b""
+        while b"Collecting sglang" not in seen:
+            line = first.stderr.readline()
+            assert line, seen
+            seen += line
+        second = run_cli(*argv)
+        assert second.code == 7 and "another fleet engine install of sglang 0.6.0 is running" in second.err
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=30)
+        assert first.stderr is not None
+        first.stderr.close()
+        index.close()
