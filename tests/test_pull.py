@@ -241,9 +241,9 @@ def test_ctrl_c_mid_pull_leaves_nothing_a_deploy_would_take_and_the_next_pull_ke
     assert not world.target.exists()  # nothing at the model's path: a deploy finds no model, not half of one
     assert (world.models / "tiny-qwen3.fleet-partial" / SHARD).exists()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _pull_steps_running():
+    while time.monotonic() < deadline and _pull_steps_running(world.target):
         time.sleep(0.2)
-    assert not _pull_steps_running()  # the host side stopped with its client
+    assert not _pull_steps_running(world.target)  # the host side stopped with its client
     first = world.hub.served[SHARD]
     world.repo.slow.clear()
     code, _, err = world.pull()
@@ -254,8 +254,11 @@ def test_ctrl_c_mid_pull_leaves_nothing_a_deploy_would_take_and_the_next_pull_ke
     assert not list(world.target.rglob("*.incomplete"))
 
 
-def _pull_steps_running() -> bool:
-    out = subprocess.run(["pgrep", "-f", "fleet/control/remote_pull.py"], capture_output=True, text=True).stdout
+def _pull_steps_running(target: Path) -> bool:
+    """This test's own pull step on the host (its source names remote_pull.py, its arguments the path):
+    other tests' pulls may run beside it in other workers."""
+    pattern = "remote_pull[.]py.*" + "".join("[.]" if c == "." else c for c in str(target))
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return bool(out.strip())
 
 
