@@ -360,3 +360,14 @@ def test_an_upgrade_preview_shows_the_renamed_flag_and_its_rule() -> None:
     assert "- --mamba-scheduler-strategy extra_buffer" in "\n".join(lines)
     assert any(line.startswith("+ --mamba-radix-cache-strategy extra_buffer  (") for line in lines)
     assert plan_diff(now, now) == []
+
+
+def test_every_rule_names_the_engine_default_it_replaces_and_fleet_plan_shows_it() -> None:
+    from fleet.plan.rules import VLLM_RULES
+
+    assert all(r.replaces for r in (*SGLANG_RULES, *VLLM_RULES)), [r.id for r in SGLANG_RULES if not r.replaces]
+    r = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS)
+    assert r.plan is not None
+    moe = next(f for f in r.plan.flags if f.name == "--moe-runner-backend")
+    assert "flashinfer_trtllm" in moe.replaces and "SM120" in moe.replaces
+    assert r.plan.to_json()["flags"][-1]["replaces"] == r.plan.flags[-1].replaces

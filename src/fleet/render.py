@@ -102,16 +102,18 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
         )
     if plan:
         console().print(f"  engine: {plan.engine} {'.'.join(map(str, plan.engine_version or ()))}")
-        groups: dict[tuple[str, str, str], list[str]] = {}
-        for f in plan.flags:  # one line per rule: its flags, then why
-            groups.setdefault((f.rule, f.reason, f.source), []).append(" ".join(f.words()))
-        for (rule, reason, source), words in groups.items():
+        groups: dict[tuple[str, str, str, str], list[str]] = {}
+        for f in plan.flags:  # one line per rule: its flags, then why (and the engine default it replaces)
+            groups.setdefault((f.rule, f.reason, f.source, f.replaces), []).append(" ".join(f.words()))
+        for (rule, reason, source, replaces), words in groups.items():
             console().print(f"  {'  '.join(words)}", markup=False)
             console().print(
                 f"      [{rule}] {reason}{' (' + source + ')' if source else ''}",
                 style="dim",
                 markup=False,
             )
+            if replaces:
+                console().print(f"      replaces {replaces}", style="dim", markup=False)
         for e in plan.env:
             console().print(f"  env {e.name}={e.value}  [{e.rule}] {e.reason}", markup=False)
         for name in plan.secret_env:

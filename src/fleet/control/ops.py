@@ -333,7 +333,10 @@ def recorded_pgid(st: dict[str, Any]) -> int | None:
 def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
     """The plan a host recorded when it was last deployed (what `restart` runs again)."""
     p = state["plan"]
-    flags = tuple(Flag(f["flag"], f["value"], f["rule"], f["reason"], f.get("source", "")) for f in p["flags"])
+    flags = tuple(
+        Flag(f["flag"], f["value"], f["rule"], f["reason"], f.get("source", ""), f.get("replaces", ""))
+        for f in p["flags"]
+    )
     from fleet.plan import EnvVar
 
     return LaunchPlan(

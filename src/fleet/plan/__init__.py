@@ -103,7 +103,7 @@ def plan_launch(
         for rule in SGLANG_RULES if wishes.engine == "sglang" else VLLM_RULES:
             if rule.when(i):
                 for name, value in rule.flags(i):
-                    flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source)
+                    flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, rule.replaces)
                 env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
         if wishes.speculative and model.mtp_layers == 0:
             verdicts.append(

@@ -68,13 +68,15 @@ DERIVED_FIXES: dict[str, Callable[[list[Flag], Version | None], Derived]] = {
 }
 
 
-def set_flag(flags: list[Flag], name: str, value: str | None, rule: str, reason: str, source: str = "") -> list[Flag]:
+def set_flag(
+    flags: list[Flag], name: str, value: str | None, rule: str, reason: str, source: str = "", replaces: str = ""
+) -> list[Flag]:
     canon = ALIASES.get(name, name)
     kept = [f for f in flags if ALIASES.get(f.name, f.name) != canon]
     if len(kept) == len(flags):
-        return [*flags, Flag(canon, value, rule, reason, source)]
+        return [*flags, Flag(canon, value, rule, reason, source, replaces)]
     at = next(i for i, f in enumerate(flags) if ALIASES.get(f.name, f.name) == canon)
-    kept.insert(at, Flag(canon, value, rule, reason, source))
+    kept.insert(at, Flag(canon, value, rule, reason, source, replaces))
     return kept
 
 

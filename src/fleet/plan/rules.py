@@ -88,6 +88,8 @@ class Rule:
     reason: str
     source: str = ""
     env: Callable[[PlanInput], list[tuple[str, str]]] = field(default=lambda i: [])
+    # the engine's own default the flags override, and the evidence that it is not kept (shown in fleet plan)
+    replaces: str = ""
 
 
 def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
@@ -107,6 +109,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         lambda i: True,
         lambda i: [("--tp-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
         "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+        replaces="SGLang's default --tp-size 1: one GPU of the host's, the model often does not fit it",
     ),
     Rule(
         "speculative-mtp",
@@ -115,6 +118,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "NEXTN with the model's own MTP head; all three of steps/topk/draft-tokens or none (a subset is a bare "
         "AssertionError in every version; draft = steps + 1 when topk = 1)",
         "engines.md §1.3, §2.1",
+        replaces="SGLang's default: no speculative decoding (the playbook asked for it)",
     ),
     Rule(
         "hybrid-extra-buffer-old",
@@ -125,6 +129,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "(0.5.14+ picks it itself)",
         "engines.md §1.1 (auto -> no_buffer), §2.1; sglang issue #27418",
         env=lambda i: [("SGLANG_ENABLE_SPEC_V2", "1")] if i.spec_wanted and i.v_in((0, 5, 9), (0, 5, 10)) else [],
+        replaces="SGLang's default auto, which resolves to no_buffer on 0.5.9-0.5.13 (engines.md §1.1)",
     ),
     Rule(
         "hybrid-spec-extra-buffer",
@@ -133,6 +138,8 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "hybrid GDN + NEXTN: extra_buffer (auto already picks it from 0.5.14; explicit for reproducibility; the "
         "flag was renamed in 0.5.14 and the old name removed in 0.5.20)",
         "engines.md §1.1, §1.2",
+        replaces="nothing that fails: SGLang's auto picks extra_buffer here too (explicit: the same plan on every "
+        "version)",
     ),
     Rule(
         "sm120-nvfp4-moe-runner",
@@ -141,6 +148,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "SM120 NVFP4 MoE: `auto` picks flashinfer_trtllm whose kernels exist only for SM100-family; "
         "flashinfer_cutedsl gives garbage output",
         "engines.md §1.4; sglang PR #39807; flashinfer #2723",
+        replaces="SGLang's default auto, which picks flashinfer_trtllm: no kernels for SM120",
     ),
     Rule(
         "sm120-nvfp4-fp4-gemm",
@@ -149,6 +157,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "explicit FP4 GEMM backend: the SM120 default changed between versions; flashinfer_cudnn worked on the "
         "8x RTX PRO 6000 box",
         "engines.md §1.5",
+        replaces="SGLang's default, which changed between versions on SM120",
     ),
     Rule(
         "hybrid-sm120-attention",
@@ -158,6 +167,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "exists only on SM100: on SM120 flashinfer, in the allow-list and what 0.5.23 resolves to there. "
         "On SM100 SGLang's own default is left alone",
         "engines.md §1.6; sglang #35080, #9140",
+        replaces="SGLang's default trtllm_mha for hybrid models on Blackwell, whose prefill exists only on SM100",
     ),
     Rule(
         "pcie-custom-all-reduce",
@@ -165,18 +175,21 @@ SGLANG_RULES: tuple[Rule, ...] = (
         lambda i: [("--disable-custom-all-reduce", None)],
         "PCIe-only with more than two GPUs: custom all-reduce is off anyway; explicit silences the warning",
         "engines.md §1.8",
+        replaces="SGLang's default (custom all-reduce on), which PCIe-only boxes turn off with a warning",
     ),
     Rule(
         "context-length",
         lambda i: i.wishes.context_length is not None,
         lambda i: [("--context-length", str(i.wishes.context_length))],
         "playbook context_length",
+        replaces="the model's own maximum context (the playbook set context_length)",
     ),
     Rule(
         "mem-fraction",
         lambda i: i.wishes.mem_fraction is not None,
         lambda i: [("--mem-fraction-static", str(i.wishes.mem_fraction))],
         "playbook mem_fraction",
+        replaces="SGLang's computed memory fraction (the playbook set mem_fraction)",
     ),
     Rule(
         "nccl-port",
@@ -185,6 +198,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "a server placed beside others gets a fixed NCCL port derived from its HTTP port: SGLang otherwise "
         "takes a free one at start-up, and two servers starting together can take the same",
         "scale-out.md §3; sglang #7418",
+        replaces="SGLang's default: a free port taken at start-up, which two servers starting together can both take",
     ),
 )
 
@@ -194,6 +208,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         lambda i: True,
         lambda i: [("--tensor-parallel-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
         "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+        replaces="vLLM's default --tensor-parallel-size 1: one GPU of the host's, the model often does not fit it",
     ),
     Rule(
         "speculative-mtp",
@@ -208,6 +223,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         ],
         "vLLM MTP with the model's own heads (model-specific *_mtp methods are deprecated aliases of mtp)",
         "engines.md §6.1",
+        replaces="vLLM's default: no speculative decoding (the playbook asked for it)",
     ),
     Rule(
         "sm120-nvfp4-moe-backend",
@@ -217,6 +233,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         "flashinfer_cutlass's device check covers SM100 only). In the parsers of 0.32 and 0.33; older "
         "versions are not checked, so nothing is added there",
         "engines.md §6.2; vllm issues #31085, #33416",
+        replaces="vLLM's default auto, which does not pick flashinfer_b12x and whose cutlass path checks for SM100",
     ),
     Rule(
         "pcie-custom-all-reduce",
@@ -224,18 +241,21 @@ VLLM_RULES: tuple[Rule, ...] = (
         lambda i: [("--disable-custom-all-reduce", None)],
         "PCIe-only with more than two GPUs: custom all-reduce cannot work",
         "engines.md §6.2",
+        replaces="vLLM's default (custom all-reduce on), which cannot work without NVLink",
     ),
     Rule(
         "context-length",
         lambda i: i.wishes.context_length is not None,
         lambda i: [("--max-model-len", str(i.wishes.context_length))],
         "playbook context_length",
+        replaces="the model's own maximum context (the playbook set context_length)",
     ),
     Rule(
         "mem-fraction",
         lambda i: i.wishes.mem_fraction is not None,
         lambda i: [("--gpu-memory-utilization", str(i.wishes.mem_fraction))],
         "playbook mem_fraction",
+        replaces="vLLM's default 0.9 (the playbook set mem_fraction)",
     ),
     Rule(
         "internal-ports",
@@ -246,6 +266,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         "servers starting together can both take",
         "scale-out.md §3; vllm #15987; vllm/utils/network_utils.py get_open_ports_list",
         env=lambda i: [("VLLM_PORT", str(nccl_port_for(i.wishes.port)))],
+        replaces="vLLM's default: free ports taken at start-up, which two servers starting together can both take",
     ),
 )
 

@@ -77,6 +77,7 @@ class Flag:
     rule: str
     reason: str
     source: str = ""
+    replaces: str = ""  # the engine's own default this flag overrides, and why that default is not kept
 
     def words(self) -> list[str]:
         return [self.name] if self.value is None else [self.name, self.value]
@@ -194,7 +195,14 @@ class LaunchPlan:
             "engine_version": show_version(self.engine_version),
             "argv": self.argv(),
             "flags": [
-                {"flag": f.name, "value": f.value, "rule": f.rule, "reason": f.reason, "source": f.source}
+                {
+                    "flag": f.name,
+                    "value": f.value,
+                    "rule": f.rule,
+                    "reason": f.reason,
+                    "source": f.source,
+                    "replaces": f.replaces,
+                }
                 for f in self.flags
             ],
             "env": [{"name": e.name, "value": e.value, "rule": e.rule, "reason": e.reason} for e in self.env],
