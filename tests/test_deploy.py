@@ -120,7 +120,7 @@ def test_a_failed_deploy_keeps_what_its_attempt_recorded(fleet_env: simhost.Sand
     assert state(fleet_env, "ct129")["learned_key"] == good["learned_key"]
 
 
-def _chat(address: str, prompt: str, port: int = 30000) -> tuple[int | None, str]:
+def _chat(address: str, prompt: str, port: int = 30000, timeout: float = 5.0) -> tuple[int | None, str]:
     import urllib.request
 
     req = urllib.request.Request(
@@ -129,7 +129,7 @@ def _chat(address: str, prompt: str, port: int = 30000) -> tuple[int | None, str
         headers={"Content-Type": "application/json"},
     )
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())["choices"][0]["message"]["content"]
     except OSError as exc:
         return None, str(exc)
@@ -455,9 +455,12 @@ def test_an_idle_sglang_server_is_killed_at_once_not_left_to_its_watchdog(fleet_
 
 def test_a_request_in_flight_is_drained_before_the_server_stops(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
-    simhost.set_host(fleet_env.host_dir("ct129"), generation_delay_s=2.0)
+    # long enough to outlive the stop's round trips on a loaded machine plus one watchdog tick (5 s x 0.3)
+    simhost.set_host(fleet_env.host_dir("ct129"), generation_delay_s=6.0)
     answers: list[tuple[int | None, str]] = []
-    client = threading.Thread(target=lambda: answers.append(_chat(CT129.address, "What is the capital of France?")))
+    client = threading.Thread(
+        target=lambda: answers.append(_chat(CT129.address, "What is the capital of France?", timeout=30))
+    )
     try:
         client.start()
         assert wait_until(lambda: client_connected(30000), 5)
