@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -118,3 +118,25 @@ def run_json(
             str(data.get("traceback", "")),
         )
     return data
+
+
+def json_lines(on_event: Callable[[dict[str, Any]], None]) -> Callable[[bytes], bool]:
+    """A stream's `on_chunk` for a step that says one JSON object per line (pull, engine): each whole line
+    to `on_event`; a line that is not JSON (a host's stray output) as an error event with its tail."""
+    buf = b""
+
+    def on_chunk(chunk: bytes) -> bool:
+        nonlocal buf
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
+            on_event(ev)
+        return True
+
+    return on_chunk

@@ -4,13 +4,12 @@ control/remote_engine.py). The inventory's `engines: {sglang: fleet}` then runs 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
-from fleet.hostscripts import script_for
+from fleet.hostscripts import json_lines, script_for
 from fleet.inventory.hosts import VERSION_RE, canonical_version
 
 if TYPE_CHECKING:
@@ -53,26 +52,14 @@ def engine_step(
         "pip_args": list(pip_args),
     }
     answers: list[dict[str, Any]] = []
-    buf = b""
 
-    def on_chunk(chunk: bytes) -> bool:
-        nonlocal buf
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
-            if ev.get("e") == "line":
-                on_line(str(ev["t"]))
-            else:
-                answers.append(ev)
-        return True
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("e") == "line":
+            on_line(str(ev["t"]))
+        else:
+            answers.append(ev)
 
-    code = t.stream(script_for("engine", args, ["python3"]), on_chunk, timeout_s=4 * 3600.0)
+    code = t.stream(script_for("engine", args, ["python3"]), json_lines(on_event), timeout_s=4 * 3600.0)
     last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
     if last["e"] == "error":
         raise HostStepError(f"{host.name}: fleet's engine step failed on the host ({last['error']}).", "")

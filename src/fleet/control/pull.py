@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fleet import events
 from fleet.control.gather import model_path
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
-from fleet.hostscripts import script_for
+from fleet.hostscripts import json_lines, script_for
 from fleet.secrets import redact
 from fleet.terminal import safe_line
 
@@ -105,30 +105,18 @@ def pull_model(
     started = time.monotonic()
     answers: list[dict[str, Any]] = []
     planned: dict[str, float] = {"at": started, "have": 0}
-    buf = b""
 
-    def on_chunk(chunk: bytes) -> bool:
-        nonlocal buf
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
-            if ev.get("e") == "planned":
-                planned.update(at=time.monotonic(), have=int(ev["have"]))
-                progress(events.ModelPullPlanned(path, ev["commit"], ev["files"], ev["bytes"], ev["have"], ev["free"]))
-            elif ev.get("e") == "progress":
-                progress(_progress(ev["done"], ev["total"], planned["have"], time.monotonic() - planned["at"]))
-            else:
-                answers.append(ev)
-        return True
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("e") == "planned":
+            planned.update(at=time.monotonic(), have=int(ev["have"]))
+            progress(events.ModelPullPlanned(path, ev["commit"], ev["files"], ev["bytes"], ev["have"], ev["free"]))
+        elif ev.get("e") == "progress":
+            progress(_progress(ev["done"], ev["total"], planned["have"], time.monotonic() - planned["at"]))
+        else:
+            answers.append(ev)
 
     stdin = json.dumps({"token": hub.token}).encode() + b"\n"
-    code = t.stream(script_for("pull", args, [python]), on_chunk, stdin=stdin, timeout_s=24 * 3600.0)
+    code = t.stream(script_for("pull", args, [python]), json_lines(on_event), stdin=stdin, timeout_s=24 * 3600.0)
     last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
     why = redact(str(last.get("why") or last.get("error") or ""), secrets)[:600]  # redacted whole, then cut
     problems = [safe_line(redact(str(p), secrets))[:300] for p in last.get("problems") or []]
