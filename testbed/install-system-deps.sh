@@ -1,7 +1,8 @@
 #!/bin/sh
 # Debian packages the tests, the demo and the benchmark need: a real OpenSSH sshd and client, fuser
 # (psmisc), ps/pgrep (procps), unshare (util-linux), crontab (cron), and for engines in containers podman
-# with runc and debootstrap (the test images are made here), and Debian's docker.io (dockerd, tested too).
+# with runc and debootstrap (the test images are made here), Debian's docker.io (dockerd, tested too), and
+# rsync (the benchmark's floor for `fleet pull --from`).
 # Installs only what is missing.
 set -eu
 configure_podman() {
@@ -26,6 +27,7 @@ command -v podman >/dev/null 2>&1 || missing="$missing podman"
 command -v runc >/dev/null 2>&1 || missing="$missing runc"
 command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
 command -v dockerd >/dev/null 2>&1 || missing="$missing docker.io"
+command -v rsync >/dev/null 2>&1 || missing="$missing rsync"          # the benchmark's floor for a push
 if [ -z "$missing" ]; then configure_podman; exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "missing system packages:$missing — install them (Debian: sudo apt-get install$missing)" >&2

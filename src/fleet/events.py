@@ -114,6 +114,7 @@ class ModelPullPlanned:
     bytes: int
     have: int  # already on the host from an earlier, cut pull
     free: int
+    source: str | None = None  # a push (`fleet pull --from`): the host or directory the files come from
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 SHARED = ("protocol.py", "host_common.py", "host_procs.py")
 STEPS: dict[str, tuple[str, ...]] = {
-    "probe": ("control/remote_container.py", "facts/probe.py"),  # facts in one round trip
+    "probe": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py"),  # facts in one round trip
     # lock, engine check, stop, free, launch, record
     "act": (
         "control/remote_container.py",
@@ -33,10 +33,14 @@ STEPS: dict[str, tuple[str, ...]] = {
         "control/remote_act.py",
     ),
     "watch": ("control/remote_container.py", "control/remote_watch.py"),  # follow an attempt, prove the server
-    "health": ("control/remote_container.py", "facts/probe.py", "control/remote_health.py"),  # facts + checks
+    # facts + checks
+    "health": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py", "control/remote_health.py"),
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "router": ("control/remote_router.py",),  # a service's router and record
-    "pull": ("control/remote_container.py", "facts/probe.py", "control/remote_pull.py"),  # a model from the Hub
+    "pull": ("facts/model_files.py", "control/remote_pull.py"),  # a model from the Hub
+    # a model from another copy (fleet push): its files listed and sent, then received, checked, put in place
+    "send": ("facts/model_files.py", "control/remote_pull.py", "control/remote_send.py"),
+    "receive": ("facts/model_files.py", "control/remote_pull.py", "control/remote_receive.py"),
     "engine": ("control/remote_engine.py",),  # fleet's own engine environments: install, use
 }
 
@@ -49,7 +53,11 @@ def _read(path: str) -> str:
 @functools.cache
 def source_for(step: str) -> str:
     """The Python source of a step, as it runs on the host."""
-    prelude = "FLEET_PROBE_AS_LIBRARY = True\n" if step in ("health", "pull") else ""  # the probe without its main
+    prelude = {  # a step's file used as a library by another: without its main
+        "health": "FLEET_PROBE_AS_LIBRARY = True\n",
+        "send": "FLEET_PULL_AS_LIBRARY = True\n",
+        "receive": "FLEET_PULL_AS_LIBRARY = True\n",
+    }.get(step, "")
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + "".join(

@@ -17,6 +17,8 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
      during each (bench_service.py);
   7. `fleet pull` of a model from a local stand-in for the Hub against plain `hf download` run on the
      host over ssh (bench_pull.py).
+  8. `fleet pull --from` pushing a model host to host against plain `ssh A tar c` piped to `ssh B tar x`, and from
+     a directory here against plain `rsync` (bench_pull.py).
 Results: printed, and written to bench/results/latest.md.
 """
 
@@ -38,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet_testbed import simhost
-from fleet_testbed.bench_pull import bench_pull
+from fleet_testbed.bench_pull import bench_pull, bench_push
 from fleet_testbed.bench_service import bench_rolling
 
 REPO = Path(__file__).resolve().parents[2]
@@ -564,6 +566,9 @@ def main() -> int:
         rolling = bench_rolling(sb, env, fleet, a.runs, "### 6. Rolling restart of a service (seconds, whole process)")
         rolling += bench_pull(
             sb, env, fleet, row, a.runs, "### 7. Pulling a model onto a host (seconds, whole process)"
+        )
+        rolling += bench_push(
+            sb, env, fleet, row, a.runs, "### 8. Pushing a model to a host without internet (seconds, whole process)"
         )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)

@@ -2,7 +2,11 @@
 onto a simulated host over real SSH, against the floor: the same files fetched by the same client with
 the plain command, `hf download` run on the host over plain `ssh` (and `hf download` on this machine).
 fleet does more than the floor: the disk check, progress, the checksums and headers of every file, and
-the rename into place; the last row is a second pull of a model already there (verified, not fetched)."""
+the rename into place; the last row is a second pull of a model already there (verified, not fetched).
+
+Section 8: `fleet pull --from` pushing a model from one simulated host to another through this machine,
+against plain `ssh A tar c` piped to `ssh B tar x` (the same relay, by hand), and from a directory here against
+plain `rsync` over ssh."""
 
 from __future__ import annotations
 
@@ -67,20 +71,12 @@ def bench_pull(
             raise RuntimeError(r.stderr)
         shutil.rmtree(pulled)
 
-    def timed(fn: Callable[[], None]) -> list[float]:
-        out = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return out
-
     try:
-        ssh_floor = timed(plain_ssh)
-        local = timed(plain_local)
-        fleets = timed(fleet_pull)
+        ssh_floor = _timed(runs, plain_ssh)
+        local = _timed(runs, plain_local)
+        fleets = _timed(runs, fleet_pull)
         fleet(env, "pull", str(playbook), "--host", spec.name)
-        verified = timed(lambda: _ok(fleet(env, "pull", str(playbook), "--host", spec.name)))
+        verified = _timed(runs, lambda: _ok(fleet(env, "pull", str(playbook), "--host", spec.name)))
     finally:
         hub.close()
         shutil.rmtree(pulled, ignore_errors=True)
@@ -101,6 +97,91 @@ def bench_pull(
     ]
 
 
+def _timed(runs: int, fn: Callable[[], None]) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def _ok(r: subprocess.CompletedProcess[str]) -> None:
     if r.returncode != 0 or "already there" not in r.stdout:
         raise RuntimeError(r.stdout + r.stderr)
+
+
+def bench_push(
+    sb: simhost.Sandbox,
+    env: dict[str, str],
+    fleet: Callable[..., subprocess.CompletedProcess[str]],
+    row: Callable[..., str],
+    runs: int,
+    title: str,
+    shards: int = 4,
+    shard_mib: int = 16,
+) -> list[str]:
+    a, b = sb.specs[0], sb.specs[1]
+    on_a, on_b = sb.host_dir(a.name) / "models", sb.host_dir(b.name) / "models"
+    source = make_model(on_a / "bench-pushed", shards=shards, shard_bytes=shard_mib << 20)
+    here = make_model(sb.root / "bench-here" / "bench-pushed", shards=shards, shard_bytes=shard_mib << 20)
+    size_mib = sum(p.stat().st_size for p in source.iterdir()) / (1 << 20)
+    playbook = sb.root / "bench-push.yaml"
+    playbook.write_text(
+        'engine: sglang\nmodel: bench-pushed\nserved_name: bench\nsmoke:\n  prompt: "hi"\n  expect: "hi"\n'
+    )
+    pushed, by_hand = on_b / "bench-pushed", on_b / "by-hand"
+    ssh_a, ssh_b = simhost.ssh_argv(sb, a), simhost.ssh_argv(sb, b)
+    rsh = " ".join(ssh_b[:-1])
+
+    def tar_relay() -> None:
+        send = subprocess.Popen([*ssh_a, f"tar -C {source} -cf - ."], stdout=subprocess.PIPE)
+        subprocess.run([*ssh_b, f"mkdir -p {by_hand} && tar -C {by_hand} -xf -"], stdin=send.stdout, check=True)
+        assert send.stdout is not None
+        send.stdout.close()
+        if send.wait() != 0:
+            raise RuntimeError("tar on the source failed")
+        shutil.rmtree(by_hand)
+
+    def rsync_here() -> None:
+        subprocess.run(["rsync", "-a", "-e", rsh, f"{here}/", f"{b.address}:{by_hand}/"], check=True)
+        shutil.rmtree(by_hand)
+
+    def push(source_name: str) -> Callable[[], None]:
+        def one() -> None:
+            r = fleet(env, "pull", str(playbook), "--host", b.name, "--from", source_name)
+            if r.returncode != 0 or "pushed" not in r.stdout:
+                raise RuntimeError(r.stdout + r.stderr)
+            shutil.rmtree(pushed)
+
+        return one
+
+    try:
+        relay_floor = _timed(runs, tar_relay)
+        fleets = _timed(runs, push(a.name))
+        rsyncs = _timed(runs, rsync_here) if shutil.which("rsync") else []
+        from_here = _timed(runs, push(str(here)))
+        fleet(env, "pull", str(playbook), "--host", b.name, "--from", a.name)
+        present = _timed(runs, lambda: _ok(fleet(env, "pull", str(playbook), "--host", b.name, "--from", a.name)))
+    finally:
+        for path in (source, here, pushed, by_hand):
+            shutil.rmtree(path, ignore_errors=True)
+    floor = statistics.median(relay_floor)
+    rows = [
+        title,
+        "",
+        f"{shards + 3} files, {size_mib:.0f} MiB, host to host on loopback through this machine.",
+        "",
+        "| what | median | min | max | vs floor | notes |",
+        "| --- | --- | --- | --- | --- | --- |",
+        row("plain `ssh A tar c` piped to `ssh B tar x` (floor)", relay_floor, floor, f"{size_mib / floor:.0f} MiB/s"),
+        row("`fleet pull --from A` (listing, resume plan, sha256 per file, checks, rename)", fleets, floor),
+    ]
+    if rsyncs:
+        rows.append(row("plain `rsync -a` of a directory here to B", rsyncs, floor))
+    rows += [
+        row("`fleet pull --from ./dir` (a directory here)", from_here, floor),
+        row("`fleet pull --from A` of a model already there", present, floor, "nothing sent"),
+        "",
+    ]
+    return rows

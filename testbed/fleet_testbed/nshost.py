@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fleet.errors import HostUnreachable, TransportError
 from fleet.inventory import Host, load_inventory
-from fleet.transport.base import CommandResult, OnChunk
+from fleet.transport.base import CommandResult, OnChunk, Stdin, feed
 from fleet_testbed import simhost
 
 
@@ -179,7 +179,7 @@ class NamespaceTransport:
             raise TransportError(f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "") from exc
         return CommandResult(p.returncode, p.stdout, p.stderr)
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
         self.commands_run += 1
         proc = subprocess.Popen(
             self._argv(script),
@@ -190,11 +190,11 @@ class NamespaceTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
-        try:  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
-            proc.stdin.write(stdin)
-            proc.stdin.flush()
-        except BrokenPipeError:  # it ended without reading its input: its output and exit code still count
-            pass
+        pipe = proc.stdin
+        # bytes: left open while fleet listens: its end tells the command fleet is gone (as over SSH). A
+        # broken pipe: it ended without reading its input; its output and exit code still count.
+        with contextlib.suppress(BrokenPipeError):
+            feed(stdin, lambda chunk: (pipe.write(chunk), pipe.flush()), pipe.close)
         deadline = time.monotonic() + timeout_s
         sent = 0
         try:
@@ -213,7 +213,7 @@ class NamespaceTransport:
                     return -1
             raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
         finally:
-            with contextlib.suppress(BrokenPipeError):  # unread input left in its buffer
+            with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
                 proc.stdin.close()
             if proc.poll() is None:
                 proc.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -10,18 +11,33 @@ import click
 from fleet import events
 from fleet.cli.base import Invocation, cli, emit_json, say, transport_for
 from fleet.cli.report import PullShown, size
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
+from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
-    from fleet.inventory import Host
+    from fleet.control.pull import PullResult
+    from fleet.inventory import Host, NamedPlaybook
 
 
 @cli.command()
 @click.argument("playbook")
-@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's hosts: or default_host).")
+@click.option(
+    "--host",
+    "-H",
+    "host_names",
+    multiple=True,
+    help="Inventory host or group; repeat for more (default: the playbook's).",
+)
+@click.option(
+    "--from",
+    "source",
+    metavar="HOST|DIR",
+    help="Push the model from this inventory host, or from this directory here (a path with a /), instead of "
+    "the Hub: for hosts without internet.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.pass_obj
-def pull(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -> None:
+def pull(ctx: Invocation, playbook: str, host_names: tuple[str, ...], source: str | None, as_json: bool) -> None:
     """Put the playbook's model (hf_repo: at revision:) onto the host, downloaded there by the engine's own
     Hugging Face client, and check it whole before it counts.
 
@@ -30,32 +46,34 @@ def pull(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
     appears at the model's path. Ctrl-C stops the download where it is: the next pull resumes it.
     HF_TOKEN and HF_ENDPOINT are read from your environment; the token goes to the host on stdin only.
 
+    With --from, the model is pushed instead, from a host that has it (at the playbook's model path there)
+    or from a directory on this machine, through fleet's SSH connections: each file resumes where a cut
+    push left it, and is checked by size and by the sha256 of what the source read. Several hosts are
+    sent to at once from the one copy.
+
     \b
     Example:
       fleet pull qwen36-27b --host ct129
+      fleet pull qwen36-27b --host gpu2 --host gpu3 --from gpu1
+      fleet pull qwen36-27b --host gpu2 --from /data/models/Qwen3.6-27B
     """
     pb = ctx.playbook(playbook)
     hosts: list[Host]
-    if host_name or not pb.spec.hosts:
-        hosts = [ctx.host(host_name, pb)]
+    if host_names:
+        hosts = ctx.inventory.select(list(host_names))
+    elif not pb.spec.hosts:
+        hosts = [ctx.host(None, pb)]
     else:  # one model over several hosts: every node needs its copy
         from fleet.inventory import check_playbook_host
 
         check_playbook_host(pb, ctx.inventory)
         hosts = ctx.inventory.select(pb.spec.hosts)
-    from fleet.control.pull import HubAccess, pull_model
-
-    hub = HubAccess.from_environment()
-
-    def one(host: Host) -> Any:
-        with transport_for(ctx, host) as t:
-            return pull_model(t, host, pb, hub=hub, progress=ProgressLines(host.name))
-
+    fetch = _pusher(ctx, pb, source, hosts) if source else _puller(ctx, pb)
     outcomes: list[tuple[Host, Any, FleetError | None]] = [(h, None, None) for h in hosts]
 
     def run(i: int) -> None:
         try:
-            outcomes[i] = (hosts[i], one(hosts[i]), None)
+            outcomes[i] = (hosts[i], fetch(hosts[i]), None)
         except FleetError as exc:
             outcomes[i] = (hosts[i], None, exc)
 
@@ -72,21 +90,87 @@ def pull(ctx: Invocation, playbook: str, host_name: str | None, as_json: bool) -
             if len(outcomes) == 1:
                 raise e
             say(f"{h.name}: {e.message}", err=True)
-        elif not as_json and r.outcome == "present":
-            checked = (
-                f"{r.files} files as the Hub lists them, {r.checksums} checksums read again"
-                if r.files is not None
-                else "its own files only: the Hub was not reached"
-            )
-            say(f"{h.name}: {r.path} is already there and whole ({checked}, {size(r.bytes)}); nothing downloaded.")
         elif not as_json:
-            say(
-                f"{h.name}: pulled {pb.spec.hf_repo}@{(r.commit or '')[:12]} to {r.path}: {r.files} files, "
-                f"{size(r.bytes)} in {r.seconds:.1f}s, sizes and {r.checksums} checksums verified."
-            )
+            say(f"{h.name}: {_outcome(r, pb.spec.hf_repo)}")
     failed = [e for _, _, e in outcomes if e is not None]
     if failed:
         raise click.exceptions.Exit(max(e.exit_code for e in failed))
+
+
+def _puller(ctx: Invocation, pb: NamedPlaybook) -> Callable[[Host], PullResult]:
+    from fleet.control.pull import HubAccess, pull_model
+
+    hub = HubAccess.from_environment()
+
+    def one(host: Host) -> PullResult:
+        with transport_for(ctx, host) as t:
+            return pull_model(t, host, pb, hub=hub, progress=ProgressLines(host.name))
+
+    return one
+
+
+def _pusher(ctx: Invocation, pb: NamedPlaybook, source: str, hosts: list[Host]) -> Callable[[Host], PullResult]:
+    """The source is listed (and refused if not whole) once, before any host is sent a byte."""
+    from fleet.control.gather import model_path
+    from fleet.control.push import Source, list_source, push_model
+
+    if "/" in source:  # a directory on this machine: host names never hold a slash
+        import os
+        import sys
+
+        from fleet.transport.local import LocalTransport
+
+        if not os.path.isdir(source):
+            raise ConfigError(f"--from {source}: no such directory here.", "Give the directory that holds the model.")
+        origin = Source(source, LocalTransport("this machine"), sys.executable, os.path.abspath(source))
+        opened = None
+    else:
+        [from_host] = ctx.inventory.select([source]) if source in ctx.inventory.hosts else [None]
+        if from_host is None:
+            raise ConfigError(
+                f'--from {source}: no host named "{source}" in {ctx.inventory.path}.',
+                "Name one inventory host, or a directory here with a / in it (./model).",
+            )
+        if from_host.name in {h.name for h in hosts}:
+            raise ConfigError(f"--from {source} is also a host to push to.", "Leave it out of --host.")
+        opened = transport_for(ctx, from_host)
+        t = opened.__enter__()
+        python = from_host.settings.engines.get(pb.spec.engine, "python3")
+        origin = Source(from_host.name, t, python, model_path(from_host, pb.spec.model))
+    try:
+        listing = list_source(origin)
+    except BaseException:
+        if opened is not None:
+            opened.__exit__(None, None, None)
+        raise
+
+    def one(host: Host) -> PullResult:
+        with transport_for(ctx, host) as t:
+            return push_model(origin, listing, t, host, pb, progress=ProgressLines(host.name))
+
+    return one
+
+
+def _outcome(r: PullResult, repo: str | None) -> str:
+    if r.outcome == "present":
+        checked = (
+            f"{r.files} files as the Hub lists them, {r.checksums} checksums read again"
+            if r.files is not None and r.source is None
+            else f"{r.files} files as {safe_line(r.source)} has them"
+            if r.source is not None
+            else "its own files only: the Hub was not reached"
+        )
+        return f"{r.path} is already there and whole ({checked}, {size(r.bytes)}); nothing downloaded."
+    if r.outcome == "pushed":
+        resumed = f", {size(r.bytes - r.sent)} already there" if r.sent < r.bytes else ""
+        return (
+            f"pushed {safe_line(r.path)} from {safe_line(r.source or '')}: {r.files} files, {size(r.bytes)} "
+            f"({size(r.sent)} sent in {r.seconds:.1f}s{resumed}), sizes and {r.checksums} checksums verified."
+        )
+    return (
+        f"pulled {repo}@{(r.commit or '')[:12]} to {r.path}: {r.files} files, "
+        f"{size(r.bytes)} in {r.seconds:.1f}s, sizes and {r.checksums} checksums verified."
+    )
 
 
 class ProgressLines:

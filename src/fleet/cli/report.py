@@ -47,10 +47,8 @@ class PullShown:
     def lines(self, ev: events.Event) -> list[str]:
         if isinstance(ev, events.ModelPullPlanned):
             have = f" ({size(ev.have)} there from an earlier pull)" if ev.have else ""
-            return [
-                f"pulling commit {ev.commit[:12]} to {safe_line(ev.path)}: {ev.files} files, {size(ev.bytes)}"
-                f"{have}; {size(ev.free)} free"
-            ]
+            what = f"pushing from {safe_line(ev.source)}" if ev.source else f"pulling commit {ev.commit[:12]}"
+            return [f"{what} to {safe_line(ev.path)}: {ev.files} files, {size(ev.bytes)}{have}; {size(ev.free)} free"]
         if isinstance(ev, events.ModelPullProgress) and ev.total:
             tenth, now = ev.done * 10 // ev.total, time.monotonic()
             if tenth > self.shown_tenth or now - self.shown_at >= 10:

@@ -61,13 +61,15 @@ class HubAccess:
 class PullResult:
     host: str
     path: str
-    outcome: str  # "present" (nothing downloaded) or "pulled"
+    outcome: str  # "present" (nothing downloaded), "pulled" (from the Hub) or "pushed" (from --from)
     files: int | None = None
     bytes: int = 0
     checksums: int = 0
     commit: str | None = None
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    source: str | None = None  # a push: the host or directory the files came from (None: the Hub)
+    sent: int = 0  # a push: the bytes sent this time (less than `bytes` when resumed or repaired)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +81,7 @@ class PullResult:
             "checksums": self.checksums,
             "commit": self.commit,
             "seconds": round(self.seconds, 3),
+            **({"source": self.source, "sent": self.sent} if self.source is not None else {}),
         }
 
 
@@ -103,21 +106,10 @@ def pull_model(
     args = {"path": path, "repo": pb.hf_repo, "revision": pb.revision, "endpoint": hub.endpoint}
     secrets = {"HF_TOKEN": hub.token} if hub.token else {}
     started = time.monotonic()
-    answers: list[dict[str, Any]] = []
-    planned: dict[str, float] = {"at": started, "have": 0}
-
-    def on_event(ev: dict[str, Any]) -> None:
-        if ev.get("e") == "planned":
-            planned.update(at=time.monotonic(), have=int(ev["have"]))
-            progress(events.ModelPullPlanned(path, ev["commit"], ev["files"], ev["bytes"], ev["have"], ev["free"]))
-        elif ev.get("e") == "progress":
-            progress(_progress(ev["done"], ev["total"], planned["have"], time.monotonic() - planned["at"]))
-        else:
-            answers.append(ev)
-
+    answers = StepEvents(path, progress)
     stdin = json.dumps({"token": hub.token}).encode() + b"\n"
-    code = t.stream(script_for("pull", args, [python]), json_lines(on_event), stdin=stdin, timeout_s=24 * 3600.0)
-    last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
+    code = t.stream(script_for("pull", args, [python]), json_lines(answers), stdin=stdin, timeout_s=24 * 3600.0)
+    last = answers.last(code)
     why = redact(str(last.get("why") or last.get("error") or ""), secrets)[:600]  # redacted whole, then cut
     problems = [safe_line(redact(str(p), secrets))[:300] for p in last.get("problems") or []]
     seconds = time.monotonic() - started
@@ -140,6 +132,29 @@ def pull_model(
     if last.get("stage") == "download":
         raise DeployFailed(message, hint or "Run fleet pull again: the files that came whole are kept.")
     raise PreflightError(message, hint)
+
+
+class StepEvents:
+    """A pull or push step's events: its plan and progress go to `progress` as events, the rest are kept;
+    the last one kept is the step's answer."""
+
+    def __init__(self, path: str, progress: Callable[[events.Event], None], source: str | None = None) -> None:
+        self.path, self.progress, self.source = path, progress, source
+        self.kept: list[dict[str, Any]] = []
+        self.planned_at, self.had = time.monotonic(), 0
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        if ev.get("e") == "planned":
+            self.planned_at, self.had = time.monotonic(), int(ev["have"])
+            plan = (ev["files"], ev["bytes"], ev["have"], ev["free"])
+            self.progress(events.ModelPullPlanned(self.path, ev.get("commit") or "", *plan, source=self.source))
+        elif ev.get("e") == "progress":
+            self.progress(_progress(ev["done"], ev["total"], self.had, time.monotonic() - self.planned_at))
+        else:
+            self.kept.append(ev)
+
+    def last(self, code: int) -> dict[str, Any]:
+        return self.kept[-1] if self.kept else {"e": "error", "error": f"no answer (exit {code})"}
 
 
 def _progress(done: int, total: int, had: float, elapsed: float) -> events.ModelPullProgress:

@@ -31,10 +31,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-try:  # the probe (as a library) is prepended when this script is sent to a host
+try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.facts.probe import _damage, _json_file
+    from fleet.facts.model_files import _damage, _json_file
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
@@ -255,16 +255,12 @@ def seed(partial: str, target: str, files: Dict[str, Dict[str, Any]], broken: Li
             pass
 
 
-def main(a: Dict[str, Any]) -> None:
-    secret = read_secret()
-    target = os.path.expanduser(a["path"]).rstrip("/")
-    partial = target + PARTIAL
-    old = target + ".fleet-old"
+def claim(target: str) -> Any:
+    """The lock on this model's path for this pull (or push), held until the step exits; None, with the
+    refusal said, when another holds it or something fleet did not make is in the way. A swap cut between
+    its two renames is undone first."""
+    partial, old = target + PARTIAL, target + ".fleet-old"
     parent = os.path.dirname(target) or "/"
-    revision = a.get("revision") or "main"
-    if a.get("endpoint"):
-        os.environ["HF_ENDPOINT"] = a["endpoint"]
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as exc:
@@ -284,6 +280,47 @@ def main(a: Dict[str, Any]) -> None:
             return refuse("foreign", "%s is there and is not a directory; fleet leaves it as it is" % path)
     if os.path.islink(partial) or (os.path.isdir(partial) and not os.path.exists(os.path.join(partial, PARTIAL_MARK))):
         return refuse("foreign", "%s is there and fleet did not make it; it is left as it is" % partial)
+    return guard
+
+
+def start_partial(partial: str) -> None:
+    if not os.path.isdir(partial):
+        os.makedirs(partial)
+        open(os.path.join(partial, PARTIAL_MARK), "w").close()
+
+
+def swap_in(target: str, partial: str, marker: Dict[str, Any], stop_if_gone: bool = True) -> None:
+    """The whole, checked partial becomes the model: marked as fleet's, then renamed to the path. Fleet's
+    own older or damaged copy there is swapped out in two renames (a cut between them is undone by
+    `claim`), then removed. `stop_if_gone`: a last look at stdin first (a push's stdin has ended by now)."""
+    try:
+        os.remove(os.path.join(partial, PARTIAL_MARK))
+    except OSError:
+        pass
+    write_marker(partial, marker)
+    if stop_if_gone:
+        gone_now()
+    if os.path.isdir(target):
+        old = target + ".fleet-old"
+        os.rename(target, old)
+        os.rename(partial, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(partial, target)
+
+
+def main(a: Dict[str, Any]) -> None:
+    secret = read_secret()
+    target = os.path.expanduser(a["path"]).rstrip("/")
+    partial = target + PARTIAL
+    parent = os.path.dirname(target) or "/"
+    revision = a.get("revision") or "main"
+    if a.get("endpoint"):
+        os.environ["HF_ENDPOINT"] = a["endpoint"]
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    guard = claim(target)
+    if guard is None:
+        return
     try:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError as exc:
@@ -318,9 +355,7 @@ def main(a: Dict[str, Any]) -> None:
             return refuse("foreign", why % (target, MARKER), problems)
         broken = [p.split(":")[0] for p in problems]  # fleet's own: rebuilt beside it, swapped in when whole
 
-    if not os.path.isdir(partial):
-        os.makedirs(partial)
-        open(os.path.join(partial, PARTIAL_MARK), "w").close()
+    start_partial(partial)
     drop_unfinished(partial)
     if marker is not None:
         seed(partial, target, files, broken)
@@ -360,28 +395,12 @@ def main(a: Dict[str, Any]) -> None:
         forget(partial, [p.split(":")[0] for p in problems if p.split(":")[0] in files])
         return refuse("download", "what was downloaded is not whole; it is not used", problems, stage="download")
     shutil.rmtree(os.path.join(partial, HF_META), ignore_errors=True)
-    for leftover in (os.path.join(partial, ".cache"), os.path.join(partial, PARTIAL_MARK)):
-        try:  # the client's (kept if anything else is in it), and fleet's own mark
-            os.rmdir(leftover) if os.path.isdir(leftover) else os.remove(leftover)
-        except OSError:
-            pass
-    write_marker(
-        partial,
-        {
-            "repo": a["repo"],
-            "revision": revision,
-            "commit": commit,
-            "pulled_at": time.time(),
-            "verified": stamps(partial, files),
-        },
-    )
-    gone_now()
-    if os.path.isdir(target):  # fleet's own older or damaged copy: swapped out in two renames, then removed
-        os.rename(target, old)
-        os.rename(partial, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(partial, target)
+    try:  # the client's own directory, kept if anything else is in it
+        os.rmdir(os.path.join(partial, ".cache"))
+    except OSError:
+        pass
+    marker = {"repo": a["repo"], "revision": revision, "commit": commit, "pulled_at": time.time()}
+    swap_in(target, partial, dict(marker, verified=stamps(partial, files)))
     emit({"e": "pulled", "files": len(files), "bytes": total, "checksums": checked, "commit": commit})
 
 
@@ -398,5 +417,5 @@ def run() -> None:
         emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, str(exc)[:600])})
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not globals().get("FLEET_PULL_AS_LIBRARY"):  # the push steps use it as a library
     run()

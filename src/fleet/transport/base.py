@@ -7,7 +7,8 @@ connection is up. Data that must not appear in `ps` (secrets) travels on the cha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,30 @@ class CommandResult:
 OnChunk = Callable[[bytes], bool]
 """Called with each piece of stdout as it arrives; return False to stop the command early."""
 
+Stdin = bytes | Iterable[bytes]
+"""A streamed command's input: bytes, sent at once, after which stdin stays open while fleet listens (its
+end tells the command that fleet is gone); or chunks, sent as they come (a push's gigabytes never sit in
+memory whole), after which stdin is closed: the end of the data."""
+
+
+def feed(stdin: Stdin, write: Callable[[bytes], object], close: Callable[[], object]) -> None:
+    """Send `stdin` to a command through `write`: bytes at once (a broken pipe is the caller's), chunks
+    from a thread of their own while the caller reads the command's output."""
+    if isinstance(stdin, bytes):
+        if stdin:
+            write(stdin)
+        return
+
+    def pump() -> None:
+        try:
+            for chunk in stdin:
+                write(chunk)
+            close()
+        except Exception:  # noqa: BLE001 - the command ended or the connection went: its own answer says which
+            return
+
+    threading.Thread(target=pump, name="fleet-stdin", daemon=True).start()
+
 
 class Transport(Protocol):
     host_name: str
@@ -39,7 +64,7 @@ class Transport(Protocol):
         """Run `script` with /bin/sh on the host and wait for it."""
         ...
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
         """Run `script`, handing stdout to `on_chunk` as it arrives; returns the exit code (-1 if stopped)."""
         ...
 

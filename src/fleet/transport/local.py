@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from fleet.errors import TransportError
-from fleet.transport.base import CommandResult, OnChunk
+from fleet.transport.base import CommandResult, OnChunk, Stdin, feed
 
 
 class LocalTransport:
@@ -34,7 +34,7 @@ class LocalTransport:
             ) from exc
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
         self.commands_run += 1
         proc = subprocess.Popen(
             ["/bin/sh", "-c", script],
@@ -44,11 +44,11 @@ class LocalTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
-        try:  # left open while fleet listens: its end tells the command fleet is gone (as over SSH)
-            proc.stdin.write(stdin)
-            proc.stdin.flush()
-        except BrokenPipeError:  # it ended without reading its input: its output and exit code still count
-            pass
+        pipe = proc.stdin
+        # bytes: left open while fleet listens: its end tells the command fleet is gone (as over SSH). A
+        # broken pipe: it ended without reading its input; its output and exit code still count.
+        with contextlib.suppress(BrokenPipeError):
+            feed(stdin, lambda chunk: (pipe.write(chunk), pipe.flush()), pipe.close)
         deadline = time.monotonic() + timeout_s
         fd = proc.stdout.fileno()
         try:
@@ -65,7 +65,7 @@ class LocalTransport:
                 if not on_chunk(chunk):
                     return -1
         finally:
-            with contextlib.suppress(BrokenPipeError):  # unread input left in its buffer
+            with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
                 proc.stdin.close()
             if proc.poll() is None:
                 proc.kill()

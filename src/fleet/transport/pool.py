@@ -29,7 +29,7 @@ import msgspec
 from fleet import __version__, errors
 from fleet.errors import ConfigError, FleetError, HostUnreachable, TransportError
 from fleet.frames import read_frame, send_frame
-from fleet.transport.base import CommandResult, OnChunk, Transport
+from fleet.transport.base import CommandResult, OnChunk, Stdin, Transport
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -138,7 +138,13 @@ class PooledTransport:
             frame = self._answer(sock)
         return CommandResult(int(frame["exit"]), decode(frame["stdout"]), decode(frame["stderr"]))
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: bytes = b"", timeout_s: float = 3600.0) -> int:
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
+        if not isinstance(stdin, bytes):  # streamed input (a push) takes a connection of its own: the pool's
+            direct = self._make_direct()  # frames carry whole values, and bulk data gains nothing from reuse
+            try:
+                return int(direct.stream(script, on_chunk, stdin=stdin, timeout_s=timeout_s))
+            finally:
+                direct.close()
         request = {"op": "stream", "script": script, "stdin": encode(stdin), "timeout_s": timeout_s}
         sock = self._ask(request, timeout_s)
         if sock is None:

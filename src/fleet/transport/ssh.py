@@ -38,7 +38,7 @@ from fleet.errors import (
     TransportError,
 )
 from fleet.inventory import Host
-from fleet.transport.base import CommandResult, OnChunk, sh_command
+from fleet.transport.base import CommandResult, OnChunk, Stdin, feed, sh_command
 
 
 class _RecordNewKey(paramiko.MissingHostKeyPolicy):
@@ -70,6 +70,25 @@ def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKey
 # Linux only; elsewhere the socket is only NODELAY (the wait at authentication goes, the one at the
 # first channel stays).
 _TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+# AES-GCM first: paramiko seals and checks each packet in one pass of `cryptography`, where its default
+# (aes128-ctr with hmac-sha2-256) takes two; a server without it (OpenSSH has had it since 6.2) settles
+# on the next. Larger windows and packets than paramiko's 2 MiB / 32 KiB take fewer trips through its
+# Python per byte. Measured here over loopback: sending 1.4x, receiving 3x (a push's two legs).
+FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+WINDOW_BYTES = 8 << 20
+PACKET_BYTES = 128 << 10
+READ_BYTES = 1 << 20  # one read of a stream takes what has come, up to this: fewer trips per byte
+
+
+def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    transport = paramiko.Transport(
+        sock, default_window_size=WINDOW_BYTES, default_max_packet_size=PACKET_BYTES, **kwargs
+    )
+    options = transport.get_security_options()
+    options.ciphers = (*FAST_CIPHERS, *(c for c in options.ciphers if c not in FAST_CIPHERS))
+    return transport
 
 
 class _QuickAckSocket(socket.socket):
@@ -283,7 +302,11 @@ class SshTransport:
         s = host.settings
         with _SHARED_LOCK:
             config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
-        connect_kwargs: dict[str, Any] = {"banner_timeout": s.connect_timeout_s, "auth_timeout": s.connect_timeout_s}
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": s.connect_timeout_s,
+            "auth_timeout": s.connect_timeout_s,
+            "transport_factory": _fast_transport,
+        }
         self._identity = os.path.expanduser(s.identity_file) if s.identity_file else None
         if self._identity:
             connect_kwargs["key_filename"] = [self._identity]
@@ -424,7 +447,7 @@ class SshTransport:
     def is_open(self) -> bool:
         return bool(self._conn.is_connected)
 
-    def _open(self, script: str, stdin: bytes, *, close_stdin: bool = True) -> paramiko.Channel:
+    def _open(self, script: str, stdin: Stdin, *, close_stdin: bool = True) -> paramiko.Channel:
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self._timeout_s)
@@ -434,8 +457,7 @@ class SshTransport:
         try:
             self.commands_run += 1
             chan.exec_command(sh_command(script))
-            if stdin:
-                chan.sendall(stdin)
+            feed(stdin, chan.sendall, chan.shutdown_write)
             if close_stdin:
                 chan.shutdown_write()
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -484,7 +506,7 @@ class SshTransport:
         script: str,
         on_chunk: OnChunk,
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         timeout_s: float = 3600.0,
         cancelled: threading.Event | None = None,
     ) -> int:
@@ -503,7 +525,7 @@ class SshTransport:
                     return -1
                 if chan.recv_ready():
                     silence.heard_now()
-                    chunk = chan.recv(65536)
+                    chunk = chan.recv(READ_BYTES)
                     if chunk and not on_chunk(chunk):
                         return -1
                     if chunk:

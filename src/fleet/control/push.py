@@ -1,0 +1,179 @@
+"""`fleet pull --from SOURCE`: a model pushed to hosts that cannot reach the Hub, from another host that has
+it or from a directory on this machine, over fleet's own connections.
+
+The source's step lists the model's files and whether they are whole (control/remote_send.py); each
+receiving host says what it lacks, resumed per file from the bytes an earlier, cut push left
+(control/remote_receive.py); the source then sends exactly that, and fleet relays the bytes from one
+stream to the other, holding at most RELAY_CHUNKS pieces of them. Every file is checked by size and by the
+sha256 of the bytes the source read before the model appears at its path, as a pull's are.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fleet import events
+from fleet.control.gather import model_path
+from fleet.control.pull import HINTS, PullResult, StepEvents
+from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError
+from fleet.hostscripts import json_lines, run_json, script_for
+from fleet.terminal import safe_line
+
+if TYPE_CHECKING:
+    from fleet.inventory import Host, NamedPlaybook
+    from fleet.transport import Transport
+
+RELAY_CHUNKS = 64  # pieces (up to 64 KiB each) between the source's stream and the host's
+DAY_S = 24 * 3600.0
+PUSH_HINTS = {
+    **HINTS,
+    "cut": "Run the same command again: files that came whole are kept, and a cut file resumes where it stopped.",
+    "source": "Check the source's copy (fleet pull PLAYBOOK --host SOURCE verifies it there), then push again.",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a push reads the model: a host of the inventory, or a directory on this machine."""
+
+    label: str  # as the operator named it: the host's name, or the directory
+    transport: Transport
+    python: str
+    path: str
+
+
+def list_source(source: Source) -> dict[str, Any]:
+    """The source's files, refused before anything is sent when there are none or they are not whole."""
+    data = run_json(source.transport, source.python, "send", {"op": "list", "path": source.path}, timeout_s=600)
+    where = f"{safe_line(source.label)}: {safe_line(source.path)}"
+    if data.get("missing"):
+        raise PreflightError(
+            f"{where} is not there, so there is nothing to push.",
+            "Give --from the host (or directory) that has the model.",
+        )
+    if data["problems"]:
+        listed = "".join(f"\n  {safe_line(str(p))[:300]}" for p in data["problems"])
+        raise PreflightError(
+            f"{where} is not whole, so it is not pushed:{listed}",
+            "Repair it there first (fleet pull PLAYBOOK --host SOURCE checks it against the Hub).",
+        )
+    if not data["files"]:
+        raise PreflightError(f"{where} holds no files, so there is nothing to push.", "")
+    return data
+
+
+def push_model(
+    source: Source,
+    listing: dict[str, Any],
+    t: Transport,
+    host: Host,
+    playbook: NamedPlaybook,
+    *,
+    progress: Callable[[events.Event], None],
+) -> PullResult:
+    """Put the source's copy of the playbook's model at its path on `host`, or prove it is there."""
+    pb = playbook.spec
+    path = model_path(host, pb.model)
+    python = host.settings.engines.get(pb.engine, "python3")
+    relay = _Relay(json.dumps({"files": listing["files"], "marker": listing.get("marker")}).encode() + b"\n")
+    started = time.monotonic()
+    answers = StepEvents(path, progress, source.label)
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev.get("e") == "need":  # the host's plan: the source starts sending
+            relay.start(source, ev["need"])
+        else:
+            answers(ev)
+
+    script = script_for("receive", {"path": path, "from": source.label}, [python])
+    try:
+        code = t.stream(script, json_lines(on_event), stdin=relay.chunks(), timeout_s=DAY_S)
+    finally:
+        relay.stop()
+    last = answers.last(code)
+    why = safe_line(str(last.get("why") or last.get("error") or ""))[:600]
+    seconds = time.monotonic() - started
+    if last["e"] in ("present", "pulled"):
+        outcome = "present" if last["e"] == "present" else "pushed"
+        return PullResult(
+            host.name,
+            path,
+            outcome,
+            int(last.get("files") or 0),
+            int(last.get("bytes") or 0),
+            int(last.get("checksums") or 0),
+            last.get("commit"),
+            seconds,
+            source=source.label,
+            sent=int(last.get("sent") or 0),
+        )
+    if last["e"] == "error":
+        raise HostStepError(f"{host.name}: fleet's receive step failed on the host ({why}).", "")
+    if relay.failure:  # the host saw its stream end early: say why it ended
+        why += f" (the source: {relay.failure})"
+    listed = "".join(f"\n  {safe_line(str(p))[:300]}" for p in last.get("problems") or [])
+    message = f"{host.name}: {safe_line(path)} was not pushed from {safe_line(source.label)}: {why}{listed}"
+    hint = PUSH_HINTS.get(str(last.get("kind")), "")
+    if last.get("stage") == "download":
+        raise DeployFailed(message, hint)
+    raise PreflightError(message, hint)
+
+
+class _Relay:
+    """The source's stream into the receiving host's stdin: `chunks` is what the host reads, starting with
+    the offer (the listing); the source starts sending once the host has said what it needs."""
+
+    def __init__(self, offer: bytes) -> None:
+        self.offer = offer
+        self.pieces: queue.Queue[bytes | None] = queue.Queue(maxsize=RELAY_CHUNKS)
+        self.stopped = threading.Event()
+        self.failure = ""
+        self.thread: threading.Thread | None = None
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self.offer
+        while not self.stopped.is_set():
+            try:
+                piece = self.pieces.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if piece is None:  # the source is done (or gone): the host's stdin ends here
+                return
+            yield piece
+
+    def _put(self, piece: bytes | None) -> bool:
+        while not self.stopped.is_set():
+            try:
+                self.pieces.put(piece, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def start(self, source: Source, need: list[list[Any]]) -> None:
+        def send() -> None:
+            script = script_for("send", {"op": "send", "path": source.path}, [source.python])
+            try:
+                request = json.dumps({"need": need}).encode() + b"\n"
+                code = source.transport.stream(script, self._put, stdin=request, timeout_s=DAY_S)
+                if code not in (0, -1):
+                    self.failure = f"its send step ended with exit {code}"
+            except FleetError as exc:
+                self.failure = exc.message
+            finally:
+                self._put(None)
+
+        self.thread = threading.Thread(target=send, name="fleet-push-source", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """The host has answered (or its connection went): the source stops at its next piece."""
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
