@@ -239,6 +239,38 @@ def test_plan_with_another_engine_version_shows_the_upgrade_as_a_diff(tmp_path: 
     assert wrong.code == 2 and "runs sglang, not vllm" in wrong.err
 
 
+def test_the_upgrade_preview_runs_the_engines_own_check_in_the_installed_versions_environment(
+    tmp_path: Path,
+) -> None:
+    """0.5.23 installed beside the host's 0.5.11 (its own environment: the simulated SGLang, whose parser
+    is held to that version's flags): the preview plans from that environment and asks its parser."""
+    from fleet_testbed import simhost
+
+    h = simhost.build_host(tmp_path, simhost.CT129)
+    env = simhost.engine_env(h, "0.5.23")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  ct129:\n    connection: local\n"
+        f"    engines: {{sglang: {h}/env/bin/python}}\n    gpu_devices: {h}/dev/nvidia*\n"
+        f"    models_dir: {h}/models\n    state_dir: {h}/state\n    log_dir: {h}/logs\n"
+    )
+    argv = ["-i", str(inventory), "plan", "--host", "ct129", "--engine", "sglang==0.5.23"]
+    r = run_cli(*argv, str(ROOT / "playbooks" / "qwen36-27b.yaml"))
+    assert r.code == 0, r.err
+    assert "(installed: fleet engine use sglang==0.5.23" in r.out
+    assert "the engine's own check, in that version's environment: accepted" in r.out
+    preview = json.loads(run_cli(*argv, str(ROOT / "playbooks" / "qwen36-27b.yaml"), "--json").out)["upgrade_preview"]
+    assert (
+        preview["plan"]["argv"][0] == str(env / "bin" / "python") and preview["engine_check"]["verdict"] == "accepted"
+    )
+
+    unknown = tmp_path / "qwen36-27b.yaml"
+    unknown.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "extra_args: [--no-such-flag-anywhere]\n")
+    r = run_cli(*argv, str(unknown))
+    assert "the engine's own check, in that version's environment: rejected" in r.out
+    assert "--no-such-flag-anywhere" in r.out.split("engine's own check")[1]
+
+
 # --- found by an adversarial pass: each was a real defect ------------------------------------------------
 
 
@@ -361,3 +393,45 @@ def test_a_second_install_of_the_same_version_while_one_runs_is_refused(
         assert first.stderr is not None
         first.stderr.close()
         index.close()
+
+
+def test_real_engine_releases_from_the_package_index_install_switch_and_plan_with_their_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang 0.5.11 and 0.5.23 as released, from the package index this machine reaches (without their
+    dependencies: the environment proves its version by the package's own metadata, and the planner only
+    needs that version). Each switch changes the plan to that version's flags."""
+    from fleet_testbed import simhost
+
+    for variable in ("PIP_NO_INDEX", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(variable, raising=False)
+    h = simhost.build_host(tmp_path, simhost.CT129)  # its simulated GPUs and model, reached locally
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  ct129:\n    connection: local\n    engines: {sglang: fleet}\n"
+        f"    gpu_devices: {h}/dev/nvidia*\n"
+        f"    models_dir: {h}/models\n    state_dir: {h}/state\n    log_dir: {h}/logs\n"
+    )
+    inv = ["-i", str(inventory), "--playbooks", str(ROOT / "playbooks")]
+    for version in ("0.5.11", "0.5.23"):
+        r = run_cli(*inv, "engine", "install", f"sglang=={version}", "--host", "ct129", "--pip-arg=--no-deps")
+        assert r.code == 0, r.err
+    for version in ("0.5.11", "0.5.23"):
+        [site] = (h / "state" / "engines" / f"sglang-{version}").glob("lib/python*/site-packages")
+        assert (site / f"sglang-{version}.dist-info").is_dir()
+        assert (site / "sglang" / "srt" / "server_args.py").exists()  # the real release
+        # its NVML, as the engine's own dependency nvidia-ml-py would be: the host's simulated GPUs
+        (site / "pynvml.py").symlink_to(simhost.TESTBED / "simpkgs" / "pynvml.py")
+        (site / "fleet-sim-host.pth").write_text(
+            f"{simhost.TESTBED.parent}\nimport os; os.environ.setdefault('SIM_HOST_DIR', {str(h)!r})\n"
+        )
+    for version, flag, gone in (
+        ("0.5.23", "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"),
+        ("0.5.11", "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
+        ("0.5.23", "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"),
+    ):
+        assert run_cli(*inv, "engine", "use", f"sglang=={version}", "--host", "ct129").code == 0
+        plan = json.loads(run_cli(*inv, "plan", "qwen36-27b", "--host", "ct129", "--json").out)["plan"]
+        assert plan["engine_version"] == version
+        assert flag in plan["argv"] and gone not in plan["argv"]
+        assert plan["argv"][0] == str(h / "state" / "engines" / f"sglang-{version}" / "bin" / "python")

@@ -140,6 +140,42 @@ def test_rolling_restart_drops_no_request_and_replaces_every_replica(fleet: Flee
     assert len(fleet.workers()) == 2
 
 
+def test_an_engine_upgrade_goes_through_a_roll_and_every_replica_then_runs_the_new_version(fleet: Fleet) -> None:
+    """Both hosts run fleet's own environments (`engines: {sglang: fleet}`), 0.5.11 current and 0.5.23
+    installed beside it; `fleet engine use` then a roll moves every replica, with no request dropped."""
+    import msgspec
+
+    from fleet.control.engines import engine_step
+    from fleet.inventory.hosts import managed_python
+
+    hosts = {}
+    for name, h in fleet.hosts.items():
+        for version in ("0.5.11", "0.5.23"):
+            simhost.engine_env(h.dir, version)
+        current = managed_python(h.host.settings.state_dir, "sglang", None)  # what `sglang: fleet` loads as
+        h.host = replace(h.host, settings=msgspec.structs.replace(h.host.settings, engines={"sglang": current}))
+        assert engine_step(h.transport(), h.host, "use", "sglang==0.5.11")["e"] == "current"
+        hosts[name] = h.host
+    fleet.inventory = Inventory(fleet.root / "inventory.yaml", hosts, {})
+
+    def versions() -> dict[str, tuple[str, str]]:
+        plans = {n: fleet.record(n, f"qwen36-{i}")["plan"] for i, n in ((1, "node-a"), (2, "node-b"))}
+        return {n: (p["engine_version"], Path(p["argv"][0]).parent.parent.name) for n, p in plans.items()}
+
+    assert fleet.run().up().ok
+    assert versions() == {n: ("0.5.11", "sglang-0.5.11") for n in fleet.hosts}
+    for h in fleet.hosts.values():
+        assert engine_step(h.transport(), h.host, "use", "sglang==0.5.23")["e"] == "current"
+    with request_loop(fleet) as loop:
+        time.sleep(1)
+        result = fleet.run().roll()
+        time.sleep(1)
+    assert result.ok, result.reason
+    assert loop.failures == [], loop.failures[:5]
+    assert versions() == {n: ("0.5.23", "sglang-0.5.23") for n in fleet.hosts}
+    assert "Paris" in fleet.ask()
+
+
 def test_a_replica_whose_new_plan_crashes_stops_the_roll_and_rollback_restores_it(fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.run().up().ok
     changed = tmp_path / "qwen36-27b.yaml"

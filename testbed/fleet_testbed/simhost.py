@@ -133,6 +133,27 @@ def build_host(root: Path, spec: HostSpec, python: str = sys.executable) -> Path
     return hdir
 
 
+def engine_env(hdir: Path, version: str, python: str = sys.executable) -> Path:
+    """An environment of the simulated SGLang at `version` where `fleet engine install` puts one
+    (state/engines/sglang-VERSION, with fleet's marker), its parser held to that version's flags."""
+    env = hdir / "state" / "engines" / f"sglang-{version}"
+    site = env / "site"
+    _write(
+        site / f"sglang-{version}.dist-info" / "METADATA", f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n"
+    )
+    for name in ("sglang", "pynvml.py"):
+        if not (site / name).is_symlink():
+            (site / name).symlink_to(TESTBED / "simpkgs" / name)
+    paths = f"{site}:{TESTBED.parent}"
+    _write(
+        env / "bin" / "python",
+        f'#!/bin/sh\nexport SIM_HOST_DIR="{hdir}" PYTHONPATH="{paths}"\nexec "{python}" "$@"\n',
+        0o755,
+    )
+    _write(env / ".fleet-engine.json", json.dumps({"engine": "sglang", "version": version}))
+    return env
+
+
 def write_weights(model_dir: Path) -> None:
     """The weight files the model's index names, as sparse safetensors files: a real header, then the
     size it declares (no disk used), so fleet's integrity check sees whole files."""

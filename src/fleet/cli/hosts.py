@@ -20,6 +20,7 @@ from fleet.cli.base import (
 )
 from fleet.cli.report import describe_left, describe_stopped, print_result, progress_for, result_json
 from fleet.errors import DeployFailed
+from fleet.terminal import safe_line
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
     from fleet.inventory import Host
@@ -133,6 +134,12 @@ def plan(
             say(f"upgrade preview: {preview['versions']} ({preview['installed']})")
             for line in preview["diff"] or ["(no difference in the command line, environment or verdicts)"]:
                 say(f"  {line}")
+            check = preview.get("engine_check")
+            if check is not None:
+                say(f"  the engine's own check, in that version's environment: {check['verdict']}")
+                if check["verdict"] != "accepted":
+                    for line in check["output"].splitlines():
+                        say(f"    {line}")
     if result.errors:
         raise click.exceptions.Exit(4)
 
@@ -153,24 +160,42 @@ def _upgrade_preview(
     if engine != pb.spec.engine:
         raise ConfigError(f"--engine {spec}: {pb.name} runs {pb.spec.engine}, not {engine}.", "")
     install = f.engines.get(engine) or EngineInstall(engine, "python3", None, {}, None)
+    managed = [e for e in f.raw.get("managed_engines") or [] if e.get("engine") == engine]
+    env = next((e for e in managed if e.get("version") == version and e.get("whole")), None)
+    if env is not None:  # planned as it would run: from that version's own environment
+        install = replace(install, python=str(env["python"]))
+        installed = f"installed: fleet engine use {spec} --host {host.name}, then fleet restart, applies it"
+    else:
+        installed = f"not installed: fleet engine install {spec} --host {host.name}"
     then_facts = replace(f, engines={**f.engines, engine: replace(install, version=version, error=None)})
     then = ops.place_and_plan(
         host, pb, then_facts, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
     ).result
-    managed = [e for e in f.raw.get("managed_engines") or [] if e.get("engine") == engine]
-    if any(e.get("version") == version and e.get("whole") for e in managed):
-        installed = f"installed: fleet engine use {spec} --host {host.name}, then fleet restart, applies it"
-    else:
-        installed = f"not installed: fleet engine install {spec} --host {host.name}"
     if now is None or then.plan is None:
         lines = [f"{v.level}: {v.message}" for v in then.errors] or ["no plan for one of the two versions"]
         return {"versions": f"{engine} -> {version}", "installed": installed, "diff": lines, "plan": None}
+    check = _engine_verdict(ctx, host, then.plan) if env is not None and then.plan.container is None else None
     return {
         "versions": versions(now, then.plan),
         "installed": installed,
         "diff": plan_diff(now, then.plan),
         "plan": then.plan.to_json(),
+        "engine_check": check,
     }
+
+
+def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, str]:
+    """The engine's own check of the planned command line, run in that version's installed environment on
+    the host (the check a deploy makes first); nothing is locked, stopped or started."""
+    from fleet.hostscripts import run_json
+
+    check = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args()}
+    args = {"check_only": True, "check": {**check, "env": {e.name: e.value for e in plan.env}}}
+    with transport_for(ctx, host) as t:
+        out = run_json(t, plan.python, "act", args, stdin=b"{}\n", timeout_s=300)
+    said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
+    errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text
+    return {"verdict": str(out["check"]["verdict"]), "output": "\n".join(errors[-6:] or said[-12:])}
 
 
 @cli.command()

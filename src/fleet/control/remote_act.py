@@ -386,6 +386,9 @@ def main() -> ActResult:
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
+    if a.get("check_only"):  # an upgrade preview: the engine's own verdict; nothing locked, nothing changed
+        out["check"] = engine_check(a["check"], lambda: client_gone(a))
+        return out
     if a.get("abandon"):
         wait_for_steps_of_this_run(a["lock"], a["abandon"]["wait_s"])
     lock = take_lock(a["lock"])
