@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -68,8 +69,27 @@ def pull(ctx: Invocation, playbook: str, host_names: tuple[str, ...], source: st
 
         check_playbook_host(pb, ctx.inventory)
         hosts = ctx.inventory.select(pb.spec.hosts)
-    fetch = _pusher(ctx, pb, source, hosts) if source else _puller(ctx, pb)
-    outcomes: list[tuple[Host, Any, FleetError | None]] = [(h, None, None) for h in hosts]
+    with contextlib.ExitStack() as held:  # the source's connection, for as long as the hosts need it
+        fetch = _pusher(ctx, pb, source, hosts, held) if source else _puller(ctx, pb)
+        outcomes = _on_every_host(hosts, fetch)
+    if as_json:
+        emit_json([r.to_json() if r else {"host": h.name, "error": e.message if e else ""} for h, r, e in outcomes])
+    for h, r, e in outcomes:
+        if e is not None:
+            if len(outcomes) == 1:
+                raise e
+            say(f"{h.name}: {e.message}", err=True)
+        elif r is not None and not as_json:
+            say(f"{h.name}: {_outcome(r, pb.spec.hf_repo)}")
+    failed = [e for _, _, e in outcomes if e is not None]
+    if failed:
+        raise click.exceptions.Exit(max(e.exit_code for e in failed))
+
+
+def _on_every_host(
+    hosts: list[Host], fetch: Callable[[Host], PullResult]
+) -> list[tuple[Host, PullResult | None, FleetError | None]]:
+    outcomes: list[tuple[Host, PullResult | None, FleetError | None]] = [(h, None, None) for h in hosts]
 
     def run(i: int) -> None:
         try:
@@ -83,18 +103,7 @@ def pull(ctx: Invocation, playbook: str, host_names: tuple[str, ...], source: st
         th.start()
     for th in threads:
         th.join()
-    if as_json:
-        emit_json([r.to_json() if r else {"host": h.name, "error": e.message if e else ""} for h, r, e in outcomes])
-    for h, r, e in outcomes:
-        if e is not None:
-            if len(outcomes) == 1:
-                raise e
-            say(f"{h.name}: {e.message}", err=True)
-        elif not as_json:
-            say(f"{h.name}: {_outcome(r, pb.spec.hf_repo)}")
-    failed = [e for _, _, e in outcomes if e is not None]
-    if failed:
-        raise click.exceptions.Exit(max(e.exit_code for e in failed))
+    return outcomes
 
 
 def _puller(ctx: Invocation, pb: NamedPlaybook) -> Callable[[Host], PullResult]:
@@ -109,7 +118,9 @@ def _puller(ctx: Invocation, pb: NamedPlaybook) -> Callable[[Host], PullResult]:
     return one
 
 
-def _pusher(ctx: Invocation, pb: NamedPlaybook, source: str, hosts: list[Host]) -> Callable[[Host], PullResult]:
+def _pusher(
+    ctx: Invocation, pb: NamedPlaybook, source: str, hosts: list[Host], held: contextlib.ExitStack
+) -> Callable[[Host], PullResult]:
     """The source is listed (and refused if not whole) once, before any host is sent a byte."""
     from fleet.control.gather import model_path
     from fleet.control.push import Source, list_source, push_model
@@ -123,7 +134,6 @@ def _pusher(ctx: Invocation, pb: NamedPlaybook, source: str, hosts: list[Host]) 
         if not os.path.isdir(source):
             raise ConfigError(f"--from {source}: no such directory here.", "Give the directory that holds the model.")
         origin = Source(source, LocalTransport("this machine"), sys.executable, os.path.abspath(source))
-        opened = None
     else:
         [from_host] = ctx.inventory.select([source]) if source in ctx.inventory.hosts else [None]
         if from_host is None:
@@ -133,16 +143,10 @@ def _pusher(ctx: Invocation, pb: NamedPlaybook, source: str, hosts: list[Host]) 
             )
         if from_host.name in {h.name for h in hosts}:
             raise ConfigError(f"--from {source} is also a host to push to.", "Leave it out of --host.")
-        opened = transport_for(ctx, from_host)
-        t = opened.__enter__()
+        t = held.enter_context(transport_for(ctx, from_host))
         python = from_host.settings.engines.get(pb.spec.engine, "python3")
         origin = Source(from_host.name, t, python, model_path(from_host, pb.spec.model))
-    try:
-        listing = list_source(origin)
-    except BaseException:
-        if opened is not None:
-            opened.__exit__(None, None, None)
-        raise
+    listing = list_source(origin)
 
     def one(host: Host) -> PullResult:
         with transport_for(ctx, host) as t:
