@@ -115,7 +115,7 @@ def test_a_damaged_directory_fleet_did_not_make_is_left_as_it_is_and_a_whole_one
     assert not (theirs / "model-00003-of-00003.safetensors").exists() and not fleet.partial("a").exists()
     make_model(fleet.model("b"), shards=3, shard_bytes=256 << 10)  # whole, same sizes: taken as the model
     code, out, _ = fleet.push("--host", "b", "--from", str(fleet.source))
-    assert code == 0 and "already there and whole" in out
+    assert code == 0 and "already there, and fleet did not make it" in out and "nothing sent" in out
     assert not (fleet.model("b") / ".fleet-pulled.json").exists()
 
 
@@ -158,21 +158,28 @@ def _receive(partial_of: Path, stream: bytes) -> list[dict[str, object]]:
     return said
 
 
-def _offer(files: dict[str, bytes]) -> bytes:
-    listing = {n: {"size": len(b), "mtime_ns": 1} for n, b in files.items()}
+def _offer(files: dict[str, bytes], mtime_ns: int = 1) -> bytes:
+    listing = {n: {"size": len(b), "mtime_ns": mtime_ns} for n, b in files.items()}
     return json.dumps({"files": listing, "marker": None}).encode() + b"\n"
 
 
-def _frame(name: str, data: bytes, sha256: str | None = None) -> bytes:
+def _frame(name: str, content: bytes, offset: int = 0, sha256: str | None = None) -> bytes:
+    """What an honest source sends for `content` from `offset`: the bytes, then the whole file's sha256."""
     import hashlib
 
-    head = json.dumps({"name": name, "offset": 0, "size": len(data)}).encode() + b"\n"
-    return head + data + json.dumps({"sha256": sha256 or hashlib.sha256(data).hexdigest()}).encode() + b"\n"
+    head = json.dumps({"name": name, "offset": offset, "size": len(content) - offset}).encode() + b"\n"
+    digest = sha256 or hashlib.sha256(content).hexdigest()
+    return head + content[offset:] + json.dumps({"sha256": digest}).encode() + b"\n"
+
+
+def _asked(said: list[dict[str, object]]) -> dict[str, int]:
+    [need] = [e["need"] for e in said if e["e"] == "need"]
+    return {str(n): int(off) for n, off, *_ in need}  # type: ignore[attr-defined]
 
 
 def test_bytes_that_do_not_match_what_the_source_read_are_refused_and_not_kept(tmp_path: Path) -> None:
     files = {"config.json": b'{"model_type": "qwen3"}'}
-    said = _receive(tmp_path / "m", _offer(files) + _frame("config.json", files["config.json"], "0" * 64))
+    said = _receive(tmp_path / "m", _offer(files) + _frame("config.json", files["config.json"], sha256="0" * 64))
     assert said[-1]["e"] == "refused" and said[-1]["kind"] == "source" and "sha256" in str(said[-1]["why"])
     assert not (tmp_path / "m").exists() and not (tmp_path / "m.fleet-partial" / "config.json").exists()
 
@@ -267,3 +274,135 @@ def test_a_push_between_two_hosts_over_ssh_resumes_after_the_connection_is_cut(f
 
 def _spec(sb: simhost.Sandbox, name: str) -> simhost.HostSpec:
     return next(s for s in sb.specs if s.name == name)
+
+
+# --- found by an adversarial pass: each was a real defect ------------------------------------------------
+
+CONFIG = b'{"model_type": "qwen3"}'
+
+
+def test_a_file_begun_from_an_older_source_is_never_resumed_onto_its_new_content(tmp_path: Path) -> None:
+    """Cut while x.bin was under way (version 1), cut again early in version 2 (same sizes, new mtimes):
+    the third push must not take version 1's bytes for the start of version 2's x.bin."""
+    model = tmp_path / "m"
+    v1 = {"config.json": CONFIG, "a.bin": b"A" * 4096, "x.bin": b"O" * 4096}
+    v2 = {"config.json": CONFIG, "a.bin": b"a" * 4096, "x.bin": b"N" * 4096}
+    _receive(model, _offer(v1, 1) + _frame("a.bin", v1["a.bin"]) + _frame("x.bin", v1["x.bin"])[:3000])
+    said = _receive(model, _offer(v2, 2) + _frame("a.bin", v2["a.bin"])[:100])
+    assert said[-1]["kind"] == "cut" and _asked(said)["x.bin"] == 0
+    said = _receive(model, _offer(v2, 2))
+    asked = _asked(said)
+    assert asked["x.bin"] == 0  # its old bytes were removed when version 2 was first planned
+    stream = _offer(v2, 2) + b"".join(_frame(n, v2[n], asked[n]) for n in sorted(asked)) + b'{"end": true}\n'
+    said = _receive(model, stream)
+    assert said[-1]["e"] == "pulled", said[-1]
+    assert all((model / n).read_bytes() == b for n, b in v2.items())
+
+
+def test_bytes_kept_from_a_cut_push_are_proved_with_the_whole_file_before_they_count(tmp_path: Path) -> None:
+    """A source that failed midway once wrote its error among a file's bytes; whatever the kept bytes are,
+    the resumed file is checked whole (the source hashes the part it does not send) and refused if wrong."""
+    model = tmp_path / "m"
+    files = {"config.json": CONFIG, "big.bin": os.urandom(8192)}
+    garbage = json.dumps({"error": "OSError: [Errno 5] Input/output error"}).encode() + b"\n"
+    head = json.dumps({"name": "big.bin", "offset": 0, "size": 8192}).encode() + b"\n"
+    _receive(model, _offer(files) + _frame("config.json", CONFIG) + head + files["big.bin"][:3000] + garbage)
+    said = _receive(model, _offer(files))
+    kept = _asked(said)["big.bin"]
+    assert kept == 3000 + len(garbage)
+    said = _receive(model, _offer(files) + _frame("big.bin", files["big.bin"], kept))
+    assert said[-1]["kind"] == "source" and "not the file the source read" in str(said[-1]["why"])
+    assert not model.exists() and not (tmp_path / "m.fleet-partial" / "big.bin").exists()
+    said = _receive(model, _offer(files))
+    assert _asked(said) == {"big.bin": 0}
+    said = _receive(model, _offer(files) + _frame("big.bin", files["big.bin"]) + b'{"end": true}\n')
+    assert said[-1]["e"] == "pulled" and (model / "big.bin").read_bytes() == files["big.bin"]
+
+
+def test_a_source_that_ends_without_sending_every_file_asked_for_is_refused(tmp_path: Path) -> None:
+    files = {"config.json": CONFIG, "a.bin": b"A" * 100, "x.bin": b"X" * 100}
+    said = _receive(tmp_path / "m", _offer(files) + _frame("a.bin", files["a.bin"]) + b'{"end": true}\n')
+    assert said[-1]["kind"] == "source" and "without sending config.json, x.bin" in str(said[-1]["why"])
+    assert not (tmp_path / "m").exists()
+
+
+def test_new_weights_of_the_same_sizes_are_pushed_over_a_model_fleet_pushed(fleet: Fleet) -> None:
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    tuned = make_model(fleet.root / "tuned", shards=3, shard_bytes=256 << 10, seed=99)
+    for shard in tuned.glob("*.safetensors"):  # a fine-tune: the same sizes, new bytes in every shard
+        (fleet.source / shard.name).write_bytes(shard.read_bytes())
+    code, out, err = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    assert code == 0, err
+    [result] = json.loads(out)
+    assert result["outcome"] == "pushed" and fleet.same("a")
+    assert result["sent"] < result["bytes"]  # config.json and the rest, unchanged at the source, were kept
+    code, out, _ = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    assert json.loads(out)[0]["outcome"] == "present"
+
+
+def test_links_in_the_source_are_sent_as_their_files_and_never_followed_into_directories(fleet: Fleet) -> None:
+    blobs = fleet.root / "here" / "blobs"  # a Hugging Face cache snapshot: files that are links to blobs
+    blobs.mkdir()
+    tokenizer = fleet.source / "tokenizer_config.json"
+    (blobs / "tok").write_bytes(tokenizer.read_bytes())
+    tokenizer.unlink()
+    tokenizer.symlink_to(blobs / "tok")
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    assert not (fleet.model("a") / "tokenizer_config.json").is_symlink() and fleet.same("a")
+    (fleet.source / "loop").symlink_to(".")
+    (fleet.source / "etc").symlink_to("/etc")
+    (fleet.source / "gone.json").symlink_to(fleet.root / "nowhere")
+    code, _, err = fleet.push("--host", "b", "--from", str(fleet.source))
+    assert code == 4 and "loop: a link to a directory" in err and "etc: a link to a directory" in err
+    assert "gone.json: a link to nothing" in err and not (fleet.root / "b" / "models").exists()
+
+
+def test_a_link_planted_in_the_partial_copy_never_leads_a_write_outside_it(fleet: Fleet) -> None:
+    (fleet.source / "sub" / "deep").mkdir(parents=True)
+    (fleet.source / "sub" / "deep" / "x.txt").write_text("x")
+    outside = fleet.root / "outside"
+    outside.mkdir()
+    partial = fleet.partial("a")
+    partial.mkdir(parents=True)
+    (partial / ".fleet-partial-of-fleet").write_text("")
+    (partial / "sub").symlink_to(outside)
+    code, _, err = fleet.push("--host", "a", "--from", str(fleet.source))
+    assert code == 0, err
+    assert list(outside.iterdir()) == [] and not (fleet.model("a") / "sub").is_symlink() and fleet.same("a")
+
+
+def test_source_files_keep_their_permissions_at_most(fleet: Fleet) -> None:
+    (fleet.source / "private.json").write_text("{}")
+    (fleet.source / "private.json").chmod(0o600)
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    assert (fleet.model("a") / "private.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_from_with_control_characters_is_shown_escaped(fleet: Fleet) -> None:
+    code, _, err = fleet.push("--host", "a", "--from", "./no\nerror: forged line")
+    assert code == 2 and "\nerror: forged" not in err
+
+
+@pytest.mark.slow  # 64 MiB through the relay
+def test_a_source_file_rewritten_while_it_is_sent_is_refused_not_installed_half_old(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, shard_bytes=64 << 20)
+    shard = fleet.source / "model-00001-of-00003.safetensors"
+    proc = subprocess.Popen(
+        fleet.argv("--host", "a", "--from", str(fleet.source)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "testbed")),
+    )
+    deadline = time.monotonic() + 60
+    while _bytes_in(fleet.partial("a")) < 8 << 20:
+        assert proc.poll() is None and time.monotonic() < deadline, "the push ended before the file could change"
+        time.sleep(0.005)
+    with shard.open("r+b") as f:  # in place, same size: the old start is already sent
+        f.seek(60 << 20)
+        f.write(b"\xaa" * 4096)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 7 and b"changed while it was read" in err
+    assert not fleet.model("a").exists()
+    code, _, err2 = fleet.push("--host", "a", "--from", str(fleet.source))
+    assert code == 0, err2
+    assert fleet.same("a")

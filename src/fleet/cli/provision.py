@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleet import events
-from fleet.cli.base import Invocation, cli, emit_json, say, transport_for
+from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
 from fleet.cli.report import PullShown, size
 from fleet.errors import ConfigError, FleetError
 from fleet.terminal import safe_line
@@ -81,9 +81,7 @@ def pull(ctx: Invocation, playbook: str, host_names: tuple[str, ...], source: st
             say(f"{h.name}: {e.message}", err=True)
         elif r is not None and not as_json:
             say(f"{h.name}: {_outcome(r, pb.spec.hf_repo)}")
-    failed = [e for _, _, e in outcomes if e is not None]
-    if failed:
-        raise click.exceptions.Exit(max(e.exit_code for e in failed))
+    exit_for_failures([e.exit_code for _, _, e in outcomes if e is not None])
 
 
 def _on_every_host(
@@ -132,13 +130,15 @@ def _pusher(
         from fleet.transport.local import LocalTransport
 
         if not os.path.isdir(source):
-            raise ConfigError(f"--from {source}: no such directory here.", "Give the directory that holds the model.")
+            raise ConfigError(
+                f"--from {safe_line(source)}: no such directory here.", "Give the directory that holds the model."
+            )
         origin = Source(source, LocalTransport("this machine"), sys.executable, os.path.abspath(source))
     else:
         [from_host] = ctx.inventory.select([source]) if source in ctx.inventory.hosts else [None]
         if from_host is None:
             raise ConfigError(
-                f'--from {source}: no host named "{source}" in {ctx.inventory.path}.',
+                f'--from {safe_line(source)}: no host named "{safe_line(source)}" in {ctx.inventory.path}.',
                 "Name one inventory host, or a directory here with a / in it (./model).",
             )
         if from_host.name in {h.name for h in hosts}:
@@ -156,6 +156,11 @@ def _pusher(
 
 
 def _outcome(r: PullResult, repo: str | None) -> str:
+    if r.outcome == "present-theirs":
+        return (
+            f"{safe_line(r.path)} is already there, and fleet did not make it: its {r.files} files have the sizes "
+            f"{safe_line(r.source or '')} has (not compared byte for byte); fleet leaves it as it is, nothing sent."
+        )
     if r.outcome == "present":
         checked = (
             f"{r.files} files as the Hub lists them, {r.checksums} checksums read again"

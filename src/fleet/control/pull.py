@@ -61,7 +61,9 @@ class HubAccess:
 class PullResult:
     host: str
     path: str
-    outcome: str  # "present" (nothing downloaded), "pulled" (from the Hub) or "pushed" (from --from)
+    # "present" (nothing downloaded), "pulled" (from the Hub), "pushed" (from --from), or "present-theirs": a
+    # push found a directory fleet did not make whose files have the source's sizes (it is never changed)
+    outcome: str
     files: int | None = None
     bytes: int = 0
     checksums: int = 0

@@ -51,20 +51,22 @@ class Source:
 def list_source(source: Source) -> dict[str, Any]:
     """The source's files, refused before anything is sent when there are none or they are not whole."""
     data = run_json(source.transport, source.python, "send", {"op": "list", "path": source.path}, timeout_s=600)
-    where = f"{safe_line(source.label)}: {safe_line(source.path)}"
+    here = source.label == source.path or "/" in source.label  # a directory on this machine
+    where = safe_line(source.path) if here else f"{safe_line(source.label)}: {safe_line(source.path)}"
     if data.get("missing"):
         raise PreflightError(
             f"{where} is not there, so there is nothing to push.",
             "Give --from the host (or directory) that has the model.",
         )
+    if not data["files"]:
+        raise PreflightError(f"{where} holds no files: nothing to push.", "Give --from the model's directory.")
     if data["problems"]:
         listed = "".join(f"\n  {safe_line(str(p))[:300]}" for p in data["problems"])
         raise PreflightError(
             f"{where} is not whole, so it is not pushed:{listed}",
-            "Repair it there first (fleet pull PLAYBOOK --host SOURCE checks it against the Hub).",
+            "Repair it there first"
+            + ("." if here else f" (fleet pull PLAYBOOK --host {safe_line(source.label)} checks it against the Hub)."),
         )
-    if not data["files"]:
-        raise PreflightError(f"{where} holds no files, so there is nothing to push.", "")
     return data
 
 
@@ -100,7 +102,7 @@ def push_model(
     why = safe_line(str(last.get("why") or last.get("error") or ""))[:600]
     seconds = time.monotonic() - started
     if last["e"] in ("present", "pulled"):
-        outcome = "present" if last["e"] == "present" else "pushed"
+        outcome = "pushed" if last["e"] == "pulled" else "present" if last.get("ours", True) else "present-theirs"
         return PullResult(
             host.name,
             path,

@@ -1,11 +1,12 @@
 """Runs ON the host a model is pushed to (`fleet pull --from`, for hosts without internet): the receiving
 side of `remote_send.py`, relayed by fleet. Everything comes on stdin:
-  one JSON line   {"files": {name: {"size","mtime_ns"}}, "marker": the source's fleet marker or null}
+  one JSON line   {"files": {name: {"size","mtime_ns","mode"}}, "marker": the source's fleet marker or null}
   then frames     as remote_send.py writes them, ending with {"end": true}
 Events, one JSON object per line (as the pull step's):
-  {"e":"present","files":n,"bytes":n}     already there and whole: nothing is sent
+  {"e":"present","files":n,"bytes":n,"ours":bool}   already there: nothing is sent (ours: false, a
+      directory fleet did not make, whose files have the source's sizes; it is never changed)
   {"e":"planned","files":n,"bytes":n,"have":n,"free":n,"commit":sha|null}
-  {"e":"need","need":[[name, offset, size], ...]}   what the source is to send (offset: resumed there)
+  {"e":"need","need":[[name, offset, size, mtime_ns], ...]}   what the source is to send (from offset)
   {"e":"progress","done":n,"total":n}     about once a second
   {"e":"pulled","files":n,"bytes":n,"sent":n,"checksums":n,"commit":..}
   {"e":"refused","kind":..,"why":..,"problems":[..],"stage":..}   kinds as the pull's, and "cut" (the
@@ -13,10 +14,13 @@ Events, one JSON object per line (as the pull step's):
   {"e":"error","error":..}
 
 As a pull, it writes into `<model>.fleet-partial/` and renames that to the model's path only once every
-file is there with its listed size, each frame's sha256 matches what the source read, and the model's own
-files (config.json, safetensors headers) account for it. `.fleet-push.json` in the partial records the
-listing it was started for and the files already checked, so a push cut midway resumes each file from the
-bytes it has, unless the source's file changed since (size or mtime): then it starts again.
+file has its listed size and the sha256 of the whole file the source read (the bytes an earlier push
+left included), and the model's own files (config.json, safetensors headers) account for it.
+`.fleet-push.json` in the partial holds the listing it was started for, `.fleet-push-done` the files
+already proved, one name a line: a push cut midway resumes each file from the bytes it has, unless the
+source's file changed since (size or mtime), which is then sent again from its start. A model fleet
+pushed is "present" only while the source's files are as they were when it was pushed (sizes and
+mtimes, kept in its marker), or both name the same commit: same-size new weights are sent.
 """
 
 import errno
@@ -25,7 +29,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
     MARKER  # noqa: B018
@@ -51,6 +55,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.model_files import _json_file
 
 PUSH_RECORD = ".fleet-push.json"
+PUSH_DONE = ".fleet-push-done"
 BLOCK = 1 << 20
 
 
@@ -69,21 +74,48 @@ def read_line(stdin: Any, limit: int) -> Dict[str, Any]:
 
 
 def save_record(partial: str, files: Dict[str, Any], done: Set[str]) -> None:
+    """The listing (once per push) and the files already proved (appended to as each is: not rewritten)."""
     tmp = os.path.join(partial, PUSH_RECORD + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"files": files, "done": sorted(done)}, f)
+        json.dump({"files": files}, f)
     os.replace(tmp, os.path.join(partial, PUSH_RECORD))
+    with open(os.path.join(partial, PUSH_DONE), "w") as f:
+        f.writelines(json.dumps(n) + "\n" for n in sorted(done))
+
+
+def mark_done(partial: str, name: str) -> None:
+    with open(os.path.join(partial, PUSH_DONE), "a") as f:
+        f.write(json.dumps(name) + "\n")
+
+
+def read_done(partial: str) -> Set[str]:
+    try:
+        with open(os.path.join(partial, PUSH_DONE)) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    done = set()
+    for line in lines:
+        try:
+            name = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash: that file is proved again
+        if isinstance(name, str):
+            done.add(name)
+    return done
 
 
 def drop_strays(partial: str, files: Dict[str, Any]) -> None:
-    """Files of an earlier try that this listing does not name (another layout, another source): removed."""
-    keep = set(files) | {PARTIAL_MARK, PUSH_RECORD}
-    for where, _dirs, names in os.walk(partial, topdown=False):
+    """What this listing does not name (another layout, another source) and every link (fleet makes none
+    here: one planted could lead a write outside the partial copy): removed."""
+    keep = set(files) | {PARTIAL_MARK, PUSH_RECORD, PUSH_DONE}
+    for where, dirs, names in os.walk(partial, topdown=False):
         rel = os.path.relpath(where, partial)
-        for name in names:
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(where, d))]:
             key = name if rel == "." else rel.replace(os.sep, "/") + "/" + name
-            if key not in keep:
-                os.remove(os.path.join(where, name))
+            full = os.path.join(where, name)
+            if key not in keep or os.path.islink(full) or not os.path.isfile(full):
+                os.remove(full)
         if rel != "." and not os.listdir(where):
             os.rmdir(where)
 
@@ -95,18 +127,36 @@ def linked(a: str, b: str) -> bool:
         return False
 
 
+def named_in(problems: List[str], files: Dict[str, Any]) -> List[str]:
+    """The files a list of "NAME: what is wrong" lines names (a name may hold a colon)."""
+    return [n for n in files if any(p.startswith(n + ": ") for p in problems)]
+
+
+def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Set[str]:
+    """Files the source has as it had them when fleet pushed the model there (its marker's record)."""
+    then = (marker or {}).get("source_files")
+    if not isinstance(then, dict):
+        return set()
+    return set(n for n, f in files.items() if then.get(n) == [f["size"], f["mtime_ns"]])
+
+
 def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]], commit: Any) -> Any:
-    """What the source must send (name, offset, size), how many bytes are already here, and the files done."""
+    """What the source must send (name, offset, size, mtime), how many bytes are already here, and the
+    files already proved. Every file to be sent from its start is removed here, before the new listing is
+    recorded: no older bytes can later pass for its beginning."""
     record, _ = _json_file(os.path.join(partial, PUSH_RECORD))  # type: Any, Any
-    record = record if isinstance(record, dict) else {}
-    earlier = record.get("files")  # type: Any
+    earlier = record.get("files") if isinstance(record, dict) else None  # type: Any
     earlier = earlier if isinstance(earlier, dict) else {}
-    done = set(n for n in record.get("done") or [] if isinstance(n, str) and earlier.get(n) == files.get(n))
-    if marker is not None and commit and marker.get("commit") == commit:  # a repair: whole files kept
-        broken = [p.split(":")[0] for p in problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})[0]]
-        seed(partial, target, files, broken)
-        done |= set(n for n in files if n not in broken and linked(os.path.join(partial, n), os.path.join(target, n)))
+    done = set(n for n in read_done(partial) if earlier.get(n) == files.get(n))
     drop_strays(partial, files)
+    if marker is not None:  # fleet's own copy there: what is whole and unchanged at the source is kept
+        keep = unchanged_since(marker, files)
+        if commit and marker.get("commit") == commit:
+            keep = set(files)
+        broken = named_in(problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})[0], files)
+        kept = dict((n, files[n]) for n in keep if n not in broken)
+        seed(partial, target, kept, [])
+        done |= set(n for n in kept if linked(os.path.join(partial, n), os.path.join(target, n)))
     need = []  # type: List[List[Any]]
     have = 0
     for name, want in sorted(files.items()):
@@ -118,30 +168,68 @@ def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict
             continue
         done.discard(name)
         resumable = st is not None and st.st_nlink == 1  # never written into: a link shares the model's file
-        offset = size if earlier.get(name) == want and resumable and size is not None and size < want["size"] else 0
-        need.append([name, offset, want["size"]])
+        if earlier.get(name) == want and resumable and size is not None and size < want["size"]:
+            offset = size
+        else:
+            offset = 0
+            if os.path.lexists(full):
+                os.remove(full)
+        need.append([name, offset, want["size"], want["mtime_ns"]])
         have += offset
     return need, have, done
 
 
 def inside(partial: str, name: str) -> str:
-    full = os.path.join(partial, name)
-    parent = os.path.dirname(full)
-    os.makedirs(parent, exist_ok=True)
-    if not (os.path.realpath(parent) + os.sep).startswith(os.path.realpath(partial) + os.sep):
-        raise ValueError("%s: a link inside the partial copy leads out of it" % name)
-    return full
+    """The path of `name` in the partial copy, its directories made; never through a link."""
+    where = partial
+    for part in name.split("/")[:-1]:
+        where = os.path.join(where, part)
+        if os.path.islink(where):
+            raise LookupError("%s: a link inside the partial copy; fleet does not write through it" % name)
+        if not os.path.isdir(where):
+            os.mkdir(where)
+    return os.path.join(partial, name)
 
 
-def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any]], done: Set[str], have: int) -> Any:
-    """Frames to files, each checked against its sha256; returns (bytes received, frames checked)."""
-    expected = dict((n, (off, size)) for n, off, size in need)
+def open_for(full: str, offset: int, mode: int) -> Tuple[int, Any]:
+    """The file to write from `offset`, and a hash of its first `offset` bytes (kept from an earlier push):
+    a new file is made (never an old one written into: it may be a link); a resumed one must still be
+    there with those bytes."""
+    h = hashlib.sha256()
+    if offset == 0:
+        if os.path.lexists(full):
+            os.remove(full)
+        return os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), h
+    try:
+        fd = os.open(full, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        raise LookupError(
+            "%s: the bytes kept from an earlier push are gone; push again" % os.path.basename(full)
+        ) from None
+    if os.fstat(fd).st_size < offset:
+        os.close(fd)
+        raise LookupError("%s: the bytes kept from an earlier push changed; push again" % os.path.basename(full))
+    left = offset
+    while left > 0:
+        block = os.read(fd, min(BLOCK, left))
+        h.update(block)
+        left -= len(block)
+    os.ftruncate(fd, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return fd, h
+
+
+def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any]], have: int) -> Any:
+    """Frames to files, each whole file checked against the source's sha256; (bytes received, files proved)."""
+    expected = dict((n, (off, size)) for n, off, size, _ in need)
     total = sum(f["size"] for f in files.values())
     received = checked = 0
     last = time.monotonic()
     while True:
         head = read_line(stdin, 1 << 16)
         if head.get("end"):
+            if expected:
+                raise LookupError("the source ended without sending %s" % ", ".join(sorted(expected)[:5]))
             return received, checked
         if "error" in head:
             raise LookupError("the source: %s" % head["error"])
@@ -151,13 +239,8 @@ def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any
         if expected.get(name) != (offset, offset + size):
             raise LookupError("the source sent %r at %d, which was not asked for" % (name, offset))
         full = inside(partial, name)
-        if offset == 0 and os.path.lexists(full):  # a new file, never the old one rewritten: it may be a link
-            os.remove(full)
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if offset == 0 else 0), 0o644)
+        fd, h = open_for(full, offset, int(files[name].get("mode") or 0o644) & 0o666)
         try:
-            os.ftruncate(fd, offset)
-            os.lseek(fd, offset, os.SEEK_SET)
-            h = hashlib.sha256()
             left = size
             while left > 0:
                 block = stdin.read(min(BLOCK, left))
@@ -177,12 +260,17 @@ def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any
             os.close(fd)
         trailer = read_line(stdin, 1 << 10)
         if trailer.get("sha256") != h.hexdigest():
-            os.remove(full)
-            raise LookupError("%s: the bytes written are not the bytes the source read (sha256)" % name)
+            os.remove(full)  # sent again, whole, by the next push
+            if "error" in trailer:  # it changed at the source while it was read
+                raise LookupError(str(trailer["error"]))
+            raise LookupError("%s: the file here is not the file the source read (sha256)" % name)
         checked += 1
         del expected[name]
-        done.add(name)
-        save_record(partial, files, done)
+        mark_done(partial, name)
+
+
+def described(f: Any) -> bool:
+    return isinstance(f, dict) and all(isinstance(f.get(k), int) and f[k] >= 0 for k in ("size", "mtime_ns"))
 
 
 def main_receive(a: Dict[str, Any]) -> None:
@@ -194,13 +282,10 @@ def main_receive(a: Dict[str, Any]) -> None:
     source_marker = offer.get("marker")  # type: Any
     files = files if isinstance(files, dict) else {}
     source_marker = source_marker if isinstance(source_marker, dict) else {}
-    bad = unsafe_names(files) + [
-        n for n, f in files.items() if not isinstance(f, dict) or not isinstance(f.get("size"), int)
-    ]
+    bad = unsafe_names(files) + [n for n, f in files.items() if not described(f)]
     if bad:
-        return refuse(
-            "listing", "the source lists files fleet will not write (outside the model, or no size)", bad[:20]
-        )
+        why = "the source lists files fleet will not write (outside the model, or without a size and mtime)"
+        return refuse("listing", why, bad[:20])
     if not files:
         return refuse("source", "the source has no files for this model")
     commit = source_marker.get("commit")
@@ -211,8 +296,11 @@ def main_receive(a: Dict[str, Any]) -> None:
     marker = ours(target)
     if os.path.isdir(target):
         problems, _ = problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})
-        if not problems and (marker is None or not commit or marker.get("commit") == commit):
-            emit({"e": "present", "files": len(files), "bytes": total, "commit": marker and marker.get("commit")})
+        same = marker is not None and (
+            unchanged_since(marker, files) == set(files) or bool(commit and marker.get("commit") == commit)
+        )
+        if not problems and (marker is None or same):
+            emit({"e": "present", "files": len(files), "bytes": total, "ours": marker is not None, "commit": commit})
             return
         if marker is None:
             why = "%s is there but not whole, and fleet did not make it (no %s in it): it is left as it is"
@@ -227,7 +315,7 @@ def main_receive(a: Dict[str, Any]) -> None:
         return refuse("disk", why % (total - have, free, os.path.dirname(target), DISK_MARGIN))
     emit({"e": "need", "need": need})
     try:
-        received, checked = receive(stdin, partial, files, need, done, have)
+        received, checked = receive(stdin, partial, files, need, have)
     except Cut:
         why = "the stream from the source ended midway; the files that came whole are kept for the next push"
         return refuse("cut", why, stage="download")
@@ -239,11 +327,14 @@ def main_receive(a: Dict[str, Any]) -> None:
         raise
     problems, _ = problems_in(partial, {n: {"size": f["size"]} for n, f in files.items()})
     if problems:
-        forget(partial, [p.split(":")[0] for p in problems if p.split(":")[0] in files])
+        forget(partial, named_in(problems, files))
         return refuse("download", "what was received is not whole; it is not used", problems, stage="download")
-    os.remove(os.path.join(partial, PUSH_RECORD))
+    for name in (PUSH_RECORD, PUSH_DONE):
+        os.remove(os.path.join(partial, name))
     pushed = {k: source_marker.get(k) for k in ("repo", "revision", "commit") if source_marker.get(k)}
-    swap_in(target, partial, dict(pushed, pushed_from=str(a.get("from") or ""), pushed_at=time.time()), False)
+    pushed.update(pushed_from=str(a.get("from") or ""), pushed_at=time.time())
+    pushed["source_files"] = {n: [f["size"], f["mtime_ns"]] for n, f in files.items()}
+    swap_in(target, partial, pushed, False)
     emit({"e": "pulled", "files": len(files), "bytes": total, "sent": received, "checksums": checked, "commit": commit})
 
 

@@ -1,88 +1,116 @@
 """Runs ON the host that has the model (or on the control machine, for a local directory): the source side
 of a push (`fleet pull --from`). Two uses, by `a["op"]`:
 
-  list  prints one JSON document: every file of the model (size, mtime), whether it is whole (the same
-        checks a pull makes, read from its own files), and fleet's marker if fleet made it.
-  send  reads from stdin one JSON line, {"need": [[name, offset, size], ...]} (what the receiver lacks, and
-        the size listed), and
-        writes the frames that `remote_receive.py` reads, verbatim, to stdout:
-          {"name":..,"offset":n,"size":n}\\n <size bytes> {"sha256":..}\\n    one per file still needed
-          {"error":..}\\n                                                  a file changed since it was listed
+  list  prints one JSON document: every file of the model (size, mtime, mode), whether it is whole (the
+        same checks a pull makes, read from its own files, and no link that leads nowhere or to a
+        directory), and fleet's marker if fleet made it.
+  send  reads from stdin one JSON line, {"need": [[name, offset, size, mtime_ns], ...]} (what the receiver
+        lacks, and the file as it was listed), and writes the frames that `remote_receive.py` reads,
+        verbatim, to stdout:
+          {"name":..,"offset":n,"size":n}\\n <size bytes> {"sha256":..}\\n   one per file still needed
+          {"error":..}\\n                                                 at a frame's end: it changed
           {"end":true}\\n
-        The sha256 is of the bytes of that frame, so the receiver checks what it wrote against what was read.
+        The sha256 is of the whole file as read now (its first `offset` bytes too, read here and not
+        sent), so the receiver proves the whole file it holds, including bytes an earlier push left.
+        A file whose size or mtime is not the listed one, before or after it is read, is an error: the
+        receiver never keeps a copy the source never held. Anything going wrong midway goes to stderr
+        and ends the step: the receiver sees the stream end, never text among a file's bytes.
 
-Symlinks (a Hugging Face cache snapshot is made of them) are followed: the files' content is what is sent.
-fleet's own files in the model directory (its marker, the client's `.cache/`) are not.
+A file that is a symlink (a Hugging Face cache snapshot is made of them) is sent with its target's
+content. A link to a directory is not followed (it could lead anywhere, or to itself), and fleet's own
+files in the model directory (its marker, the client's `.cache/`) are not sent.
 """
 
 import hashlib
 import json
 import os
+import stat
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
     MARKER  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_pull import MARKER, ours, problems_in
 
-SKIPPED = (MARKER, ".cache", ".fleet-partial-of-fleet", ".fleet-push.json")
+SKIPPED = (MARKER, ".cache", ".fleet-partial-of-fleet", ".fleet-push.json", ".fleet-push-done")
 BLOCK = 1 << 20
 
 
-def model_files(path: str) -> Dict[str, Dict[str, Any]]:
+def model_files(path: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+    """Every file, by its name under `path`; and what keeps the directory from being sent as it is."""
     files = {}  # type: Dict[str, Dict[str, Any]]
-    for where, dirs, names in os.walk(path, followlinks=True):
+    problems = []  # type: List[str]
+    for where, dirs, names in os.walk(path):
         rel = os.path.relpath(where, path)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
         if rel == ".":
             dirs[:] = [d for d in dirs if d not in SKIPPED]
             names = [n for n in names if n not in SKIPPED]
+        for d in dirs:
+            if os.path.islink(os.path.join(where, d)):
+                problems.append("%s%s: a link to a directory; fleet does not follow it" % (prefix, d))
         for name in names:
             full = os.path.join(where, name)
             try:
                 st = os.stat(full)
             except OSError:
-                continue  # a dangling link: not part of the model
-            if os.path.isfile(full):
-                key = name if rel == "." else rel.replace(os.sep, "/") + "/" + name
-                files[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return files
+                problems.append("%s%s: a link to nothing" % (prefix, name))
+                continue
+            if stat.S_ISREG(st.st_mode):
+                files[prefix + name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode & 0o777}
+            elif not stat.S_ISDIR(st.st_mode):
+                problems.append("%s%s: not a regular file" % (prefix, name))
+    return files, problems
 
 
 def listing(path: str) -> Dict[str, Any]:
     if not os.path.isdir(path):
         return {"missing": True}
-    files = model_files(path)
-    problems, _ = problems_in(path, {n: {"size": f["size"]} for n, f in files.items()})
-    return {"files": files, "problems": problems, "marker": ours(path)}
+    files, problems = model_files(path)
+    if files:
+        problems += problems_in(path, {n: {"size": f["size"]} for n, f in files.items()})[0]
+    return {"files": files, "problems": problems[:20], "marker": ours(path)}
+
+
+def as_listed(f: Any, size: int, mtime_ns: int) -> bool:
+    st = os.fstat(f.fileno())
+    return st.st_size == size and st.st_mtime_ns == mtime_ns
+
+
+def read_into(f: Any, h: Any, count: int, out: Any) -> None:
+    """`count` bytes of `f` into the hash (and to `out`, when given)."""
+    while count > 0:
+        block = f.read(min(BLOCK, count))
+        if not block:
+            raise OSError("%s: cut short while it was read" % f.name)
+        h.update(block)
+        if out is not None:
+            out.write(block)
+        count -= len(block)
 
 
 def send(path: str, need: List[List[Any]]) -> None:
     out = sys.stdout.buffer
-    for name, offset, listed in need:
-        full = os.path.join(path, name)
+    for name, offset, size, mtime_ns in need:
         try:
-            f = open(full, "rb")  # noqa: SIM115 - closed below
+            f = open(os.path.join(path, name), "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
             out.write(json.dumps({"error": "%s: %s" % (name, exc.strerror)}).encode() + b"\n")
             return
         with f:
-            size = os.fstat(f.fileno()).st_size - offset
-            if size + offset != listed:
+            if not as_listed(f, size, mtime_ns):
                 out.write(json.dumps({"error": "%s: changed since it was listed" % name}).encode() + b"\n")
                 return
-            out.write(json.dumps({"name": name, "offset": offset, "size": size}).encode() + b"\n")
-            f.seek(offset)
             h = hashlib.sha256()
-            left = size
-            while left > 0:
-                block = f.read(min(BLOCK, left))
-                if not block:  # cut short while being read: the receiver sees the frame end early
-                    sys.exit(4)
-                h.update(block)
-                out.write(block)
-                left -= len(block)
-            out.write(json.dumps({"sha256": h.hexdigest()}).encode() + b"\n")
+            read_into(f, h, offset, None)  # the bytes the receiver kept: hashed here, not sent
+            out.write(json.dumps({"name": name, "offset": offset, "size": size - offset}).encode() + b"\n")
+            read_into(f, h, size - offset, out)
+            ok = as_listed(f, size, mtime_ns)
+        trailer = {"sha256": h.hexdigest()} if ok else {"error": "%s: changed while it was read" % name}
+        out.write(json.dumps(trailer).encode() + b"\n")
+        if not ok:
+            return
     out.write(b'{"end": true}\n')
     out.flush()
 
@@ -101,5 +129,7 @@ if __name__ == "__main__":
         main_send(json.loads(sys.argv[1]))
     except BrokenPipeError:  # the receiver or fleet went away: nothing to tell
         os._exit(3)
-    except Exception as exc:  # the step always answers in its own words
-        sys.stdout.write(json.dumps({"error": "%s: %s" % (type(exc).__name__, str(exc)[:600])}) + "\n")
+    except Exception as exc:  # noqa: BLE001 - never on stdout: it may be in the middle of a file's bytes
+        sys.stderr.write("%s: %s\n" % (type(exc).__name__, str(exc)[:600]))
+        sys.stderr.flush()
+        os._exit(4)
