@@ -760,3 +760,13 @@ def test_a_failure_at_the_end_of_a_very_long_line_is_still_seen() -> None:
     line = bars + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     d = diagnose([line], LogContext())
     assert d.signature == "cuda-oom-startup", d
+
+
+def test_an_upgrade_preview_names_the_known_crashes_the_new_version_drops_and_gains() -> None:
+    from fleet.crashes.signatures import knowledge_diff
+
+    lines = knowledge_diff(builtin_signatures(), "sglang", (0, 5, 11), (0, 5, 23))
+    assert any(line.startswith("- known crash sglang-spec-hybrid-no-buffer (0.5.10 to 0.5.13)") for line in lines)
+    assert any(line.startswith("+ known crash sglang-no-buffer-overlap (0.5.14 and later)") for line in lines)
+    assert knowledge_diff(builtin_signatures(), "sglang", (0, 5, 23), (0, 5, 23)) == []
+    assert not any("sglang-" in line for line in knowledge_diff(builtin_signatures(), "vllm", (0, 5, 11), (0, 5, 23)))

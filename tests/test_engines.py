@@ -233,6 +233,9 @@ def test_plan_with_another_engine_version_shows_the_upgrade_as_a_diff(tmp_path: 
     assert r.code == 0, r.err
     assert "upgrade preview: sglang 0.5.11 -> 0.5.23 (not installed: fleet engine install sglang==0.5.23" in r.out
     assert "+ --mamba-radix-cache-strategy" in r.out
+    # the crash knowledge that differs: one failure gone with the upgrade, one that only the new version has
+    assert "- known crash sglang-spec-hybrid-no-buffer (0.5.10 to 0.5.13)" in r.out
+    assert "+ known crash sglang-no-buffer-overlap (0.5.14 and later)" in r.out
     preview = json.loads(run_cli(*argv, "--engine", "sglang==0.5.23", "--json").out)["upgrade_preview"]
     assert preview["plan"]["engine_version"] == "0.5.23" and preview["diff"]
     wrong = run_cli(*argv, "--engine", "vllm==0.11.0")

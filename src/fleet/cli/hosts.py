@@ -152,6 +152,7 @@ def _upgrade_preview(
 
     from fleet.control import ops
     from fleet.control.engines import parse_spec
+    from fleet.crashes.signatures import knowledge_diff
     from fleet.errors import ConfigError
     from fleet.facts.parse import EngineInstall
     from fleet.plan.diff import plan_diff, versions
@@ -178,7 +179,8 @@ def _upgrade_preview(
     return {
         "versions": versions(now, then.plan),
         "installed": installed,
-        "diff": plan_diff(now, then.plan),
+        "diff": plan_diff(now, then.plan)
+        + knowledge_diff(ctx.signatures, engine, now.engine_version, then.plan.engine_version),
         "plan": then.plan.to_json(),
         "engine_check": check,
     }

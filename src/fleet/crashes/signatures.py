@@ -150,3 +150,22 @@ def known_fixes(signatures: Sequence[Signature]) -> dict[str, Fix]:
     for s in signatures:
         first.setdefault(s.id, s.fix)
     return {k: v for k, v in first.items() if v is not None}
+
+
+def knowledge_diff(
+    signatures: Sequence[Signature], engine: str, now: Version | None, then: Version | None
+) -> list[str]:
+    """The known crashes, fixed or new, between two versions of `engine` (an upgrade preview): each
+    signature kept to a version range that holds one version and not the other. Pure."""
+
+    def holds(sig: Signature, v: Version | None) -> bool:
+        return v is not None and sig.versions is not None and sig.versions[0] <= v <= sig.versions[1]
+
+    out = []
+    for sig in signatures:
+        if sig.versions is None or sig.engine not in (engine, "any") or holds(sig, now) == holds(sig, then):
+            continue
+        lo, hi = (".".join(map(str, v)) for v in sig.versions)
+        span = f"{lo} and later" if sig.versions[1] >= (9, 9, 9) else f"{lo} to {hi}"
+        out.append(f"{'+' if holds(sig, then) else '-'} known crash {sig.id} ({span}): {sig.explanation}")
+    return out
