@@ -406,3 +406,80 @@ def test_a_source_file_rewritten_while_it_is_sent_is_refused_not_installed_half_
     code, _, err2 = fleet.push("--host", "a", "--from", str(fleet.source))
     assert code == 0, err2
     assert fleet.same("a")
+
+
+# --- found by a second adversarial pass ------------------------------------------------------------------
+
+
+def test_a_commit_the_source_names_never_stands_for_its_files(fleet: Fleet) -> None:
+    (fleet.source / ".fleet-pulled.json").write_text(json.dumps({"repo": "acme/tiny", "commit": "c0ffee"}))
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    tuned = make_model(fleet.root / "tuned", shards=3, shard_bytes=256 << 10, seed=99)
+    for shard in tuned.glob("*.safetensors"):  # new bytes, the same sizes, the marker still says c0ffee
+        (fleet.source / shard.name).write_bytes(shard.read_bytes())
+    code, out, err = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["outcome"] == "pushed"
+    assert all((fleet.model("a") / s.name).read_bytes() == s.read_bytes() for s in tuned.glob("*.safetensors"))
+    marker = json.loads((fleet.model("a") / ".fleet-pulled.json").read_text())
+    assert "commit" not in marker and marker["source"]["commit"] == "c0ffee"  # its word, kept as such
+
+
+def test_a_file_gone_from_the_source_is_gone_from_the_model_after_the_next_push(fleet: Fleet) -> None:
+    (fleet.source / "generation_config.json").write_text("{}")
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    (fleet.source / "generation_config.json").unlink()
+    code, out, _ = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    assert code == 0 and json.loads(out)[0]["outcome"] == "pushed" and json.loads(out)[0]["sent"] == 0
+    assert not (fleet.model("a") / "generation_config.json").exists() and fleet.same("a")
+
+
+def test_a_file_of_the_model_changed_in_place_is_sent_again_and_only_it(fleet: Fleet) -> None:
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    shard = fleet.model("a") / "model-00002-of-00003.safetensors"
+    with shard.open("r+b") as f:  # the same size: only its mtime says it changed
+        f.seek(-10, os.SEEK_END)
+        f.write(b"\0" * 10)
+    code, out, _ = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    [result] = json.loads(out)
+    assert code == 0 and result["outcome"] == "pushed" and result["sent"] == shard.stat().st_size
+    assert fleet.same("a")
+
+
+def test_a_copy_pushed_on_from_a_host_is_known_as_the_same_and_not_sent_again(fleet: Fleet) -> None:
+    assert fleet.push("--host", "a", "--host", "b", "--from", str(fleet.source))[0] == 0
+    code, out, _ = fleet.push("--host", "b", "--from", "a", "--json")
+    assert code == 0 and [(r["outcome"], r["sent"]) for r in json.loads(out)] == [("present", 0)]
+
+
+def test_fleets_own_files_in_the_source_are_not_sent(fleet: Fleet) -> None:
+    (fleet.source / ".fleet-pulled.json.tmp").write_text("{")  # a marker write cut midway
+    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    code, out, _ = fleet.push("--host", "a", "--from", str(fleet.source), "--json")
+    assert code == 0 and json.loads(out)[0]["outcome"] == "present"
+    files = _offer({".fleet-push-done": b"x", "config.json": CONFIG})  # and a source listing them is refused
+    said = _receive(fleet.root / "m", files)
+    assert said[-1]["kind"] == "listing" and ".fleet-push-done" in str(said[-1]["problems"])
+
+
+def test_the_source_sends_only_files_it_lists_itself_whatever_a_host_asks(fleet: Fleet) -> None:
+    from fleet.control.push import _asked_for
+    from fleet.errors import HostStepError
+
+    secret = fleet.root / "secret.txt"
+    secret.write_text("do not send")
+    st = secret.stat()
+    listed = {"config.json": {"size": 10, "mtime_ns": 5}}
+    for need in ([["../secret.txt", 0, st.st_size, st.st_mtime_ns]], [[str(secret), 0, st.st_size, st.st_mtime_ns]]):
+        with pytest.raises(HostStepError, match="did not list"):
+            _asked_for("a", need, listed)
+        script = script_for("send", {"op": "send", "path": str(fleet.source)}, [sys.executable])
+        request = json.dumps({"need": need}).encode() + b"\n"
+        out = LocalTransport("here").run(script, stdin=request, timeout_s=60).stdout
+        assert b"do not send" not in out and b"is not a file of this model" in out
+
+
+def test_a_header_line_too_long_is_the_sources_fault_not_a_cut(tmp_path: Path) -> None:
+    files = {"config.json": CONFIG}
+    said = _receive(tmp_path / "m", _offer(files) + b"x" * (70 << 10))
+    assert said[-1]["kind"] == "source" and "more than" in str(said[-1]["why"])

@@ -12,7 +12,7 @@ import click
 from fleet import events
 from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
 from fleet.cli.report import PullShown, size
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import ConfigError, FleetError, HostStepError
 from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
@@ -94,6 +94,9 @@ def _on_every_host(
             outcomes[i] = (hosts[i], fetch(hosts[i]), None)
         except FleetError as exc:
             outcomes[i] = (hosts[i], None, exc)
+        except Exception as exc:  # noqa: BLE001 - a host's odd answer fails that host, never passes as done
+            failed = HostStepError(f"{hosts[i].name}: {type(exc).__name__}: {safe_line(str(exc))[:300]}", "")
+            outcomes[i] = (hosts[i], None, failed)
 
     # daemon threads: Ctrl-C ends fleet at once, and each host's pull stops when its stdin closes with it
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(hosts))]

@@ -89,7 +89,7 @@ def push_model(
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev.get("e") == "need":  # the host's plan: the source starts sending
-            relay.start(source, ev["need"])
+            relay.start(source, _asked_for(host.name, ev.get("need"), listing["files"]))
         else:
             answers(ev)
 
@@ -99,6 +99,11 @@ def push_model(
     finally:
         relay.stop()
     last = answers.last(code)
+    if not answers.kept and code != 0:  # the receiving step died (killed, or its host went away)
+        raise DeployFailed(
+            f"{host.name}: the receiving step ended without an answer (exit {code}); nothing is at {safe_line(path)}.",
+            PUSH_HINTS["cut"],
+        )
     why = safe_line(str(last.get("why") or last.get("error") or ""))[:600]
     seconds = time.monotonic() - started
     if last["e"] in ("present", "pulled"):
@@ -125,6 +130,24 @@ def push_model(
     if last.get("stage") == "download":
         raise DeployFailed(message, hint)
     raise PreflightError(message, hint)
+
+
+def _asked_for(host: str, need: Any, listed: dict[str, Any]) -> list[list[Any]]:
+    """The files a host asks the source for, each one the source listed, as listed: a host never names
+    what the source reads (a name outside the model, say)."""
+    ok = isinstance(need, list) and all(
+        isinstance(n, list)
+        and len(n) == 4
+        and isinstance(n[0], str)
+        and isinstance(listed.get(n[0]), dict)
+        and type(n[1]) is int
+        and 0 <= n[1] <= listed[n[0]]["size"]
+        and [n[2], n[3]] == [listed[n[0]]["size"], listed[n[0]]["mtime_ns"]]
+        for n in need
+    )
+    if not ok:
+        raise HostStepError(f"{host}: the host asked for files the source did not list; nothing was sent.", "")
+    return list(need)
 
 
 class _Relay:

@@ -39,6 +39,9 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
 PARTIAL_MARK = ".fleet-partial-of-fleet"  # in a partial download fleet made: it may be resumed and removed
+PUSH_RECORD = ".fleet-push.json"  # in a partial push: the source's listing it was started for
+PUSH_DONE = ".fleet-push-done"  # in a partial push: the files already proved, one name a line
+FLEET_FILES = (MARKER, MARKER + ".tmp", PARTIAL_MARK, PUSH_RECORD, PUSH_DONE, ".cache")  # never a model's own
 HF_META = os.path.join(".cache", "huggingface")  # the client's own resume records inside local_dir
 DISK_MARGIN = 64 << 20  # left free beyond the checkpoint: logs and the client's metadata need room too
 PROGRESS_EVERY_S = 1.0
@@ -218,7 +221,7 @@ def unsafe_names(files: Dict[str, Dict[str, Any]]) -> List[str]:
             or name.startswith("/")
             or any(p in ("", ".", "..") for p in parts)
             or any(ord(c) < 32 or ord(c) == 127 for c in name)
-            or parts[0] in (MARKER, ".cache")
+            or parts[0] in FLEET_FILES
         ):
             bad.append(name)
     return bad
@@ -292,11 +295,13 @@ def start_partial(partial: str) -> None:
 def swap_in(target: str, partial: str, marker: Dict[str, Any], stop_if_gone: bool = True) -> None:
     """The whole, checked partial becomes the model: marked as fleet's, then renamed to the path. Fleet's
     own older or damaged copy there is swapped out in two renames (a cut between them is undone by
-    `claim`), then removed. `stop_if_gone`: a last look at stdin first (a push's stdin has ended by now)."""
-    try:
-        os.remove(os.path.join(partial, PARTIAL_MARK))
-    except OSError:
-        pass
+    `claim`), then removed. `stop_if_gone`: a last look at stdin first (a push's stdin has ended by now).
+    The partial keeps fleet's mark until it is renamed: cut before, it is still fleet's to resume."""
+    for leftover in (PUSH_RECORD, PUSH_DONE, MARKER + ".tmp"):  # another kind of try's records
+        try:
+            os.remove(os.path.join(partial, leftover))
+        except OSError:
+            pass
     write_marker(partial, marker)
     if stop_if_gone:
         gone_now()
@@ -307,6 +312,10 @@ def swap_in(target: str, partial: str, marker: Dict[str, Any], stop_if_gone: boo
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(partial, target)
+    try:
+        os.remove(os.path.join(target, PARTIAL_MARK))
+    except OSError:
+        pass
 
 
 def main(a: Dict[str, Any]) -> None:

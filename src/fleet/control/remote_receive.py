@@ -19,8 +19,11 @@ left included), and the model's own files (config.json, safetensors headers) acc
 `.fleet-push.json` in the partial holds the listing it was started for, `.fleet-push-done` the files
 already proved, one name a line: a push cut midway resumes each file from the bytes it has, unless the
 source's file changed since (size or mtime), which is then sent again from its start. A model fleet
-pushed is "present" only while the source's files are as they were when it was pushed (sizes and
-mtimes, kept in its marker), or both name the same commit: same-size new weights are sent.
+pushed is "present" only while it holds the source's files as listed now, each as the source had it
+when it was pushed (size and mtime, kept in its marker) and as fleet left it here (its own size and
+mtime: a file changed in place since is sent again). Received files take the source's mtime, so a copy
+pushed on from this host is known as the same. A Hub commit the source's marker names is kept as its
+word only, never as this model's commit.
 """
 
 import errno
@@ -40,6 +43,8 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         PARTIAL,
         PARTIAL_MARK,
         PROGRESS_EVERY_S,
+        PUSH_DONE,
+        PUSH_RECORD,
         claim,
         emit,
         forget,
@@ -48,14 +53,13 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         problems_in,
         refuse,
         seed,
+        stamp,
         start_partial,
         swap_in,
         unsafe_names,
     )
     from fleet.facts.model_files import _json_file
 
-PUSH_RECORD = ".fleet-push.json"
-PUSH_DONE = ".fleet-push-done"
 BLOCK = 1 << 20
 
 
@@ -65,6 +69,8 @@ class Cut(Exception):
 
 def read_line(stdin: Any, limit: int) -> Dict[str, Any]:
     line = stdin.readline(limit)
+    if len(line) >= limit and not line.endswith(b"\n"):
+        raise LookupError("the source sent a line of more than %d bytes where a frame's header goes" % limit)
     if not line.endswith(b"\n"):
         raise Cut()
     data = json.loads(line.decode())
@@ -132,15 +138,32 @@ def named_in(problems: List[str], files: Dict[str, Any]) -> List[str]:
     return [n for n in files if any(p.startswith(n + ": ") for p in problems)]
 
 
-def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, Any]) -> Set[str]:
-    """Files the source has as it had them when fleet pushed the model there (its marker's record)."""
+def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, Any], target: str) -> Set[str]:
+    """Files of fleet's model at `target` that may be kept: the source has them as it had them when fleet
+    pushed them (size and mtime, kept in the marker), and they are here as fleet left them (their own size
+    and mtime: a file changed in place since is sent again)."""
     then = (marker or {}).get("source_files")
-    if not isinstance(then, dict):
+    left = (marker or {}).get("verified")
+    if not isinstance(then, dict) or not isinstance(left, dict):
         return set()
-    return set(n for n, f in files.items() if then.get(n) == [f["size"], f["mtime_ns"]])
+    out = set()
+    for n, f in files.items():
+        try:
+            here = stamp(os.path.join(target, n))
+        except OSError:
+            continue
+        if then.get(n) == [f["size"], f["mtime_ns"]] and left.get(n) == here:
+            out.add(n)
+    return out
 
 
-def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]], commit: Any) -> Any:
+def same_model(marker: Optional[Dict[str, Any]], files: Dict[str, Any], target: str) -> bool:
+    """fleet's model at `target` is the source's as listed now: the same files, none changed on either side."""
+    then = (marker or {}).get("source_files")
+    return isinstance(then, dict) and set(then) == set(files) and unchanged_since(marker, files, target) == set(files)
+
+
+def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]]) -> Any:
     """What the source must send (name, offset, size, mtime), how many bytes are already here, and the
     files already proved. Every file to be sent from its start is removed here, before the new listing is
     recorded: no older bytes can later pass for its beginning."""
@@ -149,10 +172,8 @@ def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict
     earlier = earlier if isinstance(earlier, dict) else {}
     done = set(n for n in read_done(partial) if earlier.get(n) == files.get(n))
     drop_strays(partial, files)
-    if marker is not None:  # fleet's own copy there: what is whole and unchanged at the source is kept
-        keep = unchanged_since(marker, files)
-        if commit and marker.get("commit") == commit:
-            keep = set(files)
+    if marker is not None:  # fleet's own copy there: what is whole and unchanged on both sides is kept
+        keep = unchanged_since(marker, files, target)
         broken = named_in(problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})[0], files)
         kept = dict((n, files[n]) for n in keep if n not in broken)
         seed(partial, target, kept, [])
@@ -258,6 +279,8 @@ def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any
             os.fsync(fd)
         finally:
             os.close(fd)
+        mtime = files[name]["mtime_ns"]  # the source's: a copy pushed on from here is known as the same
+        os.utime(full, ns=(mtime, mtime), follow_symlinks=False)
         trailer = read_line(stdin, 1 << 10)
         if trailer.get("sha256") != h.hexdigest():
             os.remove(full)  # sent again, whole, by the next push
@@ -296,17 +319,14 @@ def main_receive(a: Dict[str, Any]) -> None:
     marker = ours(target)
     if os.path.isdir(target):
         problems, _ = problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})
-        same = marker is not None and (
-            unchanged_since(marker, files) == set(files) or bool(commit and marker.get("commit") == commit)
-        )
-        if not problems and (marker is None or same):
+        if not problems and (marker is None or same_model(marker, files, target)):
             emit({"e": "present", "files": len(files), "bytes": total, "ours": marker is not None, "commit": commit})
             return
         if marker is None:
             why = "%s is there but not whole, and fleet did not make it (no %s in it): it is left as it is"
             return refuse("foreign", why % (target, MARKER), problems)
     start_partial(partial)
-    need, have, done = plan(partial, target, files, marker, commit)
+    need, have, done = plan(partial, target, files, marker)
     save_record(partial, files, done)
     free = free_bytes(partial)
     emit({"e": "planned", "files": len(files), "bytes": total, "have": have, "free": free, "commit": commit})
@@ -331,9 +351,16 @@ def main_receive(a: Dict[str, Any]) -> None:
         return refuse("download", "what was received is not whole; it is not used", problems, stage="download")
     for name in (PUSH_RECORD, PUSH_DONE):
         os.remove(os.path.join(partial, name))
-    pushed = {k: source_marker.get(k) for k in ("repo", "revision", "commit") if source_marker.get(k)}
-    pushed.update(pushed_from=str(a.get("from") or ""), pushed_at=time.time())
-    pushed["source_files"] = {n: [f["size"], f["mtime_ns"]] for n, f in files.items()}
+    # The source's Hub commit is its word only (its files may have changed since): kept as information,
+    # never as this model's commit, which `fleet pull` would trust.
+    said = {k: source_marker.get(k) for k in ("repo", "revision", "commit") if source_marker.get(k)}
+    pushed = {
+        "pushed_from": str(a.get("from") or ""),
+        "pushed_at": time.time(),
+        "source": said,
+        "source_files": {n: [f["size"], f["mtime_ns"]] for n, f in files.items()},
+        "verified": {n: stamp(os.path.join(partial, n)) for n in files},  # as fleet leaves them
+    }
     swap_in(target, partial, pushed, False)
     emit({"e": "pulled", "files": len(files), "bytes": total, "sent": received, "checksums": checked, "commit": commit})
 

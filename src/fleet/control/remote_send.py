@@ -29,11 +29,11 @@ import sys
 from typing import Any, Dict, List, Tuple
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
-    MARKER  # noqa: B018
+    FLEET_FILES  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.control.remote_pull import MARKER, ours, problems_in
+    from fleet.control.remote_pull import FLEET_FILES, ours, problems_in
 
-SKIPPED = (MARKER, ".cache", ".fleet-partial-of-fleet", ".fleet-push.json", ".fleet-push-done")
+SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent
 BLOCK = 1 << 20
 
 
@@ -92,7 +92,11 @@ def read_into(f: Any, h: Any, count: int, out: Any) -> None:
 
 def send(path: str, need: List[List[Any]]) -> None:
     out = sys.stdout.buffer
+    mine = model_files(path)[0]  # only what this side lists is ever read: the receiver's word is not enough
     for name, offset, size, mtime_ns in need:
+        if name not in mine:
+            out.write(json.dumps({"error": "%r is not a file of this model" % str(name)[:200]}).encode() + b"\n")
+            return
         try:
             f = open(os.path.join(path, name), "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
