@@ -371,3 +371,20 @@ def test_every_rule_names_the_engine_default_it_replaces_and_fleet_plan_shows_it
     moe = next(f for f in r.plan.flags if f.name == "--moe-runner-backend")
     assert "flashinfer_trtllm" in moe.replaces and "SM120" in moe.replaces
     assert r.plan.to_json()["flags"][-1]["replaces"] == r.plan.flags[-1].replaces
+
+
+def test_an_upgrade_preview_names_the_engine_defaults_that_change_between_the_two_versions() -> None:
+    from fleet.plan.defaults import DEFAULTS, default_changes
+
+    lines = default_changes("sglang", (0, 5, 11), (0, 5, 23))
+    said = "\n".join(lines)
+    assert "~ default mamba strategy" in said and "auto resolves to no_buffer" in said and "extra_buffer" in said
+    assert "~ default SGLANG_ENABLE_SPEC_V2: True" in said and "not read any more" in said
+    assert "~ default --fp4-gemm-backend: auto selects flashinfer_cudnn on SM120" in said
+    assert "~ default --cuda-graph-max-bs: a flag of its own" in said and "ambiguous" in said
+    assert all("engines.md" in line for line in lines)  # each with its source
+    assert default_changes("sglang", (0, 5, 23), (0, 5, 23)) == []
+    assert default_changes("sglang", (0, 5, 15), (0, 5, 16)) == []  # no entry covers one side: nothing said
+    assert default_changes("vllm", (0, 5, 11), (0, 5, 23)) == []
+    for d in DEFAULTS:  # every entry a real range with a source
+        assert d.first <= d.last and d.source.startswith("engines.md")
