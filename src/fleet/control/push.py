@@ -182,6 +182,9 @@ class _Relay:
         return False
 
     def start(self, source: Source, need: list[list[Any]]) -> None:
+        if self.thread is not None:  # one plan per push: a second would interleave two sources' bytes
+            raise HostStepError("the host asked for files twice; nothing more is sent.", "")
+
         def send() -> None:
             script = script_for("send", {"op": "send", "path": source.path}, [source.python])
             try:
