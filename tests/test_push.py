@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,16 +204,8 @@ def test_a_stream_that_ends_midway_is_a_cut_that_keeps_what_came(tmp_path: Path)
 @pytest.mark.slow  # 96 MiB through the relay, twice
 def test_ctrl_c_mid_push_leaves_no_model_and_the_next_push_resumes_and_resends_a_changed_file(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, shard_bytes=32 << 20)
-    proc = subprocess.Popen(
-        fleet.argv("--host", "a", "--from", str(fleet.source)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "testbed")),
-    )
-    deadline = time.monotonic() + 60
-    while _bytes_in(fleet.partial("a")) < 40 << 20:  # the first shard whole, the second under way
-        assert proc.poll() is None and time.monotonic() < deadline, "the push ended before it could be cut"
-        time.sleep(0.01)
+    proc = _started(fleet.argv("--host", "a", "--from", str(fleet.source)))
+    _until_holds(proc, fleet.partial("a"), 40 << 20, "it could be cut")  # the first shard whole, the second under way
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert not fleet.model("a").exists()  # nothing at the model's path: a deploy finds no model, not half of one
@@ -226,6 +219,20 @@ def test_ctrl_c_mid_push_leaves_no_model_and_the_next_push_resumes_and_resends_a
     [result] = json.loads(out)
     assert result["outcome"] == "pushed" and result["sent"] < result["bytes"]
     assert fleet.same("a")  # the changed file was sent whole again, not spliced onto its old start
+
+
+def _started(argv: list[str], stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """fleet run as a process of its own, to be interrupted or cut midway."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "testbed"))
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+
+
+def _until_holds(proc: subprocess.Popen[bytes], partial: Path, nbytes: int, what: str, within_s: float = 60) -> None:
+    """Wait, the push still running, until its partial copy holds `nbytes`: then `what` happens midway."""
+    deadline = time.monotonic() + within_s
+    while _bytes_in(partial) < nbytes:
+        assert proc.poll() is None and time.monotonic() < deadline, f"the push ended before {what}"
+        time.sleep(0.005)
 
 
 def _bytes_in(path: Path) -> int:
@@ -245,13 +252,8 @@ def test_a_push_between_two_hosts_over_ssh_resumes_after_the_connection_is_cut(f
     try:
         log = sb.root / "push-tiny.err"
         with log.open("wb") as stderr:
-            proc = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ, PYTHONPATH=str(ROOT / "testbed"))
-            )
-        deadline = time.monotonic() + 120
-        while _bytes_in(partial) < 40 << 20:
-            assert proc.poll() is None and time.monotonic() < deadline, "the push ended before it could be cut"
-            time.sleep(0.01)
+            proc = _started(argv, stderr)
+        _until_holds(proc, partial, 40 << 20, "it could be cut", within_s=120)
         simhost.drop_connections(sb, _spec(sb, "ct129"))
         code = proc.wait(timeout=60)
         assert code != 0 and not target.exists(), log.read_text()
@@ -387,16 +389,8 @@ def test_a_from_with_control_characters_is_shown_escaped(fleet: Fleet) -> None:
 def test_a_source_file_rewritten_while_it_is_sent_is_refused_not_installed_half_old(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, shard_bytes=64 << 20)
     shard = fleet.source / "model-00001-of-00003.safetensors"
-    proc = subprocess.Popen(
-        fleet.argv("--host", "a", "--from", str(fleet.source)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "testbed")),
-    )
-    deadline = time.monotonic() + 60
-    while _bytes_in(fleet.partial("a")) < 8 << 20:
-        assert proc.poll() is None and time.monotonic() < deadline, "the push ended before the file could change"
-        time.sleep(0.005)
+    proc = _started(fleet.argv("--host", "a", "--from", str(fleet.source)), subprocess.PIPE)
+    _until_holds(proc, fleet.partial("a"), 8 << 20, "the file could change")
     with shard.open("r+b") as f:  # in place, same size: the old start is already sent
         f.seek(60 << 20)
         f.write(b"\xaa" * 4096)

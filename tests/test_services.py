@@ -107,6 +107,15 @@ def request_loop(fleet: Fleet) -> RequestLoop:
     return RequestLoop(lambda: None if "Paris" in fleet.ask() else "wrong answer")
 
 
+def roll_under_requests(fleet: Fleet) -> tuple[Any, RequestLoop]:
+    """A rolling restart with requests going through the router from a second before it to a second after."""
+    with request_loop(fleet) as loop:
+        time.sleep(1)
+        result = fleet.run().roll()
+        time.sleep(1)
+    return result, loop
+
+
 def test_up_deploys_every_replica_registers_them_and_proves_a_request_through_the_router(fleet: Fleet) -> None:
     result = fleet.run().up()
     assert result.ok, result.reason
@@ -128,10 +137,7 @@ def test_up_deploys_every_replica_registers_them_and_proves_a_request_through_th
 def test_rolling_restart_drops_no_request_and_replaces_every_replica(fleet: Fleet) -> None:
     assert fleet.run().up().ok
     before = {n: fleet.record(n, f"qwen36-{i}")["pid"] for i, n in ((1, "node-a"), (2, "node-b"))}
-    with request_loop(fleet) as loop:
-        time.sleep(1)
-        result = fleet.run().roll()
-        time.sleep(1)
+    result, loop = roll_under_requests(fleet)
     assert result.ok, result.reason
     assert loop.failures == [], loop.failures[:5]
     assert loop.answered > 10
@@ -166,10 +172,7 @@ def test_an_engine_upgrade_goes_through_a_roll_and_every_replica_then_runs_the_n
     assert versions() == {n: ("0.5.11", "sglang-0.5.11") for n in fleet.hosts}
     for h in fleet.hosts.values():
         assert engine_step(h.transport(), h.host, "use", "sglang==0.5.23")["e"] == "current"
-    with request_loop(fleet) as loop:
-        time.sleep(1)
-        result = fleet.run().roll()
-        time.sleep(1)
+    result, loop = roll_under_requests(fleet)
     assert result.ok, result.reason
     assert loop.failures == [], loop.failures[:5]
     assert versions() == {n: ("0.5.23", "sglang-0.5.23") for n in fleet.hosts}

@@ -6,6 +6,7 @@ control/remote_engine.py). The inventory's `engines: {sglang: fleet}` then runs 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -92,7 +93,7 @@ def pull_engine_image(
     from fleet.inventory.runtime import Container
 
     runtime = Container(container=cli, image=image, pull="always")
-    said: list[str] = []
+    said: deque[str] = deque(maxlen=3)  # the pull's last lines: what a failure is reported with
 
     def keep(ev: events.Event) -> None:
         if isinstance(ev, events.Pulling):
@@ -101,7 +102,7 @@ def pull_engine_image(
 
     if not pull_image(t, cli, runtime, keep):
         raise DeployFailed(
-            f"{host.name}: {cli} pull {image} failed: {safe_line(' / '.join(said[-3:]))[:600]}",
+            f"{host.name}: {cli} pull {image} failed: {safe_line(' / '.join(said))[:600]}",
             "Check the image name, the host's access to its registry and its login (podman/docker login).",
         )
     facts = read_facts(t, host, engine="sglang", runtime=runtime)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fleet.inventory import Host, NamedPlaybook
     from fleet.transport import Transport
 
-RELAY_CHUNKS = 64  # pieces (up to 64 KiB each) between the source's stream and the host's
+RELAY_CHUNKS = 16  # pieces between the source's stream and the host's, each a read of it (up to 1 MiB over SSH)
 DAY_S = 24 * 3600.0
 PUSH_HINTS = {
     **HINTS,
@@ -61,9 +61,8 @@ def list_source(source: Source) -> dict[str, Any]:
     if not data["files"]:
         raise PreflightError(f"{where} holds no files: nothing to push.", "Give --from the model's directory.")
     if data["problems"]:
-        listed = "".join(f"\n  {safe_line(str(p))[:300]}" for p in data["problems"])
         raise PreflightError(
-            f"{where} is not whole, so it is not pushed:{listed}",
+            f"{where} is not whole, so it is not pushed:{_listed(data['problems'])}",
             "Repair it there first"
             + ("." if here else f" (fleet pull PLAYBOOK --host {safe_line(source.label)} checks it against the Hub)."),
         )
@@ -124,12 +123,17 @@ def push_model(
         raise HostStepError(f"{host.name}: fleet's receive step failed on the host ({why}).", "")
     if relay.failure:  # the host saw its stream end early: say why it ended
         why += f" (the source: {relay.failure})"
-    listed = "".join(f"\n  {safe_line(str(p))[:300]}" for p in last.get("problems") or [])
+    listed = _listed(last.get("problems") or [])
     message = f"{host.name}: {safe_line(path)} was not pushed from {safe_line(source.label)}: {why}{listed}"
     hint = PUSH_HINTS.get(str(last.get("kind")), "")
     if last.get("stage") == "download":
         raise DeployFailed(message, hint)
     raise PreflightError(message, hint)
+
+
+def _listed(problems: list[Any]) -> str:
+    """A step's "NAME: what is wrong" lines, one per line under the message, each safe for a terminal."""
+    return "".join(f"\n  {safe_line(str(p))[:300]}" for p in problems)
 
 
 def _asked_for(host: str, need: Any, listed: dict[str, Any]) -> list[list[Any]]:

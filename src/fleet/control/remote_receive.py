@@ -163,19 +163,18 @@ def same_model(marker: Optional[Dict[str, Any]], files: Dict[str, Any], target: 
     return isinstance(then, dict) and set(then) == set(files) and unchanged_since(marker, files, target) == set(files)
 
 
-def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]]) -> Any:
+def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]], broken: List[str]) -> Any:
     """What the source must send (name, offset, size, mtime), how many bytes are already here, and the
-    files already proved. Every file to be sent from its start is removed here, before the new listing is
-    recorded: no older bytes can later pass for its beginning."""
+    files already proved. `broken`: files of fleet's model at `target` that are not whole (never kept).
+    Every file to be sent from its start is removed here, before the new listing is recorded: no older
+    bytes can later pass for its beginning."""
     record, _ = _json_file(os.path.join(partial, PUSH_RECORD))  # type: Any, Any
     earlier = record.get("files") if isinstance(record, dict) else None  # type: Any
     earlier = earlier if isinstance(earlier, dict) else {}
     done = set(n for n in read_done(partial) if earlier.get(n) == files.get(n))
     drop_strays(partial, files)
     if marker is not None:  # fleet's own copy there: what is whole and unchanged on both sides is kept
-        keep = unchanged_since(marker, files, target)
-        broken = named_in(problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})[0], files)
-        kept = dict((n, files[n]) for n in keep if n not in broken)
+        kept = dict((n, files[n]) for n in unchanged_since(marker, files, target) if n not in broken)
         seed(partial, target, kept, [])
         done |= set(n for n in kept if linked(os.path.join(partial, n), os.path.join(target, n)))
     need = []  # type: List[List[Any]]
@@ -233,6 +232,9 @@ def open_for(full: str, offset: int, mode: int) -> Tuple[int, Any]:
     left = offset
     while left > 0:
         block = os.read(fd, min(BLOCK, left))
+        if not block:  # cut shorter since it was measured
+            os.close(fd)
+            raise LookupError("%s: the bytes kept from an earlier push changed; push again" % os.path.basename(full))
         h.update(block)
         left -= len(block)
     os.ftruncate(fd, offset)
@@ -317,6 +319,7 @@ def main_receive(a: Dict[str, Any]) -> None:
     if guard is None:
         return
     marker = ours(target)
+    problems = []  # type: List[str]
     if os.path.isdir(target):
         problems, _ = problems_in(target, {n: {"size": f["size"]} for n, f in files.items()})
         if not problems and (marker is None or same_model(marker, files, target)):
@@ -326,7 +329,7 @@ def main_receive(a: Dict[str, Any]) -> None:
             why = "%s is there but not whole, and fleet did not make it (no %s in it): it is left as it is"
             return refuse("foreign", why % (target, MARKER), problems)
     start_partial(partial)
-    need, have, done = plan(partial, target, files, marker)
+    need, have, done = plan(partial, target, files, marker, named_in(problems, files))
     save_record(partial, files, done)
     free = free_bytes(partial)
     emit({"e": "planned", "files": len(files), "bytes": total, "have": have, "free": free, "commit": commit})

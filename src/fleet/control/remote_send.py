@@ -90,32 +90,37 @@ def read_into(f: Any, h: Any, count: int, out: Any) -> None:
         count -= len(block)
 
 
+def say(out: Any, line: Dict[str, Any]) -> None:
+    """One line of the stream between frames' bytes: a header, a trailer, an error, the end."""
+    out.write(json.dumps(line).encode() + b"\n")
+
+
 def send(path: str, need: List[List[Any]]) -> None:
     out = sys.stdout.buffer
     mine = model_files(path)[0]  # only what this side lists is ever read: the receiver's word is not enough
     for name, offset, size, mtime_ns in need:
         if name not in mine:
-            out.write(json.dumps({"error": "%r is not a file of this model" % str(name)[:200]}).encode() + b"\n")
+            say(out, {"error": "%r is not a file of this model" % str(name)[:200]})
             return
         try:
             f = open(os.path.join(path, name), "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
-            out.write(json.dumps({"error": "%s: %s" % (name, exc.strerror)}).encode() + b"\n")
+            say(out, {"error": "%s: %s" % (name, exc.strerror)})
             return
         with f:
             if not as_listed(f, size, mtime_ns):
-                out.write(json.dumps({"error": "%s: changed since it was listed" % name}).encode() + b"\n")
+                say(out, {"error": "%s: changed since it was listed" % name})
                 return
             h = hashlib.sha256()
             read_into(f, h, offset, None)  # the bytes the receiver kept: hashed here, not sent
-            out.write(json.dumps({"name": name, "offset": offset, "size": size - offset}).encode() + b"\n")
+            say(out, {"name": name, "offset": offset, "size": size - offset})
             read_into(f, h, size - offset, out)
             ok = as_listed(f, size, mtime_ns)
         trailer = {"sha256": h.hexdigest()} if ok else {"error": "%s: changed while it was read" % name}
-        out.write(json.dumps(trailer).encode() + b"\n")
+        say(out, trailer)
         if not ok:
             return
-    out.write(b'{"end": true}\n')
+    say(out, {"end": True})
     out.flush()
 
 
