@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -477,3 +478,11 @@ def test_a_header_line_too_long_is_the_sources_fault_not_a_cut(tmp_path: Path) -
     files = {"config.json": CONFIG}
     said = _receive(tmp_path / "m", _offer(files) + b"x" * (70 << 10))
     assert said[-1]["kind"] == "source" and "more than" in str(said[-1]["why"])
+
+
+def test_a_source_directory_named_with_escapes_and_newlines_is_shown_safely(fleet: Fleet) -> None:
+    odd = fleet.root / "esc\x1b[31mred\nerror: forged"
+    shutil.copytree(fleet.source, odd / "tiny")
+    code, out, err = fleet.push("--host", "a", "--from", str(odd / "tiny"))
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\nerror: forged" not in out + err
