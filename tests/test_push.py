@@ -268,8 +268,6 @@ def test_a_push_between_two_hosts_over_ssh_resumes_after_the_connection_is_cut(f
         names = sorted(p.name for p in source.iterdir())
         assert all((target / n).read_bytes() == (source / n).read_bytes() for n in names)
     finally:
-        import shutil
-
         shutil.rmtree(source, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
         shutil.rmtree(partial, ignore_errors=True)
