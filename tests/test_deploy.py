@@ -97,11 +97,61 @@ def test_a_plan_the_engine_rejects_leaves_the_running_server_and_its_record_alon
     before = state(fleet_env, "blackwell")
     hand = add_playbook(playbooks, "hand", "qwen35-nvfp4-handwritten", "max_attempts: 1\n")
     r = run_cli("deploy", hand, "--host", "blackwell", "--name", "qwen35-nvfp4")
-    assert r.code == 7 and "engine's own argument check: rejected" in r.err
-    assert "stopped" not in r.err
+    assert r.code == 4 and "engine's own argument check: rejected" in r.err  # pre-flight: nothing changed
+    assert "before anything on the host was stopped" in r.err
     after = state(fleet_env, "blackwell")
     assert (after["status"], after["pid"]) == ("ready", before["pid"])
     assert json.loads(run_cli("status", "--host", "blackwell", "--json").out)["status"] == "ready"
+
+
+def _model_copy(sb: simhost.Sandbox, host: str, name: str, **config: object) -> None:
+    """A copy of Qwen3.6-27B on a simulated host, its config.json changed by `config`."""
+    src, dest = simhost.MODELS / "Qwen3.6-27B", sb.host_dir(host) / "models" / name
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, **config}))
+    simhost.write_weights(dest)  # sparse, as the simulated hosts' own
+
+
+def test_an_architecture_the_engine_does_not_register_is_refused_before_the_running_server_is_stopped(
+    fleet_env: simhost.Sandbox, playbooks: Path
+) -> None:
+    """SGLang's argument check alone passed it (0.5.23 only parses), and the model load failed after the
+    old server was stopped; now the check also resolves the architecture as SGLang's loader does."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    before = state(fleet_env, "ct129")
+    _model_copy(fleet_env, "ct129", "Made-Up-27B", architectures=["MadeUpForCausalLM"])
+    pb = add_playbook(playbooks, "made-up", "qwen36-27b", "")
+    (playbooks / f"{pb}.yaml").write_text((playbooks / f"{pb}.yaml").read_text().replace("Qwen3.6-27B", "Made-Up-27B"))
+    r = run_cli("deploy", pb, "--host", "ct129", "--replace")
+    assert r.code == 4, r.err
+    assert "'MadeUpForCausalLM' is not a registered model" in r.err  # the engine's own words
+    assert "unknown_architecture" in r.err and "before anything on the host was stopped" in r.err
+    after = state(fleet_env, "ct129")
+    assert (after["status"], after["pid"]) == ("ready", before["pid"])
+    # without the check the simulated engine fails the same way at load, as SGLang does
+    r = run_cli("deploy", pb, "--host", "ct129", "--replace", "--no-engine-check")
+    assert r.code == 7 and "'MadeUpForCausalLM' is not a registered model" in r.err
+
+
+def test_a_model_with_its_own_code_runs_it_only_when_the_playbook_allows(
+    fleet_env: simhost.Sandbox, playbooks: Path
+) -> None:
+    """config.json's auto_map: without trust_remote_code the plan warns and the engine's check refuses it
+    (transformers' own refusal); with it fleet adds --trust-remote-code and the check passes it on."""
+    code = {"AutoConfig": "custom.CustomConfig", "AutoModel": "custom.CustomModel"}
+    _model_copy(fleet_env, "ct129", "Custom-27B", architectures=["CustomForCausalLM"], auto_map=code)
+    pb = add_playbook(playbooks, "custom", "qwen36-27b", "")
+    (playbooks / f"{pb}.yaml").write_text((playbooks / f"{pb}.yaml").read_text().replace("Qwen3.6-27B", "Custom-27B"))
+    r = run_cli("plan", pb, "--host", "ct129")
+    assert "set trust_remote_code: true in the playbook" in r.out + r.err
+    assert "--trust-remote-code" not in r.out
+    r = run_cli("deploy", pb, "--host", "ct129")
+    assert r.code == 4 and "requires you to execute the configuration file" in r.err, r.err
+    assert "trust_remote_code: true" in r.err  # the diagnosis says how
+    (playbooks / f"{pb}.yaml").write_text((playbooks / f"{pb}.yaml").read_text() + "trust_remote_code: true\n")
+    r = run_cli("plan", pb, "--host", "ct129")
+    assert r.code == 0 and "--trust-remote-code" in r.out and "trust-remote-code" in r.out
 
 
 def test_a_failed_deploy_keeps_what_its_attempt_recorded(fleet_env: simhost.Sandbox) -> None:

@@ -45,6 +45,10 @@ STEPS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Files a step carries as text, not code: programs it runs under another Python (the engine's own).
+TEXTS: dict[str, tuple[str, ...]] = {"act": ("control/remote_check_sglang.py",)}
+
+
 @functools.cache
 def _read(path: str) -> str:
     return resources.files("fleet").joinpath(path).read_text(encoding="utf-8")
@@ -58,6 +62,8 @@ def source_for(step: str) -> str:
         "send": "FLEET_PULL_AS_LIBRARY = True\n",
         "receive": "FLEET_PULL_AS_LIBRARY = True\n",
     }.get(step, "")
+    if step in TEXTS:
+        prelude += f"FLEET_TEXTS = { ({p: _read(p) for p in TEXTS[step]})!r}\n"
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + "".join(

@@ -106,6 +106,20 @@ class Model:
         return bool(self.quant_algo and "FP4" in self.quant_algo.upper())
 
 
+def registered_architectures() -> set[str]:
+    """The simulated engine's registry, collected as srt/models/registry.py does: each module's EntryClass."""
+    import importlib
+    import pkgutil
+
+    import sglang.srt.models as package
+
+    names: set[str] = set()
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        entry = getattr(importlib.import_module(info.name), "EntryClass", None)
+        names.update(e.__name__ for e in (entry if isinstance(entry, list) else [entry] if entry else []))
+    return names
+
+
 def load_model(path: str) -> Model:
     cfg_path = Path(path) / "config.json"
     if not cfg_path.exists():
@@ -624,6 +638,19 @@ def serve(argv: list[str]) -> None:
     def scheduler_error(err: SimError) -> None:
         server.child_failed(err, tp=first)
 
+    if m.arch not in registered_architectures():  # no transformers here to fall back on
+        scheduler_error(
+            SimError(
+                "ValueError",
+                f"Cannot find model module. '{m.arch}' is not a registered model in the Transformers library (only "
+                "relevant if the model is meant to be in Transformers) and 'AutoModel' is not present in the model "
+                "config's 'auto_map' (relevant if the model is custom).",
+                [
+                    (f"{SITE}/srt/model_loader/utils.py", 155, "resolve_transformers_arch", "raise ValueError("),
+                    (f"{SITE}/srt/model_loader/utils.py", 231, "get_model_architecture", ""),
+                ],
+            )
+        )
     injected = host.get("inject_scheduler_error")  # test hook: a failure fleet has never seen
     if injected:
         exc_type, _, message = str(injected).partition(": ")

@@ -291,7 +291,7 @@ def deploy(
     else:
         print_result(result)
     if not result.ok:
-        raise click.exceptions.Exit(7)
+        raise click.exceptions.Exit(4 if result.refused_before_stopping else 7)
 
 
 @cli.command()

@@ -181,6 +181,8 @@ def print_result(r: Any) -> None:
     last = r.attempts[-1]
     d = last.diagnosis
     say(f"{r.host}: {r.name} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
+    if r.refused_before_stopping:
+        say("  the engine's own check refused it before anything on the host was stopped", err=True)
     if d is not None:
         say(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True)
         for line in d.evidence:

@@ -97,6 +97,12 @@ class DeployResult:
     deployment: str = ""  # its name on the host, when not the playbook's
 
     @property
+    def refused_before_stopping(self) -> bool:
+        """The engine's own check refused every command line: nothing on the host was stopped or changed,
+        so this is a pre-flight refusal (exit 4), not a failed deploy (exit 7)."""
+        return not self.ok and bool(self.attempts) and all(a.outcome == "rejected" for a in self.attempts)
+
+    @property
     def name(self) -> str:
         """How a person is told which server this is: the playbook, and the deployment when it differs."""
         return (

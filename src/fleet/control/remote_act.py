@@ -85,8 +85,20 @@ os.replace(exit_file + ".tmp", exit_file)
 
 # --- engine pre-flight check ---------------------------------------------------------------------------
 
+
+def fleet_text(path: str) -> str:
+    """A program this step runs under the engine's Python: sent with the step (hostscripts.TEXTS), or read
+    beside this file where the step is imported as a module."""
+    texts = globals().get("FLEET_TEXTS")
+    if texts:
+        return str(texts[path])
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)) as f:
+        return f.read()
+
+
 CHECKS = {
-    "sglang": "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n",
+    # the engine's argument check, then the architecture as its model loader resolves it
+    "sglang": fleet_text("control/remote_check_sglang.py"),
     "vllm": (
         "import sys\n"
         "try:\n"

@@ -245,6 +245,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     secret_env: list[str] = field(default_factory=list)
     smoke: Smoke
     literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
+    # the model's own code (config.json auto_map) may run: the operator's decision, never fleet's
+    trust_remote_code: bool = False
     ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
     runtime: Runtime | None = None  # process or a container (image); else the inventory's for the host

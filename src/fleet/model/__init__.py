@@ -48,6 +48,7 @@ class ModelSpec:
     head_dim: int | None
     context_length: int | None
     weights_bytes: int | None
+    custom_code: bool = False  # config.json's auto_map names code shipped with the model (transformers' remote code)
 
     @property
     def hybrid(self) -> bool:
@@ -169,4 +170,5 @@ def parse_model_spec(
         head_dim=_int(tc, "head_dim") or None,
         context_length=_int(tc, "max_position_embeddings") or None,
         weights_bytes=weights_bytes,
+        custom_code=isinstance(config.get("auto_map"), dict) and bool(config["auto_map"]),
     )

@@ -105,6 +105,16 @@ def plan_launch(
                 for name, value in rule.flags(i):
                     flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, rule.replaces)
                 env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
+        if model.custom_code and not wishes.trust_remote_code:
+            verdicts.append(
+                Verdict(
+                    "warning",
+                    "trust-remote-code",
+                    f"config.json's auto_map names code shipped with the model: the engine runs {model.architecture} "
+                    "without it only if it has its own class; set trust_remote_code: true in the playbook if you "
+                    "trust this model's code (fleet never does on its own)",
+                )
+            )
         if wishes.speculative and model.mtp_layers == 0:
             verdicts.append(
                 Verdict(

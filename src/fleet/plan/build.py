@@ -104,6 +104,7 @@ def wishes_for(host: Host, playbook: NamedPlaybook) -> Wishes:
         env=tuple(sorted(pb.env.items())),
         secret_env=tuple(pb.secret_env),
         literal=pb.literal,
+        trust_remote_code=pb.trust_remote_code,
     )
 
 

@@ -103,6 +103,18 @@ def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
     ]
 
 
+# both engines: the flag, its condition and its reason are the same
+TRUST_REMOTE_CODE = Rule(
+    "trust-remote-code",
+    lambda i: i.model.custom_code and i.wishes.trust_remote_code,
+    lambda i: [("--trust-remote-code", None)],
+    "config.json's auto_map names code shipped with the model, and the playbook allows it (trust_remote_code)",
+    "transformers dynamic_module_utils (resolve_trust_remote_code); SGLang model_loader/utils.py "
+    "resolve_transformers_arch",
+    replaces="the engine's default: the model's own code is never run, and a model that needs it is refused",
+)
+
+
 SGLANG_RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-parallel",
@@ -200,6 +212,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "scale-out.md §3; sglang #7418",
         replaces="SGLang's default: a free port taken at start-up, which two servers starting together can both take",
     ),
+    TRUST_REMOTE_CODE,
 )
 
 VLLM_RULES: tuple[Rule, ...] = (
@@ -268,6 +281,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         env=lambda i: [("VLLM_PORT", str(nccl_port_for(i.wishes.port)))],
         replaces="vLLM's default: free ports taken at start-up, which two servers starting together can both take",
     ),
+    TRUST_REMOTE_CODE,
 )
 
 

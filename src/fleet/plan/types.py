@@ -68,6 +68,7 @@ class Wishes:
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[str, ...] = ()
     literal: bool = False
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,5 @@
+class Qwen3NextForCausalLM:
+    pass
+
+
+EntryClass = Qwen3NextForCausalLM

@@ -1,0 +1,5 @@
+class TransformersForCausalLM:
+    pass
+
+
+EntryClass = [TransformersForCausalLM]
