@@ -39,6 +39,14 @@ CASES = [
     ("vllm", "modelopt_fp4", True, 75, (0, 31, 0), (), "refused"),
     ("vllm", "modelopt_fp8", False, 86, V032, (), "marlin"),
     ("sglang", "awq", False, 86, V0511, (), None),  # formats without a row are not judged
+    # FP8 inside compressed-tensors: W8A8 needs 8.9, else W8A16 through Marlin (dense); MoE has no Marlin path
+    ("sglang", "compressed-tensors-fp8", False, 86, V0511, (), "marlin"),
+    ("sglang", "compressed-tensors-fp8", False, 86, V0523, (), "marlin"),
+    ("sglang", "compressed-tensors-fp8", True, 86, V0523, (), "refused"),
+    ("sglang", "compressed-tensors-fp8", False, 75, V0511, (), "refused"),
+    ("sglang", "compressed-tensors-fp8", True, 89, V0511, (), None),
+    ("vllm", "compressed-tensors-fp8", True, 86, V032, (), "marlin"),
+    ("vllm", "compressed-tensors-fp8", False, 70, V032, (), "refused"),
 ]
 
 
@@ -71,3 +79,24 @@ def test_preflight_warns_for_dense_fp8_on_ampere_and_refuses_fp8_moe() -> None:
     said = preflight("pb on ct129", r.plan, moe, r.gpus, f, host("ct129"))
     cap = [v for v in said if v.rule == "quant-capability"]
     assert [v.level for v in cap] == ["error"] and "Fp8MoEMethod" in cap[0].message
+
+
+def test_fp8_inside_compressed_tensors_is_seen_by_its_scheme() -> None:
+    """An llm-compressor FP8 checkpoint says quant_method compressed-tensors: before, no row matched it and
+    an FP8 MoE on an A6000 was planned without a word (it fails at load). Its INT4 sibling is not FP8."""
+    from test_model_spec import spec_of
+
+    ct = spec_of("qwen3-30b-a3b-fp8-dynamic.json")
+    assert (ct.quantization, ct.sglang_quantization, ct.checkpoint_format) == (
+        "fp8",
+        "compressed-tensors",
+        "compressed-tensors-fp8",
+    )
+    f = facts("ct129", CT129_GPUS[0], CT129_GPUS[1], version="0.5.23", model="Qwen3.6-27B")
+    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS)
+    assert r.plan is not None and r.gpus is not None
+    said = [v for v in preflight("pb on ct129", r.plan, ct, r.gpus, f, host("ct129")) if v.rule == "quant-capability"]
+    assert [v.level for v in said] == ["error"] and "compressed_tensors_w8a8_fp8_moe.py" in said[0].message
+    int4 = replace(ct, quantization="compressed_tensors")
+    assert int4.checkpoint_format == "compressed-tensors"
+    assert not [v for v in preflight("pb", r.plan, int4, r.gpus, f, host("ct129")) if v.rule == "quant-capability"]

@@ -39,6 +39,20 @@ def spec_of(name: str):  # type: ignore[no-untyped-def]
         ("qwen3-next-80b-a3b.json", "Qwen3NextForCausalLM", True, 36, 48, 1, "bf16", None, 512, 16, 2),
         ("llama-3.1-8b.json", "LlamaForCausalLM", False, 0, 32, 0, "bf16", None, 0, 32, 8),
         ("llama-3.1-8b-fp8.json", "LlamaForCausalLM", False, 0, 32, 0, "fp8", "fp8", 0, 32, 8),
+        # FP8 inside compressed-tensors (llm-compressor's FP8_DYNAMIC): judged by its scheme, not its name
+        (
+            "qwen3-30b-a3b-fp8-dynamic.json",
+            "Qwen3MoeForCausalLM",
+            False,
+            0,
+            48,
+            0,
+            "fp8",
+            "compressed-tensors",
+            128,
+            32,
+            4,
+        ),
     ],
 )
 def test_model_traits_are_read_from_the_config(

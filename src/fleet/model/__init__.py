@@ -62,6 +62,14 @@ class ModelSpec:
     def nvfp4(self) -> bool:
         return self.quantization == "nvfp4"
 
+    @property
+    def checkpoint_format(self) -> str | None:
+        """What decides which GPUs run it (fleet.plan.capabilities): the engine's quantisation method, and
+        for compressed-tensors the scheme inside it."""
+        if self.sglang_quantization == "compressed-tensors" and self.quantization == "fp8":
+            return "compressed-tensors-fp8"
+        return self.sglang_quantization
+
     def describe(self) -> str:
         traits = [self.architecture, self.quantization.upper()]
         if self.hybrid:
@@ -89,6 +97,16 @@ def _int(d: dict[str, Any], *keys: str, default: int = 0) -> int:
     return default
 
 
+def _compressed_tensors_fp8(qc: dict[str, Any]) -> bool:
+    """A compressed-tensors checkpoint whose quantised weights are all 8-bit floats (its W8A8/W8A16 FP8
+    schemes: SGLang compressed_tensors.py `_is_fp8_w8a8` / `_is_fp8_w8a16` read the same keys)."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return False
+    weights = [g.get("weights") if isinstance(g, dict) else None for g in groups.values()]
+    return all(isinstance(w, dict) and w.get("num_bits") == 8 and w.get("type") == "float" for w in weights)
+
+
 def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tuple[str, str | None, str | None]:
     """(family, SGLang method, KV-cache quant) — 0.5.11 model_config.py L779-908."""
     qc = cfg.get("quantization_config")
@@ -103,6 +121,8 @@ def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tupl
                 return "fp8", "modelopt_fp8", kv
             if algo == "MIXED_PRECISION":
                 return "mixed", "modelopt_mixed", kv
+        if method == "compressed-tensors" and _compressed_tensors_fp8(qc):
+            return "fp8", method, kv
         if method in ("fp8", "awq", "gptq", "mxfp4", "compressed-tensors", "bitsandbytes", "gguf"):
             return method.replace("-", "_"), method, kv
         return method, method, kv

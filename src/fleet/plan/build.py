@@ -303,7 +303,7 @@ def preflight(
     v = plan.engine_version
     cc = f"{gpus.sm // 10}.{gpus.sm % 10}"
     # quantised checkpoints the GPU cannot run, or runs only through a fallback (fleet.plan.capabilities)
-    row = capability(plan.engine, model.sglang_quantization, model.moe, gpus.sm, v, tuple(plan.argv()))
+    row = capability(plan.engine, model.checkpoint_format, model.moe, gpus.sm, v, tuple(plan.argv()))
     if row is not None:
         said = f"{where}: {row.why}; {gpus.name} is {cc}, {plan.engine} {show_version(v)} [{row.source}]."
         out.append(

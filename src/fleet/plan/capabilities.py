@@ -3,7 +3,8 @@ compute capability x engine version -> supported, through a slower fallback (Mar
 row with the engine code path it comes from. Pure; pre-flight (fleet.plan.build) reads it.
 
 Formats are named by the checkpoint, as SGLang's quantization methods name them: `fp8` (a plain FP8
-checkpoint, quant_method fp8), `modelopt_fp8` and `modelopt_fp4` (NVIDIA ModelOpt FP8 and NVFP4).
+checkpoint, quant_method fp8), `modelopt_fp8` and `modelopt_fp4` (NVIDIA ModelOpt FP8 and NVFP4), and
+`compressed-tensors-fp8` (llm-compressor's FP8 schemes inside a compressed-tensors checkpoint).
 Compute capability is written as SM: 86 for 8.6. No row: nothing to say (the GPU runs it natively).
 """
 
@@ -76,6 +77,24 @@ TABLE: tuple[Capability, ...] = (
         "0.5.23 fp8.py Fp8MoEMethod (get_moe_runner_backend().is_marlin()); sglang #12887",
         unless=("--moe-runner-backend", "marlin"),
     ),
+    Capability(
+        "sglang", "compressed-tensors-fp8", None, (0, 79), ANY, "refused",
+        "compressed-tensors FP8 needs compute capability >= 8.0 (its W8A16 FP8 fallback's minimum is 80)",
+        "0.5.11 compressed_tensors.py L574-598, L798, schemes/compressed_tensors_w8a16_fp8.py L34; 0.5.23 L804-831",
+    ),
+    Capability(
+        "sglang", "compressed-tensors-fp8", False, (80, 88), ANY, "marlin",
+        "compressed-tensors FP8 below compute capability 8.9 runs weight-only (W8A16 FP8 through Marlin): it "
+        "works, slower than native FP8",
+        "0.5.11 compressed_tensors.py L574-591 (W8A8 minimum 89, else CompressedTensorsW8A16Fp8); 0.5.23 L804-824",
+    ),
+    Capability(
+        "sglang", "compressed-tensors-fp8", True, (80, 88), ANY, "refused",
+        "compressed-tensors FP8 MoE on compute capability 8.0-8.8 fails at load: its MoE method has no Marlin "
+        "path, and the Triton FP8 MoE kernel needs FP8 hardware (8.9+)",
+        "0.5.11/0.5.23 schemes/compressed_tensors_w8a8_fp8_moe.py (minimum 80, Triton runner, no Marlin); "
+        "sglang #12887",
+    ),
     # --- vLLM (read from vLLM 0.32's quantization configs; older versions keep fleet's earlier bounds) ------
     Capability(
         "vllm", "modelopt_fp4", None, (0, 74), ((0, 32, 0), (999, 0, 0)), "refused",
@@ -116,6 +135,17 @@ TABLE: tuple[Capability, ...] = (
         "vllm", "fp8", None, (75, 88), ANY, "marlin",
         "FP8 on compute capability 7.5-8.8 runs weight-only through vLLM's MarlinFP8 kernel: it works, slower",
         "vllm 0.32 fp8.py L356 (MarlinFP8ScaledMMLinearKernel)",
+    ),
+    Capability(
+        "vllm", "compressed-tensors-fp8", None, (0, 74), ANY, "refused",
+        "compressed-tensors FP8 needs compute capability >= 7.5 in vLLM (its W8A16 FP8 fallback's minimum is 75)",
+        "vllm 0.32 compressed_tensors.py L878-905, schemes/compressed_tensors_w8a16_fp8.py L53",
+    ),
+    Capability(
+        "vllm", "compressed-tensors-fp8", None, (75, 88), ANY, "marlin",
+        "compressed-tensors FP8 below compute capability 8.9 runs weight-only through vLLM's Marlin FP8 kernels "
+        "(MoE too: select_fp8_moe_backend): it works, slower",
+        "vllm 0.32 compressed_tensors.py L878-905; compressed_tensors_moe_w8a8_fp8.py L107",
     ),
 )  # fmt: skip
 
