@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
@@ -17,6 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "testbed"))
+# Ctrl-C is Python's KeyboardInterrupt here (and SIG_DFL in every process a test starts), also when the
+# suite was started in the background by a shell without job control, which ignores SIGINT for it: the
+# Ctrl-C tests would otherwise see fleet run to the end.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from fleet.cli import main  # noqa: E402
 from fleet_testbed import simhost  # noqa: E402

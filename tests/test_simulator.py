@@ -366,6 +366,25 @@ def test_prepare_server_args_gives_the_launchers_verdict_without_starting(blackw
     assert p.returncode == 1 and "is not compatible with radix cache" in p.stderr
 
 
+def test_on_0523_prepare_server_args_only_parses_and_resolve_once_resolves(tmp_path: Path) -> None:
+    """As the real 0.5.23 does (the oracle's motivating-parse/resolve cases): the hand-written command line
+    parses, and its speculative arguments fail only in resolution."""
+    hdir = sim.make_host(tmp_path, version="0.5.23")
+    parse = "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n"
+    resolve = parse.replace("prepare_server_args(sys.argv[1:])", "prepare_server_args(sys.argv[1:]).resolve_once()")
+    said = {}
+    for name, code in (("parse", parse), ("resolve", resolve)):
+        p = subprocess.run(
+            [str(hdir / "env" / "bin" / "python"), "-c", code, *base(hdir, Q35, 31023), *HANDWRITTEN],
+            capture_output=True,
+            text=True,
+            env=sim.env(hdir),
+        )
+        said[name] = (p.returncode, p.stderr)
+    assert said["parse"][0] == 0, said["parse"][1]
+    assert said["resolve"][0] == 1 and "AssertionError" in said["resolve"][1]
+
+
 def test_engines_on_their_own_gpu_sets_see_and_hold_only_those(blackwell: Path) -> None:
     """CUDA_VISIBLE_DEVICES as CUDA reads it: each server's device 0 is its first listed GPU; it holds only
     those device files and NVML (which ignores the variable) shows its memory on those GPUs only."""

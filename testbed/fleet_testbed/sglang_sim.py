@@ -303,11 +303,25 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
     return r
 
 
+def current_version() -> Version:
+    return parse_version(gpustate.sglang_version(gpustate.load_host()))
+
+
+def parse_server_args(argv: list[str]) -> None:
+    """What 0.5.23's `prepare_server_args` does: parse only (argparse errors exit 2)."""
+    time.sleep(float(gpustate.load_host().get("check_delay_s", 0)))  # test hook: a slow check
+    build_parser(current_version()).parse_args(argv)
+
+
 def prepare_server_args(argv: list[str]) -> Resolved:
-    """What the stand-in `sglang.srt.server_args.prepare_server_args` does: fleet's pre-flight check calls it."""
-    host = gpustate.load_host()
-    time.sleep(float(host.get("check_delay_s", 0)))  # test hook: a slow check keeps fleet inside its launch step
-    return resolve(argv, parse_version(gpustate.sglang_version(host)), gpustate.visible_gpus(), dict(os.environ))
+    """What the stand-in `sglang.srt.server_args.prepare_server_args` does up to 0.5.19: parse and resolve."""
+    time.sleep(float(gpustate.load_host().get("check_delay_s", 0)))  # test hook: a slow check
+    return resolve_server_args(argv)
+
+
+def resolve_server_args(argv: list[str]) -> Resolved:
+    """Resolution on this host's (simulated) GPUs: 0.5.11's `__post_init__`, 0.5.23's `resolve_once()`."""
+    return resolve(argv, current_version(), gpustate.visible_gpus(), dict(os.environ))
 
 
 # --- the running server ----------------------------------------------------------------------------------

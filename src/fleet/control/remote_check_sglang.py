@@ -1,8 +1,10 @@
 """SGLang's own verdict on a command line, run by fleet's act step in the engine's Python (`python -c`, on
 the host or in the server's image) before anything is stopped. Exit 0: accepted.
 
-1. The engine's argument check: `prepare_server_args`, as `sglang serve` calls it (0.5.11 also resolves
-   the arguments there; 0.5.23 only parses them).
+1. The engine's arguments, parsed and resolved as `sglang serve` does: `prepare_server_args` (0.5.11
+   resolves there, in the dataclass's `__post_init__`), then `resolve_once()` where the record has it
+   (0.5.23 only parses in `prepare_server_args`). Resolution runs against this host's real GPUs
+   (the plan's CUDA_VISIBLE_DEVICES), so speculative, mamba and attention-backend errors are found here.
 2. The architecture, as SGLang's model loader resolves it at load time (srt/model_loader/utils.py
    `get_model_architecture`, 0.5.11 L193 / 0.5.23 L198): registered -> SGLang's own class; otherwise
    the Transformers backend when transformers has the class (`resolve_transformers_arch`), or custom
@@ -130,7 +132,10 @@ def main() -> None:
     from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found,unused-ignore]
 
     argv = sys.argv[1:]
-    prepare_server_args(argv)
+    server_args = prepare_server_args(argv)
+    resolve = getattr(server_args, "resolve_once", None)
+    if callable(resolve):  # 0.5.23 only parses in prepare_server_args; launch_server resolves, on this GPU
+        resolve()
     import sglang.srt  # type: ignore[import-not-found,unused-ignore]
 
     models_dir = os.path.join(os.path.dirname(os.path.abspath(sglang.srt.__file__)), "models")
