@@ -326,6 +326,17 @@ PLAYBOOK_CASES = [
         "runs; if that is intended, list it in allow_runtime_env: [HOME] too.",
     ),
     (
+        "parsers-word",
+        PLAYBOOK_OK + "parsers: always\n",
+        "pb.yaml:7: field \"parsers\" must be 'auto' or a mapping (got 'always').",
+    ),
+    (
+        "parsers-name",
+        PLAYBOOK_OK + 'parsers:\n  reasoning: "qwen3; rm -rf /"\n',
+        'pb.yaml:8: field "parsers.reasoning" must be an engine\'s parser name: letters, digits and ._- (at most '
+        "64), e.g. qwen3 (got 'qwen3; rm -rf /').",
+    ),
+    (
         "secret-env-loader",
         PLAYBOOK_OK + "secret_env: [HF_TOKEN, BASH_ENV]\n",
         'pb.yaml:7: field "secret_env" sets BASH_ENV, which changes what program, library or startup code '

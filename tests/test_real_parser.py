@@ -59,13 +59,16 @@ def _fleet_plan(
     placed: tuple[int, ...] | None = None,
     port: int | None = None,
     speculative: bool = True,
+    parsers: str | None = None,
 ) -> tuple[str, ...]:
     """`placed`, `port`: a deployment on some of the host's GPUs, beside another (its own --nccl-port);
-    `speculative`: False plans the playbook without its speculative: section."""
+    `speculative`: False plans the playbook without its speculative: section; `parsers`: its parsers:."""
     inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
     pb = load_playbook(playbook, ROOT / "playbooks")
     if not speculative:
         pb = replace(pb, spec=msgspec.structs.replace(pb.spec, speculative=None))
+    if parsers:
+        pb = replace(pb, spec=msgspec.structs.replace(pb.spec, parsers=parsers))
     model = pb.spec.model
     f = facts(host, gpus[0], gpus[1], version=version, model=model)
     r = build_plan(inv.hosts[host], pb, f, f"/models/{model}", gpu_indices=placed, port=port)
@@ -166,6 +169,16 @@ CASES = [
         _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), "0.5.23"),
         gpu="sm86",
     ),
+    *(  # parsers: auto -- the family's names on 0.5.11, SGLang's own detection (auto) on 0.5.23
+        Case(
+            f"fleet-qwen36-parsers-{version.replace('.', '')}",
+            version,
+            True,
+            _fleet_plan("qwen36-27b", "ct129", (RTX_A6000, 2), version, parsers="auto"),
+            gpu="sm86",
+        )
+        for version in ("0.5.11", "0.5.23")
+    ),
     *(
         Case(
             f"fleet-placed-beside-another-{version.replace('.', '')}",
@@ -253,3 +266,34 @@ def test_simulator_agrees_with_the_real_parser(real: dict[str, dict], case: Case
     assert sim == verdict["verdict"], f"real: {verdict.get('error_type')}: {verdict.get('message')}"
     if sim == "rejected":
         assert sim_type == verdict["error_type"]
+
+
+def _choices(version: str, flag: str) -> set[str]:
+    """The names the real parser of `version` accepts for `flag`, read from its invalid-choice error."""
+    import re
+
+    p = subprocess.run(
+        [str(ORACLE / "check"), "--version", version, "--", "--model-path", "/m", flag, "zz-no-such-parser"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ORACLE,
+    )
+    message = json.loads(p.stdout.strip().splitlines()[-1])["message"]
+    listed = re.search(r"choose from (.*)\)", message)
+    assert listed, message
+    return set(re.findall(r"'([^']+)'", listed.group(1)))
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.23"])
+def test_every_parser_name_fleet_passes_is_one_the_real_sglang_accepts(version: str) -> None:
+    from fleet.plan.parsers import FAMILIES, SGLANG_AUTO_FROM
+
+    if not (ORACLE / ".venv" / ".ok-build").exists():
+        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    reasoning, tool_call = _choices(version, "--reasoning-parser"), _choices(version, "--tool-call-parser")
+    for row in FAMILIES:
+        assert row.sglang[0] is None or row.sglang[0] in reasoning, (version, row.sglang)
+        assert row.sglang[1] is None or row.sglang[1] in tool_call, (version, row.sglang)
+    # `auto` is a choice exactly from the version fleet passes it to
+    assert ("auto" in reasoning and "auto" in tool_call) == (parse_version(version) >= SGLANG_AUTO_FROM)

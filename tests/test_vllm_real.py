@@ -262,3 +262,25 @@ def test_a_model_pulled_from_a_hub_by_deploy_is_what_the_real_vllm_serves(
         run_cli("stop", "--host", "cpubox")
         hub.close()
         shutil.rmtree(pulled, ignore_errors=True)
+
+
+def test_every_parser_name_fleet_passes_to_vllm_is_registered_in_the_real_vllm() -> None:
+    from fleet.plan.parsers import FAMILIES
+
+    code = (
+        "import json\n"
+        "from vllm.reasoning import ReasoningParserManager as R\n"
+        "from vllm.tool_parsers import ToolParserManager as T\n"
+        "print(json.dumps([sorted(R.list_registered()), sorted(T.list_registered())]))\n"
+    )
+    p = subprocess.run([str(VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    reasoning, tool_call = json.loads(p.stdout.strip().splitlines()[-1])
+    for row in FAMILIES:
+        assert row.vllm[0] is None or row.vllm[0] in reasoning, row.vllm
+        assert row.vllm[1] is None or row.vllm[1] in tool_call, row.vllm
+    # and the flags the plan adds with them parse in the real vLLM
+    p = _vllm_check(
+        ["--model", "/m", "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+    )
+    assert p.returncode == 0, p.stdout + p.stderr

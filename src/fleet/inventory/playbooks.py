@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, field
 
@@ -81,6 +81,21 @@ class Speculative(_Strict, frozen=True, kw_only=True):
     enabled: bool = True
     steps: Annotated[int, Meta(ge=1, le=16)] = 1
     topk: Annotated[int, Meta(ge=1, le=16)] = 1
+
+
+def _check_parser_name(value: str) -> None:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z", value):
+        raise ValueError("must be an engine's parser name: letters, digits and ._- (at most 64), e.g. qwen3")
+
+
+class Parsers(_Strict, frozen=True, kw_only=True):
+    """The engine's reasoning and tool-call output parsers, by the engine's own names (the engine's check on
+    the host tells whether its version has them)."""
+
+    reasoning: str | None = None
+    tool_call: str | None = None
+
+    checks = {"reasoning": _check_parser_name, "tool_call": _check_parser_name}
 
 
 def _check_model(value: str) -> None:
@@ -247,6 +262,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
     # the model's own code (config.json auto_map) may run: the operator's decision, never fleet's
     trust_remote_code: bool = False
+    # reasoning/tool-call parsers: "auto" (the engine's detection, else the family's from fleet's table)
+    parsers: Literal["auto"] | Parsers | None = None
     ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
     runtime: Runtime | None = None  # process or a container (image); else the inventory's for the host

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from fleet.model import ModelSpec
 from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
+from fleet.plan.parsers import parsers_for
 from fleet.plan.rules import (
     ALIASES,
     KNOWN_CRASHES,
@@ -115,6 +116,8 @@ def plan_launch(
                     "trust this model's code (fleet never does on its own)",
                 )
             )
+        if wishes.parsers is not None:
+            verdicts.append(_parsers_verdict(i))
         if wishes.speculative and model.mtp_layers == 0:
             verdicts.append(
                 Verdict(
@@ -167,6 +170,24 @@ def plan_launch(
     for lf in learned:
         plan = apply_fix(plan, lf.fix, lf.signature, f"learned fix ({lf.signature}, learned {lf.learned_at})")
     return replace(plan, verdicts=(*plan.verdicts, *lint(i, plan.flags)))
+
+
+def _parsers_verdict(i: PlanInput) -> Verdict:
+    """What the parsers rule chose and why, or why it could not choose."""
+    assert i.wishes.parsers is not None
+    choice = parsers_for(i.wishes.engine, i.model.model_type, i.version, i.wishes.parsers)
+    if choice is None:
+        return Verdict(
+            "warning",
+            "parsers",
+            f"fleet knows no parsers for the {i.model.model_type} family on {i.wishes.engine} "
+            f"{show_version(i.version)}: none passed; name them in the playbook "
+            "(parsers: {reasoning: NAME, tool_call: NAME}, as the engine's --reasoning-parser/--tool-call-parser)",
+        )
+    names = f"reasoning {choice.reasoning or 'none'}, tool calls {choice.tool_call or 'none'}"
+    return Verdict(
+        "info", "parsers", f"parsers: {names}: {choice.reason}" + (f" [{choice.source}]" if choice.source else "")
+    )
 
 
 def relint(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, wishes: Wishes) -> LaunchPlan:

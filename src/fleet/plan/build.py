@@ -105,6 +105,7 @@ def wishes_for(host: Host, playbook: NamedPlaybook) -> Wishes:
         secret_env=tuple(pb.secret_env),
         literal=pb.literal,
         trust_remote_code=pb.trust_remote_code,
+        parsers=pb.parsers if isinstance(pb.parsers, str | None) else (pb.parsers.reasoning, pb.parsers.tool_call),
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet.model import ModelSpec
+from fleet.plan.parsers import ParserChoice, parsers_for
 from fleet.plan.types import Flag, GpuSummary, Verdict, Version, Wishes
 
 RENAMED: Version = (0, 5, 14)
@@ -102,6 +103,37 @@ def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
         ("--speculative-num-draft-tokens", str(draft)),
     ]
 
+
+def _parser_choice(i: PlanInput) -> ParserChoice | None:
+    return (
+        None
+        if i.wishes.parsers is None
+        else parsers_for(i.wishes.engine, i.model.model_type, i.version, i.wishes.parsers)
+    )
+
+
+def _parser_flags(i: PlanInput) -> list[tuple[str, str | None]]:
+    choice = _parser_choice(i)
+    if choice is None:
+        return []
+    flags: list[tuple[str, str | None]] = []
+    if choice.reasoning:
+        flags.append(("--reasoning-parser", choice.reasoning))
+    if choice.tool_call:
+        flags.append(("--tool-call-parser", choice.tool_call))
+        if i.wishes.engine == "vllm":  # vLLM parses tool calls only when told it may choose them itself
+            flags.append(("--enable-auto-tool-choice", None))
+    return flags
+
+
+# both engines: the flags come from fleet.plan.parsers, which says why in `fleet plan`
+PARSERS = Rule(
+    "parsers",
+    lambda i: _parser_choice(i) is not None,
+    _parser_flags,
+    "the playbook asked for parsers: the engine's own detection where it has one, else the family's (plan/parsers.py)",
+    replaces="the engine's default: no parser, so thinking and tool calls arrive as plain text in the answer",
+)
 
 # both engines: the flag, its condition and its reason are the same
 TRUST_REMOTE_CODE = Rule(
@@ -213,6 +245,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
         replaces="SGLang's default: a free port taken at start-up, which two servers starting together can both take",
     ),
     TRUST_REMOTE_CODE,
+    PARSERS,
 )
 
 VLLM_RULES: tuple[Rule, ...] = (
@@ -282,6 +315,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         replaces="vLLM's default: free ports taken at start-up, which two servers starting together can both take",
     ),
     TRUST_REMOTE_CODE,
+    PARSERS,
 )
 
 

@@ -69,6 +69,7 @@ class Wishes:
     secret_env: tuple[str, ...] = ()
     literal: bool = False
     trust_remote_code: bool = False
+    parsers: str | tuple[str | None, str | None] | None = None  # "auto", or (reasoning, tool_call) names
 
 
 @dataclass(frozen=True)
