@@ -15,8 +15,9 @@ RTX_A6000 = ("NVIDIA RTX A6000", "8.6", 49140)
 B200 = ("NVIDIA B200", "10.0", 183359)
 
 
-def model_files(name: str) -> dict[str, Any]:
-    d = MODELS / name
+def model_files(name: str | Path) -> dict[str, Any]:
+    """A model's files as the probe reads them: a testbed model by name, or any directory."""
+    d = name if isinstance(name, Path) else MODELS / name
     quant = d / "hf_quant_config.json"
     index = json.loads((d / "model.safetensors.index.json").read_text())
     return {
@@ -33,7 +34,7 @@ def facts(
     *,
     engine: str = "sglang",
     version: str = "0.5.11",
-    model: str | None = None,
+    model: str | Path | None = None,
     model_path: str | None = None,
     nvlink: bool = False,
     listeners: list[dict[str, Any]] | None = None,

@@ -46,6 +46,11 @@ CASES = [
     ("sglang", "compressed-tensors-fp8", False, 75, V0511, (), "refused"),
     ("sglang", "compressed-tensors-fp8", True, 89, V0511, (), None),
     ("vllm", "compressed-tensors-fp8", True, 86, V032, (), "marlin"),
+    # block-wise scales: SGLang's W8A16 fallback has no block strategy; vLLM's Marlin has
+    ("sglang", "compressed-tensors-fp8-block", False, 86, V0523, (), "refused"),
+    ("sglang", "compressed-tensors-fp8-block", False, 75, V0511, (), "refused"),  # the plain format's row
+    ("sglang", "compressed-tensors-fp8-block", False, 90, V0511, (), None),
+    ("vllm", "compressed-tensors-fp8-block", False, 86, V032, (), "marlin"),
     ("vllm", "compressed-tensors-fp8", False, 70, V032, (), "refused"),
 ]
 
@@ -100,3 +105,17 @@ def test_fp8_inside_compressed_tensors_is_seen_by_its_scheme() -> None:
     int4 = replace(ct, quantization="compressed_tensors")
     assert int4.checkpoint_format == "compressed-tensors"
     assert not [v for v in preflight("pb", r.plan, int4, r.gpus, f, host("ct129")) if v.rule == "quant-capability"]
+
+
+def test_block_wise_fp8_inside_compressed_tensors_is_its_own_format() -> None:
+    import json
+
+    from factsdata import CONFIGS
+    from fleet.model import parse_model_spec
+
+    cfg = json.loads((CONFIGS / "qwen3-30b-a3b-fp8-dynamic.json").read_text())
+    group = cfg["quantization_config"]["config_groups"]["group_0"]
+    group["weights"] = {**group["weights"], "strategy": "block", "block_structure": [128, 128]}
+    assert parse_model_spec("/m", cfg, None, None).checkpoint_format == "compressed-tensors-fp8-block"
+    cfg["quantization_config"]["config_groups"]["group_1"] = {"weights": {"num_bits": 4, "type": "int"}}
+    assert parse_model_spec("/m", cfg, None, None).checkpoint_format == "compressed-tensors"  # mixed: not FP8

@@ -138,16 +138,19 @@ def test_a_model_with_its_own_code_runs_it_only_when_the_playbook_allows(
     fleet_env: simhost.Sandbox, playbooks: Path
 ) -> None:
     """config.json's auto_map: without trust_remote_code the plan warns and the engine's check refuses it
-    (transformers' own refusal); with it fleet adds --trust-remote-code and the check passes it on."""
+    (transformers' own refusal, raised by resolution reading the config); with it fleet adds
+    --trust-remote-code."""
     code = {"AutoConfig": "custom.CustomConfig", "AutoModel": "custom.CustomModel"}
-    _model_copy(fleet_env, "ct129", "Custom-27B", architectures=["CustomForCausalLM"], auto_map=code)
+    _model_copy(
+        fleet_env, "ct129", "Custom-27B", architectures=["CustomForCausalLM"], model_type="custom", auto_map=code
+    )
     pb = add_playbook(playbooks, "custom", "qwen36-27b", "")
     (playbooks / f"{pb}.yaml").write_text((playbooks / f"{pb}.yaml").read_text().replace("Qwen3.6-27B", "Custom-27B"))
     r = run_cli("plan", pb, "--host", "ct129")
     assert "set trust_remote_code: true in the playbook" in r.out + r.err
     assert "--trust-remote-code" not in r.out
     r = run_cli("deploy", pb, "--host", "ct129")
-    assert r.code == 4 and "requires you to execute the configuration file" in r.err, r.err
+    assert r.code == 4 and "contains custom code which must be executed" in r.err, r.err
     assert "trust_remote_code: true" in r.err  # the diagnosis says how
     (playbooks / f"{pb}.yaml").write_text((playbooks / f"{pb}.yaml").read_text() + "trust_remote_code: true\n")
     r = run_cli("plan", pb, "--host", "ct129")

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fleet.control.remote_check_sglang import architecture_error, disabled_modules, registered_architectures
+from fleet.control.remote_check_sglang import (
+    Settings,
+    architecture_error,
+    disabled_modules,
+    registered_architectures,
+)
 
 ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
 REAL = {
@@ -23,9 +28,9 @@ SIMULATED = ROOT / "testbed" / "fleet_testbed" / "simpkgs" / "sglang" / "srt" / 
 REGISTERED = {"Qwen3_5ForConditionalGeneration", "LlamaForCausalLM", "TransformersForCausalLM"}
 
 
-def model(tmp_path: Path, **config: object) -> list[str]:
+def model(tmp_path: Path, impl: str = "auto", override: str = "", **config: object) -> Settings:
     (tmp_path / "config.json").write_text(json.dumps(config))
-    return ["--model-path", str(tmp_path), "--tp", "2"]
+    return Settings(str(tmp_path), impl, override)
 
 
 def test_a_registered_architecture_passes(tmp_path: Path) -> None:
@@ -37,33 +42,53 @@ def test_an_unknown_architecture_gets_sglangs_own_error(tmp_path: Path) -> None:
     assert error and error.startswith("Cannot find model module. 'MadeUpForCausalLM' is not a registered model")
 
 
-def test_custom_code_needs_trust_remote_code(tmp_path: Path) -> None:
-    argv = model(tmp_path, architectures=["CustomForCausalLM"], auto_map={"AutoModel": "m.CustomModel"})
-    error = architecture_error(argv, REGISTERED, {})
-    assert error and "requires you to execute the configuration file" in error and str(tmp_path) in error
-    assert architecture_error([*argv, "--trust-remote-code"], REGISTERED, {}) is None
-    # an auto_map without AutoModel is no custom model for SGLang's loader
-    argv = model(tmp_path, architectures=["CustomForCausalLM"], auto_map={"AutoConfig": "m.C"})
-    assert "Cannot find model module" in (architecture_error([*argv, "--trust-remote-code"], REGISTERED, {}) or "")
+def test_the_models_own_code_is_what_sglang_loads_for_an_unknown_architecture(tmp_path: Path) -> None:
+    """auto_map.AutoModel: SGLang's loader takes the model's own module (whether the config may run code
+    at all is decided earlier, when resolution reads it with or without --trust-remote-code)."""
+    custom = model(tmp_path, architectures=["CustomForCausalLM"], auto_map={"AutoModel": "m.CustomModel"})
+    assert architecture_error(custom, REGISTERED, {}) is None
+    no_model = model(tmp_path, architectures=["CustomForCausalLM"], auto_map={"AutoConfig": "m.C"})
+    assert "Cannot find model module" in (architecture_error(no_model, REGISTERED, {}) or "")
 
 
-def test_the_transformers_backend_is_asked_for_even_for_a_registered_architecture(tmp_path: Path) -> None:
-    argv = model(tmp_path, architectures=["LlamaForCausalLM"])
-    # no transformers in fleet's test environment: nothing to fall back on
-    assert architecture_error([*argv, "--model-impl", "transformers"], REGISTERED, {}) is not None
-    assert architecture_error([*argv, "--model-impl=mindspore"], set(), {}) is None
+def test_the_transformers_backend_when_asked_for(tmp_path: Path) -> None:
+    """--model-impl transformers: SGLang skips its compatibility gate for a class it cannot find (a warning),
+    and mindspore is not judged here."""
+    assert architecture_error(model(tmp_path, "transformers", architectures=["MyLlamaX"]), REGISTERED, {}) is None
+    assert architecture_error(model(tmp_path, "mindspore", architectures=["MyLlamaX"]), set(), {}) is None
+
+
+def test_the_override_sglang_applies_is_what_is_looked_up(tmp_path: Path) -> None:
+    override = json.dumps({"architectures": ["LlamaForCausalLM"]})
+    renamed = model(tmp_path, override=override, architectures=["MyRenamedLlama"])
+    assert architecture_error(renamed, REGISTERED, {}) is None
 
 
 def test_what_cannot_be_known_here_is_left_to_the_engine(tmp_path: Path) -> None:
-    unknown = ["MadeUpForCausalLM"]
-    assert architecture_error(["--model-path", "Qwen/Qwen3-8B"], REGISTERED, {}) is None  # a Hub id
-    assert architecture_error(["--tp", "2"], REGISTERED, {}) is None
+    assert architecture_error(Settings("Qwen/Qwen3-8B"), REGISTERED, {}) is None  # a Hub id
+    assert architecture_error(Settings(None), REGISTERED, {}) is None
     (tmp_path / "config.json").write_text("[1, 2")
-    assert architecture_error(["--model-path", str(tmp_path)], REGISTERED, {}) is None  # the engine says why
-    argv = model(tmp_path, architectures=unknown)
-    assert architecture_error(argv, REGISTERED, {"SGLANG_EXTERNAL_MODEL_PACKAGE": "my_models"}) is None
-    # argparse keeps the last of a repeated flag
-    assert architecture_error(["--model-path", "Qwen/X", f"--model-path={tmp_path}"], REGISTERED, {}) is not None
+    assert architecture_error(Settings(str(tmp_path)), REGISTERED, {}) is None  # the engine says why
+    for odd in (5, True, "LlamaForCausalLM"):  # not a list: the engine fails on it in its own words
+        assert architecture_error(model(tmp_path, architectures=odd), REGISTERED, {}) is None
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert architecture_error(Settings(str(tmp_path)), REGISTERED, {}) is None
+    unknown = model(tmp_path, architectures=["MadeUpForCausalLM"])
+    assert architecture_error(unknown, REGISTERED, {"SGLANG_EXTERNAL_MODEL_PACKAGE": "my_models"}) is None
+
+
+def test_the_settings_are_read_from_sglangs_own_record() -> None:
+    class Impl:
+        value = "transformers"
+
+    class Record:  # what prepare_server_args returns: abbreviations and --config files already applied
+        model_path = "/models/x"
+        model_impl = Impl()
+        json_model_override_args = '{"architectures": ["A"]}'
+
+    s = Settings.of(Record())
+    assert (s.model_path, s.model_impl, s.override_args) == ("/models/x", "transformers", '{"architectures": ["A"]}')
+    assert Settings.of(object()).model_impl == "auto"
 
 
 def test_the_registry_is_each_modules_entry_classes(tmp_path: Path) -> None:
@@ -72,8 +97,9 @@ def test_the_registry_is_each_modules_entry_classes(tmp_path: Path) -> None:
     (tmp_path / "three.py").write_text("class D: pass\nEntryClass = D\n")
     (tmp_path / "broken.py").write_text("EntryClass = [\n")
     (tmp_path / "helper.py").write_text("X = 1\n")
-    assert registered_architectures(str(tmp_path), set()) == {"A", "B", "C", "D"}
-    assert registered_architectures(str(tmp_path), disabled_modules(" three, one ")) == {"C"}
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfclass E: pass\nEntryClass = [E]\n")  # 0.5.11 has one
+    assert registered_architectures(str(tmp_path), set()) == {"A", "B", "C", "D", "E"}
+    assert registered_architectures(str(tmp_path), disabled_modules(" three, one ,bom")) == {"C"}
 
 
 @pytest.mark.realparser
@@ -85,5 +111,6 @@ def test_the_registry_read_from_the_real_package(version: str) -> None:
     assert len(real) > 150
     assert {"Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "TransformersForCausalLM"} <= real
     assert ("DeepseekV4ForCausalLM" in real) == (version == "0.5.23")  # added after 0.5.11
+    assert "Qwen2ForSequenceClassification" in real  # 0.5.11's module for it starts with a BOM
     # the simulated engine registers only what both real versions do
     assert registered_architectures(str(SIMULATED), set()) <= real

@@ -284,3 +284,11 @@ def test_every_parser_name_fleet_passes_to_vllm_is_registered_in_the_real_vllm()
         ["--model", "/m", "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
     )
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_check_refuses_a_parser_name_the_real_vllm_does_not_have() -> None:
+    """vLLM's parser accepts any name and finds a wrong one only at start-up, after the old server stopped."""
+    p = _vllm_check(["--model", "/m", "--tool-call-parser", "hermess", "--enable-auto-tool-choice"])
+    assert p.returncode == 1 and "ValueError: invalid tool call parser: hermess (choose from" in p.stderr
+    p = _vllm_check(["--model", "/m", "--reasoning-parser", "qwen33"])
+    assert p.returncode == 1 and "ValueError: invalid reasoning parser: qwen33" in p.stderr

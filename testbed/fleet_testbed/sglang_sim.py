@@ -106,6 +106,9 @@ class Model:
         return bool(self.quant_algo and "FP4" in self.quant_algo.upper())
 
 
+KNOWN_MODEL_TYPES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "llama"}  # the simulated transformers' configs
+
+
 def registered_architectures() -> set[str]:
     """The simulated engine's registry, collected as srt/models/registry.py does: each module's EntryClass."""
     import importlib
@@ -150,6 +153,9 @@ class Resolved:
     garbage: bool = False
     spec_v2: bool = False
 
+    def __getattr__(self, name: str) -> Any:  # the record's fields, as ServerArgs has them
+        return getattr(self.args, name)
+
     @property
     def sm(self) -> int:
         major, minor = self.gpus[0]["compute_capability"].split(".")
@@ -170,6 +176,21 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
             [(f"{SITE}/srt/server_args.py", 860, "__post_init__", "self._handle_gpu_memory_settings()")],
         )
     model = load_model(args.model_path)
+    auto_map = model.config.get("auto_map") or {}
+    if (
+        "AutoConfig" in auto_map
+        and model.config.get("model_type") not in KNOWN_MODEL_TYPES
+        and not args.trust_remote_code
+    ):
+        # transformers' AutoConfig, reading a config whose model type it does not know (dynamic_module_utils.py)
+        raise SimError(
+            "ValueError",
+            f"The repository {args.model_path} contains custom code which must be executed to correctly load the "
+            f"model. You can inspect the repository content at {os.path.abspath(args.model_path)} .\n You can "
+            f"inspect the repository content at https://hf.co/{args.model_path}.\nPlease pass the argument "
+            "`trust_remote_code=True` to allow custom code to be run.",
+            [(f"{SITE}/srt/utils/hf_transformers_utils.py", 262, "get_config", "config = AutoConfig.from_pretrained(")],
+        )
     r = Resolved(args, version, model, gpus, env)
     algo = (args.speculative_algorithm or "").upper()
     strategy_attr = _strategy_attr(version)
@@ -307,10 +328,10 @@ def current_version() -> Version:
     return parse_version(gpustate.sglang_version(gpustate.load_host()))
 
 
-def parse_server_args(argv: list[str]) -> None:
+def parse_server_args(argv: list[str]) -> Any:
     """What 0.5.23's `prepare_server_args` does: parse only (argparse errors exit 2)."""
     time.sleep(float(gpustate.load_host().get("check_delay_s", 0)))  # test hook: a slow check
-    build_parser(current_version()).parse_args(argv)
+    return build_parser(current_version()).parse_args(argv)
 
 
 def prepare_server_args(argv: list[str]) -> Resolved:

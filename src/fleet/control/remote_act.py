@@ -109,7 +109,22 @@ CHECKS = {
         "    from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
         "except ImportError:  # vLLM >= 0.3x moved it\n"
         "    from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
-        "make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+        "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+        # vLLM finds an unknown parser name only at start-up (after the old server was stopped): its registries
+        "import importlib\n"
+        "for attr, module, manager, what in (\n"
+        "    ('tool_call_parser', 'vllm.tool_parsers', 'ToolParserManager', 'tool call parser'),\n"
+        "    ('reasoning_parser', 'vllm.reasoning', 'ReasoningParserManager', 'reasoning parser'),\n"
+        "):\n"
+        "    name = getattr(args, attr, None)\n"
+        "    if not name or getattr(args, 'tool_parser_plugin', None) or getattr(args, 'reasoning_parser_plugin', None):\n"
+        "        continue\n"
+        "    try:\n"
+        "        known = sorted(getattr(importlib.import_module(module), manager).list_registered())\n"
+        "    except Exception:\n"
+        "        continue  # an older vLLM keeps them elsewhere: its own start-up judges the name\n"
+        "    if name not in known:\n"
+        "        sys.exit('ValueError: invalid %s: %s (choose from %s)' % (what, name, ', '.join(known)))\n"
     ),
 }
 

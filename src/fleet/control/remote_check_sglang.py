@@ -7,8 +7,9 @@ the host or in the server's image) before anything is stopped. Exit 0: accepted.
    (the plan's CUDA_VISIBLE_DEVICES), so speculative, mamba and attention-backend errors are found here.
 2. The architecture, as SGLang's model loader resolves it at load time (srt/model_loader/utils.py
    `get_model_architecture`, 0.5.11 L193 / 0.5.23 L198): registered -> SGLang's own class; otherwise
-   the Transformers backend when transformers has the class (`resolve_transformers_arch`), or custom
-   code from the config's `auto_map` (with --trust-remote-code); else the engine's own ValueError.
+   the Transformers backend when transformers has a compatible class (`resolve_transformers_arch`), or
+   the model's own code (`auto_map.AutoModel`); else the engine's own ValueError. (A config that needs
+   the model's own code without --trust-remote-code is refused earlier, by resolution reading it.)
    Before this, an unknown architecture failed only at model load, after the old server was stopped.
 
 The registry is read from the installed package's files (`EntryClass` of each module in
@@ -21,19 +22,26 @@ import ast
 import json
 import os
 import sys
-from typing import List, Mapping, Optional, Set
+from typing import Mapping, Optional, Set
 
 
-def flag_value(argv: List[str], names: List[str]) -> Optional[str]:
-    """The last value given for any of `names` (argparse keeps the last), `--flag value` or `--flag=value`."""
-    found = None
-    for i, word in enumerate(argv):
-        for name in names:
-            if word == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif word.startswith(name + "="):
-                found = word[len(name) + 1 :]
-    return found
+class Settings:
+    """What the architecture lookup reads from the engine's parsed arguments."""
+
+    def __init__(self, model_path: Optional[str], model_impl: str = "auto", override_args: str = "") -> None:
+        self.model_path = model_path
+        self.model_impl = str(model_impl or "auto").lower()
+        self.override_args = override_args or ""
+
+    @classmethod
+    def of(cls, server_args: object) -> "Settings":
+        """From SGLang's own record: what it parsed (abbreviated flags, --config files and all)."""
+        impl = getattr(server_args, "model_impl", "auto")
+        return cls(
+            getattr(server_args, "model_path", None),
+            str(getattr(impl, "value", impl)),
+            str(getattr(server_args, "json_model_override_args", "") or ""),
+        )
 
 
 def registered_architectures(models_dir: str, disabled: Set[str]) -> Set[str]:
@@ -45,7 +53,7 @@ def registered_architectures(models_dir: str, disabled: Set[str]) -> Set[str]:
         if ext != "py" or stem in disabled:
             continue
         try:
-            with open(os.path.join(models_dir, file), encoding="utf-8") as f:
+            with open(os.path.join(models_dir, file), encoding="utf-8-sig") as f:  # a BOM is allowed
                 text = f.read()
             if "EntryClass" not in text:
                 continue
@@ -71,58 +79,61 @@ def disabled_modules(env_value: str) -> Set[str]:
     return set(part.strip() for part in env_value.split(",") if part.strip())
 
 
-def in_transformers(arch: str) -> bool:
-    """Whether the host's transformers has the class (the Transformers backend's fallback). No
-    transformers: no fallback."""
+def transformers_class(arch: str) -> Optional[object]:
+    """The host's transformers class of that name (the Transformers backend's fallback). No transformers:
+    no fallback."""
     try:
         import transformers  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        return False
+        return None
     try:
-        return getattr(transformers, arch, None) is not None
+        return getattr(transformers, arch, None)
     except Exception:  # a lazy module that fails to import: SGLang's getattr would fail the same way
-        return False
+        return None
 
 
-def architecture_error(argv: List[str], registered: Set[str], env: Mapping[str, str]) -> Optional[str]:
+def architecture_error(settings: Settings, registered: Set[str], env: Mapping[str, str]) -> Optional[str]:
     """SGLang's error for the checkpoint's architecture, or None when its loader finds a class (or this
     cannot be known here: a Hub id, no config, a MindSpore or external model package)."""
-    model = flag_value(argv, ["--model-path", "--model"])
-    if not model:
+    if not settings.model_path:
         return None
     try:
-        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+        with open(os.path.join(settings.model_path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-    except (OSError, ValueError):
-        return None  # not a local directory (a Hub id), or a config the argument check has already judged
-    if not isinstance(config, dict):
+        override = json.loads(settings.override_args) if settings.override_args.strip() else {}
+    except (OSError, ValueError, RecursionError):
+        return None  # not a local directory (a Hub id), or a config the engine judges itself
+    if not isinstance(config, dict) or not isinstance(override, dict):
         return None
-    impl = flag_value(argv, ["--model-impl"]) or "auto"
+    impl = settings.model_impl
     if impl == "mindspore" or env.get("SGLANG_EXTERNAL_MODEL_PACKAGE"):
         return None
-    archs = [str(a) for a in config.get("architectures") or []]
+    archs = override.get("architectures", config.get("architectures")) or []  # SGLang applies the override
+    if not isinstance(archs, list):
+        return None  # the engine fails on it in its own words
+    archs = [str(a) for a in archs]
     if impl != "transformers" and any(a in registered for a in archs):
         return None
     auto_map = config.get("auto_map")
-    custom = isinstance(auto_map, dict) and "AutoModel" in auto_map
-    trusted = "--trust-remote-code" in argv
+    custom = isinstance(auto_map, dict) and "AutoModel" in auto_map  # loaded from the model's own code
     for arch in archs:
-        if arch.startswith("Transformers") or in_transformers(arch):
+        if arch.startswith("Transformers") or custom:
             continue
-        if custom:
-            if trusted:
-                continue
-            # transformers' own refusal, raised while SGLang reads the config (dynamic_module_utils.py)
+        cls = transformers_class(arch)
+        if cls is None:
+            if impl == "transformers":
+                continue  # SGLang skips its compatibility gate when asked for the Transformers backend
             return (
-                "Loading %s requires you to execute the configuration file in that repo on your local machine. "
-                "Make sure you have read the code there to avoid malicious use, then set the option "
-                "`trust_remote_code=True` to remove this error." % model
+                "Cannot find model module. '%s' is not a registered model in the Transformers library (only "
+                "relevant if the model is meant to be in Transformers) and 'AutoModel' is not present in the model "
+                "config's 'auto_map' (relevant if the model is custom)." % arch
             )
-        return (
-            "Cannot find model module. '%s' is not a registered model in the Transformers library (only relevant "
-            "if the model is meant to be in Transformers) and 'AutoModel' is not present in the model config's "
-            "'auto_map' (relevant if the model is custom)." % arch
-        )
+        compatible = getattr(cls, "is_backend_compatible", None)
+        if impl == "auto" and callable(compatible) and not compatible():
+            return (
+                "%s has no SGlang implementation and the Transformers implementation is not compatible with SGLang."
+                % arch
+            )
     if not archs:
         return "Model architectures [] are not supported for now. Supported architectures: %s" % sorted(registered)
     return None
@@ -142,7 +153,8 @@ def main() -> None:
     if not os.path.isdir(models_dir):
         return
     disabled = disabled_modules(os.environ.get("SGLANG_DISABLED_MODEL_ARCHS", ""))
-    error = architecture_error(argv, registered_architectures(models_dir, disabled), os.environ)
+    registered = registered_architectures(models_dir, disabled)
+    error = architecture_error(Settings.of(server_args), registered, os.environ)
     if error:
         # fleet's words first, then the error as SGLang's loader raises it (one line, as in a traceback)
         sys.stderr.write("[fleet] SGLang's model loader (get_model_architecture) would refuse this model:\n")

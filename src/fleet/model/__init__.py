@@ -66,8 +66,8 @@ class ModelSpec:
     def checkpoint_format(self) -> str | None:
         """What decides which GPUs run it (fleet.plan.capabilities): the engine's quantisation method, and
         for compressed-tensors the scheme inside it."""
-        if self.sglang_quantization == "compressed-tensors" and self.quantization == "fp8":
-            return "compressed-tensors-fp8"
+        if self.sglang_quantization == "compressed-tensors" and self.quantization in ("fp8", "fp8-block"):
+            return f"compressed-tensors-{self.quantization}"
         return self.sglang_quantization
 
     def describe(self) -> str:
@@ -97,14 +97,16 @@ def _int(d: dict[str, Any], *keys: str, default: int = 0) -> int:
     return default
 
 
-def _compressed_tensors_fp8(qc: dict[str, Any]) -> bool:
-    """A compressed-tensors checkpoint whose quantised weights are all 8-bit floats (its W8A8/W8A16 FP8
-    schemes: SGLang compressed_tensors.py `_is_fp8_w8a8` / `_is_fp8_w8a16` read the same keys)."""
+def _fp8_weights(qc: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The weight schemes of a compressed-tensors checkpoint whose quantised weights are all 8-bit floats
+    (its W8A8/W8A16 FP8 schemes: SGLang compressed_tensors.py `_is_fp8_w8a8` / `_is_fp8_w8a16` read the
+    same keys), else None."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
-        return False
+        return None
     weights = [g.get("weights") if isinstance(g, dict) else None for g in groups.values()]
-    return all(isinstance(w, dict) and w.get("num_bits") == 8 and w.get("type") == "float" for w in weights)
+    fp8 = [w for w in weights if isinstance(w, dict) and w.get("num_bits") == 8 and w.get("type") == "float"]
+    return fp8 if len(fp8) == len(weights) else None
 
 
 def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tuple[str, str | None, str | None]:
@@ -121,8 +123,9 @@ def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tupl
                 return "fp8", "modelopt_fp8", kv
             if algo == "MIXED_PRECISION":
                 return "mixed", "modelopt_mixed", kv
-        if method == "compressed-tensors" and _compressed_tensors_fp8(qc):
-            return "fp8", method, kv
+        fp8 = _fp8_weights(qc) if method == "compressed-tensors" else None
+        if fp8 is not None:  # block-wise scales decide which fallback exists (fleet.plan.capabilities)
+            return ("fp8-block" if any(w.get("strategy") == "block" for w in fp8) else "fp8"), method, kv
         if method in ("fp8", "awq", "gptq", "mxfp4", "compressed-tensors", "bitsandbytes", "gguf"):
             return method.replace("-", "_"), method, kv
         return method, method, kv

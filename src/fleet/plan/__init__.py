@@ -106,7 +106,7 @@ def plan_launch(
                 for name, value in rule.flags(i):
                     flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, rule.replaces)
                 env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
-        if model.custom_code and not wishes.trust_remote_code:
+        if model.custom_code and not wishes.trust_remote_code and "--trust-remote-code" not in wishes.extra_args:
             verdicts.append(
                 Verdict(
                     "warning",
@@ -132,6 +132,15 @@ def plan_launch(
                 "literal playbook: only the playbook's own flags are passed; the rules below only warn",
             )
         )
+        ignored = [k for k, v in (("trust_remote_code", wishes.trust_remote_code), ("parsers", wishes.parsers)) if v]
+        if ignored:
+            verdicts.append(
+                Verdict(
+                    "warning",
+                    "literal",
+                    f"literal playbook: {' and '.join(ignored)} ignored; write the flags in extra_args instead",
+                )
+            )
     for name, value in args_dict(list(wishes.extra_args)).items():
         flags = set_flag(flags, name, value, "playbook-extra-args", "written in the playbook (wins over rules)")
     env = [e for e in env if e.name not in dict(wishes.env)]

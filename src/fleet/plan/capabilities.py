@@ -4,7 +4,9 @@ row with the engine code path it comes from. Pure; pre-flight (fleet.plan.build)
 
 Formats are named by the checkpoint, as SGLang's quantization methods name them: `fp8` (a plain FP8
 checkpoint, quant_method fp8), `modelopt_fp8` and `modelopt_fp4` (NVIDIA ModelOpt FP8 and NVFP4), and
-`compressed-tensors-fp8` (llm-compressor's FP8 schemes inside a compressed-tensors checkpoint).
+`compressed-tensors-fp8` (llm-compressor's FP8 schemes inside a compressed-tensors checkpoint;
+`compressed-tensors-fp8-block` with block-wise scales, which has rows of its own first and then the plain
+format's).
 Compute capability is written as SM: 86 for 8.6. No row: nothing to say (the GPU runs it natively).
 """
 
@@ -83,6 +85,12 @@ TABLE: tuple[Capability, ...] = (
         "0.5.11 compressed_tensors.py L574-598, L798, schemes/compressed_tensors_w8a16_fp8.py L34; 0.5.23 L804-831",
     ),
     Capability(
+        "sglang", "compressed-tensors-fp8-block", None, (80, 88), ANY, "refused",
+        "block-wise compressed-tensors FP8 below compute capability 8.9 fails at load: SGLang's weight-only "
+        "fallback (W8A16 FP8) has no block strategy (ValueError: Unsupported weight strategy=block)",
+        "0.5.11/0.5.23 schemes/compressed_tensors_w8a16_fp8.py create_weights",
+    ),
+    Capability(
         "sglang", "compressed-tensors-fp8", False, (80, 88), ANY, "marlin",
         "compressed-tensors FP8 below compute capability 8.9 runs weight-only (W8A16 FP8 through Marlin): it "
         "works, slower than native FP8",
@@ -154,9 +162,12 @@ def capability(
     engine: str, fmt: str | None, moe: bool, sm: int, version: Version | None, argv: tuple[str, ...] = ()
 ) -> Capability | None:
     """The row that applies, if any. An unknown engine version matches only rows that hold for every
-    version. A row's `unless` flag on the command line turns its refusal into the Marlin fallback."""
-    for row in TABLE:
-        if row.engine != engine or row.format != fmt or (row.moe is not None and row.moe != moe):
+    version. A row's `unless` flag on the command line turns its refusal into the Marlin fallback. A
+    `-block` format's own rows come first, then the plain format's."""
+    formats = [fmt, fmt.removesuffix("-block")] if fmt and fmt.endswith("-block") else [fmt]
+    rows = [row for f in formats for row in TABLE if row.format == f]
+    for row in rows:
+        if row.engine != engine or (row.moe is not None and row.moe != moe):
             continue
         if not row.sm[0] <= sm <= row.sm[1]:
             continue

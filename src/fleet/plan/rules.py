@@ -138,9 +138,9 @@ PARSERS = Rule(
 # both engines: the flag, its condition and its reason are the same
 TRUST_REMOTE_CODE = Rule(
     "trust-remote-code",
-    lambda i: i.model.custom_code and i.wishes.trust_remote_code,
+    lambda i: i.wishes.trust_remote_code,
     lambda i: [("--trust-remote-code", None)],
-    "config.json's auto_map names code shipped with the model, and the playbook allows it (trust_remote_code)",
+    "the playbook allows the model's own code (trust_remote_code): its config, tokenizer or model may need it",
     "transformers dynamic_module_utils (resolve_trust_remote_code); SGLang model_loader/utils.py "
     "resolve_transformers_arch",
     replaces="the engine's default: the model's own code is never run, and a model that needs it is refused",

@@ -20,9 +20,13 @@ def _or_exit(call, argv):
 class ServerArgs:
     """0.5.23's record: parsed; resolved only by `resolve_once()`."""
 
-    def __init__(self, argv):
+    def __init__(self, argv, parsed):
         self._argv = list(argv)
+        self._parsed = parsed
         self._resolved = None
+
+    def __getattr__(self, name):  # the record's fields
+        return getattr(self.__dict__["_parsed"], name)
 
     def resolve_once(self):
         if self._resolved is None:
@@ -31,6 +35,5 @@ class ServerArgs:
 
 def prepare_server_args(argv):
     if sglang_sim.current_version() >= NEW_CHOICE_LISTS:
-        _or_exit(sglang_sim.parse_server_args, argv)
-        return ServerArgs(argv)
+        return ServerArgs(argv, _or_exit(sglang_sim.parse_server_args, argv))
     return _or_exit(sglang_sim.prepare_server_args, argv)

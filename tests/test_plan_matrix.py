@@ -1,0 +1,134 @@
+"""fleet's plans for 12 model families x 6 GPU architectures x both pinned SGLang versions, as golden files
+(tests/golden/matrix/FAMILY.txt: every command line, or the pre-flight refusal, with the verdicts), each
+accepted plan validated by the REAL SGLang parser and argument resolution of its version on a fake GPU of
+that architecture and memory (../shared/tools/sglang-oracle, built by `make oracle`).
+
+Models are config.json (+ the safetensors index's size) as published: tests/data/matrix, and the two
+testbed models. The hosts have 8 GPUs; NVLink where the GPU model has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from factsdata import MODELS, facts
+from fleet.inventory import parse_inventory, parse_playbook
+from fleet.plan.build import PlanResult, build_plan
+from fleet.yamlfile import parse_yaml
+
+MATRIX = ROOT / "tests" / "data" / "matrix"
+GOLDEN = ROOT / "tests" / "golden" / "matrix"
+ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
+FAMILIES = {
+    **{d.name: d for d in sorted(MATRIX.iterdir()) if d.is_dir()},
+    "Qwen3.5-397B-A17B-NVFP4": MODELS / "Qwen3.5-397B-A17B-NVFP4",
+    "Qwen3.6-27B": MODELS / "Qwen3.6-27B",
+}
+# name, compute capability, MiB, NVLink, the oracle's --gpu
+GPUS = {
+    "A100": (("NVIDIA A100-SXM4-80GB", "8.0", 81920), True, "sm80"),
+    "A6000": (("NVIDIA RTX A6000", "8.6", 49140), False, "sm86"),
+    "L40S": (("NVIDIA L40S", "8.9", 46068), False, "sm89"),
+    "H100": (("NVIDIA H100 80GB HBM3", "9.0", 81559), True, "sm90"),
+    "B200": (("NVIDIA B200", "10.0", 183359), True, "sm100"),
+    "RTX-PRO-6000": (("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 97887), False, "sm120"),
+}
+VERSIONS = ("0.5.11", "0.5.23")
+INVENTORY = "hosts:\n  box:\n    address: 10.0.0.9\n    engines: {sglang: /opt/sglang/.venv/bin/python}\n"
+PLAYBOOK = (
+    "engine: sglang\nmodel: {model}\nserved_name: m\nspeculative: {{steps: 1}}\nparsers: auto\n"
+    "smoke: {{prompt: hi, expect: .}}\n"
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    family: str
+    gpu: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.gpu}-{self.version}"
+
+
+CELLS = [Cell(f, g, v) for f in FAMILIES for g in GPUS for v in VERSIONS]
+
+
+def plan_cell(cell: Cell) -> PlanResult:
+    inv = parse_inventory(parse_yaml(INVENTORY, Path("matrix-inventory.yaml")))
+    pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=cell.family), Path(f"{cell.family}.yaml")), cell.family)
+    gpu, nvlink, _ = GPUS[cell.gpu]
+    f = facts("box", gpu, 8, version=cell.version, model=FAMILIES[cell.family], nvlink=nvlink)
+    return build_plan(inv.hosts["box"], pb, f, f"/models/{cell.family}")
+
+
+def describe(cell: Cell, r: PlanResult) -> str:
+    head = f"## {cell.gpu} x8, SGLang {cell.version}\n"
+    notes = "".join(f"# {v.level}: {v.rule}: {v.message}\n" for v in r.verdicts if v.level in ("error", "warning"))
+    if r.plan is None or r.errors:
+        return head + "refused\n" + notes
+    return head + shlex.join(r.plan.engine_args()) + "\n" + notes
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_golden_plans_of_each_family(family: str) -> None:
+    """Every plan of the family on the six GPU architectures and both versions (UPDATE_GOLDEN=1 rewrites)."""
+    text = f"# {family}: fleet's plans (tests/test_plan_matrix.py)\n" + "\n".join(
+        describe(c, plan_cell(c)) for c in CELLS if c.family == family
+    )
+    path = GOLDEN / f"{family}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"plans differ from {path} (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_the_matrix_is_wide_and_fleet_both_plans_and_refuses() -> None:
+    results = {c: plan_cell(c) for c in CELLS}
+    planned = [c for c, r in results.items() if r.plan is not None and not r.errors]
+    assert len(FAMILIES) >= 12 and len(GPUS) >= 6 and len(CELLS) == len(FAMILIES) * len(GPUS) * 2
+    assert len(planned) > len(CELLS) // 3 and len(planned) < len(CELLS)  # some do not fit or cannot run
+
+
+def real_verdict(cell: Cell, argv: list[str]) -> dict:
+    _, _, gpu = GPUS[cell.gpu]
+    mem = str(GPUS[cell.gpu][0][2] // 1024)
+    tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else "1"
+    p = subprocess.run(
+        [str(ORACLE / "check"), "--version", cell.version, "--resolve", "--gpu", gpu, "--gpu-mem-gb", mem,
+         "--tp", tp, "--model-dir", str(FAMILIES[cell.family]), "--", *argv],
+        capture_output=True, text=True, timeout=900, cwd=ORACLE,
+    )  # fmt: skip
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.realparser
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
+    """What fleet would launch, SGLang itself resolves without an error, on that GPU: plans fleet refuses
+    are refused for what resolution does not check (fit, quantisation capability, checked at load)."""
+    if not (ORACLE / ".venv" / ".ok-build").exists():
+        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    todo = []
+    for cell in (c for c in CELLS if c.version == version):
+        r = plan_cell(cell)
+        if r.plan is not None and not r.errors:
+            todo.append((cell, r.plan.engine_args()))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        verdicts = list(pool.map(lambda t: real_verdict(*t), todo))
+    failed = [
+        f"{cell.name}: {v['verdict']}: {v.get('error_type')}: {v.get('message')} @ {v.get('where')}"
+        for (cell, _), v in zip(todo, verdicts, strict=True)
+        if v["verdict"] != "accepted"
+    ]
+    assert not failed, "\n".join(failed)
