@@ -104,6 +104,17 @@ def test_a_plan_the_engine_rejects_leaves_the_running_server_and_its_record_alon
     assert json.loads(run_cli("status", "--host", "blackwell", "--json").out)["status"] == "ready"
 
 
+def test_the_deploy_shows_what_the_engine_resolved_for_the_settings_the_plan_left_to_it(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """The engine's own check reports its resolution (on the host's GPUs), shown before anything stops."""
+    r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+    assert r.code == 0, r.err
+    said = next(line for line in r.err.splitlines() if "the engine resolved:" in line)
+    assert "mamba strategy extra_buffer" in said and "speculative EAGLE" in said and "memory fraction 0.717" in said
+    assert r.err.index("the engine resolved:") < r.err.index("launched")
+
+
 def _model_copy(sb: simhost.Sandbox, host: str, name: str, **config: object) -> None:
     """A copy of Qwen3.6-27B on a simulated host, its config.json changed by `config`."""
     src, dest = simhost.MODELS / "Qwen3.6-27B", sb.host_dir(host) / "models" / name

@@ -17,6 +17,7 @@ from fleet.control.remote_check_sglang import (
     architecture_error,
     disabled_modules,
     registered_architectures,
+    resolved_settings,
 )
 
 ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
@@ -114,3 +115,20 @@ def test_the_registry_read_from_the_real_package(version: str) -> None:
     assert "Qwen2ForSequenceClassification" in real  # 0.5.11's module for it starts with a BOM
     # the simulated engine registers only what both real versions do
     assert registered_architectures(str(SIMULATED), set()) <= real
+
+
+def test_what_the_engine_resolved_is_reported_by_its_record() -> None:
+    class Backend:
+        value = "flashinfer"
+
+    class Record:  # 0.5.23 names first; an enum; a value left to a later stage (None) is not shown
+        attention_backend = Backend()
+        mamba_radix_cache_strategy = "extra_buffer"
+        mamba_scheduler_strategy = "no_buffer"
+        chunked_prefill_size = 8192
+        moe_runner_backend = None
+        speculative_algorithm = "EAGLE" + "x" * 200
+
+    said = resolved_settings(Record())
+    assert said["attention"] == "flashinfer" and said["mamba strategy"] == "extra_buffer"
+    assert said["chunked prefill"] == "8192" and "MoE runner" not in said and len(said["speculative"]) == 80

@@ -262,6 +262,8 @@ def test_the_upgrade_preview_runs_the_engines_own_check_in_the_installed_version
     assert r.code == 0, r.err
     assert "(installed: fleet engine use sglang==0.5.23" in r.out
     assert "the engine's own check, in that version's environment: accepted" in r.out
+    # 0.5.23 resolves in resolve_once(), not prepare_server_args: its resolution is what is shown
+    assert "the engine resolved: " in r.out and "mamba strategy extra_buffer" in r.out.split("the engine resolved")[1]
     preview = json.loads(run_cli(*argv, str(ROOT / "playbooks" / "qwen36-27b.yaml"), "--json").out)["upgrade_preview"]
     assert (
         preview["plan"]["argv"][0] == str(env / "bin" / "python") and preview["engine_check"]["verdict"] == "accepted"

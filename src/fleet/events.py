@@ -69,6 +69,7 @@ class LockTakenOver:
 class EngineChecked:
     kind: ClassVar[str] = "engine_check"
     verdict: str  # "accepted", "rejected" or "unavailable"
+    resolved: dict[str, str] = field(default_factory=dict)  # what the engine decided for settings left to it
 
 
 @dataclass(frozen=True)

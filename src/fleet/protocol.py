@@ -70,9 +70,10 @@ class LockResult(TypedDict, total=False):
     error: str
 
 
-class CheckResult(TypedDict):
-    verdict: str  # accepted | rejected | could_not_check
-    output: str
+class CheckResult(TypedDict, total=False):
+    verdict: str  # accepted | rejected | could_not_check (always there)
+    output: str  # (always there)
+    resolved: Dict[str, str]  # accepted: what the engine decided for the settings the plan left to it
 
 
 class Launched(TypedDict):

@@ -18,7 +18,7 @@ from fleet.cli.base import (
     split_deployment,
     transport_for,
 )
-from fleet.cli.report import describe_left, describe_stopped, print_result, progress_for, result_json
+from fleet.cli.report import describe_left, describe_resolved, describe_stopped, print_result, progress_for, result_json
 from fleet.errors import DeployFailed
 from fleet.terminal import safe_line
 
@@ -137,6 +137,8 @@ def plan(
             check = preview.get("engine_check")
             if check is not None:
                 say(f"  the engine's own check, in that version's environment: {check['verdict']}")
+                if check.get("resolved"):
+                    say(f"  the engine resolved: {describe_resolved(check['resolved'])}")
                 if check["verdict"] != "accepted":
                     for line in check["output"].splitlines():
                         say(f"    {line}")
@@ -188,7 +190,7 @@ def _upgrade_preview(
     }
 
 
-def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, str]:
+def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
     """The engine's own check of the planned command line, run in that version's installed environment on
     the host (the check a deploy makes first); nothing is locked, stopped or started."""
     from fleet.hostscripts import run_json
@@ -199,7 +201,11 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, str]:
         out = run_json(t, plan.python, "act", args, stdin=b"{}\n", timeout_s=300)
     said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
     errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text
-    return {"verdict": str(out["check"]["verdict"]), "output": "\n".join(errors[-6:] or said[-12:])}
+    return {
+        "verdict": str(out["check"]["verdict"]),
+        "output": "\n".join(errors[-6:] or said[-12:]),
+        "resolved": dict(out["check"].get("resolved") or {}),
+    }
 
 
 @cli.command()

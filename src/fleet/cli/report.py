@@ -102,6 +102,8 @@ class Reporter:
             self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
         elif isinstance(event, events.EngineChecked):
             self.say(f"{h}: engine's own argument check: {event.verdict}")
+            if event.resolved:
+                self.say(f"{h}: the engine resolved: {describe_resolved(event.resolved)}")
         elif isinstance(event, events.EngineCheckSkipped):
             self.say(f"{h}: engine's own argument check: not needed (this command line ran with {event.version} here)")
         elif isinstance(event, events.Stopped):
@@ -159,6 +161,11 @@ class Reporter:
             sys.stderr.write(f"\r\x1b[K{self.host} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
             sys.stderr.flush()
             self.last_line = line
+
+
+def describe_resolved(resolved: dict[str, str]) -> str:
+    """What the engine decided for the settings the plan left to it, as its own check on the host said."""
+    return ", ".join(f"{safe_line(str(k))} {safe_line(str(v))}" for k, v in resolved.items())
 
 
 def progress_for(host: str, *, as_json: bool = False, show_log: bool = False) -> events.Sink:

@@ -171,7 +171,12 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
         output.seek(0)
         out = output.read().decode("utf-8", "replace")[-20000:]
     if p.returncode == 0:
-        return {"verdict": "accepted", "output": out[-2000:]}
+        marks = re.findall(r"^FLEET-RESOLVED (\{.*\})$", out, re.M)  # remote_check_sglang.py's last line
+        try:
+            resolved = json.loads(marks[-1]) if marks else {}
+        except ValueError:
+            resolved = {}
+        return {"verdict": "accepted", "output": out[-2000:], "resolved": resolved}
     if p.returncode == 2 and "error:" in out:
         return {"verdict": "rejected", "output": out}
     if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):

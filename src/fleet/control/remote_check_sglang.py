@@ -22,7 +22,7 @@ import ast
 import json
 import os
 import sys
-from typing import Mapping, Optional, Set
+from typing import Dict, Mapping, Optional, Set
 
 
 class Settings:
@@ -139,14 +139,56 @@ def architecture_error(settings: Settings, registered: Set[str], env: Mapping[st
     return None
 
 
+# What SGLang decided for the settings a plan most often leaves to it: name shown -> the record's field
+# (0.5.23 spelling first). Shown by fleet after the check, so `fleet plan` and a deploy say what runs.
+RESOLVED = (
+    ("attention", ("attention_backend",)),
+    ("prefill attention", ("prefill_attention_backend",)),
+    ("decode attention", ("decode_attention_backend",)),
+    ("mamba strategy", ("mamba_radix_cache_strategy", "mamba_scheduler_strategy")),
+    ("MoE runner", ("moe_runner_backend",)),
+    ("FP4 GEMM", ("fp4_gemm_runner_backend", "fp4_gemm_backend")),
+    ("speculative", ("speculative_algorithm",)),
+    ("chunked prefill", ("chunked_prefill_size",)),
+    ("CUDA graph max batch", ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")),
+    ("max running requests", ("max_running_requests",)),
+    ("memory fraction", ("mem_fraction_static",)),
+    ("overlap schedule off", ("disable_overlap_schedule",)),
+)
+RESOLVED_MARK = "FLEET-RESOLVED "
+
+
+def resolved_settings(record: object) -> Dict[str, str]:
+    """The resolved values of RESOLVED that the record has (None: left to a later stage, not shown)."""
+    out = {}  # type: Dict[str, str]
+    for shown, fields in RESOLVED:
+        for name in fields:
+            try:
+                value = getattr(record, name)
+            except Exception:
+                continue
+            value = getattr(value, "value", value)  # an enum
+            if value is not None:
+                out[shown] = str(value)[:80]
+            break
+    return out
+
+
 def main() -> None:
     from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found,unused-ignore]
 
     argv = sys.argv[1:]
     server_args = prepare_server_args(argv)
     resolve = getattr(server_args, "resolve_once", None)
+    record = server_args
     if callable(resolve):  # 0.5.23 only parses in prepare_server_args; launch_server resolves, on this GPU
         resolve()
+        try:  # 0.5.23's record keeps what was declared; the resolved values are in its view
+            from sglang.srt.arg_groups.model_override_base import resolved_view  # type: ignore[import-not-found,unused-ignore]
+
+            record = resolved_view(server_args)
+        except Exception:
+            pass
     import sglang.srt  # type: ignore[import-not-found,unused-ignore]
 
     models_dir = os.path.join(os.path.dirname(os.path.abspath(sglang.srt.__file__)), "models")
@@ -160,6 +202,7 @@ def main() -> None:
         sys.stderr.write("[fleet] SGLang's model loader (get_model_architecture) would refuse this model:\n")
         sys.stderr.write("ValueError: %s\n" % error)
         sys.exit(1)
+    sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved_settings(record)) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ class ServerArgs:
         self._parsed = parsed
         self._resolved = None
 
-    def __getattr__(self, name):  # the record's fields
-        return getattr(self.__dict__["_parsed"], name)
+    def __getattr__(self, name):  # the record's fields: as resolved, once they are
+        return getattr(self.__dict__["_resolved"] or self.__dict__["_parsed"], name)
 
     def resolve_once(self):
         if self._resolved is None:
