@@ -261,3 +261,27 @@ def test_an_older_fleets_crashed_server_is_healed_through_its_moved_record(box: 
     assert healed.heal == "qwen36-27b: restarted: server ready", healed.heal
     assert not (box.dir / "state" / "state.json").exists() and record(box, "qwen36-27b")["status"] == "ready"
     assert (box.dir / "state" / "health.json").exists()  # not moved into the deployment's directory
+
+
+def test_gpus_fit_takes_the_gpus_the_model_needs_and_leaves_the_rest(box: nshost.NamespaceHost) -> None:
+    """Qwen3.6-27B on the 8 x 96 GB box: one GPU holds its weights and a whole-context KV cache, so the
+    deployment takes one (TP 1), and a second one beside it takes another; the rest stay free."""
+    from dataclasses import replace
+
+    import msgspec
+
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    pb = replace(pb, spec=msgspec.structs.replace(pb.spec, gpus="fit"))
+    seen: list[events.Event] = []
+    for name in ("one", "two"):
+        result = ops.deploy(
+            box.transport(), box.host, pb, force=False, engine_check=False, progress=seen.append, name=name
+        )
+        assert result.ok, result.reason
+    planned = [e for e in seen if isinstance(e, events.Planned)]
+    assert planned[0].placement.startswith("gpus: fit: 1 GPU (TP 1): weights 51.8 GiB per GPU")
+    one, two = record(box, "one"), record(box, "two")
+    assert len(one["gpus"]) == 1 and len(two["gpus"]) == 1 and one["gpus"] != two["gpus"]
+    argv = one["plan"]["argv"]
+    assert argv[argv.index("--tp-size") + 1] == "1"
+    assert environment(box, engine_of(box, "one"))["CUDA_VISIBLE_DEVICES"] == str(one["gpus"][0])

@@ -202,7 +202,11 @@ PLAYBOOK_CASES = [
     ),
     ("gpus-twice", PLAYBOOK_OK + "gpus: [1, 2, 1]\n", 'pb.yaml:7: field "gpus" lists GPU 1 more than once.'),
     ("gpus-negative", PLAYBOOK_OK + "gpus: [-1]\n", 'pb.yaml:7: field "gpus.0" must be at least 0 (got -1).'),
-    ("gpus-word", PLAYBOOK_OK + "gpus: all\n", "pb.yaml:7: field \"gpus\" must be an integer or a list (got 'all')."),
+    (
+        "gpus-word",
+        PLAYBOOK_OK + "gpus: all\n",
+        "pb.yaml:7: field \"gpus\" must be 'fit', an integer or a list (got 'all').",
+    ),
     (
         "gpus-in-env",
         PLAYBOOK_OK + "env: {CUDA_VISIBLE_DEVICES: '0'}\n",

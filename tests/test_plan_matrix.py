@@ -23,6 +23,7 @@ from conftest import ROOT
 from factsdata import MODELS, facts
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.plan.build import PlanResult, build_plan
+from fleet.plan.fit import fit_gpus
 from fleet.yamlfile import parse_yaml
 
 MATRIX = ROOT / "tests" / "data" / "matrix"
@@ -74,6 +75,8 @@ def plan_cell(cell: Cell) -> PlanResult:
 
 def describe(cell: Cell, r: PlanResult) -> str:
     head = f"## {cell.gpu} x8, SGLang {cell.version}\n"
+    if r.model is not None:  # what gpus: fit would take instead of all eight
+        head += f"# gpus: fit: {fit_gpus(r.model, GPUS[cell.gpu][0][2], 8, None).why}\n"
     notes = "".join(f"# {v.level}: {v.rule}: {v.message}\n" for v in r.verdicts if v.level in ("error", "warning"))
     if r.plan is None or r.errors:
         return head + "refused\n" + notes

@@ -24,8 +24,9 @@ from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, parse_version, show_version
-from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes
+from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec
 from fleet.plan.container import ContainerPlan
+from fleet.plan.fit import fit_gpus
 from fleet.plan.placement import Placement, place, port_for
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
@@ -169,7 +170,8 @@ def place_and_plan(
     `gpus` (--gpus) overrides the playbook's gpus:. A placement that cannot be made is a PreflightError;
     `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
     instead, shown with the rest of what pre-flight says."""
-    asked = gpus if gpus is not None else _asked(playbook)
+    path = model_path(host, playbook.spec.model)
+    asked, fitted = (gpus, "") if gpus is not None else _asked(playbook, facts, path)
     where = f"{'--gpus' if gpus is not None else playbook.where('gpus')} ({host.name})"
     refused = None
     try:
@@ -181,11 +183,13 @@ def place_and_plan(
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
-    path = model_path(host, playbook.spec.model)
     result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
-    return Placed(placement, indices, result, f"{placement.how}; {moved}" if moved else placement.how)
+    if fitted:
+        result = replace_field(result, verdicts=(Verdict("info", "gpus-fit", fitted), *result.verdicts))
+    how = "; ".join(x for x in (fitted, placement.how, moved) if x)
+    return Placed(placement, indices, result, how)
 
 
 def _wants_pull(runtime: Container | None, facts: HostFacts) -> TypeGuard[Container]:
@@ -215,9 +219,17 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
     return code == 0
 
 
-def _asked(playbook: NamedPlaybook) -> int | tuple[int, ...] | None:
+def _asked(playbook: NamedPlaybook, facts: HostFacts, path: str) -> tuple[int | tuple[int, ...] | None, str]:
+    """The playbook's gpus:, with fit turned into the count the model needs on this host's GPUs (and why)."""
     value = playbook.spec.gpus
-    return tuple(value) if isinstance(value, list) else value
+    if value != "fit":
+        return (tuple(value) if isinstance(value, list) else value), ""
+    gpus = gpu_summary(facts)
+    model = model_spec(facts, path)
+    if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
+        return None, "gpus: fit: no GPUs or model to fit; all GPUs"
+    fit = fit_gpus(model, gpus.memory_mib, gpus.count, playbook.spec.context_length)
+    return fit.gpus, f"gpus: fit: {fit.why}"
 
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU

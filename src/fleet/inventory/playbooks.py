@@ -215,7 +215,7 @@ def changes_what_runs(name: str) -> bool:
     return name in RUNTIME_ENV or name.startswith(("LD_", "DYLD_"))
 
 
-def _check_gpus(value: int | list[int]) -> None:
+def _check_gpus(value: str | int | list[int]) -> None:
     if isinstance(value, list):
         if not value:
             raise ValueError(
@@ -252,8 +252,9 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     context_length: Annotated[int, Meta(ge=256, le=10_000_000)] | None = None
     mem_fraction: Annotated[float, Meta(gt=0.05, lt=1.0)] | None = None
     tp: Annotated[int, Meta(ge=1, le=64)] | None = None
-    # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, or all (left out)
-    gpus: Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = None
+    # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, as many as the model
+    # needs (fit: fleet.plan.fit), or all (left out)
+    gpus: Literal["fit"] | Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...
@@ -292,6 +293,17 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         if self.hosts and self.tp and self.tp % len(self.hosts):
             raise _Invalid(
                 ("tp",), "value", f"{self.tp} does not split evenly over the {len(self.hosts)} hosts of hosts:"
+            )
+        if self.gpus == "fit" and (self.hosts or self.tp):
+            raise _Invalid(
+                ("gpus",),
+                "value",
+                "is fit with "
+                + (
+                    "hosts:; a group runs on all of each host's GPUs"
+                    if self.hosts
+                    else "tp:; fit picks the TP, so leave tp: out or give a count: gpus: N"
+                ),
             )
         if self.hosts and self.dist_port == self.port:
             raise _Invalid(("dist_port",), "value", "is the HTTP port too; the ranks meet on a port of its own")

@@ -120,6 +120,9 @@ def _explained(cls: type[_Strict], data: Any, error: str) -> _Invalid:
         subject = "has a key that must be" if is_key else "must be"
         if not is_key and _type_at(cls, loc, mapping=True) is not literal:  # "process" or a mapping (runtime:)
             return _Invalid(loc, "value", f"must be {choices} or a mapping (got {found[1]})")
+        others = _other_kinds(cls, loc) if not is_key else ""
+        if others:  # "fit" or a count or a list (gpus:)
+            return _Invalid(loc, "value", f"must be {choices}, {others} (got {found[1]})")
         return _Invalid(loc, "value", f"{subject} one of {choices} (got {found[1]})")
     value = _value_at(data, loc)
     if found := re.match(r"Expected `([^`]+)`, got `", what):
@@ -163,6 +166,16 @@ def _type_at(cls: type[_Strict], loc: tuple[str | int, ...], *, mapping: bool = 
             else:
                 kind = structs[0] if structs and (keys_follow or mapping) else options[0]
     return kind
+
+
+def _other_kinds(cls: type[_Strict], loc: tuple[str | int, ...]) -> str:
+    """Besides its words, what else a field's union takes, in words ("an integer or a list"), or ""."""
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    declared = typing.get_type_hints(_type_at(cls, loc[:-1], mapping=True) if loc[:-1] else cls).get(loc[-1])
+    kinds = [typing.get_origin(k) or k for k in typing.get_args(declared) if k is not type(None)]
+    words = [w for k in kinds if (w := {int: "an integer", list: "a list", float: "a number"}.get(k))]
+    return " or ".join(words)
 
 
 def _shown(value: Any) -> str:

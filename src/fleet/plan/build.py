@@ -127,6 +127,17 @@ def _err(rule: str, message: str) -> Verdict:
     return Verdict("error", rule, message)
 
 
+def model_spec(facts: HostFacts, model_path: str) -> ModelSpec | None:
+    """The model at the path as the probe read it, or None (missing, or a config pre-flight refuses)."""
+    m = facts.model
+    if m is None or not m.exists:
+        return None
+    try:
+        return parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
+    except ModelConfigError:
+        return None
+
+
 def build_plan(
     host: Host,
     playbook: NamedPlaybook,
