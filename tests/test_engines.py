@@ -440,3 +440,35 @@ def test_real_engine_releases_from_the_package_index_install_switch_and_plan_wit
         assert plan["engine_version"] == version
         assert flag in plan["argv"] and gone not in plan["argv"]
         assert plan["argv"][0] == str(h / "state" / "engines" / f"sglang-{version}" / "bin" / "python")
+
+
+def test_plan_check_runs_the_engines_own_check_and_shows_what_it_resolves(tmp_path: Path) -> None:
+    """`fleet plan --check`: the check a deploy makes before stopping anything, alone: its verdict and what
+    the engine resolved for the settings the plan leaves to it; an architecture it cannot load exits 4."""
+    import shutil
+
+    from fleet_testbed import simhost
+
+    h = simhost.build_host(tmp_path, simhost.CT129)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n  ct129:\n    connection: local\n"
+        f"    engines: {{sglang: {h}/env/bin/python}}\n    gpu_devices: {h}/dev/nvidia*\n"
+        f"    models_dir: {h}/models\n    state_dir: {h}/state\n    log_dir: {h}/logs\n"
+    )
+    argv = ["-i", str(inventory), "plan", "--host", "ct129", "--check"]
+    r = run_cli(*argv, str(ROOT / "playbooks" / "qwen36-27b.yaml"))
+    assert r.code == 0, r.err
+    assert "the engine's own check on ct129: accepted" in r.out
+    assert "the engine resolved: " in r.out and "speculative EAGLE" in r.out
+    assert not (h / "state" / "deployments").exists() or not any((h / "state" / "deployments").iterdir())
+
+    shutil.copytree(simhost.MODELS / "Qwen3.6-27B", h / "models" / "Made-Up", dirs_exist_ok=True)
+    simhost.write_weights(h / "models" / "Made-Up")  # sparse, as the simulated host's own
+    config = json.loads((h / "models" / "Made-Up" / "config.json").read_text())
+    (h / "models" / "Made-Up" / "config.json").write_text(json.dumps({**config, "architectures": ["MadeUpLM"]}))
+    made_up = tmp_path / "made-up.yaml"
+    made_up.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text().replace("Qwen3.6-27B", "Made-Up"))
+    r = run_cli(*argv, str(made_up))
+    assert r.code == 4 and "the engine's own check on ct129: rejected" in r.out
+    assert "'MadeUpLM' is not a registered model" in r.out

@@ -471,6 +471,7 @@ def test_a_redeploy_whose_fixed_command_is_rejected_again_leaves_the_running_gro
     )
     result = group.run().deploy()
     assert not result.ok and [a.outcome for a in result.attempts] == ["rejected", "rejected"]
+    assert result.refused_before_stopping  # `fleet deploy` exits 4: a pre-flight refusal, nothing changed
     assert group.engines("node-a") + group.engines("node-b") == before
     assert ask(group.hosts["node-a"].spec.address) == (200, " Paris.")
 

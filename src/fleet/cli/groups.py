@@ -92,7 +92,7 @@ def deploy_group(
     else:
         print_group_result(result)
     if not result.ok:
-        raise click.exceptions.Exit(7)
+        raise click.exceptions.Exit(4 if result.refused_before_stopping else 7)
 
 
 def stop_group(ctx: Invocation, playbook: NamedPlaybook, force: bool) -> None:

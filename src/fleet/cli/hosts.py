@@ -64,6 +64,12 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
 @click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
 @click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
 @click.option("--engine", "engine_spec", help="Also plan with this engine version (sglang==0.5.23): an upgrade's diff.")
+@click.option(
+    "--check",
+    "engine_check",
+    is_flag=True,
+    help="Also run the engine's own check on the host and show what it resolves.",
+)
 @click.pass_obj
 def plan(
     ctx: Invocation,
@@ -73,6 +79,7 @@ def plan(
     deployment: str | None,
     gpus: str | None,
     engine_spec: str | None,
+    engine_check: bool,
 ) -> None:
     """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
 
@@ -82,10 +89,15 @@ def plan(
     With --engine, the same deployment is also planned for that engine version, installed or not, and
     shown as a diff against today's plan: flags renamed, removed or newly set, and verdicts that differ.
 
+    With --check, the engine's own check (the one a deploy runs before stopping anything) runs on the
+    host for this command line: its verdict, and what it resolves for the settings the plan leaves to it.
+    Nothing is locked, stopped or started. Exits 4 when the engine refuses it.
+
     \b
     Examples:
       fleet plan qwen35-nvfp4 --host blackwell
       fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23
+      fleet plan qwen36-27b --host ct129 --check
     """
     from fleet.control import ops
     from fleet.control.gather import model_path, read_facts
@@ -112,6 +124,7 @@ def plan(
     )
     result = placed.result
     preview = _upgrade_preview(ctx, host, pb, f, name, placement, engine_spec, result.plan) if engine_spec else None
+    checked = _engine_verdict(ctx, host, result.plan) if engine_check and result.plan is not None else None
     if as_json:
         emit_json(
             {
@@ -123,6 +136,7 @@ def plan(
                 "plan": result.plan.to_json() if result.plan else None,
                 "verdicts": [vars(v) for v in result.verdicts],
                 "upgrade_preview": preview,
+                "engine_check": checked,
             }
         )
     else:
@@ -130,6 +144,13 @@ def plan(
 
         render_plan(result, host.name, pb.name)
         say(f"deployment {name} on {host.name}: {placed.how}")
+        if checked is not None:
+            say(f"the engine's own check on {host.name}: {checked['verdict']}")
+            if checked.get("resolved"):
+                say(f"  the engine resolved: {describe_resolved(checked['resolved'])}")
+            if checked["verdict"] != "accepted":
+                for line in checked["output"].splitlines():
+                    say(f"  {line}")
         if preview is not None:
             say(f"upgrade preview: {preview['versions']} ({preview['installed']})")
             for line in preview["diff"] or ["(no difference in the command line, environment or verdicts)"]:
@@ -142,7 +163,7 @@ def plan(
                 if check["verdict"] != "accepted":
                     for line in check["output"].splitlines():
                         say(f"    {line}")
-    if result.errors:
+    if result.errors or (checked is not None and checked["verdict"] == "rejected"):
         raise click.exceptions.Exit(4)
 
 
@@ -193,9 +214,19 @@ def _upgrade_preview(
 def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
     """The engine's own check of the planned command line, run in that version's installed environment on
     the host (the check a deploy makes first); nothing is locked, stopped or started."""
+    import uuid
+
     from fleet.hostscripts import run_json
 
-    check = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args()}
+    check: dict[str, Any] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args()}
+    if plan.container is not None:  # in the image, as a deploy checks it
+        cont = plan.container
+        check["container"] = {
+            "cli": cont.cli,
+            "image": cont.image,
+            "name": f"{cont.name}-check-{uuid.uuid4().hex[:12]}",  # never another deployment's name
+            "options": cont.check_options(plan),
+        }
     args = {"check_only": True, "check": {**check, "env": {e.name: e.value for e in plan.env}}}
     with transport_for(ctx, host) as t:
         out = run_json(t, plan.python, "act", args, stdin=b"{}\n", timeout_s=300)

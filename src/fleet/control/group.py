@@ -64,6 +64,11 @@ class GroupResult:
     failed_rank: RankOutcome | None = None  # the rank whose failure was diagnosed, on the last attempt
     not_stopped: list[str] = field(default_factory=list)  # hosts whose rank could not be stopped, with why
 
+    @property
+    def refused_before_stopping(self) -> bool:
+        """The engine's own check refused every command line: nothing on any host was stopped (exit 4)."""
+        return not self.ok and bool(self.attempts) and all(a.outcome == "rejected" for a in self.attempts)
+
 
 class GroupRun:
     """A playbook placed on several hosts (`hosts:`), deployed and stopped as one."""
