@@ -145,26 +145,25 @@ def plan(
         render_plan(result, host.name, pb.name)
         say(f"deployment {name} on {host.name}: {placed.how}")
         if checked is not None:
-            say(f"the engine's own check on {host.name}: {checked['verdict']}")
-            if checked.get("resolved"):
-                say(f"  the engine resolved: {describe_resolved(checked['resolved'])}")
-            if checked["verdict"] != "accepted":
-                for line in checked["output"].splitlines():
-                    say(f"  {line}")
+            _say_check(f"the engine's own check on {host.name}", checked, "")
         if preview is not None:
             say(f"upgrade preview: {preview['versions']} ({preview['installed']})")
             for line in preview["diff"] or ["(no difference in the command line, environment or verdicts)"]:
                 say(f"  {line}")
-            check = preview.get("engine_check")
-            if check is not None:
-                say(f"  the engine's own check, in that version's environment: {check['verdict']}")
-                if check.get("resolved"):
-                    say(f"  the engine resolved: {describe_resolved(check['resolved'])}")
-                if check["verdict"] != "accepted":
-                    for line in check["output"].splitlines():
-                        say(f"    {line}")
+            if preview.get("engine_check") is not None:
+                _say_check("the engine's own check, in that version's environment", preview["engine_check"], "  ")
     if result.errors or (checked is not None and checked["verdict"] == "rejected"):
         raise click.exceptions.Exit(4)
+
+
+def _say_check(title: str, check: dict[str, Any], indent: str) -> None:
+    """The engine's own verdict, what it resolved, and what it said when it did not accept."""
+    say(f"{indent}{title}: {check['verdict']}")
+    if check.get("resolved"):
+        say(f"{indent}  the engine resolved: {describe_resolved(check['resolved'])}")
+    if check["verdict"] != "accepted":
+        for line in check["output"].splitlines():
+            say(f"{indent}  {line}")
 
 
 def _upgrade_preview(
