@@ -186,6 +186,8 @@ def test_the_command_line_refuses_single_host_options_for_a_group_and_a_group_st
     monkeypatch.setenv("FLEET_PLAYBOOKS", str(ROOT / "playbooks"))
     r = run_cli("deploy", "qwen35-two-nodes", "--host", "blackwell")
     assert r.code == 2 and "--host: the playbook is placed on its hosts:" in r.err
+    r = run_cli("plan", "qwen35-two-nodes", "--check", "--engine", "sglang==0.5.23")  # not silently ignored
+    assert r.code == 2 and "--engine, --check: the playbook is placed on its hosts:" in r.err
     r = run_cli("stop", "qwen36-27b")
     assert r.code == 2 and "runs on one host" in r.err
     r = run_cli("plan", "qwen35-two-nodes")  # the example names hosts this inventory lacks

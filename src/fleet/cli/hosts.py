@@ -109,7 +109,7 @@ def plan(
     if pb.spec.hosts:  # one model over several hosts: every rank's plan
         from fleet.cli.groups import plan_group, refuse_single_host_options
 
-        refuse_single_host_options(host=host_name, name=deployment, gpus=gpus)
+        refuse_single_host_options(host=host_name, name=deployment, gpus=gpus, engine=engine_spec, check=engine_check)
         plan_group(ctx, pb, as_json)
         return
     host = ctx.host(host_name, pb)
@@ -124,7 +124,8 @@ def plan(
     )
     result = placed.result
     preview = _upgrade_preview(ctx, host, pb, f, name, placement, engine_spec, result.plan) if engine_spec else None
-    checked = _engine_verdict(ctx, host, result.plan) if engine_check and result.plan is not None else None
+    # a plan pre-flight refuses is not the engine's to judge (a container's image may not even be there)
+    checked = _engine_verdict(ctx, host, result.plan) if engine_check and result.plan and not result.errors else None
     if as_json:
         emit_json(
             {
@@ -224,7 +225,7 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
             "cli": cont.cli,
             "image": cont.image,
             "name": f"{cont.name}-check-{uuid.uuid4().hex[:12]}",  # never another deployment's name
-            "options": cont.check_options(plan),
+            "options": ["--pull=never", *cont.check_options(plan)],  # fleet plan pulls nothing
         }
     args = {"check_only": True, "check": {**check, "env": {e.name: e.value for e in plan.env}}}
     with transport_for(ctx, host) as t:
@@ -234,7 +235,7 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
     return {
         "verdict": str(out["check"]["verdict"]),
         "output": "\n".join(errors[-6:] or said[-12:]),
-        "resolved": dict(out["check"].get("resolved") or {}),
+        "resolved": said if isinstance(said := out["check"].get("resolved"), dict) else {},
     }
 
 

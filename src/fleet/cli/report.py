@@ -163,9 +163,11 @@ class Reporter:
             self.last_line = line
 
 
-def describe_resolved(resolved: dict[str, str]) -> str:
-    """What the engine decided for the settings the plan left to it, as its own check on the host said."""
-    return ", ".join(f"{safe_line(str(k))} {safe_line(str(v))}" for k, v in resolved.items())
+def describe_resolved(resolved: object) -> str:
+    """What the engine decided for the settings the plan left to it, as its own check on the host said
+    (whatever the host answered: only a mapping's first 16 entries, each cut short, terminal-safe)."""
+    items = list(resolved.items())[:16] if isinstance(resolved, dict) else []
+    return ", ".join(f"{safe_line(str(k))[:40]} {safe_line(str(v))[:80]}" for k, v in items)
 
 
 def progress_for(host: str, *, as_json: bool = False, show_log: bool = False) -> events.Sink:

@@ -471,7 +471,8 @@ class Deployer:
             self._stop_if_locked_or_unsafe(out)
             check = out.get("check")
             if check:
-                self.progress(events.EngineChecked(check["verdict"], dict(check.get("resolved") or {})))
+                said = check.get("resolved")
+                self.progress(events.EngineChecked(check["verdict"], dict(said) if isinstance(said, dict) else {}))
             if check and check["verdict"] == "rejected":
                 lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"

@@ -171,14 +171,16 @@ def place_and_plan(
     `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
     instead, shown with the rest of what pre-flight says."""
     path = model_path(host, playbook.spec.model)
-    asked, fitted = (gpus, "") if gpus is not None else _asked(playbook, facts, path)
+    asked, fitted = (gpus, None) if gpus is not None else _asked(playbook, facts, path)
     where = f"{'--gpus' if gpus is not None else playbook.where('gpus')} ({host.name})"
     refused = None
     try:
         placement = place(deployment, asked, facts, replace=replace, where=where)
     except PreflightError as exc:
+        if fitted is not None:  # the count was fit's, not the operator's: say why it was that many
+            exc = PreflightError(f"{fitted.message}. {exc.message}", exc.hint)
         if not show_refusal:
-            raise
+            raise exc from None
         placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
@@ -186,9 +188,9 @@ def place_and_plan(
     result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
-    if fitted:
-        result = replace_field(result, verdicts=(Verdict("info", "gpus-fit", fitted), *result.verdicts))
-    how = "; ".join(x for x in (fitted, placement.how, moved) if x)
+    if fitted is not None:
+        result = replace_field(result, verdicts=(fitted, *result.verdicts))
+    how = "; ".join(x for x in (fitted.message if fitted else "", placement.how, moved) if x)
     return Placed(placement, indices, result, how)
 
 
@@ -219,17 +221,19 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
     return code == 0
 
 
-def _asked(playbook: NamedPlaybook, facts: HostFacts, path: str) -> tuple[int | tuple[int, ...] | None, str]:
-    """The playbook's gpus:, with fit turned into the count the model needs on this host's GPUs (and why)."""
+def _asked(playbook: NamedPlaybook, facts: HostFacts, path: str) -> tuple[int | tuple[int, ...] | None, Verdict | None]:
+    """The playbook's gpus:, with fit turned into the count the model needs on this host's GPUs, and why
+    (a warning when nothing the host has holds it)."""
     value = playbook.spec.gpus
     if value != "fit":
-        return (tuple(value) if isinstance(value, list) else value), ""
+        return (tuple(value) if isinstance(value, list) else value), None
     gpus = gpu_summary(facts)
     model = model_spec(facts, path)
     if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
-        return None, "gpus: fit: no GPUs or model to fit; all GPUs"
-    fit = fit_gpus(model, gpus.memory_mib, gpus.count, playbook.spec.context_length)
-    return fit.gpus, f"gpus: fit: {fit.why}"
+        return None, Verdict("info", "gpus-fit", "gpus: fit: no GPUs or model to fit; all GPUs")
+    spec = playbook.spec
+    fit = fit_gpus(model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction)
+    return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", f"gpus: fit: {fit.why}")
 
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU

@@ -117,6 +117,21 @@ def client_gone(a: Dict[str, Any]) -> bool:
         return True
 
 
+def resolved_of(engine: str, out: str) -> Dict[str, str]:
+    """remote_check_sglang.py's last line: what SGLang resolved (only its check prints one; the engine's own
+    output before it cannot stand for it, the last line wins), kept to short strings."""
+    marks = re.findall(r"^FLEET-RESOLVED (\{.{0,4000}\})$", out, re.M) if engine == "sglang" else []
+    try:
+        said = json.loads(marks[-1]) if marks else {}
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(said, dict):
+        return {}
+    return dict(
+        (str(k)[:40], str(v)[:80]) for k, v in list(said.items())[:16] if isinstance(v, (str, int, float, bool))
+    )
+
+
 def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
     code = CHECKS.get(c["engine"])
     if not code:
@@ -146,12 +161,7 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
         output.seek(0)
         out = output.read().decode("utf-8", "replace")[-20000:]
     if p.returncode == 0:
-        marks = re.findall(r"^FLEET-RESOLVED (\{.*\})$", out, re.M)  # remote_check_sglang.py's last line
-        try:
-            resolved = json.loads(marks[-1]) if marks else {}
-        except ValueError:
-            resolved = {}
-        return {"verdict": "accepted", "output": out[-2000:], "resolved": resolved}
+        return {"verdict": "accepted", "output": out[-2000:], "resolved": resolved_of(c["engine"], out)}
     if p.returncode == 2 and "error:" in out:
         return {"verdict": "rejected", "output": out}
     if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):

@@ -142,6 +142,7 @@ def architecture_error(settings: Settings, registered: Set[str], env: Mapping[st
 # What SGLang decided for the settings a plan most often leaves to it: name shown -> the record's field
 # (0.5.23 spelling first). Shown by fleet after the check, so `fleet plan` and a deploy say what runs.
 RESOLVED = (
+    ("quantization", ("quantization",)),
     ("attention", ("attention_backend",)),
     ("prefill attention", ("prefill_attention_backend",)),
     ("decode attention", ("decode_attention_backend",)),
@@ -192,16 +193,16 @@ def main() -> None:
     import sglang.srt  # type: ignore[import-not-found,unused-ignore]
 
     models_dir = os.path.join(os.path.dirname(os.path.abspath(sglang.srt.__file__)), "models")
-    if not os.path.isdir(models_dir):
-        return
-    disabled = disabled_modules(os.environ.get("SGLANG_DISABLED_MODEL_ARCHS", ""))
-    registered = registered_architectures(models_dir, disabled)
-    error = architecture_error(Settings.of(server_args), registered, os.environ)
-    if error:
-        # fleet's words first, then the error as SGLang's loader raises it (one line, as in a traceback)
-        sys.stderr.write("[fleet] SGLang's model loader (get_model_architecture) would refuse this model:\n")
-        sys.stderr.write("ValueError: %s\n" % error)
-        sys.exit(1)
+    if os.path.isdir(models_dir):
+        disabled = disabled_modules(os.environ.get("SGLANG_DISABLED_MODEL_ARCHS", ""))
+        registered = registered_architectures(models_dir, disabled)
+        error = architecture_error(Settings.of(server_args), registered, os.environ)
+        if error:
+            # fleet's words first, then the error as SGLang's loader raises it (one line, as in a traceback)
+            sys.stderr.write("[fleet] SGLang's model loader (get_model_architecture) would refuse this model:\n")
+            sys.stderr.write("ValueError: %s\n" % error)
+            sys.exit(1)
+    # always the last line on success: fleet reads the last one (anything the engine printed comes before)
     sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved_settings(record)) + "\n")
 
 

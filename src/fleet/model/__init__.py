@@ -49,6 +49,8 @@ class ModelSpec:
     context_length: int | None
     weights_bytes: int | None
     custom_code: bool = False  # config.json's auto_map names code shipped with the model (transformers' remote code)
+    sliding_window_layers: int = 0  # layers that attend to the last `sliding_window` tokens only (gpt-oss)
+    sliding_window: int | None = None
 
     @property
     def hybrid(self) -> bool:
@@ -190,8 +192,13 @@ def parse_model_spec(
         experts_per_token=_int(tc, "num_experts_per_tok", "moe_topk"),
         num_attention_heads=heads,
         num_kv_heads=_int(tc, "num_key_value_heads", default=heads),
-        head_dim=_int(tc, "head_dim") or None,
+        # transformers' default when the config does not say: hidden size over attention heads
+        head_dim=_int(tc, "head_dim") or (_int(tc, "hidden_size") // heads if heads else 0) or None,
         context_length=_int(tc, "max_position_embeddings") or None,
         weights_bytes=weights_bytes,
         custom_code=isinstance(config.get("auto_map"), dict) and bool(config["auto_map"]),
+        sliding_window_layers=sum(1 for t in layer_types if t == "sliding_attention")
+        if isinstance(layer_types, list)
+        else 0,
+        sliding_window=_int(tc, "sliding_window") or None,
     )

@@ -2,10 +2,12 @@
 weights and the KV cache for one request of the whole context fit in each GPU, so the host's other GPUs
 stay free for other deployments or a service's replicas. Pure.
 
-The KV cache counts the full-attention layers only (Gated-DeltaNet/mamba layers keep a fixed-size state),
-with the KV heads split over the ranks and replicated when there are fewer heads than ranks, in the
-checkpoint's dtype (FP8 when it quantises the KV cache). A model that does not say its head size (MLA
-models such as DeepSeek-V3 compress their cache) is fitted by its weights alone, and the reason says so.
+The budget is pre-flight's (fleet.plan.build): 85% of each GPU, or the playbook's mem_fraction less 2 GiB.
+The TP is one the planner would choose (it splits the attention and KV heads: fleet.plan.rules.tp_splits).
+The KV cache counts full-attention layers for the whole context and sliding-window layers for their
+window (Gated-DeltaNet/mamba layers keep a fixed-size state), with the KV heads split over the ranks and
+replicated when there are fewer heads than ranks, in the checkpoint's dtype (FP8 when it quantises the KV
+cache). A model that does not say its head size is fitted by its weights alone, and the reason says so.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.model import ModelSpec
+from fleet.plan.rules import tp_splits
 
-WEIGHTS_AND_KV_MAX_SHARE = 0.85  # as pre-flight's fit check: the rest is activations and CUDA graphs
+WEIGHTS_AND_KV_MAX_SHARE = 0.85  # pre-flight's WEIGHTS_MAX_SHARE: the rest is activations and CUDA graphs
 GIB = 1 << 30
 
 
@@ -22,36 +25,60 @@ GIB = 1 << 30
 class Fit:
     gpus: int
     why: str
+    fits: bool = True  # False: nothing up to the host's GPUs holds it; the largest TP is taken
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int) -> int | None:
-    """One token's keys and values on one of `tp` ranks, or None when the config does not say enough."""
-    if not model.head_dim or not model.num_kv_heads or not model.num_layers:
+def kv_bytes_per_token(model: ModelSpec, tp: int, context: int | None = None) -> int | None:
+    """One token's keys and values on one of `tp` ranks, averaged over `context` tokens (sliding-window
+    layers hold only their window), or None when the config does not say enough."""
+    if not model.head_dim or not model.num_layers:
         return None
-    full_attention = model.num_layers - len(model.linear_attention_layers)
-    heads_per_rank = -(-model.num_kv_heads // tp)  # replicated when fewer heads than ranks
+    heads = model.num_kv_heads or model.num_attention_heads
+    if not heads:
+        return None
+    sliding = model.sliding_window_layers if model.sliding_window else 0
+    full = model.num_layers - len(model.linear_attention_layers) - sliding
+    windowed = sliding * min(1.0, (model.sliding_window or 0) / context) if context else sliding
+    heads_per_rank = -(-heads // tp)  # replicated when fewer heads than ranks
     dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
-    return 2 * full_attention * heads_per_rank * model.head_dim * dtype_bytes
+    return round(2 * (full + windowed) * heads_per_rank * model.head_dim * dtype_bytes)
 
 
-def fit_gpus(model: ModelSpec, memory_mib: int, available: int, context_length: int | None) -> Fit:
-    """The smallest power-of-two GPU count up to `available` that holds the model (its TP dividing the
-    attention heads); `available` when none does (pre-flight then says why it does not fit)."""
-    budget = memory_mib * (1 << 20) * WEIGHTS_AND_KV_MAX_SHARE
+def budget_bytes(memory_mib: int, mem_fraction: float | None) -> float:
+    """What weights and KV cache may take on each GPU, as pre-flight's fit check counts it."""
+    if mem_fraction:
+        return (memory_mib * mem_fraction - 2048) * (1 << 20)
+    return memory_mib * (1 << 20) * WEIGHTS_AND_KV_MAX_SHARE
+
+
+def fit_gpus(
+    model: ModelSpec, memory_mib: int, available: int, context_length: int | None, mem_fraction: float | None = None
+) -> Fit:
+    """The smallest power-of-two GPU count up to `available` that holds the model at a TP the planner
+    would choose; else the largest such TP, marked as not fitting (the plan warns)."""
+    budget = budget_bytes(memory_mib, mem_fraction)
+    share = f"mem_fraction {mem_fraction} less 2 GiB" if mem_fraction else f"{WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU"
     context = context_length or model.context_length
-    n = 1
-    while n <= available:
-        heads_ok = not model.num_attention_heads or model.num_attention_heads % n == 0
-        weights = (model.weights_bytes or 0) / n
-        per_token = kv_bytes_per_token(model, n)
+    usable = [n for n in (1 << i for i in range(7)) if n <= available and tp_splits(model, n)] or [1]
+    if not model.weights_bytes:
+        return Fit(usable[-1], f"the weights' size is unknown (no safetensors index): TP {usable[-1]}", fits=False)
+    for n in usable:
+        weights = model.weights_bytes / n
+        per_token = kv_bytes_per_token(model, n, context)
         kv = per_token * context if per_token is not None and context else 0
-        if heads_ok and weights + kv <= budget:
-            return Fit(n, _why(n, weights, kv, budget, context, per_token is None))
-        n *= 2
-    return Fit(available, f"no power-of-two TP up to {available} holds it: all {available} GPUs")
+        if weights + kv <= budget:
+            return Fit(n, _why(n, weights, kv, budget, share, context, per_token is None, usable))
+    return Fit(
+        usable[-1],
+        f"no TP up to {usable[-1]} holds the weights and the KV cache of {context} tokens in {budget / GIB:.1f} "
+        f"GiB ({share}): TP {usable[-1]}; a shorter context_length: or bigger GPUs would",
+        fits=False,
+    )
 
 
-def _why(n: int, weights: float, kv: float, budget: float, context: int | None, no_kv: bool) -> str:
+def _why(
+    n: int, weights: float, kv: float, budget: float, share: str, context: int | None, no_kv: bool, usable: list[int]
+) -> str:
     held = f"weights {weights / GIB:.1f} GiB per GPU"
     if no_kv:
         note = " (its KV cache is not counted: the config does not give its head size)"
@@ -60,7 +87,7 @@ def _why(n: int, weights: float, kv: float, budget: float, context: int | None, 
     else:
         held += f" and the KV cache for {context} tokens {kv / GIB:.1f} GiB"
         note = ""
-    return (
-        f"{n} GPU{'s' if n > 1 else ''} (TP {n}): {held} fit in {budget / GIB:.1f} GiB "
-        f"({WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU){note}" + ("" if n == 1 else f"; TP {n // 2} would not")
+    smaller = [u for u in usable if u < n]
+    return f"{n} GPU{'s' if n > 1 else ''} (TP {n}): {held} fit in {budget / GIB:.1f} GiB ({share}){note}" + (
+        f"; TP {smaller[-1]} would not" if smaller else ""
     )

@@ -65,6 +65,13 @@ class PlanInput:
         return self.version is not None and lo <= self.version <= hi
 
 
+def tp_splits(model: ModelSpec, tp: int) -> bool:
+    """Whether `tp` ranks split the attention heads (the KV heads split too, or replicate when fewer)."""
+    heads_ok = model.num_attention_heads == 0 or model.num_attention_heads % tp == 0
+    kv = model.num_kv_heads or 1
+    return heads_ok and (kv % tp == 0 or tp % kv == 0)
+
+
 def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None) -> int:
     """Largest power-of-two TP <= GPU count that divides the attention heads (KV heads replicate when fewer)."""
     if wanted:
@@ -72,10 +79,7 @@ def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None) -> int:
     tp = 1
     candidate = 1
     while candidate <= gpus.count:
-        heads_ok = model.num_attention_heads == 0 or model.num_attention_heads % candidate == 0
-        kv = model.num_kv_heads or 1
-        kv_ok = kv % candidate == 0 or candidate % kv == 0
-        if heads_ok and kv_ok:
+        if tp_splits(model, candidate):
             tp = candidate
         candidate *= 2
     return tp
