@@ -85,3 +85,12 @@ def test_a_command_that_exits_before_reading_its_input_is_answered_not_a_transpo
     seen: list[bytes] = []
     code = LocalTransport("h").stream("echo said; exit 3", lambda c: seen.append(c) or True, stdin=b"x" * 300_000)
     assert code == 3 and b"".join(seen) == b"said\n"
+
+
+def test_every_step_leaves_most_of_one_arguments_128_kib_for_its_data() -> None:
+    """A script is one argument of one command, capped at 128 KiB by Linux: the act step's plain text
+    reached 112 KiB, and a container deploy's data took it over (exit 1, nothing said)."""
+    from fleet.hostscripts import STEPS, script_for
+
+    for step in STEPS:
+        assert len(script_for(step, {}, ["python3"]).encode()) < 64 << 10, step

@@ -3,15 +3,18 @@
 A step's source is the shared host code (fleet.protocol's types, fleet.host_common, fleet.host_procs)
 followed by the step's own file(s), each compiled under its own file name; the shell wrapper around it
 finds a Python on the host (the engine's, then `python3`) and says so in JSON when there is none.
-Scripts are plain text sent as one `sh -c` command: one round trip. Data that must not appear in
+Scripts are sent as one `sh -c` command: one round trip; each file's text travels compressed
+(a command's argument is capped at 128 KiB). Data that must not appear in
 `ps` (secrets) goes on stdin, never here.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import shlex
+import zlib
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -55,19 +58,28 @@ def _read(path: str) -> str:
 
 
 @functools.cache
+def _packed(path: str) -> str:
+    """A file's text, compressed and as an expression that gives it back on the host: the whole script is
+    one argument of one command, which Linux caps at 128 KiB (the act step's plain text came to 112 KiB)."""
+    data = base64.b64encode(zlib.compress(_read(path).encode("utf-8"), 9)).decode("ascii")
+    return f"_z.decompress(_b.b64decode({data!r})).decode('utf-8')"
+
+
+@functools.cache
 def source_for(step: str) -> str:
     """The Python source of a step, as it runs on the host."""
-    prelude = {  # a step's file used as a library by another: without its main
+    prelude = "import base64 as _b, zlib as _z\n"
+    prelude += {  # a step's file used as a library by another: without its main
         "health": "FLEET_PROBE_AS_LIBRARY = True\n",
         "send": "FLEET_PULL_AS_LIBRARY = True\n",
         "receive": "FLEET_PULL_AS_LIBRARY = True\n",
     }.get(step, "")
     if step in TEXTS:
-        prelude += f"FLEET_TEXTS = { ({p: _read(p) for p in TEXTS[step]})!r}\n"
+        prelude += "FLEET_TEXTS = {" + ", ".join(f"{p!r}: {_packed(p)}" for p in TEXTS[step]) + "}\n"
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + "".join(
-        f"exec(compile({_read(p)!r}, {'fleet/' + p!r}, 'exec'))\n" for p in (*SHARED, *STEPS[step])
+        f"exec(compile({_packed(p)}, {'fleet/' + p!r}, 'exec'))\n" for p in (*SHARED, *STEPS[step])
     )
 
 
