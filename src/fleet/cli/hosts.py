@@ -216,18 +216,11 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
     the host (the check a deploy makes first); nothing is locked, stopped or started."""
     import uuid
 
+    from fleet.control.deploy import check_args, engine_resolved
     from fleet.hostscripts import run_json
 
-    check: dict[str, Any] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args()}
-    if plan.container is not None:  # in the image, as a deploy checks it
-        cont = plan.container
-        check["container"] = {
-            "cli": cont.cli,
-            "image": cont.image,
-            "name": f"{cont.name}-check-{uuid.uuid4().hex[:12]}",  # never another deployment's name
-            "options": ["--pull=never", *cont.check_options(plan)],  # fleet plan pulls nothing
-        }
-    args = {"check_only": True, "check": {**check, "env": {e.name: e.value for e in plan.env}}}
+    name = f"{plan.container.name if plan.container else ''}-check-{uuid.uuid4().hex[:12]}"
+    args = {"check_only": True, "check": check_args(plan, name, ["--pull=never"])}  # fleet plan pulls nothing
     with transport_for(ctx, host) as t:
         out = run_json(t, plan.python, "act", args, stdin=b"{}\n", timeout_s=300)
     said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
@@ -235,7 +228,7 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
     return {
         "verdict": str(out["check"]["verdict"]),
         "output": "\n".join(errors[-6:] or said[-12:]),
-        "resolved": said if isinstance(said := out["check"].get("resolved"), dict) else {},
+        "resolved": engine_resolved(out["check"]),
     }
 
 

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,9 +98,7 @@ class DeployResult:
 
     @property
     def refused_before_stopping(self) -> bool:
-        """The engine's own check refused every command line: nothing on the host was stopped or changed,
-        so this is a pre-flight refusal (exit 4), not a failed deploy (exit 7)."""
-        return not self.ok and bool(self.attempts) and all(a.outcome == "rejected" for a in self.attempts)
+        return refused_before_stopping(self.ok, self.attempts)
 
     @property
     def name(self) -> str:
@@ -110,6 +108,38 @@ class DeployResult:
             if self.deployment not in ("", self.playbook)
             else self.playbook
         )
+
+
+def refused_before_stopping(ok: bool, attempts: list[Attempt]) -> bool:
+    """The engine's own check refused every command line: nothing on the host(s) was stopped or changed,
+    so a deploy's or a group's failure is a pre-flight refusal (exit 4), not a failed deploy (exit 7)."""
+    return not ok and bool(attempts) and all(a.outcome == "rejected" for a in attempts)
+
+
+def check_args(plan: LaunchPlan, check_name: str, run_options: Sequence[str] = ()) -> dict[str, Any]:
+    """The act step's `check`: the engine's own check of `plan`, in the image when it runs in a container
+    (`check_name`: the container's name, never another deployment's; `run_options` before the plan's)."""
+    args: dict[str, Any] = {
+        "engine": plan.engine,
+        "python": plan.python,
+        "args": plan.engine_args(),
+        "env": {e.name: e.value for e in plan.env},
+    }
+    cont = plan.container
+    if cont is not None:  # run in the image, as the server will be
+        args["container"] = {
+            "cli": cont.cli,
+            "image": cont.image,
+            "name": check_name,
+            "options": [*run_options, *cont.check_options(plan)],
+        }
+    return args
+
+
+def engine_resolved(check: Mapping[str, Any]) -> dict[str, Any]:
+    """What the engine resolved, as the act step's check answered it (a host's odd answer: nothing)."""
+    said = check.get("resolved")
+    return dict(said) if isinstance(said, dict) else {}
 
 
 PREPARED_HOLD_S = 120.0  # a group's prepared host keeps its lock this long without a process holding it
@@ -292,14 +322,7 @@ class Deployer:
         env = {e.name: e.value for e in plan.env}
         cont = plan.container
         if check:
-            args["check"] = {"engine": plan.engine, "python": plan.python, "args": plan.engine_args(), "env": env}
-            if cont is not None:  # run in the image, as the server will be
-                args["check"]["container"] = {
-                    "cli": cont.cli,
-                    "image": cont.image,
-                    "name": f"{cont.name}-check-{self.run_id}",  # never another deployment's name
-                    "options": cont.check_options(plan),
-                }
+            args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}")
         if launch:
             args["launch"] = {
                 "name": self.deployment,
@@ -471,8 +494,7 @@ class Deployer:
             self._stop_if_locked_or_unsafe(out)
             check = out.get("check")
             if check:
-                said = check.get("resolved")
-                self.progress(events.EngineChecked(check["verdict"], dict(said) if isinstance(said, dict) else {}))
+                self.progress(events.EngineChecked(check["verdict"], engine_resolved(check)))
             if check and check["verdict"] == "rejected":
                 lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"

@@ -24,7 +24,7 @@ from typing import TypeVar
 from fleet import events
 from fleet.control import ops
 from fleet.control.answers import synthetic_line
-from fleet.control.deploy import Attempt, Deployer, Hold, log_context, recorded
+from fleet.control.deploy import Attempt, Deployer, Hold, log_context, recorded, refused_before_stopping
 from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
@@ -66,8 +66,7 @@ class GroupResult:
 
     @property
     def refused_before_stopping(self) -> bool:
-        """The engine's own check refused every command line: nothing on any host was stopped (exit 4)."""
-        return not self.ok and bool(self.attempts) and all(a.outcome == "rejected" for a in self.attempts)
+        return refused_before_stopping(self.ok, self.attempts)
 
 
 class GroupRun:

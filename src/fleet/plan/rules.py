@@ -133,8 +133,8 @@ def _parser_flags(i: PlanInput) -> list[tuple[str, str | None]]:
 # both engines: the flags come from fleet.plan.parsers, which says why in `fleet plan`
 PARSERS = Rule(
     "parsers",
-    lambda i: _parser_choice(i) is not None,
-    _parser_flags,
+    lambda i: i.wishes.parsers is not None,
+    _parser_flags,  # none for a family fleet does not know (the plan warns)
     "the playbook asked for parsers: the engine's own detection where it has one, else the family's (plan/parsers.py)",
     replaces="the engine's default: no parser, so thinking and tool calls arrive as plain text in the answer",
 )
