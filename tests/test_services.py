@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from conftest import ROOT
@@ -407,3 +408,36 @@ def test_a_lease_left_by_a_run_that_died_is_taken_over(fleet: Fleet) -> None:
     )
     assert fleet.run().up().ok
     assert not lease.exists()
+
+
+def test_a_service_whose_every_replica_is_refused_before_anything_changed_exits_4(fleet: Fleet) -> None:
+    """Issue #24: a service whose replicas pre-flight or the engine's own check refused exited 7, as if a
+    deploy had failed; like a refused deploy it is a pre-flight refusal (exit 4), nothing launched."""
+    from fleet.cli.services import print_service
+
+    result = fleet.run("qwen35-nvfp4").up()  # NVFP4 on the A6000 replicas: SGLang 0.5.11 cannot run it
+    assert not result.ok and result.refused, [str(o.error) for o in result.replicas]
+    assert all(o.error is not None and o.error.exit_code == 4 for o in result.replicas)
+    with pytest.raises(click.exceptions.Exit) as exc:
+        print_service(result, as_json=True)
+    assert exc.value.exit_code == 4
+    assert not any(simhost.record(h.dir, "state.json", "qwen36-1").exists() for h in fleet.hosts.values())
+
+
+def test_a_replica_the_engine_refused_counts_as_refused_and_one_that_crashed_does_not() -> None:
+    from fleet.control.deploy import Attempt, DeployResult
+    from fleet.control.service import ReplicaOutcome, ServiceResult
+    from fleet.errors import DeployFailed
+    from fleet.inventory.services import PlacedReplica
+
+    def outcome(*outcomes: str) -> ReplicaOutcome:
+        attempts = [Attempt(n, [], outcome=o) for n, o in enumerate(outcomes, 1)]
+        replica = PlacedReplica(1, "node-a", "qwen36-1", None)
+        return ReplicaOutcome(replica, result=DeployResult("node-a", "p", False, attempts, None))  # type: ignore[arg-type]
+
+    refused = ServiceResult("s", False, "", "", [outcome("rejected", "rejected")])
+    assert refused.refused
+    assert not ServiceResult("s", False, "", "", [outcome("rejected"), outcome("rejected", "crashed")]).refused
+    failed = ReplicaOutcome(PlacedReplica(1, "node-a", "qwen36-1", None), error=DeployFailed("x", ""))
+    assert not ServiceResult("s", False, "", "", [failed]).refused
+    assert not ServiceResult("s", False, "", "", []).refused

@@ -58,8 +58,8 @@ def print_service(result: ServiceResult, as_json: bool) -> None:
                 say(f"{o.name}: {o.error or o.note}", err=True)
         state = "is up" if result.ok else "FAILED"
         say(f"service {result.service} {state} at {result.endpoint}: {result.reason}", err=not result.ok)
-    if not result.ok:
-        raise click.exceptions.Exit(7)
+    if not result.ok:  # every replica refused before anything changed: a pre-flight refusal, as for a deploy
+        raise click.exceptions.Exit(4 if result.refused else 7)
 
 
 @cli.command()
@@ -71,7 +71,8 @@ def up(ctx: Invocation, service: str, as_json: bool) -> None:
     exactly the ready replicas registered in the router, and a request through the router proved.
 
     A replica already running its plan is left running. Exit 0 when every replica is up and the router
-    answers the smoke prompt; 7 otherwise (the ready replicas still serve).
+    answers the smoke prompt; 4 when every replica was refused before anything changed (pre-flight or the
+    engine's own check); 7 otherwise (the ready replicas still serve).
 
     \b
     Example:

@@ -62,6 +62,14 @@ class ReplicaOutcome:
     def name(self) -> str:
         return f"{self.replica.host}/{self.replica.deployment}"
 
+    @property
+    def refused(self) -> bool:
+        """Refused before anything on its host was changed: pre-flight, or the engine's own check of every
+        command line (a deploy's exit 4)."""
+        if self.result is not None:
+            return self.result.refused_before_stopping
+        return self.error is not None and self.error.exit_code == 4
+
 
 @dataclass
 class ServiceResult:
@@ -71,6 +79,11 @@ class ServiceResult:
     endpoint: str
     replicas: list[ReplicaOutcome] = field(default_factory=list)
     answer: dict[str, Any] | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Every replica was refused before anything was changed (exit 4, as a refused deploy)."""
+        return not self.ok and bool(self.replicas) and all(o.refused for o in self.replicas)
 
 
 @dataclass
