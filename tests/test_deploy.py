@@ -38,7 +38,10 @@ def remote(sb: simhost.Sandbox, spec: simhost.HostSpec, command: str) -> str:
     return subprocess.run([*simhost.ssh_argv(sb, spec), command], capture_output=True, text=True, timeout=30).stdout
 
 
-def state(sb: simhost.Sandbox, name: str) -> dict:
+def state(sb: simhost.Sandbox, name: str, deployment: str | None = None) -> dict:
+    """The newest deployment record on the host, or `deployment`'s."""
+    if deployment is not None:
+        return json.loads(simhost.record(sb.host_dir(name), "state.json", deployment).read_text())
     return json.loads(simhost.newest_record(sb.host_dir(name)).read_text())
 
 
@@ -113,6 +116,59 @@ def test_the_deploy_shows_what_the_engine_resolved_for_the_settings_the_plan_lef
     said = next(line for line in r.err.splitlines() if "the engine resolved:" in line)
     assert "mamba strategy extra_buffer" in said and "speculative EAGLE" in said and "memory fraction 0.717" in said
     assert r.err.index("the engine resolved:") < r.err.index("launched")
+
+
+def test_an_engine_whose_own_pick_fails_here_gets_fleets_flag_before_anything_is_stopped(
+    fleet_env: simhost.Sandbox, playbooks: Path
+) -> None:
+    """Issue #24, rules keyed on what the engine decides: fleet's table says SGLang 0.5.11 picks flashinfer
+    for a hybrid model on SM120 itself, so the plan leaves attention to it. This host's engine (another
+    build) picks trtllm_mha, whose prefill exists only on SM100: its check says so before anything is
+    stopped, fleet plans again with flashinfer and remembers the engine's word, so the next deploy adopts
+    that server instead of relaunching it."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "6,7", "--name", "small").code == 0
+    small = state(fleet_env, "blackwell", "small")["pid"]
+    simhost.set_host(fleet_env.host_dir("blackwell"), engine_picks={"--attention-backend": "trtllm_mha"})
+    other = add_playbook(playbooks, "other", "qwen36-27b", "gpus: [0, 1]\n")
+    assert "--attention-backend" not in run_cli("plan", other, "--host", "blackwell").out
+    checked = run_cli("plan", other, "--host", "blackwell", "--check")  # says what a deploy would do
+    assert checked.code == 0 and "the engine picks attention trtllm_mha itself here" in checked.out, checked.out
+    assert "+--attention-backend flashinfer" in checked.out
+    r = run_cli("deploy", other, "--host", "blackwell")
+    assert r.code == 0, r.err
+    assert "the engine picks attention trtllm_mha itself here" in r.err
+    assert "+--attention-backend flashinfer" in r.err
+    assert r.err.index("planned again") < r.err.index("launched")  # asked before anything changed
+    st = state(fleet_env, "blackwell", other)
+    argv = st["plan"]["argv"]
+    assert st["status"] == "ready" and argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    flag = next(f for f in st["plan"]["flags"] if f["flag"] == "--attention-backend")
+    assert "told by SGLang 0.5.11's check on this host" in flag["replaces"] and "fails here" in flag["replaces"]
+    assert state(fleet_env, "blackwell", "small")["pid"] == small  # another deployment was never touched
+    # remembered: `fleet plan` and the next deploy stand on the engine's word, and the server is adopted
+    assert "--attention-backend flashinfer" in run_cli("plan", other, "--host", "blackwell").out
+    again = run_cli("deploy", other, "--host", "blackwell")
+    assert again.code == 0 and "planned again" not in again.err and "launched" not in again.err, again.err
+    # a plan whose flags the engine's own pick agrees with stands as it is: asked, and not made again
+    simhost.set_host(fleet_env.host_dir("blackwell"), engine_picks={})
+    assert run_cli("stop", "--host", f"blackwell/{other}").code == 0
+    r = run_cli("deploy", other, "--host", "blackwell")
+    assert r.code == 0 and "planned again" not in r.err, r.err
+
+
+def test_an_engine_that_picks_another_working_backend_is_pinned_to_its_own_choice(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """The FP4 GEMM rule writes down SGLang's own choice (0.5.11: flashinfer_cudnn on SM120); an engine
+    that resolves another one itself gets that one written down instead of fleet's table's."""
+    simhost.set_host(fleet_env.host_dir("blackwell"), engine_picks={"--fp4-gemm-backend": "flashinfer_cutlass"})
+    r = run_cli("deploy", "qwen35-nvfp4", "--host", "blackwell")
+    assert r.code == 0, r.err
+    assert "the engine picks FP4 GEMM flashinfer_cutlass itself here" in r.err
+    assert "--fp4-gemm-backend flashinfer_cudnn -> flashinfer_cutlass" in r.err
+    argv = state(fleet_env, "blackwell")["plan"]["argv"]
+    assert argv[argv.index("--fp4-gemm-backend") + 1] == "flashinfer_cutlass"
+    assert argv[argv.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"  # the failing pick still replaced
 
 
 def _model_copy(sb: simhost.Sandbox, host: str, name: str, **config: object) -> None:

@@ -19,6 +19,7 @@ SAMPLES: list[events.Event] = [
     events.AttemptStarted(1, 3, ["python", "-m", "sglang.launch_server"]),
     events.LockTakenOver({"owner": "ana@laptop", "command": "deploy"}),
     events.EngineChecked("accepted"),
+    events.Replanned({"MoE runner": "flashinfer_cutlass"}, ["--moe-runner-backend", "flashinfer_cutlass"], []),
     events.Stopped(
         [{"pid": 7, "pgid": 7, "cmdline": "python -m sglang.launch_server", "why": "fleet's server", "user": "u"}],
         [{"pid": 9, "why": "GPU daemon nvidia-persistenced", "user": "root"}],

@@ -138,7 +138,11 @@ RULE_CASES = [
     ("sm120-nvfp4-moe-runner", ("qwen35-nvfp4", "blackwell", (B200, 8), "0.5.11", {}), False),
     ("sm120-nvfp4-fp4-gemm", ("qwen35-nvfp4", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
     ("sm120-nvfp4-fp4-gemm", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), False),
-    ("hybrid-sm120-attention", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), True),
+    # keyed on SGLang's own pick: 0.5.11 and 0.5.23 pick flashinfer on SM120 themselves, which works there;
+    # a version fleet has no pick for gets it written down
+    ("hybrid-sm120-attention", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.11", {}), False),
+    ("hybrid-sm120-attention", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.23", {}), False),
+    ("hybrid-sm120-attention", ("qwen36-27b", "blackwell", BLACKWELL_GPUS, "0.5.16", {}), True),
     ("hybrid-sm120-attention", ("qwen36-27b", "ct129", CT129_GPUS, "0.5.11", {}), False),
     # SM100: SGLang's own default (trtllm_mha, in the allow-list) is not overridden
     ("hybrid-sm120-attention", ("qwen36-27b", "blackwell", (B200, 8), "0.5.23", {}), False),
@@ -365,11 +369,16 @@ def test_an_upgrade_preview_shows_the_renamed_flag_and_its_rule() -> None:
 def test_every_rule_names_the_engine_default_it_replaces_and_fleet_plan_shows_it() -> None:
     from fleet.plan.rules import VLLM_RULES
 
-    assert all(r.replaces for r in (*SGLANG_RULES, *VLLM_RULES)), [r.id for r in SGLANG_RULES if not r.replaces]
+    # a keyed rule says what it replaces from the engine's own pick (fleet.plan.picks), the others in words
+    assert all(r.replaces or r.keyed_on for r in (*SGLANG_RULES, *VLLM_RULES)), [
+        r.id for r in SGLANG_RULES if not r.replaces
+    ]
     r = plan(playbook("qwen35-nvfp4"), "blackwell", BLACKWELL_GPUS)
     assert r.plan is not None
+    assert all(f.replaces for f in r.plan.flags if f.rule in {x.id for x in SGLANG_RULES})
     moe = next(f for f in r.plan.flags if f.name == "--moe-runner-backend")
-    assert "flashinfer_trtllm" in moe.replaces and "SM120" in moe.replaces
+    assert "SGLang's own MoE runner auto, which becomes flashinfer_trtllm at model load" in moe.replaces
+    assert "which fails here" in moe.replaces and "SM100/SM103/SM110" in moe.replaces
     assert r.plan.to_json()["flags"][-1]["replaces"] == r.plan.flags[-1].replaces
 
 

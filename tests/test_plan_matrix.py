@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ import pytest
 from conftest import ROOT
 from factsdata import MODELS, facts
 from fleet.inventory import parse_inventory, parse_playbook
+from fleet.plan import keyed_premises, picks
 from fleet.plan.build import PlanResult, build_plan
 from fleet.plan.fit import fit_gpus
 from fleet.yamlfile import parse_yaml
@@ -135,3 +137,127 @@ def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
         if v["verdict"] != "accepted"
     ]
     assert not failed, "\n".join(failed)
+    # and what the plan left to SGLang, SGLang picks as fleet's table says (fleet.plan.picks)
+    wrong = []
+    for (cell, _), v in zip(todo, verdicts, strict=True):
+        r = plan_cell(cell)
+        assert r.plan is not None and r.model is not None and r.gpus is not None
+        drop = keyed_premises(r.plan, r.model, r.gpus, r.wishes).get("drop", {})
+        left = {s: value for s, value in predicted_picks(cell, r).items() if s not in drop}
+        got = {s: str(v["resolved"].get(ORACLE_FIELDS[s])) for s in left}
+        if got != left:
+            wrong.append(f"{cell.name}: fleet's table says SGLang picks {left}, it resolved {got}")
+    assert sum(bool(predicted_picks(c, plan_cell(c))) for c, _ in todo) >= len(todo) // 2  # the table speaks
+    assert not wrong, "\n".join(wrong)
+
+
+# the oracle's names for the settings fleet's keyed rules decide on (fleet.plan.picks.SETTINGS)
+ORACLE_FIELDS = {
+    picks.ATTENTION: "attention_backend",
+    picks.MAMBA: "mamba_strategy",
+    picks.MOE_RUNNER: "moe_runner_backend",
+    picks.FP4_GEMM: "fp4_gemm_backend",
+}
+
+
+def predicted_picks(cell: Cell, r: PlanResult) -> dict[str, str]:
+    """What fleet's table says SGLang picks itself in this cell, for the settings it has a row for."""
+    assert r.model is not None and r.gpus is not None and r.plan is not None
+    spec = r.wishes.speculative and r.model.mtp_layers > 0
+    out = {}
+    for setting in picks.SETTINGS:
+        pick = picks.engine_pick(setting, r.model, r.gpus, r.plan.engine_version, spec, {})
+        if pick is not None and picks.relevant(setting, r.model):
+            out[setting] = pick.value
+    return out
+
+
+def without(argv: list[str], flags: list[str]) -> list[str]:
+    out, skip = [], False
+    for w in argv:
+        if not skip and w not in flags:
+            out.append(w)
+        skip = w in flags
+    return out
+
+
+@pytest.mark.realparser
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_flag_a_keyed_rule_sets_stands_on_the_pick_sglang_itself_makes(version: str) -> None:
+    """A keyed rule's flag stands on fleet's table (fleet.plan.picks): without that flag the real SGLang
+    resolves the pick the table says, or refuses in words that name it (the pick fails: the flag is
+    needed). Settings the plan leaves to SGLang are checked by the test above, from the plan's own
+    resolution. So a rule overrides the engine only where its own pick is known to fail."""
+    if not (ORACLE / ".venv" / ".ok-build").exists():
+        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    todo: list[tuple[Cell, str, list[str], str]] = []  # cell, setting, argv without its flag, the table's pick
+    for cell in (c for c in CELLS if c.version == version):
+        r = plan_cell(cell)
+        if r.plan is None or r.errors or r.model is None or r.gpus is None:
+            continue
+        predicted = predicted_picks(cell, r)
+        for setting, flags in keyed_premises(r.plan, r.model, r.gpus, r.wishes).get("drop", {}).items():
+            assert setting in predicted, f"{cell.name}: a keyed rule set {setting} where the table has no pick"
+            todo.append((cell, setting, without(r.plan.engine_args(), flags), predicted[setting]))
+    assert len({t[1] for t in todo}) >= 3  # the mamba strategy, the MoE runner, the FP4 GEMM backend
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        verdicts = list(pool.map(lambda t: real_verdict(t[0], t[2]), todo))
+    wrong = []
+    for (cell, setting, _, pick), v in zip(todo, verdicts, strict=True):
+        if v["verdict"] != "accepted":  # only a pick the table calls failing may make SGLang refuse
+            if pick == "auto" or pick not in str(v.get("message")):
+                wrong.append(f"{cell.name} ({setting}): refused without naming {pick}: {str(v.get('message'))[:200]}")
+        elif str(v["resolved"].get(ORACLE_FIELDS[setting])) != pick:
+            got = v["resolved"].get(ORACLE_FIELDS[setting])
+            wrong.append(f"{cell.name} ({setting}): fleet's table says {pick}, SGLang resolved {got}")
+    assert not wrong, "\n".join(wrong)
+
+
+def sglang_min_capability(version: str, checkpoints: dict[str, str]) -> dict[str, dict]:
+    """SGLang's own capability gate for each checkpoint (model dir -> quantisation method), as its model
+    loader builds and checks it, run in the real package (tests/sglang_min_capability.py)."""
+    p = subprocess.run(
+        [str(ORACLE / ".venv" / "bin" / "python"), str(ROOT / "tests" / "sglang_min_capability.py"), str(ORACLE),
+         version, *(f"{method}={d}" for d, method in checkpoints.items())],
+        capture_output=True, text=True, timeout=600, cwd=ORACLE,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.realparser
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_quantisation_verdict_agrees_with_sglangs_own_capability_gate(version: str) -> None:
+    """The matrix's quantisation refusals have a counterpart in SGLang after all: its model loader refuses a
+    GPU below the checkpoint's quantisation config's minimum capability (a ValueError at load, after the
+    old server was stopped). Every cell SGLang's gate refuses, fleet refuses before anything is stopped;
+    every minimum fleet's message quotes is SGLang's; a refusal on a GPU the gate lets through names the
+    failure at load it stands for (FP8 MoE kernels, fp8e4nv). Memory-fit refusals have no counterpart:
+    SGLang finds out at load."""
+    if not (ORACLE / ".venv" / ".ok-build").exists():
+        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    cells = [(c, plan_cell(c)) for c in CELLS if c.version == version]
+    quantised = {
+        str(FAMILIES[c.family]): r.model.sglang_quantization
+        for c, r in cells
+        if r.model and r.model.sglang_quantization
+    }
+    gate = sglang_min_capability(version, quantised)
+    compared = {d for d, g in gate.items() if "min_capability" in g}
+    assert len(compared) >= 2, gate  # FP8 (DeepSeek-V3) and NVFP4 (Qwen3.5) at least; mxfp4 is CUDA-only
+    wrong = []
+    for cell, r in cells:
+        d = str(FAMILIES[cell.family])
+        if d not in compared:
+            continue
+        minimum, cc = gate[d]["min_capability"], round(float(GPUS[cell.gpu][0][1]) * 10)
+        refusals = [v.message for v in r.verdicts if v.level == "error" and v.rule == "quant-capability"]
+        if cc < minimum and not refusals:
+            wrong.append(f"{cell.name}: SGLang's loader refuses capability {cc} < {minimum}; fleet does not")
+        for message in refusals:
+            quoted = re.search(r"minimum is (\d+)", message)
+            if quoted and int(quoted.group(1)) != minimum:
+                wrong.append(f"{cell.name}: fleet quotes minimum {quoted.group(1)}, SGLang's is {minimum}")
+            if cc >= minimum and "fails at load" not in message:
+                wrong.append(f"{cell.name}: refused on {cc} >= SGLang's minimum {minimum} without a reason: {message}")
+    assert not wrong, "\n".join(wrong)

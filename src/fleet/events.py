@@ -73,6 +73,17 @@ class EngineChecked:
 
 
 @dataclass(frozen=True)
+class Replanned:
+    """The engine's check picked differently from what the plan stood on (fleet.plan.picks): planned again
+    on the engine's own picks before anything was stopped."""
+
+    kind: ClassVar[str] = "replanned"
+    picks: dict[str, str]  # setting -> what the engine picks itself, where the plan assumed otherwise
+    before: list[str]
+    after: list[str]
+
+
+@dataclass(frozen=True)
 class Stopped:
     """What the act step stopped (process records), what it saw and left running, GPU memory released."""
 
@@ -187,6 +198,7 @@ Event = (
     | AttemptStarted
     | LockTakenOver
     | EngineChecked
+    | Replanned
     | Stopped
     | Launched
     | LogLine

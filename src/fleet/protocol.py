@@ -74,6 +74,7 @@ class CheckResult(TypedDict, total=False):
     verdict: str  # accepted | rejected | could_not_check (always there)
     output: str  # (always there)
     resolved: Dict[str, str]  # accepted: what the engine decided for the settings the plan left to it
+    picks: Dict[str, str]  # asked for: setting -> what it picks without fleet's flags for it, or "refused: why"
 
 
 class Launched(TypedDict):
@@ -92,6 +93,7 @@ class ActResult(TypedDict, total=False):
     host: str
     lock: LockResult
     check: CheckResult
+    picks_differ: Dict[str, str]  # the engine's own picks the plan did not stand on: nothing was stopped
     refused: List[Dict[str, Any]]
     left: List[Dict[str, Any]]
     stopped: List[Dict[str, Any]]

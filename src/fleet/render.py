@@ -114,6 +114,10 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
             )
             if replaces:
                 console().print(f"      replaces {replaces}", style="dim", markup=False)
+        engine = {"sglang": "SGLang", "vllm": "vLLM"}.get(plan.engine, plan.engine)
+        for p in plan.left_to_engine:  # what fleet does not set, and what the engine picks itself there
+            console().print(f"  {p.setting}: {p.effective}", markup=False)
+            console().print(f"      left to {engine}: its own pick ({p.where()})", style="dim", markup=False)
         for e in plan.env:
             console().print(f"  env {e.name}={e.value}  [{e.rule}] {e.reason}", markup=False)
         for name in plan.secret_env:

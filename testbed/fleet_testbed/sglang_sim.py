@@ -301,7 +301,13 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
             r.spec_v2 = True
             r.warnings.append("Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.")
 
-    # engines.md §1.6: hybrid GDN attention allow-list on Blackwell
+    # engines.md §1.6: the attention backend SGLang picks itself; then the hybrid GDN allow-list on Blackwell
+    if args.attention_backend is None:
+        args.attention_backend = default_attention_backend(model, r.sm)
+    # test hook: an engine build that picks otherwise than the released versions (resolution's record fields)
+    for flag, value in (gpustate.load_host().get("engine_picks") or {}).items():  # {"--attention-backend": ..}
+        if not any(w == flag or w.startswith(flag + "=") for w in argv):
+            setattr(args, build_parser(version)._option_string_actions[flag].dest, value)
     if model.hybrid and r.sm >= 100 and args.attention_backend:
         allowed = (
             {"triton", "trtllm_mha", "flashinfer"}
@@ -322,6 +328,20 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
     if args.served_model_name is None:
         args.served_model_name = args.model_path
     return r
+
+
+def default_attention_backend(model: Model, sm: int) -> str:
+    """SGLang 0.5.11/0.5.23's own pick (server_args.py `_get_default_attn_backend` and the model-specific
+    adjustments, as their resolution gives it on a fake GPU): MLA models trtllm_mla on SM100, triton
+    elsewhere but Hopper (fa3); the others fa3 on Hopper, trtllm_mha on SM100, FlashInfer elsewhere (triton
+    for gpt-oss, whose attention sinks FlashInfer lacks)."""
+    if model.config.get("kv_lora_rank") is not None or (model.config.get("text_config") or {}).get("kv_lora_rank"):
+        return {90: "fa3"}.get(sm, "trtllm_mla" if 100 <= sm < 110 else "triton")
+    if sm == 90:
+        return "fa3"
+    if 100 <= sm < 110:
+        return "trtllm_mha"
+    return "triton" if "GptOssForCausalLM" in (model.config.get("architectures") or []) else "flashinfer"
 
 
 def current_version() -> Version:

@@ -18,7 +18,15 @@ from fleet.cli.base import (
     split_deployment,
     transport_for,
 )
-from fleet.cli.report import describe_left, describe_resolved, describe_stopped, print_result, progress_for, result_json
+from fleet.cli.report import (
+    describe_change,
+    describe_left,
+    describe_resolved,
+    describe_stopped,
+    print_result,
+    progress_for,
+    result_json,
+)
 from fleet.errors import DeployFailed
 from fleet.terminal import safe_line
 
@@ -125,7 +133,27 @@ def plan(
     result = placed.result
     preview = _upgrade_preview(ctx, host, pb, f, name, placement, engine_spec, result.plan) if engine_spec else None
     # a plan pre-flight refuses is not the engine's to judge (a container's image may not even be there)
-    checked = _engine_verdict(ctx, host, result.plan) if engine_check and result.plan and not result.errors else None
+    checked = None
+    if engine_check and result.plan and not result.errors and result.model and result.gpus:
+        from fleet.plan import keyed_premises
+
+        premises = keyed_premises(result.plan, result.model, result.gpus, result.wishes)
+        checked = _engine_verdict(ctx, host, result.plan, premises)
+        if checked["differ"]:  # what the deploy would do: plan again on the engine's own picks
+            again = ops.place_and_plan(
+                host,
+                pb,
+                f,
+                name,
+                placement,
+                replace=False,
+                signatures=ctx.signatures,
+                show_refusal=True,
+                told=checked["picks"],
+            ).result
+            if again.plan is not None:
+                checked["replanned"] = {"picks": checked["differ"], "argv": again.plan.argv()}
+                checked["change"] = describe_change(result.plan.engine_args(), again.plan.engine_args())
     if as_json:
         emit_json(
             {
@@ -162,6 +190,10 @@ def _say_check(title: str, check: dict[str, Any], indent: str) -> None:
     say(f"{indent}{title}: {check['verdict']}")
     if check.get("resolved"):
         say(f"{indent}  the engine resolved: {describe_resolved(check['resolved'])}")
+    if check.get("replanned"):
+        picks = ", ".join(f"{k} {v}" for k, v in check["replanned"]["picks"].items())
+        say(f"{indent}  the engine picks {picks} itself here, not what fleet's table said: a deploy plans again")
+        say(f"{indent}  on its picks before stopping anything: {check['change']}")
     if check["verdict"] != "accepted":
         for line in check["output"].splitlines():
             say(f"{indent}  {line}")
@@ -211,24 +243,32 @@ def _upgrade_preview(
     }
 
 
-def _engine_verdict(ctx: Invocation, host: Host, plan: Any) -> dict[str, Any]:
+def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: dict[str, Any] | None = None) -> dict[str, Any]:
     """The engine's own check of the planned command line, run in that version's installed environment on
-    the host (the check a deploy makes first); nothing is locked, stopped or started."""
+    the host (the check a deploy makes first); nothing is locked, stopped or started. `premises`
+    (fleet.plan.keyed_premises): also what the engine picks itself, and where the plan did not stand on it."""
     import uuid
 
     from fleet.control.deploy import check_args, engine_resolved
+    from fleet.control.remote_act import picks_differ
     from fleet.hostscripts import run_json
+    from fleet.plan.picks import told_picks
 
     name = f"{plan.container.name if plan.container else ''}-check-{uuid.uuid4().hex[:12]}"
-    args = {"check_only": True, "check": check_args(plan, name, ["--pull=never"])}  # fleet plan pulls nothing
+    check = check_args(plan, name, ["--pull=never"], premises=premises)  # fleet plan pulls nothing
     with transport_for(ctx, host) as t:
-        out = run_json(t, plan.python, "act", args, stdin=b"{}\n", timeout_s=300)
+        out = run_json(t, plan.python, "act", {"check_only": True, "check": check}, stdin=b"{}\n", timeout_s=300)
     said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
     errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text
+    expect = (premises or {}).get("expect") or {}
+    picks = {k: v for k, v in told_picks(out["check"].get("picks")).items() if k in expect}  # plain words only
+    accepted = str(out["check"]["verdict"]) == "accepted"
     return {
         "verdict": str(out["check"]["verdict"]),
         "output": "\n".join(errors[-6:] or said[-12:]),
         "resolved": engine_resolved(out["check"]),
+        "picks": picks,
+        "differ": picks_differ(picks, expect) if accepted else {},
     }
 
 

@@ -104,6 +104,10 @@ class Reporter:
             self.say(f"{h}: engine's own argument check: {event.verdict}")
             if event.resolved:
                 self.say(f"{h}: the engine resolved: {describe_resolved(event.resolved)}")
+        elif isinstance(event, events.Replanned):
+            picks = ", ".join(f"{k} {v}" for k, v in event.picks.items())
+            self.say(f"{h}: the engine picks {picks} itself here, not what fleet's table said: planned again on")
+            self.say(f"{h}: its picks before stopping anything: {describe_change(event.before, event.after)}")
         elif isinstance(event, events.EngineCheckSkipped):
             self.say(f"{h}: engine's own argument check: not needed (this command line ran with {event.version} here)")
         elif isinstance(event, events.Stopped):
@@ -161,6 +165,17 @@ class Reporter:
             sys.stderr.write(f"\r\x1b[K{self.host} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
             sys.stderr.flush()
             self.last_line = line
+
+
+def describe_change(before: list[str], after: list[str]) -> str:
+    """What changed between two engine command lines, flag by flag: `-flag v`, `+flag v`, `flag a -> b`."""
+    from fleet.plan import args_dict
+
+    a, b = args_dict(before), args_dict(after)
+    words = [f"-{k}" + (f" {v}" if v is not None else "") for k, v in a.items() if k not in b]
+    words += [f"+{k}" + (f" {v}" if v is not None else "") for k, v in b.items() if k not in a]
+    words += [f"{k} {a[k]} -> {b[k]}" for k in a if k in b and a[k] != b[k]]
+    return ", ".join(words) or "no change"
 
 
 def describe_resolved(resolved: object) -> str:

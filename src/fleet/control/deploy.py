@@ -53,9 +53,10 @@ from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host
 from fleet.inventory.runtime import SECRETS_MOUNT
 from fleet.model import ModelSpec
-from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, relint, show_version
-from fleet.plan.build import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
+from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
+from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
+from fleet.plan.picks import told_picks
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -116,15 +117,21 @@ def refused_before_stopping(ok: bool, attempts: list[Attempt]) -> bool:
     return not ok and bool(attempts) and all(a.outcome == "rejected" for a in attempts)
 
 
-def check_args(plan: LaunchPlan, check_name: str, run_options: Sequence[str] = ()) -> dict[str, Any]:
+def check_args(
+    plan: LaunchPlan, check_name: str, run_options: Sequence[str] = (), premises: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The act step's `check`: the engine's own check of `plan`, in the image when it runs in a container
-    (`check_name`: the container's name, never another deployment's; `run_options` before the plan's)."""
+    (`check_name`: the container's name, never another deployment's; `run_options` before the plan's).
+    `premises` (fleet.plan.keyed_premises): also ask what the engine picks without the keyed rules' flags,
+    and stop before anything is changed where the plan did not stand on those picks."""
     args: dict[str, Any] = {
         "engine": plan.engine,
         "python": plan.python,
         "args": plan.engine_args(),
         "env": {e.name: e.value for e in plan.env},
     }
+    if premises:
+        args["picks"] = dict(premises)
     cont = plan.container
     if cont is not None:  # run in the image, as the server will be
         args["container"] = {
@@ -300,6 +307,7 @@ class Deployer:
         release_lock: bool = False,
         command: str = "deploy",
         prepare_only: bool = False,
+        premises: Mapping[str, Any] | None = None,
     ) -> ActResult:
         """`prepare_only`: lock, check and sort what holds the GPUs, and stop there (the lock kept): a group
         prepares every host before it stops anything on any."""
@@ -322,7 +330,7 @@ class Deployer:
         env = {e.name: e.value for e in plan.env}
         cont = plan.container
         if check:
-            args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}")
+            args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}", premises=premises)
         if launch:
             args["launch"] = {
                 "name": self.deployment,
@@ -449,7 +457,12 @@ class Deployer:
         learned_key: str,
         learned_existing: list[dict[str, Any]],
         recorded_pgid: int | None,
+        replan: Callable[[dict[str, str]], LaunchPlan] | None = None,
     ) -> DeployResult:
+        """`replan`: the plan made again on the engine's own picks (fleet.plan.picks). Given, the first
+        check also asks the engine what it picks itself, and a plan that stood on other picks is made again
+        before anything is stopped (fleet.plan.keyed_premises). None (a restart: the recorded plan, as it
+        ran): not asked."""
         result = DeployResult(
             self.host.name,
             self.playbook_name,
@@ -460,7 +473,9 @@ class Deployer:
             deployment=self.deployment,
         )
         try:
-            return self._attempts(plan, model, gpus, wishes, result, learned_key, learned_existing, recorded_pgid)
+            return self._attempts(
+                plan, model, gpus, wishes, result, learned_key, learned_existing, recorded_pgid, replan
+            )
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the host must not be left locked by a run that ended
             self._abandon()
             raise
@@ -475,11 +490,13 @@ class Deployer:
         learned_key: str,
         learned_existing: list[dict[str, Any]],
         recorded_pgid: int | None,
+        replan: Callable[[dict[str, str]], LaunchPlan] | None,
     ) -> DeployResult:
         applied: list[str] = []
         new_learned: list[dict[str, Any]] = []
         started = time.monotonic()
         attempt = 0
+        asked = False  # the engine's own picks are asked for once, before the first launch
         while True:
             attempt += 1
             rec = Attempt(attempt, plan.argv())
@@ -488,13 +505,40 @@ class Deployer:
             self.progress(events.AttemptStarted(attempt, self.max_attempts, plan.argv()))
             state = self.record(plan, "starting", attempt=attempt)
             state["run_id"], state["deployed_by"], state["learned_key"] = self.run_id, self.owner, learned_key
+            # asked once, on the plan as fleet made it (no fix applied yet); one made again stands on the answer
+            premises = keyed_premises(plan, model, gpus, wishes) if replan is not None and not asked else None
+            asked = True
             out = self.act(
-                plan, attempt=attempt, launch=True, check=self.engine_check, recorded_pgid=recorded_pgid, state=state
+                plan,
+                attempt=attempt,
+                launch=True,
+                check=self.engine_check,
+                recorded_pgid=recorded_pgid,
+                state=state,
+                premises=premises,
             )
             self._stop_if_locked_or_unsafe(out)
             check = out.get("check")
             if check:
                 self.progress(events.EngineChecked(check["verdict"], engine_resolved(check)))
+            differ = out.get("picks_differ")
+            if premises and isinstance(differ, dict) and differ and replan is not None:
+                # nothing was stopped: plan again on what the engine picks itself, only for what was asked
+                told = {k: v for k, v in told_picks((check or {}).get("picks")).items() if k in premises["expect"]}
+                before = plan.engine_args()
+                plan = replan(told)
+                said = {k: told[k] for k in differ if k in told}
+                if said:
+                    self.progress(events.Replanned(said, before, plan.engine_args()))
+                    # remembered with the learned fixes (the same model, engine version and GPU model): the
+                    # next plan stands on these picks, and a server running it is adopted, not relaunched
+                    new_learned.append(
+                        {"signature": ENGINE_PICKS, "picks": told, "learned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                    )
+                result.attempts.pop()
+                result.plan = plan
+                attempt -= 1
+                continue
             if check and check["verdict"] == "rejected":
                 lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as replace_field
 from typing import Any, TypeGuard
@@ -135,6 +135,15 @@ def deploy(
         drain_s=drain_s,
     )
     existing = _learned_as_json(facts, result.learned_key, signatures)
+    planned = result.plan
+
+    def replan(told: dict[str, str]) -> LaunchPlan:
+        """The same plan made again, on the same facts, standing on what the engine said it picks itself."""
+        again = place_and_plan(
+            host, playbook, facts, deployment, gpus, replace=replace, signatures=signatures, told=told
+        ).result
+        return again.plan if again.plan is not None and not again.errors else planned
+
     return deployer.run(
         result.plan,
         result.model,
@@ -143,6 +152,7 @@ def deploy(
         learned_key=result.learned_key,
         learned_existing=existing,
         recorded_pgid=recorded_pgid(mine),
+        replan=replan,
     )
 
 
@@ -165,6 +175,7 @@ def place_and_plan(
     signatures: Sequence[Signature] | None = None,
     show_refusal: bool = False,
     nodes: int = 1,
+    told: Mapping[str, str] | None = None,
 ) -> Placed:
     """The deployment's GPUs and port on this host, then its plan (`fleet plan` shows, `deploy` runs it).
     `gpus` (--gpus) overrides the playbook's gpus:. A placement that cannot be made is a PreflightError;
@@ -185,7 +196,7 @@ def place_and_plan(
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
-    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes)
+    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
     if fitted is not None:

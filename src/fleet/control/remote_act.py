@@ -117,19 +117,37 @@ def client_gone(a: Dict[str, Any]) -> bool:
         return True
 
 
-def resolved_of(engine: str, out: str) -> Dict[str, str]:
-    """remote_check_sglang.py's last line: what SGLang resolved (only its check prints one; the engine's own
-    output before it cannot stand for it, the last line wins), kept to short strings."""
-    marks = re.findall(r"^FLEET-RESOLVED (\{.{0,4000}\})$", out, re.M) if engine == "sglang" else []
+def marked_json(out: str, mark: str, longest: int) -> Dict[str, Any]:
+    """The last `MARK {...}` line of the check's output as a JSON object (the engine's own output before it
+    cannot stand for it: the last line wins); {} for anything else."""
+    marks = re.findall(r"^%s (\{.{0,%d}\})$" % (re.escape(mark), longest), out, re.M)
     try:
         said = json.loads(marks[-1]) if marks else {}
     except (ValueError, RecursionError):
         return {}
-    if not isinstance(said, dict):
-        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def resolved_of(engine: str, out: str) -> Dict[str, str]:
+    """remote_check_sglang.py's FLEET-RESOLVED line: what SGLang resolved (only its check prints one), kept
+    to short strings."""
+    said = marked_json(out, "FLEET-RESOLVED", 4000) if engine == "sglang" else {}
     return dict(
         (str(k)[:40], str(v)[:80]) for k, v in list(said.items())[:16] if isinstance(v, (str, int, float, bool))
     )
+
+
+def picks_of(out: str) -> Dict[str, str]:
+    """remote_check_sglang.py's FLEET-PICKS line: what SGLang picked with fleet's keyed flags left out (or
+    why it refused that), kept to short strings."""
+    said = marked_json(out, "FLEET-PICKS", 2000)
+    return dict((str(k)[:40], str(v)[:300]) for k, v in list(said.items())[:8] if isinstance(v, str))
+
+
+def picks_differ(told: Dict[str, str], expect: Dict[str, List[str]]) -> Dict[str, str]:
+    """The engine's picks the plan does not stand on (empty: it stands). An engine that refuses the command
+    line without fleet's flags for a setting ("refused: ...") confirms that they are needed."""
+    return dict((k, v) for k, v in told.items() if k in expect and v not in expect[k] and not v.startswith("refused"))
 
 
 def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
@@ -137,11 +155,16 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
     env = dict(os.environ, **c.get("env", {}))
+    asked = (c.get("picks") or {}).get("drop")
+    if asked is not None:  # also say what the engine picks by itself for the settings fleet's keyed rules decide
+        env["FLEET_PICKS"] = json.dumps({"drop": asked})
     deadline = time.time() + c.get("timeout_s", 180)
     cont = c.get("container")
     argv = [expand(c["python"]), "-c", code] + c["args"]
     if cont:  # the check runs in the same image as the server, with its mounts and environment
         argv = [cont["cli"], "run", "--rm", "--name", cont["name"], "--network", "host"] + cont["options"]
+        if asked is not None:
+            argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
         try:
@@ -161,7 +184,10 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
         output.seek(0)
         out = output.read().decode("utf-8", "replace")[-20000:]
     if p.returncode == 0:
-        return {"verdict": "accepted", "output": out[-2000:], "resolved": resolved_of(c["engine"], out)}
+        result = {"verdict": "accepted", "output": out[-2000:], "resolved": resolved_of(c["engine"], out)}  # type: CheckResult
+        if asked is not None:
+            result["picks"] = picks_of(out)
+        return result
     if p.returncode == 2 and "error:" in out:
         return {"verdict": "rejected", "output": out}
     if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):
@@ -429,6 +455,11 @@ def main() -> ActResult:
     if a.get("check"):
         out["check"] = engine_check(a["check"], gone)
         if out["check"]["verdict"] == "rejected":
+            return out
+        differ = picks_differ(out["check"].get("picks") or {}, (a["check"].get("picks") or {}).get("expect") or {})
+        if differ:  # the plan stood on picks the engine does not make here: fleet plans again, nothing stopped
+            release_lock(state_dir, a["lock"]["run_id"])
+            out["picks_differ"] = differ
             return out
     if a.get("launch"):
         unwritable = unwritable_dir(expand(a["launch"]["log_dir"]))

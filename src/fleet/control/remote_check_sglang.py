@@ -22,7 +22,7 @@ import ast
 import json
 import os
 import sys
-from typing import Dict, Mapping, Optional, Set
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 
 class Settings:
@@ -175,21 +175,69 @@ def resolved_settings(record: object) -> Dict[str, str]:
     return out
 
 
-def main() -> None:
+PICKS_MARK = "FLEET-PICKS "
+# the settings fleet's keyed rules decide on (fleet.plan.picks.SETTINGS), by the names RESOLVED shows
+PICKED = ("attention", "mamba strategy", "MoE runner", "FP4 GEMM")
+
+
+def resolve_record(argv: List[str]) -> Tuple[object, object]:
+    """SGLang's parsed arguments for `argv` and its resolved record, as the launcher resolves them on this
+    host's GPUs (0.5.11: one and the same)."""
     from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found,unused-ignore]
 
-    argv = sys.argv[1:]
     server_args = prepare_server_args(argv)
     resolve = getattr(server_args, "resolve_once", None)
-    record = server_args
-    if callable(resolve):  # 0.5.23 only parses in prepare_server_args; launch_server resolves, on this GPU
-        resolve()
-        try:  # 0.5.23's record keeps what was declared; the resolved values are in its view
-            from sglang.srt.arg_groups.model_override_base import resolved_view  # type: ignore[import-not-found,unused-ignore]
+    if not callable(resolve):
+        return server_args, server_args
+    resolve()  # 0.5.23 only parses in prepare_server_args; launch_server resolves, on this GPU
+    try:  # 0.5.23's record keeps what was declared; the resolved values are in its view
+        from sglang.srt.arg_groups.model_override_base import resolved_view  # type: ignore[import-not-found,unused-ignore]
 
-            record = resolved_view(server_args)
-        except Exception:
-            pass
+        return server_args, resolved_view(server_args)
+    except Exception:
+        return server_args, server_args
+
+
+def without(argv: List[str], flags: List[str]) -> List[str]:
+    """`argv` less `flags` and their values (`--flag value`, `--flag=value`, or a bare `--flag`)."""
+    out = []  # type: List[str]
+    skip = False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if name in flags:
+            skip = "=" not in word and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(word)
+    return out
+
+
+def engine_picks(argv: List[str], resolved: Mapping[str, str], drop: Mapping[str, List[str]]) -> Dict[str, str]:
+    """What SGLang picks by itself for PICKED: a setting fleet set is resolved again without its flags (a
+    fresh record each time: a resolved one cannot be resolved again; one setting at a time, so that one
+    the engine cannot do without does not hide the others: "refused: why"); a setting fleet left alone is
+    what the command line itself resolved to (`resolved`)."""
+    out = dict((k, resolved[k]) for k in PICKED if k in resolved and k not in drop)
+    for setting, flags in drop.items():
+        if setting not in PICKED:
+            continue
+        try:
+            again = resolved_settings(resolve_record(without(argv, [str(f) for f in flags]))[1])
+        except SystemExit as exc:  # argparse
+            out[setting] = "refused: exit %s" % exc.code
+            continue
+        except Exception as exc:  # the engine's own refusal: the flags fleet set are needed
+            out[setting] = ("refused: %s: %s" % (type(exc).__name__, exc))[:300]
+            continue
+        if setting in again:
+            out[setting] = again[setting]
+    return out
+
+
+def main() -> None:
+    server_args, record = resolve_record(sys.argv[1:])
     import sglang.srt  # type: ignore[import-not-found,unused-ignore]
 
     models_dir = os.path.join(os.path.dirname(os.path.abspath(sglang.srt.__file__)), "models")
@@ -202,8 +250,19 @@ def main() -> None:
             sys.stderr.write("[fleet] SGLang's model loader (get_model_architecture) would refuse this model:\n")
             sys.stderr.write("ValueError: %s\n" % error)
             sys.exit(1)
-    # always the last line on success: fleet reads the last one (anything the engine printed comes before)
-    sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved_settings(record)) + "\n")
+    resolved = resolved_settings(record)  # before any resolution again: those may change the process's state
+    picks = None
+    asked = os.environ.get("FLEET_PICKS")  # {"drop": {setting: [flags fleet set for it]}}
+    if asked:
+        try:
+            drop = json.loads(asked)["drop"]
+            picks = engine_picks(sys.argv[1:], resolved, drop) if isinstance(drop, dict) else None
+        except (ValueError, TypeError, KeyError):
+            picks = None
+    # always the last lines on success: fleet reads the last ones (anything the engine printed comes before)
+    if picks is not None:
+        sys.stdout.write("\n" + PICKS_MARK + json.dumps(picks))
+    sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved) + "\n")
 
 
 if __name__ == "__main__":

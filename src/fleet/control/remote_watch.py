@@ -109,6 +109,9 @@ def on_success(a: Dict[str, Any]) -> None:
             learned = read_record(lpath) or {}
             kept = learned.get(a["learned_key"])
             entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
+            # what the engine said it picks itself is replaced by what it says now; fixes are kept
+            told = [e for e in a["learned"] if e.get("signature") == "engine-picks"]
+            entries = [e for e in entries if not (told and e.get("signature") == "engine-picks")]
             known = set(e.get("signature") for e in entries)
             learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
             write_record(lpath, learned)

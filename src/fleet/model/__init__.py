@@ -51,10 +51,17 @@ class ModelSpec:
     custom_code: bool = False  # config.json's auto_map names code shipped with the model (transformers' remote code)
     sliding_window_layers: int = 0  # layers that attend to the last `sliding_window` tokens only (gpt-oss)
     sliding_window: int | None = None
+    mla: bool = False  # multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3, Kimi K2): its own backends
 
     @property
     def hybrid(self) -> bool:
         return bool(self.linear_attention_layers) or self.architecture in HYBRID_ARCHS
+
+    @property
+    def attention_sinks(self) -> bool:
+        """Learned attention sinks, which FlashInfer's kernels lack (SGLang model_config.py
+        `_detect_attention_sinks`: gpt-oss always has them)."""
+        return self.architecture == "GptOssForCausalLM"
 
     @property
     def moe(self) -> bool:
@@ -201,4 +208,5 @@ def parse_model_spec(
         if isinstance(layer_types, list)
         else 0,
         sliding_window=_int(tc, "sliding_window") or None,
+        mla=tc.get("kv_lora_rank") is not None,
     )

@@ -7,11 +7,14 @@ imports the transport or performs I/O; pre-flight verdicts are values, the calle
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from fleet.model import ModelSpec
 from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
 from fleet.plan.parsers import parsers_for
+from fleet.plan.picks import FLAGS, SETTINGS, Pick, engine_pick, relevant
 from fleet.plan.rules import (
     ALIASES,
     KNOWN_CRASHES,
@@ -24,6 +27,7 @@ from fleet.plan.rules import (
     Rule,
     args_dict,
     choose_tp,
+    keyed_flags,
     lint,
     spell,
 )
@@ -66,6 +70,7 @@ __all__ = [
     "apply_fix",
     "args_dict",
     "choose_tp",
+    "keyed_premises",
     "lint",
     "parse_version",
     "plan_launch",
@@ -83,8 +88,12 @@ def plan_launch(
     python: str,
     wishes: Wishes,
     learned: tuple[LearnedFix, ...] = (),
+    told: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    i = PlanInput(model, gpus, engine_version, wishes)
+    """`told`: the engine's own picks for the settings keyed rules decide on (fleet.plan.picks), as its
+    check on the host said them; fleet's table of picks otherwise."""
+    told = told or {}
+    i = PlanInput(model, gpus, engine_version, wishes, dict(told))
     check_address = "127.0.0.1" if wishes.bind_address in ("0.0.0.0", "::") else wishes.bind_address
     model_flag = "--model-path" if wishes.engine == "sglang" else "--model"
     flags: list[Flag] = [
@@ -101,11 +110,15 @@ def plan_launch(
         ]
     verdicts: list[Verdict] = []
     if not wishes.literal:
-        for rule in SGLANG_RULES if wishes.engine == "sglang" else VLLM_RULES:
-            if rule.when(i):
-                for name, value in rule.flags(i):
-                    flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, rule.replaces)
-                env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
+        for rule in _rules(wishes.engine):
+            if not rule.when(i):
+                continue
+            pairs, replaces = rule.flags(i), rule.replaces
+            if rule.keyed_on:  # no flags where the engine's own pick stands (its environment still applies)
+                pairs, replaces = keyed_flags(rule, i) or ([], "")
+            for name, value in pairs:
+                flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, replaces)
+            env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
         if model.custom_code and not wishes.trust_remote_code and "--trust-remote-code" not in wishes.extra_args:
             verdicts.append(
                 Verdict(
@@ -165,6 +178,8 @@ def plan_launch(
         )
     plan = LaunchPlan(
         engine=wishes.engine,
+        left_to_engine=left_to_engine(i, flags),
+        told=tuple(sorted(told.items())),
         engine_version=engine_version,
         python=python,
         model_path=model.path,
@@ -179,6 +194,54 @@ def plan_launch(
     for lf in learned:
         plan = apply_fix(plan, lf.fix, lf.signature, f"learned fix ({lf.signature}, learned {lf.learned_at})")
     return replace(plan, verdicts=(*plan.verdicts, *lint(i, plan.flags)))
+
+
+def _rules(engine: str) -> tuple[Rule, ...]:
+    return SGLANG_RULES if engine == "sglang" else VLLM_RULES
+
+
+def keyed_premises(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, wishes: Wishes) -> dict[str, Any]:
+    """What the act step asks the engine before anything is stopped, so that the keyed rules stand on the
+    engine's own picks and not only on fleet's table: for each setting a keyed rule decided, the flags it
+    set (`drop`: the engine resolves the command line again without them and says what it picks itself;
+    a setting they left alone is read from the plan's own resolution), and the picks under which the plan
+    stays as it is (`expect`: the one it stood on, and the value fleet set where it set one). Empty where
+    no keyed rule decided anything (vLLM, a literal playbook, GPUs outside every rule's scope)."""
+    if wishes.literal:
+        return {}
+    i = PlanInput(model, gpus, plan.engine_version, wishes, dict(plan.told))
+    keyed = [r for r in _rules(plan.engine) if r.keyed_on and r.when(i)]
+    ids = {r.id for r in keyed}
+    expect: dict[str, list[str]] = {}
+    drop: dict[str, list[str]] = {}
+    for rule in keyed:
+        names = FLAGS[rule.keyed_on]
+        setter = next((f for f in plan.flags if f.name in names), None)
+        if setter is not None and setter.rule not in ids:
+            continue  # the playbook or a fix set it: not fleet's rules' to decide
+        if setter is not None:
+            drop[rule.keyed_on] = [setter.name]
+        pick = engine_pick(rule.keyed_on, model, gpus, plan.engine_version, i.spec_wanted, i.told)
+        values = expect.setdefault(rule.keyed_on, [])
+        told = i.told.get(rule.keyed_on)  # the engine said it before: the plan already stands on it
+        for value in (pick.value if pick else None, told, setter.value if setter else None):
+            if value is not None and value not in values:
+                values.append(value)
+    return {"drop": drop, "expect": expect} if expect else {}
+
+
+def left_to_engine(i: PlanInput, flags: list[Flag]) -> tuple[Pick, ...]:
+    """The engine's own picks for the keyed settings no flag of the plan sets, where fleet knows them."""
+    if i.wishes.engine != "sglang":
+        return ()
+    names = {f.name for f in flags}
+    out = []
+    for setting in SETTINGS:
+        if relevant(setting, i.model) and not names & set(FLAGS[setting]):
+            pick = engine_pick(setting, i.model, i.gpus, i.version, i.spec_wanted, i.told)
+            if pick is not None:
+                out.append(pick)
+    return tuple(out)
 
 
 def _parsers_verdict(i: PlanInput) -> Verdict:

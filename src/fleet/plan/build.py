@@ -8,7 +8,7 @@ something fleet may not stop, and a log disk that is full.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fleet import __version__
@@ -32,6 +32,7 @@ from fleet.plan import (
 )
 from fleet.plan.capabilities import capability
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
+from fleet.plan.picks import told_picks
 
 # Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
 # less 2 GiB); the rest is KV cache, activations and CUDA graphs. A tighter fit starts, then OOMs.
@@ -84,6 +85,22 @@ def learned_fixes(facts: HostFacts, key: str, signatures: Sequence[Signature] | 
         if signature in known and signature not in {x.signature for x in out}:
             out.append(LearnedFix(signature, known[signature], learned_at))
     return tuple(out)
+
+
+ENGINE_PICKS = "engine-picks"  # the learned entry that holds what the engine's check said it picks itself
+
+
+def learned_picks(facts: HostFacts, key: str) -> dict[str, str]:
+    """What the engine's check on this host said it picks itself (fleet.plan.picks), learned under `key`
+    (the same model, engine version and GPU model) when it differed from fleet's table. Only the settings
+    fleet's keyed rules decide on, as short words: the host's file may hold anything."""
+    table = facts.remote.learned or {}
+    entries = table.get(key) if isinstance(table, dict) else None
+    for e in entries if isinstance(entries, list) else []:
+        said = e.get("picks") if isinstance(e, dict) and e.get("signature") == ENGINE_PICKS else None
+        if isinstance(said, dict):
+            return told_picks(said)
+    return {}
 
 
 def wishes_for(host: Host, playbook: NamedPlaybook) -> Wishes:
@@ -148,8 +165,12 @@ def build_plan(
     port: int | None = None,
     deployment: str | None = None,
     nodes: int = 1,
+    told: Mapping[str, str] | None = None,
 ) -> PlanResult:
-    """`gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
+    """`told`: the engine's own picks its check on the host said (fleet.plan.picks); None: those the host
+    has learned for this model, engine version and GPU model, except for a group, whose ranks all plan on
+    fleet's table alone (they must run one command line).
+    `gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
     `nodes`: the hosts of a group this host is one of, each with as many GPUs (fleet.plan.group); the plan
     is the group's, over all of their GPUs.
     `port`: the port placement chose when the playbook's belongs to another deployment there.
@@ -224,6 +245,7 @@ def build_plan(
         python=CONTAINER_PYTHON if container else install.python,
         wishes=wishes,
         learned=learned_fixes(facts, key, signatures),
+        told=told if told is not None else ({} if nodes > 1 else learned_picks(facts, key)),
     )
     plan = replace(plan, container=container)
     verdicts += preflight(where, plan, model, gpus, facts, host)

@@ -4,12 +4,13 @@ spellings per version, and the command lines known to crash (`KNOWN_CRASHES`), w
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fleet.model import ModelSpec
 from fleet.plan.parsers import ParserChoice, parsers_for
-from fleet.plan.types import Flag, GpuSummary, Verdict, Version, Wishes
+from fleet.plan.picks import ATTENTION, FP4_GEMM, MAMBA, MOE_RUNNER, engine_pick, failing
+from fleet.plan.types import Flag, GpuSummary, Verdict, Version, Wishes, show_version
 
 RENAMED: Version = (0, 5, 14)
 OLD_NAMES_REMOVED: Version = (0, 5, 20)
@@ -55,6 +56,7 @@ class PlanInput:
     gpus: GpuSummary
     version: Version | None
     wishes: Wishes
+    told: Mapping[str, str] = field(default_factory=dict)  # the engine's own picks, as its check on the host said
 
     @property
     def spec_wanted(self) -> bool:
@@ -95,6 +97,28 @@ class Rule:
     env: Callable[[PlanInput], list[tuple[str, str]]] = field(default=lambda i: [])
     # the engine's own default the flags override, and the evidence that it is not kept (shown in fleet plan)
     replaces: str = ""
+    # a setting the engine picks itself (fleet.plan.picks): the rule sets it only where the engine's own pick
+    # is known to fail there, or is not known; `replaces` is then said from the pick and its evidence
+    keyed_on: str = ""
+    # why the engine's own pick is written down where it does not fail (empty: it is left to the engine)
+    pin: str = ""
+
+
+def keyed_flags(rule: Rule, i: PlanInput) -> tuple[list[tuple[str, str | None]], str] | None:
+    """A keyed rule's flags and what they replace, or None where the engine's own pick stands."""
+    pick = engine_pick(rule.keyed_on, i.model, i.gpus, i.version, i.spec_wanted, i.told)
+    if pick is None:
+        return rule.flags(i), (
+            f"SGLang {show_version(i.version)}'s own {rule.keyed_on} here, which fleet does not know (its table "
+            "has 0.5.11 and 0.5.23; a deploy asks the engine on the host first)"
+        )
+    bad = failing(pick, i.model, i.gpus, i.version, i.spec_wanted)
+    if bad is not None:
+        return rule.flags(i), f"SGLang's own {rule.keyed_on} {pick.describe()}, which fails here: {bad.evidence}"
+    if rule.pin and pick.effective != "auto":
+        name = rule.flags(i)[0][0]
+        return [(name, pick.effective)], f"nothing: SGLang's own {rule.keyed_on} {pick.describe()}; {rule.pin}"
+    return None
 
 
 def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
@@ -172,50 +196,49 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "hybrid-extra-buffer-old",
         lambda i: i.model.hybrid and i.v_in((0, 5, 9), (0, 5, 13)),
         lambda i: [(MAMBA_OLD, "extra_buffer")],
-        "hybrid GDN model on 0.5.9-0.5.13: SGLang's default (auto) resolves to no_buffer, which rejects NEXTN "
-        "with the radix cache and otherwise turns the overlap scheduler off; extra_buffer keeps both "
-        "(0.5.14+ picks it itself)",
+        "hybrid GDN model on 0.5.9-0.5.13: extra_buffer keeps NEXTN with the radix cache and the overlap "
+        "scheduler (0.5.14+ picks it itself)",
         "engines.md §1.1 (auto -> no_buffer), §2.1; sglang issue #27418",
         env=lambda i: [("SGLANG_ENABLE_SPEC_V2", "1")] if i.spec_wanted and i.v_in((0, 5, 9), (0, 5, 10)) else [],
-        replaces="SGLang's default auto, which resolves to no_buffer on 0.5.9-0.5.13 (engines.md §1.1)",
+        keyed_on=MAMBA,
     ),
     Rule(
         "hybrid-spec-extra-buffer",
         lambda i: i.spec_wanted and i.model.hybrid and i.v_in(RENAMED, (9, 9, 9)),
         lambda i: [(MAMBA_NEW, "extra_buffer")],
-        "hybrid GDN + NEXTN: extra_buffer (auto already picks it from 0.5.14; explicit for reproducibility; the "
-        "flag was renamed in 0.5.14 and the old name removed in 0.5.20)",
+        "hybrid GDN + NEXTN: extra_buffer (the flag was renamed in 0.5.14 and the old name removed in 0.5.20)",
         "engines.md §1.1, §1.2",
-        replaces="nothing that fails: SGLang's auto picks extra_buffer here too (explicit: the same plan on every "
-        "version)",
+        keyed_on=MAMBA,
+        pin="written down so that the plan says the same on every version (0.5.9-0.5.13 need it)",
     ),
     Rule(
         "sm120-nvfp4-moe-runner",
         lambda i: i.model.nvfp4 and i.model.moe and i.gpus.consumer_blackwell,
         lambda i: [("--moe-runner-backend", "flashinfer_cutlass")],
-        "SM120 NVFP4 MoE: `auto` picks flashinfer_trtllm whose kernels exist only for SM100-family; "
-        "flashinfer_cutedsl gives garbage output",
+        "SM120 NVFP4 MoE: flashinfer_cutlass, the runner SGLang's own fix for consumer Blackwell selects "
+        "(flashinfer_cutedsl gives garbage output there)",
         "engines.md §1.4; sglang PR #39807; flashinfer #2723",
-        replaces="SGLang's default auto, which picks flashinfer_trtllm: no kernels for SM120",
+        keyed_on=MOE_RUNNER,
     ),
     Rule(
         "sm120-nvfp4-fp4-gemm",
         lambda i: i.model.nvfp4 and i.gpus.consumer_blackwell,
         lambda i: [("--fp4-gemm-backend", "flashinfer_cudnn")],
-        "explicit FP4 GEMM backend: the SM120 default changed between versions; flashinfer_cudnn worked on the "
-        "8x RTX PRO 6000 box",
+        "SM120 NVFP4: the FP4 GEMM backend written down, since SGLang's own choice changed between versions; a "
+        "version fleet has no pick for gets flashinfer_cudnn, which ran on the 8x RTX PRO 6000 box",
         "engines.md §1.5",
-        replaces="SGLang's default, which changed between versions on SM120",
+        keyed_on=FP4_GEMM,
+        pin="written down because the SM120 default changed between versions: the plan says which one runs",
     ),
     Rule(
         "hybrid-sm120-attention",
         lambda i: i.model.hybrid and i.gpus.consumer_blackwell,
         lambda i: [("--attention-backend", "flashinfer")],
         "hybrid GDN models on Blackwell accept only triton, trtllm_mha, fa4 or flashinfer, and trtllm's prefill "
-        "exists only on SM100: on SM120 flashinfer, in the allow-list and what 0.5.23 resolves to there. "
-        "On SM100 SGLang's own default is left alone",
+        "exists only on SM100: flashinfer, in the allow-list on SM120. Set only where SGLang's own pick fails "
+        "there; on SM100 it is never set",
         "engines.md §1.6; sglang #35080, #9140",
-        replaces="SGLang's default trtllm_mha for hybrid models on Blackwell, whose prefill exists only on SM100",
+        keyed_on=ATTENTION,
     ),
     Rule(
         "pcie-custom-all-reduce",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleet.plan.container import ContainerPlan
+    from fleet.plan.picks import Pick
 
 Version = tuple[int, int, int]
 
@@ -171,6 +172,8 @@ class LaunchPlan:
     verdicts: tuple[Verdict, ...]
     applied_fixes: tuple[str, ...] = ()  # signature ids of fixes applied (learned or this deploy)
     container: ContainerPlan | None = None  # run in this container (python: the image's); None: a process
+    left_to_engine: tuple[Pick, ...] = ()  # the engine's own picks for the keyed settings no flag sets
+    told: tuple[tuple[str, str], ...] = ()  # the engine's own picks its check on the host said, planned on
 
     def module(self) -> str:
         return "sglang.launch_server" if self.engine == "sglang" else "vllm.entrypoints.openai.api_server"
@@ -211,6 +214,11 @@ class LaunchPlan:
             "secret_env": list(self.secret_env),  # names only: values never leave the operator's machine in plans
             "verdicts": [{"level": v.level, "rule": v.rule, "message": v.message} for v in self.verdicts],
             "applied_fixes": list(self.applied_fixes),
+            "told": dict(self.told),  # the engine's own picks the plan stood on, as its check said them
+            "left_to_engine": [
+                {"setting": p.setting, "value": p.effective, "resolved": p.value, "source": p.source}
+                for p in self.left_to_engine
+            ],
             "port": self.port,
             "served_name": self.served_name,
             **(
