@@ -166,8 +166,16 @@ def _strategy_attr(version: Version) -> str:
     return "mamba_radix_cache_strategy" if version >= RENAMED else "mamba_scheduler_strategy"
 
 
-def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: dict[str, str]) -> Resolved:
-    """Parse + resolve like `prepare_server_args` / `ServerArgs.__post_init__`. argparse errors exit 2."""
+def resolve(
+    argv: list[str],
+    version: Version,
+    gpus: list[dict[str, Any]],
+    env: dict[str, str],
+    picks: dict[str, str] | None = None,
+) -> Resolved:
+    """Parse + resolve like `prepare_server_args` / `ServerArgs.__post_init__`. argparse errors exit 2.
+    `picks`: flag -> what this engine build picks itself where the command line leaves the flag out (a
+    host's `engine_picks`, standing for a build that picks otherwise than the released versions)."""
     args = build_parser(version).parse_args(argv)
     if not gpus:  # CUDA_VISIBLE_DEVICES named no GPU of this host: torch finds none when args are resolved
         raise SimError(
@@ -305,7 +313,7 @@ def resolve(argv: list[str], version: Version, gpus: list[dict[str, Any]], env: 
     if args.attention_backend is None:
         args.attention_backend = default_attention_backend(model, r.sm)
     # test hook: an engine build that picks otherwise than the released versions (resolution's record fields)
-    for flag, value in (gpustate.load_host().get("engine_picks") or {}).items():  # {"--attention-backend": ..}
+    for flag, value in (picks or {}).items():  # {"--attention-backend": "trtllm_mha"}
         if not any(w == flag or w.startswith(flag + "=") for w in argv):
             setattr(args, build_parser(version)._option_string_actions[flag].dest, value)
     if model.hybrid and r.sm >= 100 and args.attention_backend:
@@ -362,7 +370,8 @@ def prepare_server_args(argv: list[str]) -> Resolved:
 
 def resolve_server_args(argv: list[str]) -> Resolved:
     """Resolution on this host's (simulated) GPUs: 0.5.11's `__post_init__`, 0.5.23's `resolve_once()`."""
-    return resolve(argv, current_version(), gpustate.visible_gpus(), dict(os.environ))
+    picks = gpustate.load_host().get("engine_picks")
+    return resolve(argv, current_version(), gpustate.visible_gpus(), dict(os.environ), picks)
 
 
 # --- the running server ----------------------------------------------------------------------------------
@@ -623,7 +632,7 @@ def serve(argv: list[str]) -> None:
     version = parse_version(gpustate.sglang_version(host))
     gpus = gpustate.visible_gpus()
     try:
-        r = resolve(argv, version, gpus, dict(os.environ))
+        r = resolve(argv, version, gpus, dict(os.environ), host.get("engine_picks"))
     except SimError as err:
         _fail_launcher(err)
         return
