@@ -30,7 +30,6 @@ FLAGS = {
     FP4_GEMM: ("--fp4-gemm-backend",),
 }
 MEASURED = "SGLang {v}'s resolution on {arch}"  # on a fake GPU; tests/test_plan_matrix.py checks each row
-OPEN: Version = (9, 9, 9)
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,6 @@ class Pick:
     value: str  # what the engine's resolution leaves in its record
     source: str
     at_load: str = ""  # what `auto` becomes when the model loads, where code decides it then
-    told: bool = False  # said by the engine on the host (its check), not read from fleet's table
 
     @property
     def effective(self) -> str:
@@ -201,7 +199,7 @@ def engine_pick(
     host), else the table's row for this version and GPU, else None (not known). An `auto` is followed to
     what the engine's code picks at model load; where fleet does not know that, the pick is not known."""
     if setting in told:
-        pick = Pick(setting, told[setting], f"told by SGLang {show_version(version)}'s check on this host", told=True)
+        pick = Pick(setting, told[setting], f"told by SGLang {show_version(version)}'s check on this host")
     else:
         row = next(
             (
