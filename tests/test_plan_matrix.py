@@ -124,9 +124,9 @@ def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
     are refused for what resolution does not check (fit, quantisation capability, checked at load)."""
     if not (ORACLE / ".venv" / ".ok-build").exists():
         pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    planned = {c: plan_cell(c) for c in CELLS if c.version == version}  # each cell planned once
     todo = []
-    for cell in (c for c in CELLS if c.version == version):
-        r = plan_cell(cell)
+    for cell, r in planned.items():
         if r.plan is not None and not r.errors:
             todo.append((cell, r.plan.engine_args()))
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -140,14 +140,14 @@ def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
     # and what the plan left to SGLang, SGLang picks as fleet's table says (fleet.plan.picks)
     wrong = []
     for (cell, _), v in zip(todo, verdicts, strict=True):
-        r = plan_cell(cell)
+        r = planned[cell]
         assert r.plan is not None and r.model is not None and r.gpus is not None
         drop = keyed_premises(r.plan, r.model, r.gpus, r.wishes).get("drop", {})
         left = {s: value for s, value in predicted_picks(cell, r).items() if s not in drop}
         got = {s: str(v["resolved"].get(ORACLE_FIELDS[s])) for s in left}
         if got != left:
             wrong.append(f"{cell.name}: fleet's table says SGLang picks {left}, it resolved {got}")
-    assert sum(bool(predicted_picks(c, plan_cell(c))) for c, _ in todo) >= len(todo) // 2  # the table speaks
+    assert sum(bool(predicted_picks(c, planned[c])) for c, _ in todo) >= len(todo) // 2  # the table speaks
     assert not wrong, "\n".join(wrong)
 
 
