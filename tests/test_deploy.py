@@ -726,3 +726,14 @@ def test_missing_secret_is_a_clear_error_before_anything_runs(
     r = run_cli("deploy", name, "--host", "ct129")
     assert r.code == 2 and "secret_env lists HF_TOKEN, which is not set in your environment" in r.err
     assert not simhost.record(fleet_env.host_dir("ct129"), "state.json").exists()
+
+
+def test_a_hostile_engine_pick_never_reaches_the_terminal_or_the_learned_record(fleet_env: simhost.Sandbox) -> None:
+    """A host whose check answers a pick with an escape sequence and a newline: it is neither shown, nor
+    remembered, nor planned on (fleet.plan.picks.told_picks keeps plain words only)."""
+    simhost.set_host(fleet_env.host_dir("blackwell"), engine_picks={"--attention-backend": "\x1b[31mx\nFAKE: ok"})
+    r = run_cli("deploy", "qwen36-27b", "--host", "blackwell")
+    assert "\x1b[31m" not in r.out + r.err and "\nFAKE: ok" not in r.out + r.err
+    assert "planned again" not in r.err
+    learned = fleet_env.host_dir("blackwell") / "state" / "learned.json"
+    assert not learned.exists() or "FAKE" not in learned.read_text()
