@@ -316,8 +316,12 @@ def another_users_gpu_job(sb: simhost.Sandbox) -> Iterator[tuple[int, int]]:
 
 
 def test_another_users_gpu_process_is_not_killed(fleet_env: simhost.Sandbox) -> None:
-    with another_users_gpu_job(fleet_env):
+    """Placed by fit (the model needs both GPUs), the deploy is refused in pre-flight, naming the user; on
+    the GPUs named (--gpus), freeing them refuses; either way the other user's job runs on."""
+    with another_users_gpu_job(fleet_env) as (pid, _):
         r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        assert r.code == 4 and f"GPU 1: pids {pid} (fleetdecoy)" in r.err and "--force" in r.err
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--gpus", "0,1")
         assert r.code == 6 and "process of user fleetdecoy" in r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
 
@@ -337,7 +341,7 @@ def test_a_recorded_process_group_id_reused_by_another_user_gets_no_trust(
         else:
             record |= {"boot_id": boot, "started": time.time() - 3 * 86400, "start_ticks": 1}
         simhost.write_record(fleet_env.host_dir("ct129"), record)
-        r = run_cli("deploy", "qwen36-27b", "--host", "ct129")
+        r = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--gpus", "0,1")  # placed on them: freeing decides
         assert r.code == 6 and "process of user fleetdecoy" in r.err
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
 

@@ -3,11 +3,13 @@ in a simulated 8-GPU host's namespaces (fleet_testbed.nshost), through fleet's o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from conftest import ROOT
@@ -31,6 +33,8 @@ def box(tmp_path: Path) -> Iterator[nshost.NamespaceHost]:
 def deploy(h: nshost.NamespaceHost, name: str, gpus: Any, **kw: Any) -> tuple[Any, list[events.Event]]:
     seen: list[events.Event] = []
     pb = load_playbook(kw.pop("playbook", "qwen36-27b"), ROOT / "playbooks")
+    if "spec" in kw:  # playbook settings changed for this test
+        pb = dataclasses.replace(pb, spec=msgspec.structs.replace(pb.spec, **kw.pop("spec")))
     result = ops.deploy(
         h.transport(), h.host, pb, force=False, engine_check=False, progress=seen.append, name=name, gpus=gpus, **kw
     )
@@ -120,7 +124,7 @@ def test_overlap_is_refused_naming_the_other_unless_replaced(box: nshost.Namespa
     assert "deployment big on GPUs 0,1,2,3 (pid" in caught.value.message and "--replace" in caught.value.hint
     assert not simhost.record(box.dir, "state.json", "small").exists() and alive(box, big["pid"])
     with pytest.raises(PreflightError, match="overlap deployment big"):
-        deploy(box, "whole", None)  # all GPUs: also over big's
+        deploy(box, "whole", None, spec={"gpus": "all"})  # all GPUs: also over big's
     replaced, _ = deploy(box, "small", (3, 4), replace=True)
     assert replaced.ok and not alive(box, big["pid"])
     assert record(box, "big")["status"] == "stopped" and "replaced by deployment small" in record(box, "big")["reason"]

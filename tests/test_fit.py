@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from factsdata import B200, RTX_A6000, RTX_PRO_6000
-from fleet.errors import ConfigError
+from factsdata import B200, RTX_A6000, RTX_PRO_6000, facts
+from fleet.control import ops
+from fleet.errors import ConfigError, PreflightError
+from fleet.facts import HostFacts
 from fleet.inventory import load_playbook
+from fleet.plan import args_dict
 from fleet.plan.fit import fit_gpus, kv_bytes_per_token
 from test_model_spec import spec_of
 from test_plan import playbook
@@ -98,3 +101,84 @@ def test_found_by_review_sliding_window_layers_hold_their_window_and_head_size_d
     assert parse_model_spec("/m", llama, None, None).head_dim == 128  # hidden size over heads
     no_kv = replace(spec_of("Qwen3.6-27B"), num_kv_heads=0)
     assert kv_bytes_per_token(no_kv, 1) == 2 * 16 * 24 * 256 * 2  # as many KV heads as heads
+
+
+# --- gpus: left out: fit, unless something else says how many --------------------------------------------
+
+
+def placed(pb_name: str, f: object, **changes: object) -> ops.Placed:
+    from test_plan import host
+
+    pb = playbook(pb_name, **changes)
+    return ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
+
+
+def blackwell(**kw: object) -> HostFacts:
+    return facts("blackwell", RTX_PRO_6000, 8, model="Qwen3.5-397B-A17B-NVFP4", **kw)  # type: ignore[arg-type]
+
+
+def test_gpus_left_out_take_what_the_model_needs_and_say_the_rest_stay_free() -> None:
+    """The motivating box: TP 4 holds Qwen3.5-397B NVFP4 and its whole context, so it takes four GPUs
+    sharing the closest links and leaves four for another deployment or a replica; `gpus: all` is the
+    whole box (CUDA_VISIBLE_DEVICES unset, the largest TP)."""
+    p = placed("qwen35-nvfp4", blackwell())
+    assert p.result.plan is not None and p.placement.gpus == (0, 1, 2, 3)
+    assert args_dict(p.result.plan.engine_args())["--tp-size"] == "4"
+    assert {e.name: e.value for e in p.result.plan.env}["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
+    assert said.startswith("gpus: left out, so fit: 4 GPUs (TP 4)") and "TP 2 would not" in said
+    assert "the other 4 stay free" in said and "gpus: all" in said
+    whole = placed("qwen35-nvfp4", blackwell(), gpus="all")
+    assert whole.indices is None and whole.result.plan is not None
+    assert args_dict(whole.result.plan.engine_args())["--tp-size"] == "8"
+    assert "CUDA_VISIBLE_DEVICES" not in {e.name for e in whole.result.plan.env}
+    assert not [v for v in whole.result.verdicts if v.rule == "gpus-fit"]
+
+
+def test_tp_gives_the_count_and_a_hand_written_tp_keeps_every_gpu() -> None:
+    two = placed("qwen36-27b", blackwell(), tp=2)
+    assert two.placement.gpus == (0, 1) and two.result.plan is not None
+    assert args_dict(two.result.plan.engine_args())["--tp-size"] == "2"
+    with pytest.raises(PreflightError, match=r"qwen36-27b.yaml \(blackwell\): 16 GPUs asked for; blackwell has 8"):
+        placed("qwen36-27b", blackwell(), tp=16)
+    for changes in ({"extra_args": ["--tp", "8"]}, {"extra_args": ["--tensor-parallel-size=8"]}):
+        assert placed("qwen36-27b", blackwell(), **changes).indices is None
+    assert placed("qwen35-nvfp4-handwritten", blackwell()).indices is None  # literal: the command as typed
+
+
+def engine_on(pids_gpus: dict[int, int], uid: int, pgid: int, **extra: object) -> tuple[list, dict]:
+    """An SGLang server's processes, each on one GPU (as NVML lists them), of user `uid`."""
+    servers = [
+        {
+            "pid": pid,
+            "pgid": pgid,
+            "uid": uid,
+            "user": "ops" if uid == 1000 else "alice",
+            "comm": "python3",
+            "cmdline": "python3 -m sglang.launch_server --model-path /m",
+            **extra,
+        }
+        for pid in pids_gpus
+    ]
+    return servers, {gpu: [{"pid": pid, "used_mib": 40000}] for pid, gpu in pids_gpus.items()}
+
+
+def test_a_stale_server_of_fleets_user_gives_its_gpus_back_and_anyone_elses_never() -> None:
+    """A server fleet's user started by hand on all eight GPUs (the story's starting point) is stopped as a
+    stale server, as it was before placements, and the plan says so; a second user's server, a server in
+    a container and one whose deployment is recorded are never placed over."""
+    by_hand = {100 + i: i for i in range(8)}
+    servers, on_gpus = engine_on(by_hand, 1000, 100)
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus))
+    assert p.placement.gpus == (0, 1, 2, 3)
+    assert "a server no deployment records holds some (pids 100, 101, 102, 103): stopped as a stale server" in p.how
+    for uid, extra in ((1001, {}), (1000, {"container": "c0ffee"})):
+        servers, on_gpus = engine_on(by_hand, uid, 100, **extra)
+        with pytest.raises(PreflightError, match="4 free GPUs asked for; blackwell has 0 free"):
+            placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus))
+    servers, on_gpus = engine_on(by_hand, 1000, 100)
+    recorded = {"other": {"state": {"pid": 999, "pgid": 100, "status": "stopped", "gpus": [0]}}}
+    with pytest.raises(PreflightError, match="blackwell has 0 free"):
+        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=recorded))
+    with pytest.raises(PreflightError, match="4 free GPUs asked for"):  # a count the operator gave: never
+        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus=4)

@@ -198,14 +198,14 @@ PLAYBOOK_CASES = [
         "gpus-empty",
         PLAYBOOK_OK + "gpus: []\n",
         'pb.yaml:7: field "gpus" lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a '
-        "count (gpus: 2), or leave it out for all of the host's GPUs.",
+        "count (gpus: 2), gpus: all for every GPU of the host, or leave it out for as many as the model needs.",
     ),
     ("gpus-twice", PLAYBOOK_OK + "gpus: [1, 2, 1]\n", 'pb.yaml:7: field "gpus" lists GPU 1 more than once.'),
     ("gpus-negative", PLAYBOOK_OK + "gpus: [-1]\n", 'pb.yaml:7: field "gpus.0" must be at least 0 (got -1).'),
     (
         "gpus-word",
-        PLAYBOOK_OK + "gpus: all\n",
-        "pb.yaml:7: field \"gpus\" must be 'fit', an integer or a list (got 'all').",
+        PLAYBOOK_OK + "gpus: every\n",
+        "pb.yaml:7: field \"gpus\" must be 'fit', 'all', an integer or a list (got 'every').",
     ),
     (
         "gpus-in-env",

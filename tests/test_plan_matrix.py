@@ -22,10 +22,10 @@ import pytest
 
 from conftest import ROOT
 from factsdata import MODELS, facts
+from fleet.control import ops
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.plan import keyed_premises, picks
-from fleet.plan.build import PlanResult, build_plan
-from fleet.plan.fit import fit_gpus
+from fleet.plan.build import PlanResult
 from fleet.yamlfile import parse_yaml
 
 MATRIX = ROOT / "tests" / "data" / "matrix"
@@ -68,17 +68,18 @@ CELLS = [Cell(f, g, v) for f in FAMILIES for g in GPUS for v in VERSIONS]
 
 
 def plan_cell(cell: Cell) -> PlanResult:
+    """The plan `fleet plan` shows for the playbook on an idle 8-GPU box: placed where fleet places it (no
+    gpus: in the playbook, so as many GPUs as the model needs)."""
     inv = parse_inventory(parse_yaml(INVENTORY, Path("matrix-inventory.yaml")))
     pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=cell.family), Path(f"{cell.family}.yaml")), cell.family)
     gpu, nvlink, _ = GPUS[cell.gpu]
     f = facts("box", gpu, 8, version=cell.version, model=FAMILIES[cell.family], nvlink=nvlink)
-    return build_plan(inv.hosts["box"], pb, f, f"/models/{cell.family}")
+    return ops.place_and_plan(inv.hosts["box"], pb, f, cell.family, None, replace=False).result
 
 
 def describe(cell: Cell, r: PlanResult) -> str:
     head = f"## {cell.gpu} x8, SGLang {cell.version}\n"
-    if r.model is not None:  # what gpus: fit would take instead of all eight
-        head += f"# gpus: fit: {fit_gpus(r.model, GPUS[cell.gpu][0][2], 8, None).why}\n"
+    head += "".join(f"# {v.message}\n" for v in r.verdicts if v.rule == "gpus-fit")  # how many GPUs, and why
     notes = "".join(f"# {v.level}: {v.rule}: {v.message}\n" for v in r.verdicts if v.level in ("error", "warning"))
     if r.plan is None or r.errors:
         return head + "refused\n" + notes

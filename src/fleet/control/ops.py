@@ -23,7 +23,7 @@ from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import parse_model_spec
-from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, parse_version, show_version
+from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
 from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import fit_gpus
@@ -182,11 +182,12 @@ def place_and_plan(
     `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
     instead, shown with the rest of what pre-flight says."""
     path = model_path(host, playbook.spec.model)
-    asked, fitted = (gpus, None) if gpus is not None else _asked(playbook, facts, path)
-    where = f"{'--gpus' if gpus is not None else playbook.where('gpus')} ({host.name})"
+    asked, fitted = (gpus, None) if gpus is not None else _asked(playbook, facts, path, nodes)
+    key = "tp" if playbook.spec.gpus is None and playbook.spec.tp else "gpus"
+    where = f"{'--gpus' if gpus is not None else playbook.where(key)} ({host.name})"
     refused = None
     try:
-        placement = place(deployment, asked, facts, replace=replace, where=where)
+        placement = place(deployment, asked, facts, replace=replace, where=where, take_stale=fitted is not None)
     except PreflightError as exc:
         if fitted is not None:  # the count was fit's, not the operator's: say why it was that many
             exc = PreflightError(f"{fitted.message}. {exc.message}", exc.hint)
@@ -232,19 +233,40 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
     return code == 0
 
 
-def _asked(playbook: NamedPlaybook, facts: HostFacts, path: str) -> tuple[int | tuple[int, ...] | None, Verdict | None]:
-    """The playbook's gpus:, with fit turned into the count the model needs on this host's GPUs, and why
-    (a warning when nothing the host has holds it)."""
-    value = playbook.spec.gpus
-    if value != "fit":
-        return (tuple(value) if isinstance(value, list) else value), None
+# The playbook names the TP in its own flags (the hand-written command line): placement leaves it every GPU.
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size")
+
+
+def _asked(
+    playbook: NamedPlaybook, facts: HostFacts, path: str, nodes: int
+) -> tuple[int | tuple[int, ...] | None, Verdict | None]:
+    """The playbook's gpus: as a placement, with fit turned into the count the model needs on this host's
+    GPUs, and why (a warning when nothing the host has holds it). Left out, gpus: is tp:'s count when tp:
+    is set, every GPU when the command line names its TP itself (extra_args, literal:) or the ranks of a
+    group run here (all of each host's), else fit. None: every GPU, CUDA_VISIBLE_DEVICES unset."""
+    spec = playbook.spec
+    value = spec.gpus
+    if value == "all" or nodes > 1:
+        return None, None
+    if isinstance(value, list):
+        return tuple(value), None
+    if isinstance(value, int):
+        return value, None
+    if value is None:
+        if spec.tp:
+            return spec.tp, Verdict("info", "gpus", f"gpus: left out: {spec.tp} GPUs for tp: {spec.tp}")
+        named = args_dict(list(spec.extra_args))
+        if spec.literal or any(f in named for f in TP_FLAGS):
+            return None, None
     gpus = gpu_summary(facts)
     model = model_spec(facts, path)
+    said = "gpus: fit" if value == "fit" else "gpus: left out, so fit"
     if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
-        return None, Verdict("info", "gpus-fit", "gpus: fit: no GPUs or model to fit; all GPUs")
-    spec = playbook.spec
+        return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs")
     fit = fit_gpus(model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction)
-    return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", f"gpus: fit: {fit.why}")
+    rest = gpus.count - fit.gpus
+    free = f"; the other {rest} stay free for other deployments or replicas (gpus: all takes every GPU)" if rest else ""
+    return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", f"{said}: {fit.why}{free}")
 
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU

@@ -165,8 +165,10 @@ def classify(
     owners, invisible = port_holders(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (set(), False)
     gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | nvml_pids_and_memory(gpus)[0]
     candidates = owners | gpu_holders
+    # an engine server is stopped whole: the rest of the group of one that holds these GPUs is looked at too
+    holding = set(procs[p]["pgid"] for p in gpu_holders if p in procs)
     for pid, proc in procs.items():
-        if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced)):
+        if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced) or proc["pgid"] in holding):
             candidates.add(pid)
     names: Optional[Dict[str, Tuple[str, str]]] = None
     for pid in sorted(candidates):

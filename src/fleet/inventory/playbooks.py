@@ -220,7 +220,7 @@ def _check_gpus(value: str | int | list[int]) -> None:
         if not value:
             raise ValueError(
                 "lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a count "
-                "(gpus: 2), or leave it out for all of the host's GPUs"
+                "(gpus: 2), gpus: all for every GPU of the host, or leave it out for as many as the model needs"
             )
         repeated = sorted({i for i in value if value.count(i) > 1})
         if repeated:
@@ -252,9 +252,11 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     context_length: Annotated[int, Meta(ge=256, le=10_000_000)] | None = None
     mem_fraction: Annotated[float, Meta(gt=0.05, lt=1.0)] | None = None
     tp: Annotated[int, Meta(ge=1, le=64)] | None = None
-    # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, as many as the model
-    # needs (fit: fleet.plan.fit), or all (left out)
-    gpus: Literal["fit"] | Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = None
+    # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, every GPU (all), or
+    # as many as the model needs (fit: fleet.plan.fit; also when left out, unless tp: gives the count)
+    gpus: Literal["fit", "all"] | Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = (
+        None
+    )
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...

@@ -70,6 +70,15 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     return out
 
 
+def stale_gpus(facts: HostFacts, busy: dict[int, list[int]]) -> dict[int, list[int]]:
+    """The busy GPUs whose every user is an engine server of fleet's own user, outside containers, that no
+    deployment records: a stale server, started by hand or left by a run whose record is gone. Freeing
+    stops it as it always stopped stale servers (host_common.kill_verdict: an engine of fleet's user)."""
+    recorded = {r.state.get("pgid") for r in facts.remote.deployments.values()}
+    stale = {p.pid for p in facts.servers if p.uid == facts.uid and p.container is None and p.pgid not in recorded}
+    return {i: pids for i, pids in busy.items() if all(pid in stale for pid in pids)}
+
+
 def gpu_owners(facts: HostFacts) -> dict[int, str]:
     """GPU index -> who holds it, as `fleet facts` shows it: a deployment of fleet's, or the pids of
     processes that are not (another user's job, a hand-started server)."""
@@ -86,9 +95,12 @@ def gpu_owners(facts: HostFacts) -> dict[int, str]:
     return owners
 
 
-def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: str) -> Placement:
+def place(
+    name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: str, take_stale: bool = False
+) -> Placement:
     """`where` is the setting's `file:line` (or the option) for errors. `replace`: GPUs held by other
-    deployments are taken, those deployments stopped first."""
+    deployments are taken, those deployments stopped first. `take_stale` (a count fleet chose, not the
+    operator's): when too few GPUs are free, GPUs only stale servers hold are taken, and they are stopped."""
     indices = tuple(g.index for g in facts.gpus)
     others = occupants(facts, name)
     shown = _shown(indices)
@@ -110,15 +122,32 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
         busy = busy_gpus(facts, name)
         free = [i for i in indices if i not in taken and i not in busy]
         closest = _closest(free, asked, facts.gpu_topology)
+        stale = stale_gpus(facts, busy) if take_stale else {}
+        if closest is None and stale:  # the GPUs a stale server holds come back when it is stopped
+            closest = _closest(
+                [i for i in indices if i not in taken and (i not in busy or i in stale)], asked, facts.gpu_topology
+            )
+            if closest is not None:
+                stopped = sorted({pid for i in closest[0] if i in stale for pid in stale[i]})
+                closest = (
+                    closest[0],
+                    f"{closest[1]}; a server no deployment records holds some (pids "
+                    f"{', '.join(map(str, stopped))}): stopped as a stale server",
+                )
         if closest is None and replace:  # free GPUs first; another deployment's only when they run out
             closest = _closest([i for i in indices if i not in busy or i in taken], asked, facts.gpu_topology)
         if closest is None:
             held = "; ".join(f"{_shown(o.gpus)}: deployment {o.name}" for o in others)
-            foreign = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in busy.items() if i not in taken)
+            users = {p.pid: p.user for p in (*facts.holders, *facts.servers)}
+            foreign = "; ".join(
+                f"GPU {i}: pids {', '.join(f'{pid} ({users[pid]})' if pid in users else str(pid) for pid in p)}"
+                for i, p in busy.items()
+                if i not in taken
+            )
             raise PreflightError(
                 f"{where}: {asked} free GPUs asked for; {facts.host} has {len(free)} free "
                 f"({'; '.join(x for x in (held, foreign) if x) or 'none held'}).",
-                "Stop a deployment there first, pass --replace to take its GPUs, or ask for fewer.",
+                _hint(bool(held), bool(foreign)),
             )
         gpus, how = closest[0], f"{asked} free GPUs picked: {_shown(closest[0])}{closest[1]}"
     else:
@@ -137,6 +166,20 @@ def place(name: str, asked: Asked, facts: HostFacts, *, replace: bool, where: st
             + " first.",
         )
     return Placement(name, tuple(gpus), how, clash)
+
+
+def _hint(deployments: bool, foreign: bool) -> str:
+    """What to do when too few GPUs are free: other deployments hold some, processes fleet did not start
+    (another user's, a server in a container) hold others, or both."""
+    said = []
+    if deployments or not foreign:
+        said.append("Stop a deployment there first, pass --replace to take its GPUs, or ask for fewer.")
+    if foreign:
+        said.append(
+            "Processes fleet did not start are never placed over: name the GPUs (gpus: [...] or --gpus) and "
+            "pass --force to stop them, or ask for fewer."
+        )
+    return " ".join(said)
 
 
 # NVML's topology levels (nvmlGpuTopologyLevel_t): how close two GPUs are, as a placement says it.

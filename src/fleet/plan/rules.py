@@ -180,7 +180,8 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "tensor-parallel",
         lambda i: True,
         lambda i: [("--tp-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
-        "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+        "largest power of two <= the deployment's GPU count dividing the attention heads (gpus: left out, as many "
+        "GPUs as the model needs: fleet.plan.fit; playbook tp: wins)",
         replaces="SGLang's default --tp-size 1: one GPU of the host's, the model often does not fit it",
     ),
     Rule(
@@ -280,7 +281,8 @@ VLLM_RULES: tuple[Rule, ...] = (
         "tensor-parallel",
         lambda i: True,
         lambda i: [("--tensor-parallel-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
-        "largest power of two <= GPU count dividing the attention heads (playbook tp: wins)",
+        "largest power of two <= the deployment's GPU count dividing the attention heads (gpus: left out, as many "
+        "GPUs as the model needs: fleet.plan.fit; playbook tp: wins)",
         replaces="vLLM's default --tensor-parallel-size 1: one GPU of the host's, the model often does not fit it",
     ),
     Rule(
