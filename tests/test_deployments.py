@@ -269,21 +269,17 @@ def test_an_older_fleets_crashed_server_is_healed_through_its_moved_record(box: 
 
 def test_gpus_fit_takes_the_gpus_the_model_needs_and_leaves_the_rest(box: nshost.NamespaceHost) -> None:
     """Qwen3.6-27B on the 8 x 96 GB box: one GPU holds its weights and a whole-context KV cache, so the
-    deployment takes one (TP 1), and a second one beside it takes another; the rest stay free."""
-    from dataclasses import replace
-
-    import msgspec
-
-    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
-    pb = replace(pb, spec=msgspec.structs.replace(pb.spec, gpus="fit"))
+    deployment takes one (TP 1), and a second one beside it (a replica, say) takes another; the rest stay
+    free. gpus: left out is fit."""
     seen: list[events.Event] = []
     for name in ("one", "two"):
-        result = ops.deploy(
-            box.transport(), box.host, pb, force=False, engine_check=False, progress=seen.append, name=name
-        )
+        result, events_of_one = deploy(box, name, None)
         assert result.ok, result.reason
+        seen += events_of_one
     planned = [e for e in seen if isinstance(e, events.Planned)]
-    assert planned[0].placement.startswith("gpus: fit: 1 GPU (TP 1): weights 51.8 GiB per GPU")
+    assert planned[0].placement.startswith("gpus: left out, so fit: 1 GPU (TP 1): weights 51.8 GiB per GPU")
+    assert "the host's other 7 are left for other deployments or replicas" in planned[0].placement
+    assert "1 free GPU picked: 1; port 30000 is deployment one's: two uses 30010" in planned[1].placement
     one, two = record(box, "one"), record(box, "two")
     assert len(one["gpus"]) == 1 and len(two["gpus"]) == 1 and one["gpus"] != two["gpus"]
     argv = one["plan"]["argv"]

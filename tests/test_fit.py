@@ -127,7 +127,7 @@ def test_gpus_left_out_take_what_the_model_needs_and_say_the_rest_stay_free() ->
     assert {e.name: e.value for e in p.result.plan.env}["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
     assert said.startswith("gpus: left out, so fit: 4 GPUs (TP 4)") and "TP 2 would not" in said
-    assert "the other 4 stay free" in said and "gpus: all" in said
+    assert "the host's other 4 are left for other deployments" in said and "gpus: all" in said
     whole = placed("qwen35-nvfp4", blackwell(), gpus="all")
     assert whole.indices is None and whole.result.plan is not None
     assert args_dict(whole.result.plan.engine_args())["--tp-size"] == "8"

@@ -265,7 +265,8 @@ def _asked(
         return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs")
     fit = fit_gpus(model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction)
     rest = gpus.count - fit.gpus
-    free = f"; the other {rest} stay free for other deployments or replicas (gpus: all takes every GPU)" if rest else ""
+    free = f"; the host's other {rest} are left for other deployments or replicas (gpus: all takes every GPU)"
+    free = free if rest else ""
     return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", f"{said}: {fit.why}{free}")
 
 

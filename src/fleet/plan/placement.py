@@ -149,7 +149,7 @@ def place(
                 f"({'; '.join(x for x in (held, foreign) if x) or 'none held'}).",
                 _hint(bool(held), bool(foreign)),
             )
-        gpus, how = closest[0], f"{asked} free GPUs picked: {_shown(closest[0])}{closest[1]}"
+        gpus, how = closest[0], f"{asked} free GPU{'' if asked == 1 else 's'} picked: {_shown(closest[0])}{closest[1]}"
     else:
         gpus, how = indices, f"all {len(indices)} GPUs"
     clash = tuple(o for o in others if set(o.gpus) & set(gpus))
