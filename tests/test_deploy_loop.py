@@ -283,8 +283,10 @@ def test_a_server_started_by_hand_on_the_gpus_is_stopped_as_a_stale_engine(host:
     # holding the GPUs: both schedulers and the detokenizer
     host.shell("for i in $(seq 200); do [ $(pgrep -c -f '^sglang::') -ge 3 ] && break; sleep 0.05; done")
     by_hand = int(host.shell("pgrep -f -o '[s]glang.launch_server'").strip())
+    port = state(host)["port"]
     result, seen = deploy(host)
     assert result.ok
+    assert state(host)["port"] == port  # its port is taken over, not moved off: it was about to be free
     stopped = seen.of(events.Stopped)[0].stopped
     assert by_hand in [p["pid"] for p in stopped]
     assert not alive(host, by_hand)

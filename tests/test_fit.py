@@ -182,3 +182,19 @@ def test_a_stale_server_of_fleets_user_gives_its_gpus_back_and_anyone_elses_neve
         placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=recorded))
     with pytest.raises(PreflightError, match="4 free GPUs asked for"):  # a count the operator gave: never
         placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus=4)
+
+
+def test_the_port_a_stale_server_listens_on_is_kept_when_it_is_stopped_and_moved_when_it_is_not() -> None:
+    """The story's hand-started server holds all eight GPUs and port 30000: fit takes four of them, so the
+    server is stopped whole, and the deployment keeps the playbook's port rather than moving off a port
+    that is about to be free. A server fleet does not stop (it holds no GPU fleet takes) keeps its port,
+    and the deployment moves."""
+    servers, on_gpus = engine_on({100 + i: i for i in range(8)}, 1000, 100)
+    listening = [{"address": "0.0.0.0", "port": 30000, "pid": 100}]
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening))
+    assert p.result.plan is not None and p.result.plan.port == 30000
+    assert "port 30000 is a stale server's, stopped first" in p.how
+    servers, on_gpus = engine_on({100: 7}, 1000, 100)  # on GPU 7 only: fit takes 0-3, so it keeps running
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening))
+    assert p.placement.gpus == (0, 1, 2, 3) and p.result.plan is not None and p.result.plan.port == 30010
+    assert "port 30000 is in use: qwen35-nvfp4 uses 30010" in p.how

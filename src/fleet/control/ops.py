@@ -27,7 +27,7 @@ from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_versi
 from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import fit_gpus
-from fleet.plan.placement import Placement, place, port_for
+from fleet.plan.placement import Placement, place, port_for, stopped_with
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
@@ -196,7 +196,8 @@ def place_and_plan(
         placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
-    port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address)
+    stopping = stopped_with(facts, deployment, indices)
+    port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address, stopping)
     result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))

@@ -8,7 +8,7 @@ the host's guard, so two deploys placing themselves at once cannot both take a G
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from fleet.errors import PreflightError
@@ -70,13 +70,27 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     return out
 
 
-def stale_gpus(facts: HostFacts, busy: dict[int, list[int]]) -> dict[int, list[int]]:
-    """The busy GPUs whose every user is an engine server of fleet's own user, outside containers, that no
+def _stale_servers(facts: HostFacts) -> dict[int, int]:
+    """pid -> process group of every engine server of fleet's own user, outside containers, that no
     deployment records: a stale server, started by hand or left by a run whose record is gone. Freeing
     stops it as it always stopped stale servers (host_common.kill_verdict: an engine of fleet's user)."""
     recorded = {r.state.get("pgid") for r in facts.remote.deployments.values()}
-    stale = {p.pid for p in facts.servers if p.uid == facts.uid and p.container is None and p.pgid not in recorded}
+    return {
+        p.pid: p.pgid for p in facts.servers if p.uid == facts.uid and p.container is None and p.pgid not in recorded
+    }
+
+
+def stale_gpus(facts: HostFacts, busy: dict[int, list[int]]) -> dict[int, list[int]]:
+    """The busy GPUs whose every user is a stale server (_stale_servers)."""
+    stale = _stale_servers(facts)
     return {i: pids for i, pids in busy.items() if all(pid in stale for pid in pids)}
+
+
+def stopped_with(facts: HostFacts, name: str, gpus: tuple[int, ...] | None) -> set[int]:
+    """The process groups of the stale servers that freeing deployment `name`'s GPUs (every GPU: None)
+    stops, each whole (remote_free.classify): what they listen on is the deployment's to take."""
+    stale, busy = _stale_servers(facts), busy_gpus(facts, name)
+    return {stale[pid] for i in (busy if gpus is None else gpus) for pid in busy.get(i, ()) if pid in stale}
 
 
 def gpu_owners(facts: HostFacts) -> dict[int, str]:
@@ -218,10 +232,13 @@ def _shown(gpus: Sequence[int]) -> str:
 PORT_STEP = 10  # SGLang's DP-attention ports sit at port+233..+239: neighbours 10 apart never share them
 
 
-def port_for(name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.0.0") -> tuple[int, str]:
+def port_for(
+    name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.0.0", stopping: Collection[int] = ()
+) -> tuple[int, str]:
     """The deployment's HTTP port: the one it already has (a redeploy keeps its endpoint), else the
     playbook's, unless another deployment on the host uses it or its internal base (then the next one,
-    in steps of PORT_STEP, that no deployment records and nothing else listens on)."""
+    in steps of PORT_STEP, that no deployment records and nothing else listens on). `stopping`: process
+    groups freeing stops (stopped_with); a port one of them listens on is free once it is stopped."""
     taken: dict[int, str] = {}
     for rec in facts.remote.deployments.values():
         if rec.name != name and rec.state.get("status") != "stopped":
@@ -229,14 +246,20 @@ def port_for(name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
             taken.update((p, rec.name) for p in record_ports(rec.lock))
     own = facts.remote.deployment(name).state.get("port")
-    mine = {p.pid for p in facts.servers if p.pgid == facts.remote.deployment(name).state.get("pgid")}
+    mine = {facts.remote.deployment(name).state.get("pgid"), *stopping}
+    groups = {p.pid: p.pgid for p in facts.servers}
+
+    def group_of(port: int) -> int | None:  # the process group listening there (-1: none or unseen)
+        holder = facts.port_holder(port, bind_address)
+        return None if holder is None else groups.get(holder.pid, -1) if holder.pid is not None else -1
 
     def free(port: int) -> bool:
-        holder = facts.port_holder(port, bind_address)
-        return port not in taken and nccl_port_for(port) not in taken and (holder is None or holder.pid in mine)
+        group = group_of(port)
+        return port not in taken and nccl_port_for(port) not in taken and (group is None or group in mine)
 
     if free(wanted):
-        return wanted, ""
+        group = group_of(wanted)
+        return wanted, f"port {wanted} is a stale server's, stopped first" if group in stopping else ""
     if isinstance(own, int) and own != wanted and free(own):
         return own, f"port {wanted} is deployment {taken.get(wanted, '?')}'s: {name} keeps {own}"
     port = wanted
