@@ -139,6 +139,7 @@ def test_an_engine_whose_own_pick_fails_here_gets_fleets_flag_before_anything_is
     assert "the engine picks attention trtllm_mha itself here" in r.err
     assert "+--attention-backend flashinfer" in r.err
     assert r.err.index("planned again") < r.err.index("launched")  # asked before anything changed
+    assert r.err.count(": attempt 1/") == 1  # planned again within the first attempt, not a second one
     st = state(fleet_env, "blackwell", other)
     argv = st["plan"]["argv"]
     assert st["status"] == "ready" and argv[argv.index("--attention-backend") + 1] == "flashinfer"

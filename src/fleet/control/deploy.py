@@ -497,12 +497,15 @@ class Deployer:
         started = time.monotonic()
         attempt = 0
         asked = False  # the engine's own picks are asked for once, before the first launch
+        shown = 0  # the attempt last announced: one planned again on the engine's picks is not a new one
         while True:
             attempt += 1
             rec = Attempt(attempt, plan.argv())
             result.attempts.append(rec)
             t0 = time.monotonic()
-            self.progress(events.AttemptStarted(attempt, self.max_attempts, plan.argv()))
+            if attempt > shown:
+                self.progress(events.AttemptStarted(attempt, self.max_attempts, plan.argv()))
+                shown = attempt
             state = self.record(plan, "starting", attempt=attempt)
             state["run_id"], state["deployed_by"], state["learned_key"] = self.run_id, self.owner, learned_key
             # asked once, on the plan as fleet made it (no fix applied yet); one made again stands on the answer
