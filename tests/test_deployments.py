@@ -128,6 +128,7 @@ def test_overlap_is_refused_naming_the_other_unless_replaced(box: nshost.Namespa
     replaced, _ = deploy(box, "small", (3, 4), replace=True)
     assert replaced.ok and not alive(box, big["pid"])
     assert record(box, "big")["status"] == "stopped" and "replaced by deployment small" in record(box, "big")["reason"]
+    assert record(box, "small")["port"] == big["port"]  # big's endpoint is small's now, not moved off a step
 
 
 def test_a_count_is_placed_on_free_gpus_sharing_the_closest_links(box: nshost.NamespaceHost) -> None:

@@ -120,6 +120,23 @@ def test_a_port_another_deployment_records_moves_this_one_by_a_step() -> None:
     assert port_for("b", 30000, stopped) == (30000, "")
 
 
+def test_the_port_of_a_deployment_replace_stops_first_is_this_ones_to_take() -> None:
+    """--replace stops the deployment on the GPUs taken before the launch: its port (and internal base)
+    is about to be free, so the new one keeps the playbook's port; deployments left running still count."""
+    listening = [{"address": "0.0.0.0", "port": 30000, "pid": 500}, {"address": "0.0.0.0", "port": 30010, "pid": 600}]
+    f = box(
+        servers=[server(500), server(600)],
+        deployments={"old": deployed(500, [0, 1], port=30000), "kept": deployed(600, [2, 3], port=30010)},
+        listeners=listening,
+    )
+    assert port_for("new", 30000, f, replacing=["old"]) == (
+        30000,
+        "port 30000 is a replaced deployment's, stopped first",
+    )
+    assert port_for("new", 30000, f) == (30020, "port 30000 is deployment old's: new uses 30020")
+    assert port_for("new", 30010, f, replacing=["old"]) == (30020, "port 30010 is deployment kept's: new uses 30020")
+
+
 def test_fleet_facts_says_which_deployment_or_foreign_process_holds_each_gpu() -> None:
     from fleet.plan.placement import gpu_owners
 

@@ -233,20 +233,30 @@ PORT_STEP = 10  # SGLang's DP-attention ports sit at port+233..+239: neighbours 
 
 
 def port_for(
-    name: str, wanted: int, facts: HostFacts, bind_address: str = "0.0.0.0", stopping: Collection[int] = ()
+    name: str,
+    wanted: int,
+    facts: HostFacts,
+    bind_address: str = "0.0.0.0",
+    stopping: Collection[int] = (),
+    replacing: Collection[str] = (),
 ) -> tuple[int, str]:
     """The deployment's HTTP port: the one it already has (a redeploy keeps its endpoint), else the
     playbook's, unless another deployment on the host uses it or its internal base (then the next one,
-    in steps of PORT_STEP, that no deployment records and nothing else listens on). `stopping`: process
-    groups freeing stops (stopped_with); a port one of them listens on is free once it is stopped."""
+    in steps of PORT_STEP, that no deployment records and nothing else listens on). A port is free once
+    what holds it is stopped first: process groups freeing stops (`stopping`: stopped_with), deployments
+    --replace stops (`replacing`)."""
     taken: dict[int, str] = {}
+    replaced = set()
     for rec in facts.remote.deployments.values():
-        if rec.name != name and rec.state.get("status") != "stopped":
+        if rec.name in replacing:
+            replaced.add(rec.state.get("pgid"))
+        elif rec.name != name and rec.state.get("status") != "stopped":
             taken.update((p, rec.name) for p in record_ports(rec.state))
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
             taken.update((p, rec.name) for p in record_ports(rec.lock))
     own = facts.remote.deployment(name).state.get("port")
-    mine = {facts.remote.deployment(name).state.get("pgid"), *stopping}
+    stopped = {*stopping, *(g for g in replaced if isinstance(g, int))}
+    mine = {facts.remote.deployment(name).state.get("pgid"), *stopped}
     groups = {p.pid: p.pgid for p in facts.servers}
 
     def group_of(port: int) -> int | None:  # the process group listening there (-1: none or unseen)
@@ -259,7 +269,9 @@ def port_for(
 
     if free(wanted):
         group = group_of(wanted)
-        return wanted, f"port {wanted} is a stale server's, stopped first" if group in stopping else ""
+        if group in stopping:
+            return wanted, f"port {wanted} is a stale server's, stopped first"
+        return wanted, f"port {wanted} is a replaced deployment's, stopped first" if group in stopped else ""
     if isinstance(own, int) and own != wanted and free(own):
         return own, f"port {wanted} is deployment {taken.get(wanted, '?')}'s: {name} keeps {own}"
     port = wanted
