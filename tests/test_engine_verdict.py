@@ -128,9 +128,11 @@ def test_what_the_engine_resolved_is_reported_by_its_record() -> None:
         chunked_prefill_size = 8192
         moe_runner_backend = None
         speculative_algorithm = "EAGLE" + "x" * 200
+        disable_overlap_schedule = False
 
     said = resolved_settings(Record())
     assert said["attention"] == "flashinfer" and said["mamba strategy"] == "extra_buffer"
+    assert said["overlap scheduler"] == "on"  # what runs, not disable_overlap_schedule's False
     assert said["chunked prefill"] == "8192" and "MoE runner" not in said and len(said["speculative"]) == 80
 
 

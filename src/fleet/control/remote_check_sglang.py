@@ -154,8 +154,10 @@ RESOLVED = (
     ("CUDA graph max batch", ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")),
     ("max running requests", ("max_running_requests",)),
     ("memory fraction", ("mem_fraction_static",)),
-    ("overlap schedule off", ("disable_overlap_schedule",)),
+    ("overlap scheduler", ("disable_overlap_schedule",)),
 )
+# shown as what runs, not as the flag's double negative ("overlap scheduler off", not "... off False")
+SHOWN_AS = {"overlap scheduler": {"True": "off", "False": "on"}}
 RESOLVED_MARK = "FLEET-RESOLVED "
 
 
@@ -170,7 +172,7 @@ def resolved_settings(record: object) -> Dict[str, str]:
                 continue
             value = getattr(value, "value", value)  # an enum
             if value is not None:
-                out[shown] = str(value)[:80]
+                out[shown] = SHOWN_AS.get(shown, {}).get(str(value), str(value)[:80])
             break
     return out
 
