@@ -314,9 +314,10 @@ VLLM_RULES: tuple[Rule, ...] = (
         "pcie-custom-all-reduce",
         lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
         lambda i: [("--disable-custom-all-reduce", None)],
-        "PCIe-only with more than two GPUs: custom all-reduce cannot work",
-        "engines.md §6.2",
-        replaces="vLLM's default (custom all-reduce on), which cannot work without NVLink",
+        "PCIe-only with more than two GPUs: custom all-reduce is off anyway; explicit silences the warning",
+        "engines.md §6.2; vllm/distributed/device_communicators/custom_all_reduce.py ('not supported on more "
+        "than two PCIe-only GPUs')",
+        replaces="vLLM's default (custom all-reduce on), which PCIe-only boxes turn off with a warning",
     ),
     Rule(
         "context-length",
