@@ -3,6 +3,7 @@ context, so the host's other GPUs stay free for other deployments or replicas (f
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def test_the_smallest_power_of_two_that_holds_it(model: str, gpu_mib: int, conte
     fit = fit_gpus(spec, gpu_mib, 8, context)
     assert fit.gpus == gpus, fit.why
     assert f"TP {gpus}" in fit.why and "GiB" in fit.why
+
+
+def test_speculative_decoding_counts_the_mtp_drafts_own_kv_cache() -> None:
+    """Qwen3.6-27B's one MTP head keeps its own KV cache for the whole context beside the 16 full-attention
+    layers': 17/16 of it. On a GPU just big enough without the draft, asking for speculative decoding
+    takes two GPUs, and the reason says the draft is counted."""
+    q36 = spec_of("Qwen3.6-27B")
+    assert q36.mtp_layers == 1 and q36.weights_bytes
+    plain, drafted = kv_bytes_per_token(q36, 1), kv_bytes_per_token(q36, 1, draft_layers=1)
+    assert plain and drafted and drafted * 16 == plain * 17
+    context = q36.context_length or 0
+    between = q36.weights_bytes + context * (plain + drafted) / 2  # what fits one GPU only without the draft
+    memory_mib = math.ceil(between / 0.85 / (1 << 20))
+    assert fit_gpus(q36, memory_mib, 8, None).gpus == 1
+    with_draft = fit_gpus(q36, memory_mib, 8, None, speculative=True)
+    assert with_draft.gpus == 2 and "(with the MTP draft's)" in with_draft.why and "TP 1 would not" in with_draft.why
 
 
 def test_a_long_context_needs_more_gpus_and_nothing_fitting_takes_them_all() -> None:

@@ -7,7 +7,10 @@ The TP is one the planner would choose (it splits the attention and KV heads: fl
 The KV cache counts full-attention layers for the whole context and sliding-window layers for their
 window (Gated-DeltaNet/mamba layers keep a fixed-size state), with the KV heads split over the ranks and
 replicated when there are fewer heads than ranks, in the checkpoint's dtype (FP8 when it quantises the KV
-cache). A model that does not say its head size is fitted by its weights alone, and the reason says so.
+cache). With speculative decoding on the model's own MTP heads, the draft keeps a KV cache of its own for
+the same tokens: one full-attention layer per head (SGLang's draft worker and vLLM's MTP proposer each
+allocate one); its weights are in the checkpoint already. A model that does not say its head size is
+fitted by its weights alone, and the reason says so.
 """
 
 from __future__ import annotations
@@ -28,16 +31,17 @@ class Fit:
     fits: bool = True  # False: nothing up to the host's GPUs holds it; the largest TP is taken
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int, context: int | None = None) -> int | None:
+def kv_bytes_per_token(model: ModelSpec, tp: int, context: int | None = None, draft_layers: int = 0) -> int | None:
     """One token's keys and values on one of `tp` ranks, averaged over `context` tokens (sliding-window
-    layers hold only their window), or None when the config does not say enough."""
+    layers hold only their window), with `draft_layers` full-attention layers of a speculative draft, or
+    None when the config does not say enough."""
     if not model.head_dim or not model.num_layers:
         return None
     heads = model.num_kv_heads or model.num_attention_heads
     if not heads:
         return None
     sliding = model.sliding_window_layers if model.sliding_window else 0
-    full = model.num_layers - len(model.linear_attention_layers) - sliding
+    full = model.num_layers - len(model.linear_attention_layers) - sliding + draft_layers
     windowed = sliding * min(1.0, (model.sliding_window or 0) / context) if context else sliding
     heads_per_rank = -(-heads // tp)  # replicated when fewer heads than ranks
     dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
@@ -52,22 +56,29 @@ def budget_bytes(memory_mib: int, mem_fraction: float | None) -> float:
 
 
 def fit_gpus(
-    model: ModelSpec, memory_mib: int, available: int, context_length: int | None, mem_fraction: float | None = None
+    model: ModelSpec,
+    memory_mib: int,
+    available: int,
+    context_length: int | None,
+    mem_fraction: float | None = None,
+    speculative: bool = False,
 ) -> Fit:
     """The smallest power-of-two GPU count up to `available` that holds the model at a TP the planner
-    would choose; else the largest such TP, marked as not fitting (the plan warns)."""
+    would choose; else the largest such TP, marked as not fitting (the plan warns). `speculative`: the
+    playbook asks for speculative decoding on the model's MTP heads (the draft's KV cache is counted)."""
     budget = budget_bytes(memory_mib, mem_fraction)
     share = f"mem_fraction {mem_fraction} less 2 GiB" if mem_fraction else f"{WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU"
     context = context_length or model.context_length
     usable = [n for n in (1 << i for i in range(7)) if n <= available and tp_splits(model, n)] or [1]
+    draft = model.mtp_layers if speculative else 0
     if not model.weights_bytes:
         return Fit(usable[-1], f"the weights' size is unknown (no safetensors index): TP {usable[-1]}", fits=False)
     for n in usable:
         weights = model.weights_bytes / n
-        per_token = kv_bytes_per_token(model, n, context)
+        per_token = kv_bytes_per_token(model, n, context, draft)
         kv = per_token * context if per_token is not None and context else 0
         if weights + kv <= budget:
-            return Fit(n, _why(n, weights, kv, budget, share, context, per_token is None, usable))
+            return Fit(n, _why(n, weights, kv, budget, share, context, per_token is None, usable, draft))
     return Fit(
         usable[-1],
         f"no TP up to {usable[-1]} holds the weights and the KV cache of {context} tokens in {budget / GIB:.1f} "
@@ -77,7 +88,15 @@ def fit_gpus(
 
 
 def _why(
-    n: int, weights: float, kv: float, budget: float, share: str, context: int | None, no_kv: bool, usable: list[int]
+    n: int,
+    weights: float,
+    kv: float,
+    budget: float,
+    share: str,
+    context: int | None,
+    no_kv: bool,
+    usable: list[int],
+    draft: int,
 ) -> str:
     held = f"weights {weights / GIB:.1f} GiB per GPU"
     if no_kv:
@@ -85,7 +104,8 @@ def _why(
     elif not context:
         note = " (no context length known: the KV cache is not counted)"
     else:
-        held += f" and the KV cache for {context} tokens {kv / GIB:.1f} GiB"
+        drafts = " (with the MTP draft's)" if draft else ""
+        held += f" and the KV cache for {context} tokens{drafts} {kv / GIB:.1f} GiB"
         note = ""
     smaller = [u for u in usable if u < n]
     return f"{n} GPU{'s' if n > 1 else ''} (TP {n}): {held} fit in {budget / GIB:.1f} GiB ({share}){note}" + (
