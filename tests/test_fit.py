@@ -16,6 +16,7 @@ from fleet.facts import HostFacts
 from fleet.inventory import load_playbook
 from fleet.plan import args_dict
 from fleet.plan.fit import fit_gpus, kv_bytes_per_token
+from fleet.plan.placement import place
 from test_model_spec import spec_of
 from test_plan import playbook
 
@@ -199,6 +200,9 @@ def test_a_stale_server_of_fleets_user_gives_its_gpus_back_and_anyone_elses_neve
         placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=recorded))
     with pytest.raises(PreflightError, match="4 free GPUs asked for"):  # a count the operator gave: never
         placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus=4)
+    unreadable = {"prod": {"state": {}, "state_error": "state.json: not JSON"}}  # its server may be this one
+    with pytest.raises(PreflightError, match="blackwell has 0 free"):
+        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=unreadable))
 
 
 def test_the_port_a_stale_server_listens_on_is_kept_when_it_is_stopped_and_moved_when_it_is_not() -> None:
@@ -215,3 +219,36 @@ def test_the_port_a_stale_server_listens_on_is_kept_when_it_is_stopped_and_moved
     p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening))
     assert p.placement.gpus == (0, 1, 2, 3) and p.result.plan is not None and p.result.plan.port == 30010
     assert "port 30000 is in use: qwen35-nvfp4 uses 30010" in p.how
+
+
+def test_as_few_stale_servers_as_the_count_needs_are_stopped() -> None:
+    """Two hand-started servers hold GPUs 0 and 1, another user's job GPUs 3-6, and 2 and 7 are free: a
+    count of three fleet chose takes the free two and one stale server's GPU, and stops that one only."""
+    a, on_a = engine_on({100: 0}, 1000, 100)
+    b, on_b = engine_on({110: 1}, 1000, 110)
+    job = {g: [{"pid": 900 + g, "used_mib": 90000}] for g in (3, 4, 5, 6)}
+    f = blackwell(servers=[*a, *b], gpu_processes={**on_a, **on_b, **job})
+    placement = place("qwen35-nvfp4", 3, f, replace=False, where="x", take_stale=True)
+    assert len(placement.gpus) == 3 and {2, 7} <= set(placement.gpus)
+    assert "(pids 100): stopped as a stale server" in placement.how
+
+
+def test_fleet_plan_showing_an_overlap_does_not_say_the_other_deployments_port_is_taken_over() -> None:
+    """`fleet plan` shows a refused overlap as an error verdict, placed as --replace would place it; the
+    other deployment is not stopped without --replace, so its port is not this one's."""
+    from test_plan import host
+
+    servers, on_gpus = engine_on({500 + i: i for i in range(8)}, 1000, 500)
+    whole = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30000}}}
+    f = blackwell(
+        servers=servers,
+        gpu_processes=on_gpus,
+        deployments=whole,
+        listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 500}],
+    )
+    pb = playbook("qwen35-nvfp4", gpus="all")
+    shown = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
+    assert shown.result.plan is not None and shown.result.plan.port == 30010
+    assert any(v.rule == "placement" and "overlap deployment big" in v.message for v in shown.result.verdicts)
+    replaced = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
+    assert replaced.result.plan is not None and replaced.result.plan.port == 30000

@@ -3,6 +3,7 @@ runs on the host; these are its pure parts)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,66 @@ def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> No
     from fleet.facts import probe
 
     assert remote_free.gpu_device_files is probe.gpu_device_files is host_common.gpu_device_files
+
+
+# --- which engines of a process group the act step stops with the one on the deployment's GPUs ------------
+
+
+def classified(
+    monkeypatch: pytest.MonkeyPatch, procs: dict[int, dict], on_gpus: dict[int, int], gpus: list[int], force: bool
+) -> list[int]:
+    """The pids remote_free.classify stops, with the host's probes answering from `on_gpus` (pid -> GPU)."""
+    from fleet.control import remote_free as rf
+
+    monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
+    monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
+    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: ({p for p, g in on_gpus.items() if g in idx}, []))
+    monkeypatch.setattr(rf, "container_of", lambda pid: None)
+    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": gpus, "recorded_pgid": None, "siblings": {}}
+    return sorted(rf.classify({**a, "kill_policy": "force" if force else "safe"}, procs)[0])
+
+
+def proc(pid: int, pgid: int, uid: int, *argv: str) -> dict[str, object]:
+    return {"pid": pid, "ppid": 1, "pgid": pgid, "uid": uid, "user": f"u{uid}", "comm": argv[0][:15],
+            "state": "S", "start_ticks": 1, "cmdline": " ".join(argv), "argv": list(argv)}  # fmt: skip
+
+
+VLLM = ("python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "9000")
+SGLANG = ("python3", "-m", "sglang.launch_server", "--model-path", "/m")
+
+
+def test_a_stale_server_is_stopped_whole_but_a_group_is_not_a_servers_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fleet's user's hand-started server: its launcher and the rank not on the GPUs taken go with the rank
+    that is. Another user's job script (--force) and a GPU tool polled from the operator's script share a
+    group with a server on other GPUs: that server is nobody's to stop."""
+    me = os.getuid()
+    stale = {100: proc(100, 100, me, *SGLANG), 101: proc(101, 100, me, *SGLANG), 102: proc(102, 100, me, *SGLANG)}
+    assert classified(monkeypatch, stale, {101: 0, 102: 5}, [0], force=False) == [100, 101, 102]
+    bobs = {200: proc(200, 200, me + 1, "bash", "job.sh"), 201: proc(201, 200, me + 1, "python3", "train.py"),
+            202: proc(202, 200, me + 1, *VLLM)}  # fmt: skip
+    assert classified(monkeypatch, bobs, {201: 0, 202: 5}, [0], force=True) == [201]  # forced: GPU 0's holder only
+    polled = {300: proc(300, 300, me, "bash", "serve.sh"), 301: proc(301, 300, me, "nvidia-smi", "-q"),
+              302: proc(302, 300, me, *VLLM)}  # fmt: skip
+    assert classified(monkeypatch, polled, {301: 0, 302: 3}, [0], force=False) == []  # the tool is left running
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{id}.scope/container",
+        "0::/system.slice/docker-{id}.scope",
+        "12:devices:/docker/{id}",
+        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b.slice/cri-containerd-{id}.scope",
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b.slice/crio-{id}.scope",
+        "11:memory:/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000000/{id}",
+        "0::/system.slice/nerdctl-{id}.scope",
+    ],
+)
+def test_a_process_in_a_container_or_a_kubernetes_pod_is_seen_as_one(cgroup: str) -> None:
+    """Its server is somebody's (a pod's, another runtime's), never a stale server of fleet's user."""
+    from fleet.control.remote_container import CONTAINER_ID_RE
+
+    cid = "0123456789abcdef" * 4
+    m = CONTAINER_ID_RE.search(cgroup.format(id=cid))
+    assert m and m.group(1) == cid
+    assert not CONTAINER_ID_RE.search("0::/user.slice/user-1000.slice/session-3.scope")

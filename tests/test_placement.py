@@ -191,3 +191,21 @@ def test_restart_without_a_name_leaves_stopped_deployments_stopped_when_there_ar
     assert restartable(several) == ["a", "c"]
     one = box(deployments={"b": {"state": {**plan, "status": "stopped"}}})
     assert restartable(one) == ["b"]  # the host's only deployment, as `fleet restart --host` always did
+
+
+def test_a_port_is_kept_only_when_every_listener_on_it_is_stopped_first_and_is_fleets_users() -> None:
+    """The stale server's own listener is stopped with it; another listener on the same port (an unseen
+    pid, another user's process in that server's group) or a replaced deployment's pgid now used by
+    another user's server is not, so the deployment moves, as the host would refuse it otherwise."""
+    stale = server(500)
+    unseen = {"address": "10.0.0.5", "port": 30000, "pid": None}
+    mine = {"address": "127.0.0.1", "port": 30000, "pid": 500}
+    for listeners in ([mine, unseen], [unseen, mine]):
+        assert port_for("new", 30000, box(servers=[stale], listeners=listeners), stopping={500})[0] == 30010
+    bobs_in_its_group = {**server(501, pgid=500), "uid": 1001, "user": "bob"}
+    f = box(servers=[stale, bobs_in_its_group], listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 501}])
+    assert port_for("new", 30000, f, stopping={500})[0] == 30010
+    reused = {**server(600), "uid": 1001, "user": "bob"}  # deployment old's pgid 600, a pid bob's server got
+    f = box(servers=[reused], deployments={"old": deployed(600, [0, 1])}, listeners=[{**mine, "pid": 600}])
+    assert port_for("new", 30000, f, replacing=["old"])[0] == 30010
+    assert port_for("new", 30000, box(servers=[stale], listeners=[mine]), stopping={500})[0] == 30000

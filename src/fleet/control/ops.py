@@ -197,7 +197,7 @@ def place_and_plan(
         refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
     indices = placement.gpus if asked is not None else None
     stopping = stopped_with(facts, deployment, indices)
-    replacing = [o.name for o in placement.replaces]
+    replacing = [o.name for o in placement.replaces] if replace else []  # `fleet plan`'s refusal: not stopped
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address, stopping, replacing)
     result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told)
     if refused is not None:

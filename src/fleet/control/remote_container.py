@@ -52,7 +52,12 @@ os.replace(exit_file + ".tmp", exit_file)
 sys.exit(code)
 """
 
-CONTAINER_ID_RE = re.compile(r"(?:libpod-|docker-|/docker/|/libpod/)([0-9a-f]{64})")
+# A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
+# containerd (cri-containerd-<id>.scope, crio-<id>.scope, nerdctl-<id>.scope, /kubepods/.../<id>), so a
+# pod's server is never taken for a stale server of fleet's user.
+CONTAINER_ID_RE = re.compile(
+    r"(?:libpod-|docker-|/docker/|/libpod/|cri-containerd-|crio-|nerdctl-|/kubepods[^\n]*/)([0-9a-f]{64})"
+)
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 

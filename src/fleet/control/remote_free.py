@@ -146,6 +146,15 @@ def device_files_of(device_glob: str, indices: Optional[List[int]]) -> List[str]
     ]
 
 
+def stale_groups(gpu_holders: Set[int], procs: Dict[int, Dict[str, Any]], me: int) -> Set[int]:
+    """The process groups of the GPU holders that are engines of user `me`, outside containers."""
+    return set(
+        procs[p]["pgid"]
+        for p in gpu_holders
+        if p in procs and is_engine(procs[p]) and procs[p]["uid"] == me and not container_of(p)
+    )
+
+
 def classify(
     a: Dict[str, Any], procs: Dict[int, Dict[str, Any]]
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -165,10 +174,14 @@ def classify(
     owners, invisible = port_holders(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (set(), False)
     gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | nvml_pids_and_memory(gpus)[0]
     candidates = owners | gpu_holders
-    # an engine server is stopped whole: the rest of the group of one that holds these GPUs is looked at too
-    holding = set(procs[p]["pgid"] for p in gpu_holders if p in procs)
+    # A stale server is stopped whole: the other engines of the group of an engine of fleet's own user,
+    # outside containers, that holds these GPUs. Only those: a process group is not a server's identity
+    # (one script or ssh line starts many things), so another user's group, or a GPU tool's, adds nothing.
+    holding = stale_groups(gpu_holders, procs, me)
     for pid, proc in procs.items():
-        if is_engine(proc) and (gpus is None or proc["pgid"] in (recorded, *replaced) or proc["pgid"] in holding):
+        if not is_engine(proc):
+            continue
+        if gpus is None or proc["pgid"] in (recorded, *replaced) or (proc["pgid"] in holding and proc["uid"] == me):
             candidates.add(pid)
     names: Optional[Dict[str, Tuple[str, str]]] = None
     for pid in sorted(candidates):

@@ -229,17 +229,18 @@ class HostFacts:
     reach: str | None = None  # a group's rank 0 dist port from here: open | refused | timeout ... | error: ...
     reach_interface: str | None = None  # the interface this host reaches rank 0 on (the kernel's route)
 
-    def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
-        """The listener that would stop a server binding bind_address:port (wildcards overlap everything)."""
+    def port_holders(self, port: int, bind_address: str = "0.0.0.0") -> list[Listener]:
+        """The listeners that would stop a server binding bind_address:port (wildcards overlap everything)."""
         wild = ("0.0.0.0", "::")
-        return next(
-            (
-                lst
-                for lst in self.listeners
-                if lst.port == port and (bind_address in wild or lst.address in wild or lst.address == bind_address)
-            ),
-            None,
-        )
+        return [
+            lst
+            for lst in self.listeners
+            if lst.port == port and (bind_address in wild or lst.address in wild or lst.address == bind_address)
+        ]
+
+    def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:
+        """The first of port_holders, or None."""
+        return next(iter(self.port_holders(port, bind_address)), None)
 
     def uptime_s(self, proc: Proc) -> float:
         return self.time - (self.boot_time + proc.start_ticks / max(1, self.clock_ticks))

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from fleet.errors import PreflightError
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, Listener
 from fleet.host_common import record_gpus, record_ports, safelisted
 from fleet.plan.rules import nccl_port_for
 
@@ -70,27 +70,50 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     return out
 
 
-def _stale_servers(facts: HostFacts) -> dict[int, int]:
+def _stale_servers(facts: HostFacts, me: str) -> dict[int, int]:
     """pid -> process group of every engine server of fleet's own user, outside containers, that no
     deployment records: a stale server, started by hand or left by a run whose record is gone. Freeing
-    stops it as it always stopped stale servers (host_common.kill_verdict: an engine of fleet's user)."""
+    stops it as it always stopped stale servers (host_common.kill_verdict: an engine of fleet's user).
+    Nothing while another deployment's record is unreadable: its server would look stale."""
+    if any(r.state_error for r in facts.remote.deployments.values() if r.name != me):
+        return {}
     recorded = {r.state.get("pgid") for r in facts.remote.deployments.values()}
     return {
         p.pid: p.pgid for p in facts.servers if p.uid == facts.uid and p.container is None and p.pgid not in recorded
     }
 
 
-def stale_gpus(facts: HostFacts, busy: dict[int, list[int]]) -> dict[int, list[int]]:
+def stale_gpus(facts: HostFacts, me: str, busy: dict[int, list[int]]) -> dict[int, list[int]]:
     """The busy GPUs whose every user is a stale server (_stale_servers)."""
-    stale = _stale_servers(facts)
+    stale = _stale_servers(facts, me)
     return {i: pids for i, pids in busy.items() if all(pid in stale for pid in pids)}
 
 
 def stopped_with(facts: HostFacts, name: str, gpus: tuple[int, ...] | None) -> set[int]:
     """The process groups of the stale servers that freeing deployment `name`'s GPUs (every GPU: None)
     stops, each whole (remote_free.classify): what they listen on is the deployment's to take."""
-    stale, busy = _stale_servers(facts), busy_gpus(facts, name)
+    stale, busy = _stale_servers(facts, name), busy_gpus(facts, name)
     return {stale[pid] for i in (busy if gpus is None else gpus) for pid in busy.get(i, ()) if pid in stale}
+
+
+def _with_stale_servers(
+    facts: HostFacts, me: str, asked: int, free: list[int], taken: set[int], busy: dict[int, list[int]]
+) -> tuple[tuple[int, ...], str] | None:
+    """`asked` GPUs from the free ones and those of as few stale servers as it takes (each is stopped
+    whole): the servers holding most GPUs first, a GPU counted once every server on it is stopped."""
+    stale, group_of = stale_gpus(facts, me, busy), _stale_servers(facts, me)
+    held: dict[int, set[int]] = {}
+    for i, pids in stale.items():
+        for pid in pids:
+            held.setdefault(group_of[pid], set()).add(i)
+    chosen: set[int] = set()
+    for group in sorted(held, key=lambda g: (-len(held[g]), min(held[g]))):
+        chosen.add(group)
+        back = [i for i, pids in stale.items() if i not in taken and all(group_of[p] in chosen for p in pids)]
+        closest = _closest(sorted({*free, *back}), asked, facts.gpu_topology)
+        if closest is not None:
+            return closest
+    return None
 
 
 def gpu_owners(facts: HostFacts) -> dict[int, str]:
@@ -136,12 +159,10 @@ def place(
         busy = busy_gpus(facts, name)
         free = [i for i in indices if i not in taken and i not in busy]
         closest = _closest(free, asked, facts.gpu_topology)
-        stale = stale_gpus(facts, busy) if take_stale else {}
-        if closest is None and stale:  # the GPUs a stale server holds come back when it is stopped
-            closest = _closest(
-                [i for i in indices if i not in taken and (i not in busy or i in stale)], asked, facts.gpu_topology
-            )
+        if closest is None and take_stale:  # the GPUs a stale server holds come back when it is stopped
+            closest = _with_stale_servers(facts, name, asked, free, taken, busy)
             if closest is not None:
+                stale = stale_gpus(facts, name, busy)
                 stopped = sorted({pid for i in closest[0] if i in stale for pid in stale[i]})
                 closest = (
                     closest[0],
@@ -255,23 +276,32 @@ def port_for(
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
             taken.update((p, rec.name) for p in record_ports(rec.lock))
     own = facts.remote.deployment(name).state.get("port")
+    own_group = facts.remote.deployment(name).state.get("pgid")
     stopped = {*stopping, *(g for g in replaced if isinstance(g, int))}
-    mine = {facts.remote.deployment(name).state.get("pgid"), *stopped}
+    # what a port's listener belongs to: its server's process group; one that is stopped first counts only
+    # when it is fleet's user's own, outside containers (another user's process in that group is refused)
     groups = {p.pid: p.pgid for p in facts.servers}
+    ours = {p.pid for p in facts.servers if p.uid == facts.uid and p.container is None}
 
-    def group_of(port: int) -> int | None:  # the process group listening there (-1: none or unseen)
-        holder = facts.port_holder(port, bind_address)
-        return None if holder is None else groups.get(holder.pid, -1) if holder.pid is not None else -1
+    def gone(listener: Listener) -> str | None:
+        """'own', 'stale' or 'replaced' when the listener is gone by the launch; None when it stays."""
+        group = groups.get(listener.pid) if listener.pid is not None else None
+        if group is not None and group == own_group:
+            return "own"
+        if group is None or listener.pid not in ours:
+            return None
+        return "stale" if group in stopping else "replaced" if group in stopped else None
 
     def free(port: int) -> bool:
-        group = group_of(port)
-        return port not in taken and nccl_port_for(port) not in taken and (group is None or group in mine)
+        if port in taken or nccl_port_for(port) in taken:
+            return False
+        return all(gone(lst) for lst in facts.port_holders(port, bind_address))
 
     if free(wanted):
-        group = group_of(wanted)
-        if group in stopping:
+        reasons = {gone(lst) for lst in facts.port_holders(wanted, bind_address)}
+        if "stale" in reasons:
             return wanted, f"port {wanted} is a stale server's, stopped first"
-        return wanted, f"port {wanted} is a replaced deployment's, stopped first" if group in stopped else ""
+        return wanted, f"port {wanted} is a replaced deployment's, stopped first" if "replaced" in reasons else ""
     if isinstance(own, int) and own != wanted and free(own):
         return own, f"port {wanted} is deployment {taken.get(wanted, '?')}'s: {name} keeps {own}"
     port = wanted
