@@ -83,12 +83,6 @@ def _stale_servers(facts: HostFacts, me: str) -> dict[int, int]:
     }
 
 
-def stale_gpus(facts: HostFacts, me: str, busy: dict[int, list[int]]) -> dict[int, list[int]]:
-    """The busy GPUs whose every user is a stale server (_stale_servers)."""
-    stale = _stale_servers(facts, me)
-    return {i: pids for i, pids in busy.items() if all(pid in stale for pid in pids)}
-
-
 def stopped_with(facts: HostFacts, name: str, gpus: tuple[int, ...] | None) -> set[int]:
     """The process groups of the stale servers that freeing deployment `name`'s GPUs (every GPU: None)
     stops, each whole (remote_free.classify): what they listen on is the deployment's to take."""
@@ -100,8 +94,10 @@ def _with_stale_servers(
     facts: HostFacts, me: str, asked: int, free: list[int], taken: set[int], busy: dict[int, list[int]]
 ) -> tuple[tuple[int, ...], str] | None:
     """`asked` GPUs from the free ones and those of as few stale servers as it takes (each is stopped
-    whole): the servers holding most GPUs first, a GPU counted once every server on it is stopped."""
-    stale, group_of = stale_gpus(facts, me, busy), _stale_servers(facts, me)
+    whole): the servers holding most GPUs first, a GPU counted once every server on it is stopped. The
+    reason names the stale servers' pids on the GPUs taken."""
+    group_of = _stale_servers(facts, me)
+    stale = {i: pids for i, pids in busy.items() if all(pid in group_of for pid in pids)}  # only theirs
     held: dict[int, set[int]] = {}
     for i, pids in stale.items():
         for pid in pids:
@@ -112,7 +108,9 @@ def _with_stale_servers(
         back = [i for i, pids in stale.items() if i not in taken and all(group_of[p] in chosen for p in pids)]
         closest = _closest(sorted({*free, *back}), asked, facts.gpu_topology)
         if closest is not None:
-            return closest
+            stopped = ", ".join(map(str, sorted({pid for i in closest[0] if i in stale for pid in stale[i]})))
+            why = f"{closest[1]}; a server no deployment records holds some (pids {stopped}): stopped as a stale server"
+            return closest[0], why
     return None
 
 
@@ -161,14 +159,6 @@ def place(
         closest = _closest(free, asked, facts.gpu_topology)
         if closest is None and take_stale:  # the GPUs a stale server holds come back when it is stopped
             closest = _with_stale_servers(facts, name, asked, free, taken, busy)
-            if closest is not None:
-                stale = stale_gpus(facts, name, busy)
-                stopped = sorted({pid for i in closest[0] if i in stale for pid in stale[i]})
-                closest = (
-                    closest[0],
-                    f"{closest[1]}; a server no deployment records holds some (pids "
-                    f"{', '.join(map(str, stopped))}): stopped as a stale server",
-                )
         if closest is None and replace:  # free GPUs first; another deployment's only when they run out
             closest = _closest([i for i in indices if i not in busy or i in taken], asked, facts.gpu_topology)
         if closest is None:
@@ -277,7 +267,6 @@ def port_for(
             taken.update((p, rec.name) for p in record_ports(rec.lock))
     own = facts.remote.deployment(name).state.get("port")
     own_group = facts.remote.deployment(name).state.get("pgid")
-    stopped = {*stopping, *(g for g in replaced if isinstance(g, int))}
     # what a port's listener belongs to: its server's process group; one that is stopped first counts only
     # when it is fleet's user's own, outside containers (another user's process in that group is refused)
     groups = {p.pid: p.pgid for p in facts.servers}
@@ -290,7 +279,7 @@ def port_for(
             return "own"
         if group is None or listener.pid not in ours:
             return None
-        return "stale" if group in stopping else "replaced" if group in stopped else None
+        return "stale" if group in stopping else "replaced" if group in replaced else None
 
     def free(port: int) -> bool:
         if port in taken or nccl_port_for(port) in taken:
