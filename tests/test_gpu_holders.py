@@ -67,7 +67,12 @@ def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> No
 
 
 def classified(
-    monkeypatch: pytest.MonkeyPatch, procs: dict[int, dict], on_gpus: dict[int, int], gpus: list[int], force: bool
+    monkeypatch: pytest.MonkeyPatch,
+    procs: dict[int, dict],
+    on_gpus: dict[int, int],
+    gpus: list[int],
+    force: bool,
+    recorded: int | None = None,
 ) -> list[int]:
     """The pids remote_free.classify stops, with the host's probes answering from `on_gpus` (pid -> GPU)."""
     from fleet.control import remote_free as rf
@@ -76,7 +81,7 @@ def classified(
     monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
     monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: ({p for p, g in on_gpus.items() if g in idx}, []))
     monkeypatch.setattr(rf, "container_of", lambda pid: None)
-    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": gpus, "recorded_pgid": None, "siblings": {}}
+    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": gpus, "recorded_pgid": recorded, "siblings": {}}
     return sorted(rf.classify({**a, "kill_policy": "force" if force else "safe"}, procs)[0])
 
 
@@ -102,6 +107,18 @@ def test_a_stale_server_is_stopped_whole_but_a_group_is_not_a_servers_identity(m
     polled = {300: proc(300, 300, me, "bash", "serve.sh"), 301: proc(301, 300, me, "nvidia-smi", "-q"),
               302: proc(302, 300, me, *VLLM)}  # fmt: skip
     assert classified(monkeypatch, polled, {301: 0, 302: 3}, [0], force=False) == []  # the tool is left running
+
+
+def test_fleets_own_server_is_stopped_whole_even_holding_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group fleet launched (its record, verified on the host) shutting itself down after a failed
+    smoke generation: the engine let go of GPU and port, its resource tracker is no engine. Every process of
+    it goes, and only of fleet's user (a wrapper may have started another user's process in it)."""
+    me = os.getuid()
+    launched = {400: proc(400, 400, me, "python3", "-c", "launcher"), 401: proc(401, 400, me, *VLLM),
+                402: proc(402, 400, me, "python3", "-c", "from multiprocessing.resource_tracker import main"),
+                403: proc(403, 400, me + 1, "python3", "helper.py")}  # fmt: skip
+    assert classified(monkeypatch, launched, {}, [0], force=False, recorded=400) == [400, 401, 402]
+    assert classified(monkeypatch, launched, {}, [0], force=False) == []  # not recorded: nothing of it is seen
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,6 @@ class ActResult(TypedDict, total=False):
     forced: List[int]
     memory: Dict[str, Any]
     launched: Launched
-    recorded_group_reused: int
     log_dir_unwritable: Dict[str, Any]
     short_of_space: Dict[str, Any]
     write_failed: Dict[str, Any]

@@ -274,7 +274,6 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
                 result.wishes,
                 learned_key="bench",
                 learned_existing=[],
-                recorded_pgid=None,
             )
             latencies.append(float(seen["relaunch_at"]) - float(seen["crash_written"]))  # type: ignore[arg-type]
     finally:

@@ -282,14 +282,13 @@ class Deployer:
             "command": command,
         }
 
-    def _free_args(self, port: int | None, recorded_pgid: int | None) -> dict[str, Any]:
+    def _free_args(self, port: int | None) -> dict[str, Any]:
         return {
             "port": port,
             "bind_address": self.host.settings.bind_address,
             "gpu_devices": self.host.settings.gpu_devices,
             "kill_policy": self.kill_policy,
             "gpus": list(self.gpus) if self.gpus is not None else None,
-            "recorded_pgid": recorded_pgid,
             "drain_s": self.drain_s,
             "memory_wait_s": 30.0,
             "idle_mib": 1024,
@@ -302,7 +301,6 @@ class Deployer:
         attempt: int,
         launch: bool,
         check: bool,
-        recorded_pgid: int | None,
         state: StateRecord | None,
         release_lock: bool = False,
         command: str = "deploy",
@@ -319,7 +317,7 @@ class Deployer:
                 # held until the slowest host is prepared and the launch takes it again (or fleet died)
                 "hold_s": PREPARED_HOLD_S if prepare_only else 0,
             },
-            "free": self._free_args(plan.port, recorded_pgid),
+            "free": self._free_args(plan.port),
             "state_update": state,
             "release_lock": release_lock,
             "space": [
@@ -456,7 +454,6 @@ class Deployer:
         *,
         learned_key: str,
         learned_existing: list[dict[str, Any]],
-        recorded_pgid: int | None,
         replan: Callable[[dict[str, str]], LaunchPlan] | None = None,
     ) -> DeployResult:
         """`replan`: the plan made again on the engine's own picks (fleet.plan.picks). Given, the first
@@ -473,9 +470,7 @@ class Deployer:
             deployment=self.deployment,
         )
         try:
-            return self._attempts(
-                plan, model, gpus, wishes, result, learned_key, learned_existing, recorded_pgid, replan
-            )
+            return self._attempts(plan, model, gpus, wishes, result, learned_key, learned_existing, replan)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the host must not be left locked by a run that ended
             self._abandon()
             raise
@@ -489,7 +484,6 @@ class Deployer:
         result: DeployResult,
         learned_key: str,
         learned_existing: list[dict[str, Any]],
-        recorded_pgid: int | None,
         replan: Callable[[dict[str, str]], LaunchPlan] | None,
     ) -> DeployResult:
         applied: list[str] = []
@@ -516,7 +510,6 @@ class Deployer:
                 attempt=attempt,
                 launch=True,
                 check=self.engine_check,
-                recorded_pgid=recorded_pgid,
                 state=state,
                 premises=premises,
             )
@@ -704,7 +697,6 @@ class Deployer:
                 attempt=rec.number,
                 launch=False,
                 check=False,
-                recorded_pgid=None,
                 state=state,
                 release_lock=True,
                 command="give-up",

@@ -185,14 +185,13 @@ class GroupRun:
                 )
                 for i, (t, h) in enumerate(zip(transports, self.hosts, strict=True))
             ]
-            pgids = [ops.recorded_pgid(recorded(f, self.playbook.name)) for f in all_facts]
             try:
-                return self._attempts(deployers, placed, pgids)
+                return self._attempts(deployers, placed)
             except KeyboardInterrupt:  # every rank at once: a watcher's host notices its client gone by itself
                 _in_parallel(lambda i: deployers[i]._abandon(), range(len(deployers)))
                 raise
 
-    def _attempts(self, deployers: list[Deployer], placed: list[PlanResult], pgids: list[int | None]) -> GroupResult:
+    def _attempts(self, deployers: list[Deployer], placed: list[PlanResult]) -> GroupResult:
         pb = self.playbook.spec
         result = GroupResult(self.playbook.name, [h.name for h in self.hosts], False)
         plans = [p.plan for p in placed if p.plan is not None]
@@ -206,9 +205,9 @@ class GroupRun:
             t0 = time.monotonic()
             for d, plan in zip(deployers, ranked, strict=True):
                 d.progress(events.AttemptStarted(attempt, pb.max_attempts, plan.argv()))
-            failed = self._prepare_all(deployers, ranked, attempt, pgids)
+            failed = self._prepare_all(deployers, ranked, attempt)
             if failed is None:
-                outs = self._launch_all(deployers, ranked, attempt, pgids, result)
+                outs = self._launch_all(deployers, ranked, attempt, result)
                 failed = self._watch_all(deployers, ranked, outs, attempt, result)
                 if failed is None:  # every rank proven: their locks, held until now, go together
                     _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
@@ -256,9 +255,7 @@ class GroupRun:
                     )
                 )
 
-    def _prepare_all(
-        self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int, pgids: list[int | None]
-    ) -> RankOutcome | None:
+    def _prepare_all(self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int) -> RankOutcome | None:
         """Every host locked, the engine's check run, and what holds the GPUs sorted, before anything is
         stopped on any host. A refusal anywhere (locked, a holder fleet will not kill, no disk) frees every
         lock taken and is raised; a rejected command line is returned as the rank's outcome."""
@@ -271,7 +268,6 @@ class GroupRun:
                 attempt=attempt,
                 launch=True,
                 check=check,
-                recorded_pgid=pgids[i],
                 state=None,
                 prepare_only=True,
             )
@@ -307,7 +303,6 @@ class GroupRun:
         deployers: list[Deployer],
         plans: list[LaunchPlan],
         attempt: int,
-        pgids: list[int | None],
         result: GroupResult,
     ) -> list[ActResult]:
         """Every rank stopped and launched at once (the hosts were prepared). A rank that fails now stops
@@ -317,7 +312,7 @@ class GroupRun:
             d = deployers[i]
             state = d.record(plans[i], "starting", attempt=attempt)
             state["run_id"], state["deployed_by"] = d.run_id, d.owner
-            out = d.act(plans[i], attempt=attempt, launch=True, check=False, recorded_pgid=pgids[i], state=state)
+            out = d.act(plans[i], attempt=attempt, launch=True, check=False, state=state)
             d._stop_if_locked_or_unsafe(out)
             return out
 
@@ -468,7 +463,6 @@ class GroupRun:
                 attempt=attempt,
                 launch=False,
                 check=False,
-                recorded_pgid=None,
                 state=state,
                 release_lock=release,
                 command=command,

@@ -151,7 +151,6 @@ def deploy(
         result.wishes,
         learned_key=result.learned_key,
         learned_existing=existing,
-        recorded_pgid=recorded_pgid(mine),
         replan=replan,
     )
 
@@ -505,10 +504,7 @@ def restart(
     key = str(state.get("learned_key", ""))
     existing = _learned_as_json(facts, key, signatures)
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
-    mine = recorded(facts, deployment)
-    return deployer.run(
-        plan, model, gpus, wishes, learned_key=key, learned_existing=existing, recorded_pgid=recorded_pgid(mine)
-    )
+    return deployer.run(plan, model, gpus, wishes, learned_key=key, learned_existing=existing)
 
 
 def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> ActResult:
@@ -560,7 +556,7 @@ def _stop_one(
     )
     args = {
         "lock": deployer._lock_args("stop"),
-        "free": deployer._free_args(state.get("port"), recorded_pgid(state)),
+        "free": deployer._free_args(state.get("port")),
         "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
         "release_lock": True,
     }

@@ -424,6 +424,13 @@ def launch_container(a: Dict[str, Any], secrets: Dict[str, str], log_path: str, 
     }
 
 
+def recorded_group(st: Dict[str, Any]) -> Optional[int]:
+    """The process group a deployment's record names, when it is exactly the one fleet launched (a group
+    id is a pid, and pids are reused)."""
+    pgid = st.get("pgid")
+    return pgid if isinstance(pgid, int) and recorded_group_is_ours(pgid, st) else None
+
+
 def main() -> ActResult:
     a = json.loads(sys.argv[1])
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
@@ -474,13 +481,9 @@ def main() -> ActResult:
             return out
     previous = read_record(os.path.join(state_dir, "state.json"))
     procs = process_table()
-    free = a["free"]
-    recorded = free.get("recorded_pgid")
-    if recorded is not None and not recorded_group_is_ours(
-        recorded, read_record(os.path.join(state_dir, "state.json")) or {}
-    ):
-        free = dict(free, recorded_pgid=None)
-        out["recorded_group_reused"] = recorded
+    # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
+    # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
+    free = dict(a["free"], recorded_pgid=recorded_group(previous or {}))
     siblings, replaced, sibling_gpus = sibling_groups(root, a["lock"]["deployment"], a["lock"].get("replace") or [])
     if free.get("gpus") is None and sibling_gpus:  # all GPUs, but the ones the host's other deployments run on
         every = all_gpu_indices(expand(free["gpu_devices"]))

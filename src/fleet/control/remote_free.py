@@ -179,6 +179,9 @@ def classify(
     # (one script or ssh line starts many things), so another user's group, or a GPU tool's, adds nothing.
     holding = stale_groups(gpu_holders, procs, me)
     for pid, proc in procs.items():
+        if recorded is not None and proc["pgid"] == recorded and proc["uid"] == me:
+            candidates.add(pid)  # fleet's own server, every process of it (a worker, a resource tracker)
+            continue
         if not is_engine(proc):
             continue
         if gpus is None or proc["pgid"] in (recorded, *replaced) or (proc["pgid"] in holding and proc["uid"] == me):
