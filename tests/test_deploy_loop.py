@@ -292,3 +292,23 @@ def test_a_server_started_by_hand_on_the_gpus_is_stopped_as_a_stale_engine(host:
     assert not alive(host, by_hand)
     shown = json.dumps([events.to_json(e) for e in seen.seen])  # what every listener was given
     assert "--api-key ***" in shown and "sk-by-hand-4242" not in shown  # its credential is not repeated
+
+
+def test_a_host_that_binds_an_ipv6_address_is_checked_and_reached_on_it(tmp_path: Path) -> None:
+    """bind_address ::1: the engine listens there, fleet's checks on the host and the endpoint it gives
+    put the address in brackets, and a stop finds the server by its record and its port."""
+    h = nshost.NamespaceHost(tmp_path, simhost.CT129, "::1")
+    try:
+        result, seen = deploy(h)
+        assert result.ok, [e for e in seen.seen if not isinstance(e, events.LogLine)]
+        assert result.endpoint == f"http://[::1]:{result.plan.port}"
+        assert result.plan.argv()[result.plan.argv().index("--host") + 1] == "::1"
+        listening = h.shell(f"cat /proc/net/tcp6 | grep -ci ':{result.plan.port:04X} '")
+        assert int(listening.split()[0]) >= 1
+        report = check_host(h.transport(), h.host, HealthOptions())
+        assert {c.name: c.status for c in report.checks}["http_health"] == "ok", report.checks
+        ops.stop(h.transport(), h.host, force=False)
+        assert json.loads(simhost.newest_record(h.dir).read_text())["status"] == "stopped"
+        assert "sglang.launch_server" not in h.shell("ps -eo args")
+    finally:
+        h.close()

@@ -60,6 +60,12 @@ INVENTORY_CASES = [
         "(got 'gpu1; touch /tmp/pwned').",
     ),
     (
+        "address-option",  # ssh would read it as an option
+        "hosts:\n  a:\n    address: '-oProxyCommand=touch'\n",
+        'inv.yaml:3: field "address" must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes) '
+        "(got '-oProxyCommand=touch').",
+    ),
+    (
         "state-dir-traversal",
         "hosts:\n  a:\n    address: x\n    state_dir: /var/lib/../../etc\n",
         "inv.yaml:4: field \"state_dir\" must not contain '..' components (got '/var/lib/../../etc').",
@@ -140,6 +146,12 @@ def test_malformed_inventory_names_file_line_and_field(tmp_path: Path, name: str
         load_inventory(path)
     assert err.value.message == f"{tmp_path}/{message}"
     assert err.value.hint  # every error says what to do
+
+
+def test_an_ipv6_address_is_an_address(tmp_path: Path) -> None:
+    (tmp_path / "inv.yaml").write_text("hosts:\n  a:\n    address: '::1'\n    bind_address: 'fd00::7'\n")
+    host = load_inventory(tmp_path / "inv.yaml").hosts["a"]
+    assert (host.settings.address, host.settings.bind_address) == ("::1", "fd00::7")
 
 
 def test_oversized_inventory_is_refused_without_parsing(tmp_path: Path) -> None:

@@ -206,6 +206,11 @@ def bounded_search(pattern: str, text: str, limit_s: float = MATCH_LIMIT_S) -> O
     return {b"1": True, b"0": False}.get(answer)
 
 
+def base_url(address: str, port: int) -> str:
+    """http://ADDRESS:PORT, an IPv6 address in brackets (the host's side of fleet.plan.service.server_url)."""
+    return "http://%s:%d" % ("[%s]" % address if ":" in address else address, port)
+
+
 def http_request(
     method: str,
     url: str,

@@ -104,7 +104,7 @@ class NamespaceHost:
         }
         inventory = root / f"{spec.name}-inventory.yaml"
         inventory.write_text(
-            f"hosts:\n  {spec.name}:\n    connection: local\n    bind_address: {bind_address}\n"
+            f"hosts:\n  {spec.name}:\n    connection: local\n    bind_address: '{bind_address}'\n"
             f"    engines: {{sglang: {self.dir}/env/bin/python}}\n    models_dir: {self.dir}/models\n"
             f"    state_dir: {self.dir}/state\n    log_dir: {self.dir}/logs\n"
             f"    gpu_devices: {self.dir}/dev/nvidia*\n"

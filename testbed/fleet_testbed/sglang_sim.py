@@ -828,7 +828,7 @@ def serve(argv: list[str]) -> None:
         return
     # uvicorn binds last: a held port is only discovered after the model loaded (engines.md §5.8)
     try:
-        httpd = ThreadingHTTPServer((a.host, a.port), Handler)
+        httpd = http_server(a.host, a.port)
     except OSError as exc:
         uvicorn(f"Started server process [{os.getpid()}]")
         sys.stdout.write(
@@ -895,11 +895,20 @@ def _meet_the_group(server: Server, first: int) -> None:
     server.nccl = meeting
 
 
+def http_server(host: str, port: int) -> ThreadingHTTPServer:
+    """The engine's HTTP server on `host`, an IPv6 address as well (uvicorn binds either)."""
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server((host, port), Handler)
+
+
 def _serve_follower(server: Server, sigterm: threading.Event) -> None:
     a = server.r.args
     Handler.health_only = True
     try:
-        httpd = ThreadingHTTPServer((a.host, a.port), Handler)
+        httpd = http_server(a.host, a.port)
     except OSError as exc:
         log(f"Dummy health check server failed to start: [Errno {exc.errno}] address already in use")
         server.kill_tree()
@@ -938,7 +947,7 @@ def _bind_nccl(address: str, port: int | None) -> socket.socket | SimError:
     """torch.distributed's TCPStore on the NCCL port (a free one when not given). The real one listens on
     every address; here on the server's own, since simulated hosts share one network namespace (and
     test runs beside each other on one machine must not meet on 0.0.0.0:40000)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind((address, port or 0))
         sock.listen(16)

@@ -34,6 +34,7 @@ from fleet.inventory.runtime import chosen_runtime
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
+from fleet.plan.service import server_url
 from fleet.protocol import ActResult, StateRecord, WatchEvent
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
@@ -213,7 +214,7 @@ class GroupRun:
                     _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                     rec.outcome = "ready"
                     result.ok = True
-                    result.endpoint = f"http://{ranked[0].check_address}:{ranked[0].port}"
+                    result.endpoint = server_url(ranked[0].check_address, ranked[0].port)
                     deployers[0].progress(events.Ready(attempt, {"e": "smoke", "ok": True}))
                     return result
             rec.outcome = "rejected" if failed.ended == "rejected" else "crashed"

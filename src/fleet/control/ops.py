@@ -28,6 +28,7 @@ from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes,
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import fit_gpus
 from fleet.plan.placement import Placement, place, port_for, stopped_with
+from fleet.plan.service import server_url
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
@@ -356,7 +357,7 @@ def _adopt(
         attempts=[],
         plan=plan,
         reason="already running this plan and answering correctly; nothing was restarted",
-        endpoint=f"http://{plan.check_address}:{plan.port}",
+        endpoint=server_url(plan.check_address, plan.port),
         ready_s=time.monotonic() - started,
         learned_applied=plan.applied_fixes,
         round_trips=t.commands_run,

@@ -19,7 +19,7 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.facts.probe import collect
-    from fleet.host_common import http_request, read_record, smoke_request
+    from fleet.host_common import base_url, http_request, read_record, smoke_request
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
 
 HEALTH_LOG_LINES = 2000
@@ -97,7 +97,7 @@ def check_server(
         }
         out["container"]["name"] = box.get("name")
     if out["server"] and out["server"]["alive"]:
-        base = "http://%s:%d" % (st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
+        base = base_url(st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
         code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])
         http["health"] = {"status": code, "seconds": secs}
         code, body, secs = http_request("GET", base + "/v1/models", timeout=args["http_timeout_s"])

@@ -32,6 +32,7 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.host_common import (
+        base_url,
         deployment_dir,
         http_request,
         mark_unverified,
@@ -68,7 +69,7 @@ def alive_group(pgid: int) -> bool:
 
 
 def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
-    base = "http://%s:%d" % (a["address"], a["port"])
+    base = base_url(a["address"], a["port"])
     result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120))
     return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
@@ -301,13 +302,13 @@ def main(a: Dict[str, Any]) -> None:
             return
         if phase == "starting" and now - last_http >= HTTP_READY_EVERY_S:
             last_http = now
-            status, _, _ = http_request("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=2)
+            status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
                 emit({"e": "ready_http"})
                 phase = "health"
                 health_deadline = time.time() + a["health_timeout_s"]
         if phase == "health":
-            status, _, _ = http_request("GET", "http://%s:%d/health" % (a["address"], a["port"]), timeout=5)
+            status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=5)
             if status == 200:
                 emit({"e": "health", "code": 200})
                 if not a["smoke"]:  # a group's other rank: it answers /health only; rank 0 is asked

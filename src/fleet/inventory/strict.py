@@ -15,7 +15,8 @@ from fleet.errors import ConfigError
 from fleet.yamlfile import KeyPath, YamlDoc
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:%-]{0,252}\Z")
+# a leading ':' is an IPv6 address (::1); never a leading '-', which ssh would read as an option
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9:][A-Za-z0-9_.:%-]{0,252}\Z")
 REMOTE_PATH_RE = re.compile(r"^(~/|/)[A-Za-z0-9._/+@-]*\Z")
 DEVICE_GLOB_RE = re.compile(r"^/[A-Za-z0-9._/+@*?\[\]-]*\Z")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")

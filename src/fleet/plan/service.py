@@ -34,8 +34,9 @@ def router_argv(python: str, bind: str, port: int, policy: str, metrics_port: in
     ]
 
 
-def replica_url(address: str, port: int) -> str:
-    host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
+def server_url(address: str, port: int) -> str:
+    """The base URL of a server at `address` (a name, IPv4 or IPv6 address: in brackets in a URL)."""
+    host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{port}"
 
 
