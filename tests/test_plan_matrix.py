@@ -14,12 +14,12 @@ import os
 import re
 import shlex
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+import sglang_oracle
 from conftest import ROOT
 from factsdata import MODELS, facts
 from fleet.control import ops
@@ -27,10 +27,10 @@ from fleet.inventory import parse_inventory, parse_playbook
 from fleet.plan import keyed_premises, picks
 from fleet.plan.build import PlanResult
 from fleet.yamlfile import parse_yaml
+from sglang_oracle import ORACLE
 
 MATRIX = ROOT / "tests" / "data" / "matrix"
 GOLDEN = ROOT / "tests" / "golden" / "matrix"
-ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
 FAMILIES = {
     **{d.name: d for d in sorted(MATRIX.iterdir()) if d.is_dir()},
     "Qwen3.5-397B-A17B-NVFP4": MODELS / "Qwen3.5-397B-A17B-NVFP4",
@@ -106,16 +106,17 @@ def test_the_matrix_is_wide_and_fleet_both_plans_and_refuses() -> None:
     assert len(planned) > len(CELLS) // 3 and len(planned) < len(CELLS)  # some do not fit or cannot run
 
 
-def real_verdict(cell: Cell, argv: list[str]) -> dict:
-    _, _, gpu = GPUS[cell.gpu]
-    mem = str(GPUS[cell.gpu][0][2] // 1024)
-    tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else "1"
-    p = subprocess.run(
-        [str(ORACLE / "check"), "--version", cell.version, "--resolve", "--gpu", gpu, "--gpu-mem-gb", mem,
-         "--tp", tp, "--model-dir", str(FAMILIES[cell.family]), "--", *argv],
-        capture_output=True, text=True, timeout=900, cwd=ORACLE,
-    )  # fmt: skip
-    return json.loads(p.stdout.strip().splitlines()[-1])
+def real_verdicts(todo: list[tuple[Cell, list[str]]]) -> list[dict]:
+    """The real SGLang's verdict on each command line in its cell's version, on a fake GPU of the cell's."""
+
+    def oracle_args(cell: Cell, argv: list[str]) -> list[str]:
+        (_, _, mib), _, gpu = GPUS[cell.gpu]
+        tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else "1"
+        return ["--resolve", "--gpu", gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", tp,
+                "--model-dir", str(FAMILIES[cell.family]), "--", *argv]  # fmt: skip
+
+    (version,) = {cell.version for cell, _ in todo}
+    return sglang_oracle.answers(version, [oracle_args(cell, argv) for cell, argv in todo])
 
 
 @pytest.mark.realparser
@@ -123,15 +124,13 @@ def real_verdict(cell: Cell, argv: list[str]) -> dict:
 def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
     """What fleet would launch, SGLang itself resolves without an error, on that GPU: plans fleet refuses
     are refused for what resolution does not check (fit, quantisation capability, checked at load)."""
-    if not (ORACLE / ".venv" / ".ok-build").exists():
-        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    sglang_oracle.require_oracle()
     planned = {c: plan_cell(c) for c in CELLS if c.version == version}  # each cell planned once
     todo = []
     for cell, r in planned.items():
         if r.plan is not None and not r.errors:
             todo.append((cell, r.plan.engine_args()))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        verdicts = list(pool.map(lambda t: real_verdict(*t), todo))
+    verdicts = real_verdicts(todo)
     failed = [
         f"{cell.name}: {v['verdict']}: {v.get('error_type')}: {v.get('message')} @ {v.get('where')}"
         for (cell, _), v in zip(todo, verdicts, strict=True)
@@ -189,8 +188,7 @@ def test_every_flag_a_keyed_rule_sets_stands_on_the_pick_sglang_itself_makes(ver
     resolves the pick the table says, or refuses in words that name it (the pick fails: the flag is
     needed). Settings the plan leaves to SGLang are checked by the test above, from the plan's own
     resolution. So a rule overrides the engine only where its own pick is known to fail."""
-    if not (ORACLE / ".venv" / ".ok-build").exists():
-        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    sglang_oracle.require_oracle()
     todo: list[tuple[Cell, str, list[str], str]] = []  # cell, setting, argv without its flag, the table's pick
     for cell in (c for c in CELLS if c.version == version):
         r = plan_cell(cell)
@@ -201,8 +199,7 @@ def test_every_flag_a_keyed_rule_sets_stands_on_the_pick_sglang_itself_makes(ver
             assert setting in predicted, f"{cell.name}: a keyed rule set {setting} where the table has no pick"
             todo.append((cell, setting, without(r.plan.engine_args(), flags), predicted[setting]))
     assert len({t[1] for t in todo}) >= 3  # the mamba strategy, the MoE runner, the FP4 GEMM backend
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        verdicts = list(pool.map(lambda t: real_verdict(t[0], t[2]), todo))
+    verdicts = real_verdicts([(cell, argv) for cell, _, argv, _ in todo])
     wrong = []
     for (cell, setting, _, pick), v in zip(todo, verdicts, strict=True):
         if v["verdict"] != "accepted":  # only a pick the table calls failing may make SGLang refuse
@@ -235,8 +232,7 @@ def test_every_quantisation_verdict_agrees_with_sglangs_own_capability_gate(vers
     every minimum fleet's message quotes is SGLang's; a refusal on a GPU the gate lets through names the
     failure at load it stands for (FP8 MoE kernels, fp8e4nv). Memory-fit refusals have no counterpart:
     SGLang finds out at load."""
-    if not (ORACLE / ".venv" / ".ok-build").exists():
-        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
+    sglang_oracle.require_oracle()
     cells = [(c, plan_cell(c)) for c in CELLS if c.version == version]
     quantised = {
         str(FAMILIES[c.family]): r.model.sglang_quantization

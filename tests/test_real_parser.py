@@ -9,16 +9,13 @@ generates must be accepted by the real parser of the version it targets.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import msgspec
 import pytest
 
+import sglang_oracle
 from conftest import ROOT
 from factsdata import RTX_A6000, RTX_PRO_6000, facts
 from fleet.inventory import load_inventory, load_playbook
@@ -29,7 +26,6 @@ from fleet_testbed.sglang_flags import build_parser, parse_version
 from fleet_testbed.sglang_sim import SimError, resolve
 
 pytestmark = pytest.mark.realparser
-ORACLE = Path(os.environ.get("FLEET_ORACLE", ROOT / ".cache" / "sglang-oracle"))
 MODELS = simhost.MODELS
 Q35 = "/models/Qwen3.5-397B-A17B-NVFP4"
 Q36 = "/models/Qwen3.6-27B"
@@ -217,18 +213,6 @@ def _tp(argv: tuple[str, ...]) -> int:
     return 1
 
 
-def real_verdict(case: Case) -> dict:
-    opts = ["--resolve", "--gpu", case.gpu, "--tp", str(_tp(case.argv))] if case.resolve else []
-    p = subprocess.run(
-        [str(ORACLE / "check"), "--version", case.version, *opts, "--", *case.argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ORACLE,
-    )
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def sim_verdict(case: Case) -> tuple[str, str]:
     version = parse_version(case.version)
     argv = [a.replace("/models/", f"{MODELS}/") for a in case.argv]
@@ -252,10 +236,35 @@ def sim_verdict(case: Case) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def real() -> dict[str, dict]:
-    if not (ORACLE / ".venv" / ".ok-build").exists():
-        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip([c.name for c in CASES], pool.map(real_verdict, CASES), strict=True))
+    said = {}
+    for version in sorted({c.version for c in CASES}):
+        cases = [c for c in CASES if c.version == version]
+        checks = [_oracle_args(c) for c in cases]
+        said.update(zip([c.name for c in cases], sglang_oracle.answers(version, checks), strict=True))
+    return said
+
+
+def _oracle_args(case: Case) -> list[str]:
+    return [*(["--resolve", "--gpu", case.gpu, "--tp", str(_tp(case.argv))] if case.resolve else []), "--", *case.argv]
+
+
+def test_the_oracle_pool_answers_as_a_fresh_check_does(real: dict[str, dict]) -> None:
+    """tests/oracle_pool.py forks one import for every check: its answer is the one `check` gives in a
+    process of its own, a refusal and a resolution alike (only the timings differ)."""
+    import subprocess
+
+    resolved = [c for c in CASES if c.resolve and c.version == "0.5.11"]
+    picked = [next(c for c in resolved if c.expect == e) for e in ("rejected", "accepted")]
+    for case in picked:
+        p = subprocess.run(
+            [str(sglang_oracle.ORACLE / "check"), "--version", case.version, *_oracle_args(case)],
+            capture_output=True, text=True, timeout=600, cwd=sglang_oracle.ORACLE,
+        )  # fmt: skip
+        fresh = json.loads(p.stdout.strip().splitlines()[-1])
+        drop = ("timings", "stubs")
+        assert {k: v for k, v in real[case.name].items() if k not in drop} == {
+            k: v for k, v in fresh.items() if k not in drop
+        }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -268,30 +277,21 @@ def test_simulator_agrees_with_the_real_parser(real: dict[str, dict], case: Case
         assert sim_type == verdict["error_type"]
 
 
-def _choices(version: str, flag: str) -> set[str]:
-    """The names the real parser of `version` accepts for `flag`, read from its invalid-choice error."""
+def _choices(version: str, *flags: str) -> list[set[str]]:
+    """The names the real parser of `version` accepts for each flag, read from its invalid-choice error."""
     import re
 
-    p = subprocess.run(
-        [str(ORACLE / "check"), "--version", version, "--", "--model-path", "/m", flag, "zz-no-such-parser"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ORACLE,
-    )
-    message = json.loads(p.stdout.strip().splitlines()[-1])["message"]
-    listed = re.search(r"choose from (.*)\)", message)
-    assert listed, message
-    return set(re.findall(r"'([^']+)'", listed.group(1)))
+    said = sglang_oracle.answers(version, [["--", "--model-path", "/m", flag, "zz-no-such-parser"] for flag in flags])
+    listed = [re.search(r"choose from (.*)\)", str(s["message"])) for s in said]
+    assert all(listed), said
+    return [set(re.findall(r"'([^']+)'", m.group(1))) for m in listed if m]
 
 
 @pytest.mark.parametrize("version", ["0.5.11", "0.5.23"])
 def test_every_parser_name_fleet_passes_is_one_the_real_sglang_accepts(version: str) -> None:
     from fleet.plan.parsers import FAMILIES, SGLANG_AUTO_FROM
 
-    if not (ORACLE / ".venv" / ".ok-build").exists():
-        pytest.fail(f"the real SGLang parsers are not built at {ORACLE}: run `make oracle` (make test does)")
-    reasoning, tool_call = _choices(version, "--reasoning-parser"), _choices(version, "--tool-call-parser")
+    reasoning, tool_call = _choices(version, "--reasoning-parser", "--tool-call-parser")
     for row in FAMILIES:
         assert row.sglang[0] is None or row.sglang[0] in reasoning, (version, row.sglang)
         assert row.sglang[1] is None or row.sglang[1] in tool_call, (version, row.sglang)
