@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -140,4 +141,69 @@ def test_every_listener_in_the_way_of_a_port_is_a_holder() -> None:
         other.wait()
         assert other.stdout is not None
         other.stdout.close()
+        mine.close()
+
+
+# launch() leaves its launcher running unwaited, as the act step does (it ends right after)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_launcher_stops_what_its_engine_left_in_the_group_before_it_says_exited(tmp_path: Path) -> None:
+    """An engine that exits and leaves a child behind (a worker, a resource tracker) in the launcher's
+    group: the launcher stops it before it writes the exit status, so "exited" means nothing of the
+    server runs, and a child that started a session of its own (not the server's) is left alone."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from fleet.control.remote_act import launch
+    from fleet.host_procs import alive
+
+    engine = tmp_path / "engine.sh"
+    engine.write_text(
+        "#!/bin/sh\nsleep 60 & echo $! > left.pid\nsetsid sleep 60 & echo $! > own.pid\n"
+        "sh -c 'trap \"\" TERM; sleep 60' & echo $! > stubborn.pid\nexit 3\n"
+    )
+    engine.chmod(0o755)
+    launched = launch({"log_dir": str(tmp_path), "name": "x", "attempt": 1, "argv": [str(engine)], "env": {}}, {})
+    deadline = time.monotonic() + 20
+    while not os.path.exists(launched["exit_file"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(launched["exit_file"]).read_text().strip() == "3"
+    left, own, stubborn = (int((tmp_path / f"{n}.pid").read_text()) for n in ("left", "own", "stubborn"))
+    try:
+        assert not alive(left) and not alive(stubborn)  # SIGTERM, then SIGKILL for one that ignores it
+        assert alive(own)
+    finally:
+        for pid in (left, own, stubborn):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_binding_an_ipv6_address_is_in_the_way_only_of_listeners_there() -> None:
+    """bind_address ::1 (written any way): a listener on [::1] or a wildcard is in its way, one on an IPv4
+    address is not (it was: every IPv6 address counted as every address, and the tables wrote "v6")."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from fleet.host_procs import ip_literal, port_holders
+
+    mine = socket.socket(socket.AF_INET6)
+    mine.bind(("::1", 0))
+    mine.listen()
+    port = mine.getsockname()[1]
+    other = subprocess.Popen(
+        [sys.executable, "-c", f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); "
+         "s.listen(); print('up', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"up\n"
+        assert ip_literal("0:0:0:0:0:0:0:1") == "::1" and ip_literal("gpu1.lan") is None
+        assert port_holders(port, "0:0:0:0:0:0:0:1") == ({os.getpid()}, False)
+        assert port_holders(port, "0.0.0.0")[0] == {os.getpid(), other.pid}
+    finally:
+        other.kill()
+        other.communicate()
         mine.close()

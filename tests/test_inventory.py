@@ -66,6 +66,12 @@ INVENTORY_CASES = [
         "(got '-oProxyCommand=touch').",
     ),
     (
+        "address-colon",  # a leading ':' is an IPv6 address or nothing
+        "hosts:\n  a:\n    address: ':22'\n",
+        'inv.yaml:3: field "address" must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes) '
+        "(got ':22').",
+    ),
+    (
         "state-dir-traversal",
         "hosts:\n  a:\n    address: x\n    state_dir: /var/lib/../../etc\n",
         "inv.yaml:4: field \"state_dir\" must not contain '..' components (got '/var/lib/../../etc').",

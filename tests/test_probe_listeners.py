@@ -58,7 +58,7 @@ def test_netlink_and_proc_tables_report_the_same_listeners(many_listeners: list[
     assert of_ours(seen["netlink"]) == of_ours(seen["proc"]) == of_ours(seen["used"])
     reported = set(of_ours(seen["netlink"]).values())
     expected = {("127.0.0.1", port) for _, port in many_listeners[:300]}
-    expected |= {("::", many_listeners[300][1]), ("v6", many_listeners[301][1])}
+    expected |= {("::", many_listeners[300][1]), ("::1", many_listeners[301][1])}
     assert expected == reported
 
 

@@ -126,9 +126,21 @@ def start_ticks(pid: int) -> Optional[int]:
 # --- sockets ---------------------------------------------------------------------------------------------
 
 
+def ip_literal(address: str) -> Optional[str]:
+    """An IP address as the listener tables write it (one spelling of each IPv6 address), else None."""
+    import _socket as socket  # the C module, as in _listening_netlink
+
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return socket.inet_ntop(family, socket.inet_pton(family, address))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def listening_sockets() -> Dict[str, Tuple[str, int]]:
-    """inode -> (address, port) for every listening TCP socket ("::" for the IPv6 wildcard, "v6" for
-    another IPv6 address)."""
+    """inode -> (address, port) for every listening TCP socket (an IPv6 address as inet_ntop writes it:
+    "::" is its wildcard)."""
     try:
         return _listening_netlink()
     except Exception:  # no AF_NETLINK (a locked-down container): the /proc tables say the same
@@ -170,7 +182,7 @@ def _listening_netlink() -> Dict[str, Tuple[str, int]]:
                     if data[body] == socket.AF_INET:
                         address = socket.inet_ntop(socket.AF_INET, source[:4])
                     else:
-                        address = "::" if not any(source) else "v6"
+                        address = socket.inet_ntop(socket.AF_INET6, bytes(source))
                     found[str(inode)] = (address, port)
                     offset += (length + 3) & ~3
     finally:
@@ -191,12 +203,15 @@ def _tcp_table() -> List[Tuple[str, str, int, str, bool]]:
 
 
 def _listening_proc() -> Dict[str, Tuple[str, int]]:
+    import _socket as socket  # the C module, as in _listening_netlink
+
     found = {}
     for state, addr, port, inode, v6 in _tcp_table():
         if state != LISTEN:
             continue
-        if v6:
-            found[inode] = ("::" if set(addr) == {"0"} else "v6", port)
+        if v6:  # four 32-bit words, each in the host's byte order
+            raw = b"".join(bytes.fromhex(addr[i : i + 8])[::-1] for i in range(0, 32, 8))
+            found[inode] = (socket.inet_ntop(socket.AF_INET6, raw), port)
         else:
             found[inode] = (".".join(str(b) for b in bytes.fromhex(addr)[::-1]), port)
     return found
@@ -232,11 +247,12 @@ def port_holders(port: int, bind_address: str = "0.0.0.0") -> Tuple[Set[int], bo
     """(pids listening where a server binding bind_address:port would collide, whether some such listener
     has no owner fleet can see: another user's process). Every holder counts: fleet's old server on one
     address and someone else's on another both stand in the way."""
-    specific = bind_address not in ("0.0.0.0", "::") and "." in bind_address
+    specific = ip_literal(bind_address)  # a host name is weighed as every address: it may be any
+    specific = None if specific in ("0.0.0.0", "::") else specific
     inodes = set(
         inode
         for inode, (address, p) in listening_sockets().items()
-        if p == port and (not specific or address in ("0.0.0.0", "::", bind_address))
+        if p == port and (specific is None or address in ("0.0.0.0", "::", specific))
     )
     owners = socket_owners(inodes) if inodes else {}
     return set(owners.values()), any(inode not in owners for inode in inodes)

@@ -6,7 +6,8 @@ Stand-alone on purpose (standard library only, plus `pynvml` when the engine env
 Safety rules it enforces itself, whatever the caller says:
   - it never signals pid 1, its own process group, sshd, a GPU daemon or tool (nvidia-persistenced, DCGM,
     a display server, an nvidia-smi query: they hold the device files, not the GPU's memory, and are
-    left running, reported), or a process group holding non-engine processes;
+    left running, reported), or a process group holding non-engine processes (but fleet's own server's,
+    the group its record names);
   - other foreign GPU holders (other users' processes, non-engine processes) are refused unless the
     kill policy is "force", and refused holders are reported before anything is stopped.
 Secrets arrive on stdin as JSON and reach the engine through its launcher's stdin: never a file or argv.
@@ -65,9 +66,11 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.protocol import ActResult, CheckResult, Launched
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
-# never in a file or a command line), waits, and records the exit status atomically. It is a Python of
+# never in a file or a command line), waits, stops what the engine left in its process group (workers, a
+# resource tracker: they would keep GPU memory, and without its leader fleet cannot prove the group is its
+# own), and records the exit status atomically: "exited" means nothing of the server runs. It is a Python of
 # its own environment, so nothing the playbook sets (PATH, LD_PRELOAD, ...) changes how it runs.
-LAUNCHER = """import json, os, subprocess, sys
+LAUNCHER = """import json, os, signal, subprocess, sys, time
 env = json.loads(sys.stdin.readline())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 exit_file = sys.argv[2]
@@ -77,6 +80,32 @@ except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
     code = 127
 code = 128 - code if code < 0 else code
+def rest():
+    me, out = os.getpid(), []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != me:
+            try:
+                with open("/proc/" + d + "/stat") as f:
+                    st = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(st[2]) == me and st[0] not in "ZX":
+                out.append(int(d))
+    return out
+if os.getpgid(0) == os.getpid():
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+        left = rest()
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.time() + wait_s
+        while left and time.time() < deadline:
+            time.sleep(0.02)
+            left = rest()
+        if not left:
+            break
 with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)
@@ -428,7 +457,7 @@ def recorded_group(st: Dict[str, Any]) -> Optional[int]:
     """The process group a deployment's record names, when it is exactly the one fleet launched (a group
     id is a pid, and pids are reused)."""
     pgid = st.get("pgid")
-    return pgid if isinstance(pgid, int) and recorded_group_is_ours(pgid, st) else None
+    return pgid if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) else None
 
 
 def main() -> ActResult:

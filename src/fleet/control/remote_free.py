@@ -179,7 +179,7 @@ def classify(
     # (one script or ssh line starts many things), so another user's group, or a GPU tool's, adds nothing.
     holding = stale_groups(gpu_holders, procs, me)
     for pid, proc in procs.items():
-        if recorded is not None and proc["pgid"] == recorded and proc["uid"] == me:
+        if proc["pgid"] in (recorded, *replaced) and proc["uid"] == me:
             candidates.add(pid)  # fleet's own server, every process of it (a worker, a resource tracker)
             continue
         if not is_engine(proc):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
+from fleet.host_procs import ip_literal
 from fleet.secrets import shown_processes
 
 if TYPE_CHECKING:
@@ -232,10 +233,11 @@ class HostFacts:
     def port_holders(self, port: int, bind_address: str = "0.0.0.0") -> list[Listener]:
         """The listeners that would stop a server binding bind_address:port (wildcards overlap everything)."""
         wild = ("0.0.0.0", "::")
+        bind = ip_literal(bind_address)  # a host name may be any address: every listener is in its way
         return [
             lst
             for lst in self.listeners
-            if lst.port == port and (bind_address in wild or lst.address in wild or lst.address == bind_address)
+            if lst.port == port and (bind is None or bind in wild or lst.address in wild or lst.address == bind)
         ]
 
     def port_holder(self, port: int, bind_address: str = "0.0.0.0") -> Listener | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,16 @@ from fleet.yamlfile import KeyPath, YamlDoc, load_yaml
 
 
 def _check_address(value: str) -> None:
-    if not ADDRESS_RE.match(value):
+    if not ADDRESS_RE.match(value) or (value.startswith(":") and not _is_ipv6(value)):
         raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)")
+
+
+def _is_ipv6(value: str) -> bool:
+    try:
+        ipaddress.IPv6Address(value.partition("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _check_interface(value: str) -> None:
