@@ -19,7 +19,7 @@ from conftest import ROOT
 from fleet import events
 from fleet.control import ops
 from fleet.control.sweep import HealthOptions, check_host, heal_host
-from fleet.errors import LockedError, PreflightError, UnsafeToKill
+from fleet.errors import LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
 
@@ -312,3 +312,26 @@ def test_a_host_that_binds_an_ipv6_address_is_checked_and_reached_on_it(tmp_path
         assert "sglang.launch_server" not in h.shell("ps -eo args")
     finally:
         h.close()
+
+
+def test_a_give_up_that_cannot_reach_the_host_says_so(host: nshost.NamespaceHost) -> None:
+    """The connection is lost between the failed attempt and the step that stops what it left and records
+    it failed: the deploy still fails with its diagnosis, and says the host was left as it was (it said
+    nothing: a server answering garbage could be left up without a word)."""
+    simhost.set_host(host.dir, inject_scheduler_error="RuntimeError: boom")
+    t = host.transport()
+    real_stream, streams = t.stream, []
+
+    def lost_on_the_third(script: str, on_chunk: Any, **kwargs: Any) -> Any:  # act, watch, the give-up's act
+        streams.append(script)
+        if len(streams) == 3:
+            raise TransportError("ct129: connection lost.", "")
+        return real_stream(script, on_chunk, **kwargs)
+
+    t.stream = lost_on_the_third  # type: ignore[method-assign]
+    result, _ = deploy(host, t)
+    assert not result.ok and result.attempts[-1].diagnosis is not None
+    assert result.not_stopped == "ct129: connection lost."
+    # the host was left as the attempt left it: its record unchanged, the run's lock there until it goes stale
+    assert state(host)["status"] == "starting"
+    assert simhost.record(host.dir, "lock.json").exists()

@@ -72,6 +72,11 @@ INVENTORY_CASES = [
         "(got ':22').",
     ),
     (
+        "address-ipv6-long",  # the wildcard and ::1 have one spelling each, as fleet compares them
+        "hosts:\n  a:\n    address: x\n    bind_address: '0:0:0:0:0:0:0:0'\n",
+        "inv.yaml:4: field \"bind_address\" is an IPv6 address: write it as :: (got '0:0:0:0:0:0:0:0').",
+    ),
+    (
         "state-dir-traversal",
         "hosts:\n  a:\n    address: x\n    state_dir: /var/lib/../../etc\n",
         "inv.yaml:4: field \"state_dir\" must not contain '..' components (got '/var/lib/../../etc').",

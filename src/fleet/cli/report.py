@@ -207,6 +207,12 @@ def print_result(r: Any) -> None:
     say(f"{r.host}: {r.name} FAILED after {len(r.attempts)} attempt(s): {r.reason}", err=True)
     if r.refused_before_stopping:
         say("  the engine's own check refused it before anything on the host was stopped", err=True)
+    if r.not_stopped:
+        say(
+            f"  NOT stopped or recorded as failed: {r.not_stopped} — what the last attempt left may still run; "
+            f"`fleet stop --host {r.host}/{r.name}` once the host is reachable.",
+            err=True,
+        )
     if d is not None:
         say(f"  diagnosis: {d.category}{' (' + d.signature + ')' if d.signature else ''}: {d.explanation}", err=True)
         for line in d.evidence:
@@ -226,6 +232,7 @@ def result_json(r: Any) -> dict[str, Any]:
         "deployment": r.deployment or r.playbook,
         "ok": r.ok,
         "reason": r.reason,
+        "not_stopped": r.not_stopped,
         "endpoint": r.endpoint,
         "ready_s": round(r.ready_s, 3),
         "adopted": r.adopted,

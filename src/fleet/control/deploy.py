@@ -94,6 +94,7 @@ class DeployResult:
     learned_applied: tuple[str, ...] = ()
     new_fixes: list[str] = field(default_factory=list)
     log_tail: list[str] = field(default_factory=list)
+    not_stopped: str = ""  # why the step that stops a failed attempt's server and records it did not run
     round_trips: int = 0
     adopted: bool = False  # the server already ran this plan and answered: nothing was restarted
     deployment: str = ""  # its name on the host, when not the playbook's
@@ -580,7 +581,7 @@ class Deployer:
             if isinstance(decision, GiveUp):
                 result.reason = decision.reason
                 if any(r.outcome != "rejected" for r in result.attempts):
-                    self._give_up(plan, rec, decision.reason)
+                    result.not_stopped = self._give_up(plan, rec, decision.reason)
                 else:  # the engine refused every command line: nothing was stopped, the old server serves on
                     self._release()
                 result.round_trips = self.t.commands_run
@@ -684,15 +685,16 @@ class Deployer:
                 timeout_s=20,
             )
 
-    def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> None:
-        """Stop what the failed attempt left running (a server printing garbage must not stay up)."""
+    def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> str:
+        """Stop what the failed attempt left running (a server printing garbage must not stay up); returns
+        why that could not be done ("" when it was)."""
         # merged on the host into the attempt's record: its pid, learned key and run stay
         state = self.record(plan, "failed", attempt=rec.number)
         state["reason"] = reason
         state["diagnosis"] = rec.diagnosis.to_json() if rec.diagnosis else None
         if rec.log:
             state["log"] = rec.log
-        with contextlib.suppress(TransportError, HostStepError):
+        try:
             self.act(
                 plan,
                 attempt=rec.number,
@@ -702,6 +704,9 @@ class Deployer:
                 release_lock=True,
                 command="give-up",
             )
+        except (TransportError, HostStepError) as exc:  # the run's result stands; the host's state is unknown
+            return exc.message
+        return ""
 
 
 def planned_ports(plan: LaunchPlan) -> list[int]:

@@ -31,16 +31,16 @@ from fleet.yamlfile import KeyPath, YamlDoc, load_yaml
 
 
 def _check_address(value: str) -> None:
-    if not ADDRESS_RE.match(value) or (value.startswith(":") and not _is_ipv6(value)):
+    if not ADDRESS_RE.match(value):
         raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)")
-
-
-def _is_ipv6(value: str) -> bool:
-    try:
-        ipaddress.IPv6Address(value.partition("%")[0])
-    except ValueError:
-        return False
-    return True
+    if ":" in value:  # no host name has one: an IPv6 address, in the one spelling fleet compares
+        address, zone = value.partition("%")[::2]
+        try:
+            short = str(ipaddress.IPv6Address(address))
+        except ValueError:
+            raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)") from None
+        if short != address:
+            raise ValueError(f"is an IPv6 address: write it as {short + ('%' + zone if zone else '')}")
 
 
 def _check_interface(value: str) -> None:
