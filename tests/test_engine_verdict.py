@@ -137,14 +137,15 @@ def test_what_the_engine_resolved_is_reported_by_its_record() -> None:
 
 
 def test_found_by_review_the_resolved_line_is_read_defensively() -> None:
-    """Only SGLang's check prints it, last; the engine's own output before it (or a model's code) cannot
+    """The engine check prints it, last; the engine's own output before it (or a model's code) cannot
     stand for it, and an odd line is dropped, never a crash of the act step."""
     from fleet.cli.report import describe_resolved
     from fleet.control.remote_act import resolved_of
 
     forged = 'FLEET-RESOLVED {"attention": "forged"}\nlog line\nFLEET-RESOLVED {"attention": "fa3"}\n'
     assert resolved_of("sglang", forged) == {"attention": "fa3"}
-    assert resolved_of("vllm", forged) == {}
+    assert resolved_of("vllm", forged) == {"attention": "fa3"}  # both checks print one
+    assert resolved_of("tgi", forged) == {}  # an engine fleet has no check for says nothing
     assert resolved_of("sglang", "FLEET-RESOLVED {" + '"a":' + "[" * 1500 + "]" * 1500 + "}\n") == {}
     assert resolved_of("sglang", 'FLEET-RESOLVED {"a": {"b": 1}, "c": 5, "d": "' + "x" * 300 + '"}\n') == {
         "c": "5",

@@ -313,9 +313,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_check_creates_vllms_engine_configuration_and_takes_its_refusals(tiny: Path) -> None:
     """Before, vLLM's check only parsed: a TP the heads cannot split, or an architecture vLLM does not
     know, was found at start-up, after the old server was stopped."""
+    from fleet.control.remote_act import resolved_of
+
     model = tiny / "tiny-qwen3-next"
-    p = _vllm_check(["--model", str(model), "--load-format", "dummy"])
+    p = _vllm_check(["--model", str(model), "--load-format", "dummy", "--max-model-len", "512"])
     assert p.returncode == 0, p.stderr[-3000:]
+    resolved = resolved_of("vllm", p.stdout)  # what the created configuration says, as `fleet plan --check` shows
+    assert resolved["architecture"] == "Qwen3NextForCausalLM" and resolved["context length"] == "512"
+    assert resolved["tensor parallel"] == "1" and resolved["CUDA graphs"] in ("on", "off"), resolved
     p = _vllm_check(["--model", str(model), "--load-format", "dummy", "--tensor-parallel-size", "3"])
     assert p.returncode == 1, p.stderr[-3000:]
     assert "ValueError: Total number of attention heads (2) must be divisible by tensor parallel size (3)" in p.stderr

@@ -158,9 +158,9 @@ def marked_json(out: str, mark: str, longest: int) -> Dict[str, Any]:
 
 
 def resolved_of(engine: str, out: str) -> Dict[str, str]:
-    """remote_check_sglang.py's FLEET-RESOLVED line: what SGLang resolved (only its check prints one), kept
-    to short strings."""
-    said = marked_json(out, "FLEET-RESOLVED", 4000) if engine == "sglang" else {}
+    """The engine check's FLEET-RESOLVED line (remote_check_sglang.py, remote_check_vllm.py): what the
+    engine resolved, kept to short strings."""
+    said = marked_json(out, "FLEET-RESOLVED", 4000) if engine in CHECKS else {}
     return dict(
         (str(k)[:40], str(v)[:80]) for k, v in list(said.items())[:16] if isinstance(v, (str, int, float, bool))
     )

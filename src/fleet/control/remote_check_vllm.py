@@ -9,14 +9,17 @@ the host or in the server's image) before anything is stopped. Exit 0: accepted;
    (`AsyncEngineArgs.from_cli_args(...).create_engine_config()`): the model's config and architecture
    (vLLM's model registry), tensor parallelism against the attention heads, quantisation against this
    host's GPU, context length, speculative settings. Only for a model directory on this host: a Hub id
-   would be fetched, and a missing directory is fleet's own pre-flight's to refuse.
+   would be fetched, and a missing directory is fleet's own pre-flight's to refuse. What it resolved
+   (context length, dtype, quantisation, batching, CUDA graphs, ...) is printed as one FLEET-RESOLVED
+   line, as SGLang's check does.
 """
 
 import importlib
+import json
 import os
 import re
 import sys
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def parse(argv: List[str]) -> Any:
@@ -54,33 +57,71 @@ def unknown_parser(args: Any) -> Optional[str]:
     return None
 
 
-def config_error(args: Any) -> Optional[str]:
-    """vLLM's refusal of the engine configuration, or None (created, or not created here)."""
+# what fleet shows of the configuration vLLM created: (shown, config section, its field)
+RESOLVED = (
+    ("architecture", "model_config", "architecture"),
+    ("dtype", "model_config", "dtype"),
+    ("quantization", "model_config", "quantization"),
+    ("context length", "model_config", "max_model_len"),
+    ("CUDA graphs", "model_config", "enforce_eager"),
+    ("tensor parallel", "parallel_config", "tensor_parallel_size"),
+    ("chunked prefill", "scheduler_config", "enable_chunked_prefill"),
+    ("max batched tokens", "scheduler_config", "max_num_batched_tokens"),
+    ("max running requests", "scheduler_config", "max_num_seqs"),
+    ("prefix caching", "cache_config", "enable_prefix_caching"),
+    ("memory fraction", "cache_config", "gpu_memory_utilization"),
+    ("speculative", "speculative_config", "method"),
+)
+SHOWN_AS = {"CUDA graphs": {"True": "off", "False": "on"}}  # enforce_eager's negative, shown as what runs
+RESOLVED_MARK = "FLEET-RESOLVED "
+
+
+def resolved_settings(config: Any) -> Dict[str, str]:
+    """The values of RESOLVED the created configuration has (None: left to a later stage, not shown)."""
+    out = {}  # type: Dict[str, str]
+    for shown, section, name in RESOLVED:
+        try:
+            value = getattr(getattr(config, section), name)
+        except Exception:
+            continue
+        if value is not None:
+            out[shown] = SHOWN_AS.get(shown, {}).get(str(value), str(value)[:80])
+    return out
+
+
+def created_config(args: Any) -> Tuple[Optional[str], Dict[str, str]]:
+    """vLLM's refusal of the engine configuration (None: created, or not created here), and what the
+    configuration it created resolved."""
     if not os.path.isdir(str(getattr(args, "model", "") or "")):
-        return None
+        return None, {}
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs  # type: ignore[import-not-found,unused-ignore]
 
         engine_args = AsyncEngineArgs.from_cli_args(args)
     except Exception:
-        return None  # an older vLLM: its argument check is all there is
+        return None, {}  # an older vLLM: its argument check is all there is
     try:
-        engine_args.create_engine_config()
+        config = engine_args.create_engine_config()
     except ValueError as exc:  # pydantic's ValidationError is one: vLLM's own checks raise it
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         said = [line for line in lines if line.startswith("Value error,")] or lines[-1:]
         if not said:
-            return type(exc).__name__
-        return re.sub(r"\s*\[type=\w+, input_value=.*$", "", said[0].replace("Value error, ", "", 1))
-    return None
+            return type(exc).__name__, {}
+        return re.sub(r"\s*\[type=\w+, input_value=.*$", "", said[0].replace("Value error, ", "", 1)), {}
+    return None, resolved_settings(config)
 
 
 def main() -> None:
     args = parse(sys.argv[1:])
-    error = unknown_parser(args) or config_error(args)
+    error = unknown_parser(args)
+    resolved = {}  # type: Dict[str, str]
+    if not error:
+        error, resolved = created_config(args)
     if error:
         sys.stderr.write("ValueError: %s\n" % error.replace("\n", " "))
         sys.exit(1)
+    if resolved:
+        sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved) + "\n")
 
 
 if __name__ == "__main__":
