@@ -23,8 +23,8 @@ demo: $(VENV)/.installed system-deps
 ## (in two runs: the tests that need no sshd, podman or shared ports in 4 workers -- most of their time is
 ## spent waiting for simulated engines -- then the SSH, container and real-vLLM tests one at a time)
 test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
-	$(BIN)/pytest -q -n 4 -m "not ssh and not vllm and not containers"
-	$(BIN)/pytest -q -m "ssh or vllm or containers"
+	$(BIN)/pytest -q -n 4 --durations=10 -m "not ssh and not vllm and not containers"
+	$(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
 reliability-report: $(VENV)/.installed system-deps oracle vllm-env images
