@@ -160,9 +160,19 @@ def test_malformed_inventory_names_file_line_and_field(tmp_path: Path, name: str
 
 
 def test_an_ipv6_address_is_an_address(tmp_path: Path) -> None:
-    (tmp_path / "inv.yaml").write_text("hosts:\n  a:\n    address: '::1'\n    bind_address: 'fd00::7'\n")
-    host = load_inventory(tmp_path / "inv.yaml").hosts["a"]
-    assert (host.settings.address, host.settings.bind_address) == ("::1", "fd00::7")
+    (tmp_path / "inv.yaml").write_text(
+        "hosts:\n  a:\n    address: '::1'\n    bind_address: 'fd00::7'\n    proxy_jump: 'bastion:2222'\n"
+        "  b:\n    address: 'fe80::1%eth0'\n    proxy_jump: '[fd00::1]:22'\n"
+    )
+    hosts = load_inventory(tmp_path / "inv.yaml").hosts
+    assert (hosts["a"].settings.address, hosts["a"].settings.bind_address) == ("::1", "fd00::7")
+    assert (hosts["a"].settings.proxy_jump, hosts["b"].settings.proxy_jump) == ("bastion:2222", "[fd00::1]:22")
+    for bad, said in [("FD00::1", "write it as fd00::1"), ("fe80::1%", "must be a host name"),
+                      ("::ffff:a00:1", "write it as ::ffff:10.0.0.1")]:  # fmt: skip
+        (tmp_path / "bad.yaml").write_text(f"hosts:\n  a:\n    address: '{bad}'\n")
+        with pytest.raises(ConfigError) as err:
+            load_inventory(tmp_path / "bad.yaml")
+        assert said in err.value.message, err.value.message
 
 
 def test_oversized_inventory_is_refused_without_parsing(tmp_path: Path) -> None:

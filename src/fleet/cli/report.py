@@ -210,7 +210,7 @@ def print_result(r: Any) -> None:
     if r.not_stopped:
         say(
             f"  NOT stopped or recorded as failed: {r.not_stopped} — what the last attempt left may still run; "
-            f"`fleet stop --host {r.host}/{r.name}` once the host is reachable.",
+            f"`fleet stop --host {r.host}/{r.deployment or r.playbook}` once the host is reachable.",
             err=True,
         )
     if d is not None:

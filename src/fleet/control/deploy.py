@@ -695,7 +695,7 @@ class Deployer:
         if rec.log:
             state["log"] = rec.log
         try:
-            self.act(
+            out = self.act(
                 plan,
                 attempt=rec.number,
                 launch=False,
@@ -705,7 +705,12 @@ class Deployer:
                 command="give-up",
             )
         except (TransportError, HostStepError) as exc:  # the run's result stands; the host's state is unknown
-            return exc.message
+            return redact(exc.message, self.secrets)
+        lock = out["lock"]
+        if lock["status"] != "taken":  # the host changed nothing: the lock was not this run's to use
+            return f"the host's lock was {lock['status']}"
+        if out.get("client_gone"):
+            return "the connection closed before the host acted"
         return ""
 
 

@@ -92,20 +92,27 @@ def rest():
             if int(st[2]) == me and st[0] not in "ZX":
                 out.append(int(d))
     return out
-if os.getpgid(0) == os.getpid():
+if os.getpgid(0) == os.getpid() and rest():
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop meanwhile must not end this first
+        signal.signal(sig, signal.SIG_IGN)
+    left = rest()
     for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-        left = rest()
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.time() + wait_s
-        while left and time.time() < deadline:
+        try:
+            if sig == signal.SIGTERM:
+                os.killpg(os.getpid(), sig)  # the group at once (this process ignores it)
+            else:
+                for pid in left:
+                    os.kill(pid, sig)
+        except OSError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
             time.sleep(0.02)
             left = rest()
         if not left:
             break
+    if left:
+        sys.stderr.write("fleet launcher: still running after SIGKILL (uninterruptible?): pids %s\\n" % left)
 with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)

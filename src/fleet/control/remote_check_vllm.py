@@ -120,8 +120,8 @@ def main() -> None:
     if error:
         sys.stderr.write("ValueError: %s\n" % error.replace("\n", " "))
         sys.exit(1)
-    if resolved:
-        sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved) + "\n")
+    # always, last: a line vLLM (or a model's code) printed before cannot stand for it
+    sys.stdout.write("\n" + RESOLVED_MARK + json.dumps(resolved) + "\n")
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
         st = read_record(os.path.join(directory, "state.json")) or {}
         pgid = st.get("pgid")
         running = (
-            isinstance(pgid, int)
+            type(pgid) is int
+            and pgid > 1
             and recorded_group_is_ours(pgid, st)
             and alive(pgid)  # a leader nobody reaped (no init in a container) is a crashed server
             and st.get("status") != "stopped"
@@ -151,7 +152,7 @@ def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, st
             continue
         st = read_record(os.path.join(deployment_dir(root, name), "state.json")) or {}
         pgid = st.get("pgid")
-        if isinstance(pgid, int) and recorded_group_is_ours(pgid, st):
+        if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
             if name not in replace:
                 gpus |= set(record_gpus(st) or [])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import msgspec
 from msgspec import Meta, field
 
 from fleet.errors import ConfigError
+from fleet.host_procs import ip_literal
 from fleet.inventory.runtime import Runtime
 from fleet.inventory.strict import (
     ADDRESS_RE,
@@ -29,18 +29,31 @@ from fleet.inventory.strict import (
 )
 from fleet.yamlfile import KeyPath, YamlDoc, load_yaml
 
+ADDRESS_WANTED = "must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)"
+
 
 def _check_address(value: str) -> None:
     if not ADDRESS_RE.match(value):
-        raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)")
+        raise ValueError(ADDRESS_WANTED)
     if ":" in value:  # no host name has one: an IPv6 address, in the one spelling fleet compares
-        address, zone = value.partition("%")[::2]
-        try:
-            short = str(ipaddress.IPv6Address(address))
-        except ValueError:
-            raise ValueError("must be a host name, IP address or ~/.ssh/config alias (no spaces or quotes)") from None
+        address, percent, zone = value.partition("%")
+        short = ip_literal(address) if ":" in address else None  # as the host's own tables write it
+        if short is None or (percent and not zone):
+            raise ValueError(ADDRESS_WANTED)
         if short != address:
-            raise ValueError(f"is an IPv6 address: write it as {short + ('%' + zone if zone else '')}")
+            raise ValueError(f"is an IPv6 address: write it as {short}{percent}{zone}")
+
+
+def _check_jump(value: str) -> None:
+    """ssh's -J: a host, or host:port (an IPv6 address alone, or in brackets with a port)."""
+    host, port = value, ""
+    if value.startswith("[") and "]:" in value:
+        host, port = value[1:].split("]:", 1)
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if port and not port.isdigit():
+        raise ValueError(ADDRESS_WANTED)
+    _check_address(host)
 
 
 def _check_interface(value: str) -> None:
@@ -139,7 +152,7 @@ class HostSettings(_Strict, frozen=True, kw_only=True):
         "address": _check_address,
         "user": _check_user,
         "identity_file": _check_no_shell_meta,
-        "proxy_jump": _check_address,
+        "proxy_jump": _check_jump,
         "engines": _check_engine_pythons,
         "models_dir": _check_remote_path,
         "state_dir": _check_remote_path,
