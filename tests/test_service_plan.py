@@ -11,13 +11,13 @@ import pytest
 from conftest import ROOT
 from fleet.errors import ConfigError
 from fleet.health.checks import CRITICAL, OK, WARNING
+from fleet.host_common import base_url
 from fleet.inventory import load_inventory
 from fleet.inventory.services import load_service
 from fleet.plan.service import (
     ReplicaState,
     reachable_address,
     router_argv,
-    server_url,
     service_checks,
     strangers,
     take_out_refusal,
@@ -147,7 +147,7 @@ def test_a_replica_is_reached_at_the_address_it_binds_else_its_ssh_address() -> 
     assert reachable_address("10.0.0.7", "gpu7.lan", "gpu7") == "10.0.0.7"
     assert reachable_address("0.0.0.0", "gpu7.lan", "gpu7") == "gpu7.lan"
     assert reachable_address("0.0.0.0", None, "gpu7") == "gpu7"
-    assert server_url("fd00::7", 30000) == "http://[fd00::7]:30000"
+    assert base_url("fd00::7", 30000) == "http://[fd00::7]:30000"
 
 
 A = ReplicaState("a/svc-1", "http://a:30000", "ready")
@@ -181,7 +181,7 @@ def test_the_last_serving_replica_may_not_leave_the_router() -> None:
 
 def test_a_worker_url_is_read_back_to_its_address() -> None:
     assert url_host("http://10.0.0.7:30000") == "10.0.0.7"
-    assert url_host(server_url("fd00::7", 30000)) == "fd00::7"
+    assert url_host(base_url("fd00::7", 30000)) == "fd00::7"
     assert url_host("http://gpu7.lan:30010/") == "gpu7.lan"
 
 

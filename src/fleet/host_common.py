@@ -207,7 +207,7 @@ def bounded_search(pattern: str, text: str, limit_s: float = MATCH_LIMIT_S) -> O
 
 
 def base_url(address: str, port: int) -> str:
-    """http://ADDRESS:PORT, an IPv6 address in brackets (the host's side of fleet.plan.service.server_url)."""
+    """http://ADDRESS:PORT, an IPv6 address in brackets: a server's URL, on the host and in fleet."""
     return "http://%s:%d" % ("[%s]" % address if ":" in address else address, port)
 
 

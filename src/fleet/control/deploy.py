@@ -49,6 +49,7 @@ from fleet.errors import (
     UnsafeToKill,
 )
 from fleet.facts import HostFacts
+from fleet.host_common import base_url
 from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host
 from fleet.inventory.runtime import SECRETS_MOUNT
@@ -57,7 +58,6 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
-from fleet.plan.service import server_url
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -561,7 +561,7 @@ class Deployer:
                     rec.outcome = "ready"
                     result.ok, result.plan, result.new_fixes = True, plan, applied
                     result.ready_s = time.monotonic() - started
-                    result.endpoint = server_url(plan.check_address, plan.port)
+                    result.endpoint = base_url(plan.check_address, plan.port)
                     result.round_trips = self.t.commands_run
                     smoke_event = next((e for e in reversed(watched) if e["e"] == "smoke"), {"e": "smoke"})
                     self.progress(events.Ready(attempt, dict(smoke_event)))

@@ -29,12 +29,12 @@ from fleet.control.gather import model_path, read_facts
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
 from fleet.facts import HostFacts
+from fleet.host_common import base_url
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.runtime import chosen_runtime
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
-from fleet.plan.service import server_url
 from fleet.protocol import ActResult, StateRecord, WatchEvent
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
@@ -214,7 +214,7 @@ class GroupRun:
                     _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                     rec.outcome = "ready"
                     result.ok = True
-                    result.endpoint = server_url(ranked[0].check_address, ranked[0].port)
+                    result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
                     deployers[0].progress(events.Ready(attempt, {"e": "smoke", "ok": True}))
                     return result
             rec.outcome = "rejected" if failed.ended == "rejected" else "crashed"

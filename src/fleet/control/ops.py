@@ -18,7 +18,7 @@ from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
 from fleet.health import HostHealth
-from fleet.host_common import DEPLOYMENT_NAME_RE
+from fleet.host_common import DEPLOYMENT_NAME_RE, base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -28,7 +28,6 @@ from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes,
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import fit_gpus
 from fleet.plan.placement import Placement, place, port_for, stopped_with
-from fleet.plan.service import server_url
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
@@ -357,7 +356,7 @@ def _adopt(
         attempts=[],
         plan=plan,
         reason="already running this plan and answering correctly; nothing was restarted",
-        endpoint=server_url(plan.check_address, plan.port),
+        endpoint=base_url(plan.check_address, plan.port),
         ready_s=time.monotonic() - started,
         learned_applied=plan.applied_fixes,
         round_trips=t.commands_run,

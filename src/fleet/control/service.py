@@ -25,6 +25,7 @@ from fleet.control.deploy import DeployResult, owner, run_id
 from fleet.control.gather import read_facts
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
+from fleet.host_common import base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
@@ -32,7 +33,6 @@ from fleet.plan.service import (
     ReplicaState,
     reachable_address,
     router_argv,
-    server_url,
     service_checks,
     strangers,
     take_out_refusal,
@@ -123,7 +123,7 @@ class ServiceRun:
             "bind": s.bind_address,
             "source": str(service.path.resolve()),  # another file of the same name is another service
         }
-        self.endpoint = server_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
+        self.endpoint = base_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
         self.progress = progress_for(f"service/{service.name}")
         self._stack: ExitStack | None = None
         self._open: dict[str, Transport] = {}
@@ -251,7 +251,7 @@ class ServiceRun:
         return reachable_address(s.bind_address, s.address, replica.host)
 
     def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
-        return server_url(self.reachable(replica), port) if isinstance(port, int) else None
+        return base_url(self.reachable(replica), port) if isinstance(port, int) else None
 
     def _by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
         """fn for every replica: hosts in parallel, one host's replicas in turn (placement is decided per host)."""

@@ -34,12 +34,6 @@ def router_argv(python: str, bind: str, port: int, policy: str, metrics_port: in
     ]
 
 
-def server_url(address: str, port: int) -> str:
-    """The base URL of a server at `address` (a name, IPv4 or IPv6 address: in brackets in a URL)."""
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
-
-
 def reachable_address(bind_address: str, address: str | None, name: str) -> str:
     """Where the router reaches a server on this host: the address it binds, unless that is every
     address, then the inventory's SSH address (or the host's name)."""
