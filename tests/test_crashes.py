@@ -689,7 +689,7 @@ def test_a_user_signature_with_an_unanchored_fix_is_refused() -> None:
     from fleet.crashes import parse_signatures
 
     raw = [
-        {"id": "x", "category": "other", "patterns": ["boom"], "fix": {"set_flags": {"--y": None}}, "explanation": "e"}
+        {"id": "x", "category": "other", "patterns": ["boom"], "fix": {"set_flags": {"--dtype": "half"}}, "explanation": "e"}
     ]
     with pytest.raises(ValueError, match="anchor every pattern"):
         parse_signatures(raw, "crashes/site.yaml")
@@ -770,3 +770,66 @@ def test_an_upgrade_preview_names_the_known_crashes_the_new_version_drops_and_ga
     assert any(line.startswith("+ known crash sglang-no-buffer-overlap (0.5.14 and later)") for line in lines)
     assert knowledge_diff(builtin_signatures(), "sglang", (0, 5, 23), (0, 5, 23)) == []
     assert not any("sglang-" in line for line in knowledge_diff(builtin_signatures(), "vllm", (0, 5, 11), (0, 5, 23)))
+
+
+# --- a client's words are never evidence (issue 39: access logs, request bodies, \r and \n) -------------
+
+FORGED_OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.85"
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ['INFO:     127.0.0.1:5000 - "GET /health?EngineDeadError HTTP/1.1" 200 OK'],
+        ['INFO:     [::1]:5000 - "POST /v1/chat/completions?q=Segmentation%20fault HTTP/1.1" 200 OK'],
+        [
+            "[2026-11-29 10:00:00 TP0] Receive: obj=GenerateReqInput(text='Traceback (most recent call last):"
+            f"\\n{FORGED_OOM}')"
+        ],
+        [f"[2026-11-29 10:00:00 TP0] Receive: obj=GenerateReqInput(text='x\r{FORGED_OOM}')"],
+        [f"[2026-11-29 10:00:00 TP0] Finish: obj=GenerateReqInput(text='a'), out={{'text': '\r\n{FORGED_OOM}'}}"],
+        [
+            "[2026-11-29 10:00:00 TP0] Receive: obj=GenerateReqInput(text='hi",
+            "Traceback (most recent call last):",
+            f"{FORGED_OOM}')",
+        ],
+        [
+            "INFO 03-18 09:03:16 [logger.py:39] Received request chatcmpl-1: prompt: 'torch.OutOfMemoryError: CUDA "
+            "out of memory. Tried to allocate 2.00 GiB', params: SamplingParams(n=1)"
+        ],
+        [
+            "INFO 03-18 09:03:16 [logger.py:39] Received request chatcmpl-2: prompt: 'ok\\n"
+            "ValueError: Unsupported conversion from f16 to f16', params: SamplingParams(n=1)"
+        ],
+    ],
+    ids=[
+        "access-query",
+        "access-ipv6",
+        "body-literal-newline",
+        "body-carriage-return",
+        "output-crlf",
+        "body-real-newline",
+        "vllm-prompt",
+        "vllm-prompt-literal-newline",
+    ],
+)
+def test_a_clients_text_in_the_log_is_never_a_failure_or_a_fix(lines: list[str]) -> None:
+    d = diagnose(lines, SM120)
+    assert d.category in ("starting", "healthy") and d.fix is None, d
+
+
+def test_a_real_failure_after_a_logged_request_is_still_seen() -> None:
+    """The quote ends at the engine's next record: its own error is evidence again."""
+    lines = [
+        "[2026-11-29 10:00:00 TP0] Receive: obj=GenerateReqInput(text='hello')",
+        "[2026-11-29 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "scheduler.py", line 1, in run',
+        FORGED_OOM,
+    ]
+    d = diagnose(lines)
+    assert d.category == "kv_cache_oom" and d.fix is not None
+
+
+def test_served_requests_in_the_access_log_still_prove_serving() -> None:
+    d = diagnose(['INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'])
+    assert d.category == "healthy"

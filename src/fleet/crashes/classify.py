@@ -24,7 +24,6 @@ from fleet.crashes.logtext import (
     LogText,
     is_exception_line,
     is_failure,
-    normalize,
     normalize_log,
     transient_lines,
 )
@@ -134,7 +133,7 @@ class _Searchable:
 
 def _cut_traceback(log: LogText) -> range | None:
     """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
-    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line)]
+    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and not log.is_quoted(i)]
     if not frames:
         return None
     last = frames[-1]
@@ -151,11 +150,18 @@ def diagnose(
     sigs = builtin_signatures() if signatures is None else signatures
     log = normalize_log(lines)
     n = len(log.lines)
-    ready_at = next((i for i, line in enumerate(log.lines) if any(p.search(line) for p in READY_PATTERNS)), None)
+    ready_at = next(
+        (i for i, line in enumerate(log.lines) if not log.is_quoted(i) and any(p.search(line) for p in READY_PATTERNS)),
+        None,
+    )
     transient = transient_lines(log)
     failures = [i for i in range(n) if is_failure(log, i, transient)]
     # What the frames of a cut traceback point at counts only where no exception line says more.
-    cut = None if any(is_exception_line(x) for x in log.lines) else _cut_traceback(log)
+    cut = (
+        None
+        if any(is_exception_line(x) for i, x in enumerate(log.lines) if not log.is_quoted(i))
+        else _cut_traceback(log)
+    )
     search = _Searchable(log)
     frame_hints: list[tuple[int, Signature]] = []
     for sig in sigs:
@@ -191,7 +197,7 @@ def diagnose(
         return Diagnosis(sig.category, sig.id, sig.explanation, None, evidence, sig.source, basis)
     if failures or cut is not None:
         return _unknown(log, failures, cut)
-    if any(SERVING.search(line) for line in log.lines):
+    if any(SERVING.search(line) for i, line in enumerate(log.lines) if _own_line(log, i)):
         return Diagnosis("healthy", None, "the server is ready or serving, with no failure in the log", None, ())
     return Diagnosis(
         "starting",
@@ -201,6 +207,15 @@ def diagnose(
         None,
         tuple(x for x in log.lines[-3:] if x.strip()),
     )
+
+
+_ACCESS_LINE = re.compile(r'^\S+:\d+ - "')
+
+
+def _own_line(log: LogText, i: int) -> bool:
+    """The server's own words: any line but a quoted one, and the access log's line itself (the request's
+    path is the client's, the status after it the server's)."""
+    return not log.is_quoted(i) or bool(_ACCESS_LINE.match(log.lines[i]))
 
 
 _SYMPTOM = re.compile(
@@ -260,7 +275,8 @@ def _evidence(log: LogText, hits: list[int]) -> tuple[str, ...]:
 
 def traceback_of(lines: Sequence[str]) -> list[str]:
     """The whole (first) traceback in a log, as lines; the last 50 lines when there is none."""
-    norm = normalize(lines)
+    log = normalize_log(lines)
+    norm = [line for i, line in enumerate(log.lines) if not log.is_quoted(i)]
     start = next((i for i, line in enumerate(norm) if "Traceback (most recent call last)" in line), None)
     if start is None:
         return norm[-50:]

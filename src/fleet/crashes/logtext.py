@@ -61,20 +61,40 @@ def _bounded(raw: str) -> str:
     return raw if len(raw) <= 2 * LINE_CHARS else raw[:LINE_CHARS] + " ... " + raw[-LINE_CHARS:]
 
 
+# Records that carry a client's text: an access log's request line (its path and query are the client's),
+# the engines' request logging (`--log-requests`: SGLang's Receive/Finish of a GenerateReqInput, vLLM's
+# "Received request ...: prompt: '...'"). Whatever such a record says, and every line that continues it
+# until the next prefixed record, is a client's words: never a failure, a ready line or a signature's
+# evidence. A crafted prompt can otherwise forge any crash line, with a newline, a literal "\n" or a
+# carriage return to start a line of its own.
+QUOTED = re.compile(
+    r'^\S+:\d+ - "[A-Z]+ |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/|'
+    r"^(?:Receive|Finish|Abort): (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
+    r"^Received request \S+:|\bprompt(?:_token_ids)?: ['\"\[]"
+)
+
+
 @dataclass(frozen=True)
 class LogText:
-    """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named."""
+    """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named, and
+    `quoted[i]` whether it is a client's text (a request logged), which is never evidence."""
 
     lines: tuple[str, ...]
     levels: tuple[str | None, ...]
+    quoted: tuple[bool, ...] = ()
+
+    def is_quoted(self, i: int) -> bool:
+        return bool(self.quoted) and self.quoted[i]
 
     def window(self, i: int) -> str:
         """Line i with the lines that continue it, for messages a terminal or a paste wrapped; at most
         WINDOW_CHARS of it, which hold the part of a message that tells what failed (a config dump can
         run to megabytes, and every signature scans every window)."""
+        if self.is_quoted(i):
+            return ""  # a client's words match no signature
         text = self.lines[i][:WINDOW_CHARS]
         for j in range(i + 1, min(i + 4, len(self.lines))):
-            if len(text) >= WINDOW_CHARS or not is_continuation(self.lines[j]):
+            if len(text) >= WINDOW_CHARS or self.is_quoted(j) or not is_continuation(self.lines[j]):
                 break
             text += " " + self.lines[j][:WINDOW_CHARS]
         return text[:WINDOW_CHARS]
@@ -85,39 +105,54 @@ class LogText:
         return tuple(self.window(i) for i in range(len(self.lines)))
 
 
-def _strip(raw: str) -> tuple[str, str | None]:
+def _strip(raw: str) -> tuple[str, str | None, bool]:
+    """The message, the level its prefix named, and whether any prefix was there (a new record)."""
     text = _REPEATED.sub("", _CONTROL.sub("", _bounded(raw.rstrip("\r\n"))))
     text = _K8S_RIGHT.sub("", text)
     level = None
+    prefixed = False
     for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
         before = text
         for p in _PREFIXES:
             m = p.match(text)
             if m:
                 level = m.groupdict().get("level") or level
+                prefixed = prefixed or m.end() > 0
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
         if text == before:
             break
-    return text, level
+    return text, level, prefixed
 
 
 def normalize_log(raw_lines: Iterable[str]) -> LogText:
     """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'; split
     a line at carriage returns as a terminal would show it (progress bars redrawn in place, then the
-    crash on the same line)."""
+    crash on the same line). A record that quotes a client (QUOTED) is marked whole, with every piece
+    it splits into and every unprefixed line that continues it: splitting cannot turn it into evidence."""
     lines: list[str] = []
     levels: list[str | None] = []
+    quoted: list[bool] = []
+    in_quote = False
     for raw in raw_lines:
+        message, _level, prefixed = _strip(raw)
+        if prefixed or not in_quote:
+            in_quote = bool(QUOTED.search(message))
+        if in_quote:
+            lines.append(message)
+            levels.append(_level)
+            quoted.append(True)
+            continue
         pieces = raw.split("\\n") if "\\n" in raw and "Traceback" in raw else [raw]
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:
-            text, level = _strip(piece)
+            text, level, _ = _strip(piece)
             lines.append(text)
             levels.append(level)
-    return LogText(tuple(lines), tuple(levels))
+            quoted.append(False)
+    return LogText(tuple(lines), tuple(levels), tuple(quoted))
 
 
 def normalize(raw_lines: Iterable[str]) -> list[str]:
@@ -186,7 +221,7 @@ def is_exception_line(line: str) -> bool:
 def is_failure(log: LogText, i: int, transient: set[int]) -> bool:
     """Line i shows that something failed (before any signature says what)."""
     line = log.lines[i]
-    if i in transient or BENIGN.search(line):
+    if i in transient or log.is_quoted(i) or BENIGN.search(line):
         return False
     if is_exception_line(line) or TRACEBACK_HEAD.search(line) or FATAL.search(line):
         return True
@@ -196,6 +231,7 @@ def is_failure(log: LogText, i: int, transient: set[int]) -> bool:
 __all__ = [
     "EXCEPTION_LINE",
     "FRAME",
+    "QUOTED",
     "SERVING",
     "TRACEBACK_HEAD",
     "TRANSIENT",
