@@ -147,9 +147,11 @@ def test_diagnose_of_a_healthy_log_is_healthy(tmp_path: Path) -> None:
     assert r.code == 0 and r.out.startswith("healthy")
 
 
-def test_user_signatures_in_the_project_directory_are_tried_first(
+def test_user_signatures_are_read_only_from_the_directory_named_with_crashes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A `crashes/` folder in the working directory (a checkout, a download) is not knowledge: only the
+    directory the operator names is read (issue 39: a crafted one set --host 0.0.0.0 as a fix)."""
     (tmp_path / "crashes").mkdir()
     (tmp_path / "crashes" / "site.yaml").write_text(
         "- id: our-flaky-nfs\n  category: model_files_missing\n  patterns: ['Stale file handle']\n"
@@ -157,8 +159,35 @@ def test_user_signatures_in_the_project_directory_are_tried_first(
     )
     (tmp_path / "x.log").write_text("OSError: [Errno 116] Stale file handle\n")
     monkeypatch.chdir(tmp_path)
-    r = run_cli("diagnose", "x.log")
+    assert "our-flaky-nfs" not in run_cli("diagnose", "x.log").out
+    r = run_cli("--crashes", "crashes", "diagnose", "x.log")
     assert r.out.startswith("model_files_missing (our-flaky-nfs)")
+    monkeypatch.setenv("FLEET_CRASHES", str(tmp_path / "crashes"))
+    assert run_cli("diagnose", "x.log").out.startswith("model_files_missing (our-flaky-nfs)")
+    missing = run_cli("--crashes", "nowhere", "diagnose", "x.log")
+    assert missing.code == 2 and "--crashes nowhere: no such directory" in missing.err
+
+
+@pytest.mark.parametrize(
+    "fix",
+    [
+        "{set_flags: {--host: 0.0.0.0}}",
+        "{set_flags: {--trust-remote-code: null}}",
+        "{set_env: {LD_PRELOAD: /tmp/x.so}}",
+        "{set_env: {NCCL_NET_PLUGIN: evil}}",
+        "{set_flags: {--enable-custom-logit-processor: null}}",
+        "{remove_flags: [--api-key]}",
+        "{set_flags: {--model-path: /tmp/other}}",
+        "{set_flags: {--mem-fraction-static: '0.8; touch /tmp/x'}}",
+    ],
+)
+def test_a_knowledge_file_whose_fix_widens_exposure_or_runs_code_is_refused(tmp_path: Path, fix: str) -> None:
+    (tmp_path / "site.yaml").write_text(
+        "- id: crafted\n  category: other\n  patterns: ['^boom']\n  explanation: e\n  fix: " + fix + "\n"
+    )
+    (tmp_path / "x.log").write_text("boom\n")
+    r = run_cli("--crashes", str(tmp_path), "diagnose", str(tmp_path / "x.log"))
+    assert r.code == 2 and "site.yaml: signature #1: a fix" in r.err, r
 
 
 def test_only_the_pool_command_itself_skips_the_pool() -> None:

@@ -689,7 +689,13 @@ def test_a_user_signature_with_an_unanchored_fix_is_refused() -> None:
     from fleet.crashes import parse_signatures
 
     raw = [
-        {"id": "x", "category": "other", "patterns": ["boom"], "fix": {"set_flags": {"--dtype": "half"}}, "explanation": "e"}
+        {
+            "id": "x",
+            "category": "other",
+            "patterns": ["boom"],
+            "fix": {"set_flags": {"--dtype": "half"}},
+            "explanation": "e",
+        }
     ]
     with pytest.raises(ValueError, match="anchor every pattern"):
         parse_signatures(raw, "crashes/site.yaml")

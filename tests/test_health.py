@@ -277,12 +277,19 @@ def saved_crontab():  # type: ignore[no-untyped-def]
 
 def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp_path: Path) -> None:
     subprocess.run(["crontab", "-"], input="# my own line\n0 3 * * * /usr/bin/true\n", text=True, check=True)
-    r = run_cli("cron", "install", "--schedule", "*/5 * * * *", "--heal", "--log-file", str(tmp_path / "h.log"))
+    (tmp_path / "known-crashes").mkdir()
+    r = run_cli(
+        *("--services", str(tmp_path / "svc"), "--crashes", str(tmp_path / "known-crashes")),
+        *("cron", "install", "--schedule", "*/5 * * * *", "--heal", "--log-file", str(tmp_path / "h.log")),
+    )
     assert r.code == 0
     table = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     assert "0 3 * * * /usr/bin/true" in table
     entry = [line for line in table.splitlines() if "health" in line and not line.startswith("#")]
     assert len(entry) == 1 and entry[0].startswith("*/5 * * * * ") and " health --quiet --heal --log-file " in entry[0]
+    # cron checks and heals the services and uses the knowledge this shell named, not only the playbooks
+    assert f"FLEET_SERVICES={tmp_path / 'svc'} " in entry[0]
+    assert f"FLEET_CRASHES={tmp_path / 'known-crashes'} " in entry[0]
     run_cli("cron", "install", "--schedule", "* * * * *")  # replaces, never duplicates
     assert subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.count(" health --quiet") == 1
     assert "* * * * * " in run_cli("cron", "show").out

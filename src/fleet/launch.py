@@ -47,7 +47,7 @@ WARM_MODULES = (
 
 
 # `fleet`'s own options that take a value (kept equal to fleet.cli's by a test).
-GLOBAL_OPTIONS_WITH_VALUE = ("-i", "--inventory", "--playbooks", "--services")
+GLOBAL_OPTIONS_WITH_VALUE = ("-i", "--inventory", "--playbooks", "--services", "--crashes")
 
 
 def command_word(argv: list[str]) -> str | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 class Invocation:
     """What one `fleet` command was invoked with (inventory, playbooks, SSH options), and what it loads
-    from them once: the inventory, the knowledge base with the project's crashes/*.yaml, the secrets."""
+    from them once: the inventory, the knowledge base with the operator's --crashes files, the secrets."""
 
     def __init__(
         self,
@@ -37,10 +37,12 @@ class Invocation:
         accept_new_host_key: bool,
         accept_new_jump_host_key: bool,
         services: Path | None = None,
+        crashes: Path | None = None,
     ) -> None:
         self.inventory_path = inventory
         self.playbooks_dir = playbooks
         self.services_dir = services or Path("services")
+        self.crashes_dir = crashes
         self.debug = debug
         self.accept_new_host_key = accept_new_host_key
         self.accept_new_jump_host_key = accept_new_jump_host_key
@@ -56,15 +58,18 @@ class Invocation:
 
     @functools.cached_property
     def signatures(self) -> tuple[Signature, ...]:
-        """The crash knowledge base: the user's crashes/*.yaml (project directory) before the built-in one."""
+        """The crash knowledge base: the operator's --crashes directory (never the working directory's)
+        before the built-in one."""
         from fleet.crashes import load_signatures
 
-        user_dir = Path("crashes")
+        user_dir = self.crashes_dir
+        if user_dir is not None and not user_dir.is_dir():
+            raise ConfigError(f"--crashes {user_dir}: no such directory.", "Name a directory of *.yaml signatures.")
         try:
-            return load_signatures([user_dir] if user_dir.is_dir() else [])
+            return load_signatures([user_dir] if user_dir is not None else [])
         except (ValueError, OSError) as exc:
             raise ConfigError(
-                str(exc), "Fix or remove the file under crashes/ (see signatures.yaml for the schema)."
+                str(exc), f"Fix or remove the file under {user_dir} (see signatures.yaml for the schema)."
             ) from exc
 
     @functools.cached_property
@@ -226,6 +231,13 @@ def replaceable_file(ctx: click.Context, param: click.Parameter, value: Path | N
     help="Service directory [env FLEET_SERVICES; default services/].",
 )
 @click.option(
+    "--crashes",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A directory of your own crash signatures (*.yaml), tried before the built-in ones [env FLEET_CRASHES; "
+    "none by default: never read from the working directory].",
+)
+@click.option(
     "--accept-new-host-key", is_flag=True, help="Record an unknown SSH host key (a changed key is always refused)."
 )
 @click.option(
@@ -240,6 +252,7 @@ def cli(
     inventory: Path | None,
     playbooks: Path | None,
     services: Path | None,
+    crashes: Path | None,
     accept_new_host_key: bool,
     accept_new_jump_host_key: bool,
     debug: bool,
@@ -264,6 +277,7 @@ def cli(
         accept_new_host_key,
         accept_new_jump_host_key,
         services or _default_path("FLEET_SERVICES", "services"),
+        crashes or (Path(os.environ["FLEET_CRASHES"]) if os.environ.get("FLEET_CRASHES") else None),
     )
 
 

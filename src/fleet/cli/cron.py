@@ -80,6 +80,8 @@ def cron_install(ctx: Invocation, schedule: str, heal: bool, log_file: Path | No
     env = [
         ("FLEET_INVENTORY", str(ctx.inventory_path.resolve())),
         ("FLEET_PLAYBOOKS", str(ctx.playbooks_dir.resolve())),
+        ("FLEET_SERVICES", str(ctx.services_dir.resolve())),  # health checks and heals services too
+        *((("FLEET_CRASHES", str(ctx.crashes_dir.resolve())),) if ctx.crashes_dir else ()),
         *((k, os.environ[k]) for k in ("FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG", "PYTHONPATH") if k in os.environ),
     ]
     # Everything that reaches the line besides fixed text: a newline in any of them would add crontab lines

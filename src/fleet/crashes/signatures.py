@@ -1,5 +1,6 @@
-"""Crash signatures as data: the packaged `signatures.yaml` and the user's `crashes/*.yaml`, parsed and
-checked. Pure apart from reading those files; no matching happens here."""
+"""Crash signatures as data: the packaged `signatures.yaml` and the files the operator names with
+`--crashes DIR`, parsed and checked (a fix may only tune, never widen exposure or run code). Pure apart
+from reading those files; no matching happens here."""
 
 from __future__ import annotations
 
@@ -67,11 +68,46 @@ def _compile(items: Sequence[str]) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p, re.MULTILINE) for p in items)
 
 
+# What a fix may change on its own: how the engine uses the GPUs it was given (memory, batch and graph
+# sizes, kernels and backends, the parallel and speculative settings, the precision it computes in).
+# Never what it exposes or what code it runs: the bind address, ports, keys, remote code, plugins,
+# preloaded libraries, the model or the files it reads. Those are the playbook's to say; a knowledge file
+# (the operator's or a copied one) that prescribes them is refused when it is read, whatever it matches.
+TUNING_FLAG = re.compile(
+    r"^--(?:mem-fraction-static|gpu-memory-utilization|max-running-requests|max-num-seqs|max-total-tokens|"
+    r"max-prefill-tokens|chunked-prefill-size|max-num-batched-tokens|context-length|max-model-len|"
+    r"cuda-graph-[\w-]+|disable-cuda-graph|enforce-eager|disable-custom-all-reduce|disable-overlap-schedule|"
+    r"attention-backend|[\w-]*attention-backend|moe-runner-backend|fp4-gemm-backend|fp8-gemm-backend|"
+    r"sampling-backend|mamba-[\w-]+|speculative-(?:num-steps|num-draft-tokens|eagle-topk)|"
+    r"kv-cache-dtype|dtype|enable-mixed-chunk|disable-radix-cache|enable-prefix-caching|"
+    r"no-enable-prefix-caching)$"
+)
+# Environment a fix may set: switches that only turn an engine or NCCL feature on or off (a variable
+# can name a library to load or a plugin to run; these cannot).
+TUNING_ENV = re.compile(r"^(?:NCCL_(?:P2P|IB|SHM|CUMEM|NVLS)_DISABLE|SGLANG_ENABLE_SPEC_V2|SGLANG_DISABLE_[A-Z_]+)$")
+SWITCH_VALUE = re.compile(r"^[\w.:-]{0,64}$")  # a fix's value is a word or number, never a path or a command
+
+
 def _fix(raw: dict[str, Any] | None) -> Fix | None:
     if raw is None:
         return None
     flags = raw.get("set_flags") or {}
     env = raw.get("set_env") or {}
+    for name in [*flags, *(raw.get("remove_flags") or ())]:
+        if not TUNING_FLAG.match(str(name)):
+            raise ValueError(
+                f"a fix may change only how the engine uses its GPUs; {name} is not such a flag "
+                "(a bind address, key, port, remote code or file is the playbook's to set: put it there)"
+            )
+    for value in [*flags.values(), *env.values()]:
+        if value is not None and not SWITCH_VALUE.match(str(value)):
+            raise ValueError(f"a fix's value must be a plain word or number, not {str(value)!r}")
+    for name in env:
+        if not TUNING_ENV.match(str(name)):
+            raise ValueError(
+                f"a fix may set only environment switches ({TUNING_ENV.pattern}); {name} is not one "
+                "(a variable can load code: set it in the playbook's env if you mean it)"
+            )
     return Fix(
         set_flags=tuple((str(k), None if v is None else str(v)) for k, v in flags.items()),
         remove_flags=tuple(str(x) for x in raw.get("remove_flags") or ()),
@@ -136,7 +172,8 @@ def builtin_signatures() -> tuple[Signature, ...]:
 
 
 def load_signatures(extra_dirs: Sequence[Path] = ()) -> tuple[Signature, ...]:
-    """User signatures (`crashes/*.yaml` in the project directory) first, then the built-in ones."""
+    """The operator's signatures (`*.yaml` in the directories named with --crashes) first, then the
+    built-in ones. Never the working directory: a checkout or a download's folder is not knowledge."""
     user: list[Signature] = []
     for d in extra_dirs:
         for path in sorted(d.glob("*.yaml")):
