@@ -160,7 +160,10 @@ def test_the_launcher_stops_what_its_engine_left_in_the_group_before_it_says_exi
 
     engine = tmp_path / "engine.sh"
     engine.write_text(
-        "#!/bin/sh\nsleep 60 & echo $! > left.pid\nsetsid sleep 60 & echo $! > own.pid\n"
+        # own.pid is written by the child once it runs in its own session: the engine waits for it, so its
+        # exit cannot race the setsid (the launcher would rightly stop a child still in the group)
+        "#!/bin/sh\nsleep 60 & echo $! > left.pid\nsetsid sh -c 'echo $$ > own.pid.tmp; mv own.pid.tmp own.pid; "
+        "exec sleep 60' &\nwhile [ ! -s own.pid ]; do sleep 0.01; done\n"
         "sh -c 'trap \"\" TERM; sleep 60' & echo $! > stubborn.pid\nexit 3\n"
     )
     engine.chmod(0o755)
