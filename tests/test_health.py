@@ -111,6 +111,18 @@ def test_crash_looping_server_is_healed_at_most_the_rate_limit(fleet_env: simhos
     assert rows[0]["heal"] == "qwen36-27b: not healed: 1 heals in the last hour (limit 1); the server is crash-looping"
 
 
+def test_heals_stamped_in_the_future_still_count_against_the_limit(fleet_env: simhost.Sandbox) -> None:
+    """The host's clock was stepped back two hours after three heals: their stamps lie in its future. They
+    were dropped, and 6 heals ran in 30 s against a limit of 3 an hour; they count as heals just made."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    kill_server(fleet_env)
+    ahead = time.time() + 7200
+    simhost.record(fleet_env.host_dir("ct129"), "heals.json").write_text(json.dumps([ahead, ahead + 1, ahead + 2]))
+    code, rows, _ = health("--host", "ct129", "--heal", "--max-heals-per-hour", "3")
+    assert code == 2
+    assert rows[0]["heal"] == "qwen36-27b: not healed: 3 heals in the last hour (limit 3); the server is crash-looping"
+
+
 def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> None:
     """The rate limit is decided and recorded on the host; where the record cannot be written (here
     heals.json is a directory), nothing is restarted: an unrecorded heal would never count against the
@@ -405,6 +417,19 @@ def test_generation_is_skipped_when_the_server_served_traffic_since_the_last_che
     assert second["generation"]["detail"] == "skipped (served traffic since the last check)"
     third = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
     assert third["generation"]["detail"].startswith("answer")  # health's own request is not traffic
+    # Traffic skips the prompt only while a right answer is recent: an old proof, or one stamped in the
+    # future by a clock stepped back, is no reason to skip (a garbage server stayed OK under traffic).
+    book_path = fleet_env.host_dir("ct129") / "state" / "health.json"
+    for stamp in (time.time() - 1000, time.time() + 7200):
+        book = json.loads(book_path.read_text())
+        book["deployments"]["metrics"]["generation_proved_at"] = stamp
+        book_path.write_text(json.dumps(book))
+        urllib.request.urlopen(req, timeout=5).read()
+        again = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
+        assert again["generation"]["detail"].startswith("answer"), (stamp, again["generation"])
+    urllib.request.urlopen(req, timeout=5).read()
+    recent = {c["name"]: c for c in health("--host", "ct129")[1][0]["checks"]}
+    assert recent["generation"]["detail"] == "skipped (served traffic since the last check)"
 
 
 def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:

@@ -3,6 +3,7 @@ any connection is made."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,18 @@ def test_malformed_playbook_names_file_line_and_field(tmp_path: Path, name: str,
     with pytest.raises(ConfigError) as err:
         load_playbook(str(path), tmp_path)
     assert err.value.message == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize("expect", ["Paris|", "|Paris", "(Paris)?", ".", "(?s).", ".*", "\\s*", "[^X]", "\\W|Paris"])
+def test_a_smoke_expect_that_an_empty_or_garbage_answer_satisfies_is_refused(tmp_path: Path, expect: str) -> None:
+    """It proves nothing: a server answering noise would be "up" (issue 39: `Paris|` was accepted)."""
+    path = tmp_path / "pb.yaml"
+    path.write_text(PLAYBOOK_OK.replace("expect: hello", f"expect: {json.dumps(expect)}"))
+    with pytest.raises(ConfigError) as err:
+        load_playbook(str(path), tmp_path)
+    assert err.value.message.startswith(f"{path}:4: ") and "matches an answer that says nothing" in err.value.message
+    path.write_text(PLAYBOOK_OK.replace("expect: hello", f"expect: {json.dumps(expect)}\n  any_answer: true"))
+    assert load_playbook(str(path), tmp_path).spec.smoke.any_answer  # said in so many words: random weights
 
 
 def test_runtime_changing_environment_is_accepted_when_opted_in(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ VERSIONS = ("0.5.11", "0.5.23")
 INVENTORY = "hosts:\n  box:\n    address: 10.0.0.9\n    engines: {sglang: /opt/sglang/.venv/bin/python}\n"
 PLAYBOOK = (
     "engine: sglang\nmodel: {model}\nserved_name: m\nspeculative: {{steps: 1}}\nparsers: auto\n"
-    "smoke: {{prompt: hi, expect: .}}\n"
+    "smoke: {{prompt: hi, expect: Paris}}\n"
 )
 
 

@@ -23,6 +23,9 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
 
 HEALTH_LOG_LINES = 2000
+# Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
+# the answers are right (a server answering garbage to every client stayed OK indefinitely).
+GENERATION_PROOF_EVERY_S = 900
 
 
 def _read_new(path: str, offset: int, limit: int = 1 << 20) -> Tuple[str, int]:
@@ -113,11 +116,13 @@ def check_server(
         smoke = st.get("smoke") or {}
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
-        elif traffic:
+        elif traffic and _proved_recently(book.get("generation_proved_at")):
             http["generation"] = {"skipped": "served traffic since the last check"}
         elif smoke.get("prompt"):
             result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"])
             http["generation"] = dict(result, text=result["text"][:300])
+            if result.get("ok"):
+                book["generation_proved_at"] = time.time()
             if served is not None:
                 served += 1  # our own request is not traffic
         book["requests_total"] = served
@@ -127,6 +132,14 @@ def check_server(
         out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]
         book["log"], book["log_offset"] = log, size
     return out
+
+
+def _proved_recently(proved_at: Any) -> bool:
+    """A right answer was seen less than GENERATION_PROOF_EVERY_S ago. A stamp in the future (the clock was
+    stepped back) proves nothing: it is not trusted to skip."""
+    if not isinstance(proved_at, (int, float)) or isinstance(proved_at, bool):
+        return False
+    return 0 <= time.time() - proved_at < GENERATION_PROOF_EVERY_S
 
 
 def health_main() -> None:

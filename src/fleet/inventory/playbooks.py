@@ -65,14 +65,39 @@ def _backtracks_exponentially(pattern: str) -> bool:
     return walk(_parser.parse(pattern), False)
 
 
+# Answers that say nothing: an expect that matches one of them proves nothing about the server (`Paris|`
+# matches the empty string, `.` any garbage), so a broken server answering noise would be called up.
+_NOTHING_ANSWERS = ("", " ", "\n", "0", "zqxjv", "!!!!", "\ufffd\ufffd", "<unk><unk>", "null")
+
+
+def _matched_nothing_answer(expect: str) -> str | None:
+    return next((a for a in _NOTHING_ANSWERS if re.search(expect, a)), None)
+
+
 class Smoke(_Strict, frozen=True, kw_only=True):
     """A prompt whose answer proves the server really generates (not only that /health says 200)."""
 
     prompt: Annotated[str, Meta(min_length=1, max_length=2000)]
     expect: Annotated[str, Meta(min_length=1, max_length=200)]  # a regex the answer must match
     max_tokens: Annotated[int, Meta(ge=1, le=512)] = 16
+    # A model with random (dummy) weights answers noise: only then may `expect` match any answer, and the
+    # playbook says so here. Otherwise an expect that an empty or garbage answer satisfies is refused.
+    any_answer: bool = False
 
     checks = {"expect": _check_regex}
+
+    def __post_init__(self) -> None:
+        try:
+            _check_regex(self.expect)
+        except ValueError:
+            return  # said by the field's own check, with its line: nothing is matched with it here
+        said = None if self.any_answer else _matched_nothing_answer(self.expect)
+        if said is not None:
+            raise ValueError(
+                f"expect {self.expect!r} matches an answer that says nothing ({said!r}), so it cannot prove the "
+                "server generates; write words a right answer contains (expect: Paris), or set any_answer: true "
+                "for a model with random weights"
+            )
 
 
 class Speculative(_Strict, frozen=True, kw_only=True):
