@@ -839,3 +839,15 @@ def test_a_real_failure_after_a_logged_request_is_still_seen() -> None:
 def test_served_requests_in_the_access_log_still_prove_serving() -> None:
     d = diagnose(['INFO:     127.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK'])
     assert d.category == "healthy"
+
+
+def test_a_traceback_right_after_an_access_line_or_a_closed_request_is_the_engines() -> None:
+    """Python prints a crash without a prefix; the record before it was a client's: an access line (one
+    line by HTTP) or a logged request whose brackets closed. The traceback is still the engine's."""
+    tb = ["Traceback (most recent call last):", '  File "scheduler.py", line 1, in run', FORGED_OOM]
+    for before in (
+        'INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK',
+        "[2026-11-29 10:00:00 TP0] Receive: obj=GenerateReqInput(text='hello', sampling_params={'max_new_tokens': 8})",
+    ):
+        d = diagnose([before, *tb])
+        assert d.category == "kv_cache_oom", (before, d)

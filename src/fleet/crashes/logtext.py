@@ -67,11 +67,28 @@ def _bounded(raw: str) -> str:
 # until the next prefixed record, is a client's words: never a failure, a ready line or a signature's
 # evidence. A crafted prompt can otherwise forge any crash line, with a newline, a literal "\n" or a
 # carriage return to start a line of its own.
-QUOTED = re.compile(
-    r'^\S+:\d+ - "[A-Z]+ |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/|'
+ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/')
+BODY = re.compile(
     r"^(?:Receive|Finish|Abort): (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
     r"^Received request \S+:|\bprompt(?:_token_ids)?: ['\"\[]"
 )
+QUOTED = re.compile(f"{ACCESS.pattern}|{BODY.pattern}")
+
+
+def _still_open(text: str, depth: int) -> int:
+    """How many brackets a logged request body leaves open after `text` (it started at `depth`): the body
+    goes on over the next lines only while it is open. An access log's request line never does (HTTP has
+    no newline in it), so a traceback right after one is the engine's own again."""
+    return max(
+        0,
+        depth
+        + text.count("(")
+        + text.count("{")
+        + text.count("[")
+        - text.count(")")
+        - text.count("}")
+        - text.count("]"),
+    )
 
 
 @dataclass(frozen=True)
@@ -134,11 +151,16 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
     lines: list[str] = []
     levels: list[str | None] = []
     quoted: list[bool] = []
-    in_quote = False
+    open_body = 0  # brackets a logged request body left open: its next unprefixed lines are the client's
     for raw in raw_lines:
         message, _level, prefixed = _strip(raw)
-        if prefixed or not in_quote:
-            in_quote = bool(QUOTED.search(message))
+        if prefixed or not open_body:
+            body = bool(BODY.search(message))
+            in_quote = body or bool(ACCESS.search(message))
+            open_body = _still_open(message, 0) if body else 0
+        else:
+            in_quote = True
+            open_body = _still_open(message, open_body)
         if in_quote:
             lines.append(message)
             levels.append(_level)
