@@ -407,6 +407,35 @@ def test_processes_that_only_mention_the_engine_are_never_stopped(fleet_env: sim
         assert len(remote(fleet_env, CT129, look).splitlines()) == 2
 
 
+def test_a_deploy_on_all_gpus_stops_nothing_for_its_name_alone(fleet_env: simhost.Sandbox, playbooks: Path) -> None:
+    """Same user, no GPU, no port, outside any group fleet runs: a process that only titled itself like an
+    SGLang scheduler and a `python -m sglang.srt.<tool>`. A `gpus: all` deploy and its stop stopped both as
+    "inference servers" (issue 39); what is in a deployment's way is what holds its GPUs or port."""
+    import sys
+
+    name = add_playbook(playbooks, "whole", "qwen36-27b", "gpus: all\n")
+    fake = fleet_env.root / "fake-sglang"
+    (fake / "sglang" / "srt").mkdir(parents=True, exist_ok=True)
+    for init in (fake / "sglang" / "__init__.py", fake / "sglang" / "srt" / "__init__.py"):
+        init.write_text("")
+    (fake / "sglang" / "srt" / "some_tool.py").write_text("import time\ntime.sleep(60)\n")
+    title = 'import setproctitle; setproctitle.setproctitle("sglang::scheduler_TP0")'
+    titled = f"{sys.executable} -c '{title}; import time; time.sleep(60)'"
+    tool = f"cd {fake} && exec {sys.executable} -m sglang.srt.some_tool"
+    with (
+        Background([*simhost.ssh_argv(fleet_env, CT129), f"exec {titled}"]),
+        Background([*simhost.ssh_argv(fleet_env, CT129), tool]),
+    ):
+        look = "ps -eo pid=,args= | grep -E '^ *[0-9]+ (sglang::scheduler_TP0|.*-m sglang.srt.some_tool)$' || true"
+        assert wait_until(lambda: len(remote(fleet_env, CT129, look).splitlines()) == 2)
+        pids = " ".join(line.split()[0] for line in remote(fleet_env, CT129, look).splitlines())
+        r = run_cli("deploy", name, "--host", "ct129")
+        assert r.code == 0, r.err
+        assert remote(fleet_env, CT129, f"kill -0 {pids} && echo both-alive").strip() == "both-alive"
+        assert run_cli("stop", "--host", "ct129").code == 0
+        assert remote(fleet_env, CT129, f"kill -0 {pids} && echo both-alive").strip() == "both-alive"
+
+
 def test_logs_and_diagnose_redact_secrets_and_strip_terminal_controls(
     fleet_env: simhost.Sandbox, playbooks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,14 @@ for the host's own Python (3.8, ASCII)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -35,6 +43,8 @@ NOT_ENGINES = [
     ["less", "VLLM::EngineCore"],
     ["sleep", "3600", "fleet-launch"],  # the launcher is recognised by its shape, not by the word
     ["python3", "-c", "fleet-launch"],
+    ["python3", "-m", "sglang.srt.some_tool"],  # a tool of SGLang's, not its server (issue 39)
+    ["python3", "-m", "sglang.launch_server_helper"],
     [],
 ]
 
@@ -210,3 +220,119 @@ def test_a_server_binding_an_ipv6_address_is_in_the_way_only_of_listeners_there(
         other.kill()
         other.communicate()
         mine.close()
+
+
+# --- signalling only what fleet probed (fleet.host_signals) ----------------------------------------------
+
+
+def _spawn(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+
+
+def test_a_pid_whose_start_time_is_not_the_one_probed_is_never_held() -> None:
+    """What a reused pid looks like: the same number, another start time. It is not fleet's to signal."""
+    from fleet.host_procs import start_ticks
+    from fleet.host_signals import hold
+
+    child = _spawn(["sleep", "60"])
+    try:
+        ticks = start_ticks(child.pid)
+        assert ticks is not None
+        assert hold(child.pid, ticks + 1) is None
+        assert hold(child.pid, ticks, uid=os.getuid() + 1) is None  # not the owner fleet expects either
+        held = hold(child.pid, ticks, uid=os.getuid())
+        assert held is not None and held.alive()
+        held.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_held_process_that_exited_is_never_signalled_again() -> None:
+    """A target that exits during the drain window: its SIGKILL is not sent, to its zombie or to whoever
+    gets its pid next (the pidfd names the exited process for good)."""
+    from fleet.host_procs import start_ticks
+    from fleet.host_signals import hold
+
+    child = _spawn(["sleep", "60"])
+    held = hold(child.pid, start_ticks(child.pid))
+    assert held is not None
+    assert held.send(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while held.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not held.alive() and not held.send(signal.SIGKILL)  # a zombie: exited, not signalled again
+    child.wait()
+    assert not held.send(signal.SIGKILL)  # reaped: the pid may be anybody's now
+    held.close()
+
+
+def _fake_sglang(tmp_path: Path) -> Path:
+    """A package named sglang whose launch_server only sleeps: the process looks exactly like an engine."""
+    pkg = tmp_path / "fake" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text("import time\ntime.sleep(60)\n")
+    return tmp_path / "fake"
+
+
+def test_the_sweep_after_a_stop_reaches_only_the_groups_it_stopped(tmp_path: Path) -> None:
+    """Engine-looking processes of fleet's user elsewhere on the host (another container's server, a
+    server started by hand) were SIGKILLed by a sweep by name after a stop; only the stopped groups'
+    engines are swept now."""
+    from fleet.control.remote_act import sweep_stopped_groups
+    from fleet.host_common import engine_kind
+    from fleet.host_procs import argv_at
+
+    env = dict(os.environ, PYTHONPATH=str(_fake_sglang(tmp_path)))
+    bystander = _spawn([sys.executable, "-m", "sglang.launch_server"], env=env, start_new_session=True)
+    swept = _spawn([sys.executable, "-m", "sglang.launch_server"], env=env, start_new_session=True)
+    try:
+        assert wait_for(lambda: engine_kind(argv_at(bystander.pid) or []) == "sglang")
+        assert wait_for(lambda: engine_kind(argv_at(swept.pid) or []) == "sglang")
+        sweep_stopped_groups({swept.pid}, {})
+        assert swept.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        for p in (bystander, swept):
+            p.kill()
+            p.wait()
+
+
+def wait_for(ok: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path: Path) -> None:
+    """An engine that exits leaving another user's process in its group (root put it there): the launcher
+    stops what is fleet's user's, names the other and leaves it running (a killpg as root killed it)."""
+    from fleet.control.remote_act import launch
+
+    assert os.getuid() == 0, "this test needs root to run a process as a second user"
+    subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
+    engine = tmp_path / "engine.sh"
+    engine.write_text(
+        "#!/bin/sh\nsleep 60 & echo $! > mine.pid\n"
+        "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 61 & echo $! > other.pid\n"
+        "while [ \"$(stat -c %U /proc/$(cat other.pid))\" != fleetdecoy ]; do sleep 0.01; done\nexit 3\n"
+    )
+    engine.chmod(0o755)
+    with warnings.catch_warnings():  # the launcher outlives its Popen here, as on a host (it is detached)
+        warnings.simplefilter("ignore", ResourceWarning)
+        launched = launch({"log_dir": str(tmp_path), "name": "x", "attempt": 1, "argv": [str(engine)], "env": {}}, {})
+    assert wait_for(lambda: os.path.exists(launched["exit_file"]), 20)
+    mine, other = (int((tmp_path / f"{n}.pid").read_text()) for n in ("mine", "other"))
+    try:
+        from fleet.host_procs import alive
+
+        assert not alive(mine) and alive(other)
+        assert f"left running, another user's: pids [{other}]" in Path(launched["log"]).read_text()
+    finally:
+        for pid in (mine, other):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -24,7 +24,8 @@ TITLE_RE = re.compile(r"^(sglang|VLLM)::[A-Za-z0-9_.-]+$")
 # serves other servers: never a stale engine to stop.
 ROUTER_TITLES = ("sglang::router",)
 ENGINE_MODULES = (
-    ("sglang", re.compile(r"^sglang\.(launch_server|srt\.|data_parallel)")),
+    # the server's entry points only: `python -m sglang.srt.<tool>` is a tool, not a server
+    ("sglang", re.compile(r"^sglang\.(launch_server$|srt\.entrypoints\.|data_parallel)")),
     ("vllm", re.compile(r"^vllm\.entrypoints\.")),
 )
 # Interpreter options that take a value (python -X dev -W error -m ...).

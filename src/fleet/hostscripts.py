@@ -25,7 +25,7 @@ from fleet.transport.base import CommandResult
 if TYPE_CHECKING:
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host_common.py", "host_procs.py")
+SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py"),  # facts in one round trip
     # lock, engine check, stop, free, launch, record

@@ -23,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import (
         CONTAINER_LAUNCHER,
+        container_of,
         fleet_containers,
         inspect,
         recorded_cli,
@@ -63,6 +64,7 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import boot_id, process_table, start_ticks
+    from fleet.host_signals import hold
     from fleet.protocol import ActResult, CheckResult, Launched
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
@@ -80,31 +82,46 @@ except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
     code = 127
 code = 128 - code if code < 0 else code
-def rest():
+uid = os.getuid()
+def rest(mine=True):
+    # this group's members of fleet's user, as (pid, start ticks): another user's process that joined the
+    # group is never signalled (a killpg as root would reach it); mine=False lists those
     me, out = os.getpid(), []
     for d in os.listdir("/proc"):
         if d.isdigit() and int(d) != me:
             try:
                 with open("/proc/" + d + "/stat") as f:
                     st = f.read().rsplit(")", 1)[1].split()
+                owner = os.stat("/proc/" + d).st_uid
             except (OSError, IndexError):
                 continue
-            if int(st[2]) == me and st[0] not in "ZX":
-                out.append(int(d))
+            if int(st[2]) == me and st[0] not in "ZX" and (owner == uid) == mine:
+                out.append((int(d), st[19]))
     return out
+def send(pid, ticks, sig):
+    # pinned to the process seen: a pidfd where Python has one, else its start time checked just before
+    try:
+        if hasattr(os, "pidfd_open"):
+            fd = os.pidfd_open(pid)
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    if f.read().rsplit(")", 1)[1].split()[19] == ticks:
+                        signal.pidfd_send_signal(fd, sig)
+            finally:
+                os.close(fd)
+        else:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[19] == ticks:
+                    os.kill(pid, sig)
+    except (OSError, IndexError):
+        pass
 if os.getpgid(0) == os.getpid() and rest():
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop meanwhile must not end this first
         signal.signal(sig, signal.SIG_IGN)
     left = rest()
     for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-        try:
-            if sig == signal.SIGTERM:
-                os.killpg(os.getpid(), sig)  # the group at once (this process ignores it)
-            else:
-                for pid in left:
-                    os.kill(pid, sig)
-        except OSError:
-            pass
+        for pid, ticks in rest():  # the group as it is now: children forked since included
+            send(pid, ticks, sig)
         deadline = time.monotonic() + wait_s
         while left and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -112,7 +129,10 @@ if os.getpgid(0) == os.getpid() and rest():
         if not left:
             break
     if left:
-        sys.stderr.write("fleet launcher: still running after SIGKILL (uninterruptible?): pids %s\\n" % left)
+        sys.stderr.write("fleet launcher: still running after SIGKILL (uninterruptible?): pids %s\\n" % [p for p, _ in left])
+    others = rest(mine=False)
+    if others:
+        sys.stderr.write("fleet launcher: left running, another user's: pids %s\\n" % [p for p, _ in others])
 with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)
@@ -467,6 +487,31 @@ def recorded_group(st: Dict[str, Any]) -> Optional[int]:
     return pgid if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) else None
 
 
+def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> None:
+    """Engine processes that outlived their parent in a group fleet just stopped (JIT workers): SIGKILLed,
+    each held first. Only those groups: never an engine-looking process elsewhere on the host, which may
+    be another container's or a tool's (a sweep by name killed a foreign container's server)."""
+    me, own = os.getuid(), os.getpgid(0)
+    for _sweep in range(3):
+        left = [
+            hold(p["pid"], p["start_ticks"], me)
+            for p in process_table().values()
+            if p["pgid"] in stopped_groups
+            and p["pgid"] not in (own, *siblings)
+            and p["uid"] == me
+            and p.get("state") != "Z"
+            and is_engine(p)
+            and not container_of(p["pid"])
+        ]
+        if not any(left):
+            break
+        for h in left:
+            if h is not None:
+                h.send(signal.SIGKILL)
+                h.close()
+        time.sleep(0.1)
+
+
 def main() -> ActResult:
     a = json.loads(sys.argv[1])
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
@@ -553,30 +598,13 @@ def main() -> ActResult:
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
-    out["stopped"], out["forced"] = stop_targets(targets, procs, a["free"]["drain_s"])
+    out["stopped"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["stopped"] = stopped_containers + out["stopped"]
+    out["left"] = out["left"] + left_in_groups
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], gpus)
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(root, replaced, a["lock"]["deployment"])
-    stopped_groups = set(t["pgid"] for t in targets.values())
-    for _sweep in range(3):  # children that outlived their parent (JIT workers), by title
-        left = [
-            p
-            for p in process_table().values()
-            if is_engine(p)
-            and p["uid"] == os.getuid()
-            and p["pgid"] != os.getpgid(0)
-            and p["pgid"] not in siblings
-            and (gpus is None or p["pgid"] in stopped_groups)
-        ]
-        if not left:
-            break
-        for p in left:
-            try:
-                os.kill(p["pid"], signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.1)
+    sweep_stopped_groups(set(t["pgid"] for t in targets.values()), siblings)
     if a.get("launch"):
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:

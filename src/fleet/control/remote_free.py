@@ -20,14 +20,13 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import container_names, container_of
     from fleet.host_common import engine_kind, gpu_device_files, kill_verdict
     from fleet.host_procs import (
-        alive,
         boot_id,
         client_connections,
         device_holders,
-        live_process_groups,
         port_holders,
         start_ticks,
     )
+    from fleet.host_signals import foreign_members, hold, hold_group, release
 
 
 def expand(path: str) -> str:
@@ -184,7 +183,10 @@ def classify(
             continue
         if not is_engine(proc):
             continue
-        if gpus is None or proc["pgid"] in (recorded, *replaced) or (proc["pgid"] in holding and proc["uid"] == me):
+        # An engine is in the way only through what it holds (these GPUs, the port) or its group: never for
+        # what it is called, even on all GPUs (a process titled sglang::scheduler_TP0 holding nothing
+        # was stopped as an "inference server")
+        if proc["pgid"] in (recorded, *replaced) or (proc["pgid"] in holding and proc["uid"] == me):
             candidates.add(pid)
     names: Optional[Dict[str, Tuple[str, str]]] = None
     for pid in sorted(candidates):
@@ -233,10 +235,15 @@ def idle_sglang(members: List[Dict[str, Any]]) -> bool:
 
 def stop_targets(
     targets: Dict[int, Dict[str, Any]], procs: Dict[int, Dict[str, Any]], drain_s: float
-) -> Tuple[List[Dict[str, Any]], List[int]]:
+) -> Tuple[List[Dict[str, Any]], List[int], List[Dict[str, Any]]]:
     """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
-    SGLang group is SIGKILLed at once (nothing to drain)."""
-    own_pgid = os.getpgid(0)
+    SGLang group is SIGKILLed at once (nothing to drain).
+
+    Every signal goes to a held process (host_signals): a target that exited during the drain cannot pass
+    its SIGKILL on to whoever got its pid, and a group is signalled member by member, fleet's user's only:
+    another user's process that joined it is named, never signalled."""
+    me, own_pgid = os.getuid(), os.getpgid(0)
+    held = {pid: hold(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
         groups.setdefault(info["pgid"], []).append(pid)
@@ -245,45 +252,48 @@ def stop_targets(
         members = [p for p in procs.values() if p["pgid"] == pgid]
         whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
         signalled.append((pgid, whole, whole and idle_sglang(members)))
+
+    def send(pgid: int, whole: bool, sig: int) -> List[int]:
+        """Signal the targets of group `pgid`, or (whole) every member of fleet's user outside containers
+        as the group is now (children forked since included); the pids that were signalled."""
+        mine = [h for h in (held[p] for p in groups[pgid]) if h is not None]
+        extra: Dict[int, Any] = {}
+        if whole:
+            ours = set(h.pid for h in mine)
+            extra = hold_group(pgid, me, skip=lambda p: p["pid"] in ours or bool(container_of(p["pid"])))
+        try:
+            return [h.pid for h in [*mine, *extra.values()] if h.send(sig)]
+        finally:
+            release(extra)
+
     for pgid, whole, idle in signalled:
-        sig = signal.SIGKILL if idle else signal.SIGTERM
         for pid in groups[pgid]:
             targets[pid]["stop"] = "idle: killed at once" if idle else "SIGTERM, drained"
-        try:
-            if whole:
-                os.killpg(pgid, sig)
-            else:
-                for pid in groups[pgid]:
-                    os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            if held[pid] is None:
+                targets[pid]["stop"] = "gone before it was signalled"
+        send(pgid, whole, signal.SIGKILL if idle else signal.SIGTERM)
     deadline = time.time() + drain_s
-    while time.time() < deadline and any(alive(p) for p in targets):
+    while time.time() < deadline and any(h.alive() for h in held.values() if h is not None):
         time.sleep(0.05)
-    forced = []
+    forced: List[int] = []
     after_drain = "SIGKILL after the %g s drain window" % drain_s
-    live_groups = live_process_groups() if any(whole for _, whole, _ in signalled) else set()
     for pgid, whole, idle in signalled:
-        try:
-            if whole:
-                if pgid not in live_groups:  # drained: only zombies left, awaiting their parent's wait()
-                    continue
-                os.killpg(pgid, signal.SIGKILL)
-                if not idle:
-                    forced.append(pgid)
-                    for pid in groups[pgid]:
-                        targets[pid]["stop"] = after_drain
-            else:
-                for pid in groups[pgid]:
-                    if alive(pid):
-                        os.kill(pid, signal.SIGKILL)
-                        forced.append(pid)
-                        targets[pid]["stop"] = after_drain
-        except (ProcessLookupError, PermissionError):
-            pass
+        killed = send(pgid, whole, signal.SIGKILL)
+        if killed and not idle:
+            forced.append(pgid if whole else killed[0])
+            for pid in groups[pgid]:
+                if whole or pid in killed:
+                    targets[pid]["stop"] = after_drain
     deadline = time.time() + 5
-    while time.time() < deadline and any(alive(p) for p in targets):
+    while time.time() < deadline and any(h.alive() for h in held.values() if h is not None):
         time.sleep(0.05)
+    release(held)
+    left = []  # another user's processes in a stopped group: named, never signalled
+    for pgid, whole, _ in signalled:
+        for pid in foreign_members(pgid, me) if whole else []:
+            info = procs.get(pid) or {"pid": pid, "pgid": pgid, "user": "?", "cmdline": "?"}
+            if pid not in targets:
+                left.append(dict(info, why="another user's process in the stopped group: not signalled"))
     return [
         {
             "pid": p,
@@ -294,7 +304,7 @@ def stop_targets(
             "stop": t.get("stop"),
         }
         for p, t in sorted(targets.items())
-    ], forced
+    ], forced, left
 
 
 def wait_memory_released(
