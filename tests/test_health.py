@@ -123,6 +123,37 @@ def test_heals_stamped_in_the_future_still_count_against_the_limit(fleet_env: si
     assert rows[0]["heal"] == "qwen36-27b: not healed: 3 heals in the last hour (limit 3); the server is crash-looping"
 
 
+def test_a_stop_that_lands_after_the_check_is_never_undone_by_the_heal(fleet_env: simhost.Sandbox) -> None:
+    """`fleet health --heal` saw the server down; an operator ran `fleet stop` before the heal's restart
+    reached the host. The stop stood only until the heal said "restarted: server ready" (issue 39): the
+    host now refuses a heal of a stopped deployment under its lock, and the heal says why."""
+    from fleet import events
+    from fleet.control import ops
+    from fleet.control.sweep import HealthOptions, check_host, heal_host
+    from fleet.inventory import load_inventory
+    from fleet.transport import SshOptions, connect
+
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    kill_server(fleet_env)
+    host = load_inventory(fleet_env.inventory).hosts["ct129"]
+    t = connect(host, SshOptions(fleet_env.known_hosts, fleet_env.root / "ssh_config"))
+    try:
+        options = HealthOptions(heal=True)
+        checked = check_host(t, host, options)
+        assert list(checked.healable) == ["qwen36-27b"]
+
+        def stopped_then_restarted(name: str) -> object:
+            assert run_cli("stop", "--host", "ct129").code == 0  # the operator, between check and heal
+            return ops.restart(t, host, force=False, progress=events.ignore, name=name, heal=True)
+
+        healed = heal_host(t, host, checked, options, stopped_then_restarted)
+    finally:
+        t.close()
+    assert healed.heal == "qwen36-27b: not healed: stopped by an operator since the check"
+    assert json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["status"] == "stopped"
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "stopped"
+
+
 def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> None:
     """The rate limit is decided and recorded on the host; where the record cannot be written (here
     heals.json is a directory), nothing is restarted: an unrecorded heal would never count against the

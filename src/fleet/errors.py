@@ -11,6 +11,7 @@ FleetError                      message: "<subject>: <what failed> (<evidence>).
 ├── HostStepError               a fleet step ran on the host and failed there (crashed, no Python)
 ├── PreflightError              the plan cannot work on this host; nothing was stopped
 ├── LockedError                 another fleet run holds the host's lock
+│   └── StoppedSince            a heal found its deployment stopped by an operator since the check
 ├── UnsafeToKill                GPU holders fleet must not kill without --force
 └── DeployFailed                the engine did not come up and fleet gave up
 """
@@ -77,6 +78,10 @@ class PreflightError(FleetError):
 
 class LockedError(FleetError):
     exit_code = 5
+
+
+class StoppedSince(LockedError):
+    """A heal reached the host's lock after `fleet stop` had stopped the deployment: it restarts nothing."""
 
 
 class UnsafeToKill(FleetError):

@@ -107,6 +107,7 @@ class ActResult(TypedDict, total=False):
     rollback_failed: str
     rollback_unrecorded: bool
     client_gone: bool  # fleet went away mid-step (never read by fleet: recorded for the host's own logs)
+    stopped_since: bool  # a heal found the deployment stopped by an operator under the lock: nothing done
     error: str
     traceback: str
 

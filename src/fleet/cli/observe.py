@@ -340,6 +340,7 @@ def _health_run(
                         progress=events.logged(host.name),
                         signatures=options.signatures,
                         name=name,
+                        heal=True,
                     ),
                 )
             return result

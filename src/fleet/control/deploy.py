@@ -45,6 +45,7 @@ from fleet.errors import (
     HostUnreachable,
     LockedError,
     PreflightError,
+    StoppedSince,
     TransportError,
     UnsafeToKill,
 )
@@ -218,11 +219,13 @@ class Deployer:
         gpus: tuple[int, ...] | None = None,
         replace: tuple[str, ...] = (),
         group: dict[str, Any] | None = None,
+        command: str = "deploy",
     ) -> None:
         """`deployment`: its name on the host (the playbook's by default); `gpus`: its placement (None:
         all of the host's GPUs); `replace`: other deployments on those GPUs to stop first; `group`: this
         host's rank of a group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no
-        smoke prompt (`smoke` empty): it is ready when its /health answers."""
+        smoke prompt (`smoke` empty): it is ready when its /health answers. `command`: what the lock says
+        this run is ("heal": the host refuses it once an operator stopped the deployment)."""
         self.t = transport
         self.host = host
         self.playbook_name = playbook_name
@@ -240,6 +243,7 @@ class Deployer:
         self.drain_s = drain_s
         self.signatures = signatures
         self.group = group
+        self.command = command
         self.run_id = run_id()
         self.owner = owner()
 
@@ -305,7 +309,7 @@ class Deployer:
         check: bool,
         state: StateRecord | None,
         release_lock: bool = False,
-        command: str = "deploy",
+        command: str | None = None,
         prepare_only: bool = False,
         premises: Mapping[str, Any] | None = None,
     ) -> ActResult:
@@ -314,7 +318,7 @@ class Deployer:
         args: dict[str, Any] = {
             "prepare_only": prepare_only,
             "lock": {
-                **self._lock_args(command, places=launch),
+                **self._lock_args(command or self.command, places=launch),
                 "ports": planned_ports(plan),
                 # held until the slowest host is prepared and the launch takes it again (or fleet died)
                 "hold_s": PREPARED_HOLD_S if prepare_only else 0,
@@ -609,6 +613,12 @@ class Deployer:
             )
 
     def _stop_if_locked_or_unsafe(self, out: ActResult) -> None:
+        if out.get("stopped_since"):
+            raise StoppedSince(
+                f"{self.host.name}: deployment {self.deployment} was stopped after the check found it down; "
+                "not restarted (a stop is never undone by a heal).",
+                f"Start it again yourself: fleet restart --host {self.host.name}/{self.deployment}.",
+            )
         lock = out["lock"]
         if lock["status"] == "unwritable":
             raise unwritable_state_dir(self.host.name, lock)

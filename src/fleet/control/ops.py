@@ -449,9 +449,12 @@ def restart(
     name: str | None = None,
     state: dict[str, Any] | None = None,
     drain_s: float = DRAIN_S,
+    heal: bool = False,
 ) -> DeployResult:
     """Redeploy a deployment's recorded plan on the GPUs it was placed on (`name`: the host's only one);
-    `state`: another record of it to redeploy instead (a service's last good one, for --rollback)."""
+    `state`: another record of it to redeploy instead (a service's last good one, for --rollback).
+    `heal`: `fleet health --heal` asks; a deployment an operator stopped is not restarted, also when the
+    stop lands after the check (the host decides that under its lock)."""
     state_facts = read_facts(t, host)
     deployment = chosen_deployment(state_facts, name, verb="restart")
     state = state if state is not None else recorded(state_facts, deployment)
@@ -500,6 +503,7 @@ def restart(
         deployment=deployment,
         gpus=placed,
         drain_s=drain_s,
+        command="heal" if heal else "deploy",
     )
     key = str(state.get("learned_key", ""))
     existing = _learned_as_json(facts, key, signatures)

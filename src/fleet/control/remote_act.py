@@ -530,6 +530,12 @@ def main() -> ActResult:
     state_dir = deployment_dir(root, a["lock"]["deployment"])
     for path in (os.path.join(state_dir, "state.json"), os.path.join(root, "learned.json")):
         read_record(path)  # a damaged record is set aside before it is written over
+    if a["lock"].get("command") == "heal" and (read_record(os.path.join(state_dir, "state.json")) or {}).get(
+        "status"
+    ) == "stopped":  # stopped by an operator after the health check saw it down: a heal must not undo that
+        release_lock(state_dir, a["lock"]["run_id"])
+        out["stopped_since"] = True
+        return out
     if a.get("release_lock_only"):
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
             mark_unverified(state_dir, a["lock"]["run_id"])

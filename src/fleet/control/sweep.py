@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.crashes import LogContext, Signature, diagnose
-from fleet.errors import FleetError, HostStepError
+from fleet.errors import FleetError, HostStepError, StoppedSince
 from fleet.facts import parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.hostscripts import script_for
@@ -34,7 +34,7 @@ class HealthOptions:
     heal: bool = False
     max_heals_per_hour: int = 3
     unreachable_status: str = UNKNOWN
-    signatures: tuple[Signature, ...] | None = None  # the knowledge base with the user's crashes/*.yaml
+    signatures: tuple[Signature, ...] | None = None  # the knowledge base with the operator's --crashes files
     secrets: dict[str, str] = field(default_factory=dict)  # redacted from the server log lines it reads
 
 
@@ -105,6 +105,8 @@ def _heal_one(
         )
     try:
         outcome = restart(name)
+    except StoppedSince:
+        return after_heal(health, name, False, "not healed: stopped by an operator since the check")
     except FleetError as exc:
         return after_heal(health, name, False, f"heal failed: {exc.message}")
     ok = bool(getattr(outcome, "ok", False))
