@@ -220,7 +220,7 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
     from fleet import events
     from fleet.control.deploy import Deployer
     from fleet.control.gather import model_path, read_facts
-    from fleet.control.ops import _smoke
+    from fleet.control.ops import smoke_of
     from fleet.inventory import load_inventory, load_playbook
     from fleet.plan.build import build_plan
     from fleet.transport import SshOptions, connect
@@ -260,7 +260,7 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
                 t,
                 host,
                 playbook_name=pb.name,
-                smoke=_smoke(pb),
+                smoke=smoke_of(pb),
                 kill_policy="safe",
                 secrets={},
                 progress=progress,
@@ -525,6 +525,7 @@ def main() -> int:
     ap.add_argument("--crashes", type=int, default=20)
     ap.add_argument("--sizes", default="1,10,50")
     ap.add_argument("--rtt-ms", type=float, default=20.0)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "latest.md", help="where the table goes")
     a = ap.parse_args()
     os.environ["SIM_SPEED"] = "0"
     sizes = [int(x) for x in a.sizes.split(",")]
@@ -602,7 +603,7 @@ def main() -> int:
         simhost.down(ROOT / "sweep")
     text = "\n".join(out + late + rolling) + "\n"
     print(text)
-    dest = REPO / "bench" / "results" / "latest.md"
+    dest = a.out
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(text)
     print(f"written to {dest}")

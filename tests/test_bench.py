@@ -1,0 +1,47 @@
+"""The benchmark runs (issue 39: `make bench` failed at once on a renamed import, and no test ran it, so
+docs/benchmark.md described code that no longer existed). A short run of every section, in the serial tier:
+it starts its own sshd and simulated fleet on ports of its own. What it measures is read by people, not
+asserted: only that every section is there with numbers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.ssh
+
+SECTIONS = [
+    "### 1. Deploy orchestration",
+    "### 2. Crash → relaunch issued",
+    "### 3. Health sweep",
+    "### 4. Cold start",
+    "### 5a. Deploy through",
+    "### 5b. Health sweep through",
+    "### 6. Rolling restart of a service",
+    "### 7. Pulling a model onto a host",
+    "### 8. Pushing a model to a host without internet",
+]
+
+
+def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "bench.md"
+    env = dict(os.environ, FLEET_BENCH_ROOT=str(tmp_path / "bench"), PYTHONPATH=str(ROOT / "testbed"))
+    argv = ["--runs", "1", "--crashes", "3", "--sizes", "1,2", "--rtt-ms", "5", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "fleet_testbed.bench", *argv], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    text = out.read_text()
+    for section in SECTIONS:
+        assert section in text, section
+    deploy = text.split("### 1.")[1].split("###")[0]
+    floor = re.search(r"\(floor\) \| ([\d.]+) ", deploy)
+    assert floor and float(floor.group(1)) > 0  # a measured floor, in the same run
+    assert re.search(r"\| fleet deploy --no-engine-check \| [\d.]+ .*\| [\d.]+x \|", deploy)
