@@ -404,6 +404,28 @@ def test_a_smoke_expect_that_an_empty_or_garbage_answer_satisfies_is_refused(tmp
     assert load_playbook(str(path), tmp_path).spec.smoke.any_answer  # said in so many words: random weights
 
 
+@pytest.mark.parametrize(
+    ("written", "char"),
+    [
+        ("served_name: \"m\\u202e\"", "U+202E (RIGHT-TO-LEFT OVERRIDE)"),  # a YAML escape
+        ("served_name: m\u200b", "U+200B (ZERO WIDTH SPACE)"),  # written as is
+        ("served_name: \"m\\x9b\"", "U+009B"),  # a C1 control: a CSI on some terminals
+        ("served_name: \"m\\x7f\"", "U+007F"),
+        ("served_name: m\nextra_args: [\"--x\\u2066\"]", "U+2066 (LEFT-TO-RIGHT ISOLATE)"),
+    ],
+)
+def test_a_value_with_an_invisible_or_control_character_is_refused_with_its_line(
+    tmp_path: Path, written: str, char: str
+) -> None:
+    """`fleet plan` printed C1 controls, bidi overrides and zero-width characters from playbook values
+    (only C0 controls were refused): a value must show as what it is (issue 39)."""
+    path = tmp_path / "pb.yaml"
+    path.write_text(PLAYBOOK_OK.replace("served_name: m", written))
+    with pytest.raises(ConfigError) as err:
+        load_playbook(str(path), tmp_path)
+    assert err.value.message.startswith(f"{path}:") and char in err.value.message, err.value.message
+
+
 def test_runtime_changing_environment_is_accepted_when_opted_in(tmp_path: Path) -> None:
     path = tmp_path / "pb.yaml"
     path.write_text(

@@ -60,9 +60,51 @@ def test_a_terminal_run_drops_info_events_without_importing_structlog() -> None:
         ("sh -c OPENAI_API_KEY=sk-1 python -m vllm", "sh -c OPENAI_API_KEY=*** python -m vllm"),
         ("x --tokenizer-path /m/tok --tp 2", "x --tokenizer-path /m/tok --tp 2"),
         ("python -m sglang.launch_server --port 30000", "python -m sglang.launch_server --port 30000"),
+        # issue 39's misses, and more of their families
+        ("tool --auth s3cr3t --tp 2", "tool --auth *** --tp 2"),
+        ("tool --passphrase 'open sesame'", "tool --passphrase ***"),
+        ("tool --basic-auth user:pass --x", "tool --basic-auth *** --x"),
+        ("tool --pw hunter2", "tool --pw ***"),
+        ("tool --pass hunter2", "tool --pass ***"),
+        ("tool --proxy-authorization=x", "tool --proxy-authorization=***"),
+        ("curl -H Authorization: Bearer sk-abc http://h", "curl -H Authorization: Bearer *** http://h"),
+        ("curl -H 'Authorization: Basic dXNlcjpwYXNz' http://h", "curl -H 'Authorization: Basic *** http://h"),
+        (
+            "pip install --index-url https://me:s3cr3t@pypi.corp/simple x",
+            "pip install --index-url https://me:***@pypi.corp/simple x",
+        ),
+        ("PIP_PASSWORD=x pip install y", "PIP_PASSWORD=*** pip install y"),
+        (
+            "python -m vllm --author-name ann --passthrough-mode 1",
+            "python -m vllm --author-name ann --passthrough-mode 1",
+        ),
     ],
 )
 def test_credentials_on_other_processes_command_lines_are_masked(cmdline: str, shown: str) -> None:
     from fleet.secrets import mask_credentials
 
     assert mask_credentials(cmdline) == shown
+
+
+SECRET = "hf_SECRETtoken1234"
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        f"using {SECRET}",
+        "using hf_SEC\x1b[0mRETtoken1234",  # a colour code inside: the terminal shows the secret
+        "using hf_SE\x1b]0;title\x07CRETtoken1234",  # an OSC sequence inside
+        "using hf_SE\x9bCRETtoken1234",  # a C1 control inside
+        "using hf_SE\u200bCRETtoken1234",  # a zero-width space inside
+        "using hf_SE^[[31mCRETtoken1234",  # colour pasted as text
+        "GET /v1?token=hf%5FSECRETtoken1234",  # percent-encoded
+        "GET /v1?token=%68%66%5f%53ECRETtoken1234",  # every character encoded, lower-case hex
+    ],
+)
+def test_a_secret_is_redacted_in_every_spelling_it_is_shown_in(said: str) -> None:
+    from fleet.secrets import redact
+    from fleet.terminal import safe_text
+
+    shown = safe_text(redact(said, {"HF_TOKEN": SECRET}))
+    assert "SECRET" not in shown and "***" in shown, shown

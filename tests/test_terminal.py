@@ -17,6 +17,12 @@ HOSTILE = [
     ("over\rwrite", "overwrite"),
     ("\x1bPdcs\x1b\\x", "x"),  # device control string
     ("half\x1b", "half"),  # a sequence cut at a chunk boundary leaves no ESC behind
+    ("\x1b]0;never ended\nTraceback shown", "\nTraceback shown"),  # an open OSC ends at the line's end
+    ("\x9d0;c1 title never ended\nnext", "\nnext"),  # the same as a C1 OSC
+    ("\x98sos\x9cx", "x"),  # a C1 start-of-string
+    ("gpj\u202eexe.doc", "gpj<U+202E>exe.doc"),  # a bidi override: shown, not obeyed
+    ("sk\u200b-123", "sk<U+200B>-123"),  # a zero-width space
+    ("a\u2066b\u2069", "a<U+2066>b<U+2069>"),  # bidi isolates
 ]
 
 

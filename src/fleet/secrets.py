@@ -3,6 +3,7 @@ sent to the host on stdin only, and redacted from everything fleet prints, logs 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -26,10 +27,37 @@ def read_secrets(names: Iterable[str], playbook: str) -> dict[str, str]:
     return out
 
 
+# What may sit between a secret's characters and still show it: a terminal control sequence (colour, an
+# OSC title, a lone ESC or C1 control) or an invisible character. A terminal shows `hf_SE\x1b[0mCRET` as
+# the secret, and fleet strips such sequences before printing, so they cannot hide it from redaction.
+_GAP = (
+    r"(?:\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\^\[\[[0-9;]*m|\x1b[@-_]?|"
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff])*"
+)
+
+
+def _percent(ch: str) -> str:
+    """`ch` percent-encoded, as a pattern: each UTF-8 byte as %XX in either case of hex."""
+    return "".join("%" + "".join(f"[{h.upper()}{h.lower()}]" for h in f"{b:02x}") for b in ch.encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=256)
+def _secret_pattern(value: str) -> re.Pattern[str]:
+    """The secret in any spelling it reaches text in: as is, with controls or invisible characters between
+    its characters, and percent-encoded (a URL, a form body; + for a space)."""
+    pieces = []
+    for ch in value:
+        forms = [re.escape(ch), _percent(ch), *([r"\+"] if ch == " " else [])]
+        pieces.append("(?:" + "|".join(forms) + ")")
+    return re.compile(_GAP.join(pieces))
+
+
 def redact(text: str, secrets: dict[str, str]) -> str:
     for value in secrets.values():
         if len(value) >= 4:
             text = text.replace(value, REDACTED)
+            if any(c in text for c in "\x1b%+^\u200b\u200c\u200d\u2060\ufeff") or not text.isascii():
+                text = _secret_pattern(value).sub(REDACTED, text)
     return text
 
 
@@ -37,9 +65,17 @@ def redact(text: str, secrets: dict[str, str]) -> str:
 # before the program in `sh -c`): another process fleet stops or reports may have been started that way,
 # by hand. Its value is not fleet's to repeat. A flag's every value up to the next flag is masked (vLLM
 # takes several API keys after one --api-key): masking a positional argument too is the safe mistake.
-_CREDENTIAL_WORD = r"[\w.-]*(?:key|token(?!izer)|secret|passw(?:or)?d|credential)[\w.-]*"
+# The families, not the spellings: key, token, secret, password/passwd/passphrase/pass/pw, credential,
+# auth/authorization/basic-auth (a word or a part of one: --hf-token, --auth, --basic-auth, --pw).
+_CREDENTIAL_WORD = (
+    r"[\w.-]*(?:key|token(?!izer)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
+    r"(?<![a-z])pass(?![a-z])|(?<![a-z])pw(?![a-z]))[\w.-]*"
+)
 _CREDENTIAL_FLAG = re.compile(rf"(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
 _CREDENTIAL_ENV = re.compile(rf"(?<![\w-])({_CREDENTIAL_WORD})=\S+", re.I)
+# An HTTP header given on a command line (curl -H 'Authorization: Bearer sk-...'), and a URL's password.
+_CREDENTIAL_HEADER = re.compile(r"((?:proxy-)?authorization:\s*(?:(?:bearer|basic|token)\s+)?)\S+", re.I)
+_URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]+:)[^@\s/]+@")
 
 
 def mask_credentials(cmdline: str) -> str:
@@ -49,7 +85,9 @@ def mask_credentials(cmdline: str) -> str:
         value = m.group(2)
         return m.group(1) + ("=" + REDACTED if value.startswith("=") else " " + REDACTED)
 
-    masked = _CREDENTIAL_FLAG.sub(flag, cmdline)
+    masked = _CREDENTIAL_HEADER.sub(lambda m: m.group(1) + REDACTED, cmdline)
+    masked = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", masked)
+    masked = _CREDENTIAL_FLAG.sub(flag, masked)
     return _CREDENTIAL_ENV.sub(lambda m: m.group(1) + "=" + REDACTED, masked)
 
 

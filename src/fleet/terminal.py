@@ -10,16 +10,22 @@ import re
 # then any control character left, C1 included (U+009B is a CSI on some terminals). Tab and newline stay.
 _SEQUENCES = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI … final byte
-    r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC / DCS / SOS / PM / APC … BEL or ST
+    # OSC / DCS / SOS / PM / APC … BEL or ST; one left open ends at the line's end, never eats later lines
+    r"|\x1b[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)?"
     r"|\x1b[ -/]*[0-~]"  # two-byte and nF escape sequences
-    r"|\x9b[0-?]*[ -/]*[@-~]|\x9d[^\x07\x9c]*(?:\x07|\x9c)?"  # the same, as C1 characters
+    r"|\x9b[0-?]*[ -/]*[@-~]|[\x90\x98\x9d-\x9f][^\x07\x9c\n]*(?:\x07|\x9c)?"  # the same, as C1 characters
 )
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Invisible format characters: bidi overrides, embeddings and isolates (U+202E shows "gpj.exe" as
+# "exe.jpg"), zero-width spaces and joiners, word joiners, a BOM. Shown as <U+XXXX>: visible, not obeyed.
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
 
 
 def safe_text(text: str) -> str:
-    """`text` with every terminal control sequence and control character removed (tab and newline kept)."""
-    return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+    """`text` with every terminal control sequence and control character removed (tab and newline kept),
+    and invisible format characters made visible."""
+    text = _CONTROLS.sub("", _SEQUENCES.sub("", text))
+    return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)
 
 
 def safe_line(text: str) -> str:

@@ -8,6 +8,7 @@ bomb expands in memory), tags, nesting deeper than any real file, non-string key
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,7 @@ def _to_data(node: yaml.Node, key_path: KeyPath, lines: dict[KeyPath, int], show
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
                 raise ConfigError(f"{shown}:{line}: keys must be plain strings.", "Quote the key.")
             key = key_node.value
+            _refuse_hidden(key, shown, line)
             if key in seen:
                 raise ConfigError(
                     f'{shown}:{line}: key "{key}" is listed twice (also line {seen[key]}).',
@@ -147,4 +149,22 @@ def _to_data(node: yaml.Node, key_path: KeyPath, lines: dict[KeyPath, int], show
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_to_data(item, (*key_path, i), lines, shown) for i, item in enumerate(node.value)]
-    return _SCALARS.construct_object(node)  # ints, floats, bools, null, strings
+    value = _SCALARS.construct_object(node)  # ints, floats, bools, null, strings
+    if isinstance(value, str):
+        _refuse_hidden(value, shown, node.start_mark.line + 1)
+    return value
+
+
+def _refuse_hidden(text: str, shown: Path, line: int) -> None:
+    """A value that would not show as what it is: a control character (C0 but tab and newline, DEL, C1:
+    U+009B starts a terminal sequence) or an invisible format character (bidi overrides and isolates,
+    zero-width spaces and joiners, a BOM), written as is or as a YAML escape. `fleet plan` would print
+    it, and a reviewer would read something else than what runs."""
+    for ch in text:
+        if ch in "\t\n" or unicodedata.category(ch) not in ("Cc", "Cf"):
+            continue
+        name = unicodedata.name(ch, "a control character")
+        raise ConfigError(
+            f"{shown}:{line}: a value contains U+{ord(ch):04X} ({name}), which does not show as what it is.",
+            "Remove it (retype the value); fleet accepts only visible characters, tabs and newlines.",
+        )
