@@ -341,21 +341,47 @@ def test_new_weights_of_the_same_sizes_are_pushed_over_a_model_fleet_pushed(flee
     assert json.loads(out)[0]["outcome"] == "present"
 
 
+def hf_snapshot(fleet: Fleet) -> Path:
+    """The source as a Hugging Face cache snapshot: its files links into the repository's blobs/."""
+    repo = fleet.root / "hub" / "models--org--m"
+    snapshot = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    shutil.copytree(fleet.source, snapshot)
+    for f in sorted(snapshot.iterdir()):
+        (repo / "blobs" / f.name).write_bytes(f.read_bytes())
+        f.unlink()
+        f.symlink_to(Path("../../blobs") / f.name)
+    return snapshot
+
+
 def test_links_in_the_source_are_sent_as_their_files_and_never_followed_into_directories(fleet: Fleet) -> None:
-    blobs = fleet.root / "here" / "blobs"  # a Hugging Face cache snapshot: files that are links to blobs
-    blobs.mkdir()
-    tokenizer = fleet.source / "tokenizer_config.json"
-    (blobs / "tok").write_bytes(tokenizer.read_bytes())
-    tokenizer.unlink()
-    tokenizer.symlink_to(blobs / "tok")
-    assert fleet.push("--host", "a", "--from", str(fleet.source))[0] == 0
+    snapshot = hf_snapshot(fleet)
+    assert fleet.push("--host", "a", "--from", str(snapshot))[0] == 0
     assert not (fleet.model("a") / "tokenizer_config.json").is_symlink() and fleet.same("a")
-    (fleet.source / "loop").symlink_to(".")
-    (fleet.source / "etc").symlink_to("/etc")
-    (fleet.source / "gone.json").symlink_to(fleet.root / "nowhere")
-    code, _, err = fleet.push("--host", "b", "--from", str(fleet.source))
+    (snapshot / "loop").symlink_to(".")
+    (snapshot / "etc").symlink_to("/etc")
+    (snapshot / "gone.json").symlink_to(fleet.root / "nowhere")
+    code, _, err = fleet.push("--host", "b", "--from", str(snapshot))
     assert code == 4 and "loop: a link to a directory" in err and "etc: a link to a directory" in err
     assert "gone.json: a link to nothing" in err and not (fleet.root / "b" / "models").exists()
+
+
+@pytest.mark.parametrize("layout", ["a directory", "a cache snapshot"])
+def test_a_link_out_of_the_model_is_never_read_or_sent(fleet: Fleet, layout: str) -> None:
+    """`fleet pull --from DIR` followed a link in DIR to a 0600 file of the operator's outside it and
+    copied its contents to the GPU host (issue 39). A link may lead only into the model (and a cache
+    snapshot's own blobs/)."""
+    source = fleet.source if layout == "a directory" else hf_snapshot(fleet)
+    private = fleet.root / "id_ed25519"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY----- not for the GPU host\n")
+    private.chmod(0o600)
+    (source / "extra.json").symlink_to(private)
+    code, _, err = fleet.push("--host", "b", "--from", str(source))
+    assert code == 4 and "extra.json: a link leading out of the model directory" in err
+    copied = [
+        p for p in (fleet.root / "b").rglob("*") if p.is_file() and "PRIVATE KEY" in p.read_text(errors="replace")
+    ]
+    assert copied == []
 
 
 def test_a_link_planted_in_the_partial_copy_never_leads_a_write_outside_it(fleet: Fleet) -> None:

@@ -17,8 +17,11 @@ of a push (`fleet pull --from`). Two uses, by `a["op"]`:
         and ends the step: the receiver sees the stream end, never text among a file's bytes.
 
 A file that is a symlink (a Hugging Face cache snapshot is made of them) is sent with its target's
-content. A link to a directory is not followed (it could lead anywhere, or to itself), and fleet's own
-files in the model directory (its marker, the client's `.cache/`) are not sent.
+content only when the target lies inside the model: the directory itself or, for a snapshot of the
+Hugging Face cache (`models--ORG--NAME/snapshots/REV`), that repository's folder (its `blobs/`). A link
+that leads anywhere else (an SSH key, a 0600 file of the operator's) is refused, not read. A link to a
+directory is not followed (it could lead anywhere, or to itself), and fleet's own files in the model
+directory (its marker, the client's `.cache/`) are not sent.
 """
 
 import hashlib
@@ -37,10 +40,25 @@ SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent
 BLOCK = 1 << 20
 
 
+def model_roots(path: str) -> List[str]:
+    """Where a link of the model may lead: the directory, and a cache snapshot's repository folder."""
+    real = os.path.realpath(path)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots" and os.path.basename(os.path.dirname(parent)).startswith("models--"):
+        roots.append(os.path.dirname(parent))
+    return roots
+
+
+def inside(target: str, roots: List[str]) -> bool:
+    return any(target == r or target.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
 def model_files(path: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """Every file, by its name under `path`; and what keeps the directory from being sent as it is."""
     files = {}  # type: Dict[str, Dict[str, Any]]
     problems = []  # type: List[str]
+    roots = model_roots(path)
     for where, dirs, names in os.walk(path):
         rel = os.path.relpath(where, path)
         prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
@@ -56,6 +74,9 @@ def model_files(path: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
                 st = os.stat(full)
             except OSError:
                 problems.append("%s%s: a link to nothing" % (prefix, name))
+                continue
+            if os.path.islink(full) and not inside(os.path.realpath(full), roots):
+                problems.append("%s%s: a link leading out of the model directory; fleet does not follow it" % (prefix, name))
                 continue
             if stat.S_ISREG(st.st_mode):
                 files[prefix + name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode & 0o777}
@@ -101,6 +122,9 @@ def send(path: str, need: List[List[Any]]) -> None:
     for name, offset, size, mtime_ns in need:
         if name not in mine:
             say(out, {"error": "%r is not a file of this model" % str(name)[:200]})
+            return
+        if not inside(os.path.realpath(os.path.join(path, name)), model_roots(path)):  # a link swapped since
+            say(out, {"error": "%r now leads out of the model directory" % str(name)[:200]})
             return
         try:
             f = open(os.path.join(path, name), "rb")  # noqa: SIM115 - closed below
