@@ -771,3 +771,27 @@ def test_a_hostile_engine_pick_never_reaches_the_terminal_or_the_learned_record(
     assert "planned again" not in r.err
     learned = fleet_env.host_dir("blackwell") / "state" / "learned.json"
     assert not learned.exists() or "FAKE" not in learned.read_text()
+
+
+def test_learned_fixes_are_listed_and_forgotten(fleet_env: simhost.Sandbox) -> None:
+    """A fix learned once is applied on every later deploy there: an operator sees which, and can forget
+    one (there was no command for either, issue 39). Forgetting is exact and leaves the rest."""
+    r = run_cli("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", "--no-engine-check", "--json")
+    assert r.code == 0 and json.loads(r.out)["new_fixes"] == [
+        "sglang-spec-hybrid-no-buffer",
+        "sglang-spec-params-incomplete",
+    ]
+    listed = [json.loads(line) for line in run_cli("fixes", "list", "--host", "blackwell", "--json").out.splitlines()]
+    assert {x["signature"] for x in listed} == {"sglang-spec-hybrid-no-buffer", "sglang-spec-params-incomplete"}
+    assert all(x["applied"] and x["fix"] and x["gpu"] for x in listed)
+    text = run_cli("fixes", "list", "--host", "blackwell").out
+    assert "sglang-spec-hybrid-no-buffer" in text and "learned " in text
+    assert run_cli("fixes", "forget", "--host", "blackwell").code == 2  # nothing named: nothing forgotten
+    gone = run_cli("fixes", "forget", "--host", "blackwell", "sglang-spec-hybrid-no-buffer")
+    assert gone.code == 0 and "forgot sglang-spec-hybrid-no-buffer for " in gone.out
+    left = [json.loads(line) for line in run_cli("fixes", "list", "--host", "blackwell", "--json").out.splitlines()]
+    assert [x["signature"] for x in left] == ["sglang-spec-params-incomplete"]
+    plan = run_cli("plan", "qwen35-nvfp4-handwritten", "--host", "blackwell")
+    assert "sglang-spec-params-incomplete" in plan.out and "sglang-spec-hybrid-no-buffer" not in plan.out
+    again = run_cli("fixes", "forget", "--host", "blackwell", "sglang-spec-hybrid-no-buffer")
+    assert again.code == 0 and "no learned fix matched" in again.out

@@ -39,6 +39,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     # facts + checks
     "health": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py", "control/remote_health.py"),
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
+    "fixes": ("control/remote_fixes.py",),  # forget learned fixes, under the host's guard
     "router": ("control/remote_router.py",),  # a service's router and record
     "pull": ("facts/model_files.py", "control/remote_pull.py"),  # a model from the Hub
     # a model from another copy (fleet push): its files listed and sent, then received, checked, put in place

@@ -56,6 +56,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_common import (
         LAUNCH_MARK,
+        LEARNED_FILE,
         container_owner,
         deployment_dir,
         mark_unverified,
@@ -528,7 +529,7 @@ def main() -> ActResult:
         return out
     root = expand(a["lock"]["state_dir"])
     state_dir = deployment_dir(root, a["lock"]["deployment"])
-    for path in (os.path.join(state_dir, "state.json"), os.path.join(root, "learned.json")):
+    for path in (os.path.join(state_dir, "state.json"), os.path.join(root, LEARNED_FILE)):
         read_record(path)  # a damaged record is set aside before it is written over
     if a["lock"].get("command") == "heal" and (read_record(os.path.join(state_dir, "state.json")) or {}).get(
         "status"

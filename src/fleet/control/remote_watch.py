@@ -32,6 +32,7 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.host_common import (
+        LEARNED_FILE,
         base_url,
         deployment_dir,
         http_request,
@@ -106,7 +107,7 @@ def on_success(a: Dict[str, Any]) -> None:
         # deployment of the same model may have just learned what this one started without)
         with open(os.path.join(root, "lock.guard"), "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            lpath = os.path.join(root, "learned.json")
+            lpath = os.path.join(root, LEARNED_FILE)
             learned = read_record(lpath) or {}
             kept = learned.get(a["learned_key"])
             entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
