@@ -94,3 +94,47 @@ def test_every_step_leaves_most_of_one_arguments_128_kib_for_its_data() -> None:
 
     for step in STEPS:
         assert len(script_for(step, {}, ["python3"]).encode()) < 64 << 10, step
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ('{"workers": 5}', "has no list of workers"),
+        ('{"workers": {"url": "http://x"}}', "has no list of workers"),
+        ("[1, 2]", "is not a JSON object"),
+        ("<html>502</html>", "is not a JSON object"),
+        ('{"workers": [{"url": 5}, "x", {"url": "http://a:1", "is_healthy": true}]}', None),
+    ],
+)
+def test_router_workers_answers(body: str, said: str | None) -> None:
+    """What a router (or whatever answers on its port) says at /workers, read by the router step: nonsense
+    is an error the caller can act on, never a traceback, and only well-formed workers are kept."""
+    import http.server
+    import threading
+
+    from fleet.control.remote_router import workers
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        found = workers({"bind": "127.0.0.1", "port": server.server_address[1]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    if said is None:
+        assert found == {
+            "workers": [{"id": None, "url": "http://a:1", "is_healthy": True, "load": None, "circuit_open": False}]
+        }
+    else:
+        assert said in found["error"]

@@ -362,9 +362,38 @@ def test_a_roll_does_not_take_out_a_replica_while_the_router_holds_the_others_ci
         assert "Paris" in fleet.ask()
     run = fleet.run()
     run.circuit_wait_s = 2
+    # node-b does not serve (its circuit is open): the roll redeploys it first, and its new start fails too
     result = run.roll()
-    assert not result.ok and "circuit open" in result.reason and fleet.url_of_b() in result.reason
-    assert len(fleet.workers()) == 2 and "Paris" in fleet.ask()  # nothing was taken out
+    assert not result.ok and (result.reason or "").startswith("node-b/qwen36-2 failed"), result
+    assert "Paris" in fleet.ask()  # node-a, the one serving, was never taken out
+    # and the router step itself refuses to take out the last replica it sends requests to
+    with run.session() as rt:
+        url_a = f"http://{fleet.hosts['node-a'].spec.address}:30000"
+        take_out = {"do": "remove", "url": url_a, "keep_one_healthy": True, "circuit_wait_s": 2}
+        refused = run.router(rt, take_out)[-1].get("refused")
+    assert refused and "taking " + url_a + " out would leave it nothing to send requests to" in refused
+    assert url_a in [w["url"] for w in fleet.workers()] and "Paris" in fleet.ask()
+
+
+def test_status_and_health_say_a_replica_whose_circuit_is_open_does_not_serve(fleet: Fleet) -> None:
+    """`fleet status` said "2/2 serving" while the router refused node-b every request (its circuit open),
+    reading /workers' is_healthy only; health and the roll read the circuit. One truth now: the router
+    step's workers carry the circuit, and a replica serves only with it closed (issue 38, 39)."""
+    assert fleet.run().up().ok
+    simhost.set_host(fleet.hosts["node-b"].dir, generation_http_500=True)
+    for _ in range(30):  # node-b fails; its circuit opens after ten failures (the router retries on node-a)
+        assert "Paris" in fleet.ask()
+    run = fleet.run()
+    with run.session() as rt:
+        states = {s.replica: s for s in run.states(rt)[0]}
+    b = states["node-b/qwen36-2"]
+    assert b.registered and b.circuit_open and not b.serving and b.in_router == "circuit open (requests refused)"
+    assert states["node-a/qwen36-1"].serving
+    health = run.health(heal=False, ask=False)
+    assert health is not None
+    said = {c.name: c.detail for c in health.checks if c.name == "replicas"}
+    assert said["replicas"].startswith("1 of 2 serving")
+    assert any("circuit open" in c.detail for c in health.checks if c.name == "replica")
 
 
 def test_down_says_which_replica_it_could_not_stop(fleet: Fleet) -> None:
@@ -373,6 +402,35 @@ def test_down_says_which_replica_it_could_not_stop(fleet: Fleet) -> None:
     done, failed = fleet.run().down()
     assert len(failed) == 1 and isinstance(failed[0], HostUnreachable)
     assert any(line.startswith("node-b/qwen36-2: NOT stopped") for line in done)
+
+
+def test_down_stops_replicas_and_router_when_the_routers_workers_answer_is_nonsense(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet down` stopped at a router's malformed /workers answer and left the replicas and the router
+    running (issue 39). The router's own answer is parsed by the host step (tested against a real HTTP
+    server in test_router_workers_answers); here its refusal reaches `down`, which goes on."""
+    from fleet.errors import DeployFailed
+
+    assert fleet.run().up().ok
+    real = ServiceRun.router
+
+    def nonsense(self: ServiceRun, t: Any, *actions: dict[str, Any], timeout_s: float = 300.0) -> Any:
+        if any(a.get("do") == "workers" for a in actions):
+            raise DeployFailed(
+                "node-a: the router of service qwen36: workers: the router's /workers answer has no "
+                "list of workers: '{\"workers\": 5}'",
+                "",
+            )
+        return real(self, t, *actions, timeout_s=timeout_s)
+
+    monkeypatch.setattr(ServiceRun, "router", nonsense)
+    done, failed = fleet.run().down()
+    assert failed == []
+    assert any(line.startswith("workers not deregistered") for line in done), done
+    assert any(line.startswith("router stopped") for line in done), done
+    for host, name in (("node-a", "qwen36-1"), ("node-b", "qwen36-2")):
+        assert fleet.record(host, name)["status"] == "stopped"
 
 
 def test_a_second_command_on_the_service_while_a_roll_runs_is_refused_and_heal_waits(fleet: Fleet) -> None:

@@ -150,6 +150,9 @@ def service_status_rows(ctx: Invocation) -> list[dict[str, Any]]:
                         "status": s.status,
                         "registered": s.registered,
                         "healthy_in_router": s.healthy_in_router,
+                        "circuit_open": s.circuit_open,
+                        "serving": s.serving,
+                        "router_says": s.in_router,
                     }
                     for s in states
                 ],
@@ -165,10 +168,9 @@ def print_service_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
         elif row.get("error"):
             say(f"service {row['service']}: {row['error']}")
         else:
-            serving = sum(1 for r in row["replicas"] if r["registered"] and r["healthy_in_router"])
+            serving = sum(1 for r in row["replicas"] if r["serving"])
             router = "up" if row["router_up"] else "DOWN"
             count = f"{serving}/{len(row['replicas'])} serving"
             say(f"service {row['service']}: router {router} at {row['router']}, {count}")
             for r in row["replicas"]:
-                routed = ("healthy" if r["healthy_in_router"] else "unhealthy") if r["registered"] else "not registered"
-                say(f"  {r['replica']:<28} {r['status']:<10} {r['url'] or '-':<28} router: {routed}")
+                say(f"  {r['replica']:<28} {r['status']:<10} {r['url'] or '-':<28} router: {r['router_says']}")

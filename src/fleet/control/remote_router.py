@@ -157,11 +157,21 @@ def workers(a: Dict[str, Any]) -> Dict[str, Any]:
     if status != 200:
         return {"error": "the router's /workers answered %s: %s" % (status, text[:200])}
     try:
-        listed = json.loads(text).get("workers") or []
+        listed = json.loads(text).get("workers")
     except (ValueError, AttributeError):
-        return {"error": "the router's /workers answer is not JSON: %r" % text[:200]}
+        return {"error": "the router's /workers answer is not a JSON object: %r" % text[:200]}
+    if not isinstance(listed, list):  # {"workers": 5}, {"workers": {...}}: no list of workers to read
+        return {"error": "the router's /workers answer has no list of workers: %r" % text[:200]}
     keep = ("id", "url", "is_healthy", "load")
-    return {"workers": [dict((k, w.get(k)) for k in keep) for w in listed if isinstance(w, dict)]}
+    # whether the router sends a worker requests at all: one truth for status, health and the roll
+    tripped = circuits_open(a) if a.get("metrics_port") else set()
+    return {
+        "workers": [
+            dict([(k, w.get(k)) for k in keep] + [("circuit_open", w["url"] in tripped)])
+            for w in listed
+            if isinstance(w, dict) and isinstance(w.get("url"), str)
+        ]
+    }
 
 
 def workers_or_raise(a: Dict[str, Any]) -> List[Dict[str, Any]]:

@@ -24,7 +24,7 @@ from fleet.control import ops
 from fleet.control.deploy import DeployResult, owner, run_id
 from fleet.control.gather import read_facts
 from fleet.crashes import Signature
-from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
+from fleet.errors import DeployFailed, FleetError, HostStepError, LockedError, PreflightError
 from fleet.host_common import base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
@@ -539,10 +539,13 @@ class ServiceRun:
         with self.session() as rt, self.exclusive(rt, "down"):
             running = self.router(rt, {"do": "health"})[0].get("router_running")
             if running:
-                workers = self.router(rt, {"do": "workers"})[0]["workers"]
-                if workers:
-                    self.router(rt, *[{"do": "remove", "url": w["url"]} for w in workers])
-                    done.append(f"deregistered {len(workers)} worker(s)")
+                try:
+                    workers = self.router(rt, {"do": "workers"})[0]["workers"]
+                    if workers:
+                        self.router(rt, *[{"do": "remove", "url": w["url"]} for w in workers])
+                        done.append(f"deregistered {len(workers)} worker(s)")
+                except (DeployFailed, HostStepError) as exc:  # a router answering nonsense is still stopped
+                    done.append(f"workers not deregistered ({exc.message}); the replicas and router are stopped")
 
             def stop_one(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
                 facts = read_facts(t, self.host(r))

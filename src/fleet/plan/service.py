@@ -55,10 +55,20 @@ class ReplicaState:
     status: str  # the deployment's status on its host ("ready", "dead", "none", "unreachable"...)
     registered: bool = False
     healthy_in_router: bool = False
+    circuit_open: bool = False  # the router refuses to send it requests for now (its circuit breaker)
 
     @property
     def serving(self) -> bool:
-        return self.status == "ready" and self.registered and self.healthy_in_router
+        return self.status == "ready" and self.registered and self.healthy_in_router and not self.circuit_open
+
+    @property
+    def in_router(self) -> str:
+        """What the router does with it, in a word or three."""
+        if not self.registered:
+            return "not registered"
+        if self.circuit_open:
+            return "circuit open (requests refused)"
+        return "healthy" if self.healthy_in_router else "unhealthy"
 
 
 def with_router(states: Sequence[ReplicaState], workers: Sequence[dict[str, Any]]) -> list[ReplicaState]:
@@ -70,7 +80,8 @@ def with_router(states: Sequence[ReplicaState], workers: Sequence[dict[str, Any]
     for s in states:
         listed = by_url.get(s.url or "", [])
         healthy = bool(listed) and all(bool(w.get("is_healthy")) for w in listed)
-        out.append(ReplicaState(s.replica, s.url, s.status, bool(listed), healthy))
+        tripped = any(bool(w.get("circuit_open")) for w in listed)
+        out.append(ReplicaState(s.replica, s.url, s.status, bool(listed), healthy, tripped))
     return out
 
 
@@ -122,6 +133,8 @@ def service_checks(
                 if s.status != "ready"
                 else "not registered in the router"
                 if not s.registered
+                else "the router holds its circuit open: it refuses to send it requests"
+                if s.circuit_open
                 else "the router marks it unhealthy"
             )
             checks.append(Check("replica", WARNING, f"{s.replica}: {why}", deployment=s.replica))
