@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,32 @@ def test_gpus_fit_takes_the_gpus_the_model_needs_and_leaves_the_rest(box: nshost
     argv = one["plan"]["argv"]
     assert argv[argv.index("--tp-size") + 1] == "1"
     assert environment(box, engine_of(box, "one"))["CUDA_VISIBLE_DEVICES"] == str(one["gpus"][0])
+
+
+def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_refused(
+    box: nshost.NamespaceHost,
+) -> None:
+    """`fleet stop` of a deployment beside one on all GPUs: the other's record names no GPU, so none was
+    counted as its own; the stop waited 30 s for memory the other keeps and listed the other's processes
+    as "not stopped ... --force stops it" (issue 38, 39). The other is left running, and not mentioned."""
+    assert deploy(box, "small", (0, 1))[0].ok
+    ops.stop(box.transport(), box.host, force=False, name="small")
+    assert deploy(box, "whole", None, spec={"gpus": "all"})[0].ok
+    whole = record(box, "whole")
+    assert "gpus" not in whole  # all of them: the record names none
+    out = ops.stop(box.transport(), box.host, force=False, name="small")
+    assert out["refused"] == [] and out["stopped"] == [] and alive(box, whole["pid"])
+    everything = ops.stop(box.transport(), box.host, force=False)  # --host alone: whole is stopped, once
+    assert everything["refused"] == [] and not alive(box, whole["pid"])
+    assert {p["pid"] for p in everything["stopped"]} >= {whole["pid"]}
+
+
+def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fleet.control.remote_lock as lock
+
+    d = tmp_path / "deployments" / "whole"
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"status": "ready", "pgid": os.getpgid(0)}))  # no "gpus": all
+    monkeypatch.setattr(lock, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
+    siblings, _, gpus = lock.sibling_groups(str(tmp_path), "small", [], every=[0, 1, 2, 3])
+    assert siblings == {os.getpgid(0): "whole"} and gpus == {0, 1, 2, 3}

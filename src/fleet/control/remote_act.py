@@ -572,11 +572,14 @@ def main() -> ActResult:
     # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
     # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
     free = dict(a["free"], recorded_pgid=recorded_group(previous or {}))
-    siblings, replaced, sibling_gpus = sibling_groups(root, a["lock"]["deployment"], a["lock"].get("replace") or [])
-    if free.get("gpus") is None and sibling_gpus:  # all GPUs, but the ones the host's other deployments run on
-        every = all_gpu_indices(expand(free["gpu_devices"]))
-        if every is not None:
-            free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
+    every = all_gpu_indices(expand(free["gpu_devices"]))
+    siblings, replaced, sibling_gpus = sibling_groups(
+        root, a["lock"]["deployment"], a["lock"].get("replace") or [], every
+    )
+    if free.get("gpus") is None and sibling_gpus and every is not None:  # all GPUs, but the siblings'
+        free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
+    # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
+    free["launching"] = bool(a.get("launch"))
     # fleet's containers of this deployment (and those it replaces): stopped by name, not by signal
     replaced_names = list(a["lock"].get("replace") or [])
     clis = [(container or {}).get("cli"), recorded_cli(previous)]
@@ -601,14 +604,18 @@ def main() -> ActResult:
         out["client_gone"] = True
         return out
     gpus = free.get("gpus")
-    before = nvml_pids_and_memory(gpus)[1]
+    # the memory waited for is this deployment's: never that of a sibling left running on the same GPUs
+    wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
+    before = nvml_pids_and_memory(wait_gpus)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
     out["stopped"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["stopped"] = stopped_containers + out["stopped"]
     out["left"] = out["left"] + left_in_groups
-    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], gpus)
+    before, after, waited = wait_memory_released(
+        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus
+    )
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(root, replaced, a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), siblings)

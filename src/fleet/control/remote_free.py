@@ -190,7 +190,7 @@ def classify(
             candidates.add(pid)
     names: Optional[Dict[str, Tuple[str, str]]] = None
     for pid in sorted(candidates):
-        if pid not in procs:
+        if pid not in procs or procs[pid].get("state") == "Z":  # exited, not yet reaped: nothing to stop
             continue
         info = procs[pid]
         container = container_of(pid)
@@ -201,9 +201,9 @@ def classify(
             cli, shown = names.get(container, ("", container[:12]))
             info = dict(info, container=shown, container_id=container, container_cli=cli)
         if info["pgid"] in siblings and info["pgid"] not in replaced and info["uid"] == me:
-            if pid in owners or pid in gpu_holders:  # its server is in this deployment's way
+            if (pid in owners or pid in gpu_holders) and a.get("launching", True):  # in this launch's way
                 refused.append(dict(info, why="deployment %s's server (--replace stops it)" % siblings[info["pgid"]]))
-            continue
+            continue  # a stop leaves the host's other deployments running, and has nothing to say of them
         verdict, why = kill_verdict(
             info,
             me=me,

@@ -141,9 +141,13 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
-def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, str], Dict[int, str], Set[int]]:
+def sibling_groups(
+    root: str, me: str, replace: List[str], every: Optional[List[int]] = None
+) -> Tuple[Dict[int, str], Dict[int, str], Set[int]]:
     """The running servers of the host's other deployments, by process group (exact identity only):
-    (those left alone, those this run replaces, the GPUs the ones left alone run on)."""
+    (those left alone, those this run replaces, the GPUs the ones left alone run on). A deployment on
+    all GPUs (its record names none) runs on `every` one: it yielded no GPU at all, and a stop beside it
+    waited for memory that deployment keeps."""
     siblings: Dict[int, str] = {}
     replaced: Dict[int, str] = {}
     gpus: Set[int] = set()
@@ -155,7 +159,7 @@ def sibling_groups(root: str, me: str, replace: List[str]) -> Tuple[Dict[int, st
         if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
             if name not in replace:
-                gpus |= set(record_gpus(st) or [])
+                gpus |= set(record_gpus(st) or every or [])
     return siblings, replaced, gpus
 
 
