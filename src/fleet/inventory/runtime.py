@@ -46,6 +46,26 @@ FLEET_OWNED_RUN_OPTIONS = {
     "--pull": "use pull: in the runtime",
     "--cgroup-parent": "fleet finds a container's processes by their cgroup",
 }
+# What else run_args may set: options that shape the container within what the deployment has (its GPUs,
+# its port on the host's network, its mounts), never what it can reach beyond them. Anything not listed
+# (--pid, --cap-add, --security-opt, --runtime, --userns, --device, --sysctl, -p ...) is refused by name:
+# a list of known-bad spellings is always one spelling short.
+ALLOWED_RUN_OPTIONS = frozenset(
+    {
+        "-e", "--env", "-v", "--volume", "--mount", "-l", "--label",
+        "-u", "--user", "-w", "--workdir", "-m", "--memory", "--memory-swap", "--memory-reservation",
+        "-c", "--cpu-shares", "--cpus", "--cpuset-cpus", "--cpuset-mems", "--pids-limit", "--ulimit",
+        "--init", "--read-only", "--tmpfs", "--no-healthcheck", "--log-driver", "--log-opt",
+        "--stop-timeout", "--stop-signal", "--hostname", "--add-host", "--tz", "--quiet", "--oom-kill-disable",
+    }
+)  # fmt: skip
+# Environment a container must not set itself: the GPU placement fleet made (the runtime's NVIDIA_* hooks,
+# *_VISIBLE_DEVICES), and what changes which program or library runs (set it in the playbook's env:).
+PLACEMENT_ENV = re.compile(r"^(?:NVIDIA_\w+|\w*_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL)$")
+# Host paths a container may not see: the whole host, its kernel and process views, its configuration and
+# credentials, its service sockets (the container runtime's own: a way out of any container).
+SYSTEM_SOURCES = ("/proc", "/sys", "/boot", "/etc", "/root", "/run", "/var/run", "/var/lib/docker",
+                  "/var/lib/containers")  # fmt: skip
 SHORT_WITH_VALUE = ("-v", "-e", "-l", "-u", "-w", "-m", "-c", "-p")  # docker/podman's short options taking one
 # Long options that take no value; any other long option is written --option=VALUE, as one word, so that a
 # value is never taken from the words fleet adds after run_args.
@@ -83,6 +103,11 @@ def _check_mounts(value: list[str]) -> None:
 
 
 def _check_mount(source: str, target: str) -> None:
+    source_path = _normal(source)
+    if source_path == "/" or any(source_path == p or source_path.startswith(p + "/") for p in SYSTEM_SOURCES):
+        raise ValueError(f"mounts {source}, which is the host's own (the system, its sockets); mount data only")
+    if source_path.endswith(".sock"):
+        raise ValueError(f"mounts the socket {source}: a service's socket reaches beyond the container")
     target = _normal(target)
     for owned in (MODEL_MOUNT, SECRETS_MOUNT, HF_CACHE_MOUNT):
         if target == owned or target.startswith(owned + "/"):
@@ -131,10 +156,17 @@ def _check_run_args(value: list[str]) -> None:
     for name, following in _run_arg_pairs(value):
         if name in FLEET_OWNED_RUN_OPTIONS:
             raise ValueError(f"sets {name}, which fleet does not take from run_args: {FLEET_OWNED_RUN_OPTIONS[name]}")
-        if name in ("-l", "--label") and following.startswith("fleet."):
-            raise ValueError(f"sets the label {following.split('=')[0]}; fleet.* labels are fleet's own")
         if name == "--device" and ("nvidia" in following or following.startswith("/dev/char")):
             raise ValueError("maps an NVIDIA device; fleet maps the deployment's GPUs itself (gpus:)")
+        if name not in ALLOWED_RUN_OPTIONS:
+            raise ValueError(
+                f"sets {name}, which run_args may not: it changes what the container may reach beyond the "
+                f"deployment's GPUs, port and mounts (run_args may set {', '.join(sorted(ALLOWED_RUN_OPTIONS))})"
+            )
+        if name in ("-e", "--env"):
+            _check_run_env(following)
+        if name in ("-l", "--label") and following.startswith("fleet."):
+            raise ValueError(f"sets the label {following.split('=')[0]}; fleet.* labels are fleet's own")
         if name in ("-v", "--volume"):
             source, _, rest = following.partition(":")
             _check_mount(source, rest.split(":")[0] if rest else source)
@@ -143,6 +175,19 @@ def _check_run_args(value: list[str]) -> None:
             source = keys.get("source") or keys.get("src") or ""
             target = keys.get("destination") or keys.get("dst") or keys.get("target") or ""
             _check_mount(source, target)
+
+
+def _check_run_env(assignment: str) -> None:
+    from fleet.inventory.playbooks import changes_what_runs  # the playbook's own rule for env:
+
+    name = assignment.split("=", 1)[0]
+    if PLACEMENT_ENV.match(name):
+        raise ValueError(f"sets {name}; fleet sets the GPUs a deployment sees itself (gpus:)")
+    if changes_what_runs(name):
+        raise ValueError(
+            f"sets {name}, which changes what program or library runs; set it in the playbook's env: "
+            "with allow_runtime_env"
+        )
 
 
 class Container(_Strict, frozen=True, kw_only=True):
