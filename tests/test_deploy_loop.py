@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
+from simengine import wait_until
 
 E = TypeVar("E")
 
@@ -335,3 +337,89 @@ def test_a_give_up_that_cannot_reach_the_host_says_so(host: nshost.NamespaceHost
     # the host was left as the attempt left it: its record unchanged, the run's lock there until it goes stale
     assert state(host)["status"] == "starting"
     assert simhost.record(host.dir, "lock.json").exists()
+
+
+@pytest.mark.slow  # a ready_timeout of 6 s runs out
+def test_an_engine_flooding_its_log_is_bounded_in_time_and_memory_and_stopped(host: nshost.NamespaceHost) -> None:
+    """An engine that hangs while writing its log as fast as it can: the watcher never reached its
+    ready_timeout check while lines came (ready_timeout: 20 ran 325 s), fleet kept every line (6.7 GB),
+    and the hung engine was left running (issue 39). Now: the timeout holds, what fleet keeps is bounded,
+    and the attempt's server is stopped when fleet gives up."""
+    simhost.set_host(host.dir, flood_log=4_000_000)  # 4 MB a second of 4 KB lines, never ready
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    pb = dataclasses.replace(pb, spec=msgspec.structs.replace(pb.spec, ready_timeout_s=6, max_attempts=1))
+    count = {"lines": 0, "chars": 0}
+
+    def progress(event: events.Event) -> None:  # slower than the flood, as a terminal is; keeps nothing
+        if isinstance(event, events.LogLine):
+            count["lines"] += 1
+            count["chars"] += len(event.line)
+            time.sleep(0.002)
+
+    result = ops.deploy(host.transport(), host.host, pb, force=False, engine_check=False, progress=progress)
+    assert not result.ok and [a.outcome for a in result.attempts] == ["timeout"]
+    assert count["lines"] > 100  # the flood went through fleet, line by line
+    st = state(host)
+    assert st["status"] == "failed"
+    running = host.shell(f"ps -o stat= -g {st['pgid']} || true").split()
+    assert [s for s in running if not s.startswith("Z")] == []  # nothing of the server runs (zombies: exited)
+    assert not simhost.record(host.dir, "lock.json").exists()
+
+
+def test_what_fleet_keeps_of_a_log_is_bounded_in_lines_and_bytes() -> None:
+    from fleet.control.deploy import KEPT_LOG_BYTES, KEPT_LOG_LINES, LogTail
+
+    tail = LogTail()
+    for i in range(3 * KEPT_LOG_LINES):
+        tail.append(f"line {i}")
+    assert len(tail.lines) == KEPT_LOG_LINES and tail.lines[-1] == f"line {3 * KEPT_LOG_LINES - 1}"
+    for _ in range(1000):
+        tail.append("x" * 16384)
+    assert tail.chars <= KEPT_LOG_BYTES and tail.lines[-1] == "x" * 16384
+
+
+@pytest.mark.slow  # the watcher waits out its stall window, then stops the engine (5 s drain)
+def test_a_frozen_fleet_does_not_hold_the_host_or_leave_a_hung_engine(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet stopped (SIGSTOP, swapped out) while its engine hangs writing its log: the watcher blocked on
+    its pipe, the host stayed locked for minutes past ready_timeout and the engine ran on (issue 39). The
+    watcher never blocks now: reading nothing for stalled_s, fleet is frozen; the attempt's server is
+    stopped, recorded failed, and the lock released, with fleet still frozen."""
+    import threading
+
+    from fleet.control import deploy as deploy_module
+
+    monkeypatch.setattr(deploy_module, "WATCH_STALLED_S", 2.0)
+    simhost.set_host(host.dir, flood_log=2_000_000)
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    pb = dataclasses.replace(pb, spec=msgspec.structs.replace(pb.spec, max_attempts=1))
+    thaw = threading.Event()
+
+    def frozen(event: events.Event) -> None:  # fleet stops reading at the first line of the log
+        if isinstance(event, events.LogLine):
+            thaw.wait()
+
+    done: list[Any] = []
+
+    def run() -> None:
+        try:
+            done.append(ops.deploy(host.transport(), host.host, pb, force=False, engine_check=False, progress=frozen))
+        except LockedError as exc:  # thawed, fleet finds the host gave its run up
+            done.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        path = simhost.record(host.dir, "state.json", "qwen36-27b")
+        assert wait_until(lambda: path.exists() and json.loads(path.read_text()).get("status") == "failed", 60)
+        st = state(host)
+        assert "read nothing" in st["reason"]
+        running = host.shell(f"ps -o stat= -g {st['pgid']} || true").split()
+        assert [s for s in running if not s.startswith("Z")] == []
+        assert not simhost.record(host.dir, "lock.json").exists()
+    finally:
+        thaw.set()
+        t.join(120)
+    assert done and "the host stopped this run's server" in str(done[0]), done
+    assert not simhost.record(host.dir, "lock.json").exists()

@@ -232,15 +232,15 @@ def _spawn(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
 def test_a_pid_whose_start_time_is_not_the_one_probed_is_never_held() -> None:
     """What a reused pid looks like: the same number, another start time. It is not fleet's to signal."""
     from fleet.host_procs import start_ticks
-    from fleet.host_signals import hold
+    from fleet.host_signals import hold_process
 
     child = _spawn(["sleep", "60"])
     try:
         ticks = start_ticks(child.pid)
         assert ticks is not None
-        assert hold(child.pid, ticks + 1) is None
-        assert hold(child.pid, ticks, uid=os.getuid() + 1) is None  # not the owner fleet expects either
-        held = hold(child.pid, ticks, uid=os.getuid())
+        assert hold_process(child.pid, ticks + 1) is None
+        assert hold_process(child.pid, ticks, uid=os.getuid() + 1) is None  # not the owner fleet expects either
+        held = hold_process(child.pid, ticks, uid=os.getuid())
         assert held is not None and held.alive()
         held.close()
     finally:
@@ -252,10 +252,10 @@ def test_a_held_process_that_exited_is_never_signalled_again() -> None:
     """A target that exits during the drain window: its SIGKILL is not sent, to its zombie or to whoever
     gets its pid next (the pidfd names the exited process for good)."""
     from fleet.host_procs import start_ticks
-    from fleet.host_signals import hold
+    from fleet.host_signals import hold_process
 
     child = _spawn(["sleep", "60"])
-    held = hold(child.pid, start_ticks(child.pid))
+    held = hold_process(child.pid, start_ticks(child.pid))
     assert held is not None
     assert held.send(signal.SIGTERM)
     deadline = time.monotonic() + 10
@@ -336,3 +336,31 @@ def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path:
         for pid in (mine, other):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _top_level_names(path: str) -> set[str]:
+    tree = ast.parse(resources.files("fleet").joinpath(path).read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_no_file_of_a_step_silently_replaces_another_files_names(step: str) -> None:
+    """A step's files run in one namespace on the host: a name defined twice is the later file's everywhere.
+    remote_watch's hold() replaced host_signals' hold(), and the frozen-client stop crashed on the host
+    with a TypeError nobody saw; remote_send.listing replaced remote_pull.listing (issue 38)."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in (*SHARED, *STEPS[step]):
+        for name in sorted(_top_level_names(path)):
+            if name in seen and not name.startswith("__"):
+                clashes.append(f"{name}: {seen[name]} and {path}")
+            seen.setdefault(name, path)
+    assert clashes == []

@@ -88,3 +88,70 @@ def test_a_catastrophic_pattern_is_stopped_and_leaves_no_process() -> None:
     assert bounded_search(r"^(a|a)*b$", "a" * 40, limit_s=0.5) is None
     assert time.monotonic() - start < 3
     assert set(children.read_text().split()) <= before
+
+
+def test_a_huge_line_is_cut_and_its_offsets_stay_exact(tmp_path: Path) -> None:
+    """A 40 MB line (a config dump, a file of NULs): one line of LINE_LIMIT bytes and a note reaches fleet,
+    the rest is skipped as it is read (never held), and the next line's offset is still exact."""
+    from fleet.control.remote_watch import LINE_LIMIT
+
+    log = tmp_path / "a.log"
+    with log.open("wb") as f:
+        f.write(b"before\n" + b"x" * (40 << 20) + b"\nafter\n")
+    follower = LogFollower(str(log), 0)
+    got = []
+    while True:
+        lines = follower.read()[0]
+        got += lines
+        assert len(follower.pending) <= LINE_LIMIT  # what is held of the line in progress
+        if any(t == "after" for _, t in lines):
+            break
+    texts = [t for _, t in got]
+    assert texts[0] == "before" and texts[-1] == "after" and len(texts) == 3
+    assert texts[1].startswith("x" * 100) and f"{(40 << 20) - LINE_LIMIT} more bytes" in texts[1]
+    assert len(texts[1]) < LINE_LIMIT + 100
+    assert got[-1][0] == log.stat().st_size and got[1][0] == 7 + (40 << 20) + 1
+
+
+def test_output_fleet_does_not_read_is_bounded_and_then_called_a_stall() -> None:
+    """A watcher whose fleet stopped reading keeps running: log lines past OUT_LIMIT are dropped and
+    counted, other events kept, and the stall is seen (it blocked on its pipe for minutes, issue 39)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from fleet.control import remote_watch as rw\n"
+        "for i in range(4000):\n"
+        "    rw.emit({'e': 'line', 'o': i, 't': 'x' * 4000})\n"
+        "rw.emit({'e': 'timeout', 'what': 'ready'})\n"
+        "held = len(rw.OUT.pending)\n"
+        "time.sleep(1.2)\n"
+        "said = bytes(rw.OUT.pending)\n"
+        "sys.stderr.write('%d %s %s %s' % (held, b'\"skipped\"' in said, rw.OUT.stalled(1.0), b'timeout' in said))\n"
+    )
+    # stdout is a pipe nobody reads: 64 KiB fit in it, the rest waits in the watcher
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stderr is not None
+        err = child.stderr.read().decode()  # stdout stays unread until the child has said its piece
+        child.wait(60)
+    held, skipped, stalled, kept = err.split()
+    from fleet.control.remote_watch import OUT_LIMIT
+
+    assert int(held) < OUT_LIMIT + (64 << 10) and skipped == stalled == kept == "True"
+
+
+def test_the_end_of_a_log_sent_for_diagnosis_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """`fleet diagnose --host` of a log with one 300 MB line took 977 MB (tail -n sends whole lines): the
+    host sends at most LOG_END_BYTES of the log's end, whatever its lines (the real tail, run here)."""
+    import subprocess
+
+    from fleet.control import ops
+
+    log = tmp_path / "m-1.log"
+    with log.open("wb") as f:
+        f.write(b"x" * (20 << 20) + b"\nTraceback (most recent call last):\nRuntimeError: boom\n")
+    (tmp_path / "m.latest.log").symlink_to(log.name)
+    script = ops.logs_script(str(tmp_path), "m", 5000, follow=False).replace(str(ops.LOG_END_BYTES), str(1 << 20))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout
+    assert len(out) <= 1 << 20 and out.endswith(b"RuntimeError: boom\n")

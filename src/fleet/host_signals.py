@@ -114,7 +114,7 @@ class Held:
             self.fd = None
 
 
-def hold(pid: int, ticks: Optional[int], uid: Optional[int] = None) -> Optional[Held]:
+def hold_process(pid: int, ticks: Optional[int], uid: Optional[int] = None) -> Optional[Held]:
     """The process `pid` as probed (started at `ticks`, owned by `uid` when given), held; None when it is
     gone or is not that process any more. The identity is checked after the pidfd is open, so the pidfd
     is known to name the probed process, not one that took its pid in between."""
@@ -138,7 +138,7 @@ def hold_group(pgid: int, uid: int, skip: Any = None) -> Dict[int, Held]:
     for p in process_table().values():
         if p["pgid"] != pgid or p["uid"] != uid or p.get("state") == "Z" or (skip is not None and skip(p)):
             continue
-        held = hold(p["pid"], p["start_ticks"], uid)
+        held = hold_process(p["pid"], p["start_ticks"], uid)
         if held is not None:
             out[p["pid"]] = held
     return out

@@ -715,6 +715,14 @@ def serve(argv: list[str]) -> None:
                 ],
             )
         )
+    flood = host.get("flood_log")  # test hook: an engine that hangs while flooding its log (bytes a second)
+    if flood:
+        line = "W flood " + "x" * 4000 + "\n"
+        every = len(line) / float(flood)
+        while True:  # never ready: only a bound fleet keeps ends this
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            time.sleep(every)
     injected = host.get("inject_scheduler_error")  # test hook: a failure fleet has never seen
     if injected:
         exc_type, _, message = str(injected).partition(": ")

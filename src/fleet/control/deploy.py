@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,28 @@ READY_REGEX = {
 }
 NEVER = r"(?!)"  # a group's other ranks print no ready line: their /health says it
 TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
+# What fleet holds of an attempt's log while it watches: its last lines (a crash's traceback and what led to
+# it), never the whole of a log an engine floods (20 MB/s grew fleet to 6.7 GB). The host cuts each line.
+KEPT_LOG_LINES = 20000
+KEPT_LOG_BYTES = 8 << 20
+MAX_EVENT_BYTES = 1 << 20  # one event line from the host watcher; its log lines are cut to 16 KiB there
+# fleet reading nothing from its watcher for this long (stopped with SIGSTOP, swapped out) is frozen: the
+# watcher stops the attempt's server, records it failed and frees the host rather than wait for fleet
+WATCH_STALLED_S = 30.0
+
+
+class LogTail:
+    """The last lines of a log, at most KEPT_LOG_LINES of them and KEPT_LOG_BYTES in all."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque()
+        self.chars = 0
+
+    def append(self, line: str) -> None:
+        self.lines.append(line)
+        self.chars += len(line)
+        while len(self.lines) > KEPT_LOG_LINES or self.chars > KEPT_LOG_BYTES:
+            self.chars -= len(self.lines.popleft())
 
 
 @dataclass
@@ -384,6 +407,11 @@ class Deployer:
             nonlocal buf, offset
             buf += chunk
             *lines, buf = buf.split(b"\n")
+            if len(buf) > MAX_EVENT_BYTES:
+                raise HostStepError(
+                    f"{self.host.name}: fleet's watch step sent a line of over {MAX_EVENT_BYTES} bytes.",
+                    "Run with --debug; the host's watcher is not fleet's own.",
+                )
             for raw in lines:
                 if not raw.strip():
                     continue
@@ -394,10 +422,14 @@ class Deployer:
                     continue
                 if ev["e"] == "done" and hold is not None:
                     hold.on_done()
-                if ev["e"] == "line":
+                if ev["e"] == "line":  # kept by on_line, bounded; not among the events
                     offset = ev["o"]
                     on_line(ev["t"])
-                elif ev["e"] == "log_reset":
+                    continue
+                if ev["e"] == "skipped":  # the host dropped lines fleet did not read in time
+                    on_line(f"[fleet] {ev.get('lines')} log lines skipped: written faster than fleet read them")
+                    continue
+                if ev["e"] == "log_reset":
                     offset = 0
                     self.progress(events.LogReset(str(ev.get("why")), launched["log"]))
                 watched.append(ev)
@@ -428,6 +460,7 @@ class Deployer:
                 "run_id": self.run_id,
                 "owner": self.owner,
                 "hold": hold is not None,
+                "stalled_s": WATCH_STALLED_S,
             }
             script = script_for("watch", args, [plan.python])
             code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
@@ -663,14 +696,15 @@ class Deployer:
         launched = out["launched"]
         rec.log = launched["log"]
         self.progress(events.Launched(launched["pid"], launched["log"]))
-        lines: list[str] = []
+        kept = LogTail()
 
         def on_line(text: str) -> None:
             shown = redact(text, self.secrets)  # everything downstream (diagnosis, evidence, output) is redacted
-            lines.append(shown)
+            kept.append(shown)
             self.progress(events.LogLine(shown))
 
-        return self.watch(plan, launched, success, on_line, hold), lines
+        watched = self.watch(plan, launched, success, on_line, hold)
+        return watched, list(kept.lines)
 
     def _release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale

@@ -625,11 +625,16 @@ def _recorded_groups(facts: HostFacts) -> set[int]:
 NO_SERVER_LOG = 3  # the logs script's exit code when the host has no server log yet
 
 
+LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is sent (one line can run to 300 MB)
+
+
 def logs_script(log_dir: str, name: str | None, lines: int, follow: bool) -> str:
     d = log_dir.replace("~/", "$HOME/", 1) if log_dir.startswith("~/") else shlex.quote(log_dir)
     pick = f"f={d}/{shlex.quote(name)}.latest.log" if name else f"f=$(ls -t {d}/*.latest.log 2>/dev/null | head -n 1)"
-    follow_flag = "-F" if follow else ""
-    return f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || exit {NO_SERVER_LOG}\nexec tail -n {int(lines)} {follow_flag} "$f"\n'
+    found = f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || exit {NO_SERVER_LOG}\n'
+    if follow:
+        return found + f'exec tail -n {int(lines)} -F "$f"\n'
+    return found + f'tail -c {LOG_END_BYTES} "$f" | tail -n {int(lines)}\n'
 
 
 def logs(

@@ -65,7 +65,7 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import boot_id, process_table, start_ticks
-    from fleet.host_signals import hold
+    from fleet.host_signals import hold_process
     from fleet.protocol import ActResult, CheckResult, Launched
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
@@ -495,7 +495,7 @@ def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> 
     me, own = os.getuid(), os.getpgid(0)
     for _sweep in range(3):
         left = [
-            hold(p["pid"], p["start_ticks"], me)
+            hold_process(p["pid"], p["start_ticks"], me)
             for p in process_table().values()
             if p["pgid"] in stopped_groups
             and p["pgid"] not in (own, *siblings)

@@ -26,7 +26,7 @@ except NameError:  # imported as a module (fleet's own tests)
         port_holders,
         start_ticks,
     )
-    from fleet.host_signals import foreign_members, hold, hold_group, release
+    from fleet.host_signals import foreign_members, hold_group, hold_process, release
 
 
 def expand(path: str) -> str:
@@ -243,7 +243,7 @@ def stop_targets(
     its SIGKILL on to whoever got its pid, and a group is signalled member by member, fleet's user's only:
     another user's process that joined it is named, never signalled."""
     me, own_pgid = os.getuid(), os.getpgid(0)
-    held = {pid: hold(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
+    held = {pid: hold_process(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
         groups.setdefault(info["pgid"], []).append(pid)

@@ -76,7 +76,7 @@ def read_secret() -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def listing(api: Any, repo: str, revision: str) -> Tuple[str, Dict[str, Dict[str, Any]]]:
+def hub_listing(api: Any, repo: str, revision: str) -> Tuple[str, Dict[str, Dict[str, Any]]]:
     """The commit the revision names now, and every file in it: size and (for LFS files) sha256."""
     commit = api.repo_info(repo_id=repo, revision=revision).sha
     files = {}  # type: Dict[str, Dict[str, Any]]
@@ -336,7 +336,7 @@ def main(a: Dict[str, Any]) -> None:
         return refuse("client", "the engine's Python has no huggingface_hub (%s)" % exc)
     token = secret.get("token") or None  # None: the host's own login, if it has one
     try:
-        commit, files = listing(HfApi(token=token), a["repo"], revision)
+        commit, files = hub_listing(HfApi(token=token), a["repo"], revision)
     except Exception as exc:  # noqa: BLE001 - sorted below: not reached, or an answer
         said = "%s: %s" % (type(exc).__name__, str(exc)[:2000])
         if offline(exc) and os.path.isdir(target) and not problems_in(target, None)[0]:

@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 import stat
 import sys
 import threading
@@ -42,21 +43,93 @@ except NameError:  # imported as a module (fleet's own tests)
         smoke_request,
         write_record,
     )
+    from fleet.host_signals import hold_group, release
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
+LINE_LIMIT = 16 << 10  # bytes of one log line sent (a 300 MB line of a config dump is cut, not carried)
+OUT_LIMIT = 4 << 20  # bytes of log lines waiting for fleet to read them: past it, lines are dropped and counted
+STALLED_S = 30.0  # fleet read nothing for this long while output waited: it is frozen (stopped, swapped out)
 
 
 class ClientGone(Exception):
     """fleet's end of the channel is closed: nobody reads what this watcher says any more."""
 
 
+class Output:
+    """This watcher's stdout, never blocking: a fleet that stops reading (frozen with SIGSTOP, a stalled
+    connection) must not stop the watcher, which keeps the deadlines and the lock. Log lines beyond
+    OUT_LIMIT waiting are dropped and counted (said in a `skipped` event); every other event is kept."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.lines_held = 0  # bytes of log lines in `pending`
+        self.skipped = 0
+        self.last_write = time.time()
+        self.nonblocking = False
+
+    def _nonblocking(self) -> None:
+        if not self.nonblocking:
+            try:
+                fd = sys.stdout.fileno()
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+            except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+                pass
+            self.nonblocking = True
+
+    def emit(self, obj: Dict[str, Any]) -> None:
+        self._nonblocking()
+        line = obj.get("e") == "line"
+        if line and self.lines_held > OUT_LIMIT:
+            self.skipped += 1
+            return
+        if self.skipped and not line:
+            self.pending += (json.dumps({"e": "skipped", "lines": self.skipped}) + "\n").encode()
+            self.skipped = 0
+        data = (json.dumps(obj) + "\n").encode()
+        self.pending += data
+        if line:
+            self.lines_held += len(data)
+        self.flush()
+
+    def flush(self) -> None:
+        try:
+            fd = sys.stdout.fileno()
+        except (ValueError, AttributeError):  # a test's capture: written through, no descriptor
+            sys.stdout.write(self.pending.decode())
+            sys.stdout.flush()
+            self.pending, self.lines_held = bytearray(), 0
+            return
+        while self.pending:
+            try:
+                n = os.write(fd, bytes(self.pending[: 1 << 16]))
+            except BlockingIOError:
+                return
+            except (BrokenPipeError, OSError) as exc:
+                raise ClientGone() from exc
+            del self.pending[:n]
+            self.lines_held = max(0, self.lines_held - n)
+            self.last_write = time.time()
+        self.last_write = time.time()
+
+    def stalled(self, after_s: float = STALLED_S) -> bool:
+        """Output has waited `after_s` with nothing read: fleet is not listening, though it is connected."""
+        return bool(self.pending) and time.time() - self.last_write > after_s
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait (up to timeout_s) until fleet has read everything; False when it did not."""
+        deadline = time.time() + timeout_s
+        while self.pending and time.time() < deadline:
+            self.flush()
+            time.sleep(0.05)
+        return not self.pending
+
+
+OUT = Output()
+
+
 def emit(obj: Dict[str, Any]) -> None:
-    try:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError) as exc:  # the pipe, or stdout already closed after it
-        raise ClientGone() from exc
+    OUT.emit(obj)
 
 
 def alive_group(pgid: int) -> bool:
@@ -143,10 +216,12 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
             lock.get("owner"),
             lock.get("command"),
         )
-    if lock is None:
-        write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
     st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "state.json")
     st = read_record(st_path) or {}
+    if st.get("run_id") == a["run_id"] and st.get("status") == "failed":  # the host gave up on this run
+        return "the host stopped this run's server: %s" % st.get("reason", "failed")
+    if lock is None:
+        write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
     if st.get("run_id") == a["run_id"] and st.get("status") == "unverified":
         st.update(status="starting", updated=time.time())
         st.pop("reason", None)
@@ -189,6 +264,7 @@ class LogFollower:
 
     def __init__(self, path: str, offset: int) -> None:
         self.path, self.offset, self.pending, self.missing = path, offset, b"", False
+        self.cut = 0  # bytes of the unterminated line past LINE_LIMIT, skipped
         self.inode: Optional[int] = None
         self.tail = b""
 
@@ -203,10 +279,10 @@ class LogFollower:
                     raise OSError("not a regular file")
                 if self.inode is not None and st.st_ino != self.inode:
                     events.append({"e": "log_reset", "why": "replaced"})
-                    self.offset, self.pending, self.tail = 0, b"", b""
+                    self.offset, self.pending, self.tail, self.cut = 0, b"", b"", 0
                 elif st.st_size < self.offset or not self._same_tail(f):
                     events.append({"e": "log_reset", "why": "truncated"})
-                    self.offset, self.pending, self.tail = 0, b"", b""
+                    self.offset, self.pending, self.tail, self.cut = 0, b"", b"", 0
                 self.inode, self.missing = st.st_ino, False
                 f.seek(self.offset)
                 chunk = f.read(1 << 20)
@@ -227,18 +303,30 @@ class LogFollower:
         return f.read(len(self.tail)) == self.tail
 
     def _lines(self, chunk: bytes, final: bool = False) -> List[Tuple[int, str]]:
+        """Whole lines, each cut to LINE_LIMIT bytes; a line without an end is held only up to LINE_LIMIT
+        (what comes after, to its end, is skipped: a 300 MB line costs no memory here or in fleet)."""
         self.tail = (self.tail + chunk)[-self.TAIL :]
-        base = self.offset - len(self.pending)
+        base = self.offset - len(self.pending) - self.cut
         self.offset += len(chunk)
         data = self.pending + chunk
-        *whole, self.pending = data.split(b"\n")
-        if final and self.pending:
-            whole.append(self.pending)
-            self.pending = b""
+        *whole, rest = data.split(b"\n")
         out = []
-        for raw in whole:
-            base += len(raw) + 1
-            out.append((min(base, self.offset), raw.decode("utf-8", "replace")))
+        for i, raw in enumerate(whole):
+            size = len(raw) + (self.cut if i == 0 else 0)
+            base += size + 1
+            text = raw[:LINE_LIMIT].decode("utf-8", "replace")
+            if size > LINE_LIMIT:
+                text += " [fleet: %d more bytes of this line not shown]" % (size - LINE_LIMIT)
+            out.append((min(base, self.offset), text))
+        if whole:
+            self.cut = 0
+        if len(rest) > LINE_LIMIT:
+            self.cut += len(rest) - LINE_LIMIT
+            rest = rest[:LINE_LIMIT]
+        self.pending = rest
+        if final and self.pending:
+            out.append((self.offset, self.pending.decode("utf-8", "replace")))
+            self.pending, self.cut = b"", 0
         return out
 
     def rest(self) -> List[Tuple[int, str]]:
@@ -270,6 +358,13 @@ def main(a: Dict[str, Any]) -> None:
         if now - last_touch > 2:
             touch_lock(a)
             last_touch = now
+        OUT.flush()
+        stalled_s = float(a.get("stalled_s", STALLED_S))
+        if OUT.stalled(stalled_s):  # connected, but reading nothing: fleet is frozen; the watcher keeps bounds
+            return frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
+        if phase == "starting" and now - start > a["ready_timeout_s"]:  # also while a log floods
+            emit({"e": "timeout", "what": "ready", "after_s": now - start})
+            return
         lines, events = log.read()
         for ev in events:
             emit(ev)
@@ -347,10 +442,47 @@ def main(a: Dict[str, Any]) -> None:
         time.sleep(POLL_S)
 
 
+def frozen_client(a: Dict[str, Any], why: str) -> None:
+    """fleet is connected but reads nothing (stopped with SIGSTOP, swapped out): waiting for it would hold
+    the host's lock and leave an engine running that nobody proves. The attempt's server is stopped (its
+    group, held member by member, this user's only), recorded as failed, and the lock released."""
+    stopped = stop_group(a["pgid"])
+    try:
+        st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "state.json")
+        st = read_record(st_path) or {}
+        if st.get("run_id") in (None, a["run_id"]):
+            st.update(status="failed", reason="%s; its server was stopped (%d processes)" % (why, stopped))
+            st["updated"] = time.time()
+            write_record(st_path, st)
+    except OSError:
+        pass
+    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+
+
+def stop_group(pgid: int) -> int:
+    """SIGTERM, 5 s, SIGKILL to the members of fleet's user in the attempt's group: how many there were."""
+    members = hold_group(pgid, os.getuid())
+    try:
+        for h in members.values():
+            h.send(signal.SIGTERM)
+        deadline = time.time() + 5
+        while time.time() < deadline and any(h.alive() for h in members.values()):
+            time.sleep(0.1)
+        for h in members.values():
+            h.send(signal.SIGKILL)
+    finally:
+        release(members)
+    return len(members)
+
+
 def run() -> None:
     a = json.loads(sys.argv[1])
     try:
         main(a)
+        if not OUT.drain(float(a.get("stalled_s", STALLED_S))) and OUT.pending:  # never read: fleet is frozen
+            last = OUT.pending.decode("utf-8", "replace").rstrip().rsplit("\n", 1)[-1]
+            if '"e": "timeout"' in last or '"e": "exit"' in last:
+                frozen_client(a, "the attempt ended (%s) while fleet read nothing" % last[:80])
     except ClientGone:  # found by writing before the stdin watch saw it (a busy log)
         on_client_gone(a)
     except Exception as exc:
