@@ -472,3 +472,66 @@ def test_plan_check_runs_the_engines_own_check_and_shows_what_it_resolves(tmp_pa
     r = run_cli(*argv, str(made_up))
     assert r.code == 4 and "the engine's own check on ct129: rejected" in r.out
     assert "'MadeUpLM' is not a registered model" in r.out
+
+
+def test_an_index_password_given_with_pip_arg_is_never_on_a_command_line(
+    box: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--pip-arg=--index-url=https://user:PASSWORD@...` was in the host's process list for the whole
+    install (the step's argv and pip's), readable by every user (issue 39). A real index that wants the
+    password (HTTP basic auth) looks at every process's command line while pip asks it: none holds it."""
+    import http.server
+    import threading
+
+    for variable in ("PIP_NO_INDEX", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(variable, raising=False)
+    index = tmp_path / "index"
+    password = "s3cr3t-index-pw"
+    expected = "Basic " + base64.b64encode(f"ann:{password}".encode()).decode()
+    seen: dict[str, list[str]] = {"argv": [], "auth": []}
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            for pid in os.listdir("/proc"):  # every process's command line, as `ps` shows them to anyone
+                if pid.isdigit():
+                    try:
+                        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if password.encode() in argv:
+                        seen["argv"].append(argv.decode(errors="replace")[:200])
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="index"')
+                self.end_headers()
+                return
+            seen["auth"].append(self.path)
+            name = self.path.rstrip("/").rsplit("/", 1)[-1]
+            if self.path.startswith("/simple/"):
+                links = "".join(f'<a href="/files/{w.name}">{w.name}</a>' for w in index.glob(f"{name}-*.whl"))
+                body = f"<html><body>{links}</body></html>".encode()
+            else:
+                body = (index / name).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html" if self.path.startswith("/simple/") else "application/zip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://ann:{password}@127.0.0.1:{server.server_address[1]}/simple"
+    try:
+        install = ("-i", str(box), "engine", "install", "sglang==0.5.11", "--host", "box")
+        r = run_cli(*install, f"--pip-arg=--index-url={url}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.code == 0, r.out + r.err
+    assert seen["auth"] and seen["argv"] == []
+    assert password not in r.out + r.err
+    refused = run_cli("-i", str(box), "engine", "install", "sglang==0.5.23", "--host", "box", f"--pip-arg={url}")
+    assert refused.code != 0 and "outside --index-url" in refused.out + refused.err

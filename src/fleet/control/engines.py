@@ -5,6 +5,7 @@ control/remote_engine.py). The inventory's `engines: {sglang: fleet}` then runs 
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
 from collections.abc import Callable
@@ -54,8 +55,9 @@ def engine_step(
         "version": version,
         "state_dir": host.settings.state_dir,
         "python": python,
-        "pip_args": list(pip_args),
     }
+    # on stdin, never on the step's command line: an index URL may carry a password (`ps` shows argv)
+    hidden = json.dumps({"pip_args": list(pip_args)}).encode() + b"\n"
     answers: list[dict[str, Any]] = []
 
     def on_event(ev: dict[str, Any]) -> None:
@@ -64,7 +66,7 @@ def engine_step(
         else:
             answers.append(ev)
 
-    code = t.stream(script_for("engine", args, ["python3"]), json_lines(on_event), timeout_s=4 * 3600.0)
+    code = t.stream(script_for("engine", args, ["python3"]), json_lines(on_event), stdin=hidden, timeout_s=4 * 3600.0)
     last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
     if last["e"] == "error":
         raise HostStepError(f"{host.name}: fleet's engine step failed on the host ({last['error']}).", "")

@@ -56,10 +56,16 @@ def marker_of(env: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def run_streamed(argv: List[str]) -> int:
-    """The installer's output line by line; stopped (and its group killed) when fleet goes away."""
+def run_streamed(argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
+    """The installer's output line by line; stopped (and its group killed) when fleet goes away. `env`:
+    added to this step's environment (an index URL with its password: never on a command line)."""
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        env=dict(os.environ, **env) if env else None,
     )
     assert proc.stdout is not None
     buf = b""
@@ -178,11 +184,39 @@ def install(a: Dict[str, Any]) -> None:
     emit({"e": "installed", "version": version, "installer": a["_installer"]})
 
 
+INDEX_OPTIONS = {"--index-url": "INDEX_URL", "-i": "INDEX_URL", "--extra-index-url": "EXTRA_INDEX_URL"}
+URL_CREDENTIALS = re.compile(r"://[^/@\s]+@")
+
+
+def installer_args(pip_args: List[str], prefix: str) -> Tuple[List[str], Dict[str, str], Optional[str]]:
+    """The installer's own arguments and environment from fleet's --pip-arg words: index URLs (which may
+    carry a password) go to its environment (PIP_INDEX_URL, UV_EXTRA_INDEX_URL ...), readable by this user
+    alone, never to a command line that every user's `ps` shows. A credential anywhere else is refused."""
+    rest: List[str] = []
+    found: Dict[str, List[str]] = {}
+    i = 0
+    while i < len(pip_args):
+        word = pip_args[i]
+        name, eq, value = word.partition("=")
+        if name in INDEX_OPTIONS and (eq or i + 1 < len(pip_args)):
+            found.setdefault(INDEX_OPTIONS[name], []).append(value if eq else pip_args[i + 1])
+            i += 1 if eq else 2
+            continue
+        if URL_CREDENTIALS.search(word):
+            return [], {}, "a --pip-arg carries a password outside --index-url/--extra-index-url; give it there"
+        rest.append(word)
+        i += 1
+    env = {prefix + key: " ".join(urls) for key, urls in found.items()}
+    return rest, env, None
+
+
 def build(a: Dict[str, Any], env: str, python: str, engine: str, version: str) -> Optional[str]:
     """The environment made and the engine installed in it; a reason when that failed."""
     uv = shutil.which("uv")
     spec = "%s==%s" % (engine, version)
-    extra = list(a.get("pip_args") or [])
+    extra, index_env, refused = installer_args(list(a.get("pip_args") or []), "UV_" if uv else "PIP_")
+    if refused:
+        return refused
     if uv:
         a["_installer"] = "uv"
         if run_streamed([uv, "venv", "--allow-existing", "--python", python, env]) != 0:
@@ -190,7 +224,7 @@ def build(a: Dict[str, Any], env: str, python: str, engine: str, version: str) -
         # SGLang's releases depend on pre-releases (flashinfer): without this uv quietly picks an old SGLang
         pre = ["--prerelease=allow"] if engine == "sglang" else []
         code = run_streamed(
-            [uv, "pip", "install", "--python", os.path.join(env, "bin", "python")] + pre + extra + [spec]
+            [uv, "pip", "install", "--python", os.path.join(env, "bin", "python")] + pre + extra + [spec], index_env
         )
     else:
         a["_installer"] = "pip"
@@ -201,7 +235,7 @@ def build(a: Dict[str, Any], env: str, python: str, engine: str, version: str) -
         if made != 0:
             return "%s -m venv could not make the environment %s" % (python, env)
         pip = [os.path.join(env, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-        code = run_streamed(pip + extra + [spec])
+        code = run_streamed(pip + extra + [spec], index_env)
     if code != 0:
         return "%s could not install %s (exit %d); the environment is removed" % (a["_installer"], spec, code)
     got = installed_version(os.path.join(env, "bin", "python"), engine)
@@ -244,8 +278,29 @@ def use(a: Dict[str, Any]) -> None:
     emit({"e": "current", "version": version, "previous": was})
 
 
+def request_on_stdin() -> Dict[str, Any]:
+    """The part of the request that must not be on this step's command line (fleet's --pip-arg words: an
+    index URL's password), sent as stdin's first line; read a byte at a time, so stdin_closed() still
+    sees exactly when fleet goes away."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < 1 << 20:
+        try:
+            chunk = os.read(0, 1)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    try:
+        found = json.loads(data.decode() or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def main() -> None:
     a = json.loads(sys.argv[1])
+    a.update(request_on_stdin())
     try:
         {"install": install, "use": use}[a["action"]](a)
     except Exception as exc:  # the step always answers in its own words
