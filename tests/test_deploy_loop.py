@@ -423,3 +423,48 @@ def test_a_frozen_fleet_does_not_hold_the_host_or_leave_a_hung_engine(
         t.join(120)
     assert done and "the host stopped this run's server" in str(done[0]), done
     assert not simhost.record(host.dir, "lock.json").exists()
+
+
+def test_an_api_key_reaches_the_engine_and_fleets_requests_and_nothing_else(
+    host: nshost.NamespaceHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A playbook whose engine wants an API key: the smoke request got 401 and a healthy server was stopped
+    as failed; a key in extra_args showed in plan, deploy --json, facts, the record and the act step's
+    argv (issue 39). api_key_env: the key goes to the host on stdin, into the engine's command line by the
+    launcher, and with fleet's requests; plans and records hold only its variable's name."""
+    key = "sk-fleet-test-0123456789abcdef"
+    monkeypatch.setenv("FLEET_TEST_API_KEY", key)
+    pbs = tmp_path / "pbs"
+    pbs.mkdir()
+    (pbs / "keyed.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "api_key_env: FLEET_TEST_API_KEY\n"
+    )
+    (pbs / "inline.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + f"extra_args: [--api-key, {key}]\n"
+    )
+    with pytest.raises(Exception, match="sets --api-key, which fleet sets itself; use api_key_env"):
+        load_playbook("inline", pbs)
+    pb = load_playbook("keyed", pbs)
+    seen = Events()
+    result = ops.deploy(host.transport(), host.host, pb, force=False, engine_check=False, progress=seen)
+    assert result.ok, [a.diagnosis for a in result.attempts]
+    st_text = simhost.record(host.dir, "state.json", "keyed").read_text()
+    assert key not in st_text and key not in json.dumps(result.plan.to_json())
+    assert "fleet-secret:FLEET_TEST_API_KEY" in result.plan.argv()
+    shown = [e.line for e in seen.of(events.LogLine)]
+    assert any("api_key=" in line for line in shown) and not any(key in line for line in shown)  # echoed, redacted
+    st = json.loads(st_text)
+    engine = host.shell(f"cat /proc/{engine_child(host, st['pid'])}/cmdline | tr '\\0' ' '")
+    assert f"--api-key {key}" in engine  # the engine takes it only as a flag: its own command line has it
+    launcher = host.shell(f"cat /proc/{st['pid']}/cmdline | tr '\\0' ' '")
+    assert key not in launcher and "fleet-secret:FLEET_TEST_API_KEY" in launcher
+    with_key = check_host(host.transport(), host.host, HealthOptions(secrets={"FLEET_TEST_API_KEY": key}))
+    gen = {(c.deployment, c.name): c for c in with_key.checks}[("keyed", "generation")]
+    assert gen.status == "ok" and "Paris" in gen.detail
+    without = check_host(host.transport(), host.host, HealthOptions())
+    gen = {(c.deployment, c.name): c for c in without.checks}[("keyed", "generation")]
+    assert "FLEET_TEST_API_KEY is not set in fleet's environment" in gen.detail
+
+
+def engine_child(host: nshost.NamespaceHost, launcher: int) -> int:
+    return int(host.shell(f"ps -o pid= --ppid {launcher}").split()[0])

@@ -238,16 +238,56 @@ def http_request(
         return None, "%s: %s" % (type(e).__name__, e), time.time() - start
 
 
-def smoke_request(base_url: str, model: str, smoke: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+def first_line_of_stdin(limit: int = 1 << 16) -> Dict[str, Any]:
+    """The JSON object fleet sends as stdin's first line (what must not be on a command line: keys), read a
+    byte at a time so nothing after it is taken from whoever watches stdin for fleet's end."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        try:
+            chunk = os.read(0, 1)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    try:
+        found = json.loads(data.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def api_key_name(argv: Any) -> Optional[str]:
+    """The variable whose value the engine takes as --api-key, when its command line names one (written
+    fleet-secret:NAME: fleet's launcher put the value there), else None."""
+    words = [str(w) for w in argv] if isinstance(argv, list) else []
+    for i in range(len(words) - 1):  # zip(strict=) is 3.10: host code is 3.8
+        if words[i] == "--api-key" and words[i + 1].startswith("fleet-secret:"):
+            return words[i + 1][len("fleet-secret:") :]
+    return None
+
+
+def smoke_request(
+    base_url: str, model: str, smoke: Dict[str, Any], timeout: float, api_key: Optional[str] = None
+) -> Dict[str, Any]:
     """Ask the server the playbook's smoke prompt: {status, ok (the answer matches `expect`), text (the
-    answer, or what came back instead), seconds}. The deploy's proof and health's generation check."""
+    answer, or what came back instead), seconds}. The deploy's proof and health's generation check.
+    `api_key`: the engine's key (playbook api_key_env), sent as a bearer token."""
     request = {
         "model": model,
         "messages": [{"role": "user", "content": smoke["prompt"]}],
         "max_tokens": smoke.get("max_tokens", 16),
         "temperature": 0,
     }
-    status, text, seconds = http_request("POST", base_url + "/v1/chat/completions", request, timeout=timeout)
+    headers = {"Authorization": "Bearer %s" % api_key} if api_key else None
+    status, text, seconds = http_request(
+        "POST", base_url + "/v1/chat/completions", request, timeout=timeout, headers=headers
+    )
+    if status == 401:
+        text = "the server wants an API key%s: %s" % (
+            " and refused the one fleet sent" if api_key else " (playbook api_key_env:)",
+            text[:200],
+        )
     answer = None
     if status == 200:
         try:

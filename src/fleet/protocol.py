@@ -16,6 +16,9 @@ except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are docume
 # deployment's name and GPUs; version 1 (state_dir/state.json, one server per host) is read as the
 # deployment its playbook names, on all GPUs. Every field is optional and read with a default.
 STATE_SCHEMA = 2
+# An argv word the launcher on the host replaces with a secret's value (SECRET_WORD + NAME: the variable
+# NAME fleet sent on stdin): plans, records and outputs hold the word, only the engine gets the value.
+SECRET_WORD = "fleet-secret:"
 
 
 class StateRecord(TypedDict, total=False):

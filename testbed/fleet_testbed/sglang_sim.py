@@ -517,9 +517,23 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _unauthorized(self) -> bool:
+        """SGLang's API key middleware: with --api-key, every path but /health* and /metrics wants
+        `Authorization: Bearer KEY`, else 401 {"error": "Unauthorized"}."""
+        key = getattr(self.sim.r.args, "api_key", None)
+        path = self.path.split("?")[0]
+        if not key or path.startswith("/health") or path.startswith("/metrics"):
+            return False
+        if self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        self._json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
         s, a = self.sim, self.sim.r.args
         path = self.path.split("?")[0]
+        if self._unauthorized():
+            return
         if path in ("/health", "/health_generate"):  # engines.md §3.2: 503 while starting and while draining
             self._json(200 if s.status == "Up" else 503, {})
         elif self.health_only:
@@ -567,6 +581,8 @@ class Handler(BaseHTTPRequestHandler):
         s = self.sim
         if self.health_only:
             self._json(404, {"detail": "Not Found"})
+            return
+        if self._unauthorized():
             return
         length = int(self.headers.get("Content-Length") or 0)
         try:

@@ -81,7 +81,7 @@ class Invocation:
         names: set[str] = set()
         for path in sorted(self.playbooks_dir.glob("*.yaml")) if self.playbooks_dir.is_dir() else []:
             try:
-                names |= set(load_playbook(str(path), self.playbooks_dir).spec.secret_env)
+                names |= set(load_playbook(str(path), self.playbooks_dir).spec.secret_names)
             except FleetError:
                 continue  # a broken playbook is reported when it is used, not by `fleet logs`
         return {n: os.environ[n] for n in sorted(names) if n in os.environ}

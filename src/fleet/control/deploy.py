@@ -60,7 +60,7 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
-from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
+from fleet.protocol import SECRET_WORD, STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -461,9 +461,12 @@ class Deployer:
                 "owner": self.owner,
                 "hold": hold is not None,
                 "stalled_s": WATCH_STALLED_S,
+                "key_on_stdin": True,
             }
             script = script_for("watch", args, [plan.python])
-            code = self.t.stream(script, on_chunk, timeout_s=self.ready_timeout_s + 300)
+            key = self._api_key(plan)  # for the smoke request; on stdin, never the step's command line
+            hidden = json.dumps({"api_key": key}).encode() + b"\n"
+            code = self.t.stream(script, on_chunk, stdin=hidden, timeout_s=self.ready_timeout_s + 300)
             if not watched or watched[-1]["e"] not in TERMINAL_EVENTS:
                 # the watcher never said how it ended: its session was cut; resume from the last offset
                 raise HostUnreachable(f"{self.host.name}: the log stream ended early (exit {code}).", "")
@@ -481,6 +484,13 @@ class Deployer:
                     self.progress(events.Reconnecting(offset))
                 once()
         return watched
+
+    def _api_key(self, plan: LaunchPlan) -> str | None:
+        """The engine's API key when its plan takes one (api_key_env: --api-key fleet-secret:NAME)."""
+        flag = plan.flag("--api-key")
+        if flag is None or not flag.value or not flag.value.startswith(SECRET_WORD):
+            return None
+        return self.secrets.get(flag.value[len(SECRET_WORD) :])
 
     # -- the loop -------------------------------------------------------------------------------------
 

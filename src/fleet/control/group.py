@@ -167,7 +167,7 @@ class GroupRun:
                     "Nothing on any host was changed.",
                 )
             pb = self.playbook.spec
-            secrets = read_secrets(pb.secret_env, self.playbook.name)
+            secrets = read_secrets(pb.secret_names, self.playbook.name)
             group = {"hosts": [h.name for h in self.hosts], "dist_port": pb.dist_port}
             deployers = [
                 Deployer(

@@ -101,7 +101,7 @@ def deploy(
             result.model.describe(), result.plan.argv(), list(result.plan.applied_fixes), deployment, placed.how
         )
     )
-    secrets = read_secrets(playbook.spec.secret_env, playbook.name)
+    secrets = read_secrets(playbook.spec.secret_names, playbook.name)
     mine = recorded(facts, deployment)
     serving = mine.get("status") == "ready" and any(p.pid == mine.get("pid") for p in facts.servers)
     if keep_other_plan and serving and not _runs_this_plan(mine, facts, result.plan, playbook.name):

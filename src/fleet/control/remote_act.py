@@ -77,8 +77,10 @@ LAUNCHER = """import json, os, signal, subprocess, sys, time
 env = json.loads(sys.stdin.readline())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 exit_file = sys.argv[2]
+# fleet-secret:NAME words: the secret NAME's value (from stdin), in the engine's argv alone
+argv = [env.get(w[13:], w) if w.startswith("fleet-secret:") else w for w in sys.argv[3:]]
 try:
-    code = subprocess.call(sys.argv[3:], env=env, stdin=subprocess.DEVNULL)
+    code = subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
 except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
     code = 127

@@ -36,8 +36,9 @@ try:
     os.unlink(secret_file)
 except (OSError, ValueError) as exc:
     sys.stderr.write("fleet launcher: the secrets file %s could not be read (%s): starting without them\\n" % (secret_file, exc))
+argv = [env.get(w[13:], w) if w.startswith("fleet-secret:") else w for w in sys.argv[5:]]  # a secret's value
 try:
-    child = subprocess.Popen(sys.argv[5:], env=env, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[5], exc))
     code = 127

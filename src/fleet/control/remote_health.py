@@ -19,7 +19,7 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.facts.probe import collect
-    from fleet.host_common import base_url, http_request, read_record, smoke_request
+    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record, smoke_request
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
 
 HEALTH_LOG_LINES = 2000
@@ -114,12 +114,16 @@ def check_server(
         http["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
         smoke = st.get("smoke") or {}
+        key_name = api_key_name((st.get("plan") or {}).get("argv") if isinstance(st.get("plan"), dict) else None)
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
         elif traffic and _proved_recently(book.get("generation_proved_at")):
             http["generation"] = {"skipped": "served traffic since the last check"}
+        elif smoke.get("prompt") and key_name and key_name not in (args.get("_keys") or {}):
+            http["generation"] = {"needs_key": key_name}  # fleet asks again with it, if it has it
         elif smoke.get("prompt"):
-            result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"])
+            key = (args.get("_keys") or {}).get(key_name) if key_name else None
+            result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"], key)
             http["generation"] = dict(result, text=result["text"][:300])
             if result.get("ok"):
                 book["generation_proved_at"] = time.time()
@@ -144,6 +148,8 @@ def _proved_recently(proved_at: Any) -> bool:
 
 def health_main() -> None:
     args = json.loads(sys.argv[1])
+    if args.get("keys_on_stdin"):  # engines' API keys fleet was asked for: never on a command line
+        args["_keys"] = first_line_of_stdin().get("keys") or {}
     facts = collect(args)
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
     book_path = os.path.join(state_dir, "health.json")

@@ -36,6 +36,7 @@ except NameError:  # imported as a module (fleet's own tests)
         LEARNED_FILE,
         base_url,
         deployment_dir,
+        first_line_of_stdin,
         http_request,
         mark_unverified,
         read_record,
@@ -144,7 +145,9 @@ def alive_group(pgid: int) -> bool:
 
 def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
     base = base_url(a["address"], a["port"])
-    result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120))
+    result = smoke_request(
+        base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120), a.get("_api_key")
+    )
     return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
 
@@ -344,6 +347,8 @@ def main(a: Dict[str, Any]) -> None:
     phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
     exit_file = a["exit_file"]
     health_deadline = time.time() + a["health_timeout_s"] if phase == "health" else None
+    if a.get("key_on_stdin"):  # the engine's API key, for the smoke request: never on a command line
+        a["_api_key"] = first_line_of_stdin().get("api_key")
     client_gone = watch_client(a)
     if a["offset"] or a.get("ready_seen"):
         lost = reclaim(a)

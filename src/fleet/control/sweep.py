@@ -50,15 +50,26 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
         "generation_timeout_s": options.generation_timeout_s,
         "skip_generation": options.skip_generation,
         "kernel_log": s.kernel_log,
+        "keys_on_stdin": True,
     }
     python = next(iter(s.engines.values()), "python3")
-    result = t.run(script_for("health", args, [python]), timeout_s=options.generation_timeout_s + 60)
-    try:
-        raw: dict[str, Any] = json.loads(result.text)
-    except ValueError:  # the host answered: its probe failed, which is not an SSH problem
-        return step_failed(host.name, f"health probe said no result: {(result.text + result.error_text)[-200:]}")
+    raw = _probe(t, host, args, python, options, {})
     if "probe_error" in raw or "error" in raw:
         return step_failed(host.name, f"health probe failed: {raw.get('probe_error') or raw.get('error')}")
+    # a server with an API key (api_key_env) is asked again with its key, only when fleet has it: a key is
+    # sent to the host that needs it, never to every host checked
+    wanted = {str(g["needs_key"]) for d in (raw.get("deployments") or {}).values() if (g := _generation(d))}
+    keys = {name: options.secrets[name] for name in sorted(wanted) if name in options.secrets}
+    if keys:
+        again = _probe(t, host, args, python, options, keys)
+        for name, answer in (again.get("deployments") or {}).items():
+            if name in (raw.get("deployments") or {}) and _generation(raw["deployments"][name]):
+                raw["deployments"][name]["http"]["generation"] = answer.get("http", {}).get("generation")
+    for answer in (raw.get("deployments") or {}).values():
+        if g := _generation(answer):  # still without its key: fleet's environment lacks it
+            answer["http"]["generation"] = {
+                "skipped": f"the server wants its API key, and {g['needs_key']} is not set in fleet's environment"
+            }
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
     diagnoses = {}
     for name, answer in (raw.get("deployments") or {}).items():
@@ -66,6 +77,24 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
         lines = [redact(x, options.secrets) for x in answer.get("log_lines") or []]  # an engine may echo a secret
         diagnoses[name] = diagnose(lines, LogContext(engine=engine), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnoses, time.monotonic() - started, s.expected_gpus)
+
+
+def _generation(answer: Any) -> dict[str, Any] | None:
+    """A deployment's generation check when it still needs an API key, else None."""
+    g = (answer.get("http") or {}).get("generation") if isinstance(answer, dict) else None
+    return g if isinstance(g, dict) and g.get("needs_key") else None
+
+
+def _probe(
+    t: Transport, host: Host, args: dict[str, Any], python: str, options: HealthOptions, keys: dict[str, str]
+) -> dict[str, Any]:
+    stdin = json.dumps({"keys": keys}).encode() + b"\n"
+    result = t.run(script_for("health", args, [python]), stdin=stdin, timeout_s=options.generation_timeout_s + 60)
+    try:
+        raw: dict[str, Any] = json.loads(result.text)
+    except ValueError:  # the host answered: its probe failed, which is not an SSH problem
+        return {"probe_error": f"said no result: {(result.text + result.error_text)[-200:]}"}
+    return raw
 
 
 def heal_host(

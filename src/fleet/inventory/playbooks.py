@@ -176,6 +176,8 @@ FLEET_OWNED_FLAGS = {
     "--master-addr": "hosts:",
     "--master-port": "dist_port:",
     "--headless": "hosts:",
+    # a key here is in every plan, record and output: api_key_env keeps it to the engine and fleet's requests
+    "--api-key": "api_key_env: (the variable that holds the key)",
 }
 
 
@@ -286,6 +288,9 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     env: dict[str, str] = field(default_factory=dict)
     allow_runtime_env: list[str] = field(default_factory=list)  # the opt-in for PATH, LD_*, PYTHONPATH...
     secret_env: list[str] = field(default_factory=list)
+    # the variable in fleet's environment that holds the engine's API key: passed to the engine by fleet's
+    # launcher on the host and sent with fleet's own requests, shown nowhere (never in extra_args)
+    api_key_env: str | None = None
     smoke: Smoke
     literal: bool = False  # run extra_args as written (the hand-written command); rules only warn
     # the model's own code (config.json auto_map) may run: the operator's decision, never fleet's
@@ -300,6 +305,12 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     hosts: list[str] | None = None
     dist_port: Annotated[int, Meta(ge=1024, le=65535)] = 50000
 
+    @property
+    def secret_names(self) -> list[str]:
+        """Every variable whose value fleet reads from its environment for this playbook: secret_env and
+        the API key's (sent to the host on stdin, redacted from everything fleet shows)."""
+        return list(dict.fromkeys([*self.secret_env, *([self.api_key_env] if self.api_key_env else [])]))
+
     checks = {
         "hosts": _check_group_hosts,
         "model": _check_model,
@@ -312,6 +323,7 @@ class Playbook(_Strict, frozen=True, kw_only=True):
         "gpus": _check_gpus,
         "allow_runtime_env": _check_env_names,
         "secret_env": _check_env_names,
+        "api_key_env": lambda name: _check_env_names([name]),
     }
 
     def check_together(self) -> None:

@@ -45,6 +45,7 @@ from fleet.plan.types import (
     parse_version,
     show_version,
 )
+from fleet.protocol import SECRET_WORD
 
 __all__ = [
     "ALIASES",
@@ -102,6 +103,16 @@ def plan_launch(
         Flag("--host", wishes.bind_address, "bind-address", "inventory bind_address"),
         Flag("--port", str(wishes.port), "port", "playbook port"),
     ]
+    if wishes.api_key_env:
+        flags.append(
+            Flag(
+                "--api-key",
+                f"{SECRET_WORD}{wishes.api_key_env}",
+                "api-key",
+                f"playbook api_key_env: the key in {wishes.api_key_env}, sent to the host on stdin and put here by "
+                "fleet's launcher; fleet's own requests send it too",
+            )
+        )
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "unbuffered-log", "log lines reach the file as written")]
     if gpus.indices:
         env += [

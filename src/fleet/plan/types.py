@@ -68,6 +68,7 @@ class Wishes:
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[str, ...] = ()
+    api_key_env: str | None = None  # the variable holding the engine's API key (one of secret_env)
     literal: bool = False
     trust_remote_code: bool = False
     parsers: str | tuple[str | None, str | None] | None = None  # "auto", or (reasoning, tool_call) names
