@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,11 +34,16 @@ SECTIONS = [
 
 def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
-    env = dict(os.environ, FLEET_BENCH_ROOT=str(tmp_path / "bench"), PYTHONPATH=str(ROOT / "testbed"))
+    # a short root: the benchmark's pool socket lives under it, and a unix socket's path has 107 bytes
+    root = Path(tempfile.mkdtemp(prefix="fb-", dir="/tmp"))
+    env = dict(os.environ, FLEET_BENCH_ROOT=str(root), PYTHONPATH=str(ROOT / "testbed"))
     argv = ["--runs", "1", "--crashes", "3", "--sizes", "1,2", "--rtt-ms", "5", "--out", str(out)]
-    r = subprocess.run(
-        [sys.executable, "-m", "fleet_testbed.bench", *argv], env=env, capture_output=True, text=True, timeout=900
-    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "fleet_testbed.bench", *argv], env=env, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     text = out.read_text()
     for section in SECTIONS:
