@@ -251,6 +251,25 @@ def test_a_foreign_container_on_the_gpus_is_refused_without_force(
     assert podman_json("ps", "--filter", "name=fleet-other")[0]["State"] == "running"
 
 
+def test_a_stop_never_sweeps_another_containers_engine(
+    container_host: Path, images: dict[str, str], fleet_env: simhost.Sandbox
+) -> None:
+    """A podman container that is not fleet's, running an engine as fleet's user: `fleet stop` said "not
+    stopped ... --force stops it" and then a sweep by name SIGKILLed it 2 s later, exit 0 (issue 39). Only
+    the groups a stop itself stopped are swept now."""
+    hdir = container_host
+    run = ["podman", "run", "-d", "--name", "foreign-engine", "--network", "host", "-v", f"{hdir}:{hdir}"]
+    run += ["-e", f"SIM_HOST_DIR={hdir}", "--entrypoint", "python3", images["0.5.23"]]
+    run += ["-m", "fleet_testbed.sim_child", "sglang::scheduler", "7", "30001"]  # an engine's title, GPU 7
+    started = subprocess.run([*simhost.ssh_argv(fleet_env, BLACKWELL), *run], capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    stopped = run_cli("stop", "--host", "blackwell")
+    assert stopped.code == 0, stopped.err
+    assert "foreign-engine" in stopped.out and "--force stops it" in stopped.out
+    running = podman_json("ps", "--filter", "name=foreign-engine")
+    assert running and running[0]["State"] == "running"
+
+
 def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
     container_host: Path, images: dict[str, str]
 ) -> None:

@@ -84,6 +84,35 @@ CASES = [
         True,
         ("leave", "GPU daemon or tool nvidia-persistenced"),
     ),
+    # issue 39's rows: what holds the GPUs or port in another container, or merely looks like an engine
+    (
+        "an engine of fleet's user in another container",
+        dict(proc(ENGINE), container="foreign-sglang (img)"),
+        None,
+        False,
+        ("refuse", "runs in container foreign-sglang (img), which is not this deployment's"),
+    ),
+    (
+        "the same, forced (stopped through its runtime, never removed)",
+        dict(proc(ENGINE), container="foreign-sglang (img)"),
+        None,
+        True,
+        ("stop", "runs in container foreign-sglang (img), which is not this deployment's"),
+    ),
+    (
+        "an SGLang tool module, not its server, on the GPU",
+        proc(["python3", "-m", "sglang.srt.some_tool"]),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "another user's process in fleet's own group, in a container",
+        dict(proc(["python3", "job.py"], uid=OTHER, pgid=FLEETS_GROUP), container="x"),
+        None,
+        False,
+        ("refuse", "process of user alice"),
+    ),
     ("sshd", proc(["sshd: root@notty"], comm="sshd"), None, True, ("skip", "init, sshd or fleet's own command")),
     ("init", proc(["/sbin/init"], pid=1, pgid=1), None, True, ("skip", "init, sshd or fleet's own command")),
     (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.facts import probe_source
+from fleet.hostscripts import source_for
 
 # nvidia-ml-py's classes: NVMLError_LibraryNotFound is made by its error-class factory from NVMLError.
 STUB = """
@@ -35,7 +35,7 @@ def gpus_seen(tmp_path: Path, pynvml: str | None) -> dict[str, object]:
         # the standard library stays importable; the test's directory replaces every site-packages
         + f"sys.path[:] = [{str(site)!r}] + [p for p in sys.path if p and 'site-packages' not in p]\n"
         + "FLEET_PROBE_AS_LIBRARY = True\n"
-        + probe_source()
+        + source_for("probe")
         + "\nimport json\nprint(json.dumps(_gpus()))\n"
     )
     empty = tmp_path / "bin"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleet.facts import probe_source
+from fleet.hostscripts import source_for
 
 REPORT = (
     "\nimport json\n"
@@ -21,7 +21,7 @@ REPORT = (
 
 
 def listeners_seen(prelude: str = "") -> dict[str, dict[str, list[object]]]:
-    code = prelude + "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source() + REPORT
+    code = prelude + "FLEET_PROBE_AS_LIBRARY = True\n" + source_for("probe") + REPORT
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout))
@@ -75,7 +75,7 @@ def test_without_netlink_the_proc_tables_are_read(many_listeners: list[tuple[str
         "        super().__init__(family, *a, **k)\n"
         "_socket.socket = _NoNetlink\n"
     )
-    code = refuse + "FLEET_PROBE_AS_LIBRARY = True\n" + probe_source()
+    code = refuse + "FLEET_PROBE_AS_LIBRARY = True\n" + source_for("probe")
     code += "\nimport json\nprint(json.dumps({'listeners': listening_sockets(), 'refused': len(REFUSED)}))\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

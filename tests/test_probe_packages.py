@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet.facts import probe_source
+from fleet.hostscripts import source_for
 
 
 def packages_seen_with(site: Path) -> dict[str, str]:
     code = (
         "FLEET_PROBE_AS_LIBRARY = True\n"
-        + probe_source()
+        + source_for("probe")
         + "\nimport sys, json\n"
         # the standard library stays importable; the test's directory replaces every site-packages
         + f"sys.path[:] = [{str(site)!r}] + [p for p in sys.path if p and 'site-packages' not in p]\n"

@@ -283,13 +283,6 @@ def gpu_mismatches(expected: ExpectedGpus | None, gpus: Sequence[Gpu]) -> list[G
     return out
 
 
-def probe_source() -> str:
-    """The probe's source as it runs on the host (tests run it in-process)."""
-    from fleet.hostscripts import source_for
-
-    return source_for("probe")
-
-
 def _proc(d: dict[str, Any]) -> Proc:
     return Proc(
         pid=int(d["pid"]),
