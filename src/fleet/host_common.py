@@ -16,6 +16,12 @@ import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+# fleet's record files on a host, named here only: every other module uses these names
+LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
+STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
+LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
+HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
+
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
 # The titles the engines give their processes (setproctitle): sglang::scheduler_TP0, VLLM::EngineCore.
@@ -320,7 +326,7 @@ def write_record(path: str, data: Any) -> None:
 
 def release_lock(state_dir: str, run_id: str) -> None:
     """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable)."""
-    path = os.path.join(os.path.expanduser(state_dir), "lock.json")
+    path = os.path.join(os.path.expanduser(state_dir), LOCK_FILE)
     cur = read_record(path)
     if cur is None or cur.get("run_id") == run_id:
         with contextlib.suppress(OSError):
@@ -330,7 +336,7 @@ def release_lock(state_dir: str, run_id: str) -> None:
 def mark_unverified(state_dir: str, run_id: str) -> None:
     """fleet went away after this run launched its server and before it was proven: the record says so
     (a record another run wrote since, or one past "starting", is left alone)."""
-    path = os.path.join(os.path.expanduser(state_dir), "state.json")
+    path = os.path.join(os.path.expanduser(state_dir), STATE_FILE)
     st = read_record(path) or {}
     if st.get("run_id") == run_id and st.get("status") == "starting":
         st.update(
@@ -359,14 +365,13 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
 
 # fleet's records on a host: learned.json for the whole host, and a directory per deployment
 # (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
 # kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
 DEPLOYMENTS = "deployments"
 DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
-LEGACY_FILES = ("state.json", "heals.json")  # health.json stays: it is the host's bookkeeping
+LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's bookkeeping
 
 
 def deployment_dir(state_dir: str, name: str) -> str:
@@ -394,7 +399,7 @@ def migrate_legacy(state_dir: str) -> Optional[str]:
     """Move an older fleet's one-server record into its deployment's directory (nothing running is
     touched: the record moves, its server stays fleet's). Run under the host's guard. Returns the name."""
     root = os.path.expanduser(state_dir)
-    legacy = os.path.join(root, "state.json")
+    legacy = os.path.join(root, STATE_FILE)
     if not os.path.exists(legacy):
         return None
     record = read_record(legacy)

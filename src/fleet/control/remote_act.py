@@ -57,6 +57,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import (
         LAUNCH_MARK,
         LEARNED_FILE,
+        STATE_FILE,
         container_owner,
         deployment_dir,
         mark_unverified,
@@ -316,7 +317,7 @@ def launch_and_record(
 ) -> None:
     """Record the new attempt, launch it, record its process. A write that fails here (the disk filled up
     after the check) must not leave the host without a server: the previous one is relaunched."""
-    st_path = os.path.join(state_dir, "state.json")
+    st_path = os.path.join(state_dir, STATE_FILE)
     try:
         if a["state_update"]:
             write_record(st_path, a["state_update"])
@@ -531,9 +532,9 @@ def main() -> ActResult:
         return out
     root = expand(a["lock"]["state_dir"])
     state_dir = deployment_dir(root, a["lock"]["deployment"])
-    for path in (os.path.join(state_dir, "state.json"), os.path.join(root, LEARNED_FILE)):
+    for path in (os.path.join(state_dir, STATE_FILE), os.path.join(root, LEARNED_FILE)):
         read_record(path)  # a damaged record is set aside before it is written over
-    if a["lock"].get("command") == "heal" and (read_record(os.path.join(state_dir, "state.json")) or {}).get(
+    if a["lock"].get("command") == "heal" and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get(
         "status"
     ) == "stopped":  # stopped by an operator after the health check saw it down: a heal must not undo that
         release_lock(state_dir, a["lock"]["run_id"])
@@ -569,7 +570,7 @@ def main() -> ActResult:
             release_lock(state_dir, a["lock"]["run_id"])
             out["short_of_space"] = short
             return out
-    previous = read_record(os.path.join(state_dir, "state.json"))
+    previous = read_record(os.path.join(state_dir, STATE_FILE))
     procs = process_table()
     # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
     # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
@@ -586,7 +587,7 @@ def main() -> ActResult:
     replaced_names = list(a["lock"].get("replace") or [])
     clis = [(container or {}).get("cli"), recorded_cli(previous)]
     for other in replaced_names:
-        clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), "state.json"))))
+        clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
     named = [str(c) for c in clis if c]
     owner = container_owner(os.getuid(), root)
     ours, refused_containers = fleet_containers(
@@ -632,7 +633,7 @@ def main() -> ActResult:
             out["client_gone"] = True
             return out
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
-        st_path = os.path.join(state_dir, "state.json")
+        st_path = os.path.join(state_dir, STATE_FILE)
         st = read_record(st_path) or {}
         st.update(a["state_update"])
         write_record(st_path, st)

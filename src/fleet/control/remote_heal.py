@@ -15,7 +15,7 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import deployment_dir, migrate_legacy, write_record
+    from fleet.host_common import HEALS_FILE, deployment_dir, migrate_legacy, write_record
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
         fcntl.flock(guard, fcntl.LOCK_EX)
         migrate_legacy(root)  # an older fleet's record first, so its deployment's heals go beside it
     state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
-    path = os.path.join(state_dir, "heals.json")
+    path = os.path.join(state_dir, HEALS_FILE)
     try:
         with open(path) as f:
             heals = [x for x in json.load(f) if isinstance(x, (int, float))]

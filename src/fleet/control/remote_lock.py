@@ -19,6 +19,8 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_free import expand, recorded_group_is_ours
     from fleet.host_common import (
+        LOCK_FILE,
+        STATE_FILE,
         deployment_dir,
         deployment_names,
         migrate_legacy,
@@ -44,7 +46,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
     with guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         # an older fleet's run, still going, holds the one lock it knew; one it left behind is removed
-        legacy_lock = os.path.join(root, "lock.json")
+        legacy_lock = os.path.join(root, LOCK_FILE)
         held = held_by_another(legacy_lock, a)
         if held is not None:
             return held
@@ -56,7 +58,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}
-        path = os.path.join(directory, "lock.json")
+        path = os.path.join(directory, LOCK_FILE)
         held = held_by_another(path, a)
         if held is not None:
             return held
@@ -114,7 +116,7 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
         if name == a["deployment"] or name in (a.get("replace") or []):
             continue
         directory = deployment_dir(root, name)
-        st = read_record(os.path.join(directory, "state.json")) or {}
+        st = read_record(os.path.join(directory, STATE_FILE)) or {}
         pgid = st.get("pgid")
         running = (
             type(pgid) is int
@@ -123,9 +125,9 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
             and alive(pgid)  # a leader nobody reaped (no init in a container) is a crashed server
             and st.get("status") != "stopped"
         )
-        if not running and held_by_another(os.path.join(directory, "lock.json"), a) is None:
+        if not running and held_by_another(os.path.join(directory, LOCK_FILE), a) is None:
             continue
-        claim = st if running else (read_record(os.path.join(directory, "lock.json")) or {})
+        claim = st if running else (read_record(os.path.join(directory, LOCK_FILE)) or {})
         theirs = record_gpus(claim)
         shared_gpus = mine is None or theirs is None or bool(set(mine) & set(theirs))
         shared_ports = sorted(my_ports & set(record_ports(claim)))
@@ -154,7 +156,7 @@ def sibling_groups(
     for name in deployment_names(root):
         if name == me:
             continue
-        st = read_record(os.path.join(deployment_dir(root, name), "state.json")) or {}
+        st = read_record(os.path.join(deployment_dir(root, name), STATE_FILE)) or {}
         pgid = st.get("pgid")
         if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
@@ -165,7 +167,7 @@ def sibling_groups(
 
 def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
     for name in replaced.values():
-        path = os.path.join(deployment_dir(root, name), "state.json")
+        path = os.path.join(deployment_dir(root, name), STATE_FILE)
         st = read_record(path) or {}
         st.update(status="stopped", reason="replaced by deployment %s" % by, updated=time.time())
         write_record(path, st)
@@ -174,7 +176,7 @@ def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
 def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
     """fleet was interrupted: a step of the same run still working on the host (it saw fleet's end of its
     stdin close and is finishing: recording, releasing) goes first, so the lock is not freed under it."""
-    path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "lock.json")
+    path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), LOCK_FILE)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         cur = read_record(path) or {}

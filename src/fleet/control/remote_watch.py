@@ -34,6 +34,8 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.host_common import (
         LEARNED_FILE,
+        LOCK_FILE,
+        STATE_FILE,
         base_url,
         deployment_dir,
         first_line_of_stdin,
@@ -152,7 +154,7 @@ def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def lock_path(a: Dict[str, Any]) -> str:
-    return os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "lock.json")
+    return os.path.join(deployment_dir(a["state_dir"], a["deployment"]), LOCK_FILE)
 
 
 def touch_lock(a: Dict[str, Any]) -> None:
@@ -172,7 +174,7 @@ def touch_lock(a: Dict[str, Any]) -> None:
 
 def on_success(a: Dict[str, Any]) -> None:
     state_dir = deployment_dir(a["state_dir"], a["deployment"])
-    st_path = os.path.join(state_dir, "state.json")
+    st_path = os.path.join(state_dir, STATE_FILE)
     st = read_record(st_path) or {}
     st.update(a["success_state"])
     st["ready_at"] = time.time()
@@ -219,7 +221,7 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
             lock.get("owner"),
             lock.get("command"),
         )
-    st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "state.json")
+    st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
     st = read_record(st_path) or {}
     if st.get("run_id") == a["run_id"] and st.get("status") == "failed":  # the host gave up on this run
         return "the host stopped this run's server: %s" % st.get("reason", "failed")
@@ -453,7 +455,7 @@ def frozen_client(a: Dict[str, Any], why: str) -> None:
     group, held member by member, this user's only), recorded as failed, and the lock released."""
     stopped = stop_group(a["pgid"])
     try:
-        st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), "state.json")
+        st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
         st = read_record(st_path) or {}
         if st.get("run_id") in (None, a["run_id"]):
             st.update(status="failed", reason="%s; its server was stopped (%d processes)" % (why, stopped))

@@ -23,7 +23,9 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, container_of, containers, gpu_access, image_facts
     from fleet.host_common import (  # noqa: F401
+        LOCK_FILE,
         SIMULATED_GPUS_MARK,
+        STATE_FILE,
         deployment_dir,
         deployment_names,
         engine_kind,
@@ -512,14 +514,14 @@ def _state(state_dir: str) -> Dict[str, Any]:
     for name in deployment_names(root):
         records = _records(deployment_dir(root, name), ("state", "lock", "heals"))
         if any(v is not None for v in records.values()):  # an empty directory: a stop with nothing recorded
-            records["lock_live"] = _lock_live(os.path.join(deployment_dir(root, name), "lock.json"), records["lock"])
+            records["lock_live"] = _lock_live(os.path.join(deployment_dir(root, name), LOCK_FILE), records["lock"])
             deployments[name] = records
-    if os.path.exists(os.path.join(root, "state.json")):
+    if os.path.exists(os.path.join(root, STATE_FILE)):
         legacy = _records(root, ("state", "lock", "heals"))
         name = legacy_name(legacy["state"] or {})
         if name not in deployments or deployments[name].get("state") is None:  # not yet moved (a heal's
             # bookkeeping may have made the directory first)
-            legacy["lock_live"] = _lock_live(os.path.join(root, "lock.json"), legacy["lock"])
+            legacy["lock_live"] = _lock_live(os.path.join(root, LOCK_FILE), legacy["lock"])
             deployments[name] = dict(legacy, legacy=True)
     out["deployments"] = deployments
     return out
