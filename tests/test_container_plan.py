@@ -143,6 +143,9 @@ BAD_RUNTIMES = [  # (runtime:, what the error says): each would run something fl
     ("{container: podman, image: x, run_args: ['-v', '/etc/shadow:/s:ro']}", "which is the host's own"),
     ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/proc,dst=/p']}", "the host's own"),
     ("{container: podman, image: x, run_args: ['-v', '/srv/podman.sock:/s']}", "mounts the socket"),
+    ("{container: podman, image: x, run_args: ['-v', '/root:/r']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: ['-v', '/home/ann:/h']}", "which is the host's own"),
+    ("{container: podman, image: x, mounts: ['/home/ann/.ssh:/k:ro']}", "where credentials are kept"),
     ("{container: podman, image: x, run_args: [--cap-add=ALL]}", "sets --cap-add, which run_args may not"),
     ("{container: podman, image: x, run_args: [--security-opt=seccomp=unconfined]}", "sets --security-opt"),
     ("{container: podman, image: x, run_args: [--runtime=nvidia]}", "sets --runtime, which run_args may not"),
@@ -175,6 +178,9 @@ BAD_RUNTIMES = [  # (runtime:, what the error says): each would run something fl
 def test_run_args_as_docker_reads_them_pass() -> None:
     ok = "{container: podman, image: x, run_args: [--ulimit=memlock=-1, -e, A=1, -v, '/d:/data:ro', --init]}"
     assert chosen_runtime(load_runtime(ok), None) is not None
+    # data and programs inside a home are the operator's to mount (a Python install for a venv, say)
+    python = "/root/.pyenv/versions/3.11.7"
+    assert isinstance(load_runtime(f"{{container: podman, image: x, mounts: ['{python}:{python}:ro']}}"), Container)
 
 
 def load_runtime(runtime: str, tmp: Path | None = None) -> Container | str | None:

@@ -62,10 +62,13 @@ ALLOWED_RUN_OPTIONS = frozenset(
 # Environment a container must not set itself: the GPU placement fleet made (the runtime's NVIDIA_* hooks,
 # *_VISIBLE_DEVICES), and what changes which program or library runs (set it in the playbook's env:).
 PLACEMENT_ENV = re.compile(r"^(?:NVIDIA_\w+|\w*_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL)$")
-# Host paths a container may not see: the whole host, its kernel and process views, its configuration and
-# credentials, its service sockets (the container runtime's own: a way out of any container).
-SYSTEM_SOURCES = ("/proc", "/sys", "/boot", "/etc", "/root", "/run", "/var/run", "/var/lib/docker",
+# Host paths a container may not see: the whole host, its kernel and process views, its configuration,
+# its service sockets (the container runtime's own: a way out of any container), a home directory whole,
+# and the credentials kept in one. A directory of data or programs inside a home (a Python install, a
+# model) is the operator's to mount.
+SYSTEM_SOURCES = ("/proc", "/sys", "/boot", "/etc", "/run", "/var/run", "/var/lib/docker",
                   "/var/lib/containers")  # fmt: skip
+CREDENTIAL_DIRS = (".ssh", ".gnupg", ".aws", ".docker", ".kube", ".netrc", ".git-credentials")
 SHORT_WITH_VALUE = ("-v", "-e", "-l", "-u", "-w", "-m", "-c", "-p")  # docker/podman's short options taking one
 # Long options that take no value; any other long option is written --option=VALUE, as one word, so that a
 # value is never taken from the words fleet adds after run_args.
@@ -104,8 +107,13 @@ def _check_mounts(value: list[str]) -> None:
 
 def _check_mount(source: str, target: str) -> None:
     source_path = _normal(source)
-    if source_path == "/" or any(source_path == p or source_path.startswith(p + "/") for p in SYSTEM_SOURCES):
+    whole_home = source_path == "/root" or (source_path.startswith("/home/") and source_path.count("/") == 2)
+    if source_path in ("/", "/home") or whole_home or any(
+        source_path == p or source_path.startswith(p + "/") for p in SYSTEM_SOURCES
+    ):
         raise ValueError(f"mounts {source}, which is the host's own (the system, its sockets); mount data only")
+    if any(part in CREDENTIAL_DIRS for part in source_path.split("/")):
+        raise ValueError(f"mounts {source}, where credentials are kept; mount data only")
     if source_path.endswith(".sock"):
         raise ValueError(f"mounts the socket {source}: a service's socket reaches beyond the container")
     target = _normal(target)
