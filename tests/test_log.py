@@ -108,3 +108,18 @@ def test_a_secret_is_redacted_in_every_spelling_it_is_shown_in(said: str) -> Non
 
     shown = safe_text(redact(said, {"HF_TOKEN": SECRET}))
     assert "SECRET" not in shown and "***" in shown, shown
+
+
+def test_redaction_of_a_run_of_escape_characters_is_linear() -> None:
+    """A line of ESCs had 2**n ways to match the gap between a secret's characters (24 took seconds; a
+    client can make an engine log such a line). It is matched one way now: bounded, not timed."""
+    import re
+
+    from fleet.secrets import _GAP
+
+    assert "(?>" in _GAP and _GAP.endswith(")*+")  # atomic, possessive: no backtracking into the gap
+    from fleet.secrets import redact
+
+    line = "h" + "\x1b" * 60 + "X " + SECRET
+    assert redact(line, {"HF_TOKEN": SECRET}).endswith("***")
+    assert re.compile(_GAP)  # compiles on the client's Python (3.11+)
