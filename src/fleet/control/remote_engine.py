@@ -24,6 +24,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+try:  # the shared host code is prepended when this script is sent to a host
+    first_line_of_stdin  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests, mypy)
+    from fleet.host_common import first_line_of_stdin
+
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
 
@@ -278,29 +283,9 @@ def use(a: Dict[str, Any]) -> None:
     emit({"e": "current", "version": version, "previous": was})
 
 
-def request_on_stdin() -> Dict[str, Any]:
-    """The part of the request that must not be on this step's command line (fleet's --pip-arg words: an
-    index URL's password), sent as stdin's first line; read a byte at a time, so stdin_closed() still
-    sees exactly when fleet goes away."""
-    data = b""
-    while not data.endswith(b"\n") and len(data) < 1 << 20:
-        try:
-            chunk = os.read(0, 1)
-        except OSError:
-            break
-        if not chunk:
-            break
-        data += chunk
-    try:
-        found = json.loads(data.decode() or "{}")
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def main() -> None:
     a = json.loads(sys.argv[1])
-    a.update(request_on_stdin())
+    a.update(first_line_of_stdin(1 << 20))  # the pip args: never on this step's command line
     try:
         {"install": install, "use": use}[a["action"]](a)
     except Exception as exc:  # the step always answers in its own words
