@@ -161,6 +161,35 @@ BAD_RUNTIMES = [  # (runtime:, what the error says): each would run something fl
     ("{container: podman, image: x, run_args: [--volumes-from=other]}", "sets --volumes-from"),
     ("{container: podman, image: x, run_args: [-e]}", "ends with -e"),
     ("{container: podman, image: x, run_args: ['-e', 'A=$(id)']}", "refuses to send"),
+    # the third pass's review: mounts read as docker and podman read them, and what a mount may reach
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,Source=/,Target=/h']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: ['--mount=TYPE=bind,SRC=/etc,DST=/h']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,\"src=/proc\",dst=/h']}", "the host's own"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/d,src=/,dst=/h']}", "gives 'src' twice"),
+    ("{container: podman, image: x, run_args: ['--mount=src=/d,dst=/h']}", "mounts a volume"),
+    (
+        "{container: podman, image: x, run_args: ['--mount=type=volume,dst=/h,volume-opt=device=/,volume-opt=o=bind']}",
+        "mounts with 'volume-opt'",
+    ),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/d,dst=/h,bind-propagation=rshared']}", "'bind-"),
+    ("{container: podman, image: x, run_args: ['--mount=type=image,src=x,dst=/h']}", "mounts a image"),
+    ("{container: podman, image: x, run_args: [-v, '.:/x']}", "must be an absolute host path"),
+    ("{container: podman, image: x, run_args: [-v, 'vol:/x']}", "named volumes"),
+    ("{container: podman, image: x, run_args: [-v, '/d:/x:U']}", "with options other than"),
+    ("{container: podman, image: x, run_args: [-v, '/d:/x:z']}", "with options other than"),
+    ("{container: podman, image: x, run_args: [-v, '/usr:/u']}", "mount it read-only"),
+    ("{container: podman, image: x, run_args: [-v, '/lib/x86_64-linux-gnu:/l']}", "mount it read-only"),
+    ("{container: podman, image: x, run_args: [-v, '/opt:/o']}", "mount it read-only"),
+    ("{container: podman, image: x, run_args: [-v, '/var/lib/dpkg:/c']}", "mount it read-only"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/usr,dst=/u,readonly=false']}", "read-only"),
+    ("{container: podman, image: x, run_args: [-v, '/root/.pyenv:/p']}", "mount it read-only"),
+    ("{container: podman, image: x, run_args: [-v, '/home/ann/.config:/c:ro']}", "where credentials are kept"),
+    ("{container: podman, image: x, run_args: [-v, '/home/ann/.config/gh:/c:ro']}", "where credentials are kept"),
+    ("{container: podman, image: x, run_args: [-v, '/tmp:/t']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: ['--tmpfs=/dev/shm']}", "mounts device files"),
+    ("{container: podman, image: x, run_args: [--log-driver=syslog]}", "sets --log-driver, which run_args may not"),
+    ("{container: podman, image: x, run_args: ['--log-opt=syslog-address=tcp://x:514']}", "sets --log-opt"),
+    ("{container: podman, image: x, mounts: ['/usr/lib:/l']}", "mount it read-only"),
     ("{container: podman, image: x, mounts: ['/a']}", "HOST_PATH:CONTAINER_PATH"),
     ("{container: podman, image: x, mounts: ['/a/../etc:/b']}", "'..'"),
     ("{container: podman, image: x, mounts: ['/x://models/Q/config.json']}", "mounts over /models"),
@@ -181,6 +210,13 @@ def test_run_args_as_docker_reads_them_pass() -> None:
     # data and programs inside a home are the operator's to mount (a Python install for a venv, say)
     python = "/root/.pyenv/versions/3.11.7"
     assert isinstance(load_runtime(f"{{container: podman, image: x, mounts: ['{python}:{python}:ro']}}"), Container)
+    # programs read-only, data as the operator likes, a tmpfs; the key's case and CSV quotes as docker reads
+    for fine in (
+        "run_args: [-v, '/usr:/usr:ro', -v, '/opt/models:/m', -v, '/tmp/x:/x:ro,nosuid']",
+        "run_args: ['--mount=Type=bind,Source=/usr/lib,Target=/l,ReadOnly', '--mount=type=tmpfs,dst=/scratch']",
+        "run_args: ['--mount=type=bind,\"src=/data/a,b\",dst=/d', '--tmpfs=/scratch:size=1g']",
+    ):
+        assert isinstance(load_runtime(f"{{container: podman, image: x, {fine}}}"), Container), fine
 
 
 def load_runtime(runtime: str, tmp: Path | None = None) -> Container | str | None:

@@ -222,15 +222,28 @@ def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.San
     assert "xid 79" not in {c["name"] for c in rows[0]["checks"]}
 
 
-def test_new_crash_lines_in_the_server_log_are_reported(fleet_env: simhost.Sandbox) -> None:
+def test_new_crash_lines_in_the_server_log_are_critical_unless_a_prompt_was_answered(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """A crash line is critical while nothing proves the server serves. Whatever reached the log (a forged
+    line, an old one), a server that answers a real prompt in the same check is warned of, never healed."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     health("--host", "ct129")
     log = Path(json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["log"])
+    crash_line = "[2026-11-29 12:00:00 TP1] RuntimeError: CUDA error: an illegal memory access was encountered\n"
     with log.open("a") as f:
-        f.write("[2026-11-29 12:00:00 TP1] RuntimeError: CUDA error: an illegal memory access was encountered\n")
+        f.write(crash_line)
     code, rows, _ = health("--host", "ct129", "--skip-generation")
     crash = {c["name"]: c for c in rows[0]["checks"]}["crash_log"]
     assert code == 2 and crash["detail"].startswith("illegal_memory_access (illegal-memory-access)")
+    with log.open("a") as f:
+        f.write(crash_line)
+    code, rows, _ = health("--host", "ct129", "--heal")
+    checks = {c["name"]: c for c in rows[0]["checks"]}
+    assert checks["generation"]["status"] == "ok", checks
+    assert code == 1 and checks["crash_log"]["status"] == "warning", checks["crash_log"]
+    assert "answered a prompt" in checks["crash_log"]["detail"]
+    assert not rows[0]["healable"] and rows[0]["heal"] is None
 
 
 def test_json_and_prometheus_outputs_parse(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ from fleet.facts import HostFacts
 from fleet.host_common import base_url
 from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host
-from fleet.inventory.runtime import SECRETS_MOUNT
+from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES

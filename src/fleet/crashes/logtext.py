@@ -63,32 +63,17 @@ def _bounded(raw: str) -> str:
 
 # Records that carry a client's text: an access log's request line (its path and query are the client's),
 # the engines' request logging (`--log-requests`: SGLang's Receive/Finish of a GenerateReqInput, vLLM's
-# "Received request ...: prompt: '...'"). Whatever such a record says, and every line that continues it
-# until the next prefixed record, is a client's words: never a failure, a ready line or a signature's
-# evidence. A crafted prompt can otherwise forge any crash line, with a newline, a literal "\n" or a
-# carriage return to start a line of its own.
+# "Received request ...: prompt: '...'"). Whatever such a record says is a client's words: never a failure,
+# a ready line or a signature's evidence, however it is split (a literal "\n", a carriage return). Such a
+# record is one line: HTTP has no newline in a request line, and both engines log a request's strings as
+# Python reprs (SGLang's request_logger, vLLM's RequestLogger with %r), where a newline is "\n". So the
+# line after one is the engine's own again, whatever brackets a prompt left open ('sad :(').
 ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/')
 BODY = re.compile(
     r"^(?:Receive|Finish|Abort): (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
     r"^Received request \S+:|\bprompt(?:_token_ids)?: ['\"\[]"
 )
 QUOTED = re.compile(f"{ACCESS.pattern}|{BODY.pattern}")
-
-
-def _still_open(text: str, depth: int) -> int:
-    """How many brackets a logged request body leaves open after `text` (it started at `depth`): the body
-    goes on over the next lines only while it is open. An access log's request line never does (HTTP has
-    no newline in it), so a traceback right after one is the engine's own again."""
-    return max(
-        0,
-        depth
-        + text.count("(")
-        + text.count("{")
-        + text.count("[")
-        - text.count(")")
-        - text.count("}")
-        - text.count("]"),
-    )
 
 
 @dataclass(frozen=True)
@@ -122,55 +107,45 @@ class LogText:
         return tuple(self.window(i) for i in range(len(self.lines)))
 
 
-def _strip(raw: str) -> tuple[str, str | None, bool]:
-    """The message, the level its prefix named, and whether any prefix was there (a new record)."""
+def _strip(raw: str) -> tuple[str, str | None]:
+    """The message and the level its prefix named."""
     text = _REPEATED.sub("", _CONTROL.sub("", _bounded(raw.rstrip("\r\n"))))
     text = _K8S_RIGHT.sub("", text)
     level = None
-    prefixed = False
     for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
         before = text
         for p in _PREFIXES:
             m = p.match(text)
             if m:
                 level = m.groupdict().get("level") or level
-                prefixed = prefixed or m.end() > 0
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
         if text == before:
             break
-    return text, level, prefixed
+    return text, level
 
 
 def normalize_log(raw_lines: Iterable[str]) -> LogText:
     """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'; split
     a line at carriage returns as a terminal would show it (progress bars redrawn in place, then the
     crash on the same line). A record that quotes a client (QUOTED) is marked whole, with every piece
-    it splits into and every unprefixed line that continues it: splitting cannot turn it into evidence."""
+    it splits into: splitting cannot turn it into evidence."""
     lines: list[str] = []
     levels: list[str | None] = []
     quoted: list[bool] = []
-    open_body = 0  # brackets a logged request body left open: its next unprefixed lines are the client's
     for raw in raw_lines:
-        message, _level, prefixed = _strip(raw)
-        if prefixed or not open_body:
-            body = bool(BODY.search(message))
-            in_quote = body or bool(ACCESS.search(message))
-            open_body = _still_open(message, 0) if body else 0
-        else:
-            in_quote = True
-            open_body = _still_open(message, open_body)
-        if in_quote:
+        message, level = _strip(raw)
+        if QUOTED.search(message):
             lines.append(message)
-            levels.append(_level)
+            levels.append(level)
             quoted.append(True)
             continue
         pieces = raw.split("\\n") if "\\n" in raw and "Traceback" in raw else [raw]
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:
-            text, level, _ = _strip(piece)
+            text, level = _strip(piece)
             lines.append(text)
             levels.append(level)
             quoted.append(False)

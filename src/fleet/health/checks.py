@@ -322,10 +322,14 @@ def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnos
     if answer.get("container"):
         add(*_container_check(answer["container"]))
     if diagnosis is not None and diagnosis.category not in ("healthy", "starting"):
+        # Log text alone never makes a server that answered a real prompt just now broken (and healed):
+        # what a log says can be forged or stale; the answer cannot.
+        answered = bool((http.get("generation") or {}).get("ok"))
         add(
             "crash_log",
-            CRITICAL,
-            f"{diagnosis.category} ({diagnosis.signature}) in the server log: {(diagnosis.evidence or ('',))[0][:160]}",
+            WARNING if answered else CRITICAL,
+            f"{diagnosis.category} ({diagnosis.signature}) in the server log"
+            f"{', yet it answered a prompt' if answered else ''}: {(diagnosis.evidence or ('',))[0][:160]}",
         )
     return checks
 

@@ -3,22 +3,17 @@
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
+from fleet.inventory.mounts import check_mount, check_mount_option, check_target, check_volume
 from fleet.inventory.strict import _check_no_shell_meta, _check_remote_path, _Strict
 
 # An image reference: [registry[:port]/]path[:tag][@digest], as docker and podman spell it.
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]{0,254}(@sha256:[0-9a-f]{64})?\Z")
 SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[bkmg]?\Z")
-
-# Where fleet mounts what it owns inside the container (read-only model, the engine's secrets file).
-MODEL_MOUNT = "/models"
-SECRETS_MOUNT = "/run/fleet-secrets"
-HF_CACHE_MOUNT = "/root/.cache/huggingface"
 
 # `run` options fleet writes itself, or that would undo what it checked (the GPUs it placed, the image
 # and pull policy it read, the process tree it watches): a copy in run_args would win. Value: why.
@@ -55,29 +50,17 @@ ALLOWED_RUN_OPTIONS = frozenset(
         "-e", "--env", "-v", "--volume", "--mount", "-l", "--label",
         "-u", "--user", "-w", "--workdir", "-m", "--memory", "--memory-swap", "--memory-reservation",
         "-c", "--cpu-shares", "--cpus", "--cpuset-cpus", "--cpuset-mems", "--pids-limit", "--ulimit",
-        "--init", "--read-only", "--tmpfs", "--no-healthcheck", "--log-driver", "--log-opt",
+        "--init", "--read-only", "--tmpfs", "--no-healthcheck",
         "--stop-timeout", "--stop-signal", "--hostname", "--add-host", "--tz", "--quiet", "--oom-kill-disable",
     }
 )  # fmt: skip
 # Environment a container must not set itself: the GPU placement fleet made (the runtime's NVIDIA_* hooks,
 # *_VISIBLE_DEVICES), and what changes which program or library runs (set it in the playbook's env:).
 PLACEMENT_ENV = re.compile(r"^(?:NVIDIA_\w+|\w*_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL)$")
-# Host paths a container may not see: the whole host, its kernel and process views, its configuration,
-# its service sockets (the container runtime's own: a way out of any container), a home directory whole,
-# and the credentials kept in one. A directory of data or programs inside a home (a Python install, a
-# model) is the operator's to mount.
-SYSTEM_SOURCES = ("/proc", "/sys", "/boot", "/etc", "/run", "/var/run", "/var/lib/docker",
-                  "/var/lib/containers")  # fmt: skip
-CREDENTIAL_DIRS = (".ssh", ".gnupg", ".aws", ".docker", ".kube", ".netrc", ".git-credentials")
 SHORT_WITH_VALUE = ("-v", "-e", "-l", "-u", "-w", "-m", "-c", "-p")  # docker/podman's short options taking one
 # Long options that take no value; any other long option is written --option=VALUE, as one word, so that a
 # value is never taken from the words fleet adds after run_args.
 LONG_WITHOUT_VALUE = ("--init", "--read-only", "--oom-kill-disable", "--no-healthcheck", "--quiet")
-
-
-def _normal(path: str) -> str:
-    """An absolute path as the kernel resolves its spelling (normpath keeps a leading //)."""
-    return "/" + posixpath.normpath(path).lstrip("/") if path.startswith("/") else path
 
 
 def _check_image(value: str) -> None:
@@ -102,26 +85,7 @@ def _check_mounts(value: list[str]) -> None:
                 _check_remote_path(path)
             except ValueError as exc:
                 raise ValueError(f"item {item!r}: {exc}") from None
-        _check_mount(parts[0], parts[1])
-
-
-def _check_mount(source: str, target: str) -> None:
-    source_path = _normal(source)
-    whole_home = source_path == "/root" or (source_path.startswith("/home/") and source_path.count("/") == 2)
-    if source_path in ("/", "/home") or whole_home or any(
-        source_path == p or source_path.startswith(p + "/") for p in SYSTEM_SOURCES
-    ):
-        raise ValueError(f"mounts {source}, which is the host's own (the system, its sockets); mount data only")
-    if any(part in CREDENTIAL_DIRS for part in source_path.split("/")):
-        raise ValueError(f"mounts {source}, where credentials are kept; mount data only")
-    if source_path.endswith(".sock"):
-        raise ValueError(f"mounts the socket {source}: a service's socket reaches beyond the container")
-    target = _normal(target)
-    for owned in (MODEL_MOUNT, SECRETS_MOUNT, HF_CACHE_MOUNT):
-        if target == owned or target.startswith(owned + "/"):
-            raise ValueError(f"mounts over {owned}, where fleet mounts its own (model:, secrets, the HF cache)")
-    if any(p == "/dev" or p.startswith("/dev/") for p in (_normal(source), target)):
-        raise ValueError("mounts device files; fleet maps the deployment's GPUs itself (gpus:)")
+        check_mount(parts[0], parts[1], len(parts) == 3 and parts[2] == "ro")
 
 
 def _run_arg_pairs(value: list[str]) -> list[tuple[str, str]]:
@@ -176,13 +140,11 @@ def _check_run_args(value: list[str]) -> None:
         if name in ("-l", "--label") and following.startswith("fleet."):
             raise ValueError(f"sets the label {following.split('=')[0]}; fleet.* labels are fleet's own")
         if name in ("-v", "--volume"):
-            source, _, rest = following.partition(":")
-            _check_mount(source, rest.split(":")[0] if rest else source)
+            check_volume(following)
         if name == "--mount":
-            keys = dict(p.split("=", 1) for p in following.split(",") if "=" in p)
-            source = keys.get("source") or keys.get("src") or ""
-            target = keys.get("destination") or keys.get("dst") or keys.get("target") or ""
-            _check_mount(source, target)
+            check_mount_option(following)
+        if name == "--tmpfs":
+            check_target(following.split(":")[0])
 
 
 def _check_run_env(assignment: str) -> None:

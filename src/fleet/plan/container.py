@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fleet.inventory.runtime import HF_CACHE_MOUNT, MODEL_MOUNT, SECRETS_MOUNT, Container
+from fleet.inventory.mounts import HF_CACHE_MOUNT, MODEL_MOUNT, SECRETS_MOUNT
+from fleet.inventory.runtime import Container
 
 if TYPE_CHECKING:
     from fleet.plan.types import LaunchPlan
