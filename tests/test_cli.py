@@ -179,6 +179,13 @@ def test_user_signatures_are_read_only_from_the_directory_named_with_crashes(
         "{remove_flags: [--api-key]}",
         "{set_flags: {--model-path: /tmp/other}}",
         "{set_flags: {--mem-fraction-static: '0.8; touch /tmp/x'}}",
+        # spellings a prefix match let through: a flag or variable with a newline after it, a value the
+        # launcher reads as a secret's place, a derived fix fleet has no code for
+        '{set_flags: {"--dtype\\n": half}}',
+        '{set_env: {"SGLANG_ENABLE_SPEC_V2\\n": "1"}}',
+        "{set_flags: {--dtype: 'fleet-secret:HF_TOKEN'}}",
+        "{set_flags: {--dtype: \"half\\n\"}}",
+        "{derive: run_anything}",
     ],
 )
 def test_a_knowledge_file_whose_fix_widens_exposure_or_runs_code_is_refused(tmp_path: Path, fix: str) -> None:

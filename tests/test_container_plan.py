@@ -223,7 +223,8 @@ def load_runtime(runtime: str, tmp: Path | None = None) -> Container | str | Non
     import tempfile
 
     path = Path(tmp or tempfile.mkdtemp()) / "pb.yaml"
-    path.write_text(f"engine: sglang\nmodel: m\nserved_name: s\nsmoke: {{prompt: p, expect: y}}\nruntime: {runtime}\n")
+    smoke = "smoke: {prompt: p, expect: Paris}"
+    path.write_text(f"engine: sglang\nmodel: m\nserved_name: s\n{smoke}\nruntime: {runtime}\n")
     return load_playbook(str(path), path.parent).spec.runtime
 
 

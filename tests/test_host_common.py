@@ -364,3 +364,42 @@ def test_no_file_of_a_step_silently_replaces_another_files_names(step: str) -> N
                 clashes.append(f"{name}: {seen[name]} and {path}")
             seen.setdefault(name, path)
     assert clashes == []
+
+
+@pytest.mark.parametrize("which", ["process", "container"])
+def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_it(
+    tmp_path: Path, which: str
+) -> None:
+    """The word fleet-secret:NAME becomes the secret's value after --api-key and nowhere else; a missing
+    secret starts nothing (exit 127), where the engine once ran with the word itself as its key, or none."""
+    import json
+    import subprocess
+    import sys
+
+    from fleet.control.remote_act import LAUNCHER
+    from fleet.control.remote_container import CONTAINER_LAUNCHER
+
+    engine = [
+        "sh", "-c", 'echo "$@" > "$0"', str(tmp_path / "argv"),
+        "--api-key", "fleet-secret:KEY", "--served-model-name", "fleet-secret:KEY",
+    ]  # fmt: skip
+    for given, code, seen in (({"KEY": "sk-1"}, "0", "--api-key sk-1 --served-model-name fleet-secret:KEY"),
+                              ({}, "127", None)):  # fmt: skip
+        exit_file = tmp_path / "exit"
+        (tmp_path / "argv").unlink(missing_ok=True)
+        if which == "process":
+            argv = [sys.executable, "-c", LAUNCHER, "fleet-launch", str(exit_file), *engine]
+            stdin = json.dumps({"PATH": "/usr/bin:/bin", **given}) + "\n"
+        else:
+            secrets = tmp_path / "secrets.json"
+            secrets.write_text(json.dumps(given))
+            log = tmp_path / "log"
+            argv = [sys.executable, "-c", CONTAINER_LAUNCHER, "fleet-launch", str(exit_file), str(log), str(secrets)]
+            argv += engine
+            stdin = ""
+        run = subprocess.run(argv, input=stdin, text=True, capture_output=True, timeout=30)
+        assert exit_file.read_text().strip() == code, run
+        if seen is None:
+            assert not (tmp_path / "argv").exists()
+        else:
+            assert (tmp_path / "argv").read_text().strip() == seen

@@ -263,6 +263,24 @@ def first_line_of_stdin(limit: int = 1 << 16) -> Dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+# Part of both launchers (fleet's process launcher and its containers' PID 1): the engine's argv with the
+# secret's value in place of the word fleet-secret:NAME that follows --api-key, and only there (no other
+# word of a playbook is a secret's place); None when the secret is missing, so the launcher starts nothing
+# (an engine started with the word, or with no key, would serve without the key the playbook asked for).
+SECRET_ARGV = """
+def secret_argv(words, env):
+    out = []
+    for i, w in enumerate(words):
+        if i and words[i - 1] == "--api-key" and w.startswith("fleet-secret:"):
+            if not env.get(w[13:]):
+                sys.stderr.write("fleet launcher: the secret %s was not given: no engine without it\\n" % w[13:])
+                return None
+            w = env[w[13:]]
+        out.append(w)
+    return out
+"""
+
+
 def api_key_name(argv: Any) -> Optional[str]:
     """The variable whose value the engine takes as --api-key, when its command line names one (written
     fleet-secret:NAME: fleet's launcher put the value there), else None."""

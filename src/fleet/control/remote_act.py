@@ -57,6 +57,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import (
         LAUNCH_MARK,
         LEARNED_FILE,
+        SECRET_ARGV,
         STATE_FILE,
         container_owner,
         deployment_dir,
@@ -74,14 +75,13 @@ except NameError:  # imported as a module (fleet's own tests)
 # resource tracker: they would keep GPU memory, and without its leader fleet cannot prove the group is its
 # own), and records the exit status atomically: "exited" means nothing of the server runs. It is a Python of
 # its own environment, so nothing the playbook sets (PATH, LD_PRELOAD, ...) changes how it runs.
-LAUNCHER = """import json, os, signal, subprocess, sys, time
+LAUNCHER = "import json, os, signal, subprocess, sys, time\n" + SECRET_ARGV + """
 env = json.loads(sys.stdin.readline())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 exit_file = sys.argv[2]
-# fleet-secret:NAME words: the secret NAME's value (from stdin), in the engine's argv alone
-argv = [env.get(w[13:], w) if w.startswith("fleet-secret:") else w for w in sys.argv[3:]]
+argv = secret_argv(sys.argv[3:], env)  # the secret's value (from stdin) in the engine's argv alone
 try:
-    code = subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
+    code = 127 if argv is None else subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
 except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
     code = 127

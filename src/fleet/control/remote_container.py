@@ -17,13 +17,13 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import read_record, write_record
+    from fleet.host_common import SECRET_ARGV, read_record, write_record
 
 # The launcher inside fleet's containers (their PID 1): the engine's output into fleet's log (a file on
 # the host through the mounted log directory), its secrets from a 0600 file it deletes at once, signals
 # passed on (`stop -t` sends SIGTERM to PID 1, which the kernel does not act on by default), and the exit
 # status in the exit file, as fleet's process launcher writes it.
-CONTAINER_LAUNCHER = """import json, os, signal, subprocess, sys
+CONTAINER_LAUNCHER = "import json, os, signal, subprocess, sys\n" + SECRET_ARGV + """
 exit_file, log, secret_file = sys.argv[2:5]
 fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 os.dup2(fd, 1)
@@ -36,8 +36,10 @@ try:
     os.unlink(secret_file)
 except (OSError, ValueError) as exc:
     sys.stderr.write("fleet launcher: the secrets file %s could not be read (%s): starting without them\\n" % (secret_file, exc))
-argv = [env.get(w[13:], w) if w.startswith("fleet-secret:") else w for w in sys.argv[5:]]  # a secret's value
+argv = secret_argv(sys.argv[5:], env)  # a secret's value in the engine's argv alone
 try:
+    if argv is None:
+        raise OSError("a secret it needs was not given")
     child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 except OSError as exc:
     sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[5], exc))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.plan import Fix, Version, parse_version
+from fleet.plan.types import DERIVED_FIX_TEXT
 from fleet.yamlfile import load_data
 
 CATEGORIES = (
@@ -74,18 +75,19 @@ def _compile(items: Sequence[str]) -> tuple[re.Pattern[str], ...]:
 # preloaded libraries, the model or the files it reads. Those are the playbook's to say; a knowledge file
 # (the operator's or a copied one) that prescribes them is refused when it is read, whatever it matches.
 TUNING_FLAG = re.compile(
-    r"^--(?:mem-fraction-static|gpu-memory-utilization|max-running-requests|max-num-seqs|max-total-tokens|"
+    r"--(?:mem-fraction-static|gpu-memory-utilization|max-running-requests|max-num-seqs|max-total-tokens|"
     r"max-prefill-tokens|chunked-prefill-size|max-num-batched-tokens|context-length|max-model-len|"
     r"cuda-graph-[\w-]+|disable-cuda-graph|enforce-eager|disable-custom-all-reduce|disable-overlap-schedule|"
     r"attention-backend|[\w-]*attention-backend|moe-runner-backend|fp4-gemm-backend|fp8-gemm-backend|"
     r"sampling-backend|mamba-[\w-]+|speculative-(?:num-steps|num-draft-tokens|eagle-topk)|"
     r"kv-cache-dtype|dtype|enable-mixed-chunk|disable-radix-cache|enable-prefix-caching|"
-    r"no-enable-prefix-caching)$"
+    r"no-enable-prefix-caching)"
 )
 # Environment a fix may set: switches that only turn an engine or NCCL feature on or off (a variable
 # can name a library to load or a plugin to run; these cannot).
-TUNING_ENV = re.compile(r"^(?:NCCL_(?:P2P|IB|SHM|CUMEM|NVLS)_DISABLE|SGLANG_ENABLE_SPEC_V2|SGLANG_DISABLE_[A-Z_]+)$")
-SWITCH_VALUE = re.compile(r"^[\w.:-]{0,64}$")  # a fix's value is a word or number, never a path or a command
+TUNING_ENV = re.compile(r"NCCL_(?:P2P|IB|SHM|CUMEM|NVLS)_DISABLE|SGLANG_ENABLE_SPEC_V2|SGLANG_DISABLE_[A-Z_]+")
+# A fix's value is a word or number: never a path, a command, or a word the launcher reads (fleet-secret:NAME)
+SWITCH_VALUE = re.compile(r"[\w.-]{0,64}")
 
 
 def _fix(raw: dict[str, Any] | None) -> Fix | None:
@@ -94,25 +96,28 @@ def _fix(raw: dict[str, Any] | None) -> Fix | None:
     flags = raw.get("set_flags") or {}
     env = raw.get("set_env") or {}
     for name in [*flags, *(raw.get("remove_flags") or ())]:
-        if not TUNING_FLAG.match(str(name)):
+        if not TUNING_FLAG.fullmatch(str(name)):
             raise ValueError(
                 f"a fix may change only how the engine uses its GPUs; {name} is not such a flag "
                 "(a bind address, key, port, remote code or file is the playbook's to set: put it there)"
             )
     for value in [*flags.values(), *env.values()]:
-        if value is not None and not SWITCH_VALUE.match(str(value)):
+        if value is not None and not SWITCH_VALUE.fullmatch(str(value)):
             raise ValueError(f"a fix's value must be a plain word or number, not {str(value)!r}")
     for name in env:
-        if not TUNING_ENV.match(str(name)):
+        if not TUNING_ENV.fullmatch(str(name)):
             raise ValueError(
                 f"a fix may set only environment switches ({TUNING_ENV.pattern}); {name} is not one "
                 "(a variable can load code: set it in the playbook's env if you mean it)"
             )
+    derive = raw.get("derive")
+    if derive is not None and derive not in DERIVED_FIX_TEXT:
+        raise ValueError(f"a fix may derive only {', '.join(DERIVED_FIX_TEXT)}; {derive!r} is not one")
     return Fix(
         set_flags=tuple((str(k), None if v is None else str(v)) for k, v in flags.items()),
         remove_flags=tuple(str(x) for x in raw.get("remove_flags") or ()),
         set_env=tuple((str(k), str(v)) for k, v in env.items()),
-        derive=raw.get("derive"),
+        derive=derive,
     )
 
 

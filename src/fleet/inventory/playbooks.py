@@ -70,8 +70,18 @@ def _backtracks_exponentially(pattern: str) -> bool:
 _NOTHING_ANSWERS = ("", " ", "\n", "0", "zqxjv", "!!!!", "\ufffd\ufffd", "<unk><unk>", "null")
 
 
+# An answer shorter than this proves nothing either: one or two letters turn up in any text a broken model
+# writes (`e`, `(?i)hi`, `4`).
+MIN_EXPECT_CHARS = 3
+
+
 def _matched_nothing_answer(expect: str) -> str | None:
-    return next((a for a in _NOTHING_ANSWERS if re.search(expect, a)), None)
+    """How an answer that says nothing still satisfies `expect`, if one can."""
+    from re import _parser  # type: ignore[attr-defined]
+
+    said = next((repr(a) for a in _NOTHING_ANSWERS if re.search(expect, a)), None)
+    shortest = _parser.parse(expect).getwidth()[0]
+    return said or (f"any answer holding {shortest} chosen characters" if shortest < MIN_EXPECT_CHARS else None)
 
 
 class Smoke(_Strict, frozen=True, kw_only=True):
@@ -94,8 +104,9 @@ class Smoke(_Strict, frozen=True, kw_only=True):
         said = None if self.any_answer else _matched_nothing_answer(self.expect)
         if said is not None:
             raise ValueError(
-                f"expect {self.expect!r} matches an answer that says nothing ({said!r}), so it cannot prove the "
-                "server generates; write words a right answer contains (expect: Paris), or set any_answer: true "
+                f"expect {self.expect!r} matches an answer that says nothing ({said}), so it cannot prove the "
+                f"server generates; write words of {MIN_EXPECT_CHARS} or more letters a right answer contains "
+                "(expect: Paris), or set any_answer: true "
                 "for a model with random weights"
             )
 
