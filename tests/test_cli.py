@@ -184,7 +184,7 @@ def test_user_signatures_are_read_only_from_the_directory_named_with_crashes(
         '{set_flags: {"--dtype\\n": half}}',
         '{set_env: {"SGLANG_ENABLE_SPEC_V2\\n": "1"}}',
         "{set_flags: {--dtype: 'fleet-secret:HF_TOKEN'}}",
-        "{set_flags: {--dtype: \"half\\n\"}}",
+        '{set_flags: {--dtype: "half\\n"}}',
         "{derive: run_anything}",
     ],
 )

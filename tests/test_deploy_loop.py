@@ -458,12 +458,30 @@ def test_an_api_key_reaches_the_engine_and_fleets_requests_and_nothing_else(
     assert f"--api-key {key}" in engine  # the engine takes it only as a flag: its own command line has it
     launcher = host.shell(f"cat /proc/{st['pid']}/cmdline | tr '\\0' ' '")
     assert key not in launcher and "fleet-secret:FLEET_TEST_API_KEY" in launcher
-    with_key = check_host(host.transport(), host.host, HealthOptions(secrets={"FLEET_TEST_API_KEY": key}))
-    gen = {(c.deployment, c.name): c for c in with_key.checks}[("keyed", "generation")]
-    assert gen.status == "ok" and "Paris" in gen.detail
-    without = check_host(host.transport(), host.host, HealthOptions())
+    keyed = {"keyed": "FLEET_TEST_API_KEY"}
+    with_key = check_host(
+        host.transport(), host.host, HealthOptions(secrets={"FLEET_TEST_API_KEY": key}, api_keys=keyed)
+    )
+    checks = {(c.deployment, c.name): c for c in with_key.checks}
+    assert checks[("keyed", "generation")].status == "ok" and "Paris" in checks[("keyed", "generation")].detail
+    assert checks[("keyed", "models")].status == "ok", checks[("keyed", "models")]  # /v1/models asked with the key
+    # the probe that asked again with the key left the log where the first one read it: what the engine
+    # wrote meanwhile (that second request, at least) is read by the next check, not skipped
+    book = json.loads((host.dir / "state" / "health.json").read_text())["deployments"]["keyed"]
+    assert book["log_offset"] < Path(st["log"]).stat().st_size
+    without = check_host(host.transport(), host.host, HealthOptions(api_keys=keyed))
     gen = {(c.deployment, c.name): c for c in without.checks}[("keyed", "generation")]
     assert "FLEET_TEST_API_KEY is not set in fleet's environment" in gen.detail
+    # a key is sent only as the client's playbook of that name gives it: a host's record naming another
+    # secret (rewritten on the host) gets nothing
+    other = {"FLEET_TEST_API_KEY": key, "HF_TOKEN": "hf_secret_0123456789"}
+    forged = dict(
+        st, plan=dict(st["plan"], argv=[w.replace("FLEET_TEST_API_KEY", "HF_TOKEN") for w in st["plan"]["argv"]])
+    )
+    simhost.record(host.dir, "state.json", "keyed").write_text(json.dumps(forged))
+    asked = check_host(host.transport(), host.host, HealthOptions(secrets=other, api_keys=keyed))
+    gen = {(c.deployment, c.name): c for c in asked.checks}[("keyed", "generation")]
+    assert "wants the key HF_TOKEN, which no playbook keyed here gives it" in gen.detail
 
 
 def engine_child(host: nshost.NamespaceHost, launcher: int) -> int:

@@ -319,7 +319,7 @@ def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path:
     engine.write_text(
         "#!/bin/sh\nsleep 60 & echo $! > mine.pid\n"
         "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups sleep 61 & echo $! > other.pid\n"
-        "while [ \"$(stat -c %U /proc/$(cat other.pid))\" != fleetdecoy ]; do sleep 0.01; done\nexit 3\n"
+        'while [ "$(stat -c %U /proc/$(cat other.pid))" != fleetdecoy ]; do sleep 0.01; done\nexit 3\n'
     )
     engine.chmod(0o755)
     with warnings.catch_warnings():  # the launcher outlives its Popen here, as on a host (it is detached)
@@ -367,9 +367,7 @@ def test_no_file_of_a_step_silently_replaces_another_files_names(step: str) -> N
 
 
 @pytest.mark.parametrize("which", ["process", "container"])
-def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_it(
-    tmp_path: Path, which: str
-) -> None:
+def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_it(tmp_path: Path, which: str) -> None:
     """The word fleet-secret:NAME becomes the secret's value after --api-key and nowhere else; a missing
     secret starts nothing (exit 127), where the engine once ran with the word itself as its key, or none."""
     import json

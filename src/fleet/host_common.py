@@ -383,7 +383,6 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-
 # fleet's records on a host: learned.json for the whole host, and a directory per deployment
 # (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
 # kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.

@@ -73,18 +73,30 @@ class Invocation:
             ) from exc
 
     @functools.cached_property
+    def _playbooks(self) -> list[NamedPlaybook]:
+        """Every playbook that loads (a broken one is reported when it is used, not by `fleet logs`)."""
+        from fleet.inventory import load_playbook
+
+        found = []
+        for path in sorted(self.playbooks_dir.glob("*.yaml")) if self.playbooks_dir.is_dir() else []:
+            try:
+                found.append(load_playbook(str(path), self.playbooks_dir))
+            except FleetError:
+                continue
+        return found
+
+    @functools.cached_property
     def secrets(self) -> dict[str, str]:
         """The values of every secret_env a playbook names and this shell has set: an engine may echo one
         into its log, so they are redacted from all host text fleet prints."""
-        from fleet.inventory import load_playbook
-
-        names: set[str] = set()
-        for path in sorted(self.playbooks_dir.glob("*.yaml")) if self.playbooks_dir.is_dir() else []:
-            try:
-                names |= set(load_playbook(str(path), self.playbooks_dir).spec.secret_names)
-            except FleetError:
-                continue  # a broken playbook is reported when it is used, not by `fleet logs`
+        names = {n for pb in self._playbooks for n in pb.spec.secret_names}
         return {n: os.environ[n] for n in sorted(names) if n in os.environ}
+
+    @functools.cached_property
+    def api_keys(self) -> dict[str, str]:
+        """playbook name -> the variable holding its engine's API key (api_key_env), for those that have one:
+        what fleet's own requests may send to a deployment of that playbook, and nothing else."""
+        return {pb.name: pb.spec.api_key_env for pb in self._playbooks if pb.spec.api_key_env}
 
     def playbook(self, ref: str) -> NamedPlaybook:
         from fleet.inventory import load_playbook

@@ -274,6 +274,7 @@ def health(
             unreachable_status=unreachable_status,
             signatures=ctx.signatures,
             secrets=ctx.secrets,
+            api_keys=ctx.api_keys,
         )
         overall = _health_run(ctx, host_name, deployment, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])

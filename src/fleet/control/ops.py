@@ -18,7 +18,7 @@ from fleet.crashes import Signature
 from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
 from fleet.health import HostHealth
-from fleet.host_common import DEPLOYMENT_NAME_RE, base_url
+from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -342,7 +342,8 @@ def _adopt(
     from fleet.control.sweep import HealthOptions, check_host
 
     started = time.monotonic()
-    health = check_host(t, host, HealthOptions(secrets=secrets))
+    key = api_key_name(plan.argv())
+    health = check_host(t, host, HealthOptions(secrets=secrets, api_keys={playbook_name: key} if key else {}))
     problems = adoption_problems(health, deployment)
     if problems:
         progress(events.NotAdopted(list(problems)))

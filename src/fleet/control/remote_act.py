@@ -75,7 +75,10 @@ except NameError:  # imported as a module (fleet's own tests)
 # resource tracker: they would keep GPU memory, and without its leader fleet cannot prove the group is its
 # own), and records the exit status atomically: "exited" means nothing of the server runs. It is a Python of
 # its own environment, so nothing the playbook sets (PATH, LD_PRELOAD, ...) changes how it runs.
-LAUNCHER = "import json, os, signal, subprocess, sys, time\n" + SECRET_ARGV + """
+LAUNCHER = (
+    "import json, os, signal, subprocess, sys, time\n"
+    + SECRET_ARGV
+    + """
 env = json.loads(sys.stdin.readline())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 exit_file = sys.argv[2]
@@ -141,6 +144,7 @@ with open(exit_file + ".tmp", "w") as f:
     f.write("%d\\n" % code)
 os.replace(exit_file + ".tmp", exit_file)
 """
+)
 
 
 # --- engine pre-flight check ---------------------------------------------------------------------------
@@ -534,9 +538,10 @@ def main() -> ActResult:
     state_dir = deployment_dir(root, a["lock"]["deployment"])
     for path in (os.path.join(state_dir, STATE_FILE), os.path.join(root, LEARNED_FILE)):
         read_record(path)  # a damaged record is set aside before it is written over
-    if a["lock"].get("command") == "heal" and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get(
-        "status"
-    ) == "stopped":  # stopped by an operator after the health check saw it down: a heal must not undo that
+    if (
+        a["lock"].get("command") == "heal"
+        and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get("status") == "stopped"
+    ):  # stopped by an operator after the health check saw it down: a heal must not undo that
         release_lock(state_dir, a["lock"]["run_id"])
         out["stopped_since"] = True
         return out
@@ -616,9 +621,7 @@ def main() -> ActResult:
     out["stopped"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["stopped"] = stopped_containers + out["stopped"]
     out["left"] = out["left"] + left_in_groups
-    before, after, waited = wait_memory_released(
-        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus
-    )
+    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus)
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(root, replaced, a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), siblings)

@@ -23,7 +23,10 @@ except NameError:  # imported as a module (fleet's own tests)
 # the host through the mounted log directory), its secrets from a 0600 file it deletes at once, signals
 # passed on (`stop -t` sends SIGTERM to PID 1, which the kernel does not act on by default), and the exit
 # status in the exit file, as fleet's process launcher writes it.
-CONTAINER_LAUNCHER = "import json, os, signal, subprocess, sys\n" + SECRET_ARGV + """
+CONTAINER_LAUNCHER = (
+    "import json, os, signal, subprocess, sys\n"
+    + SECRET_ARGV
+    + """
 exit_file, log, secret_file = sys.argv[2:5]
 fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 os.dup2(fd, 1)
@@ -54,6 +57,7 @@ with open(exit_file + ".tmp", "w") as f:
 os.replace(exit_file + ".tmp", exit_file)
 sys.exit(code)
 """
+)
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
 # containerd (cri-containerd-<id>.scope, crio-<id>.scope, nerdctl-<id>.scope, /kubepods/.../<id>), so a

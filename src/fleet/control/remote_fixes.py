@@ -40,7 +40,9 @@ def main() -> Dict[str, Any]:
         for key in sorted(learned):
             entries = learned[key] if isinstance(learned[key], list) else []
             gone = [e for e in entries if matches(key, e, a)]
-            forgotten += [{"key": key, "signature": e.get("signature"), "learned_at": e.get("learned_at")} for e in gone]
+            forgotten += [
+                {"key": key, "signature": e.get("signature"), "learned_at": e.get("learned_at")} for e in gone
+            ]
             if gone:
                 learned[key] = [e for e in entries if e not in gone]
                 if not learned[key]:

@@ -294,17 +294,21 @@ def stop_targets(
             info = procs.get(pid) or {"pid": pid, "pgid": pgid, "user": "?", "cmdline": "?"}
             if pid not in targets:
                 left.append(dict(info, why="another user's process in the stopped group: not signalled"))
-    return [
-        {
-            "pid": p,
-            "pgid": t["pgid"],
-            "user": t["user"],
-            "cmdline": t["cmdline"][:200],
-            "why": t["why"],
-            "stop": t.get("stop"),
-        }
-        for p, t in sorted(targets.items())
-    ], forced, left
+    return (
+        [
+            {
+                "pid": p,
+                "pgid": t["pgid"],
+                "user": t["user"],
+                "cmdline": t["cmdline"][:200],
+                "why": t["why"],
+                "stop": t.get("stop"),
+            }
+            for p, t in sorted(targets.items())
+        ],
+        forced,
+        left,
+    )
 
 
 def wait_memory_released(

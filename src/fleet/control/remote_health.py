@@ -103,7 +103,10 @@ def check_server(
         base = base_url(st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
         code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])
         http["health"] = {"status": code, "seconds": secs}
-        code, body, secs = http_request("GET", base + "/v1/models", timeout=args["http_timeout_s"])
+        key_name = api_key_name((st.get("plan") or {}).get("argv") if isinstance(st.get("plan"), dict) else None)
+        key = (args.get("_keys") or {}).get(key_name) if key_name else None
+        keyed = {"Authorization": "Bearer %s" % key} if key else None  # an engine with --api-key guards /v1/*
+        code, body, secs = http_request("GET", base + "/v1/models", timeout=args["http_timeout_s"], headers=keyed)
         try:
             ids = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
         except (ValueError, AttributeError):
@@ -114,7 +117,6 @@ def check_server(
         http["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
         smoke = st.get("smoke") or {}
-        key_name = api_key_name((st.get("plan") or {}).get("argv") if isinstance(st.get("plan"), dict) else None)
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
         elif traffic and _proved_recently(book.get("generation_proved_at")):
@@ -122,7 +124,6 @@ def check_server(
         elif smoke.get("prompt") and key_name and key_name not in (args.get("_keys") or {}):
             http["generation"] = {"needs_key": key_name}  # fleet asks again with it, if it has it
         elif smoke.get("prompt"):
-            key = (args.get("_keys") or {}).get(key_name) if key_name else None
             result = smoke_request(base, str(st.get("served_name") or ""), smoke, args["generation_timeout_s"], key)
             http["generation"] = dict(result, text=result["text"][:300])
             if result.get("ok"):
@@ -131,7 +132,7 @@ def check_server(
                 served += 1  # our own request is not traffic
         book["requests_total"] = served
     log = st.get("log") if st.get("status") != "stopped" else None  # a stopped server's log is history
-    if log:
+    if log and not args.get("generation_only"):  # asked again for the prompt alone: the log was read
         text, size = _read_new(log, book.get("log_offset", 0) if book.get("log") == log else 0)
         out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]
         book["log"], book["log_offset"] = log, size
@@ -157,22 +158,31 @@ def health_main() -> None:
     kept = book.get("deployments")
     books: Dict[str, Dict[str, Any]] = kept if isinstance(kept, dict) else {}
     out: Dict[str, Any] = {"facts": facts, "deployments": {}, "kernel": [], "since": book.get("time")}
-    for name, records in sorted(((facts.get("state") or {}).get("deployments") or {}).items()):
+    # asked again for some deployments' prompts alone (with their API keys): the rest, the log and kernel
+    # lines were read by the probe just before, and their offsets stay where it left them
+    again = args.get("generation_only")
+    recorded = ((facts.get("state") or {}).get("deployments") or {}).items()
+    for name, records in sorted(recorded):
+        if again is not None and name not in again:
+            continue
         st = records.get("state") if isinstance(records.get("state"), dict) else {}
         mine = books.get(name)
         if not isinstance(mine, dict):
             mine = {}
         out["deployments"][name] = check_server(st, facts["servers"], mine, args)
         books[name] = mine
-    book["deployments"] = dict((n, b) for n, b in books.items() if n in out["deployments"])
-    text, pos = _kernel_lines(args.get("kernel_log"), book.get("kernel_offset", 0))
-    out["kernel"] = [
-        line
-        for line in text.splitlines()
-        if "NVRM: Xid" in line or "Out of memory: Killed" in line or "oom-kill" in line
-    ][-200:]
-    book["kernel_offset"] = pos
-    book["time"] = time.time()
+    if again is None:
+        book["deployments"] = dict((n, b) for n, b in books.items() if n in out["deployments"])
+        text, pos = _kernel_lines(args.get("kernel_log"), book.get("kernel_offset", 0))
+        out["kernel"] = [
+            line
+            for line in text.splitlines()
+            if "NVRM: Xid" in line or "Out of memory: Killed" in line or "oom-kill" in line
+        ][-200:]
+        book["kernel_offset"] = pos
+        book["time"] = time.time()
+    else:
+        book["deployments"] = books
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         tmp = book_path + ".%d.tmp" % os.getpid()

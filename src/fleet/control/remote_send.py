@@ -76,7 +76,9 @@ def model_files(path: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
                 problems.append("%s%s: a link to nothing" % (prefix, name))
                 continue
             if os.path.islink(full) and not inside(os.path.realpath(full), roots):
-                problems.append("%s%s: a link leading out of the model directory; fleet does not follow it" % (prefix, name))
+                problems.append(
+                    "%s%s: a link leading out of the model directory; fleet does not follow it" % (prefix, name)
+                )
                 continue
             if stat.S_ISREG(st.st_mode):
                 files[prefix + name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode & 0o777}

@@ -147,9 +147,7 @@ def alive_group(pgid: int) -> bool:
 
 def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
     base = base_url(a["address"], a["port"])
-    result = smoke_request(
-        base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120), a.get("_api_key")
-    )
+    result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120), a.get("_api_key"))
     return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError, StoppedSince
-from fleet.facts import parse_facts
+from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.hostscripts import script_for
 from fleet.inventory import Host
@@ -36,6 +36,8 @@ class HealthOptions:
     unreachable_status: str = UNKNOWN
     signatures: tuple[Signature, ...] | None = None  # the knowledge base with the operator's --crashes files
     secrets: dict[str, str] = field(default_factory=dict)  # redacted from the server log lines it reads
+    # playbook name -> its api_key_env: the only key fleet sends to a deployment of that playbook
+    api_keys: dict[str, str] = field(default_factory=dict)
 
 
 def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
@@ -56,27 +58,54 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     raw = _probe(t, host, args, python, options, {})
     if "probe_error" in raw or "error" in raw:
         return step_failed(host.name, f"health probe failed: {raw.get('probe_error') or raw.get('error')}")
-    # a server with an API key (api_key_env) is asked again with its key, only when fleet has it: a key is
-    # sent to the host that needs it, never to every host checked
-    wanted = {str(g["needs_key"]) for d in (raw.get("deployments") or {}).values() if (g := _generation(d))}
-    keys = {name: options.secrets[name] for name in sorted(wanted) if name in options.secrets}
-    if keys:
-        again = _probe(t, host, args, python, options, keys)
-        for name, answer in (again.get("deployments") or {}).items():
-            if name in (raw.get("deployments") or {}) and _generation(raw["deployments"][name]):
-                raw["deployments"][name]["http"]["generation"] = answer.get("http", {}).get("generation")
-    for answer in (raw.get("deployments") or {}).values():
-        if g := _generation(answer):  # still without its key: fleet's environment lacks it
-            answer["http"]["generation"] = {
-                "skipped": f"the server wants its API key, and {g['needs_key']} is not set in fleet's environment"
-            }
     facts = parse_facts(host.name, json.dumps(raw["facts"]))
+    answers = raw.get("deployments") or {}
+    _ask_again_with_keys(t, host, args, python, options, facts, answers)
     diagnoses = {}
-    for name, answer in (raw.get("deployments") or {}).items():
+    for name, answer in answers.items():
         engine = facts.remote.deployment(name).state.get("engine")
         lines = [redact(x, options.secrets) for x in answer.get("log_lines") or []]  # an engine may echo a secret
         diagnoses[name] = diagnose(lines, LogContext(engine=engine), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnoses, time.monotonic() - started, s.expected_gpus)
+
+
+def _ask_again_with_keys(
+    t: Transport,
+    host: Host,
+    args: dict[str, Any],
+    python: str,
+    options: HealthOptions,
+    facts: HostFacts,
+    answers: dict[str, Any],
+) -> None:
+    """A server with an API key (api_key_env) is asked its prompt again, with its key: only the key the
+    client's playbook of that name gives its engine (a host's record cannot name another secret to be
+    sent), only to the host that asked for it, and by a probe that asks the prompt alone (the first one
+    read the log and kernel lines: reading them again would skip what it saw)."""
+    keys: dict[str, str] = {}
+    why: dict[str, str] = {}
+    for name, answer in answers.items():
+        if not (g := _generation(answer)):
+            continue
+        playbook = str(facts.remote.deployment(name).state.get("playbook") or name)
+        wanted = str(g["needs_key"])
+        if options.api_keys.get(playbook) != wanted:
+            why[name] = f"the server wants the key {wanted}, which no playbook {playbook} here gives it (api_key_env)"
+        elif wanted not in options.secrets:
+            why[name] = f"the server wants its API key, and {wanted} is not set in fleet's environment"
+        else:
+            keys[wanted] = options.secrets[wanted]
+    asked = sorted(n for n in answers if _generation(answers[n]) and n not in why)
+    again = _probe(t, host, dict(args, generation_only=asked), python, options, keys) if asked else {}
+    for name in asked:
+        http = ((again.get("deployments") or {}).get(name) or {}).get("http") or {}
+        if http.get("models"):  # the engine's key guards /v1/models too
+            answers[name]["http"]["models"] = http["models"]
+        answers[name]["http"]["generation"] = http.get("generation") or {
+            "skipped": f"asked again with its key, the host said nothing ({again.get('probe_error', 'no answer')})"
+        }
+    for name, reason in why.items():
+        answers[name]["http"]["generation"] = {"skipped": reason}
 
 
 def _generation(answer: Any) -> dict[str, Any] | None:
