@@ -248,6 +248,26 @@ def test_a_pid_whose_start_time_is_not_the_one_probed_is_never_held() -> None:
         child.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a Python every user may run")
+def test_another_users_non_dumpable_process_is_never_roots_own() -> None:
+    """A process that made itself non-dumpable has a /proc/PID owned by root, whoever runs it: read as its
+    owner, a fleet running as root took another user's process for its own. Its real uid says who it is."""
+    from fleet.host_procs import start_ticks, uid_of
+    from fleet.host_signals import hold_process
+
+    code = "import ctypes, sys, time; ctypes.CDLL(None).prctl(4, 0); print('up', flush=True); time.sleep(60)"
+    child = _spawn(["/usr/bin/python3", "-c", code], user=65534, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
+        assert uid_of(child.pid) == 65534
+        assert hold_process(child.pid, start_ticks(child.pid), uid=0) is None
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()  # type: ignore[union-attr]
+
+
 def test_a_held_process_that_exited_is_never_signalled_again() -> None:
     """A target that exits during the drain window: its SIGKILL is not sent, to its zombie or to whoever
     gets its pid next (the pidfd names the exited process for good)."""
@@ -401,3 +421,48 @@ def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_
             assert not (tmp_path / "argv").exists()
         else:
             assert (tmp_path / "argv").read_text().strip() == seen
+
+
+def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_child_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet froze mid-attempt: the watcher stops the attempt's container through docker or podman (a rootful
+    engine is root's: signalling fleet's user's processes stopped nothing of it), and its group member by
+    member, listed again each round: a worker the engine forks as it stops is stopped too (listed once, it
+    ran on)."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from fleet.control import remote_watch
+    from fleet.host_procs import alive
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/podman.calls\n')
+    (bin_dir / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    # an engine that forks a worker when it is asked to stop, and ignores the request itself
+    engine = subprocess.Popen(
+        ["sh", "-c", f"trap 'sleep 60 & echo $! > {tmp_path}/late.pid' TERM; while :; do sleep 0.05; done"],
+        start_new_session=True,
+    )
+    state_dir = tmp_path / "state"
+    record = state_dir / "deployments" / "x" / "state.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"run_id": "r1", "status": "starting"}))
+    box = {"cli": "podman", "id": "c0ffee", "name": "fleet-x"}
+    a = {"container": box, "pgid": engine.pid, "state_dir": str(state_dir), "deployment": "x", "run_id": "r1"}
+    monkeypatch.setattr(remote_watch, "ATTEMPT_TERM_S", 1.0)
+    time.sleep(0.2)  # the trap is set
+    try:
+        remote_watch.frozen_client(a, "fleet read nothing")
+        engine.wait(5)
+        late = int((tmp_path / "late.pid").read_text())
+        assert not alive(late)
+        assert (tmp_path / "podman.calls").read_text().split() == ["stop", "-t", "5", "c0ffee"]
+        st = json.loads(record.read_text())
+        assert st["status"] == "failed" and "(container fleet-x stopped; " in st["reason"], st
+    finally:
+        subprocess.run(["pkill", "-9", "-s", str(engine.pid)], capture_output=True)

@@ -202,7 +202,7 @@ def bounded_search(pattern: str, text: str, limit_s: float = MATCH_LIMIT_S) -> O
     os.close(w)
     answer = b""
     try:
-        if select.select([r], [], [], limit_s)[0]:
+        if readable(r, limit_s):
             answer = os.read(r, 1)
     finally:
         os.close(r)
@@ -261,6 +261,14 @@ def first_line_of_stdin(limit: int = 1 << 16) -> Dict[str, Any]:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def readable(fd: int, timeout_s: float) -> bool:
+    """Whether `fd` has something to read (or has ended) within `timeout_s`: poll, not select, which fails
+    on descriptors past 1023 (a stop holds a pidfd for every process it signals)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
 
 
 # Part of both launchers (fleet's process launcher and its containers' PID 1): the engine's argv with the

@@ -50,6 +50,13 @@ def _stat_fields(pid: int) -> Optional[Tuple[str, List[str]]]:
     return stat[stat.find("(") + 1 : stat.rfind(")")], stat.rsplit(")", 1)[1].split()
 
 
+def uid_of(pid: int) -> Optional[int]:
+    """The user a process runs as: the real uid of its status. Not the owner of /proc/PID, which is root
+    for a process that made itself non-dumpable, whoever runs it."""
+    found = re.search(r"^Uid:\s+(\d+)", read_text("/proc/%d/status" % pid) or "", re.M)
+    return int(found.group(1)) if found else None
+
+
 def process(pid: int, argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     """What a step needs to know of one process, or None when it is gone: identity (pid, pgid, its start
     in clock ticks), owner (uid, user) and what it runs (argv, cmdline)."""
@@ -58,8 +65,7 @@ def process(pid: int, argv: Optional[List[str]] = None) -> Optional[Dict[str, An
     if argv is None or stat is None or len(stat[1]) < 20:
         return None
     comm, rest = stat
-    found = re.search(r"^Uid:\s+(\d+)", read_text("/proc/%d/status" % pid) or "", re.M)
-    uid = int(found.group(1)) if found else None
+    uid = uid_of(pid)
     try:
         user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
     except KeyError:

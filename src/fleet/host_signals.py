@@ -15,13 +15,13 @@ one there), so each member is held and checked on its own.
 import ctypes
 import errno
 import os
-import select
 from typing import Any, Dict, List, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
     start_ticks  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_procs import process_table, start_ticks
+    from fleet.host_common import readable
+    from fleet.host_procs import process_table, start_ticks, uid_of
 
 # Both syscalls were added after the per-architecture tables were unified: one number everywhere.
 _SYS_PIDFD_SEND_SIGNAL = 424
@@ -58,13 +58,6 @@ def _pidfd_send(fd: int, sig: int) -> None:
         raise ProcessLookupError() if code == errno.ESRCH else OSError(code, os.strerror(code))
 
 
-def owner_uid(pid: int) -> Optional[int]:
-    try:
-        return os.stat("/proc/%d" % pid).st_uid
-    except OSError:
-        return None
-
-
 class Held:
     """One process fleet decided to signal, pinned to its identity (pid + start time, and a pidfd)."""
 
@@ -72,13 +65,13 @@ class Held:
         self.pid, self.ticks, self.uid, self.fd = pid, ticks, uid, fd
 
     def _same(self) -> bool:
-        return start_ticks(self.pid) == self.ticks and (self.uid is None or owner_uid(self.pid) == self.uid)
+        return start_ticks(self.pid) == self.ticks and (self.uid is None or uid_of(self.pid) == self.uid)
 
     def alive(self) -> bool:
         """Still running: a pidfd is readable once its process has exited (a zombie has)."""
         if self.fd is not None:
             try:
-                return not select.select([self.fd], [], [], 0)[0]
+                return not readable(self.fd, 0)
             except (OSError, ValueError):
                 return False
         if not self._same():

@@ -99,7 +99,8 @@ def rest(mine=True):
             try:
                 with open("/proc/" + d + "/stat") as f:
                     st = f.read().rsplit(")", 1)[1].split()
-                owner = os.stat("/proc/" + d).st_uid
+                with open("/proc/" + d + "/status") as f:  # its real uid (/proc/PID is root's if non-dumpable)
+                    owner = int([x for x in f if x.startswith("Uid:")][0].split()[1])
             except (OSError, IndexError):
                 continue
             if int(st[2]) == me and st[0] not in "ZX" and (owner == uid) == mine:

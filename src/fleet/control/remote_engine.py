@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import first_line_of_stdin
+    from fleet.host_common import first_line_of_stdin, readable
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
@@ -75,7 +75,7 @@ def run_streamed(argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
     assert proc.stdout is not None
     buf = b""
     while True:
-        ready = select.select([proc.stdout], [], [], 0.5)[0]
+        ready = readable(proc.stdout.fileno(), 0.5)
         if stdin_closed():
             os.killpg(proc.pid, 9)
             proc.wait()

@@ -31,7 +31,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import cli_path, inspect
+    from fleet.control.remote_container import cli_path, inspect, run_cli
     from fleet.host_common import (
         LEARNED_FILE,
         LOCK_FILE,
@@ -52,6 +52,7 @@ POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
 LINE_LIMIT = 16 << 10  # bytes of one log line sent (a 300 MB line of a config dump is cut, not carried)
 OUT_LIMIT = 4 << 20  # bytes of log lines waiting for fleet to read them: past it, lines are dropped and counted
+ATTEMPT_TERM_S = 5.0  # a frozen fleet's attempt: SIGTERM, this long, SIGKILL
 STALLED_S = 30.0  # fleet read nothing for this long while output waited: it is frozen (stopped, swapped out)
 
 
@@ -450,13 +451,14 @@ def main(a: Dict[str, Any]) -> None:
 def frozen_client(a: Dict[str, Any], why: str) -> None:
     """fleet is connected but reads nothing (stopped with SIGSTOP, swapped out): waiting for it would hold
     the host's lock and leave an engine running that nobody proves. The attempt's server is stopped (its
-    group, held member by member, this user's only), recorded as failed, and the lock released."""
-    stopped = stop_group(a["pgid"])
+    container through its runtime: a rootful engine is not fleet's user's to signal; its group, held member
+    by member, this user's only), recorded as failed, and the lock released."""
+    stopped = stop_container(a.get("container")) + stop_attempt_group(a["pgid"])
     try:
         st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
         st = read_record(st_path) or {}
         if st.get("run_id") in (None, a["run_id"]):
-            st.update(status="failed", reason="%s; its server was stopped (%d processes)" % (why, stopped))
+            st.update(status="failed", reason="%s; its server was stopped (%s)" % (why, stopped or "nothing ran"))
             st["updated"] = time.time()
             write_record(st_path, st)
     except OSError:
@@ -464,20 +466,37 @@ def frozen_client(a: Dict[str, Any], why: str) -> None:
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
-def stop_group(pgid: int) -> int:
-    """SIGTERM, 5 s, SIGKILL to the members of fleet's user in the attempt's group: how many there were."""
-    members = hold_group(pgid, os.getuid())
-    try:
-        for h in members.values():
-            h.send(signal.SIGTERM)
-        deadline = time.time() + 5
-        while time.time() < deadline and any(h.alive() for h in members.values()):
-            time.sleep(0.1)
-        for h in members.values():
-            h.send(signal.SIGKILL)
-    finally:
-        release(members)
-    return len(members)
+def stop_container(box: Any) -> str:
+    """`stop` this attempt's container (fleet launched it: its id is the launch's), as words for the record."""
+    if not isinstance(box, dict) or not box.get("id"):
+        return ""
+    cli = cli_path(str(box.get("cli")))
+    if not cli:
+        return ""
+    code, _, err = run_cli([cli, "stop", "-t", "5", str(box["id"])], 60)
+    return "container %s stopped; " % box.get("name") if code == 0 else "container stop failed: %s; " % err[-120:]
+
+
+def stop_attempt_group(pgid: int) -> str:
+    """SIGTERM, then SIGKILL after ATTEMPT_TERM_S, to the members of fleet's user in the attempt's group, listed
+    again each round (a worker the engine forks while it stops is stopped too): how many there were."""
+    seen: Dict[int, bool] = {}
+    kill_at = time.time() + ATTEMPT_TERM_S
+    while time.time() < kill_at + ATTEMPT_TERM_S:
+        members = hold_group(pgid, os.getuid())
+        try:
+            running = dict((pid, h) for pid, h in members.items() if h.alive())
+            if not running:
+                break
+            late = time.time() >= kill_at
+            for pid, h in running.items():
+                if late or pid not in seen:
+                    h.send(signal.SIGKILL if late else signal.SIGTERM)
+                seen[pid] = True
+        finally:
+            release(members)
+        time.sleep(0.1)
+    return "%d processes" % len(seen)
 
 
 def run() -> None:
