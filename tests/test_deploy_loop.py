@@ -425,6 +425,41 @@ def test_a_frozen_fleet_does_not_hold_the_host_or_leave_a_hung_engine(
     assert not simhost.record(host.dir, "lock.json").exists()
 
 
+def test_a_terminal_that_does_not_read_never_gets_a_healthy_server_stopped(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet deploy | less` left on its first page, or Ctrl-S: printing blocked, fleet stopped reading the
+    watcher, and the host took it for frozen and stopped a healthy server (issue 39). Progress goes through a
+    detached sink: the deploy reads on, proves the server, and what the terminal missed is counted."""
+    import threading
+
+    from fleet.control import deploy as deploy_module
+
+    monkeypatch.setattr(deploy_module, "WATCH_STALLED_S", 2.0)
+    # more than every pipe between the engine's log and fleet holds, then loading for longer than the 2 s
+    simhost.set_host(host.dir, chatty_log=4 << 20, chatty_s=4)
+    resume = threading.Event()
+    shown: list[events.Event] = []
+
+    def paused_terminal(event: events.Event) -> None:
+        if isinstance(event, events.LogLine):
+            resume.wait()
+        shown.append(event)
+
+    progress = events.Detached(paused_terminal, limit=5)
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    threading.Timer(10.0, resume.set).start()  # the operator scrolls on, long after the host's 2 s
+    try:
+        result = ops.deploy(host.transport(), host.host, pb, force=False, engine_check=False, progress=progress)
+    finally:
+        resume.set()
+        progress.close()
+    assert result.ok, (result.reason, [a.diagnosis for a in result.attempts])
+    assert state(host)["status"] == "ready"
+    said = [e.line for e in shown if isinstance(e, events.LogLine)]
+    assert any(line.endswith("log lines not shown: the terminal was not reading") for line in said), said[-3:]
+
+
 def test_an_api_key_reaches_the_engine_and_fleets_requests_and_nothing_else(
     host: nshost.NamespaceHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -93,3 +93,31 @@ def test_the_structured_log_on_a_terminal_gets_no_escape_sequences_from_the_host
         log.configure(verbose=False)
     err = capsys.readouterr().err
     assert "ok  done" in err and "\x1b]" not in err and "\x1b[2J" not in err and "\x1b[31m" not in err
+
+
+def test_a_detached_sink_never_blocks_and_counts_the_log_lines_it_could_not_show() -> None:
+    """A terminal that does not read holds up only the thread that writes to it: the caller goes on, log
+    lines past the limit are dropped and counted, every other event is delivered, in order, by close()."""
+    import threading
+
+    from fleet import events
+
+    reading = threading.Event()
+    shown: list[events.Event] = []
+
+    def terminal(event: events.Event) -> None:
+        reading.wait()
+        shown.append(event)
+
+    sink = events.Detached(terminal, limit=3)
+    for i in range(10):
+        sink(events.LogLine(f"line {i}"))  # returns at once, although nothing is shown
+    sink(events.Launched(7, "/log"))
+    reading.set()
+    sink.close()
+    lines = [e.line for e in shown if isinstance(e, events.LogLine)]
+    assert lines[:3] == ["line 0", "line 1", "line 2"] and len(lines) <= 5
+    assert any(line.startswith("[fleet] ") and "not shown: the terminal was not reading" in line for line in lines)
+    assert isinstance(shown[-1], events.Launched)
+    sink(events.LogLine("after"))  # closed: delivered at once
+    assert shown[-1] == events.LogLine("after")

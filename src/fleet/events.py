@@ -11,6 +11,8 @@ event's kind. Values that came from the host (log lines, command lines) are alre
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -229,6 +231,80 @@ def fanout(*sinks: Sink) -> Sink:
             sink(event)
 
     return send
+
+
+class Detached:
+    """A sink that never blocks its caller: events are handed to a thread that delivers them to `sink`. A
+    terminal nobody reads (`| less` left open, Ctrl-S) blocks that thread only: the deploy reading the host's
+    watcher goes on (it stopped reading, and the host took fleet for frozen and stopped a healthy server).
+    While `limit` log lines wait, newer ones are dropped and counted (said once delivery resumes); other
+    events, a few per attempt, always wait their turn. `close()` delivers the rest and ends the thread;
+    events after it are delivered at once."""
+
+    def __init__(self, sink: Sink, limit: int = 2000) -> None:
+        import queue
+        import threading
+
+        self.sink, self.limit = sink, limit
+        self.queue: queue.Queue[tuple[Event, bool] | None] = queue.Queue()  # (event, a log line counted)
+        self.lines_waiting = self.dropped = 0
+        self.closed = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._deliver, name="progress", daemon=True)
+        self.thread.start()
+        _DETACHED.append(self)
+
+    def __call__(self, event: Event) -> None:
+        with self.lock:
+            if self.closed:
+                self.sink(event)
+                return
+            line = isinstance(event, LogLine)
+            if line:
+                if self.lines_waiting >= self.limit:
+                    self.dropped += 1
+                    return
+                self.lines_waiting += 1
+            self._say_dropped()
+            self.queue.put((event, line))
+
+    def _say_dropped(self) -> None:
+        """Where the dropped lines were, in order: before what comes after them (the lock is held)."""
+        if self.dropped:
+            self.queue.put(
+                (LogLine(f"[fleet] {self.dropped} log lines not shown: the terminal was not reading"), False)
+            )
+            self.dropped = 0
+
+    def _deliver(self) -> None:
+        while (item := self.queue.get()) is not None:
+            event, counted = item
+            with self.lock:
+                self.lines_waiting -= counted
+            with contextlib.suppress(Exception):  # a sink's failure (a closed terminal) must not stop delivery
+                self.sink(event)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._say_dropped()
+            self.queue.put(None)
+        self.thread.join(timeout_s)
+        if self in _DETACHED:
+            _DETACHED.remove(self)
+
+
+_DETACHED: list[Detached] = []
+# at exit (Ctrl-C included) what was given is shown, unless the terminal stays paused for long
+atexit.register(lambda: flush_progress(5.0))
+
+
+def flush_progress(timeout_s: float | None = None) -> None:
+    """Deliver what every detached sink was given (before a result is printed after it), and end them."""
+    for sink in list(_DETACHED):
+        sink.close(timeout_s)
 
 
 class JsonLines:

@@ -739,6 +739,12 @@ def serve(argv: list[str]) -> None:
             sys.stdout.write(line)
             sys.stdout.flush()
             time.sleep(every)
+    # test hook: a start-up that logs this many bytes, then loads for chatty_s more (a big checkpoint)
+    chatty = int(host.get("chatty_log") or 0)
+    for i in range(chatty // 200 + 1 if chatty else 0):
+        sys.stdout.write(f"{_ts(0)} Loading safetensors checkpoint shards: {i} done " + "." * 140 + "\n")
+    sys.stdout.flush()
+    time.sleep(float(host.get("chatty_s") or 0))
     injected = host.get("inject_scheduler_error")  # test hook: a failure fleet has never seen
     if injected:
         exc_type, _, message = str(injected).partition(": ")

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -291,14 +292,25 @@ def cli(
         services or _default_path("FLEET_SERVICES", "services"),
         crashes or (Path(os.environ["FLEET_CRASHES"]) if os.environ.get("FLEET_CRASHES") else None),
     )
+    from fleet.events import flush_progress
+
+    click_ctx.call_on_close(flush_progress)  # progress a command reported is shown before it returns
 
 
 def say(text: str, err: bool = False) -> None:
-    """Print text that may carry what a host wrote (log lines, command lines): no terminal controls."""
+    """Print text that may carry what a host wrote (log lines, command lines): no terminal controls. What
+    progress was reported before is shown first."""
+    from fleet.events import flush_progress
+
+    if threading.current_thread() is threading.main_thread():  # the progress thread says things too
+        flush_progress()
     click.echo(safe_text(text), err=err)
 
 
 def emit_json(data: Any) -> None:
+    from fleet.events import flush_progress
+
+    flush_progress()
     click.echo(json.dumps(data, default=str, sort_keys=True))
 
 

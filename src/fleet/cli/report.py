@@ -189,7 +189,7 @@ def progress_for(host: str, *, as_json: bool = False, show_log: bool = False) ->
     """Where a deploy's events go: the terminal reporter, or JSON lines on stderr with `--json` (stdout
     keeps the result); always the structured log too (shown with --debug, or in a --log-file)."""
     shown: events.Sink = events.JsonLines(host, sys.stderr) if as_json else Reporter(host, show_log=show_log)
-    return events.fanout(shown, events.logged(host))
+    return events.Detached(events.fanout(shown, events.logged(host)))
 
 
 def print_result(r: Any) -> None:
