@@ -68,7 +68,7 @@ def test_a_terminal_run_drops_info_events_without_importing_structlog() -> None:
         ("tool --pass hunter2", "tool --pass ***"),
         ("tool --proxy-authorization=x", "tool --proxy-authorization=***"),
         ("curl -H Authorization: Bearer sk-abc http://h", "curl -H Authorization: Bearer *** http://h"),
-        ("curl -H 'Authorization: Basic dXNlcjpwYXNz' http://h", "curl -H 'Authorization: Basic *** http://h"),
+        ("curl -H 'Authorization: Basic dXNlcjpwYXNz' http://h", "curl -H 'Authorization: Basic ***' http://h"),
         (
             "pip install --index-url https://me:s3cr3t@pypi.corp/simple x",
             "pip install --index-url https://me:***@pypi.corp/simple x",
@@ -77,6 +77,15 @@ def test_a_terminal_run_drops_info_events_without_importing_structlog() -> None:
         (
             "python -m vllm --author-name ann --passthrough-mode 1",
             "python -m vllm --author-name ann --passthrough-mode 1",
+        ),
+        # the third pass's review: other credential headers, a token as a URL's user, counts of tokens
+        ("curl -H 'X-Api-Key: sk-abc' http://h", "curl -H 'X-Api-Key: ***' http://h"),
+        ("curl -H X-Auth-Token:abc http://h", "curl -H X-Auth-Token:*** http://h"),
+        ("curl -H 'Cookie: session=abc' http://h", "curl -H 'Cookie: ***' http://h"),
+        ("git clone https://ghp_abc123@github.com/o/r", "git clone https://***@github.com/o/r"),
+        (
+            "vllm serve m --max-num-batched-tokens 8192 --max-total-tokens 4096",
+            "vllm serve m --max-num-batched-tokens 8192 --max-total-tokens 4096",
         ),
     ],
 )

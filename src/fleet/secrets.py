@@ -69,14 +69,18 @@ def redact(text: str, secrets: dict[str, str]) -> str:
 # The families, not the spellings: key, token, secret, password/passwd/passphrase/pass/pw, credential,
 # auth/authorization/basic-auth (a word or a part of one: --hf-token, --auth, --basic-auth, --pw).
 _CREDENTIAL_WORD = (
-    r"[\w.-]*(?:key|token(?!izer)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
+    r"[\w.-]*(?:key|token(?!izer|s)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
     r"(?<![a-z])pass(?![a-z])|(?<![a-z])pw(?![a-z]))[\w.-]*"
 )
 _CREDENTIAL_FLAG = re.compile(rf"(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
 _CREDENTIAL_ENV = re.compile(rf"(?<![\w-])({_CREDENTIAL_WORD})=\S+", re.I)
-# An HTTP header given on a command line (curl -H 'Authorization: Bearer sk-...'), and a URL's password.
-_CREDENTIAL_HEADER = re.compile(r"((?:proxy-)?authorization:\s*(?:(?:bearer|basic|token)\s+)?)\S+", re.I)
-_URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]+:)[^@\s/]+@")
+# An HTTP header given on a command line whose name is of the same families (curl -H 'Authorization:
+# Bearer sk-...', -H 'X-Api-Key: ...'), and a URL's user information: a password, or a token given as
+# the user (https://TOKEN@github.com/...).
+_CREDENTIAL_HEADER = re.compile(
+    rf"((?<![\w-])(?:{_CREDENTIAL_WORD}|cookie):\s*(?:(?:bearer|basic|token)\s+)?)[^\s']+", re.I
+)
+_URL_USERINFO = re.compile(r"(\w+://)(?:([^/\s:@]+):)?[^@\s/]+@")
 
 
 def mask_credentials(cmdline: str) -> str:
@@ -87,7 +91,7 @@ def mask_credentials(cmdline: str) -> str:
         return m.group(1) + ("=" + REDACTED if value.startswith("=") else " " + REDACTED)
 
     masked = _CREDENTIAL_HEADER.sub(lambda m: m.group(1) + REDACTED, cmdline)
-    masked = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", masked)
+    masked = _URL_USERINFO.sub(lambda m: m.group(1) + (m.group(2) + ":" if m.group(2) else "") + REDACTED + "@", masked)
     masked = _CREDENTIAL_FLAG.sub(flag, masked)
     return _CREDENTIAL_ENV.sub(lambda m: m.group(1) + "=" + REDACTED, masked)
 
