@@ -802,6 +802,14 @@ FORGED_OOM = "RuntimeError: Not enough memory. Please try to increase --mem-frac
             "INFO 03-18 09:03:16 [logger.py:39] Received request chatcmpl-2: prompt: 'ok\\n"
             "ValueError: Unsupported conversion from f16 to f16', params: SamplingParams(n=1)"
         ],
+        [  # vLLM's handler logging one request's error: every line of the message gets its prefix
+            "ERROR 03-18 09:03:16 [serving_chat.py:200] Error in preprocessing prompt inputs",
+            "ERROR 03-18 09:03:16 [serving_chat.py:200] Traceback (most recent call last):",
+            'ERROR 03-18 09:03:16 [serving_chat.py:200]   File "/x/serving_chat.py", line 200, in create',
+            "ERROR 03-18 09:03:16 [serving_chat.py:200] jinja2.exceptions.TemplateError: the user wrote",
+            "ERROR 03-18 09:03:16 [serving_chat.py:200] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 2.00 GiB",
+        ],
     ],
     ids=[
         "access-query",
@@ -811,6 +819,7 @@ FORGED_OOM = "RuntimeError: Not enough memory. Please try to increase --mem-frac
         "output-crlf",
         "vllm-prompt",
         "vllm-prompt-literal-newline",
+        "vllm-handler-error",
     ],
 )
 def test_a_clients_text_in_the_log_is_never_a_failure_or_a_fix(lines: list[str]) -> None:

@@ -42,7 +42,7 @@ _PREFIXES = [
     re.compile(r"^\[(?:TP|DP|PP|EP|CP)\d+(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),
     re.compile(r"^\[rank\d+\]:"),  # torch.distributed
     re.compile(  # vLLM: "ERROR 05-13 10:46:43 [core.py:962] " and the older "INFO 12-27 08:52:17 config.py:350] "
-        rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[[^\]]+\]|[\w.]+:\d+\])\s?"
+        rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[(?P<source>[^\]]+)\]|[\w.]+:\d+\])\s?"
     ),
     re.compile(rf"^{_LEVEL}\s+[\w.]+:\d+ -- "),  # Ray's CLI "ERR cli.py:71 -- "
     re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
@@ -74,6 +74,11 @@ BODY = re.compile(
     r"^Received request \S+:|\bprompt(?:_token_ids)?: ['\"\[]"
 )
 QUOTED = re.compile(f"{ACCESS.pattern}|{BODY.pattern}")
+# vLLM's OpenAI handlers (serving_chat.py, serving_completion.py, ...) log what went wrong with one request,
+# and NewLineFormatter gives every line of the message their prefix: a client's text an error echoes
+# (a template error, a bad model name) would read as the engine's own failure. The engine's failures are
+# logged by the engine core and the API server, never by a request's handler.
+REQUEST_HANDLER = re.compile(r"serving_\w+\.py:\d+")
 
 
 @dataclass(frozen=True)
@@ -107,23 +112,24 @@ class LogText:
         return tuple(self.window(i) for i in range(len(self.lines)))
 
 
-def _strip(raw: str) -> tuple[str, str | None]:
-    """The message and the level its prefix named."""
+def _strip(raw: str) -> tuple[str, str | None, str | None]:
+    """The message, the level its prefix named, and the source file:line it named (vLLM's prefix)."""
     text = _REPEATED.sub("", _CONTROL.sub("", _bounded(raw.rstrip("\r\n"))))
     text = _K8S_RIGHT.sub("", text)
-    level = None
+    level = source = None
     for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
         before = text
         for p in _PREFIXES:
             m = p.match(text)
             if m:
                 level = m.groupdict().get("level") or level
+                source = m.groupdict().get("source") or source
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
         if text == before:
             break
-    return text, level
+    return text, level, source
 
 
 def normalize_log(raw_lines: Iterable[str]) -> LogText:
@@ -135,8 +141,8 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
     levels: list[str | None] = []
     quoted: list[bool] = []
     for raw in raw_lines:
-        message, level = _strip(raw)
-        if QUOTED.search(message):
+        message, level, source = _strip(raw)
+        if QUOTED.search(message) or (source and REQUEST_HANDLER.fullmatch(source)):
             lines.append(message)
             levels.append(level)
             quoted.append(True)
@@ -145,7 +151,7 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:
-            text, level = _strip(piece)
+            text, level, _ = _strip(piece)
             lines.append(text)
             levels.append(level)
             quoted.append(False)
