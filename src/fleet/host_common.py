@@ -16,6 +16,11 @@ import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+try:  # fleet.protocol is prepended before this file when a step is sent to a host
+    SECRET_WORD  # noqa: B018
+except NameError:  # imported as a module (fleet itself, its tests)
+    from fleet.protocol import SECRET_WORD
+
 # fleet's record files on a host, named here only: every other module uses these names
 LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
 STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
@@ -272,30 +277,31 @@ def readable(fd: int, timeout_s: float) -> bool:
 
 
 # Part of both launchers (fleet's process launcher and its containers' PID 1): the engine's argv with the
-# secret's value in place of the word fleet-secret:NAME that follows --api-key, and only there (no other
+# secret's value in place of the word SECRET_WORD + NAME that follows --api-key, and only there (no other
 # word of a playbook is a secret's place); None when the secret is missing, so the launcher starts nothing
 # (an engine started with the word, or with no key, would serve without the key the playbook asked for).
 SECRET_ARGV = """
 def secret_argv(words, env):
     out = []
     for i, w in enumerate(words):
-        if i and words[i - 1] == "--api-key" and w.startswith("fleet-secret:"):
-            if not env.get(w[13:]):
-                sys.stderr.write("fleet launcher: the secret %s was not given: no engine without it\\n" % w[13:])
+        if i and words[i - 1] == "--api-key" and w.startswith(%(word)r):
+            name = w[len(%(word)r):]
+            if not env.get(name):
+                sys.stderr.write("fleet launcher: the secret %%s was not given: no engine without it\\n" %% name)
                 return None
-            w = env[w[13:]]
+            w = env[name]
         out.append(w)
     return out
-"""
+""" % {"word": SECRET_WORD}
 
 
 def api_key_name(argv: Any) -> Optional[str]:
     """The variable whose value the engine takes as --api-key, when its command line names one (written
-    fleet-secret:NAME: fleet's launcher put the value there), else None."""
+    SECRET_WORD + NAME: fleet's launcher put the value there), else None."""
     words = [str(w) for w in argv] if isinstance(argv, list) else []
     for i in range(len(words) - 1):  # zip(strict=) is 3.10: host code is 3.8
-        if words[i] == "--api-key" and words[i + 1].startswith("fleet-secret:"):
-            return words[i + 1][len("fleet-secret:") :]
+        if words[i] == "--api-key" and words[i + 1].startswith(SECRET_WORD):
+            return words[i + 1][len(SECRET_WORD) :]
     return None
 
 

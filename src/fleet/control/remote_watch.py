@@ -26,7 +26,7 @@ import stat
 import sys
 import threading
 import time
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
@@ -480,7 +480,7 @@ def stop_container(box: Any) -> str:
 def stop_attempt_group(pgid: int) -> str:
     """SIGTERM, then SIGKILL after ATTEMPT_TERM_S, to the members of fleet's user in the attempt's group, listed
     again each round (a worker the engine forks while it stops is stopped too): how many there were."""
-    seen: Dict[int, bool] = {}
+    seen: Set[int] = set()
     kill_at = time.time() + ATTEMPT_TERM_S
     while time.time() < kill_at + ATTEMPT_TERM_S:
         members = hold_group(pgid, os.getuid())
@@ -492,7 +492,7 @@ def stop_attempt_group(pgid: int) -> str:
             for pid, h in running.items():
                 if late or pid not in seen:
                     h.send(signal.SIGKILL if late else signal.SIGTERM)
-                seen[pid] = True
+                seen.add(pid)
         finally:
             release(members)
         time.sleep(0.1)

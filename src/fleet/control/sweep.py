@@ -83,8 +83,9 @@ def _ask_again_with_keys(
     sent), only to the host that asked for it, and by a probe that asks the prompt alone (the first one
     read the log and kernel lines: reading them again would skip what it saw)."""
     keys: dict[str, str] = {}
+    asked: list[str] = []
     why: dict[str, str] = {}
-    for name, answer in answers.items():
+    for name, answer in sorted(answers.items()):
         if not (g := _generation(answer)):
             continue
         playbook = str(facts.remote.deployment(name).state.get("playbook") or name)
@@ -95,7 +96,7 @@ def _ask_again_with_keys(
             why[name] = f"the server wants its API key, and {wanted} is not set in fleet's environment"
         else:
             keys[wanted] = options.secrets[wanted]
-    asked = sorted(n for n in answers if _generation(answers[n]) and n not in why)
+            asked.append(name)
     again = _probe(t, host, dict(args, generation_only=asked), python, options, keys) if asked else {}
     for name in asked:
         http = ((again.get("deployments") or {}).get(name) or {}).get("http") or {}
