@@ -190,6 +190,13 @@ BAD_RUNTIMES = [  # (runtime:, what the error says): each would run something fl
     ("{container: podman, image: x, run_args: [--log-driver=syslog]}", "sets --log-driver, which run_args may not"),
     ("{container: podman, image: x, run_args: ['--log-opt=syslog-address=tcp://x:514']}", "sets --log-opt"),
     ("{container: podman, image: x, mounts: ['/usr/lib:/l']}", "mount it read-only"),
+    # spellings of a path the kernel resolves elsewhere, tried on the way out
+    ("{container: podman, image: x, run_args: [-v, '/usr/../etc:/x:ro']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: [-v, '/proc/..:/x:ro']}", "which is the host's own"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/usr/../home/ann,dst=/h,readonly']}", "own"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/d,dst=/x/../models']}", "mounts over /models"),
+    ("{container: podman, image: x, run_args: [-v, '/home/ann/./.ssh:/k:ro']}", "where credentials are kept"),
+    ("{container: podman, image: x, run_args: ['--mount=type=bind,src=/usr,dst=/u,ro=yes']}", "mount it read-only"),
     ("{container: podman, image: x, mounts: ['/a']}", "HOST_PATH:CONTAINER_PATH"),
     ("{container: podman, image: x, mounts: ['/a/../etc:/b']}", "'..'"),
     ("{container: podman, image: x, mounts: ['/x://models/Q/config.json']}", "mounts over /models"),
