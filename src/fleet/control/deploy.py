@@ -51,7 +51,7 @@ from fleet.errors import (
     UnsafeToKill,
 )
 from fleet.facts import HostFacts
-from fleet.host_common import base_url
+from fleet.host_common import api_key_name, base_url
 from fleet.hostscripts import run_json, script_for
 from fleet.inventory import Host
 from fleet.inventory.mounts import SECRETS_MOUNT
@@ -60,7 +60,7 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
-from fleet.protocol import SECRET_WORD, STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
+from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -487,10 +487,8 @@ class Deployer:
 
     def _api_key(self, plan: LaunchPlan) -> str | None:
         """The engine's API key when its plan takes one (api_key_env: --api-key fleet-secret:NAME)."""
-        flag = plan.flag("--api-key")
-        if flag is None or not flag.value or not flag.value.startswith(SECRET_WORD):
-            return None
-        return self.secrets.get(flag.value[len(SECRET_WORD) :])
+        name = api_key_name(plan.argv())
+        return self.secrets.get(name) if name else None
 
     # -- the loop -------------------------------------------------------------------------------------
 
