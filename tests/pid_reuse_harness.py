@@ -1,0 +1,85 @@
+"""Run by tests/test_pid_reuse.py as pid 1 of a fresh pid namespace (`unshare --pid --fork --mount-proc`):
+the kernel really hands an engine's pid to another user's process during fleet's drain window, and
+fleet's own stop (remote_free.stop_targets) runs through it. Prints one JSON line of what happened.
+
+Inside the namespace only this harness forks, so setting ns_last_pid makes the newcomer's pid the
+engine's exactly; no timing decides the order: the second engine holds the drain open until the
+newcomer is running.
+
+argv: MODE FLAG, MODE "pidfd" (the kernel's pidfds) or "start-time" (the fallback for kernels without).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import fleet.host_signals
+from fleet.control.remote_free import stop_targets
+from fleet.host_procs import process_table, uid_of
+
+NOBODY = 65534
+QUITS_AT_SIGTERM = "import time; print('up', flush=True); time.sleep(600)"
+# Ignores SIGTERM until the newcomer runs (the flag file), then exits: the drain is open meanwhile.
+HOLDS_THE_DRAIN = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+    "print('up', flush=True)\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+)
+
+
+def started(code: str, *args: str) -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    return child
+
+
+def main() -> None:
+    mode, flag = sys.argv[1], sys.argv[2]
+    if mode == "start-time":
+        fleet.host_signals._pidfd_open = lambda pid: None  # type: ignore[assignment]
+    engine = started(QUITS_AT_SIGTERM)
+    holder = started(HOLDS_THE_DRAIN, flag)
+    newcomer: list[subprocess.Popen[bytes]] = []
+
+    def reuse_the_engines_pid() -> None:
+        engine.wait()  # exited at fleet's SIGTERM, and reaped: its pid is free
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(engine.pid - 1))
+        newcomer.append(subprocess.Popen(["sleep", "600"], user=NOBODY, stdin=subprocess.DEVNULL))
+        open(flag, "w").close()
+
+    reuser = threading.Thread(target=reuse_the_engines_pid)
+    reuser.start()
+    procs = process_table()
+    targets = {p.pid: dict(procs[p.pid], why="stale engine") for p in (engine, holder)}
+    stopped, forced, left = stop_targets(targets, procs, drain_s=60)
+    reuser.join()
+    other = newcomer[0]
+    owner = uid_of(other.pid)
+    # Ended here with SIGTERM: its exit says which signal reached it first, fleet's SIGKILL or this one.
+    other.terminate()
+    ended_by = -other.wait()
+    holder.wait()
+    print(
+        json.dumps(
+            {
+                "engine_pid": engine.pid,
+                "newcomer_pid": other.pid,
+                "newcomer_uid": owner,
+                "newcomer_ended_by": ended_by,
+                "stops": {str(s["pid"]): s["stop"] for s in stopped},
+                "forced": forced,
+                "left": left,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

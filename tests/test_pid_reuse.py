@@ -1,0 +1,43 @@
+"""A real pid reuse in the middle of fleet's drain: the engine fleet stopped exits at SIGTERM, the kernel
+gives its pid to another user's process, and the SIGKILL that ends the drain must not reach it.
+
+The harness (tests/pid_reuse_harness.py) runs in a pid namespace of its own, where setting ns_last_pid
+hands the exited engine's number to the newcomer for certain, whatever else runs on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).with_name("pid_reuse_harness.py")
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a pid namespace and another user's process need root and util-linux's unshare",
+)
+
+
+@pytest.mark.parametrize("identity", ["pidfd", "start-time"])
+def test_a_pid_reused_during_the_drain_is_never_signalled(tmp_path: Path, identity: str) -> None:
+    run = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(HARNESS), identity, str(tmp_path / "up")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(SRC)),
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    # the scenario is real: the engine's number now names another user's process
+    assert seen["newcomer_pid"] == seen["engine_pid"] and seen["newcomer_uid"] == 65534
+    # and fleet's stop did not touch it: no SIGKILL after the drain, and it says the engine drained
+    assert seen["newcomer_ended_by"] == signal.SIGTERM, seen
+    assert seen["forced"] == [] and seen["stops"][str(seen["engine_pid"])] == "SIGTERM, drained"
