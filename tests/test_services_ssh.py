@@ -76,3 +76,24 @@ def test_a_bad_service_file_changes_nothing(
     assert result.code == 2
     assert f'{tmp_path}/svc.yaml:2: field "replicas" is a count (2), which needs hosts:' in result.err
     assert not list((fleet_env.host_dir("ct129") / "logs").iterdir())
+
+
+def test_a_service_of_a_playbook_with_an_api_key_is_refused_before_anything_starts(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router would need the engine's key on its command line, readable by every user of the host."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "keyed.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "api_key_env: FLEET_TEST_API_KEY\n"
+    )
+    (tmp_path / "svc.yaml").write_text("playbook: keyed\nreplicas: 1\nhosts: [ct129]\nrouter: {host: ct129}\n")
+    monkeypatch.setenv("FLEET_SERVICES", str(tmp_path))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    monkeypatch.setenv("FLEET_TEST_API_KEY", "sk-never-shown")
+    for command in (["up", "svc"], ["restart", "svc"]):
+        result = run_cli(*command)
+        assert result.code == 2, result.out + result.err
+        assert f"{tmp_path}/svc.yaml:1: playbook 'keyed' ({playbooks}/keyed.yaml:" in result.err
+        assert "process list" in result.err and "sk-never-shown" not in result.out + result.err
+    assert not list((fleet_env.host_dir("ct129") / "logs").iterdir())

@@ -14,11 +14,14 @@ if TYPE_CHECKING:
     from fleet.control.service import ServiceResult, ServiceRun
 
 
-def service_run(ctx: Invocation, ref: str, *, as_json: bool = False) -> ServiceRun:
+def service_run(ctx: Invocation, ref: str, *, as_json: bool = False, starting: bool = False) -> ServiceRun:
+    """The service `ref` with its playbook; `starting` (up, restart): refused if it cannot be served."""
     from fleet.control.service import ServiceRun
 
     svc = ctx.service(ref)
     playbook = ctx.playbook(svc.spec.playbook)
+    if starting:
+        svc.check_playbook(playbook)
     return ServiceRun(
         svc,
         ctx.inventory,
@@ -78,7 +81,7 @@ def up(ctx: Invocation, service: str, as_json: bool) -> None:
     Example:
       fleet up qwen36
     """
-    print_service(service_run(ctx, service, as_json=as_json).up(), as_json)
+    print_service(service_run(ctx, service, as_json=as_json, starting=True).up(), as_json)
 
 
 @cli.command()
@@ -99,7 +102,7 @@ def down(ctx: Invocation, service: str) -> None:
 
 def restart_service(ctx: Invocation, service: str, rollback: bool, as_json: bool) -> None:
     """`fleet restart SERVICE`: the rolling restart (see `fleet restart --help`)."""
-    print_service(service_run(ctx, service, as_json=as_json).roll(rollback=rollback), as_json)
+    print_service(service_run(ctx, service, as_json=as_json, starting=True).roll(rollback=rollback), as_json)
 
 
 def services_here(ctx: Invocation) -> list[str]:

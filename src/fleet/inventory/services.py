@@ -12,7 +12,7 @@ from msgspec import Meta
 
 from fleet.errors import ConfigError
 from fleet.inventory.hosts import Inventory
-from fleet.inventory.playbooks import _check_gpus, _check_host_name
+from fleet.inventory.playbooks import NamedPlaybook, _check_gpus, _check_host_name
 from fleet.inventory.strict import (
     NAME_RE,
     _check_remote_path,
@@ -130,6 +130,19 @@ class NamedService:
             chosen = tuple(gpus) if isinstance(gpus, list) else gpus
             placed.append(PlacedReplica(i + 1, host, f"{self.name}-{i + 1}", chosen))
         return placed
+
+    def check_playbook(self, playbook: NamedPlaybook) -> None:
+        """What a service cannot serve yet, refused before anything starts. An engine with an API key
+        (api_key_env) wants it from the router too, and the router takes a worker key only on its command
+        line, where every user of the host reads it: fleet will not put a secret there."""
+        if playbook.spec.api_key_env:
+            raise ConfigError(
+                f"{self.where('playbook')}: playbook {playbook.name!r} ({playbook.where('api_key_env')}) gives "
+                "its engine an API key, which a service's router cannot pass on to its replicas without "
+                "showing it in the host's process list.",
+                "Serve that playbook with `fleet deploy` (fleet proves it with the key), or give the service "
+                "a playbook without api_key_env and let the router's host be the one clients reach.",
+            )
 
     def router_host(self, inventory: Inventory) -> str:
         hosts = self._select(inventory, [self.spec.router.host], "router")
