@@ -333,6 +333,12 @@ TEXT_CASES = [
     ),
     ("ready-timeout", "[fleet] ready timeout after 900 s", LogContext(), "fleet-ready-timeout"),
     (
+        "startup-stall",
+        "[fleet] start-up stalled in graphs: no progress for 88 s (bound 87 s; it usually takes 29 s here)",
+        LogContext(),
+        "fleet-startup-stall",
+    ),
+    (
         "rendezvous-port",
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
         "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use",
@@ -493,6 +499,7 @@ NEAR_MISSES = [
     ("WARNING: flash_attn is not installed; using the default attention backend", SM120, "dependency-mismatch"),
     ("INFO: bfloat16 is supported on this GPU (compute capability 8.6)", SM86, "bf16-needs-ampere"),
     ("[fleet] ready after 41 s", SM86, "fleet-ready-timeout"),
+    ("[fleet] start-up of graphs took 29 s, not stalled", SM86, "fleet-startup-stall"),
     ("watchdog_timeout=300", SM120, "worker-timeout"),
     ("Not enough memory for prefix cache; evicting", SM120, "sglang-kv-not-enough-memory"),
     (

@@ -68,8 +68,12 @@ def state(h: nshost.NamespaceHost) -> dict[str, Any]:
 def test_a_first_time_deploy_costs_three_round_trips_and_records_the_server(host: nshost.NamespaceHost) -> None:
     result, seen = deploy(host, engine_check=True)
     assert result.ok and [a.outcome for a in result.attempts] == ["ready"]
-    said = [e.kind for e in seen.seen if not isinstance(e, events.LogLine)]
+    said = [e.kind for e in seen.seen if not isinstance(e, events.LogLine | events.StartupPhase)]
     assert said == ["planned", "attempt", "engine_check", "stopped", "launched", "ready"]
+    # the engine's start-up, phase by phase, as its own lines said it; no ETA on a first start
+    phases = seen.of(events.StartupPhase)
+    assert list(dict.fromkeys(p.phase for p in phases)) == ["distributed", "weights", "kv_cache", "graphs", "warmup"]
+    assert all(p.eta_s is None and p.starts == 0 for p in phases)
     assert seen.of(events.LogLine) and seen.of(events.Ready)[0].smoke["ok"]
     assert result.round_trips == 3  # facts, act, watch
     st = state(host)
@@ -173,6 +177,43 @@ def test_the_engine_check_refuses_a_command_line_before_the_running_server_is_st
     assert [p["pid"] for p in seen.of(events.Stopped)[0].stopped][:1] == [running]  # only after the check passed
     assert [a.outcome for a in result.attempts] == ["rejected", "rejected", "ready"]
     assert not alive(blackwell, running)
+
+
+def test_a_second_start_has_an_eta_and_its_timeline_is_kept_with_the_record(host: nshost.NamespaceHost) -> None:
+    simhost.set_host(host.dir, startup_scale=1.0)  # phases of 0.2-0.3 s, so the ETA has something to count
+    assert deploy(host)[0].ok
+    ops.stop(host.transport(), host.host, force=False)
+    result, seen = deploy(host)
+    assert result.ok
+    phases = seen.of(events.StartupPhase)
+    assert phases and all(p.starts == 1 and p.eta_s is not None for p in phases)
+    assert phases[0].eta_s > phases[-1].eta_s  # it counts down
+    kept = state(host)["startup"]
+    assert kept["outcome"] == "ready" and kept["order"] == ["distributed", "weights", "kv_cache", "graphs", "warmup"]
+    history = json.loads((host.dir / "state" / "startup.json").read_text())  # the host's, not the deployment's
+    assert [h["outcome"] for h in next(iter(history.values()))] == ["ready", "ready"]
+
+
+def test_a_graph_capture_that_hangs_is_a_stall_long_before_the_ready_timeout(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one start behind it the host knows how long capture takes; a capture that then hangs is told
+    apart from "still loading" and stopped, not waited for until ready_timeout (900 s)."""
+    monkeypatch.setattr("fleet.control.deploy.STALL_FLOOR_S", 2.0)  # the sim captures in 0.2 s; 30 s is real life
+    assert deploy(host)[0].ok
+    ops.stop(host.transport(), host.host, force=False)
+    simhost.set_host(host.dir, hang_graph_capture=True)
+    began = time.monotonic()
+    result, seen = deploy(host)
+    assert time.monotonic() - began < 60
+    assert not result.ok and [a.outcome for a in result.attempts] == ["timeout"]
+    diagnosis = result.attempts[0].diagnosis
+    assert diagnosis is not None and diagnosis.signature == "fleet-startup-stall"
+    assert any("start-up stalled in graphs" in line for line in diagnosis.evidence)
+    assert seen.of(events.StartupPhase)[-1].phase == "graphs"
+    st = state(host)
+    running = host.shell(f"ps -o stat= -g {st['pgid']} || true").split()
+    assert st["status"] == "failed" and [s for s in running if not s.startswith("Z")] == []
 
 
 def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceHost) -> None:

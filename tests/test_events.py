@@ -30,6 +30,7 @@ SAMPLES: list[events.Event] = [
     events.Pulling("lmsysorg/sglang:v0.5.11-cu129", "Copying blob sha256:4f4fb700ef54 done"),
     events.ModelPullPlanned("/models/Qwen3.6-27B", "0123456789abcdef" * 2 + "01234567", 15, 55 << 30, 0, 900 << 30),
     events.ModelPullProgress(10 << 30, 55 << 30, 120e6, 402.0),
+    events.StartupPhase("graphs", 72.0, 8, 23, 41.0, 29.0, 3),
     events.LogReset("truncated", "/var/log/fleet/a.log"),
     events.Reconnecting(1234),
     events.Diagnosed(
@@ -61,6 +62,21 @@ def test_every_event_is_one_json_line_with_its_kind_and_host(event: events.Event
 def test_every_event_has_a_line_on_the_terminal(event: events.Event, capsys: pytest.CaptureFixture[str]) -> None:
     Reporter("blackwell", show_log=True)(event)
     assert capsys.readouterr().err.startswith(("blackwell: ", "  | "))
+
+
+def test_a_start_up_phase_is_said_once_with_its_eta_and_none_is_made_up_on_a_first_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = Reporter("blackwell")
+    report(events.StartupPhase("weights", 2.0))
+    report(events.StartupPhase("weights", 9.0, 1, 9))  # progress: the live line only, on a terminal
+    report(events.StartupPhase("graphs", 72.0, None, None, 131.0, 29.0, 3))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "blackwell: start-up: loading weights — no ETA yet: the first start of this model, engine version and "
+        "GPUs on this host",
+        "blackwell: start-up: capturing CUDA graphs — ready in about 2m11s (from 3 earlier starts here)",
+    ]
 
 
 def test_fanout_sends_each_event_to_every_listener_in_order() -> None:

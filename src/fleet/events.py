@@ -150,6 +150,38 @@ class LogReset:
 
 
 @dataclass(frozen=True)
+class StartupPhase:
+    """The engine entered a start-up phase (fleet.startup.PHASES) or moved along in it: `at` seconds after
+    launch, `done` of `of` where it prints a progress bar, `eta_s` until ready judging by the `starts`
+    earlier starts of this model, engine version and GPUs on this host (None: none yet)."""
+
+    kind: ClassVar[str] = "phase"
+    phase: str
+    at: float
+    done: int | None = None
+    of: int | None = None
+    eta_s: float | None = None
+    usual_s: float | None = None  # how long this phase usually takes here
+    starts: int = 0
+
+    @classmethod
+    def of_event(cls, ev: Any) -> StartupPhase:
+        def number(key: str) -> Any:
+            value = ev.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        return cls(
+            phase=str(ev.get("phase")),
+            at=float(number("at") or 0.0),
+            done=number("done"),
+            of=number("of"),
+            eta_s=number("eta_s"),
+            usual_s=number("usual_s"),
+            starts=int(number("starts") or 0),
+        )
+
+
+@dataclass(frozen=True)
 class Reconnecting:
     kind: ClassVar[str] = "reconnecting"
     offset: int  # the byte of the log the resumed stream starts at
@@ -208,6 +240,7 @@ Event = (
     | ModelPullPlanned
     | ModelPullProgress
     | LogReset
+    | StartupPhase
     | Reconnecting
     | Diagnosed
     | Relaunching
@@ -259,7 +292,7 @@ class Detached:
             if self.closed:
                 self.sink(event)
                 return
-            line = isinstance(event, LogLine)
+            line = isinstance(event, LogLine | StartupPhase)  # a phase's progress is a log line, read
             if line:
                 if self.lines_waiting >= self.limit:
                     self.dropped += 1

@@ -26,6 +26,7 @@ LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deploym
 STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
 LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
 HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
+STARTUP_FILE = "startup.json"  # the host's start-up timelines: model x engine version x GPUs -> last starts
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")

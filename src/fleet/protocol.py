@@ -118,7 +118,8 @@ class ActResult(TypedDict, total=False):
 class WatchEvent(TypedDict, total=False):
     """One line of the watcher's output. `e` says which: line (o: offset after it, t: text), log_reset
     (why), ready_line, ready_http, health (code), smoke (ok, status, text), exit (code), timeout (what,
-    after_s), lost_lock (why), error (error), done."""
+    after_s; a stall: phase, bound_s, usual_s), phase (phase, at, done, of, eta_s), lost_lock (why), error
+    (error), done."""
 
     e: str
     o: int
@@ -131,6 +132,13 @@ class WatchEvent(TypedDict, total=False):
     what: str
     after_s: float
     error: str
+    phase: Optional[str]  # phase (a start-up phase, fleet.startup), and a stall's timeout
+    bound_s: float
+    usual_s: Optional[float]
+    at: float  # phase: seconds since launch, on the host
+    done: Optional[int]
+    of: Optional[int]
+    eta_s: Optional[float]
 
 
 class HealDecision(TypedDict):

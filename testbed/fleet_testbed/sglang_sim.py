@@ -842,6 +842,8 @@ def serve(argv: list[str]) -> None:
             f" GB",
             first,
         )
+        while host.get("hang_graph_capture"):  # test hook: a capture that hangs, printing nothing more
+            time.sleep(1)
         _sleep(server, 0.2)
         log(
             f"Capture cuda graph end. Time elapsed: {0.2 * scale:.2f} s. mem usage=0.50 GB. avail mem="

@@ -10,6 +10,7 @@ from typing import Any
 
 from fleet import events
 from fleet.cli.base import say
+from fleet.startup import PHASE_TITLES
 from fleet.terminal import safe_line
 
 
@@ -81,6 +82,7 @@ class Reporter:
         self.tty = sys.stderr.isatty()
         self.last_line = ""
         self.pull = PullShown()
+        self.phase = ""  # the start-up phase last said (a new one gets its own line)
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -123,6 +125,8 @@ class Reporter:
             self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
         elif isinstance(event, events.LogLine):
             self._log_line(event.line, elapsed)
+        elif isinstance(event, events.StartupPhase):
+            self._phase(event, elapsed)
         elif isinstance(event, events.ModelPullPlanned | events.ModelPullProgress):
             for line in self.pull.lines(event):
                 self.say(f"{h}: {line}")
@@ -157,6 +161,15 @@ class Reporter:
         elif isinstance(event, events.NotAdopted):
             self.say(f"{h}: the running server has this plan but fails: {'; '.join(event.problems)}; redeploying")
 
+    def _phase(self, event: events.StartupPhase, elapsed: float) -> None:
+        """A new phase is said on a line of its own, with the ETA; its progress only on the live line."""
+        progress = f" {event.done}/{event.of}" if event.of else ""
+        if event.phase == self.phase:
+            self._log_line(f"[{PHASE_TITLES.get(event.phase, event.phase)}{progress}]", elapsed)
+            return
+        self.phase = event.phase
+        self.say(f"{self.host}: start-up: {PHASE_TITLES.get(event.phase, event.phase)}{progress} — {eta_text(event)}")
+
     def _log_line(self, text: str, elapsed: float) -> None:
         if self.show_log:
             self.say(f"  | {safe_line(text)}")
@@ -165,6 +178,16 @@ class Reporter:
             sys.stderr.write(f"\r\x1b[K{self.host} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
             sys.stderr.flush()
             self.last_line = line
+
+
+def eta_text(event: events.StartupPhase) -> str:
+    """How long until ready, and what that is based on; no guess on a first start."""
+    if event.eta_s is None:
+        return "no ETA yet: the first start of this model, engine version and GPUs on this host"
+    minutes, seconds = divmod(int(round(event.eta_s)), 60)
+    left = f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+    plural = "s" if event.starts != 1 else ""
+    return f"ready in about {left} (from {event.starts} earlier start{plural} here)"
 
 
 def describe_change(before: list[str], after: list[str]) -> str:

@@ -72,6 +72,13 @@ def synthetic_line(ev: WatchEvent) -> str | None:
     if ev["e"] == "timeout":
         if ev.get("what") == "progress":
             return f"[fleet] no log progress for {ev.get('after_s', 0):.0f} s"
+        if ev.get("what") == "stall":
+            usual = ev.get("usual_s")
+            against = f"it usually takes {usual:.0f} s here" if usual is not None else "it never finished here before"
+            return (
+                f"[fleet] start-up stalled in {ev.get('phase')}: no progress for {ev.get('after_s', 0):.0f} s "
+                f"(bound {ev.get('bound_s', 0):.0f} s; {against})"
+            )
         return f"[fleet] {ev.get('what')} timeout after {ev.get('after_s', 0):.0f} s"
     if ev["e"] == "exit":
         code = ev.get("code")

@@ -62,6 +62,7 @@ from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
 from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
+from fleet.startup import STALL_FLOOR_S, history_key
 from fleet.transport import Transport
 
 READY_REGEX = {
@@ -269,6 +270,7 @@ class Deployer:
         self.command = command
         self.run_id = run_id()
         self.owner = owner()
+        self.stall_floor_s = STALL_FLOOR_S  # a phase is never called stalled sooner (tests lower it)
 
     # -- remote steps ---------------------------------------------------------------------------------
 
@@ -429,6 +431,9 @@ class Deployer:
                 if ev["e"] == "skipped":  # the host dropped lines fleet did not read in time
                     on_line(f"[fleet] {ev.get('lines')} log lines skipped: written faster than fleet read them")
                     continue
+                if ev["e"] == "phase":  # the start-up's phase or progress: said, not among the events
+                    self.progress(events.StartupPhase.of_event(ev))
+                    continue
                 if ev["e"] == "log_reset":
                     offset = 0
                     self.progress(events.LogReset(str(ev.get("why")), launched["log"]))
@@ -454,6 +459,8 @@ class Deployer:
                 "smoke": self.smoke,
                 "ready_timeout_s": self.ready_timeout_s,
                 "progress_timeout_s": self.progress_timeout_s,
+                "startup_key": history_key(plan.model_path, plan.engine, show_version(plan.engine_version), self.gpus),
+                "stall_floor_s": self.stall_floor_s,
                 "health_timeout_s": 120.0,
                 "state_dir": self.host.settings.state_dir,
                 "deployment": self.deployment,

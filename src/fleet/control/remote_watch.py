@@ -32,6 +32,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect, run_cli
+    from fleet.control.remote_startup import StartupWatch
     from fleet.host_common import (
         LEARNED_FILE,
         LOCK_FILE,
@@ -343,6 +344,7 @@ def main(a: Dict[str, Any]) -> None:
     ready_re = re.compile(a["ready_regex"])
     log = LogFollower(a["log"], a["offset"])
     start = time.time()
+    startup = StartupWatch(a, start)  # phases, ETA and stalls, from the engine's own lines
     last_touch = last_http = 0.0
     last_progress = time.time()
     phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
@@ -369,7 +371,13 @@ def main(a: Dict[str, Any]) -> None:
         if OUT.stalled(stalled_s):  # connected, but reading nothing: fleet is frozen; the watcher keeps bounds
             return frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
         if phase == "starting" and now - start > a["ready_timeout_s"]:  # also while a log floods
+            startup.record("timeout", now)
             emit({"e": "timeout", "what": "ready", "after_s": now - start})
+            return
+        stall = startup.stalled(now) if phase == "starting" else None
+        if stall is not None:  # a phase quiet past its bound: said now, not at the ready timeout
+            startup.record("stalled", now)
+            emit(stall)
             return
         lines, events = log.read()
         for ev in events:
@@ -378,7 +386,11 @@ def main(a: Dict[str, Any]) -> None:
             last_progress = now
             for end, text in lines:
                 emit({"e": "line", "o": end, "t": text})
+                said = startup.line(text, now) if phase == "starting" else None
+                if said is not None:
+                    emit(said)
                 if phase == "starting" and ready_re.search(text):
+                    startup.ready(now)
                     emit({"e": "ready_line"})
                     phase = "health"
                     health_deadline = time.time() + a["health_timeout_s"]
@@ -393,6 +405,7 @@ def main(a: Dict[str, Any]) -> None:
                     code = int(f.read().strip() or -1)
             except (OSError, ValueError):
                 pass
+            startup.record("exited", now)
             ended: Dict[str, Any] = {"e": "exit", "code": code}
             box = a.get("container")
             if box:  # what the runtime saw: a container's memory limit kills without a word in the log
@@ -406,6 +419,7 @@ def main(a: Dict[str, Any]) -> None:
             last_http = now
             status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
+                startup.ready(now)
                 emit({"e": "ready_http"})
                 phase = "health"
                 health_deadline = time.time() + a["health_timeout_s"]
@@ -414,6 +428,7 @@ def main(a: Dict[str, Any]) -> None:
             if status == 200:
                 emit({"e": "health", "code": 200})
                 if not a["smoke"]:  # a group's other rank: it answers /health only; rank 0 is asked
+                    a["success_state"]["startup"] = startup.record("ready", now)
                     on_success(a)
                     emit({"e": "done"})
                     if a.get("hold"):
@@ -421,6 +436,7 @@ def main(a: Dict[str, Any]) -> None:
                     return
                 result = smoke(a)
                 if not result["ok"]:
+                    startup.record("smoke_failed", now)
                     time.sleep(a.get("settle_s", 1.0))  # a crash the request triggered reaches the log first
                     for end, text in log.read()[0]:
                         emit({"e": "line", "o": end, "t": text})
@@ -429,20 +445,24 @@ def main(a: Dict[str, Any]) -> None:
                 for end, text in log.read()[0]:  # what the server logged up to its answer: its ready line
                     emit({"e": "line", "o": end, "t": text})
                 emit(result)
+                a["success_state"]["startup"] = startup.record("ready", now)
                 on_success(a)
                 emit({"e": "done"})
                 if a.get("hold"):
                     hold(a, client_gone)
                 return
             if health_deadline is not None and time.time() > health_deadline:
+                startup.record("health_timeout", now)
                 emit({"e": "timeout", "what": "health", "status": status})
                 return
             time.sleep(0.2)
             continue
         if now - start > a["ready_timeout_s"]:
+            startup.record("timeout", now)
             emit({"e": "timeout", "what": "ready", "after_s": now - start})
             return
         if now - last_progress > a["progress_timeout_s"]:
+            startup.record("timeout", now)
             emit({"e": "timeout", "what": "progress", "after_s": now - last_progress})
             return
         time.sleep(POLL_S)

@@ -1,0 +1,117 @@
+"""Runs ON the host inside the watch step (fleet.hostscripts): the attempt's start-up as it happens, its
+phases said as events, a stall called before the blind ready timeout, and its timeline kept in the host's
+history (STARTUP_FILE) so the next start on this host has an ETA and bounds of its own.
+
+Host code: standard library only, Python 3.8. The reading of lines and the arithmetic are fleet.startup's.
+"""
+
+import fcntl
+import os
+from typing import Any, Dict, List, Optional
+
+try:  # the shared host code is prepended when this script is sent to a host
+    STARTUP_FILE  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host_common import STARTUP_FILE, read_record, write_record
+    from fleet.startup import (
+        STALL_FLOOR_S,
+        StartupTimeline,
+        stall_bound,
+        startup_eta,
+        typical_startup,
+    )
+
+STARTS_KEPT = 10  # per model x engine version x GPUs: enough for a median, small enough to follow change
+KEYS_KEPT = 64  # combinations kept on one host; the least recently started are dropped first
+
+
+def startup_history(state_dir: str, key: str) -> List[Dict[str, Any]]:
+    kept = (read_record(os.path.join(os.path.expanduser(state_dir), STARTUP_FILE)) or {}).get(key)
+    return [h for h in kept if isinstance(h, dict)] if isinstance(kept, list) else []
+
+
+def remember_startup(state_dir: str, key: str, entry: Dict[str, Any]) -> None:
+    """Add one start to the host's history, under the host's guard (another deployment's watcher may be
+    writing its own start at the same moment)."""
+    root = os.path.expanduser(state_dir)
+    with open(os.path.join(root, "lock.guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        path = os.path.join(root, STARTUP_FILE)
+        history = read_record(path)
+        history = history if isinstance(history, dict) else {}
+        old = history.pop(key, None)
+        starts = [h for h in old if isinstance(h, dict)] if isinstance(old, list) else []
+        history[key] = (starts + [entry])[-STARTS_KEPT:]  # re-inserted last: the most recently started
+        for old in list(history)[: max(0, len(history) - KEYS_KEPT)]:
+            del history[old]
+        write_record(path, history)
+
+
+class StartupWatch:
+    """One attempt's start-up as the watcher sees it: `line` says a phase change or progress as an event,
+    `stalled` says when the current phase went quiet past its bound, `record` keeps the timeline."""
+
+    def __init__(self, a: Dict[str, Any], started: float) -> None:
+        self.key = a.get("startup_key")
+        self.state_dir = a["state_dir"]
+        self.started = started
+        self.floor_s = float(a.get("stall_floor_s", STALL_FLOOR_S))
+        self.timeline = StartupTimeline()
+        self.typical = typical_startup(startup_history(self.state_dir, self.key)) if self.key else None
+        self.ready_s: Optional[float] = None
+        self.recorded = False
+
+    def line(self, text: str, now: float) -> Optional[Dict[str, Any]]:
+        t = self.timeline
+        if self.ready_s is not None or not t.feed(text, now - self.started):
+            return None
+        in_phase = now - self.started - t.spans[-1][1]
+        eta = startup_eta(self.typical, t.phase, in_phase, now - self.started, t.done, t.of)
+        usual = (self.typical or {}).get("phases", {}).get(t.phase)
+        return {
+            "e": "phase",
+            "phase": t.phase,
+            "at": round(now - self.started, 2),
+            "done": t.done,
+            "of": t.of,
+            "eta_s": None if eta is None else round(eta, 1),
+            "usual_s": usual,
+            "starts": (self.typical or {}).get("starts", 0),
+        }
+
+    def stalled(self, now: float) -> Optional[Dict[str, Any]]:
+        t = self.timeline
+        if self.ready_s is not None or t.phase is None:
+            return None
+        bound = stall_bound(self.typical, t.phase, self.floor_s)
+        quiet = now - self.started - t.moved_at
+        if bound is None or quiet <= bound:
+            return None
+        usual = (self.typical or {}).get("phases", {}).get(t.phase)
+        return {"e": "timeout", "what": "stall", "phase": t.phase, "after_s": quiet, "bound_s": bound, "usual_s": usual}
+
+    def ready(self, now: float) -> None:
+        if self.ready_s is None:
+            self.ready_s = now - self.started
+            self.timeline.close(self.ready_s)
+
+    def record(self, outcome: str, now: float) -> Optional[Dict[str, Any]]:
+        """Keep this start in the host's history, once (only starts that reached ready make an ETA); the
+        entry kept, for the deployment's own record."""
+        if self.recorded or not self.key:
+            return None
+        self.recorded = True
+        end = self.ready_s if self.ready_s is not None else now - self.started
+        self.timeline.close(end)
+        entry = {
+            "outcome": outcome,
+            "ready_s": round(end, 2),
+            "phases": dict((k, round(v, 2)) for k, v in self.timeline.durations().items()),
+            "order": [span[0] for span in self.timeline.spans],
+            "at": round(now, 1),
+        }
+        try:
+            remember_startup(self.state_dir, self.key, entry)
+        except OSError:
+            pass  # a full disk: the start is not remembered, the deploy goes on
+        return entry
