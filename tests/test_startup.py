@@ -109,6 +109,11 @@ def test_a_request_or_a_bare_phrase_is_not_the_engine_s_start_up(line: str) -> N
          ("kv_cache", False, None, None)),
         ("Capturing CUDA graphs (decode, FULL):  50%|█████     | 1/2 [00:00<00:00,  1.92it/s]",
          ("graphs", False, 1, 2)),
+        # vLLM 0.32 on CPU (the one CI runs)
+        ("(EngineCore pid=357) INFO 12-04 09:52:00 [kv_cache_utils.py:2327] CPU KV cache size: 281,965 tokens, "
+         "Maximum concurrency for 512 tokens per request: 550.71x", ("kv_cache", False, None, None)),
+        ("(APIServer pid=344) INFO 12-04 09:52:01 [entry.py:140] Starting vLLM server on http://127.0.2.9:8011",
+         ("warmup", False, None, None)),
         # a progress bar that redraws itself with carriage returns
         ("Loading safetensors checkpoint shards:   0% Completed | 0/9 [\rLoading safetensors checkpoint shards:  "
          "11% Completed | 1/9 [00:01<00:08]\r", ("weights", False, 1, 9)),

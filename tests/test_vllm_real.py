@@ -70,6 +70,10 @@ def test_real_vllm_serves_the_tiny_hybrid_qwen3_next_and_a_second_server_beside_
         assert out["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
         log = Path(out["attempts"][0]["log"]).read_text()
         assert "Application startup complete." in log
+        # the real vLLM's start-up, phase by phase, through the code that reads SGLang's (fleet.startup)
+        progress = [json.loads(line) for line in r.err.splitlines() if line.startswith("{")]
+        phases = [e["phase"] for e in progress if e.get("event") == "phase"]
+        assert list(dict.fromkeys(phases)) == ["distributed", "weights", "kv_cache", "warmup"], r.err
         assert diagnose(log.splitlines(), LogContext(engine="vllm")).category == "healthy"
         first = status_of("tiny-qwen3-next")
         assert first["status"] == "ready" and first["engine"] == "vllm" and first["gpus"] == [0]

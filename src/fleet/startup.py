@@ -52,7 +52,7 @@ PHASE_RULES: Tuple[Tuple[str, str, str], ...] = (
     ("compile", "SGLang: DeepGEMM JIT", r"\bDeepGEMM JIT Compiling\b"),
     ("compile", "SGLang: DeepGEMM warmup bar", r"\bDeepGEMM warmup:\s*\d+%.*?\b(\d+)/(\d+)\s*\["),
     ("kv_cache", "vLLM: memory profiling", r"\bAvailable KV cache memory\b"),
-    ("kv_cache", "vLLM: blocks / KV cache size", r"(# GPU blocks:|\bGPU KV cache size\b)"),
+    ("kv_cache", "vLLM: blocks / KV cache size", r"(# GPU blocks:|\b[GC]PU KV cache size\b)"),
     ("kv_cache", "SGLang: KV Cache is allocated / Memory pool end", r"\b(KV Cache is allocated|Memory pool end)\b"),
     ("graphs", "SGLang: Capture ... graph begin (0.5.11, 0.5.23)", r"\bCapture [\w ]*graph (begin|bs|num tokens)\b"),
     (
@@ -62,7 +62,7 @@ PHASE_RULES: Tuple[Tuple[str, str, str], ...] = (
     ),
     ("graphs", "capture progress without counts", r"\bCapturing (?:batches|num tokens|CUDA graph)"),
     ("warmup", "SGLang: the HTTP server is up, the warm-up request runs", r"\bUvicorn running on\b"),
-    ("warmup", "vLLM: the API server starts", r"\bStarting vLLM API server\b"),
+    ("warmup", "vLLM: the API server starts", r"\bStarting vLLM (API )?server\b"),
     ("warmup", "vLLM: warm-up of templates and inputs", r"\b(Chat template|[Mm]ulti-modal) warmup\b"),
 )
 _COMPILED = [(phase, re.compile(pattern)) for phase, _, pattern in PHASE_RULES]
@@ -80,7 +80,9 @@ _ENGINE_LINE = re.compile(
     r"\[[\d\-T:.Z]+\] INFO |INFO:? |Loading |Capturing |Downloading |Fetching |DeepGEMM |# GPU blocks)"
 )
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z\s+")  # `docker logs --timestamps` and the like
-_REQUEST = re.compile(r"(\"(GET|POST|PUT|DELETE) /|\bReceived? ?:? ?obj=|ReqInput\(|request|prompt)", re.I)
+_REQUEST = re.compile(
+    r"(\"(GET|POST|PUT|DELETE) /|\bReceived? ?:? ?obj=|ReqInput\(|Received request|\bprompts?[:=])", re.I
+)
 # Where no earlier start on this host tells how long a phase takes: how long it may go without a new
 # line of progress before it is called stalled. Generous: a 235B checkpoint loads for 5+ minutes, and a
 # shard is read for minutes on a slow disk (SGLang's fast-recovery write-up, sglang#33522).
