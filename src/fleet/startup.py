@@ -37,7 +37,6 @@ PHASE_RULES: Tuple[Tuple[str, str, str], ...] = (
     ("download", "vLLM/SGLang download of weights", r"\] (Downloading|Using model weights format)\b"),
     ("distributed", "SGLang: Init torch distributed begin", r"\bInit torch distributed begin\b"),
     ("distributed", "vLLM: world_size/rank of the process group", r"\bworld_size=\d+ rank=\d+\b"),
-    ("distributed", "fleet's multi-node rendezvous", r"\bwaiting for \d+ nodes?\b"),
     ("weights", "SGLang: Load weight begin", r"\bLoad weight begin\b"),
     ("weights", "vLLM: Starting to load model", r"\bStarting to load model\b"),
     (
