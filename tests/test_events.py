@@ -79,6 +79,13 @@ def test_a_start_up_phase_is_said_once_with_its_eta_and_none_is_made_up_on_a_fir
     ]
 
 
+def test_a_shown_log_gets_no_made_up_lines_for_a_phases_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    report = Reporter("blackwell", show_log=True)
+    report(events.StartupPhase("weights", 2.0))
+    report(events.StartupPhase("weights", 9.0, 1, 9))  # the engine's own progress line is in the log
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_fanout_sends_each_event_to_every_listener_in_order() -> None:
     a: list[events.Event] = []
     b: list[events.Event] = []

@@ -165,7 +165,8 @@ class Reporter:
         """A new phase is said on a line of its own, with the ETA; its progress only on the live line."""
         progress = f" {event.done}/{event.of}" if event.of else ""
         if event.phase == self.phase:
-            self._log_line(f"[{PHASE_TITLES.get(event.phase, event.phase)}{progress}]", elapsed)
+            if not self.show_log:  # a shown log already has the engine's own progress lines
+                self._log_line(f"[{PHASE_TITLES.get(event.phase, event.phase)}{progress}]", elapsed)
             return
         self.phase = event.phase
         self.say(f"{self.host}: start-up: {PHASE_TITLES.get(event.phase, event.phase)}{progress} — {eta_text(event)}")
