@@ -7,6 +7,7 @@ sglang.launch_server.log` and a process renamed "vim notes-on-sglang serve" are 
 """
 
 import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -14,7 +15,7 @@ import re
 import select
 import signal
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
@@ -27,6 +28,7 @@ STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
 LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
 HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
 STARTUP_FILE = "startup.json"  # the host's start-up timelines: model x engine version x GPUs -> last starts
+GUARD_FILE = "lock.guard"  # the host's guard: the flock every change of its shared records is made under
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
@@ -404,6 +406,15 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
 DEPLOYMENTS = "deployments"
 DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
 LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's bookkeeping
+
+
+@contextlib.contextmanager
+def host_guard(state_dir: str) -> Iterator[None]:
+    """Hold the host's guard (an exclusive flock on state_dir/lock.guard) for a read-modify-write of a
+    record another run may be changing at the same moment. state_dir must exist."""
+    with open(os.path.join(os.path.expanduser(state_dir), GUARD_FILE), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        yield
 
 
 def deployment_dir(state_dir: str, name: str) -> str:

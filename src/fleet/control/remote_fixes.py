@@ -6,7 +6,6 @@ forgetting is a read-modify-write of it under the host's guard, as that merge is
 other's change. A match is exact: a signature id, and optionally the model path the key names.
 """
 
-import fcntl
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ from typing import Any, Dict, List
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import LEARNED_FILE, read_record, write_record
+    from fleet.host_common import LEARNED_FILE, host_guard, read_record, write_record
 
 
 def matches(key: str, entry: Any, a: Dict[str, Any]) -> bool:
@@ -33,8 +32,7 @@ def main() -> Dict[str, Any]:
     forgotten: List[Dict[str, Any]] = []
     if not os.path.isdir(root):
         return {"forgotten": forgotten}
-    with open(os.path.join(root, "lock.guard"), "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
+    with host_guard(root):
         path = os.path.join(root, LEARNED_FILE)
         learned = read_record(path) or {}
         for key in sorted(learned):

@@ -6,7 +6,6 @@ stamps and the client's clock (2 h apart, say), or a record written by a `python
 never applied. When the record cannot be written, the step fails and nothing is healed.
 """
 
-import fcntl
 import json
 import os
 import sys
@@ -15,15 +14,14 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import HEALS_FILE, deployment_dir, migrate_legacy, write_record
+    from fleet.host_common import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, write_record
 
 
 def main() -> None:
     a = json.loads(sys.argv[1])
     root = os.path.expanduser(a["state_dir"])
     os.makedirs(root, mode=0o700, exist_ok=True)
-    with open(os.path.join(root, "lock.guard"), "a") as guard:  # the host's guard, as the act step takes it
-        fcntl.flock(guard, fcntl.LOCK_EX)
+    with host_guard(root):  # the host's guard, as the act step takes it
         migrate_legacy(root)  # an older fleet's record first, so its deployment's heals go beside it
     state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
     path = os.path.join(state_dir, HEALS_FILE)

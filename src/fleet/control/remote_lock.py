@@ -19,6 +19,7 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_free import expand, recorded_group_is_ours
     from fleet.host_common import (
+        GUARD_FILE,
         LOCK_FILE,
         STATE_FILE,
         deployment_dir,
@@ -40,7 +41,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
     root = expand(a["state_dir"])
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
-        guard = open(os.path.join(root, "lock.guard"), "a")  # noqa: SIM115 - closed by the with below
+        guard = open(os.path.join(root, GUARD_FILE), "a")  # noqa: SIM115 - closed by the with below
     except OSError as exc:  # the first write of a run: nothing has been changed yet
         return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}
     with guard:

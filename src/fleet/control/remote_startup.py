@@ -5,14 +5,13 @@ history (STARTUP_FILE) so the next start on this host has an ETA and bounds of i
 Host code: standard library only, Python 3.8. The reading of lines and the arithmetic are fleet.startup's.
 """
 
-import fcntl
 import os
 from typing import Any, Dict, List, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import STARTUP_FILE, read_record, write_record
+    from fleet.host_common import STARTUP_FILE, host_guard, read_record, write_record
     from fleet.startup import (
         STALL_FLOOR_S,
         StartupTimeline,
@@ -33,10 +32,8 @@ def startup_history(state_dir: str, key: str) -> List[Dict[str, Any]]:
 def remember_startup(state_dir: str, key: str, entry: Dict[str, Any]) -> None:
     """Add one start to the host's history, under the host's guard (another deployment's watcher may be
     writing its own start at the same moment)."""
-    root = os.path.expanduser(state_dir)
-    with open(os.path.join(root, "lock.guard"), "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        path = os.path.join(root, STARTUP_FILE)
+    with host_guard(state_dir):
+        path = os.path.join(os.path.expanduser(state_dir), STARTUP_FILE)
         history = read_record(path)
         history = history if isinstance(history, dict) else {}
         old = history.pop(key, None)

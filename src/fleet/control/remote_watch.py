@@ -40,6 +40,7 @@ except NameError:  # imported as a module (fleet's own tests)
         base_url,
         deployment_dir,
         first_line_of_stdin,
+        host_guard,
         http_request,
         mark_unverified,
         read_record,
@@ -183,8 +184,7 @@ def on_success(a: Dict[str, Any]) -> None:
         root = os.path.expanduser(a["state_dir"])
         # the host's, shared by its deployments: merged under the host's guard, never dropped (another
         # deployment of the same model may have just learned what this one started without)
-        with open(os.path.join(root, "lock.guard"), "a") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
+        with host_guard(root):
             lpath = os.path.join(root, LEARNED_FILE)
             learned = read_record(lpath) or {}
             kept = learned.get(a["learned_key"])
