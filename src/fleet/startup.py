@@ -8,9 +8,10 @@ Pure: text and numbers in, values out. It runs in fleet's own process and, sent 
 Python 3.8.
 
 The recognisers are built on real logs (the crash corpus, both engines, many versions) and the engines'
-sources (SGLang 0.5.11 and 0.5.23, vLLM 0.6-0.11): families of lines, not single versions' spellings.
-A line is read only when it looks like the engine's own (a log line, a progress bar), so a request's text
-cannot move a phase; and phases only matter before the server is ready, when no request is served.
+sources (SGLang 0.5.11 and 0.5.23; vLLM from 0.6 in the corpus to 0.32 on CPU in CI): families of lines,
+not single versions' spellings. A line is read only when it looks like the engine's own (a log line, a
+progress bar), so a request's text cannot move a phase; and phases only matter before the server is
+ready, when no request is served.
 """
 
 import re
@@ -216,6 +217,12 @@ def startup_eta(
     return left + sum(lengths.get(p, 0.0) for p in order[order.index(phase) + 1 :])
 
 
+def usual_length(typical: Optional[Dict[str, Any]], phase: Optional[str]) -> Optional[float]:
+    """How long `phase` usually takes on this host (typical_startup); None when it never finished here."""
+    usual = (typical or {}).get("phases", {}).get(phase)
+    return None if usual is None else float(usual)
+
+
 def stall_bound(
     typical: Optional[Dict[str, Any]], phase: Optional[str], floor_s: float = STALL_FLOOR_S
 ) -> Optional[float]:
@@ -223,10 +230,10 @@ def stall_bound(
     length on this host, or the documented bound (PHASE_QUIET_BOUND_S) when this host never finished it."""
     if phase is None:
         return None
-    usual = (typical or {}).get("phases", {}).get(phase)
+    usual = usual_length(typical, phase)
     if usual is None:
         return PHASE_QUIET_BOUND_S.get(phase)
-    return max(STALL_FACTOR * float(usual), floor_s)
+    return max(STALL_FACTOR * usual, floor_s)
 
 
 def history_key(model: str, engine: str, version: str, gpus: Any) -> str:

@@ -18,6 +18,7 @@ except NameError:  # imported as a module (fleet's own tests)
         stall_bound,
         startup_eta,
         typical_startup,
+        usual_length,
     )
 
 STARTS_KEPT = 10  # per model x engine version x GPUs: enough for a median, small enough to follow change
@@ -64,7 +65,6 @@ class StartupWatch:
             return None
         in_phase = now - self.started - t.spans[-1][1]
         eta = startup_eta(self.typical, t.phase, in_phase, now - self.started, t.done, t.of)
-        usual = (self.typical or {}).get("phases", {}).get(t.phase)
         return {
             "e": "phase",
             "phase": t.phase,
@@ -72,7 +72,7 @@ class StartupWatch:
             "done": t.done,
             "of": t.of,
             "eta_s": None if eta is None else round(eta, 1),
-            "usual_s": usual,
+            "usual_s": usual_length(self.typical, t.phase),
             "starts": (self.typical or {}).get("starts", 0),
         }
 
@@ -84,7 +84,7 @@ class StartupWatch:
         quiet = now - self.started - t.moved_at
         if bound is None or quiet <= bound:
             return None
-        usual = (self.typical or {}).get("phases", {}).get(t.phase)
+        usual = usual_length(self.typical, t.phase)
         return {"e": "timeout", "what": "stall", "phase": t.phase, "after_s": quiet, "bound_s": bound, "usual_s": usual}
 
     def ready(self, now: float) -> None:
