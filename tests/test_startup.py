@@ -232,3 +232,21 @@ def test_a_corrupt_history_is_no_history(tmp_path: Path) -> None:
     assert startup_history(str(tmp_path), "k") == []
     remember_startup(str(tmp_path), "k", {"outcome": "ready"})
     assert startup_history(str(tmp_path), "k") == [{"outcome": "ready"}]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"phases": {"weights": "sixty"}},
+        {"phases": {"weights": -1.0}},
+        {"phases": {"\x1b[2Jweights": 1.0}},
+        {"ready_s": None},
+        {"order": "weights"},
+        {"order": ["weights", 7]},
+    ],
+)
+def test_a_kept_start_that_fleet_did_not_write_is_no_history(bad: dict[str, object]) -> None:
+    """A hand-edited or half-written startup.json must not stop the watcher (it reads it at every start)."""
+    kept = {"outcome": "ready", "ready_s": 10.0, "phases": {"weights": 6.0}, "order": ["weights"], **bad}
+    assert typical_startup([kept]) is None
+    assert typical_startup([kept, *history(104.0)]) == typical_startup(history(104.0))

@@ -174,10 +174,26 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def _well_formed(start: Dict[str, Any]) -> bool:
+    """A kept start fleet wrote: a record edited by hand or cut short by a crash is no history."""
+    phases, order = start.get("phases"), start.get("order", [])
+    return (
+        isinstance(phases, dict)
+        and all(p in PHASES and _number(v) for p, v in phases.items())
+        and _number(start.get("ready_s"))
+        and isinstance(order, list)
+        and all(p in PHASES for p in order)
+    )
+
+
 def typical_startup(history: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """From earlier starts that reached ready (each {"phases": {phase: s}, "ready_s": s, "order": [..]}):
     the median of each phase and of the whole, and the latest order of phases; None without one."""
-    good = [h for h in history if h.get("outcome") == "ready" and isinstance(h.get("phases"), dict)]
+    good = [h for h in history if h.get("outcome") == "ready" and _well_formed(h)]
     if not good:
         return None
     phases: Dict[str, float] = {}
