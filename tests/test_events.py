@@ -79,6 +79,14 @@ def test_a_start_up_phase_is_said_once_with_its_eta_and_none_is_made_up_on_a_fir
     ]
 
 
+def test_a_phase_name_from_the_host_reaches_the_terminal_without_its_escape_sequences(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Reporter("blackwell")(events.StartupPhase("weights\x1b]0;pwned\x07\x1b[2J", 1.0))
+    err = capsys.readouterr().err
+    assert "weights" in err and "\x1b" not in err and "\x07" not in err
+
+
 def test_a_shown_log_gets_no_made_up_lines_for_a_phases_progress(capsys: pytest.CaptureFixture[str]) -> None:
     report = Reporter("blackwell", show_log=True)
     report(events.StartupPhase("weights", 2.0))
