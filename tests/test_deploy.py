@@ -706,6 +706,36 @@ def test_restart_runs_the_recorded_plan_again(fleet_env: simhost.Sandbox) -> Non
     assert after["plan"]["argv"] == before["plan"]["argv"]
 
 
+def test_timeline_shows_a_deployments_starts_phase_by_phase_with_their_median(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    assert run_cli("restart", "--host", "ct129").code == 0
+    r = run_cli("timeline", "ct129/qwen36-27b")
+    assert r.code == 0, r.err
+    heading, header, *rows = r.out.splitlines()
+    assert (
+        heading.startswith("ct129/qwen36-27b: ")
+        and "sglang 0.5.11 on GPUs 0,1 (this deployment's; 2 starts)" in heading
+    )
+    assert header.split() == [
+        "when",
+        "outcome",
+        "total",
+        "distributed",
+        "weights",
+        "kv_cache",
+        "graphs",
+        "warmup",
+        "fixes",
+    ]
+    assert [row.split()[2] for row in rows[:2]] == ["ready", "ready"]
+    assert rows[2].split()[:4] == ["median", "of", "2", "ready"] and len(rows) == 3
+    starts = [json.loads(line) for line in run_cli("timeline", "ct129", "--json").out.splitlines()]
+    assert [(s["deployment"], s["outcome"], s["current"]) for s in starts] == [("qwen36-27b", "ready", True)] * 2
+    assert starts[0]["at"] < starts[1]["at"] and set(starts[0]["phases"]) == set(header.split()[3:-1])
+    missing = run_cli("timeline", "ct129/nope")
+    assert missing.code == 2 and "no deployment named nope (deployments there: qwen36-27b)" in missing.err
+
+
 def test_status_logs_and_diagnose_of_a_running_host(fleet_env: simhost.Sandbox) -> None:
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     rows = [json.loads(line) for line in run_cli("status", "--json").out.splitlines()]

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shlex
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,6 +215,47 @@ def test_a_graph_capture_that_hangs_is_a_stall_long_before_the_ready_timeout(
     st = state(host)
     running = host.shell(f"ps -o stat= -g {st['pgid']} || true").split()
     assert st["status"] == "failed" and [s for s in running if not s.startswith("Z")] == []
+
+
+def test_status_says_a_starting_servers_phase_and_eta_and_a_stall_is_waited_through_when_the_playbook_says(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`on_stall: wait`: a hung capture is said once, the attempt goes on (here until its engine dies);
+    meanwhile `fleet status`, another run, reads the phase and an ETA from the host."""
+    from fleet.cli.report import starting_text
+    from fleet.control.gather import read_facts
+
+    monkeypatch.setattr("fleet.control.deploy.STALL_FLOOR_S", 1.0)
+    assert deploy(host)[0].ok  # one start behind it: the next has an ETA
+    ops.stop(host.transport(), host.host, force=False)
+    simhost.set_host(host.dir, hang_graph_capture=True)
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    pb = dataclasses.replace(pb, spec=msgspec.structs.replace(pb.spec, on_stall="wait", max_attempts=1))
+    seen = Events()
+    outcome: list[Any] = []
+    run = threading.Thread(
+        target=lambda: outcome.append(ops.deploy(host.transport(), host.host, pb, force=False, engine_check=False,
+                                                 progress=seen)))  # fmt: skip
+    run.start()
+    try:
+        assert wait_until(lambda: seen.of(events.StartupStalled), timeout=60)
+        row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+        assert row["status"] == "starting" and row["startup"]["phase"] == "graphs"
+        assert row["startup"]["eta_s"] is not None and row["startup"]["starts"] == 1
+        assert "capturing CUDA graphs" in starting_text(row["startup"]) and "ready in about" in starting_text(
+            row["startup"]
+        )
+        assert run.is_alive()  # said, and still waiting
+    finally:
+        # the engine dies (its launcher, the recorded pid, sees that and says so)
+        host.shell(f"pkill -KILL -P {state(host)['pid']} || true")
+        run.join(60)
+    result = outcome[0]
+    assert not result.ok and [a.outcome for a in result.attempts] != ["timeout"]  # it ended by the kill, not a stall
+    assert [s.phase for s in seen.of(events.StartupStalled)] == ["graphs"]  # one quiet spell, said once
+    row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+    assert row["startup"] is None and not (simhost.record(host.dir, "phase.json")).exists()
+    assert state(host)["on_stall"] == "wait"  # kept, so a restart or a heal waits the same way
 
 
 def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceHost) -> None:

@@ -31,6 +31,7 @@ SAMPLES: list[events.Event] = [
     events.ModelPullPlanned("/models/Qwen3.6-27B", "0123456789abcdef" * 2 + "01234567", 15, 55 << 30, 0, 900 << 30),
     events.ModelPullProgress(10 << 30, 55 << 30, 120e6, 402.0),
     events.StartupPhase("graphs", 72.0, 8, 23, 41.0, 29.0, 3),
+    events.StartupStalled("graphs", 95.0, 87.0, 29.0, 900.0),
     events.LogReset("truncated", "/var/log/fleet/a.log"),
     events.Reconnecting(1234),
     events.Diagnosed(
@@ -77,6 +78,32 @@ def test_a_start_up_phase_is_said_once_with_its_eta_and_none_is_made_up_on_a_fir
         "GPUs on this host",
         "blackwell: start-up: capturing CUDA graphs — ready in about 2m11s (from 3 earlier starts here)",
     ]
+
+
+def test_a_stall_waited_through_says_how_long_against_what_and_until_when(capsys: pytest.CaptureFixture[str]) -> None:
+    Reporter("blackwell")(events.StartupStalled("graphs", 95.0, 87.0, 29.0, 900.0))
+    Reporter("blackwell")(events.StartupStalled("weights", 620.0, 600.0, None, 1800.0))
+    assert capsys.readouterr().err.splitlines() == [
+        "blackwell: start-up: capturing CUDA graphs quiet for 1m35s (stall bound 1m27s, usually 29s here); waiting on "
+        "as the playbook says (on_stall: wait), up to ready_timeout_s 15m00s",
+        "blackwell: start-up: loading weights quiet for 10m20s (stall bound 10m00s, no history here); waiting on as "
+        "the playbook says (on_stall: wait), up to ready_timeout_s 30m00s",
+    ]
+
+
+def test_status_says_a_starting_servers_phase_its_progress_and_when_it_should_be_ready() -> None:
+    from fleet.cli.report import starting_text
+
+    now = {"phase": "graphs", "title": "capturing CUDA graphs", "elapsed_s": 130.0, "in_phase_s": 12.0, "done": 8,
+           "of": 23, "eta_s": 41.0, "starts": 3}  # fmt: skip
+    assert starting_text(now) == (
+        "start-up: capturing CUDA graphs 8/23 for 12s (2m10s since launch); ready in about 41s (from 3 earlier "
+        "starts here)"
+    )
+    first = {**now, "eta_s": None, "starts": 0, "of": None}
+    assert starting_text(first).endswith(
+        "no ETA yet: the first start of this model, engine version and GPUs on this host"
+    )
 
 
 def test_a_phase_name_from_the_host_reaches_the_terminal_without_its_escape_sequences(

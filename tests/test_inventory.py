@@ -375,6 +375,11 @@ PLAYBOOK_CASES = [
         "64), e.g. qwen3 (got 'qwen3; rm -rf /').",
     ),
     (
+        "on-stall-word",
+        PLAYBOOK_OK + "on_stall: retry\n",
+        "pb.yaml:7: field \"on_stall\" must be one of 'fail', 'wait' (got 'retry').",
+    ),
+    (
         "secret-env-loader",
         PLAYBOOK_OK + "secret_env: [HF_TOKEN, BASH_ENV]\n",
         'pb.yaml:7: field "secret_env" sets BASH_ENV, which changes what program, library or startup code '

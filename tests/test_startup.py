@@ -17,6 +17,7 @@ from fleet.startup import (
     STALL_FLOOR_S,
     StartupTimeline,
     history_key,
+    phase_now,
     phase_of_line,
     stall_bound,
     startup_eta,
@@ -250,3 +251,90 @@ def test_a_kept_start_that_fleet_did_not_write_is_no_history(bad: dict[str, obje
     kept = {"outcome": "ready", "ready_s": 10.0, "phases": {"weights": 6.0}, "order": ["weights"], **bad}
     assert typical_startup([kept]) is None
     assert typical_startup([kept, *history(104.0)]) == typical_startup(history(104.0))
+
+
+def test_a_playbook_that_waits_through_stalls_hears_of_each_quiet_spell_once(tmp_path: Path) -> None:
+    watch = StartupWatch({"state_dir": str(tmp_path), "startup_key": None, "on_stall": "wait"}, started=0.0)
+    watch.line("[2026-12-04 10:00:00 TP0] Capture cuda graph begin.", 1.0)
+    bound = PHASE_QUIET_BOUND_S["graphs"]
+    first = watch.stalled(1.0 + bound + 1)
+    assert first is not None and first["e"] == "stalled" and "what" not in first and first["phase"] == "graphs"
+    assert watch.stalled(1.0 + bound + 2) is None and watch.stalled(1.0 + 5 * bound) is None  # the same spell
+    moved = 1.0 + 5 * bound
+    watch.line("Capturing batches (bs=1 avail_mem=1 GB):  50%|█| 1/2 [00:01<00:01]", moved)  # it moved: a new spell
+    assert watch.stalled(moved + bound / 2) is None
+    again = watch.stalled(moved + bound + 1)
+    assert again is not None and again["e"] == "stalled"
+
+
+def write_phase_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "deployments" / "q"
+    d.mkdir(parents=True)
+    return d
+
+
+def test_the_current_phase_is_left_for_status_at_most_once_a_second_and_gone_when_the_start_ends(
+    tmp_path: Path,
+) -> None:
+    d = write_phase_dir(tmp_path)
+    a = {"state_dir": str(tmp_path), "startup_key": "k", "deployment": "q", "run_id": "r1"}
+    watch = StartupWatch(a, started=1000.0)
+    watch.line("[2026-12-04 10:00:00 TP0] Load weight begin. avail mem=78.00 GB", 1002.0)
+    said = json.loads((d / "phase.json").read_text())
+    assert (
+        said["phase"] == "weights" and said["run_id"] == "r1" and (said["started"], said["since"]) == (1000.0, 1002.0)
+    )
+    for i, now in enumerate((1002.3, 1002.6), start=1):  # progress within the second: not written again
+        watch.line(f"Loading safetensors checkpoint shards:  {i}0% Completed | {i}/10 [00:0{i}<00:09,  1.0it/s]", now)
+    assert json.loads((d / "phase.json").read_text())["done"] is None
+    watch.line("Loading safetensors checkpoint shards:  30% Completed | 3/10 [00:03<00:07,  1.0it/s]", 1003.5)
+    assert json.loads((d / "phase.json").read_text())["done"] == 3
+    watch.line("[2026-12-04 10:00:03 TP0] Capture cuda graph begin.", 1003.6)  # a new phase: at once
+    assert json.loads((d / "phase.json").read_text())["phase"] == "graphs"
+    watch.record("exited", 1004.0)
+    assert not (d / "phase.json").exists()
+
+
+def test_status_ages_the_watchers_eta_and_trusts_only_this_runs_well_formed_phase() -> None:
+    said = {"phase": "graphs", "run_id": "r1", "started": 100.0, "since": 150.0, "updated": 160.0, "eta_s": 30.0,
+            "done": 3, "of": 36, "starts": 2}  # fmt: skip
+    now = phase_now(said, "r1", 170.0)
+    assert now is not None and (now["elapsed_s"], now["in_phase_s"], now["eta_s"]) == (70.0, 20.0, 20.0)
+    assert (now["done"], now["of"], now["starts"], now["title"]) == (3, 36, 2, "capturing CUDA graphs")
+    assert phase_now(said, "r1", 500.0)["eta_s"] == 0.0  # type: ignore[index]  # late: "about 0 s", never negative
+    assert phase_now(said, "another run", 170.0) is None  # what an earlier run left
+    for bad in ({"phase": "\x1b]0;pwned\x07"}, {"started": "soon"}, {"since": None}, {"updated": True}):
+        assert phase_now({**said, **bad}, "r1", 170.0) is None
+    assert phase_now({**said, "eta_s": "x", "done": -1}, "r1", 170.0)["eta_s"] is None  # type: ignore[index]
+
+
+def test_a_timeline_shows_each_kept_start_safely_and_counts_what_it_cannot_show() -> None:
+    from fleet.cli.timeline import history_lines
+
+    starts = [
+        *history(104.0),
+        {**history(98.0)[0], "outcome": "ready\x1b[2J\u202e", "fixes": ["cuda-graph-oom\r\nFAKE ROW"]},
+        {"outcome": "ready", "ready_s": "fast", "phases": {}},  # not what fleet writes
+        {**history(140.0)[0], "outcome": "stalled", "at": "yesterday"},
+    ]
+    lines = history_lines("ct129/q", history_key("/m/q\x1b[31m", "sglang", "0.5.11", (0, 1)), True, starts)
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\u202e" not in text and "\r" not in text and len(lines) == 2 + 3 + 1 + 1
+    assert (
+        lines[0].startswith("ct129/q: /m/q") and "sglang 0.5.11 on GPUs 0,1 (this deployment's; 3 starts)" in lines[0]
+    )
+    assert lines[4].split()[:2] == ["?", "stalled"]  # an unreadable time is a question mark, not a crash
+    assert lines[5].split()[:4] == ["median", "of", "1", "ready"]  # of the starts that reached ready (said so)
+    assert lines[6] == "  (1 kept entries not shown: not in the shape fleet writes)"
+
+
+def test_a_restart_or_heal_keeps_the_playbooks_start_up_bounds_from_the_record() -> None:
+    from fleet.control.ops import recorded_bounds
+
+    assert recorded_bounds({"ready_timeout_s": 1800, "on_stall": "wait"}) == {
+        "ready_timeout_s": 1800.0,
+        "on_stall": "wait",
+    }
+    assert recorded_bounds({}) == {}  # a record from before they were kept: the defaults
+    for bad in ({"ready_timeout_s": True}, {"ready_timeout_s": -5}, {"ready_timeout_s": 1e9}, {"on_stall": "rm -rf"}):
+        assert recorded_bounds(bad) == {}

@@ -141,6 +141,28 @@ class ModelPullProgress:
 
 
 @dataclass(frozen=True)
+class StartupStalled:
+    """A start-up phase went quiet past its bound (`bound_s`, from `usual_s` on this host when it has
+    one) and the playbook says to keep waiting (on_stall: wait) until `ready_timeout_s`."""
+
+    kind: ClassVar[str] = "stalled"
+    phase: str
+    after_s: float
+    bound_s: float
+    usual_s: float | None
+    ready_timeout_s: float
+
+    @classmethod
+    def of_event(cls, ev: Any, ready_timeout_s: float) -> StartupStalled:
+        def number(key: str) -> float | None:
+            value = ev.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        after, bound = number("after_s") or 0.0, number("bound_s") or 0.0
+        return cls(str(ev.get("phase")), after, bound, number("usual_s"), ready_timeout_s)
+
+
+@dataclass(frozen=True)
 class LogReset:
     """The engine's log was truncated or replaced; it is followed from its start."""
 
@@ -241,6 +263,7 @@ Event = (
     | ModelPullProgress
     | LogReset
     | StartupPhase
+    | StartupStalled
     | Reconnecting
     | Diagnosed
     | Relaunching

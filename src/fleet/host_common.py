@@ -28,6 +28,7 @@ STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
 LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
 HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
 STARTUP_FILE = "startup.json"  # the host's start-up timelines: model x engine version x GPUs -> last starts
+PHASE_FILE = "phase.json"  # a starting deployment's current phase, for `fleet status` (gone once it ends)
 GUARD_FILE = "lock.guard"  # the host's guard: the flock every change of its shared records is made under
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).

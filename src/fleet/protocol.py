@@ -46,6 +46,9 @@ class StateRecord(TypedDict, total=False):
     run_id: str
     deployed_by: str
     learned_key: str
+    startup_key: str  # its start-up history on the host (fleet.startup.history_key)
+    ready_timeout_s: float  # the playbook's start-up bounds, kept for restart and heal
+    on_stall: str  # fail | wait
     updated: float
     ready_at: float
     # the launched process, exactly (a pid alone is reused): see kill_verdict

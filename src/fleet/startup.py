@@ -178,7 +178,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-def _well_formed(start: Dict[str, Any]) -> bool:
+def well_formed(start: Dict[str, Any]) -> bool:
     """A kept start fleet wrote: a record edited by hand or cut short by a crash is no history."""
     phases, order = start.get("phases"), start.get("order", [])
     return (
@@ -193,7 +193,7 @@ def _well_formed(start: Dict[str, Any]) -> bool:
 def typical_startup(history: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """From earlier starts that reached ready (each {"phases": {phase: s}, "ready_s": s, "order": [..]}):
     the median of each phase and of the whole, and the latest order of phases; None without one."""
-    good = [h for h in history if h.get("outcome") == "ready" and _well_formed(h)]
+    good = [h for h in history if h.get("outcome") == "ready" and well_formed(h)]
     if not good:
         return None
     phases: Dict[str, float] = {}
@@ -255,3 +255,30 @@ def stall_bound(
 def history_key(model: str, engine: str, version: str, gpus: Any) -> str:
     """The history a start belongs to: the same model, engine version and GPUs on this host."""
     return "%s|%s %s|%s" % (model, engine, version, ",".join(str(g) for g in gpus) if gpus else "all")
+
+
+def key_parts(key: str) -> Tuple[str, str, str]:
+    """history_key's (model, "engine version", GPUs) again; a key not of that shape is all model."""
+    parts = key.rsplit("|", 2)
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (key, "?", "?")
+
+
+def phase_now(said: Optional[Dict[str, Any]], run_id: Any, now: float) -> Optional[Dict[str, Any]]:
+    """A starting deployment's phase as a reader sees it at `now` (the host's clock): what its watcher last
+    said (PHASE_FILE), aged to now. None when the watcher said nothing for this run (`run_id`)."""
+    if not isinstance(said, dict) or said.get("run_id") != run_id or said.get("phase") not in PHASES:
+        return None
+    if not all(_number(said.get(k)) for k in ("started", "since", "updated")):
+        return None
+    started, since, updated = float(said["started"]), float(said["since"]), float(said["updated"])
+    eta = float(said["eta_s"]) if _number(said.get("eta_s")) else None
+    return {
+        "phase": said["phase"],
+        "title": PHASE_TITLES[said["phase"]],
+        "elapsed_s": round(max(0.0, now - started), 1),
+        "in_phase_s": round(max(0.0, now - since), 1),
+        "done": said.get("done") if _number(said.get("done")) else None,
+        "of": said.get("of") if _number(said.get("of")) else None,
+        "eta_s": None if eta is None else round(max(0.0, eta - (now - updated)), 1),
+        "starts": int(said["starts"]) if _number(said.get("starts")) else 0,
+    }

@@ -493,6 +493,7 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
     Example:
       fleet status
     """
+    from fleet.cli.report import starting_text
     from fleet.control import ops
     from fleet.control.gather import read_facts
 
@@ -526,6 +527,8 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
                 f"{'  ' + str(r['group']) if r.get('group') else ''}"
                 f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
             )
+            if r.get("startup"):
+                say(f"{'':<{width}} {starting_text(r['startup'])}")
     if services:
         from fleet.cli.services import print_service_rows
 

@@ -127,6 +127,13 @@ class Reporter:
             self._log_line(event.line, elapsed)
         elif isinstance(event, events.StartupPhase):
             self._phase(event, elapsed)
+        elif isinstance(event, events.StartupStalled):
+            usual = f"usually {duration(event.usual_s)} here" if event.usual_s is not None else "no history here"
+            self.say(
+                f"{h}: start-up: {PHASE_TITLES.get(event.phase, event.phase)} quiet for {duration(event.after_s)} "
+                f"(stall bound {duration(event.bound_s)}, {usual}); waiting on as the playbook says "
+                f"(on_stall: wait), up to ready_timeout_s {duration(event.ready_timeout_s)}"
+            )
         elif isinstance(event, events.ModelPullPlanned | events.ModelPullProgress):
             for line in self.pull.lines(event):
                 self.say(f"{h}: {line}")
@@ -185,10 +192,24 @@ def eta_text(event: events.StartupPhase) -> str:
     """How long until ready, and what that is based on; no guess on a first start."""
     if event.eta_s is None:
         return "no ETA yet: the first start of this model, engine version and GPUs on this host"
-    minutes, seconds = divmod(int(round(event.eta_s)), 60)
-    left = f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
     plural = "s" if event.starts != 1 else ""
-    return f"ready in about {left} (from {event.starts} earlier start{plural} here)"
+    return f"ready in about {duration(event.eta_s)} (from {event.starts} earlier start{plural} here)"
+
+
+def duration(seconds: float) -> str:
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def starting_text(startup: dict[str, Any]) -> str:
+    """A starting server's phase for `fleet status` (fleet.startup.phase_now): where, for how long, and
+    when it should be ready."""
+    progress = f" {startup['done']}/{startup['of']}" if startup.get("of") else ""
+    event = events.StartupPhase(phase=startup["phase"], at=0.0, eta_s=startup["eta_s"], starts=startup["starts"])
+    return (
+        f"start-up: {startup['title']}{progress} for {duration(startup['in_phase_s'])} "
+        f"({duration(startup['elapsed_s'])} since launch); {eta_text(event)}"
+    )
 
 
 def describe_change(before: list[str], after: list[str]) -> str:

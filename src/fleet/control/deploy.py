@@ -236,6 +236,7 @@ class Deployer:
         engine_check: bool = True,
         max_attempts: int = 4,
         ready_timeout_s: float = 900.0,
+        on_stall: str = "fail",
         progress_timeout_s: float = 300.0,
         drain_s: float = DRAIN_S,
         signatures: Sequence[Signature] | None = None,
@@ -263,6 +264,7 @@ class Deployer:
         self.engine_check = engine_check
         self.max_attempts = max_attempts
         self.ready_timeout_s = ready_timeout_s
+        self.on_stall = on_stall
         self.progress_timeout_s = progress_timeout_s
         self.drain_s = drain_s
         self.signatures = signatures
@@ -290,6 +292,9 @@ class Deployer:
             "check_address": plan.check_address,
             "status": status,
             "attempt": attempt,
+            "startup_key": self.startup_key(plan),
+            "ready_timeout_s": self.ready_timeout_s,  # the playbook's start-up bounds, for restart and heal
+            "on_stall": self.on_stall,
             "updated": time.time(),
         }
         if self.gpus is not None:
@@ -298,6 +303,9 @@ class Deployer:
         if self.group is not None:
             rec["group"] = self.group
         return rec
+
+    def startup_key(self, plan: LaunchPlan) -> str:
+        return history_key(plan.model_path, plan.engine, show_version(plan.engine_version), self.gpus)
 
     def _lock_args(self, command: str, *, places: bool = False) -> dict[str, Any]:
         """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
@@ -434,6 +442,9 @@ class Deployer:
                 if ev["e"] == "phase":  # the start-up's phase or progress: said, not among the events
                     self.progress(events.StartupPhase.of_event(ev))
                     continue
+                if ev["e"] == "stalled":  # a stall the playbook waits through: said, the watch goes on
+                    self.progress(events.StartupStalled.of_event(ev, self.ready_timeout_s))
+                    continue
                 if ev["e"] == "log_reset":
                     offset = 0
                     self.progress(events.LogReset(str(ev.get("why")), launched["log"]))
@@ -459,8 +470,10 @@ class Deployer:
                 "smoke": self.smoke,
                 "ready_timeout_s": self.ready_timeout_s,
                 "progress_timeout_s": self.progress_timeout_s,
-                "startup_key": history_key(plan.model_path, plan.engine, show_version(plan.engine_version), self.gpus),
+                "startup_key": self.startup_key(plan),
+                "startup_fixes": list(plan.applied_fixes),  # kept with the start: what changed since the last
                 "stall_floor_s": self.stall_floor_s,
+                "on_stall": self.on_stall,
                 "health_timeout_s": 120.0,
                 "state_dir": self.host.settings.state_dir,
                 "deployment": self.deployment,

@@ -181,6 +181,7 @@ class GroupRun:
                     engine_check=self.engine_check,
                     max_attempts=pb.max_attempts,
                     ready_timeout_s=pb.ready_timeout_s,
+                    on_stall=pb.on_stall,
                     signatures=self.signatures,
                     group={**group, "rank": i},
                 )

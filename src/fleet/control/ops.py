@@ -21,6 +21,7 @@ from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
+from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
@@ -30,7 +31,20 @@ from fleet.plan.fit import fit_gpus
 from fleet.plan.placement import Placement, place, port_for, stopped_with
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
+from fleet.startup import phase_now
 from fleet.transport import Transport
+
+
+def recorded_bounds(state: dict[str, Any]) -> dict[str, Any]:
+    """A restart's or heal's start-up bounds: the playbook's, as the deployment's record kept them (a
+    record from before they were kept, or edited out of shape: the defaults)."""
+    bounds: dict[str, Any] = {}
+    timeout = state.get("ready_timeout_s")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout <= READY_TIMEOUT_MAX_S:
+        bounds["ready_timeout_s"] = float(timeout)
+    if state.get("on_stall") in ("fail", "wait"):
+        bounds["on_stall"] = state["on_stall"]
+    return bounds
 
 
 def smoke_of(playbook: NamedPlaybook) -> dict[str, Any]:
@@ -128,6 +142,7 @@ def deploy(
         engine_check=engine_check,
         max_attempts=playbook.spec.max_attempts,
         ready_timeout_s=playbook.spec.ready_timeout_s,
+        on_stall=playbook.spec.on_stall,
         signatures=signatures,
         deployment=deployment,
         gpus=indices,
@@ -505,6 +520,7 @@ def restart(
         gpus=placed,
         drain_s=drain_s,
         command="heal" if heal else "deploy",
+        **recorded_bounds(state),
     )
     key = str(state.get("learned_key", ""))
     existing = _learned_as_json(facts, key, signatures)
@@ -608,6 +624,8 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
         "group": _group_said(st),
+        # while it starts: its phase and ETA, as its watcher on the host last said them
+        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == "starting" else None,
     }
 
 

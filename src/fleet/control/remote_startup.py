@@ -5,13 +5,14 @@ history (STARTUP_FILE) so the next start on this host has an ETA and bounds of i
 Host code: standard library only, Python 3.8. The reading of lines and the arithmetic are fleet.startup's.
 """
 
+import contextlib
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import STARTUP_FILE, host_guard, read_record, write_record
+    from fleet.host_common import PHASE_FILE, STARTUP_FILE, deployment_dir, host_guard, read_record, write_record
     from fleet.startup import (
         STALL_FLOOR_S,
         StartupTimeline,
@@ -23,6 +24,7 @@ except NameError:  # imported as a module (fleet's own tests)
 
 STARTS_KEPT = 10  # per model x engine version x GPUs: enough for a median, small enough to follow change
 KEYS_KEPT = 64  # combinations kept on one host; the least recently started are dropped first
+PUBLISH_EVERY_S = 1.0  # a progress bar's moves reach PHASE_FILE at most this often (a new phase at once)
 
 
 def startup_history(state_dir: str, key: str) -> List[Dict[str, Any]]:
@@ -58,6 +60,14 @@ class StartupWatch:
         self.typical = typical_startup(startup_history(self.state_dir, self.key)) if self.key else None
         self.ready_s: Optional[float] = None
         self.recorded = False
+        # where `fleet status` reads the current phase (none for a watch without a deployment: tests)
+        name = a.get("deployment")
+        self.phase_path = os.path.join(deployment_dir(self.state_dir, name), PHASE_FILE) if name else None
+        self.run_id = a.get("run_id")
+        self.fixes = a.get("startup_fixes") or []  # the fixes this attempt's plan applies
+        self.keep_waiting = a.get("on_stall") == "wait"  # the playbook's on_stall
+        self.warned: Optional[Tuple[int, float]] = None  # the quiet spell a stall was said for (wait)
+        self.published = (None, 0.0)  # (phase, when) last written to phase_path
 
     def line(self, text: str, now: float) -> Optional[Dict[str, Any]]:
         t = self.timeline
@@ -65,7 +75,7 @@ class StartupWatch:
             return None
         in_phase = now - self.started - t.spans[-1][1]
         eta = startup_eta(self.typical, t.phase, in_phase, now - self.started, t.done, t.of)
-        return {
+        said = {
             "e": "phase",
             "phase": t.phase,
             "at": round(now - self.started, 2),
@@ -75,6 +85,28 @@ class StartupWatch:
             "usual_s": usual_length(self.typical, t.phase),
             "starts": (self.typical or {}).get("starts", 0),
         }
+        self.publish(said, now)
+        return said
+
+    def publish(self, said: Dict[str, Any], now: float) -> None:
+        """Leave the phase where `fleet status` (another run, on another machine) can read it, with the
+        wall-clock times it needs to count on: when the start and this phase began, when this was said."""
+        last_phase, last_at = self.published
+        if self.phase_path is None or (said["phase"] == last_phase and now - last_at < PUBLISH_EVERY_S):
+            return
+        self.published = (said["phase"], now)
+        shown = dict((k, v) for k, v in said.items() if k != "e")
+        shown.update(run_id=self.run_id, started=self.started, since=self.started + self.timeline.spans[-1][1])
+        shown["updated"] = now
+        try:
+            write_record(self.phase_path, shown)
+        except OSError:
+            pass  # a full disk: status says less, the start goes on
+
+    def unpublish(self) -> None:
+        if self.phase_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.phase_path)
 
     def stalled(self, now: float) -> Optional[Dict[str, Any]]:
         t = self.timeline
@@ -84,8 +116,13 @@ class StartupWatch:
         quiet = now - self.started - t.moved_at
         if bound is None or quiet <= bound:
             return None
-        usual = usual_length(self.typical, t.phase)
-        return {"e": "timeout", "what": "stall", "phase": t.phase, "after_s": quiet, "bound_s": bound, "usual_s": usual}
+        said = {"phase": t.phase, "after_s": quiet, "bound_s": bound, "usual_s": usual_length(self.typical, t.phase)}
+        if not self.keep_waiting:
+            return dict(said, e="timeout", what="stall")  # the attempt ends here
+        if self.warned == (len(t.spans), t.moved_at):
+            return None  # this quiet spell was said once: the watch waits on, up to the ready timeout
+        self.warned = (len(t.spans), t.moved_at)
+        return dict(said, e="stalled")
 
     def ready(self, now: float) -> None:
         if self.ready_s is None:
@@ -95,9 +132,12 @@ class StartupWatch:
     def record(self, outcome: str, now: float) -> Optional[Dict[str, Any]]:
         """Keep this start in the host's history, once (only starts that reached ready make an ETA); the
         entry kept, for the deployment's own record."""
-        if self.recorded or not self.key:
+        if self.recorded:
             return None
         self.recorded = True
+        self.unpublish()  # the start is over: status reads the deployment's record from here on
+        if not self.key:
+            return None
         end = self.ready_s if self.ready_s is not None else now - self.started
         self.timeline.close(end)
         entry = {
@@ -106,6 +146,7 @@ class StartupWatch:
             "phases": dict((k, round(v, 2)) for k, v in self.timeline.durations().items()),
             "order": [span[0] for span in self.timeline.spans],
             "at": round(now, 1),
+            "fixes": [str(f) for f in self.fixes],
         }
         try:
             remember_startup(self.state_dir, self.key, entry)

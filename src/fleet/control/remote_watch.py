@@ -375,7 +375,9 @@ def main(a: Dict[str, Any]) -> None:
             emit({"e": "timeout", "what": "ready", "after_s": now - start})
             return
         stall = startup.stalled(now) if phase == "starting" else None
-        if stall is not None:  # a phase quiet past its bound: said now, not at the ready timeout
+        if stall is not None and stall["e"] == "stalled":  # the playbook waits through stalls: said only
+            emit(stall)
+        elif stall is not None:  # a phase quiet past its bound: the attempt ends now, not at the ready timeout
             startup.record("stalled", now)
             emit(stall)
             return

@@ -111,6 +111,10 @@ class DeploymentRecord:
     state_error: str | None = None  # the record itself is unreadable: what runs is unknown
     legacy: bool = False  # an older fleet's one-server record (state_dir/state.json): all GPUs
     lock_live: bool = False  # a run holds its lock now (a deploy, stop or restart under way)
+    phase: dict[str, Any] | None = None  # while it starts: its current phase, as its watcher last said it
+    # its model's last starts on this host (fleet.startup), oldest first, by engine version and GPUs
+    # (fleet.startup.history_key; its own: state["startup_key"])
+    starts: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
 
     @property
     def gpus(self) -> tuple[int, ...] | None:
@@ -409,6 +413,12 @@ def parse_facts(host: str, text: str) -> HostFacts:
     )
 
 
+def _starts(kept: Any) -> dict[str, tuple[dict[str, Any], ...]]:
+    if not isinstance(kept, dict):
+        return {}
+    return {str(k): tuple(x for x in v if isinstance(x, dict)) for k, v in kept.items() if isinstance(v, list)}
+
+
 def _remote_state(st: dict[str, Any]) -> RemoteState:
     deployments: dict[str, DeploymentRecord] = {}
     errors = [v for k, v in st.items() if k.endswith("_error")]
@@ -424,6 +434,8 @@ def _remote_state(st: dict[str, Any]) -> RemoteState:
             state_error=d.get("state_error"),
             legacy=d.get("legacy") is True,
             lock_live=d.get("lock_live") is True,
+            phase=d["phase"] if isinstance(d.get("phase"), dict) else None,
+            starts=_starts(d.get("starts")),
         )
     learned = st.get("learned")
     return RemoteState(learned if isinstance(learned, dict) else None, tuple(errors), deployments)

@@ -25,6 +25,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import (  # noqa: F401
         LOCK_FILE,
         SIMULATED_GPUS_MARK,
+        STARTUP_FILE,
         STATE_FILE,
         deployment_dir,
         deployment_names,
@@ -512,10 +513,11 @@ def _state(state_dir: str) -> Dict[str, Any]:
     out = _records(root, ("learned",))
     deployments = {}
     for name in deployment_names(root):
-        records = _records(deployment_dir(root, name), ("state", "lock", "heals"))
+        records = _records(deployment_dir(root, name), ("state", "lock", "heals", "phase"))
         if any(v is not None for v in records.values()):  # an empty directory: a stop with nothing recorded
             records["lock_live"] = _lock_live(os.path.join(deployment_dir(root, name), LOCK_FILE), records["lock"])
             deployments[name] = records
+    _attach_starts(root, deployments)
     if os.path.exists(os.path.join(root, STATE_FILE)):
         legacy = _records(root, ("state", "lock", "heals"))
         name = legacy_name(legacy["state"] or {})
@@ -525,6 +527,23 @@ def _state(state_dir: str) -> Dict[str, Any]:
             deployments[name] = dict(legacy, legacy=True)
     out["deployments"] = deployments
     return out
+
+
+def _attach_starts(root: str, deployments: Dict[str, Dict[str, Any]]) -> None:
+    """Each deployment's starts on this host (STARTUP_FILE): those of its model under every engine version
+    and GPU set kept, so a change can be compared; not the host's whole history."""
+    keys = dict((n, (d.get("state") or {}).get("startup_key")) for n, d in deployments.items())
+    if not any(isinstance(k, str) for k in keys.values()):
+        return
+    history, _ = _json_file(os.path.join(root, STARTUP_FILE))
+    history = history if isinstance(history, dict) else {}
+    for name, key in keys.items():
+        if not isinstance(key, str):
+            continue
+        model = key.rsplit("|", 2)[0]
+        deployments[name]["starts"] = dict(
+            (k, v) for k, v in history.items() if k.rsplit("|", 2)[0] == model and isinstance(v, list)
+        )
 
 
 def collect(args: Dict[str, Any]) -> Dict[str, Any]:

@@ -278,6 +278,9 @@ def _check_env(value: dict[str, str]) -> None:
     _check_args(list(value.values()))
 
 
+READY_TIMEOUT_MAX_S = 7200  # two hours: longer than any real start-up, short of forever
+
+
 class Playbook(_Strict, frozen=True, kw_only=True):
     engine: Engine
     model: str
@@ -308,7 +311,10 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     trust_remote_code: bool = False
     # reasoning/tool-call parsers: "auto" (the engine's detection, else the family's from fleet's table)
     parsers: Literal["auto"] | Parsers | None = None
-    ready_timeout_s: Annotated[float, Meta(gt=0, le=7200)] = 900.0
+    ready_timeout_s: Annotated[float, Meta(gt=0, le=READY_TIMEOUT_MAX_S)] = 900.0
+    # a start-up phase gone quiet past its bound (fleet.startup.stall_bound): end the attempt and diagnose
+    # it (fail), or say so and keep waiting up to ready_timeout_s (wait: a box known to stall and recover)
+    on_stall: Literal["fail", "wait"] = "fail"
     max_attempts: Annotated[int, Meta(ge=1, le=10)] = 4
     runtime: Runtime | None = None  # process or a container (image); else the inventory's for the host
     # One model over several hosts (the engine's own multi-node): rank 0 first, HTTP on rank 0; the ranks
