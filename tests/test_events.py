@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import typing
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,64 @@ def test_a_detached_sink_never_blocks_and_counts_the_log_lines_it_could_not_show
     assert isinstance(shown[-1], events.Launched)
     sink(events.LogLine("after"))  # closed: delivered at once
     assert shown[-1] == events.LogLine("after")
+
+
+def terminal() -> tuple[Any, io.StringIO]:
+    """A board drawn on a terminal that is a string (rich's Live, as a real terminal gets it)."""
+    from rich.console import Console
+
+    from fleet.cli.live import LiveBoard
+
+    out = io.StringIO()
+    return LiveBoard(Console(file=out, force_terminal=True, width=160, color_system=None)), out
+
+
+def test_a_terminal_gets_a_live_line_with_the_phase_its_bar_and_eta_and_the_engines_last_line() -> None:
+    board, out = terminal()
+    report = Reporter("ct129", board=board)
+    report(events.Launched(pid=7, log="/l/q.log"))
+    assert board.live is not None  # drawn from the launch on
+    report(events.LogLine("[2026-12-04 10:00:00 TP0] Capture cuda graph begin."))
+    report(events.StartupPhase("graphs", 72.0, 8, 23, 41.0, 29.0, 3))
+    report(events.LogLine("Capturing batches (bs=8 avail_mem=1 GB): 35% 8/23 \x1b]0;pwned\x07"))
+    board.live.refresh()  # type: ignore[union-attr]
+    shown = out.getvalue()
+    assert "ct129: start-up: capturing CUDA graphs 8/23 — ready in about 41s (from 3 earlier starts here)" in shown
+    assert "ct129 [1/1" in shown and "capturing CUDA graphs" in shown and "8/23" in shown and "left" in shown
+    assert "━" in shown  # rich's progress bar
+    assert "Capturing batches (bs=8" in shown and "\x1b]0;" not in shown and "\x07" not in shown
+    report.close()
+    assert board.live is None  # gone with the deploy; what was said stays
+    report(events.Relaunching(2, 4, "cuda-graph-oom", "a smaller capture", "", 9.0, False))  # printed as usual
+
+
+def test_several_deploys_share_one_display_until_the_last_ends() -> None:
+    board, out = terminal()
+    a, b = Reporter("node-a", board=board), Reporter("node-b", board=board)
+    a(events.Launched(pid=7, log="/l/a.log"))
+    b(events.Launched(pid=8, log="/l/b.log"))
+    assert [r.host for r in board.rows] == ["node-a", "node-b"]
+    board.live.refresh()  # type: ignore[union-attr]
+    assert "node-a [1/1" in out.getvalue() and "node-b [1/1" in out.getvalue()
+    a.close()
+    assert board.live is not None and [r.host for r in board.rows] == ["node-b"]
+    b.close()
+    assert board.live is None
+
+
+def test_no_live_display_without_a_terminal_or_with_the_log_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    board, _ = terminal()
+    shown = Reporter("ct129", show_log=True, board=board)
+    shown(events.Launched(pid=7, log="/l/q.log"))
+    shown(events.LogLine("hello"))
+    assert board.live is None and "  | hello" in capsys.readouterr().err
+    assert Reporter("ct129").board is None  # pytest's stderr is not a terminal: plain lines, as in a log file
+
+
+def test_fleet_exiting_takes_the_display_down_and_nothing_draws_it_again() -> None:
+    board, _ = terminal()
+    report = Reporter("ct129", board=board)
+    report(events.Launched(pid=7, log="/l/q.log"))
+    board.end()  # atexit: Ctrl-C or an error while a deploy ran
+    report(events.LogLine("a late line"))  # delivered by the progress thread after that
+    assert board.live is None and not board.rows

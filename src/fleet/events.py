@@ -281,12 +281,21 @@ def ignore(event: Event) -> None:
     """The sink of a deploy nobody watches (a heal from cron logs through `logged` instead)."""
 
 
-def fanout(*sinks: Sink) -> Sink:
-    def send(event: Event) -> None:
-        for sink in sinks:
+class fanout:  # noqa: N801 - used as a function: fanout(a, b) is a sink
+    """A sink that sends each event to every one of `sinks`, in order; `close` closes those that close."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def __call__(self, event: Event) -> None:
+        for sink in self.sinks:
             sink(event)
 
-    return send
+    def close(self) -> None:
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                close()
 
 
 class Detached:
@@ -339,6 +348,10 @@ class Detached:
                 self.lines_waiting -= counted
             with contextlib.suppress(Exception):  # a sink's failure (a closed terminal) must not stop delivery
                 self.sink(event)
+        close = getattr(self.sink, "close", None)  # here, not in close(): a terminal that blocks, blocks this thread
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
 
     def close(self, timeout_s: float | None = None) -> None:
         with self.lock:

@@ -31,3 +31,9 @@ def safe_text(text: str) -> str:
 def safe_line(text: str) -> str:
     """One line: also no newline, so a value cannot start a line that looks like fleet's own output."""
     return safe_text(text).replace("\n", "\\n").replace("\t", " ")
+
+
+def duration(seconds: float) -> str:
+    """Seconds as an operator reads them: 41s, 2m11s."""
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"

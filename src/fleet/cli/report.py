@@ -3,15 +3,17 @@ the result as text or JSON."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet import events
 from fleet.cli.base import say
 from fleet.startup import PHASE_TITLES
-from fleet.terminal import safe_line
+from fleet.terminal import duration, safe_line
+
+if TYPE_CHECKING:  # rich loads when a deploy shows progress, not for `fleet --help` or a cron run
+    from fleet.cli.live import LiveBoard
 
 
 def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
@@ -70,25 +72,32 @@ def size(n: float) -> str:
 
 
 class Reporter:
-    """Progress of a deploy on stderr: phases always; the live log line on a terminal."""
+    """Progress of a deploy on stderr: what happens, a line each; on a terminal, also its live line (the
+    phase, its progress and ETA, the engine's last log line: fleet.cli.live), unless the log is shown."""
 
-    def __init__(self, host: str, quiet: bool = False, show_log: bool = False) -> None:
+    def __init__(self, host: str, quiet: bool = False, show_log: bool = False, board: LiveBoard | None = None) -> None:
+        """`board`: where the live line is drawn (default: this process's terminal, when stderr is one)."""
         self.host = host
         self.quiet = quiet
         self.show_log = show_log
         self.started = time.monotonic()
-        self.attempt = 1
-        self.max = 1
-        self.tty = sys.stderr.isatty()
-        self.last_line = ""
         self.pull = PullShown()
         self.phase = ""  # the start-up phase last said (a new one gets its own line)
+        self.board = None if quiet or show_log else board
+        if self.board is None and not quiet and not show_log:
+            from fleet.cli.live import terminal_board
+
+            self.board = terminal_board()
+        self.row = self.board.row(host) if self.board else None
 
     def say(self, text: str) -> None:
-        if not self.quiet:
-            if self.tty and self.last_line:
-                sys.stderr.write("\r\x1b[K")
+        if not self.quiet and not (self.board and self.board.say(text)):
             say(text, err=True)
+
+    def close(self) -> None:
+        """The deploy ended: its live line goes (the board, with the last one)."""
+        if self.board and self.row:
+            self.board.drop(self.row)
 
     def __call__(self, event: events.Event) -> None:
         elapsed = time.monotonic() - self.started
@@ -100,8 +109,9 @@ class Reporter:
             if event.learned:
                 self.say(f"{h}: the plan includes learned fixes: {', '.join(event.learned)}")
         elif isinstance(event, events.AttemptStarted):
-            self.attempt, self.max = event.attempt, event.max
-            self.say(f"{h}: attempt {self.attempt}/{self.max} [{elapsed:5.1f}s]")
+            if self.row:
+                self.row.attempt, self.row.max, self.row.phase = event.attempt, event.max, None
+            self.say(f"{h}: attempt {event.attempt}/{event.max} [{elapsed:5.1f}s]")
         elif isinstance(event, events.EngineChecked):
             self.say(f"{h}: engine's own argument check: {event.verdict}")
             if event.resolved:
@@ -123,6 +133,8 @@ class Reporter:
                 self.say(f"{h}: GPU memory released: {freed / 1024:.1f} GiB in {mem['waited_s']:.1f}s")
         elif isinstance(event, events.Launched):
             self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
+            if self.board and self.row:
+                self.board.show(self.row)
         elif isinstance(event, events.LogLine):
             self._log_line(event.line, elapsed)
         elif isinstance(event, events.StartupPhase):
@@ -170,22 +182,21 @@ class Reporter:
 
     def _phase(self, event: events.StartupPhase, elapsed: float) -> None:
         """A new phase is said on a line of its own, with the ETA; its progress only on the live line."""
-        progress = f" {event.done}/{event.of}" if event.of else ""
-        if event.phase == self.phase:
-            if not self.show_log:  # a shown log already has the engine's own progress lines
-                self._log_line(f"[{PHASE_TITLES.get(event.phase, event.phase)}{progress}]", elapsed)
-            return
-        self.phase = event.phase
-        self.say(f"{self.host}: start-up: {PHASE_TITLES.get(event.phase, event.phase)}{progress} — {eta_text(event)}")
+        if self.row:
+            self.row.phase, self.row.phase_seen_at = event, time.monotonic()
+        if event.phase != self.phase:
+            self.phase = event.phase
+            progress = f" {event.done}/{event.of}" if event.of else ""
+            self.say(
+                f"{self.host}: start-up: {PHASE_TITLES.get(event.phase, event.phase)}{progress} — {eta_text(event)}"
+            )
 
     def _log_line(self, text: str, elapsed: float) -> None:
         if self.show_log:
             self.say(f"  | {safe_line(text)}")
-        elif self.tty and not self.quiet:
-            line = safe_line(text)[: max(20, shutil.get_terminal_size().columns - 30)]
-            sys.stderr.write(f"\r\x1b[K{self.host} [{self.attempt}/{self.max} {elapsed:5.1f}s] {line}")
-            sys.stderr.flush()
-            self.last_line = line
+        elif self.board and self.row:
+            self.row.line = safe_line(text)[:500]
+            self.board.show(self.row)
 
 
 def eta_text(event: events.StartupPhase) -> str:
@@ -194,11 +205,6 @@ def eta_text(event: events.StartupPhase) -> str:
         return "no ETA yet: the first start of this model, engine version and GPUs on this host"
     plural = "s" if event.starts != 1 else ""
     return f"ready in about {duration(event.eta_s)} (from {event.starts} earlier start{plural} here)"
-
-
-def duration(seconds: float) -> str:
-    minutes, s = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
 
 
 def starting_text(startup: dict[str, Any]) -> str:
