@@ -144,7 +144,7 @@ def test_a_stream_cut_inside_a_batch_resumes_without_gaps_or_repeats(host: nshos
     result, seen = deploy(host, t)
     assert result.ok and seen.of(events.Reconnecting)
     streamed = [e.line for e in seen.of(events.LogLine)]
-    logged = Path(state(host)["log"]).read_text().splitlines()
+    logged = Path(state(host)["log"]).read_bytes().decode().split("\n")  # a bar redraws with \r inside a line
     assert streamed == logged[: len(streamed)]
     assert any("Uvicorn running on" in x for x in streamed)  # past the cut, up to the server's answer
 
@@ -193,6 +193,39 @@ def test_a_second_start_has_an_eta_and_its_timeline_is_kept_with_the_record(host
     assert kept["outcome"] == "ready" and kept["order"] == ["distributed", "weights", "kv_cache", "graphs", "warmup"]
     history = json.loads((host.dir / "state" / "startup.json").read_text())  # the host's, not the deployment's
     assert [h["outcome"] for h in next(iter(history.values()))] == ["ready", "ready"]
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.23"])
+def test_each_engine_versions_own_start_up_lines_give_the_phases_and_their_bars(
+    host: nshost.NamespaceHost, version: str
+) -> None:
+    """The simulated engine prints each version's lines (0.5.23: "Init parallel begin.", "Memory pool end."
+    alone, "Capture target verify CUDA graph begin.") and tqdm's bars, redrawn inside one line."""
+    simhost.set_host(host.dir, sglang_version=version)
+    result, seen = deploy(host)
+    assert result.ok, result.reason
+    phases = seen.of(events.StartupPhase)
+    assert list(dict.fromkeys(p.phase for p in phases)) == ["distributed", "weights", "kv_cache", "graphs", "warmup"]
+    bars = {(p.phase, p.done, p.of) for p in phases if p.of}
+    assert ("weights", 6, 6) in bars and ("graphs", 8, 8) in bars
+    spelled = "Init parallel begin." if version == "0.5.23" else "Init torch distributed begin."
+    assert any(spelled in e.line for e in seen.of(events.LogLine))
+
+
+def test_a_slow_load_that_keeps_moving_its_bar_is_no_stall(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow disk: 6 shards of half a second, the load past its stall bound (2 s here) but the bar moving
+    every half second (in a line tqdm ends only when it closes): the start goes on to ready."""
+    monkeypatch.setattr("fleet.control.deploy.STALL_FLOOR_S", 2.0)
+    assert deploy(host)[0].ok  # a fast start first: the load's usual length here is a fraction of a second
+    ops.stop(host.transport(), host.host, force=False)
+    simhost.set_host(host.dir, slow_weights_s=0.5)
+    result, seen = deploy(host)
+    assert result.ok and [a.outcome for a in result.attempts] == ["ready"]
+    loads = [p for p in seen.of(events.StartupPhase) if p.phase == "weights" and p.of]
+    assert any(p.done is not None and p.done < 6 for p in loads)  # seen moving before its line ended
+    assert state(host)["startup"]["phases"]["weights"] >= 6 * 0.5
 
 
 def test_a_graph_capture_that_hangs_is_a_stall_long_before_the_ready_timeout(

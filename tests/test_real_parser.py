@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -297,3 +298,48 @@ def test_every_parser_name_fleet_passes_is_one_the_real_sglang_accepts(version: 
         assert row.sglang[1] is None or row.sglang[1] in tool_call, (version, row.sglang)
     # `auto` is a choice exactly from the version fleet passes it to
     assert ("auto" in reasoning and "auto" in tool_call) == (parse_version(version) >= SGLANG_AUTO_FROM)
+
+
+# Where each start-up line the simulator prints comes from, in the real sources of its version: the
+# simulator's spellings are held to them, and fleet.startup reads both (tests/test_deploy_loop.py).
+STARTUP_SOURCES = {
+    "0.5.11": [
+        ("srt/model_executor/model_runner.py", 'logger.info("Init torch distributed begin.")'),
+        ("srt/model_executor/model_runner.py", 'f"Load weight begin. avail mem='),
+        ("srt/utils/common.py", 'BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} ['),
+        ("srt/mem_cache/memory_pool.py", 'f"KV Cache is allocated. #tokens: {num_tokens}, K size: '),
+        ("srt/model_executor/model_runner_kv_cache_mixin.py", 'f"Memory pool end. "'),
+        ("srt/model_executor/model_runner.py", 'f"Capture {graph_backend[self.device]} begin. This can take up'),
+        ("srt/model_executor/cuda_graph_runner.py", 'f"Capturing batches ({bs=} {avail_mem=:.2f} GB)"'),
+    ],
+    "0.5.23": [
+        ("srt/distributed/bootstrap.py", 'logger.info("Init parallel begin.")'),
+        ("srt/distributed/bootstrap.py", 'logger.info(f"Init parallel ends. elapsed='),
+        ("srt/model_executor/model_runner.py", 'f"Load weight begin. avail mem='),
+        ("srt/model_executor/model_runner.py", 'f"elapsed={self.weight_load_time:.2f} s, "'),
+        ("srt/utils/common.py", 'BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} ['),
+        ("srt/mem_cache/kv_cache_configurator.py", 'f"Memory pool end. "'),
+        (
+            "srt/model_executor/model_runner_components/cuda_graph_setup.py",
+            'f"Capture {capture_name} {graph_backend[model_runner.device]} begin. "',
+        ),
+        ("srt/model_executor/runner/decode_cuda_graph_runner.py", 'f"Capturing batches ({bs=} {avail_mem=:.2f} GB)"'),
+    ],
+}
+
+
+def sglang_source(version: str) -> Path:
+    sglang_oracle.require_oracle()
+    venv = sglang_oracle.ORACLE / ".venv"
+    layer = venv / "layers" / f"sglang-{version}" / "sglang"
+    return layer if layer.is_dir() else next(venv.glob("lib/python3*/site-packages/sglang"))
+
+
+@pytest.mark.parametrize("version", sorted(STARTUP_SOURCES))
+def test_the_simulators_start_up_lines_are_the_real_versions_own(version: str) -> None:
+    root = sglang_source(version)
+    for path, said in STARTUP_SOURCES[version]:
+        assert said in (root / path).read_text(), f"{version} {path}: {said}"
+    if version == "0.5.23":  # what 0.5.11 printed is gone there: the simulator must not print it for 0.5.23
+        everything = "".join(p.read_text() for p in (root / "srt").rglob("*.py"))
+        assert "Init torch distributed begin" not in everything and 'f"KV Cache is allocated.' not in everything

@@ -86,6 +86,8 @@ def test_a_request_or_a_bare_phrase_is_not_the_engine_s_start_up(line: str) -> N
     [
         # SGLang 0.5.11 and 0.5.23 spellings
         ("[2026-12-04 10:00:00 TP0] Init torch distributed begin.", ("distributed", False, None, None)),
+        ("[2026-12-04 10:00:00 TP0] Init parallel begin.", ("distributed", False, None, None)),
+        ("[2026-12-04 10:05:01 TP0] Memory pool end. avail mem=13.58 GB", ("kv_cache", False, None, None)),
         ("[2026-12-04 10:00:01 TP0] Load weight begin. avail mem=78.38 GB", ("weights", False, None, None)),
         (
             "Loading safetensors checkpoint shards:  56% Completed | 5/9 [00:13<00:11,  2.87s/it]",

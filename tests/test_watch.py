@@ -155,3 +155,25 @@ def test_the_end_of_a_log_sent_for_diagnosis_is_bounded_in_bytes(tmp_path: Path)
     script = ops.logs_script(str(tmp_path), "m", 5000, follow=False).replace(str(ops.LOG_END_BYTES), str(1 << 20))
     out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60).stdout
     assert len(out) <= 1 << 20 and out.endswith(b"RuntimeError: boom\n")
+
+
+def test_a_progress_bar_redrawn_in_one_unended_line_is_read_as_it_moves(tmp_path: Path) -> None:
+    """tqdm writing to a file ends its line only when the bar closes: each redraw is seen as it comes,
+    once, and the line itself is delivered whole when it ends."""
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"[t TP0] Load weight begin.\n")
+    follower = LogFollower(str(log), 0)
+    assert [t for _, t in follower.read()[0]] == ["[t TP0] Load weight begin."] and follower.redrawn() is None
+    bar = "\rLoading safetensors checkpoint shards:  {p}% Completed | {i}/4 [00:0{i}<00:03]"
+    with log.open("ab") as f:
+        for i in range(3):
+            f.write(bar.format(p=i * 25, i=i).encode())
+            f.flush()
+            assert follower.read()[0] == []
+            said = follower.redrawn()
+            # the last redraw may be half written: the one before it is read (none before the second)
+            assert said == (bar.format(p=(i - 1) * 25, i=i - 1)[1:] if i else None)
+        assert follower.redrawn() is None  # nothing new: said once
+        f.write(b"\rLoading safetensors checkpoint shards: 100% Completed | 4/4 [00:04<00:00]\n")
+    whole = follower.read()[0]
+    assert len(whole) == 1 and whole[0][1].endswith("4/4 [00:04<00:00]") and follower.redrawn() is None

@@ -36,7 +36,8 @@ PHASE_TITLES = {
 PHASE_RULES: Tuple[Tuple[str, str, str], ...] = (
     ("download", "huggingface_hub / modelscope download", r"^(Downloading|Fetching \d+ files)\b"),
     ("download", "vLLM/SGLang download of weights", r"\] (Downloading|Using model weights format)\b"),
-    ("distributed", "SGLang: Init torch distributed begin", r"\bInit torch distributed begin\b"),
+    ("distributed", "SGLang to 0.5.22: Init torch distributed begin", r"\bInit torch distributed begin\b"),
+    ("distributed", "SGLang 0.5.23: Init parallel begin (distributed/bootstrap.py)", r"\bInit parallel begin\b"),
     ("distributed", "vLLM: world_size/rank of the process group", r"\bworld_size=\d+ rank=\d+\b"),
     ("weights", "SGLang: Load weight begin", r"\bLoad weight begin\b"),
     ("weights", "vLLM: Starting to load model", r"\bStarting to load model\b"),

@@ -387,6 +387,54 @@ def log(msg: str, tp: int | None = None) -> None:
     sys.stdout.flush()
 
 
+# The start-up lines of SGLang 0.5.23's sources (distributed/bootstrap.py "Init parallel begin.";
+# model_runner.py "Load weight end. elapsed=..."; kv_cache_configurator.py "Memory pool end." alone;
+# cuda_graph_setup.py "Capture target decode CUDA graph begin. backend=..."); before it, 0.5.11's
+# ("Init torch distributed begin.", "KV Cache is allocated." then "Memory pool end.", "Capture cuda graph
+# begin."). Both print tqdm bars: checkpoint shards (utils/common.py BAR_FORMAT) and capture batches.
+NEW_STARTUP_LINES = (0, 5, 23)
+
+
+def bar(text: str) -> None:
+    """One redraw of a tqdm bar as the log file gets it: a carriage return first; the line ends only when
+    the bar closes (close_bar)."""
+    sys.stdout.write("\r" + text)
+    sys.stdout.flush()
+
+
+def close_bar() -> None:
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _shards_bar(server: Server, shards: int, seconds_per_shard: float) -> None:
+    """Loading safetensors checkpoint shards, with SGLang's BAR_FORMAT; `seconds_per_shard` unscaled (a
+    test's slow disk)."""
+    for i in range(shards + 1):
+        bar(
+            f"Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed | {i}/{shards} [00:0{min(i, 9)}<00:00,  1.00it/s]"
+        )
+        if i < shards:
+            _sleep(server, 0.3 / shards)
+            time.sleep(seconds_per_shard)
+    close_bar()
+
+
+def _capture_bar(server: Server, sizes: list[int], avail_gb: float, hang_at: int | None) -> None:
+    """Capturing batches, as tqdm draws it on rank 0: one redraw per batch size, largest first."""
+    n = len(sizes)
+    for i in range(n + 1):
+        bs = sizes[min(i, n - 1)]
+        bar(
+            f"Capturing batches (bs={bs} avail_mem={avail_gb:.2f} GB): {100 * i // n:3d}%|{'#' * (10 * i // n):<10}| {i}/{n} [00:0{min(i, 9)}<00:00,  5.00it/s]"
+        )
+        while hang_at is not None and i >= hang_at:  # test hook: a capture that hangs, its bar standing still
+            time.sleep(1)
+        if i < n:
+            _sleep(server, 0.2 / n)
+    close_bar()
+
+
 def uvicorn(msg: str) -> None:
     sys.stdout.write(f"INFO:     {msg}\n")
     sys.stdout.flush()
@@ -697,8 +745,9 @@ def serve(argv: list[str]) -> None:
         child.stdout.readline()
         child.stdout.close()
     _sleep(server, 0.2)
+    new_lines = version >= NEW_STARTUP_LINES
     for rank in range(local):
-        log("Init torch distributed begin.", first + rank)
+        log("Init parallel begin." if new_lines else "Init torch distributed begin.", first + rank)
     if a.nnodes > 1:
         _meet_the_group(server, first)
     else:
@@ -712,8 +761,11 @@ def serve(argv: list[str]) -> None:
             "this warning, specify disable_custom_all_reduce=True explicitly.",
             0,
         )
+    if new_lines:
+        log(f"Init parallel ends. elapsed={0.2 * scale:.2f} s", first)
     log(f"Load weight begin. avail mem={free_mib / 1024:.2f} GB", first)
-    _sleep(server, 0.3)
+    # test hook: a slow disk, each shard read for this many seconds, the bar moving all the while
+    _shards_bar(server, max(1, min(8, weights_mib // 4096)), float(host.get("slow_weights_s") or 0))
 
     def scheduler_error(err: SimError) -> None:
         server.child_failed(err, tp=first)
@@ -799,11 +851,17 @@ def serve(argv: list[str]) -> None:
         )
     if m.nvfp4 and m.moe and 120 <= r.sm < 130 and a.moe_runner_backend == "flashinfer_cutedsl":
         r.garbage = True  # engines.md §1.4: flashinfer issue #2723, invalid output rather than a crash
-    log(
-        f"Load weight end. type={m.arch}, dtype=torch.bfloat16, avail mem={(free_mib - weights_mib) / 1024:.2f} GB, "
-        f"mem usage={weights_mib / 1024:.2f} GB.",
-        first,
-    )
+    left_gb, used_gb = (free_mib - weights_mib) / 1024, weights_mib / 1024
+    if new_lines:
+        log(
+            f"Load weight end. elapsed={0.3 * scale:.2f} s, type={m.arch}, avail mem={left_gb:.2f} GB, mem usage={used_gb:.2f} GB.",
+            first,
+        )
+    else:
+        log(
+            f"Load weight end. type={m.arch}, dtype=torch.bfloat16, avail mem={left_gb:.2f} GB, mem usage={used_gb:.2f} GB.",
+            first,
+        )
     want_mib = int(total_mib * a.mem_fraction_static)
     # engines.md §5.5 / §5.7: too high a fraction is a CUDA OOM, too low leaves no KV pool
     if want_mib > free_mib:
@@ -831,25 +889,36 @@ def serve(argv: list[str]) -> None:
         )
     _register_pool(server, [g["index"] for g in gpus[:local]], want_mib)  # the KV pool, on every rank's GPU
     tokens = kv_mib * 1024 // 64
-    log(
-        f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB",
-        first,
-    )
+    avail_gb = (free_mib - want_mib) / 1024
+    if not new_lines:
+        log(
+            f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_mib / 2048:.2f} GB, V size: {kv_mib / 2048:.2f} GB",
+            first,
+        )
+    log(f"Memory pool end. avail mem={avail_gb:.2f} GB", first)
     if not a.disable_cuda_graph:
-        bs = a.cuda_graph_max_bs if version < RENAMED else a.cuda_graph_max_bs_decode
-        log(
-            f"Capture cuda graph begin. This can take up to several minutes. avail mem={(free_mib - want_mib) / 1024:.2f}"
-            f" GB",
-            first,
-        )
-        while host.get("hang_graph_capture"):  # test hook: a capture that hangs, printing nothing more
-            time.sleep(1)
-        _sleep(server, 0.2)
-        log(
-            f"Capture cuda graph end. Time elapsed: {0.2 * scale:.2f} s. mem usage=0.50 GB. avail mem="
-            f"{(free_mib - want_mib) / 1024:.2f} GB. max_bs={bs or 512}",
-            first,
-        )
+        bs = (a.cuda_graph_max_bs if version < RENAMED else a.cuda_graph_max_bs_decode) or 512
+        sizes = sorted({1, 2, 4, 8, *range(16, bs + 1, 16)} & set(range(1, bs + 1)), reverse=True)[:8]
+        kind = "verify" if a.speculative_algorithm else "decode"
+        if new_lines:
+            log(
+                f"Capture target {kind} CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem={avail_gb:.2f} GB",
+                first,
+            )
+        else:
+            log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail_gb:.2f} GB", first)
+        # test hook: a capture that hangs part way, its bar standing still
+        _capture_bar(server, sizes, avail_gb, len(sizes) // 2 if host.get("hang_graph_capture") else None)
+        if new_lines:
+            log(
+                f"Capture target {kind} CUDA graph end. bs={sorted(sizes)}, elapsed={0.2 * scale:.2f} s, mem usage=0.50 GB, avail mem={avail_gb:.2f} GB.",
+                first,
+            )
+        else:
+            log(
+                f"Capture cuda graph end. Time elapsed: {0.2 * scale:.2f} s. mem usage=0.50 GB. avail mem={avail_gb:.2f} GB. max_bs={bs}",
+                first,
+            )
     log(
         f"max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests="
         f"{a.max_running_requests or 2048}, context_len=262144, available_gpu_mem={(free_mib - want_mib) / 1024:.2f} GB",

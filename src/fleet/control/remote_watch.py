@@ -272,6 +272,7 @@ class LogFollower:
         self.cut = 0  # bytes of the unterminated line past LINE_LIMIT, skipped
         self.inode: Optional[int] = None
         self.tail = b""
+        self.redraws = 0  # carriage returns seen in the unterminated line (a progress bar redrawing itself)
 
     def read(self) -> Tuple[List[Tuple[int, str]], List[Dict[str, Any]]]:
         """(complete lines as (end offset, text), events about the file)."""
@@ -324,7 +325,7 @@ class LogFollower:
                 text += " [fleet: %d more bytes of this line not shown]" % (size - LINE_LIMIT)
             out.append((min(base, self.offset), text))
         if whole:
-            self.cut = 0
+            self.cut, self.redraws = 0, 0
         if len(rest) > LINE_LIMIT:
             self.cut += len(rest) - LINE_LIMIT
             rest = rest[:LINE_LIMIT]
@@ -333,6 +334,17 @@ class LogFollower:
             out.append((self.offset, self.pending.decode("utf-8", "replace")))
             self.pending, self.cut = b"", 0
         return out
+
+    def redrawn(self) -> Optional[str]:
+        """The last whole redraw of a progress bar in the line not yet ended, when it redrew since the last
+        call; else None. tqdm, writing to a file, ends its line only when the bar closes: a 5-minute load
+        is one line, and without this the watcher would see neither its progress nor that it moves."""
+        redraws = self.pending.count(b"\r")
+        if redraws <= self.redraws:
+            return None
+        self.redraws = redraws
+        whole = [part for part in self.pending.split(b"\r")[:-1] if part.strip()]  # the last may be half written
+        return whole[-1].decode("utf-8", "replace") if whole else None
 
     def rest(self) -> List[Tuple[int, str]]:
         """Every line left, the unterminated last one included (the process has ended)."""
@@ -384,18 +396,22 @@ def main(a: Dict[str, Any]) -> None:
         lines, events = log.read()
         for ev in events:
             emit(ev)
-        if lines:
+        redrawn = log.redrawn()  # a bar redrawn in a line not yet ended (after the lines it follows)
+        for end, text in lines:
+            emit({"e": "line", "o": end, "t": text})
+            said = startup.line(text, now) if phase == "starting" else None
+            if said is not None:
+                emit(said)
+            if phase == "starting" and ready_re.search(text):
+                startup.ready(now)
+                emit({"e": "ready_line"})
+                phase = "health"
+                health_deadline = time.time() + a["health_timeout_s"]
+        said = startup.line(redrawn, now) if redrawn is not None and phase == "starting" else None
+        if said is not None:
+            emit(said)
+        if lines or redrawn is not None:  # progress: read on at once
             last_progress = now
-            for end, text in lines:
-                emit({"e": "line", "o": end, "t": text})
-                said = startup.line(text, now) if phase == "starting" else None
-                if said is not None:
-                    emit(said)
-                if phase == "starting" and ready_re.search(text):
-                    startup.ready(now)
-                    emit({"e": "ready_line"})
-                    phase = "health"
-                    health_deadline = time.time() + a["health_timeout_s"]
             continue
         if os.path.exists(exit_file) or not alive_group(a["pgid"]):
             time.sleep(0.05)  # let the last lines land
