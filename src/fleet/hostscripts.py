@@ -36,7 +36,13 @@ STEPS: dict[str, tuple[str, ...]] = {
         "control/remote_act.py",
     ),
     # follow an attempt (its start-up phases too), prove the server
-    "watch": ("control/remote_container.py", "startup.py", "control/remote_startup.py", "control/remote_watch.py"),
+    "watch": (
+        "control/remote_container.py",
+        "startup.py",
+        "control/remote_startup.py",
+        "control/remote_follow.py",
+        "control/remote_watch.py",
+    ),
     # facts + checks
     "health": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py", "control/remote_health.py"),
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host

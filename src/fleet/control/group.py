@@ -180,8 +180,7 @@ class GroupRun:
                     progress=self.progress_for(h.name),
                     engine_check=self.engine_check,
                     max_attempts=pb.max_attempts,
-                    ready_timeout_s=pb.ready_timeout_s,
-                    on_stall=pb.on_stall,
+                    **ops.startup_bounds(pb),
                     signatures=self.signatures,
                     group={**group, "rank": i},
                 )

@@ -21,7 +21,7 @@ from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, NamedPlaybook
-from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S
+from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import parse_model_spec
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
@@ -33,6 +33,11 @@ from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.startup import phase_now
 from fleet.transport import Transport
+
+
+def startup_bounds(spec: Playbook) -> dict[str, Any]:
+    """The playbook's start-up bounds, as Deployer takes them (and keeps them in the record)."""
+    return {"ready_timeout_s": spec.ready_timeout_s, "on_stall": spec.on_stall}
 
 
 def recorded_bounds(state: dict[str, Any]) -> dict[str, Any]:
@@ -141,8 +146,7 @@ def deploy(
         progress=progress,
         engine_check=engine_check,
         max_attempts=playbook.spec.max_attempts,
-        ready_timeout_s=playbook.spec.ready_timeout_s,
-        on_stall=playbook.spec.on_stall,
+        **startup_bounds(playbook.spec),
         signatures=signatures,
         deployment=deployment,
         gpus=indices,

@@ -17,21 +17,20 @@ fleet keeps this command's stdin open while it listens: when it ends (fleet kill
 connection cut) the watcher records the server as unverified, releases the lock and exits.
 """
 
-import fcntl
 import json
 import os
 import re
 import signal
-import stat
 import sys
 import threading
 import time
-from typing import IO, Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect, run_cli
+    from fleet.control.remote_follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
     from fleet.control.remote_startup import StartupWatch
     from fleet.host_common import (
         LEARNED_FILE,
@@ -52,90 +51,7 @@ except NameError:  # imported as a module (fleet's own tests)
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
-LINE_LIMIT = 16 << 10  # bytes of one log line sent (a 300 MB line of a config dump is cut, not carried)
-OUT_LIMIT = 4 << 20  # bytes of log lines waiting for fleet to read them: past it, lines are dropped and counted
 ATTEMPT_TERM_S = 5.0  # a frozen fleet's attempt: SIGTERM, this long, SIGKILL
-STALLED_S = 30.0  # fleet read nothing for this long while output waited: it is frozen (stopped, swapped out)
-
-
-class ClientGone(Exception):
-    """fleet's end of the channel is closed: nobody reads what this watcher says any more."""
-
-
-class Output:
-    """This watcher's stdout, never blocking: a fleet that stops reading (frozen with SIGSTOP, a stalled
-    connection) must not stop the watcher, which keeps the deadlines and the lock. Log lines beyond
-    OUT_LIMIT waiting are dropped and counted (said in a `skipped` event); every other event is kept."""
-
-    def __init__(self) -> None:
-        self.pending = bytearray()
-        self.lines_held = 0  # bytes of log lines in `pending`
-        self.skipped = 0
-        self.last_write = time.time()
-        self.nonblocking = False
-
-    def _nonblocking(self) -> None:
-        if not self.nonblocking:
-            try:
-                fd = sys.stdout.fileno()
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-            except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
-                pass
-            self.nonblocking = True
-
-    def emit(self, obj: Dict[str, Any]) -> None:
-        self._nonblocking()
-        line = obj.get("e") == "line"
-        if line and self.lines_held > OUT_LIMIT:
-            self.skipped += 1
-            return
-        if self.skipped and not line:
-            self.pending += (json.dumps({"e": "skipped", "lines": self.skipped}) + "\n").encode()
-            self.skipped = 0
-        data = (json.dumps(obj) + "\n").encode()
-        self.pending += data
-        if line:
-            self.lines_held += len(data)
-        self.flush()
-
-    def flush(self) -> None:
-        try:
-            fd = sys.stdout.fileno()
-        except (ValueError, AttributeError):  # a test's capture: written through, no descriptor
-            sys.stdout.write(self.pending.decode())
-            sys.stdout.flush()
-            self.pending, self.lines_held = bytearray(), 0
-            return
-        while self.pending:
-            try:
-                n = os.write(fd, bytes(self.pending[: 1 << 16]))
-            except BlockingIOError:
-                return
-            except (BrokenPipeError, OSError) as exc:
-                raise ClientGone() from exc
-            del self.pending[:n]
-            self.lines_held = max(0, self.lines_held - n)
-            self.last_write = time.time()
-        self.last_write = time.time()
-
-    def stalled(self, after_s: float = STALLED_S) -> bool:
-        """Output has waited `after_s` with nothing read: fleet is not listening, though it is connected."""
-        return bool(self.pending) and time.time() - self.last_write > after_s
-
-    def drain(self, timeout_s: float) -> bool:
-        """Wait (up to timeout_s) until fleet has read everything; False when it did not."""
-        deadline = time.time() + timeout_s
-        while self.pending and time.time() < deadline:
-            self.flush()
-            time.sleep(0.05)
-        return not self.pending
-
-
-OUT = Output()
-
-
-def emit(obj: Dict[str, Any]) -> None:
-    OUT.emit(obj)
 
 
 def alive_group(pgid: int) -> bool:
@@ -261,229 +177,163 @@ def watch_client(a: Dict[str, Any]) -> threading.Event:
     return gone
 
 
-class LogFollower:
-    """Reads new lines of the attempt's log from a byte offset; a log that is truncated, replaced or
-    deleted is followed (offset reset, reported) instead of silently read from the wrong place."""
-
-    TAIL = 64  # bytes before the offset remembered: a log cut and written again past the offset differs there
-
-    def __init__(self, path: str, offset: int) -> None:
-        self.path, self.offset, self.pending, self.missing = path, offset, b"", False
-        self.cut = 0  # bytes of the unterminated line past LINE_LIMIT, skipped
-        self.inode: Optional[int] = None
-        self.tail = b""
-        self.redraws = 0  # carriage returns seen in the unterminated line (a progress bar redrawing itself)
-
-    def read(self) -> Tuple[List[Tuple[int, str]], List[Dict[str, Any]]]:
-        """(complete lines as (end offset, text), events about the file)."""
-        events: List[Dict[str, Any]] = []
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in its place must not block
-            with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    raise OSError("not a regular file")
-                if self.inode is not None and st.st_ino != self.inode:
-                    events.append({"e": "log_reset", "why": "replaced"})
-                    self.offset, self.pending, self.tail, self.cut = 0, b"", b"", 0
-                elif st.st_size < self.offset or not self._same_tail(f):
-                    events.append({"e": "log_reset", "why": "truncated"})
-                    self.offset, self.pending, self.tail, self.cut = 0, b"", b"", 0
-                self.inode, self.missing = st.st_ino, False
-                f.seek(self.offset)
-                chunk = f.read(1 << 20)
-        except OSError as exc:
-            if not self.missing:
-                why = "deleted" if isinstance(exc, FileNotFoundError) else "made unreadable (%s)" % exc
-                events.append({"e": "log_reset", "why": why})
-                self.missing = True
-            return [], events
-        return self._lines(chunk), events
-
-    def _same_tail(self, f: IO[bytes]) -> bool:
-        """Whether the bytes just before the offset are still those read there (a truncated log that was
-        already written past the old offset again is longer, not shorter)."""
-        if not self.tail:
-            return True
-        f.seek(self.offset - len(self.tail))
-        return f.read(len(self.tail)) == self.tail
-
-    def _lines(self, chunk: bytes, final: bool = False) -> List[Tuple[int, str]]:
-        """Whole lines, each cut to LINE_LIMIT bytes; a line without an end is held only up to LINE_LIMIT
-        (what comes after, to its end, is skipped: a 300 MB line costs no memory here or in fleet)."""
-        self.tail = (self.tail + chunk)[-self.TAIL :]
-        base = self.offset - len(self.pending) - self.cut
-        self.offset += len(chunk)
-        data = self.pending + chunk
-        *whole, rest = data.split(b"\n")
-        out = []
-        for i, raw in enumerate(whole):
-            size = len(raw) + (self.cut if i == 0 else 0)
-            base += size + 1
-            text = raw[:LINE_LIMIT].decode("utf-8", "replace")
-            if size > LINE_LIMIT:
-                text += " [fleet: %d more bytes of this line not shown]" % (size - LINE_LIMIT)
-            out.append((min(base, self.offset), text))
-        if whole:
-            self.cut, self.redraws = 0, 0
-        if len(rest) > LINE_LIMIT:
-            self.cut += len(rest) - LINE_LIMIT
-            rest = rest[:LINE_LIMIT]
-        self.pending = rest
-        if final and self.pending:
-            out.append((self.offset, self.pending.decode("utf-8", "replace")))
-            self.pending, self.cut = b"", 0
-        return out
-
-    def redrawn(self) -> Optional[str]:
-        """The last whole redraw of a progress bar in the line not yet ended, when it redrew since the last
-        call; else None. tqdm, writing to a file, ends its line only when the bar closes: a 5-minute load
-        is one line, and without this the watcher would see neither its progress nor that it moves."""
-        redraws = self.pending.count(b"\r")
-        if redraws <= self.redraws:
-            return None
-        self.redraws = redraws
-        whole = [part for part in self.pending.split(b"\r")[:-1] if part.strip()]  # the last may be half written
-        return whole[-1].decode("utf-8", "replace") if whole else None
-
-    def rest(self) -> List[Tuple[int, str]]:
-        """Every line left, the unterminated last one included (the process has ended)."""
-        lines, _ = self.read()
-        return lines + self._lines(b"", final=True)
-
-
 def main(a: Dict[str, Any]) -> None:
-    ready_re = re.compile(a["ready_regex"])
-    log = LogFollower(a["log"], a["offset"])
-    start = time.time()
-    startup = StartupWatch(a, start)  # phases, ETA and stalls, from the engine's own lines
-    last_touch = last_http = 0.0
-    last_progress = time.time()
-    phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
-    exit_file = a["exit_file"]
-    health_deadline = time.time() + a["health_timeout_s"] if phase == "health" else None
-    if a.get("key_on_stdin"):  # the engine's API key, for the smoke request: never on a command line
-        a["_api_key"] = first_line_of_stdin().get("api_key")
-    client_gone = watch_client(a)
-    if a["offset"] or a.get("ready_seen"):
-        lost = reclaim(a)
-        if lost:
-            emit({"e": "lost_lock", "why": lost})
-            return
-    while True:
-        now = time.time()
-        if client_gone.is_set():
+    AttemptWatch(a).run()
+
+
+class AttemptWatch:
+    """One attempt followed to its end: its log read and said, its start-up phases and stalls, its bounds
+    (ready timeout, no progress, health), its server proved; each way it can end says its last event and
+    keeps its start in the host's history (`end`)."""
+
+    def __init__(self, a: Dict[str, Any]) -> None:
+        self.a = a
+        self.ready_re = re.compile(a["ready_regex"])
+        self.log = LogFollower(a["log"], a["offset"])
+        self.start = time.time()
+        self.startup = StartupWatch(a, self.start)  # phases, ETA and stalls, from the engine's own lines
+        self.last_touch = self.last_http = 0.0
+        self.last_progress = self.start
+        self.phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
+        self.health_deadline = self.start + a["health_timeout_s"] if self.phase == "health" else None
+        self.client_gone = threading.Event()
+
+    def run(self) -> None:
+        a = self.a
+        if a.get("key_on_stdin"):  # the engine's API key, for the smoke request: never on a command line
+            a["_api_key"] = first_line_of_stdin().get("api_key")
+        self.client_gone = watch_client(a)
+        if a["offset"] or a.get("ready_seen"):
+            lost = reclaim(a)
+            if lost:
+                emit({"e": "lost_lock", "why": lost})
+                return
+        while not self.step(time.time()):
+            pass
+
+    def end(self, event: Dict[str, Any], outcome: Optional[str], now: float) -> bool:
+        """Say the attempt's last event, its start kept in the host's history as `outcome` (None: kept
+        already, or not a start's end); the watch is over."""
+        if outcome is not None:
+            self.startup.record(outcome, now)
+        emit(event)
+        return True
+
+    def step(self, now: float) -> bool:
+        """One round of the watch; True when it is over."""
+        a = self.a
+        if self.client_gone.is_set():
             on_client_gone(a)
-            return
-        if now - last_touch > 2:
+            return True
+        if now - self.last_touch > 2:
             touch_lock(a)
-            last_touch = now
+            self.last_touch = now
         OUT.flush()
         stalled_s = float(a.get("stalled_s", STALLED_S))
         if OUT.stalled(stalled_s):  # connected, but reading nothing: fleet is frozen; the watcher keeps bounds
-            return frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
-        if phase == "starting" and now - start > a["ready_timeout_s"]:  # also while a log floods
-            startup.record("timeout", now)
-            emit({"e": "timeout", "what": "ready", "after_s": now - start})
-            return
-        stall = startup.stalled(now) if phase == "starting" else None
+            frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
+            return True
+        if self.phase == "starting" and now - self.start > a["ready_timeout_s"]:  # also while a log floods
+            return self.end({"e": "timeout", "what": "ready", "after_s": now - self.start}, "timeout", now)
+        stall = self.startup.stalled(now) if self.phase == "starting" else None
         if stall is not None and stall["e"] == "stalled":  # the playbook waits through stalls: said only
             emit(stall)
         elif stall is not None:  # a phase quiet past its bound: the attempt ends now, not at the ready timeout
-            startup.record("stalled", now)
-            emit(stall)
-            return
-        lines, events = log.read()
-        for ev in events:
-            emit(ev)
-        redrawn = log.redrawn()  # a bar redrawn in a line not yet ended (after the lines it follows)
-        for end, text in lines:
-            emit({"e": "line", "o": end, "t": text})
-            said = startup.line(text, now) if phase == "starting" else None
-            if said is not None:
-                emit(said)
-            if phase == "starting" and ready_re.search(text):
-                startup.ready(now)
-                emit({"e": "ready_line"})
-                phase = "health"
-                health_deadline = time.time() + a["health_timeout_s"]
-        said = startup.line(redrawn, now) if redrawn is not None and phase == "starting" else None
-        if said is not None:
-            emit(said)
-        if lines or redrawn is not None:  # progress: read on at once
-            last_progress = now
-            continue
-        if os.path.exists(exit_file) or not alive_group(a["pgid"]):
-            time.sleep(0.05)  # let the last lines land
-            for end, text in log.rest():
-                emit({"e": "line", "o": end, "t": text})
-            code = None
-            try:
-                with open(exit_file) as f:
-                    code = int(f.read().strip() or -1)
-            except (OSError, ValueError):
-                pass
-            startup.record("exited", now)
-            ended: Dict[str, Any] = {"e": "exit", "code": code}
-            box = a.get("container")
-            if box:  # what the runtime saw: a container's memory limit kills without a word in the log
-                cli = cli_path(str(box.get("cli")))
-                seen = inspect(cli, str(box.get("id") or box.get("name"))) if cli else None
-                if seen and seen.get("oom_killed"):
-                    ended["oom_killed"] = True
-            emit(ended)
-            return
-        if phase == "starting" and now - last_http >= HTTP_READY_EVERY_S:
-            last_http = now
+            return self.end(stall, "stalled", now)
+        if self.read_log(now):
+            return False  # progress: read on at once
+        if os.path.exists(a["exit_file"]) or not alive_group(a["pgid"]):
+            return self.end(self.exited(), "exited", now)
+        if self.phase == "starting" and now - self.last_http >= HTTP_READY_EVERY_S:
+            self.last_http = now
             status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
-                startup.ready(now)
-                emit({"e": "ready_http"})
-                phase = "health"
-                health_deadline = time.time() + a["health_timeout_s"]
-        if phase == "health":
-            status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=5)
-            if status == 200:
-                emit({"e": "health", "code": 200})
-                if not a["smoke"]:  # a group's other rank: it answers /health only; rank 0 is asked
-                    a["success_state"]["startup"] = startup.record("ready", now)
-                    on_success(a)
-                    emit({"e": "done"})
-                    if a.get("hold"):
-                        hold(a, client_gone)
-                    return
-                result = smoke(a)
-                if not result["ok"]:
-                    startup.record("smoke_failed", now)
-                    time.sleep(a.get("settle_s", 1.0))  # a crash the request triggered reaches the log first
-                    for end, text in log.read()[0]:
-                        emit({"e": "line", "o": end, "t": text})
-                    emit(result)
-                    return
-                for end, text in log.read()[0]:  # what the server logged up to its answer: its ready line
-                    emit({"e": "line", "o": end, "t": text})
-                emit(result)
-                a["success_state"]["startup"] = startup.record("ready", now)
-                on_success(a)
-                emit({"e": "done"})
-                if a.get("hold"):
-                    hold(a, client_gone)
-                return
-            if health_deadline is not None and time.time() > health_deadline:
-                startup.record("health_timeout", now)
-                emit({"e": "timeout", "what": "health", "status": status})
-                return
-            time.sleep(0.2)
-            continue
-        if now - start > a["ready_timeout_s"]:
-            startup.record("timeout", now)
-            emit({"e": "timeout", "what": "ready", "after_s": now - start})
-            return
-        if now - last_progress > a["progress_timeout_s"]:
-            startup.record("timeout", now)
-            emit({"e": "timeout", "what": "progress", "after_s": now - last_progress})
-            return
+                self.now_ready(now, {"e": "ready_http"})
+        if self.phase == "health":
+            return self.prove(now)
+        if now - self.start > a["ready_timeout_s"]:
+            return self.end({"e": "timeout", "what": "ready", "after_s": now - self.start}, "timeout", now)
+        if now - self.last_progress > a["progress_timeout_s"]:
+            after = now - self.last_progress
+            return self.end({"e": "timeout", "what": "progress", "after_s": after}, "timeout", now)
         time.sleep(POLL_S)
+        return False
+
+    def read_log(self, now: float) -> bool:
+        """Say what the log gained (its lines, a bar's redraw, the phases they show); True if it moved."""
+        lines, events = self.log.read()
+        for ev in events:
+            emit(ev)
+        redrawn = self.log.redrawn()  # a bar redrawn in a line not yet ended (after the lines it follows)
+        for end, text in lines:
+            emit({"e": "line", "o": end, "t": text})
+            self.said_phase(text, now)
+            if self.phase == "starting" and self.ready_re.search(text):
+                self.now_ready(now, {"e": "ready_line"})
+        if redrawn is not None:
+            self.said_phase(redrawn, now)
+        if lines or redrawn is not None:
+            self.last_progress = now
+            return True
+        return False
+
+    def said_phase(self, text: str, now: float) -> None:
+        said = self.startup.line(text, now) if self.phase == "starting" else None
+        if said is not None:
+            emit(said)
+
+    def now_ready(self, now: float, event: Dict[str, Any]) -> None:
+        self.startup.ready(now)
+        emit(event)
+        self.phase = "health"
+        self.health_deadline = time.time() + self.a["health_timeout_s"]
+
+    def exited(self) -> Dict[str, Any]:
+        """The attempt's process ended: the log's last lines said, and how it ended."""
+        time.sleep(0.05)  # let the last lines land
+        for end, text in self.log.rest():
+            emit({"e": "line", "o": end, "t": text})
+        code = None
+        try:
+            with open(self.a["exit_file"]) as f:
+                code = int(f.read().strip() or -1)
+        except (OSError, ValueError):
+            pass
+        ended: Dict[str, Any] = {"e": "exit", "code": code}
+        box = self.a.get("container")
+        if box:  # what the runtime saw: a container's memory limit kills without a word in the log
+            cli = cli_path(str(box.get("cli")))
+            seen = inspect(cli, str(box.get("id") or box.get("name"))) if cli else None
+            if seen and seen.get("oom_killed"):
+                ended["oom_killed"] = True
+        return ended
+
+    def prove(self, now: float) -> bool:
+        """The server says it is ready: /health, then (rank 0) the smoke prompt; True when that decided."""
+        a = self.a
+        status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=5)
+        if status != 200:
+            if self.health_deadline is not None and time.time() > self.health_deadline:
+                return self.end({"e": "timeout", "what": "health", "status": status}, "health_timeout", now)
+            time.sleep(0.2)
+            return False
+        emit({"e": "health", "code": 200})
+        if a["smoke"]:  # a group's other rank has none: it answers /health only; rank 0 is asked
+            result = smoke(a)
+            if not result["ok"]:
+                self.startup.record("smoke_failed", now)
+                time.sleep(a.get("settle_s", 1.0))  # a crash the request triggered reaches the log first
+            for end, text in self.log.read()[0]:  # what the server logged up to its answer (its ready line)
+                emit({"e": "line", "o": end, "t": text})
+            if not result["ok"]:
+                return self.end(result, None, now)
+            emit(result)
+        a["success_state"]["startup"] = self.startup.record("ready", now)
+        on_success(a)
+        emit({"e": "done"})
+        if a.get("hold"):
+            hold(a, self.client_gone)
+        return True
 
 
 def frozen_client(a: Dict[str, Any], why: str) -> None:
