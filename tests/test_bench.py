@@ -29,6 +29,7 @@ SECTIONS = [
     "### 6. Rolling restart of a service",
     "### 7. Pulling a model onto a host",
     "### 8. Pushing a model to a host without internet",
+    "### 9. What watching the start-up costs",
 ]
 
 

@@ -138,3 +138,58 @@ def test_router_workers_answers(body: str, said: str | None) -> None:
         }
     else:
         assert said in found["error"]
+
+
+def poisoned_entry(cache: Path, path: str) -> Path:
+    """A cache entry for `path` whose code says it was used (what only its owner could have written)."""
+    import hashlib
+    import marshal
+
+    from fleet.hostscripts import _read
+
+    key = hashlib.sha256(_read(path).encode()).hexdigest()[:32]
+    entry = cache / "fleet" / "steps" / f"{key}.{sys.implementation.cache_tag}"
+    code = compile(
+        "import json, sys\nsys.stdout.write(json.dumps({'forgotten': ['cached']}))\nsys.exit(0)", "x", "exec"
+    )
+    entry.write_bytes(marshal.dumps(code))
+    entry.chmod(0o600)
+    return entry
+
+
+def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
+    (tmp_path / "state").mkdir()
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    steps = tmp_path / "cache" / "fleet" / "steps"
+    kept = sorted(steps.iterdir())
+    assert len(kept) == 5 and steps.stat().st_mode & 0o777 == 0o700  # protocol, host_common/procs/signals, fixes
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in kept)
+    entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": ["cached"]}  # used
+    steps.chmod(0o777)  # a directory others may write: nothing in it is trusted
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    steps.chmod(0o700)
+    entry.chmod(0o666)  # an entry others may write: not used
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+
+
+def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
+    (tmp_path / "state").mkdir()
+    run_json(LocalTransport("h"), sys.executable, "fixes", args)
+    entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
+    target = tmp_path / "elsewhere"
+    entry.rename(target)
+    entry.symlink_to(target)  # the user's own entry, through a link: not followed
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    entry.unlink(missing_ok=True)
+    entry.write_bytes(b"\x00not marshal")  # cut short by a full disk
+    entry.chmod(0o600)
+    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}

@@ -96,6 +96,9 @@ PHASE_QUIET_BOUND_S = {
     "graphs": 600.0,
     "warmup": 300.0,
 }
+# Start-up lines are short (the longest, a progress bar, ~150 characters): a line is read for its phase
+# only this far, so a 16 KiB line of a flooding log costs no more than a start-up line.
+PHASE_LINE_CHARS = 512
 STALL_FACTOR = 3.0  # a phase quiet for this many times its usual length (on this host) has stalled
 STALL_FLOOR_S = 30.0  # ... but never sooner than this: a phase of a few seconds varies by more
 
@@ -104,20 +107,23 @@ def phase_of_line(line: str) -> Optional[Tuple[str, bool, Optional[int], Optiona
     """(phase, ends it, progress done, progress of) for an engine's own start-up line; None otherwise."""
     redrawn = [part for part in line.split("\r") if part.strip()]
     text = redrawn[-1].strip() if redrawn else ""
-    text = _STAMP.sub("", text)
-    if not _ENGINE_LINE.match(text) or _REQUEST.search(text):
+    text = _STAMP.sub("", text)[:PHASE_LINE_CHARS]
+    if not _ENGINE_LINE.match(text):
         return None
+    seen = None  # type: Optional[Tuple[str, bool, Optional[int], Optional[int]]]
     for phase, pattern in _ENDS:
         if pattern.search(text):
-            return phase, True, None, None
-    for phase, pattern in _COMPILED:
+            seen = phase, True, None, None
+            break
+    for phase, pattern in _COMPILED if seen is None else []:
         found = pattern.search(text)
         if found:
             done = of = None
             if found.lastindex == 2 and found.group(1).isdigit() and found.group(2).isdigit():
                 done, of = int(found.group(1)), int(found.group(2))
-            return phase, False, done, of
-    return None
+            seen = phase, False, done, of
+            break
+    return None if seen is None or _REQUEST.search(text) else seen  # a request's text never moves a phase
 
 
 class StartupTimeline:

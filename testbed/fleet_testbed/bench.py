@@ -19,6 +19,8 @@ Measures (medians with min/max, ratios to a floor measured in the same run):
      host over ssh (bench_pull.py).
   8. `fleet pull --from` pushing a model host to host against plain `ssh A tar c` piped to `ssh B tar x`, and from
      a directory here against plain `rsync` (bench_pull.py).
+  9. what reading the engine's start-up costs the host's watcher, per log line, on the real logs of the crash
+     corpus, against decoding the lines only (bench_startup.py).
 Results: printed, and written to bench/results/latest.md.
 """
 
@@ -42,6 +44,7 @@ from pathlib import Path
 from fleet_testbed import simhost
 from fleet_testbed.bench_pull import bench_pull, bench_push
 from fleet_testbed.bench_service import bench_rolling
+from fleet_testbed.bench_startup import bench_startup
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = str(Path(sys.executable).parent / "fleet")
@@ -570,6 +573,7 @@ def main() -> int:
         rolling += bench_push(
             sb, env, fleet, row, a.runs, "### 8. Pushing a model to a host without internet (seconds, whole process)"
         )
+        rolling += bench_startup(a.runs, "### 9. What watching the start-up costs the host's watcher")
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:
