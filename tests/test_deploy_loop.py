@@ -228,23 +228,25 @@ def test_a_slow_load_that_keeps_moving_its_bar_is_no_stall(
     assert state(host)["startup"]["phases"]["weights"] >= 6 * 0.5
 
 
-def test_a_graph_capture_that_hangs_is_a_stall_long_before_the_ready_timeout(
-    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("hook", "phase"), [("hang_graph_capture", "graphs"), ("hang_rendezvous", "distributed")])
+def test_a_graph_capture_or_rendezvous_that_hangs_is_a_stall_long_before_the_ready_timeout(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch, hook: str, phase: str
 ) -> None:
-    """With one start behind it the host knows how long capture takes; a capture that then hangs is told
-    apart from "still loading" and stopped, not waited for until ready_timeout (900 s)."""
+    """With one start behind it the host knows how long each phase takes; a capture or a meeting of the
+    ranks that then hangs is told apart from "still loading" and stopped, not waited for until
+    ready_timeout (900 s)."""
     monkeypatch.setattr("fleet.control.deploy.STALL_FLOOR_S", 2.0)  # the sim captures in 0.2 s; 30 s is real life
     assert deploy(host)[0].ok
     ops.stop(host.transport(), host.host, force=False)
-    simhost.set_host(host.dir, hang_graph_capture=True)
+    simhost.set_host(host.dir, **{hook: True})
     began = time.monotonic()
     result, seen = deploy(host)
     assert time.monotonic() - began < 60
     assert not result.ok and [a.outcome for a in result.attempts] == ["timeout"]
     diagnosis = result.attempts[0].diagnosis
     assert diagnosis is not None and diagnosis.signature == "fleet-startup-stall"
-    assert any("start-up stalled in graphs" in line for line in diagnosis.evidence)
-    assert seen.of(events.StartupPhase)[-1].phase == "graphs"
+    assert any(f"start-up stalled in {phase}" in line for line in diagnosis.evidence)
+    assert seen.of(events.StartupPhase)[-1].phase == phase
     st = state(host)
     running = host.shell(f"ps -o stat= -g {st['pgid']} || true").split()
     assert st["status"] == "failed" and [s for s in running if not s.startswith("Z")] == []

@@ -748,6 +748,8 @@ def serve(argv: list[str]) -> None:
     new_lines = version >= NEW_STARTUP_LINES
     for rank in range(local):
         log("Init parallel begin." if new_lines else "Init torch distributed begin.", first + rank)
+    while host.get("hang_rendezvous"):  # test hook: ranks that never meet (a peer gone, a port firewalled)
+        time.sleep(1)
     if a.nnodes > 1:
         _meet_the_group(server, first)
     else:
