@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import CT129, ROOT, run_cli
+from fleet.terminal import safe_line
 from fleet.transport.ssh import ANSWER_S, SILENT_S
 from fleet_testbed import simhost
 
@@ -84,7 +85,8 @@ def test_dropped_connection_while_streaming_resumes_without_gaps_or_repeats(flee
     assert p.returncode == 0, err
     assert "connection dropped; reconnecting and resuming the log at byte" in err
     streamed = [line[len("  | ") :] for line in err.splitlines() if line.startswith("  | ")]
-    logged = Path(st["log"]).read_text().splitlines()
+    # the log's lines end at \n (a progress bar's redraws are \r inside one), shown terminal-safe
+    logged = [safe_line(x) for x in Path(st["log"]).read_bytes().decode().split("\n")]
     assert (
         streamed == logged[: len(streamed)]
         and len(streamed) >= logged.index(next(x for x in logged if "fired up and ready" in x)) + 1
