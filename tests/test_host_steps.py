@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -157,39 +158,38 @@ def poisoned_entry(cache: Path, path: str) -> Path:
     return entry
 
 
-def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def fixes_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The small `fixes` step run locally, its code cached under tmp_path/cache: what it answered."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
     (tmp_path / "state").mkdir()
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
+    return lambda: run_json(LocalTransport("h"), sys.executable, "fixes", args)
+
+
+def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(tmp_path: Path, fixes_step: Any) -> None:
+    assert fixes_step() == {"forgotten": []}
     steps = tmp_path / "cache" / "fleet" / "steps"
     kept = sorted(steps.iterdir())
     assert len(kept) == 5 and steps.stat().st_mode & 0o777 == 0o700  # protocol, host_common/procs/signals, fixes
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in kept)
     entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": ["cached"]}  # used
+    assert fixes_step() == {"forgotten": ["cached"]}  # used
     steps.chmod(0o777)  # a directory others may write: nothing in it is trusted
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    assert fixes_step() == {"forgotten": []}
     steps.chmod(0o700)
     entry.chmod(0o666)  # an entry others may write: not used
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    assert fixes_step() == {"forgotten": []}
 
 
-def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
-    (tmp_path / "state").mkdir()
-    run_json(LocalTransport("h"), sys.executable, "fixes", args)
+def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(tmp_path: Path, fixes_step: Any) -> None:
+    fixes_step()
     entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
     target = tmp_path / "elsewhere"
     entry.rename(target)
     entry.symlink_to(target)  # the user's own entry, through a link: not followed
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    assert fixes_step() == {"forgotten": []}
     entry.unlink(missing_ok=True)
     entry.write_bytes(b"\x00not marshal")  # cut short by a full disk
     entry.chmod(0o600)
-    assert run_json(LocalTransport("h"), sys.executable, "fixes", args) == {"forgotten": []}
+    assert fixes_step() == {"forgotten": []}
