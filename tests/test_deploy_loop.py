@@ -19,9 +19,10 @@ import pytest
 
 from conftest import ROOT
 from fleet import events
+from fleet.control import deploy as deploy_module
 from fleet.control import ops
 from fleet.control.sweep import HealthOptions, check_host, heal_host
-from fleet.errors import LockedError, PreflightError, TransportError, UnsafeToKill
+from fleet.errors import HostSilent, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
 from simengine import wait_until
@@ -147,6 +148,29 @@ def test_a_stream_cut_inside_a_batch_resumes_without_gaps_or_repeats(host: nshos
     logged = Path(state(host)["log"]).read_bytes().decode().split("\n")  # a bar redraws with \r inside a line
     assert streamed == logged[: len(streamed)]
     assert any("Uvicorn running on" in x for x in streamed)  # past the cut, up to the server's answer
+
+
+@pytest.mark.parametrize(("failure", "tries"), [(HostUnreachable, 6), (HostSilent, 1)])
+def test_a_watch_whose_connection_keeps_failing_is_resumed_five_times_and_a_silent_host_never(
+    host: nshost.NamespaceHost, monkeypatch: pytest.MonkeyPatch, failure: type[HostUnreachable], tries: int
+) -> None:
+    """A cut connection is resumed from its offset, at most five times; a host that answers nothing at all
+    (HostSilent) is not waited for again. Either way the deploy ends with the error, not a false success."""
+    monkeypatch.setattr(deploy_module, "RESUME_WAITS_S", (0.0,) * 5)
+    t = host.transport()
+    original_stream = t.stream
+    watches: list[str] = []
+
+    def failing_watch(script: str, on_chunk: Any, **kwargs: Any) -> int:
+        if "remote_watch" in script or "LogFollower" in script:
+            watches.append(script)
+            raise failure(f"{host.host.name}: cut", "")
+        return original_stream(script, on_chunk, **kwargs)
+
+    t.stream = failing_watch  # type: ignore[method-assign]
+    with pytest.raises(failure):
+        deploy(host, t)
+    assert len(watches) == tries
 
 
 def engine_pid(h: nshost.NamespaceHost) -> int:

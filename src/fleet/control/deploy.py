@@ -19,14 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_not_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
-
 from fleet import events
 from fleet.control.answers import (
     LOCK_GRACE_S,
@@ -79,6 +71,8 @@ MAX_EVENT_BYTES = 1 << 20  # one event line from the host watcher; its log lines
 # fleet reading nothing from its watcher for this long (stopped with SIGSTOP, swapped out) is frozen: the
 # watcher stops the attempt's server, records it failed and frees the host rather than wait for fleet
 WATCH_STALLED_S = 30.0
+# A watch whose connection was cut resumes from its offset up to five times, after these waits (seconds).
+RESUME_WAITS_S = (0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 class LogTail:
@@ -492,17 +486,20 @@ class Deployer:
                 raise HostUnreachable(f"{self.host.name}: the log stream ended early (exit {code}).", "")
             return code
 
-        for retry in Retrying(
-            stop=stop_after_attempt(6),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            # a cut connection is resumed; a host that answers nothing is not waited for again
-            retry=retry_if_exception_type(HostUnreachable) & retry_if_not_exception_type(HostSilent),
-            reraise=True,
-        ):
-            with retry:
-                if retry.retry_state.attempt_number > 1:
-                    self.progress(events.Reconnecting(offset))
+        # a cut connection is resumed, waiting longer each time; a host that answers nothing is not waited
+        # for again. (A loop, not tenacity: importing it cost every deploy 16 ms before it connected.)
+        for attempt, wait_s in enumerate((*RESUME_WAITS_S, None), start=1):
+            if attempt > 1:
+                self.progress(events.Reconnecting(offset))
+            try:
                 once()
+                break
+            except HostSilent:
+                raise
+            except HostUnreachable:
+                if wait_s is None:
+                    raise
+                time.sleep(wait_s)
         return watched
 
     def _api_key(self, plan: LaunchPlan) -> str | None:
