@@ -595,10 +595,15 @@ def main() -> ActResult:
     for other in replaced_names:
         clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
     named = [str(c) for c in clis if c]
-    owner = container_owner(os.getuid(), root)
-    ours, refused_containers = fleet_containers(
-        named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
-    )
+    ours: List[Dict[str, Any]] = []
+    refused_containers: List[Dict[str, Any]] = []
+    # Asking the runtimes (~70 ms for `podman ps`) is needed only when a record or this launch names one, or
+    # some process runs in a container: with neither, no container of fleet's can hold anything.
+    if named or any(container_of(pid) for pid in procs):
+        owner = container_owner(os.getuid(), root)
+        ours, refused_containers = fleet_containers(
+            named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
+        )
     free = dict(free, siblings=siblings, replaced=sorted(replaced))
     free["own_containers"] = [c["id"] for c in ours]
     targets, refused, out["left"] = classify(free, procs)
