@@ -708,6 +708,22 @@ def test_a_user_signature_with_an_unanchored_fix_is_refused() -> None:
         parse_signatures(raw, "crashes/site.yaml")
 
 
+def test_an_operators_signature_with_a_broken_expression_is_refused_when_read_naming_its_file() -> None:
+    from fleet.crashes import parse_signatures
+
+    raw = [{"id": "x", "category": "other", "patterns": ["^ok"], "unless": ["(unclosed"], "explanation": "e"}]
+    with pytest.raises(ValueError, match=r"crashes/site.yaml: signature #1: missing \)"):
+        parse_signatures(raw, "crashes/site.yaml")
+
+
+def test_every_expression_of_fleets_own_signatures_compiles() -> None:
+    """fleet's own file is compiled only when a log is read (a command that reads none pays nothing): this
+    is where a broken expression in it is caught."""
+    for sig in builtin_signatures():
+        assert len(sig.patterns) == len(sig.pattern_texts) > 0
+        assert len(sig.requires) == len(sig.requires_texts) and len(sig.unless) == len(sig.unless_texts)
+
+
 def test_whole_traceback_is_captured_not_a_tail() -> None:
     lines = (
         ["noise"] * 100
