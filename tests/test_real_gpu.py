@@ -70,3 +70,15 @@ def test_qwen36_27b_plans_on_one_h200_with_its_mtp_head_and_no_error() -> None:
     assert argv[argv.index("--tp-size") + 1] == "1"
     assert argv[argv.index("--speculative-algorithm") + 1] == "NEXTN"
     assert result.gpus is not None and (result.gpus.count, result.gpus.sm, result.gpus.nvlink) == (1, 90, False)
+
+
+def test_memory_shared_over_cuda_ipc_is_counted_once_under_the_process_that_allocated_it() -> None:
+    """SGLang's weight cache daemon hands its weights to engines over CUDA IPC (issue 41). On the H200
+    (testbed/device_ipc.py): a "daemon" allocated 4 GiB, an "engine" imported them and allocated 1 GiB.
+    NVML counts the shared 4 GiB under the daemon only, so fleet's sum over processes is the GPU's use."""
+    [gpu] = recorded("ipc").gpus
+    [idle] = recorded("idle").gpus
+    daemon, engine = sorted(gpu.processes, key=lambda p: -(p.used_mib or 0))
+    assert (daemon.used_mib, engine.used_mib) == (4706, 1656)  # 4096 + its CUDA context; 1024 + its own
+    assert abs(gpu.memory_used_mib - idle.memory_used_mib - (daemon.used_mib + engine.used_mib)) < 32
+    assert sorted(h.pid for h in recorded("ipc").holders) == sorted([daemon.pid, engine.pid])
