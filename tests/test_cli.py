@@ -33,6 +33,14 @@ def test_top_level_help_lists_examples() -> None:
     assert r.code == 0 and "fleet deploy qwen35-nvfp4 --host blackwell" in r.out
 
 
+def test_version_is_the_packages_own() -> None:
+    import tomllib
+
+    packaged = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    r = run_cli("--version")
+    assert r.code == 0 and r.out.strip() == f"fleet {packaged}"
+
+
 def test_unknown_option_is_a_usage_error() -> None:
     r = run_cli("deploy", "--no-such-option")
     assert r.code == 2

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fleet import __version__
 from fleet.errors import ConfigError, FleetError
 from fleet.paths import cache_dir
 from fleet.terminal import safe_text
@@ -259,6 +260,7 @@ def replaceable_file(ctx: click.Context, param: click.Parameter, value: Path | N
     help="Record an unknown SSH host key of a ProxyJump host (never implied by --accept-new-host-key).",
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(__version__, prog_name="fleet", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(
     click_ctx: click.Context,
