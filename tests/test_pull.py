@@ -284,16 +284,20 @@ def test_the_marker_records_the_commit_and_every_file_as_checked(world: World) -
 
 @pytest.fixture
 def simulated(tmp_path: Path) -> Iterator[tuple[nshost.NamespaceHost, FakeHub, Path]]:
-    """A simulated 2-GPU host whose model is not there yet, the Hub that has it, and its playbook."""
+    """A simulated 2-GPU host whose model is not there yet, the Hub that has it (under the shipped
+    playbook's own hf_repo:), and that playbook."""
     if not nshost.available():
         pytest.skip("needs root, unshare and nsenter")
     h = nshost.NamespaceHost(tmp_path, simhost.CT129, nshost.loopback_address())
     model = h.dir / "models" / "Qwen3.6-27B"
     hub = FakeHub()
-    hub.add(REPO, Repo(make_model(tmp_path / "hub" / "Qwen3.6-27B", config=model / "config.json")))
+    shipped = ROOT / "playbooks" / "qwen36-27b.yaml"
+    repo = load_playbook("qwen36-27b", ROOT / "playbooks").spec.hf_repo
+    assert repo == "Qwen/Qwen3.6-27B"
+    hub.add(repo, Repo(make_model(tmp_path / "hub" / "Qwen3.6-27B", config=model / "config.json")))
     shutil.rmtree(model)
     playbook = tmp_path / "qwen36-27b.yaml"
-    playbook.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + f"hf_repo: {REPO}\n")
+    playbook.write_text(shipped.read_text())
     yield h, hub, playbook
     hub.close()
     h.close()
