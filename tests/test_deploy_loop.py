@@ -21,6 +21,7 @@ from conftest import ROOT
 from fleet import events
 from fleet.control import deploy as deploy_module
 from fleet.control import ops
+from fleet.control.gather import read_facts
 from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import HostSilent, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.inventory import load_playbook
@@ -298,7 +299,6 @@ def test_status_says_a_starting_servers_phase_and_eta_and_a_stall_is_waited_thro
     """`on_stall: wait`: a hung capture is said once, the attempt goes on (here until its engine dies);
     meanwhile `fleet status`, another run, reads the phase and an ETA from the host."""
     from fleet.cli.report import starting_text
-    from fleet.control.gather import read_facts
 
     monkeypatch.setattr("fleet.control.deploy.STALL_FLOOR_S", 1.0)
     assert deploy(host)[0].ok  # one start behind it: the next has an ETA
@@ -342,6 +342,19 @@ def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceH
     st = state(host)
     assert st["status"] == "stopped" and st["pid"] == pid and st["learned_key"]  # the record keeps what it knew
     assert not simhost.record(host.dir, "lock.json").exists()
+
+
+def test_status_names_the_engines_own_pid_as_stop_does(host: nshost.NamespaceHost) -> None:
+    """The record keeps fleet's launcher (the group it stops); the pid shown is the engine's, in status and
+    in what stop says it stopped."""
+    from fleet.cli.report import describe_stopped
+
+    assert deploy(host)[0].ok
+    row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+    assert row["pid"] == state(host)["pid"] and row["engine_pid"] not in (None, row["pid"])
+    assert "sglang.launch_server" in host.shell(f"tr '\\0' ' ' < /proc/{row['engine_pid']}/cmdline")
+    out = ops.stop(host.transport(), host.host, force=False)
+    assert describe_stopped(out["stopped"])[0].startswith(f"fleet's server pid {row['engine_pid']} (")
 
 
 def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(host: nshost.NamespaceHost) -> None:

@@ -487,13 +487,14 @@ def stop(
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per deployment per line.")
 @click.pass_obj
 def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
-    """One line per deployment: host/name, GPUs, playbook, engine and version, pid, port, uptime, status.
+    """A table of deployments: host/name, status, GPUs, playbook, engine and version, the engine's pid,
+    port, uptime, attempts, and notes (its container, group rank, the fixes it runs with).
 
     \b
     Example:
       fleet status
     """
-    from fleet.cli.report import starting_text
+    from fleet.cli.status_table import status_lines
     from fleet.control import ops
     from fleet.control.gather import read_facts
 
@@ -508,27 +509,12 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
 
         services = service_status_rows(ctx)
         failures += [1 for s in services if s.get("error")]
-    width = max((len(f"{r['host']}/{r.get('deployment') or ''}") for r in rows), default=12)
-    for r in rows:
-        if as_json:
+    if as_json:
+        for r in rows:
             emit_json(r)
-        elif r.get("error"):
-            say(f"{r['host']:<{width}} unreachable  {r['error']}")
-        else:
-            up = f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-"
-            where = f"{r['host']}/{r['deployment']}" if r.get("deployment") else r["host"]
-            gpus = ",".join(map(str, r["gpus"])) if isinstance(r.get("gpus"), list) else (r.get("gpus") or "-")
-            say(  # the playbook, engine and fixes come from the host's record
-                f"{where:<{width}} {r['status']:<10} gpus {gpus:<8} {r.get('playbook') or '-':<18} "
-                f"{(r.get('engine') or '-') + ' ' + (r.get('engine_version') or ''):<16} "
-                f"pid {r.get('pid') or '-':<7} port {r.get('port') or '-':<6} up {up:<8} "
-                f"attempts {r.get('attempts') or '-'}"
-                f"{'  container ' + str(r['container']) if r.get('container') else ''}"
-                f"{'  ' + str(r['group']) if r.get('group') else ''}"
-                f"{'  fixes: ' + ','.join(r['applied_fixes']) if r.get('applied_fixes') else ''}"
-            )
-            if r.get("startup"):
-                say(f"{'':<{width}} {starting_text(r['startup'])}")
+    elif rows:
+        for text in status_lines(rows):
+            say(text)
     if services:
         from fleet.cli.services import print_service_rows
 

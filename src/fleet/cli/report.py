@@ -27,6 +27,9 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
     for members in groups.values():
         main = next((p for p in members if "sglang." in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
         how = f"; {main['stop']}" if main.get("stop") else ""
+        if main.get("pid") is None:  # a container docker lists without its pid: named by the container alone
+            lines.append(f"{main['why']} ({main.get('stop') or 'stopped'}): {one_line(main['cmdline'])[:100]}")
+            continue
         lines.append(
             f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): "
             + one_line(main["cmdline"])[:100]

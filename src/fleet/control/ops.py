@@ -618,7 +618,8 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "playbook": st.get("playbook"),
         "engine": st.get("engine"),
         "engine_version": st.get("engine_version"),
-        "pid": pid if alive else None,
+        "pid": pid if alive else None,  # fleet's launcher: the process group it records and stops
+        "engine_pid": engine_pid(facts, pid) if alive and isinstance(pid, int) else None,
         "port": st.get("port"),
         "uptime_s": round(uptime) if uptime is not None else None,
         "status": status,
@@ -631,6 +632,13 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         # while it starts: its phase and ETA, as its watcher on the host last said them
         "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == "starting" else None,
     }
+
+
+def engine_pid(facts: HostFacts, launcher: int) -> int:
+    """The engine's own process under fleet's launcher (the pid `nvidia-smi` and `fleet stop` show), or
+    the launcher's when it has none (yet)."""
+    child = next((p for p in facts.servers if p.ppid == launcher and p.engine), None)
+    return child.pid if child else launcher
 
 
 def _group_said(st: dict[str, Any]) -> str | None:

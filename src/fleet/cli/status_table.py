@@ -1,0 +1,51 @@
+"""`fleet status` as a table: a header row, then a row per deployment with columns as wide as their
+widest cell, so a long deployment or playbook name shifts its column instead of the rest of its row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.cli.report import starting_text
+
+COLUMNS = ("DEPLOYMENT", "STATUS", "GPUS", "PLAYBOOK", "ENGINE", "PID", "PORT", "UP", "ATTEMPTS", "NOTES")
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    where = f"{r['host']}/{r['deployment']}" if r.get("deployment") else str(r["host"])
+    if r.get("error"):  # the host could not be asked: why, in the notes
+        return (where, "unreachable", "-", "-", "-", "-", "-", "-", "-", str(r["error"]))
+    gpus = ",".join(map(str, r["gpus"])) if isinstance(r.get("gpus"), list) else str(r.get("gpus") or "-")
+    engine = " ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if x) or "-"
+    notes = [
+        f"container {r['container']}" if r.get("container") else "",
+        str(r["group"]) if r.get("group") else "",
+        "fixes: " + ",".join(r["applied_fixes"]) if r.get("applied_fixes") else "",
+    ]
+    return (
+        where,
+        str(r["status"]),
+        gpus,
+        str(r.get("playbook") or "-"),
+        engine,
+        str(r.get("engine_pid") or r.get("pid") or "-"),  # the engine's own process, as `fleet stop` names it
+        str(r.get("port") or "-"),
+        f"{r['uptime_s']}s" if r.get("uptime_s") is not None else "-",
+        str(r.get("attempts") or "-"),
+        "  ".join(n for n in notes if n),
+    )
+
+
+def status_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The table's lines; a starting deployment's phase and ETA follow its row, indented."""
+    cells = [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+
+    def line(values: tuple[str, ...]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+    out = [line(COLUMNS)]
+    for r, c in zip(rows, cells, strict=True):
+        out.append(line(c))
+        if r.get("startup") and not r.get("error"):
+            out.append(" " * (widths[0] + 2) + starting_text(r["startup"]))
+    return out

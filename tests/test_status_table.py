@@ -1,0 +1,70 @@
+"""How `fleet status` and `fleet stop` put what they found into lines (pure: rows in, text out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.cli.report import describe_stopped
+from fleet.cli.status_table import COLUMNS, status_lines
+
+READY = {
+    "host": "blackwell",
+    "deployment": "small",
+    "status": "ready",
+    "gpus": [6, 7],
+    "playbook": "qwen36-27b",
+    "engine": "sglang",
+    "engine_version": "0.5.11",
+    "pid": 39,
+    "engine_pid": 41,
+    "port": 30010,
+    "uptime_s": 12,
+    "attempts": 1,
+}
+
+
+def row(**changes: Any) -> dict[str, Any]:
+    return {**READY, **changes}
+
+
+def test_status_has_a_header_and_columns_as_wide_as_their_widest_cell() -> None:
+    lines = status_lines(
+        [row(), row(deployment="qwen35-nvfp4-handwritten", playbook="qwen35-nvfp4-handwritten", status="stopped")]
+    )
+    assert lines[0].split() == list(COLUMNS)
+    pid_at = lines[0].index("PID")
+    assert [line[pid_at:].split()[0] for line in lines[1:]] == ["41", "41"]  # a long name shifts no column
+
+
+def test_status_shows_the_engines_pid_and_the_launchers_only_without_it() -> None:
+    def pid_shown(r: dict[str, Any]) -> str:
+        header, line = status_lines([r])
+        return line[header.index("PID") :].split()[0]
+
+    assert pid_shown(row()) == "41"
+    assert pid_shown(row(engine_pid=None)) == "39"  # the engine not (yet) seen under its launcher
+    assert pid_shown(row(engine_pid=None, pid=None, status="stopped")) == "-"
+
+
+def test_an_unreachable_host_says_why_in_its_row_and_a_starting_one_its_phase_below() -> None:
+    starting = row(
+        status="starting",
+        startup={"phase": "weights", "title": "loading weights", "done": 2, "of": 6, "in_phase_s": 40,
+                 "elapsed_s": 55, "eta_s": 90, "starts": 2},
+    )  # fmt: skip
+    lines = status_lines([{"host": "ct129", "status": "unreachable", "error": "connection refused"}, starting])
+    assert lines[1].startswith("ct129 ") and "unreachable" in lines[1] and lines[1].endswith("connection refused")
+    assert lines[3].lstrip().startswith("start-up: loading weights 2/6") and len(lines) == 4
+
+
+def test_a_stopped_container_without_a_pid_is_named_by_its_container() -> None:
+    stopped = {
+        "pid": None,
+        "pgid": None,
+        "user": "-",
+        "cmdline": "container fleet-ct129-qwen36 (lmsysorg/sglang:v0.5.11)",
+        "why": "fleet's container of deployment qwen36",
+        "stop": "docker stop -t 15, removed",
+    }
+    [line] = describe_stopped([stopped])
+    assert "pid None" not in line and line.endswith("container fleet-ct129-qwen36 (lmsysorg/sglang:v0.5.11)")
