@@ -114,3 +114,17 @@ def test_a_gpu_fault_blocks_healing_only_the_deployment_placed_on_that_gpu() -> 
     fault = next(c for c in health.checks if c.name == "gpu7 ecc")
     assert fault.hardware and fault.gpu == 7
     assert evaluate("blackwell", {}, f, None).healable == ("big", "small")
+
+
+def test_health_names_the_deployments_meant_to_serve_not_the_stopped_ones() -> None:
+    """A stopped deployment's record stays on the host (its history); health says what should be serving."""
+    serving = {"status": "ready", "pid": 4242, "pgid": 4242, "plan": {"argv": ["python"]}, "gpus": [0, 1]}
+    f = facts(
+        "blackwell",
+        RTX_PRO_6000,
+        8,
+        deployments={"big": {"state": serving}, "old": {"state": {"status": "stopped", "gpus": [2, 3]}}},
+    )
+    assert evaluate("blackwell", {}, f, None).playbook == "big"
+    nothing = facts("blackwell", RTX_PRO_6000, 8, deployments={"old": {"state": {"status": "stopped"}}})
+    assert evaluate("blackwell", {}, nothing, None).playbook is None

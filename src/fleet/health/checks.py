@@ -194,7 +194,8 @@ def evaluate(
         tuple(checks),
         server_up=bool(alive_groups) and len(alive_groups) == len(_expected_up(facts)),
         up={name: name in alive_groups for name in facts.remote.deployments},
-        playbook=", ".join(sorted(facts.remote.deployments)) or None,
+        # the deployments meant to be serving: a stopped one is history (`fleet status` lists it), not health
+        playbook=", ".join(sorted(_expected_up(facts))) or None,
         gpus=tuple(
             {
                 "index": g.index,
