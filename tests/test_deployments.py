@@ -126,8 +126,10 @@ def test_overlap_is_refused_naming_the_other_unless_replaced(box: nshost.Namespa
     assert not simhost.record(box.dir, "state.json", "small").exists() and alive(box, big["pid"])
     with pytest.raises(PreflightError, match="overlap deployment big"):
         deploy(box, "whole", None, spec={"gpus": "all"})  # all GPUs: also over big's
-    replaced, _ = deploy(box, "small", (3, 4), replace=True)
+    replaced, seen = deploy(box, "small", (3, 4), replace=True)
     assert replaced.ok and not alive(box, big["pid"])
+    [stop] = [e for e in seen if isinstance(e, events.Stopped)]  # the operator is told what --replace stopped
+    assert {p["why"] for p in stop.stopped} == {"deployment big's server (--replace)"}
     assert record(box, "big")["status"] == "stopped" and "replaced by deployment small" in record(box, "big")["reason"]
     assert record(box, "small")["port"] == big["port"]  # big's endpoint is small's now, not moved off a step
 

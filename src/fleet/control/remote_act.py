@@ -604,7 +604,7 @@ def main() -> ActResult:
         ours, refused_containers = fleet_containers(
             named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
         )
-    free = dict(free, siblings=siblings, replaced=sorted(replaced))
+    free = dict(free, siblings=siblings, replaced=sorted(replaced), replaced_names=replaced)
     free["own_containers"] = [c["id"] for c in ours]
     targets, refused, out["left"] = classify(free, procs)
     refused = refused_containers + refused

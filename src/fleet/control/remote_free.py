@@ -217,6 +217,9 @@ def classify(
         elif verdict == "refuse":
             refused.append(dict(info, why=why))
         elif verdict == "stop":
+            replacing = (a.get("replaced_names") or {}).get(info["pgid"])
+            if info["pgid"] in replaced and replacing:  # say which deployment --replace stopped
+                why = "deployment %s's server (--replace)" % replacing
             targets[pid] = dict(info, why=why)
     if invisible and a.get("port"):
         refused.append(
