@@ -171,16 +171,17 @@ def plan(
     else:
         from fleet.render import render_plan
 
-        render_plan(result, host.name, pb.name)
-        say(f"deployment {name} on {host.name}: {placed.how}")
-        if checked is not None:
-            _say_check(f"the engine's own check on {host.name}", checked, "")
-        if preview is not None:
+        if preview is not None:  # what --engine asked for comes first; today's plan follows for reference
             say(f"upgrade preview: {preview['versions']} ({preview['installed']})")
             for line in preview["diff"] or ["(no difference in the command line, environment or verdicts)"]:
                 say(f"  {line}")
             if preview.get("engine_check") is not None:
                 _say_check("the engine's own check, in that version's environment", preview["engine_check"], "  ")
+            say("\ntoday's plan:")
+        render_plan(result, host.name, pb.name)
+        say(f"deployment {name} on {host.name}: {placed.how}")
+        if checked is not None:
+            _say_check(f"the engine's own check on {host.name}", checked, "")
     if result.errors or (checked is not None and checked["verdict"] == "rejected"):
         raise click.exceptions.Exit(4)
 
