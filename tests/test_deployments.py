@@ -318,3 +318,45 @@ def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(lock, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
     siblings, _, gpus = lock.sibling_groups(str(tmp_path), "small", [], every=[0, 1, 2, 3])
     assert siblings == {os.getpgid(0): "whole"} and gpus == {0, 1, 2, 3}
+
+
+def test_a_stopped_deployment_is_forgotten_and_a_running_one_is_not(box: nshost.NamespaceHost) -> None:
+    from fleet.control.forget import forget
+
+    assert deploy(box, "big", (0, 1, 2, 3))[0].ok and deploy(box, "small", (6, 7))[0].ok
+    ops.stop(box.transport(), box.host, force=False, name="big")
+    learned = simhost.record(box.dir, "learned.json")
+    learned_before = learned.read_bytes() if learned.exists() else None
+    with pytest.raises(PreflightError, match="deployment small is running"):
+        forget(box.transport(), box.host, "small")  # stop it first
+    forget(box.transport(), box.host, "big")
+    assert not simhost.record(box.dir, "state.json", "big").parent.exists()
+    assert [r["deployment"] for r in ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))] == ["small"]
+    assert record(box, "small")["status"] == "ready" and alive(box, record(box, "small")["pid"])
+    assert (learned.read_bytes() if learned.exists() else None) == learned_before  # the host's knowledge stays
+    with pytest.raises(ConfigError, match="no deployment named big"):
+        forget(box.transport(), box.host, "big")
+
+
+@pytest.mark.parametrize("planted", ["notes.txt", "link"])
+def test_a_deployment_directory_holding_what_fleet_did_not_write_is_not_forgotten(
+    box: nshost.NamespaceHost, tmp_path: Path, planted: str
+) -> None:
+    """A file of somebody's, or a link where a record should be (to a file elsewhere): nothing is removed,
+    nothing is followed."""
+    from fleet.control.forget import forget
+
+    assert deploy(box, "big", (0, 1))[0].ok
+    ops.stop(box.transport(), box.host, force=False, name="big")
+    directory = simhost.record(box.dir, "state.json", "big").parent
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    if planted == "link":
+        (directory / "health.json").unlink(missing_ok=True)
+        (directory / "health.json").symlink_to(target)
+    else:
+        (directory / planted).write_text("mine")
+    with pytest.raises(PreflightError, match="holds files fleet did not write"):
+        forget(box.transport(), box.host, "big")
+    assert (directory / "state.json").exists() and target.read_text() == "{}"
+    assert not (directory / "lock.json").exists()  # the refusal released the lock

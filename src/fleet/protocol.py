@@ -93,6 +93,14 @@ class Launched(TypedDict):
     container: Optional[Dict[str, Any]]  # {cli, name, id} of a server in a container; None for a process
 
 
+class ForgetResult(TypedDict, total=False):
+    """`fleet forget`: the deployment's records removed, or why not (nothing removed then)."""
+
+    forgotten: bool
+    running: int  # its server's process group still runs
+    left: List[str]  # files in its directory fleet did not write
+
+
 class ActResult(TypedDict, total=False):
     """The act step's answer: lock, engine check, what it stopped, refused and left, what it launched."""
 
@@ -114,6 +122,7 @@ class ActResult(TypedDict, total=False):
     rollback_unrecorded: bool
     client_gone: bool  # fleet went away mid-step (never read by fleet: recorded for the host's own logs)
     stopped_since: bool  # a heal found the deployment stopped by an operator under the lock: nothing done
+    forget: ForgetResult
     error: str
     traceback: str
 

@@ -49,6 +49,7 @@ except NameError:  # imported as a module (fleet's own tests)
         wait_memory_released,
     )
     from fleet.control.remote_lock import (
+        forget,
         record_replaced,
         sibling_groups,
         take_lock,
@@ -545,6 +546,9 @@ def main() -> ActResult:
     ):  # stopped by an operator after the health check saw it down: a heal must not undo that
         release_lock(state_dir, a["lock"]["run_id"])
         out["stopped_since"] = True
+        return out
+    if a.get("forget"):  # fleet forget: the records of a deployment that no longer runs, nothing else
+        out["forget"] = forget(state_dir, a["lock"]["run_id"])
         return out
     if a.get("release_lock_only"):
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so

@@ -11,6 +11,8 @@ Host code: standard library only, Python 3.8.
 
 import fcntl
 import os
+import re
+import stat
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -31,8 +33,8 @@ except NameError:  # imported as a module (fleet's own tests)
         release_lock,
         write_record,
     )
-    from fleet.host_procs import alive
-    from fleet.protocol import LockResult
+    from fleet.host_procs import alive, live_process_groups
+    from fleet.protocol import ForgetResult, LockResult
 
 
 def take_lock(a: Dict[str, Any]) -> LockResult:
@@ -187,3 +189,34 @@ def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
         if not alive(holder):
             return
         time.sleep(0.1)
+
+
+# What fleet writes in a deployment's directory: its JSON records, and those set aside as corrupt.
+FLEET_RECORD_RE = re.compile(r"^[a-z]+\.json(\.corrupt-[0-9]+)?\Z")
+
+
+def forget(directory: str, run_id: str) -> ForgetResult:
+    """`fleet forget`: a deployment's records, once nothing of it runs, under its lock (this run's). A
+    server still running refuses; so does a directory holding anything fleet did not write there (it is
+    somebody's: nothing is removed). Files are removed by name, never through a link."""
+    st = read_record(os.path.join(directory, STATE_FILE)) or {}
+    pgid = st.get("pgid")
+    # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not)
+    if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) and pgid in live_process_groups():
+        release_lock(directory, run_id)
+        return {"forgotten": False, "running": pgid}
+    names = sorted(os.listdir(directory))
+    foreign = [
+        n
+        for n in names
+        if not FLEET_RECORD_RE.match(n) or not stat.S_ISREG(os.lstat(os.path.join(directory, n)).st_mode)
+    ]
+    if foreign:
+        release_lock(directory, run_id)
+        return {"forgotten": False, "left": foreign}
+    for n in names:  # the lock last: until the directory goes, this run holds it
+        if n != LOCK_FILE:
+            os.unlink(os.path.join(directory, n))
+    os.unlink(os.path.join(directory, LOCK_FILE))
+    os.rmdir(directory)
+    return {"forgotten": True}

@@ -1,0 +1,56 @@
+"""`fleet forget HOST/NAME`: a deployment's records taken off its host, once nothing of it runs.
+
+A stopped deployment stays in `fleet status` (its record is its history: plan, fixes, outcome) until it is
+forgotten. Forgetting takes the deployment's lock like any change; its server still running refuses
+(stop it first), and so does its directory holding anything fleet did not write there. The host's
+start-up timelines (per model, engine version and GPUs) and the logs are kept."""
+
+from __future__ import annotations
+
+from fleet.control.answers import act_answer, locked, unwritable_state_dir
+from fleet.control.deploy import Deployer
+from fleet.control.gather import read_facts
+from fleet.errors import ConfigError, PreflightError
+from fleet.hostscripts import run_json
+from fleet.inventory import Host
+from fleet.transport import Transport
+
+
+def forget(t: Transport, host: Host, name: str) -> None:
+    facts = read_facts(t, host)
+    if name not in facts.remote.deployments:
+        known = ", ".join(sorted(facts.remote.deployments)) or "none"
+        raise ConfigError(
+            f"{host.name}: no deployment named {name} (deployments there: {known}); nothing was forgotten.",
+            f"`fleet status --host {host.name}` lists them.",
+        )
+    state = facts.remote.deployments[name].state
+    deployer = Deployer(
+        t,
+        host,
+        playbook_name=str(state.get("playbook", "-")),
+        smoke={},
+        kill_policy=host.settings.kill_policy,
+        secrets={},
+        deployment=name,
+    )
+    python = next(iter(host.settings.engines.values()), "python3")
+    out = act_answer(run_json(t, python, "act", {"lock": deployer._lock_args("forget"), "forget": True}))
+    if out["lock"]["status"] == "unwritable":
+        raise unwritable_state_dir(host.name, out["lock"])
+    if out["lock"]["status"] == "held":
+        raise locked(f"{host.name} (deployment {name})", out["lock"])
+    said = out.get("forget") or {}
+    if said.get("running"):
+        raise PreflightError(
+            f"{host.name}: deployment {name} is running (process group {said['running']}); nothing was forgotten.",
+            f"Stop it first: fleet stop --host {host.name}/{name}.",
+        )
+    if said.get("left"):
+        raise PreflightError(
+            f"{host.name}: deployment {name}'s directory holds files fleet did not write there "
+            f"({', '.join(said['left'][:5])}); nothing was forgotten.",
+            "Move them out of the state directory, then forget it again.",
+        )
+    if not said.get("forgotten"):
+        raise PreflightError(f"{host.name}: the host did not say it forgot deployment {name}.", "Run it again.")
