@@ -591,6 +591,10 @@ def test_stop_frees_the_port_and_leaves_no_process(fleet_env: simhost.Sandbox) -
     assert state(fleet_env, "ct129")["status"] == "stopped"
     status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
     assert status["status"] == "stopped" and status["pid"] is None
+    # over sshd, as an operator types it: a stopped deployment is forgotten, and status no longer lists it
+    forgot = run_cli("forget", "ct129/qwen36-27b")
+    assert forgot.code == 0 and "forgot deployment qwen36-27b" in forgot.out, forgot.err
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "none"
 
 
 def _server_log(sb: simhost.Sandbox, name: str) -> str:
