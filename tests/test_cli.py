@@ -227,3 +227,36 @@ def test_help_starts_fast_without_importing_ssh_libraries() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip().endswith("LEAN")
+
+
+def _complete(words: str, env: dict[str, str]) -> list[str]:
+    """What bash completion offers for the last word of `words` (click's protocol: type,value lines)."""
+    n = len(words.split())
+    cword = n if words.endswith(" ") else n - 1
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "fleet")],
+        env={**os.environ, **env, "_FLEET_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(cword)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    return [line.split(",", 1)[1] for line in out.stdout.splitlines() if line]
+
+
+def test_the_shell_completes_hosts_groups_playbooks_services_and_a_deployments_host(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        "hosts:\n  gpu-a: {address: 10.0.0.1}\n  gpu-b: {address: 10.0.0.2}\ngroups:\n  lab: {hosts: [gpu-a]}\n"
+    )
+    (tmp_path / "services").mkdir()
+    (tmp_path / "services" / "chat.yaml").write_text("")
+    env = {"FLEET_INVENTORY": str(inventory), "FLEET_PLAYBOOKS": str(ROOT / "playbooks"),
+           "FLEET_SERVICES": str(tmp_path / "services")}  # fmt: skip
+    assert _complete("fleet status --host ", env) == ["gpu-a", "gpu-b", "lab"]
+    assert _complete("fleet deploy qwen36-27b --host gpu-", env) == ["gpu-a", "gpu-b"]
+    assert _complete("fleet deploy qwen3", env) == ["qwen35-nvfp4", "qwen35-nvfp4-handwritten", "qwen35-two-nodes",
+                                                    "qwen36-27b"]  # fmt: skip
+    assert _complete("fleet forget gpu-b", env) == ["gpu-b/"]  # the deployment's name is the host's to say
+    assert _complete("fleet up ", env) == ["chat"]
+    assert _complete("fleet -i /nonexistent/hosts.yaml status --host ", env) == []  # nothing, and no traceback

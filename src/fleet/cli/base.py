@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet import __version__
+from fleet.cli.complete import host_option
 from fleet.errors import ConfigError, FleetError
 from fleet.paths import cache_dir
 from fleet.terminal import safe_text
@@ -323,7 +324,7 @@ def multi_host_options(fn: Any) -> Any:
     fn = click.option(
         "--name", "deployment", help="One deployment (default: every deployment on the host). Also --host HOST/NAME."
     )(fn)
-    return click.option("--host", "-H", "host_name", help="Inventory host or group (or HOST/DEPLOYMENT).")(fn)
+    return host_option(help="Inventory host or group (or HOST/DEPLOYMENT).")(fn)
 
 
 def split_deployment(host_name: str | None, deployment: str | None) -> tuple[str | None, str | None]:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from fleet.cli.base import Invocation, cli, each_host, emit_json, exit_for_failures, say
+from fleet.cli.complete import host_option
 from fleet.errors import ConfigError
 
 
@@ -50,7 +51,7 @@ def _rows(ctx: Invocation, table: Any) -> list[dict[str, Any]]:
 
 
 @fixes.command("list")
-@click.option("--host", "-H", "host_name", help="Inventory host or group.")
+@host_option(help="Inventory host or group.")
 @click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per fix.")
 @click.pass_obj
@@ -82,7 +83,7 @@ def fixes_list(ctx: Invocation, host_name: str | None, all_hosts: bool, as_json:
 
 @fixes.command("forget")
 @click.argument("signature", required=False)
-@click.option("--host", "-H", "host_name", help="Inventory host or group.")
+@host_option(help="Inventory host or group.")
 @click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
 @click.option("--model", help="Only the fixes learned for this model path (as `fleet fixes list` shows it).")
 @click.option("--every", is_flag=True, help="Every learned fix (no SIGNATURE given).")

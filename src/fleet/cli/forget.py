@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, say, split_deployment, transport_for
 
 
 @cli.command()
-@click.argument("target", metavar="HOST/NAME")
+@click.argument("target", metavar="HOST/NAME", shell_complete=complete.deployment_hosts)
 @click.pass_obj
 def forget(ctx: Invocation, target: str) -> None:
     """Forget a deployment that no longer runs: its record leaves the host, and `fleet status` with it.

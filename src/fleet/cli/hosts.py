@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fleet.cli import complete
 from fleet.cli.base import (
     Invocation,
     cli,
@@ -18,6 +19,7 @@ from fleet.cli.base import (
     split_deployment,
     transport_for,
 )
+from fleet.cli.complete import host_option
 from fleet.cli.report import (
     describe_change,
     describe_left,
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host name.")
+@host_option(required=True, help="Inventory host name.")
 @click.option("--model", help="Also read this model directory (path on the host, or relative to models_dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw facts as JSON.")
 @click.pass_obj
@@ -66,8 +68,8 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
 
 
 @cli.command()
-@click.argument("playbook")
-@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
+@click.argument("playbook", shell_complete=complete.playbooks)
+@host_option(help="Inventory host (default: the playbook's default_host).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--name", "deployment", help="The deployment's name on the host (default: the playbook's).")
 @click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
@@ -274,8 +276,8 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: dict[str, 
 
 
 @cli.command()
-@click.argument("playbook")
-@click.option("--host", "-H", "host_name", help="Inventory host (default: the playbook's default_host).")
+@click.argument("playbook", shell_complete=complete.playbooks)
+@host_option(help="Inventory host (default: the playbook's default_host).")
 @click.option(
     "--force",
     is_flag=True,
@@ -366,7 +368,7 @@ def deploy(
 
 
 @cli.command()
-@click.argument("service", required=False)
+@click.argument("service", required=False, shell_complete=complete.services)
 @multi_host_options
 @click.option(
     "--rollback", is_flag=True, help="With SERVICE: redeploy each replica not serving from its last good plan."
@@ -435,7 +437,7 @@ def restart(
 
 
 @cli.command()
-@click.argument("playbook", required=False)
+@click.argument("playbook", required=False, shell_complete=complete.playbooks)
 @multi_host_options
 @click.pass_obj
 def stop(
@@ -484,7 +486,7 @@ def stop(
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all).")
+@host_option(help="Inventory host or group (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per deployment per line.")
 @click.pass_obj
 def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:

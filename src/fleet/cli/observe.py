@@ -21,6 +21,7 @@ from fleet.cli.base import (
     transport_for,
     writable_file,
 )
+from fleet.cli.complete import host_option
 from fleet.errors import ConfigError, FleetError
 from fleet.paths import pool_socket
 from fleet.terminal import safe_line, safe_text
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host (or HOST/DEPLOYMENT).")
+@host_option(required=True, help="Inventory host (or HOST/DEPLOYMENT).")
 @click.option("--name", "deployment", help="The deployment whose log to show (default: the newest log there).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
 @click.option(
@@ -101,7 +102,7 @@ def _log_end(stream: Any) -> str:
 
 @cli.command()
 @click.argument("source", required=False)
-@click.option("--host", "-H", "host_name", help="Diagnose the host's current server log instead of a file.")
+@host_option(help="Diagnose the host's current server log instead of a file.")
 @click.option("--name", "deployment", help="With --host: that deployment's log (default: the newest there).")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), help="Engine the log comes from (narrows signatures).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -169,7 +170,7 @@ def diagnose(
 
 
 @cli.command()
-@click.option("--host", "-H", "host_name", help="Inventory host or group (default: all hosts), or HOST/DEPLOYMENT.")
+@host_option(help="Inventory host or group (default: all hosts), or HOST/DEPLOYMENT.")
 @click.option("--name", "deployment", help="Only this deployment's checks (and its host's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host per line.")
 @click.option(

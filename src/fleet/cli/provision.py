@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from fleet import events
+from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
+from fleet.cli.complete import host_option
 from fleet.cli.report import PullShown, size
 from fleet.errors import ConfigError, FleetError, HostStepError
 from fleet.terminal import safe_line
@@ -21,12 +23,13 @@ if TYPE_CHECKING:
 
 
 @cli.command()
-@click.argument("playbook")
+@click.argument("playbook", shell_complete=complete.playbooks)
 @click.option(
     "--host",
     "-H",
     "host_names",
     multiple=True,
+    shell_complete=complete.hosts,
     help="Inventory host or group; repeat for more (default: the playbook's).",
 )
 @click.option(
@@ -215,7 +218,7 @@ def engine() -> None:
 
 @engine.command("install")
 @click.argument("spec")
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@host_option(required=True, help="Inventory host.")
 @click.option("--python", help="The host's Python to make the environment with (default: python3).")
 @click.option("--pip-arg", "pip_args", multiple=True, help="One more argument for pip or uv (an index URL, say).")
 @click.pass_obj
@@ -241,7 +244,7 @@ def engine_install(ctx: Invocation, spec: str, host_name: str, python: str | Non
 
 @engine.command("use")
 @click.argument("spec")
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@host_option(required=True, help="Inventory host.")
 @click.pass_obj
 def engine_use(ctx: Invocation, spec: str, host_name: str) -> None:
     """Make SPEC's environment the current one (engines: {ENGINE: fleet}); running servers keep theirs
@@ -262,7 +265,7 @@ def engine_use(ctx: Invocation, spec: str, host_name: str) -> None:
 
 @engine.command("pull")
 @click.argument("image")
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@host_option(required=True, help="Inventory host.")
 @click.option(
     "--container",
     "cli_name",
@@ -312,7 +315,7 @@ def engine_pull(ctx: Invocation, image: str, host_name: str, cli_name: str | Non
 
 
 @engine.command("list")
-@click.option("--host", "-H", "host_name", required=True, help="Inventory host.")
+@host_option(required=True, help="Inventory host.")
 @click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
 @click.pass_obj
 def engine_list(ctx: Invocation, host_name: str, as_json: bool) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
 from fleet.cli.report import print_result, progress_for, result_json
 
@@ -66,7 +67,7 @@ def print_service(result: ServiceResult, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("service")
+@click.argument("service", shell_complete=complete.services)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON; progress as JSON lines on stderr.")
 @click.pass_obj
 def up(ctx: Invocation, service: str, as_json: bool) -> None:
@@ -85,7 +86,7 @@ def up(ctx: Invocation, service: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("service")
+@click.argument("service", shell_complete=complete.services)
 @click.pass_obj
 def down(ctx: Invocation, service: str) -> None:
     """Take a service down: every worker out of its router, every replica stopped, the router stopped.

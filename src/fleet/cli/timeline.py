@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, emit_json, say, split_deployment, transport_for
 from fleet.errors import ConfigError
 from fleet.startup import PHASES, key_parts, typical_startup, well_formed
@@ -15,7 +16,7 @@ from fleet.terminal import safe_line
 
 
 @cli.command()
-@click.argument("target", metavar="HOST/NAME")
+@click.argument("target", metavar="HOST/NAME", shell_complete=complete.deployment_hosts)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per start.")
 @click.pass_obj
 def timeline(ctx: Invocation, target: str, as_json: bool) -> None:
