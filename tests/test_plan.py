@@ -397,3 +397,53 @@ def test_an_upgrade_preview_names_the_engine_defaults_that_change_between_the_tw
     assert default_changes("vllm", (0, 5, 11), (0, 5, 23)) == []
     for d in DEFAULTS:  # every entry a real range with a source
         assert d.first <= d.last and d.source.startswith("engines.md")
+
+
+MINIMAX_M2 = {  # the shape of MiniMaxAI/MiniMax-M2's config.json; it declares MTP modules under its own key
+    "architectures": ["MiniMaxM2ForCausalLM"],
+    "model_type": "minimax_m2",
+    "hidden_size": 3072,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 48,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_local_experts": 256,
+    "num_experts_per_tok": 8,
+    "vocab_size": 200064,
+    "max_position_embeddings": 196608,
+    "torch_dtype": "bfloat16",
+    "num_mtp_modules": 3,
+}
+
+
+@pytest.mark.parametrize("mtp_keys", [{}, {"num_nextn_predict_layers": 1}])
+@pytest.mark.parametrize("version", [(0, 5, 11), (0, 5, 23)])
+def test_speculative_decoding_is_skipped_for_the_true_reason_sglang_has_no_draft_for_it(
+    mtp_keys: dict[str, int], version: tuple[int, int, int]
+) -> None:
+    """SGLang drafts NEXTN only for the architectures its ModelConfig maps to a draft class (fleet.plan.drafts).
+    MiniMax-M2 has none in either version: skipped, and said so, even where its config names MTP layers in a
+    key fleet reads (before, fleet planned NEXTN on such a model and the engine would load the whole model as
+    its draft)."""
+    from fleet.model import parse_model_spec
+    from fleet.plan import GpuSummary, Wishes, plan_launch
+
+    model = parse_model_spec("/m", {**MINIMAX_M2, **mtp_keys}, None, 230 << 30)
+    gpus = GpuSummary("NVIDIA H100", 8, 90, 81559, True)
+    wishes = Wishes(engine="sglang", served_name="m", port=30000, speculative=True)
+    p = plan_launch(model=model, gpus=gpus, engine_version=version, python="python3", wishes=wishes)
+    assert "--speculative-algorithm" not in p.engine_args()
+    [said] = [v.message for v in p.verdicts if v.rule == "speculative-mtp"]
+    assert said.startswith(f"SGLang {'.'.join(map(str, version))} has no NEXTN draft model for MiniMaxM2ForCausalLM")
+
+
+def test_speculative_decoding_runs_where_the_version_has_the_draft_and_the_model_its_heads() -> None:
+    """Qwen3-Next's MTP head: SGLang maps Qwen3NextForCausalLM to Qwen3NextForCausalLMMTP in both versions;
+    Qwen3-30B-A3B (Qwen3MoeForCausalLM) gets a draft class only in 0.5.23, and has no heads anyway."""
+    from fleet.plan.drafts import sglang_draft
+
+    assert sglang_draft("Qwen3NextForCausalLM", (0, 5, 11)) == sglang_draft("Qwen3NextForCausalLM", (0, 5, 23))
+    assert sglang_draft("Qwen3MoeForCausalLM", (0, 5, 11)) is None
+    assert sglang_draft("Qwen3MoeForCausalLM", (0, 5, 23)) == "Qwen3MoeForCausalLMMTP"
+    r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS)  # Qwen3_5ForConditionalGeneration, one MTP head
+    assert r.plan is not None and "--speculative-algorithm" in r.plan.engine_args()

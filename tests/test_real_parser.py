@@ -343,3 +343,33 @@ def test_the_simulators_start_up_lines_are_the_real_versions_own(version: str) -
     if version == "0.5.23":  # what 0.5.11 printed is gone there: the simulator must not print it for 0.5.23
         everything = "".join(p.read_text() for p in (root / "srt").rglob("*.py"))
         assert "Init torch distributed begin" not in everything and 'f"KV Cache is allocated.' not in everything
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.23"])
+def test_fleets_table_of_draft_models_is_the_real_sglangs(version: str) -> None:
+    """fleet.plan.drafts against SGLang's own ModelConfig._config_draft_model, run on every architecture it
+    names: the same draft class for each, and none for the rest (MiniMax-M2's among them)."""
+    import subprocess
+
+    from fleet.plan.drafts import sglang_draft
+    from fleet.plan.types import Version
+
+    sglang_oracle.require_oracle()
+    oracle = sglang_oracle.ORACLE
+    p = subprocess.run(
+        [str(oracle / ".venv" / "bin" / "python"), str(ROOT / "tests" / "sglang_drafts.py"), str(oracle), version],
+        capture_output=True, text=True, timeout=300, cwd=oracle,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    real = json.loads(p.stdout.strip().splitlines()[-1])["drafts"]
+    v: Version = tuple(int(x) for x in version.split("."))  # type: ignore[assignment]
+    for target, drafted in real.items():
+        if drafted.startswith("error"):  # a branch the stand-in cannot run: fleet's row comes from the source
+            assert sglang_draft(target, v) is not None, target
+        else:
+            assert sglang_draft(target, v) == drafted, target
+    assert sglang_draft("MiniMaxM2ForCausalLM", v) is None and "MiniMaxM2ForCausalLM" not in real
+    from fleet.plan.drafts import SGLANG_DRAFTS
+
+    [table] = [rows for (lo, hi), rows in SGLANG_DRAFTS if lo <= v <= hi]
+    assert set(table) == set(real)  # nothing in fleet's table that SGLang does not map

@@ -142,7 +142,16 @@ def plan_launch(
             )
         if wishes.parsers is not None:
             verdicts.append(_parsers_verdict(i))
-        if wishes.speculative and model.mtp_layers == 0:
+        if wishes.speculative and not i.has_draft:  # the true reason first: no draft class, whatever the heads
+            verdicts.append(
+                Verdict(
+                    "warning",
+                    "speculative-mtp",
+                    f"SGLang {show_version(i.version)} has no NEXTN draft model for {model.architecture} (its "
+                    "ModelConfig maps none): speculative decoding skipped",
+                )
+            )
+        elif wishes.speculative and model.mtp_layers == 0:
             verdicts.append(
                 Verdict(
                     "warning", "speculative-mtp", f"{model.architecture} has no MTP heads: speculative decoding skipped"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fleet.model import ModelSpec
+from fleet.plan.drafts import sglang_draft
 from fleet.plan.parsers import ParserChoice, parsers_for
 from fleet.plan.picks import ATTENTION, FP4_GEMM, MAMBA, MOE_RUNNER, engine_pick, failing
 from fleet.plan.types import Flag, GpuSummary, Verdict, Version, Wishes, show_version
@@ -60,7 +61,13 @@ class PlanInput:
 
     @property
     def spec_wanted(self) -> bool:
-        return self.wishes.speculative and self.model.mtp_layers > 0
+        """Speculative decoding asked for, on MTP heads the model has and the engine has a draft class for."""
+        return self.wishes.speculative and self.model.mtp_layers > 0 and self.has_draft
+
+    @property
+    def has_draft(self) -> bool:
+        """Whether the engine drafts for this architecture (SGLang's own table per version; vLLM: the heads)."""
+        return self.wishes.engine != "sglang" or sglang_draft(self.model.architecture, self.version) is not None
 
     def v_in(self, lo: Version, hi: Version) -> bool:
         """lo <= version <= hi (an unknown version matches nothing)."""
