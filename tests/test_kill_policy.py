@@ -1,5 +1,5 @@
 """The kill policy as a table: what fleet does with each kind of process it finds on the GPUs or the port.
-The same function the host scripts run (host_common.kill_verdict); README's kill-policy table states it."""
+The same function the host scripts run (host_common.kill_verdict); docs/reference.md's kill-policy table states it."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def kill_verdict(
     force: bool,
 ) -> Tuple[str, str]:
     """What fleet does with one process that holds the GPUs, holds the port (`port` set) or is an engine:
-    ("stop" | "refuse" | "leave" | "skip", why). The whole kill policy; README's table states it.
+    ("stop" | "refuse" | "leave" | "skip", why). The whole kill policy; docs/reference.md's table states it.
 
     `own` is (this process's pid, its process group): fleet's own command. `recorded_pgid` is the group
     fleet launched, already checked for exact identity (boot id, leader start ticks)."""
