@@ -17,7 +17,7 @@ system-deps:
 
 ## demo: bring up the local simulated fleet and deploy qwen35-nvfp4 to the simulated blackwell box
 demo: $(VENV)/.installed system-deps
-	$(BIN)/python -m fleet_testbed.demo
+	$(BIN)/python -m fleet_testbed.demo $(DEMO_ARGS)
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
 ## (in two runs: the tests that need no sshd, podman or shared ports in 4 workers -- most of their time is

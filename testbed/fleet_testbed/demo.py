@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from fleet_testbed import simhost
@@ -37,16 +38,28 @@ def fleet(*args: str, env: dict[str, str], check: bool = True) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m fleet_testbed.demo")
     ap.add_argument("--keep", action="store_true", help="leave the simulated fleet running")
+    # Beside another sandbox (or a second demo): its own directory, sshd port and loopback addresses, so
+    # neither its sshd nor its engines' ports meet the other's.
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="its directory [env FLEET_SANDBOX]")
+    ap.add_argument("--port", type=int, default=2222, help="the simulated hosts' sshd port")
+    ap.add_argument("--net", type=int, default=0, choices=range(0, 256), metavar="N",
+                    help="hosts on 127.0.N.2 and 127.0.N.3 (default 0)")  # fmt: skip
     a = ap.parse_args()
     os.environ.setdefault("SIM_SPEED", "1.0")
-    print("Bringing up the simulated fleet (real sshd on 127.0.0.2 and 127.0.0.3, port 2222) ...", flush=True)
-    sb = simhost.up(DEFAULT_ROOT, [simhost.BLACKWELL, simhost.CT129], 2222)
+    specs = [
+        replace(s, address=f"127.0.{a.net}.{s.address.rsplit('.', 1)[1]}") for s in (simhost.BLACKWELL, simhost.CT129)
+    ]
+    print(
+        f"Bringing up the simulated fleet (real sshd on {specs[0].address} and {specs[1].address}, port {a.port}) ...",
+        flush=True,
+    )
+    sb = simhost.up(a.root, specs, a.port)
     env = {
         **os.environ,
         **sb.env(),
-        "FLEET_INVENTORY": str(REPO / "inventory" / "sandbox.yaml"),
+        "FLEET_INVENTORY": str(sb.inventory),  # inventory/sandbox.yaml's content, for this root and port
         "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
-        "XDG_CACHE_HOME": str(DEFAULT_ROOT / "cache"),  # the demo's own pool, never a pool of yours
+        "XDG_CACHE_HOME": str(a.root / "cache"),  # the demo's own pool, never a pool of yours
     }
     try:
         for spec in sb.specs:
@@ -90,15 +103,15 @@ def main() -> int:
         if not a.keep:
             stop_pool = [str(Path(sys.executable).parent / "fleet"), "pool", "stop"]
             subprocess.run(stop_pool, env=env, capture_output=True, check=False)
-            simhost.down(DEFAULT_ROOT)
+            simhost.down(a.root)
             print("\nsimulated fleet down")
         else:
             print("\nThe simulated fleet is still up. Try, for example:")
             for k, v in sb.env().items():
                 print(f"  export {k}={v}")
-            print(f"  export FLEET_INVENTORY={REPO}/inventory/sandbox.yaml PYTHONPATH={REPO}/testbed")
+            print(f"  export FLEET_INVENTORY={sb.inventory} PYTHONPATH={REPO}/testbed")
             print("  .venv/bin/fleet status")
-            print("and `make sandbox-down` when done.")
+            print(f"and `PYTHONPATH=testbed .venv/bin/python -m fleet_testbed down --root {a.root}` when done.")
     return 0
 
 
