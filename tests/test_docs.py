@@ -43,7 +43,10 @@ def _resolve(words: list[str]) -> tuple[click.Command, list[str]]:
     return command, rest
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "CHANGELOG.md"], ids=lambda p: p.name)
+HISTORY = ("CHANGELOG.md", "history.md")  # what was true when written: commands since renamed may appear
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in HISTORY], ids=lambda p: p.name)
 def test_every_command_a_doc_names_exists_with_the_options_it_gives(doc: Path) -> None:
     """Run with the real command tree: a renamed command or option fails here, not in a reader's shell."""
     for words in _commands_in(doc.read_text()):
