@@ -252,3 +252,23 @@ def test_fleet_plan_showing_an_overlap_does_not_say_the_other_deployments_port_i
     assert any(v.rule == "placement" and "overlap deployment big" in v.message for v in shown.result.verdicts)
     replaced = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
     assert replaced.result.plan is not None and replaced.result.plan.port == 30000
+
+
+def test_fleet_plan_says_why_fit_chose_a_count_once_and_a_deploy_in_its_one_error() -> None:
+    """A refused fit: `fleet plan` lists the fit's reason as its own verdict, so the placement's error and
+    the placement line do not repeat it (they did: three times); a deploy, whose error is all it says,
+    gives the reason in that error."""
+    from test_plan import host
+
+    servers, on_gpus = engine_on({500 + i: i for i in range(6)}, 1000, 500)  # 6 of 8 GPUs held: fit wants 4
+    whole = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30000, "gpus": list(range(6))}}}
+    f = blackwell(servers=servers, gpu_processes=on_gpus, deployments=whole)
+    pb = playbook("qwen35-nvfp4", gpus=None)
+    shown = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
+    fit = next(v.message for v in shown.result.verdicts if v.rule == "gpus-fit")
+    texts = [v.message for v in shown.result.verdicts] + [shown.how]
+    assert fit.startswith("gpus: left out, so fit: 4 GPUs") and sum(fit in t for t in texts) == 1
+    assert any(v.rule == "placement" and v.level == "error" for v in shown.result.verdicts)
+    with pytest.raises(PreflightError) as refused:
+        ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
+    assert refused.value.message.startswith(fit)

@@ -207,12 +207,12 @@ def place_and_plan(
     try:
         placement = place(deployment, asked, facts, replace=replace, where=where, take_stale=fitted is not None)
     except PreflightError as exc:
-        if fitted is not None:  # the count was fit's, not the operator's: say why it was that many
-            exc = PreflightError(f"{fitted.message}. {exc.message}", exc.hint)
         if not show_refusal:
-            raise exc from None
+            if fitted is not None:  # the count was fit's, not the operator's: say why it was that many
+                raise PreflightError(f"{fitted.message}. {exc.message}", exc.hint) from None
+            raise
         placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
-        refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")
+        refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")  # the fit's own verdict says why
     indices = placement.gpus if asked is not None else None
     stopping = stopped_with(facts, deployment, indices)
     replacing = [o.name for o in placement.replaces] if replace else []  # `fleet plan`'s refusal: not stopped
@@ -222,7 +222,8 @@ def place_and_plan(
         result = replace_field(result, verdicts=(refused, *result.verdicts))
     if fitted is not None:
         result = replace_field(result, verdicts=(fitted, *result.verdicts))
-    how = "; ".join(x for x in (fitted.message if fitted else "", placement.how, moved) if x)
+    # `fleet plan` (show_refusal) lists the fit's verdict with the others: its line does not say it again
+    how = "; ".join(x for x in (fitted.message if fitted and not show_refusal else "", placement.how, moved) if x)
     return Placed(placement, indices, result, how)
 
 
