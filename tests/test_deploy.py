@@ -86,7 +86,9 @@ def test_engine_check_rejects_before_anything_is_stopped(fleet_env: simhost.Sand
     assert r.code == 0, r.err
     assert r.err.count("re-checking (nothing was stopped)") == 2
     assert r.err.count("engine's own argument check: rejected") == 2
-    assert r.err.index("engine's own argument check: accepted") < r.err.index("stopped fleet's server")
+    assert r.err.index("engine's own argument check: accepted") < r.err.index(
+        "stopped deployment qwen35-nvfp4's server (--replace)"
+    )
     assert state(fleet_env, "blackwell")["pid"] != running
     replaced = json.loads(simhost.record(fleet_env.host_dir("blackwell"), "state.json", "qwen35-nvfp4").read_text())
     assert replaced["status"] == "stopped" and replaced["reason"] == "replaced by deployment qwen35-nvfp4-handwritten"
