@@ -447,3 +447,26 @@ def test_speculative_decoding_runs_where_the_version_has_the_draft_and_the_model
     assert sglang_draft("Qwen3MoeForCausalLM", (0, 5, 23)) == "Qwen3MoeForCausalLMMTP"
     r = plan(playbook("qwen36-27b"), "ct129", CT129_GPUS)  # Qwen3_5ForConditionalGeneration, one MTP head
     assert r.plan is not None and "--speculative-algorithm" in r.plan.engine_args()
+
+
+def test_a_gguf_checkpoint_is_refused_for_what_it_is_not_for_a_missing_config(tmp_path: Path) -> None:
+    """A directory of .gguf files (or one .gguf file, which SGLang also takes) has no config.json: it is a
+    GGUF checkpoint, which fleet does not plan yet, and pre-flight says so rather than "config.json is
+    missing"."""
+    from fleet.facts import probe
+    from fleet.facts.parse import ModelFiles
+
+    d = tmp_path / "Qwen3-8B-GGUF"
+    d.mkdir()
+    (d / "Qwen3-8B-Q4_K_M.gguf").write_bytes(b"GGUF" + bytes(60))
+    seen, single = probe._model(str(d)), probe._model(str(d / "Qwen3-8B-Q4_K_M.gguf"))
+    assert seen["gguf"] == single["gguf"] == ["Qwen3-8B-Q4_K_M.gguf"] and single["exists"]
+    for where in (d, d / "Qwen3-8B-Q4_K_M.gguf"):
+        f = replace(
+            facts("ct129", RTX_A6000, 2),
+            model=ModelFiles(str(where), True, None, None, None, None, gguf=("Qwen3-8B-Q4_K_M.gguf",)),
+        )
+        result = build_plan(host("ct129"), playbook("qwen36-27b", model=str(where)), f, str(where))
+        [refusal] = [v for v in result.errors if v.rule.startswith("model")]
+        assert refusal.rule == "model-gguf" and "GGUF checkpoint (Qwen3-8B-Q4_K_M.gguf)" in refusal.message
+        assert "config.json is missing" not in refusal.message and result.plan is None

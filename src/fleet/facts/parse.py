@@ -92,6 +92,7 @@ class ModelFiles:
     mtp_weight_layers: int = 0  # MTP layers the safetensors index names (mtp.layers.N.*)
     listing: str | None = None  # file count and a digest of the names and sizes (compared across a group)
     damage: tuple[str, ...] = ()  # what is not whole, file by file (missing, truncated, an unfinished download)
+    gguf: tuple[str, ...] = ()  # GGUF files where config.json is missing (a GGUF checkpoint, or a file itself)
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
             listing=str(m["listing"]) if m.get("listing") else None,
             damage=tuple(str(x) for x in m.get("damage") or [] if isinstance(m.get("damage"), list)),
+            gguf=tuple(str(x) for x in m.get("gguf") or [] if isinstance(m.get("gguf"), list))[:8],
         )
         if m
         else None

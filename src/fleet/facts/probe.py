@@ -379,10 +379,14 @@ def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
     if not path:
         return None
     path = os.path.expanduser(path)
-    out = {"path": path, "exists": os.path.isdir(path)}
+    out = {"path": path, "exists": os.path.isdir(path)}  # type: Dict[str, Any]
     if not out["exists"]:
+        if path.endswith(".gguf") and os.path.isfile(path):  # SGLang also takes a GGUF file itself
+            out.update(exists=True, config=None, config_error="a GGUF file", gguf=[os.path.basename(path)])
         return out
     out["config"], out["config_error"] = _json_file(os.path.join(path, "config.json"))
+    if out["config"] is None:  # a GGUF checkpoint keeps its configuration inside: say that it is one
+        out["gguf"] = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.gguf")))[:8]
     out["quant_config"], _ = _json_file(os.path.join(path, "hf_quant_config.json"))
     index, _ = _json_file(os.path.join(path, "model.safetensors.index.json"), 64 << 20)
     size = None

@@ -230,7 +230,15 @@ def build_plan(
             model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
         except ModelConfigError as exc:
             verdicts.append(
-                _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
+                _err(
+                    "model-gguf",
+                    f"{where}: {model_path} is a GGUF checkpoint ({', '.join(m.gguf)}), with no config.json: fleet "
+                    "plans from a Hugging Face checkpoint (config.json and safetensors) and does not plan GGUF yet "
+                    "(SGLang loads one with --load-format gguf, on CUDA only). Point model: at the original "
+                    "checkpoint; nothing on the host was changed.",
+                )
+                if m.gguf
+                else _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
             )
     key = learned_key(host.name, model_path, pb.engine, version, gpus.name if gpus else "")
     container: ContainerPlan | None = None
