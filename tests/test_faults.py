@@ -321,7 +321,9 @@ def test_commands_over_several_hosts_report_the_others_and_exit_with_what_failed
     )
     status = run_cli("-i", str(inv), "status")
     assert status.code == 3, status
-    lines = {line.split()[0]: line for line in status.out.splitlines()}
+    header, *rows = status.out.splitlines()
+    lines = {line.split()[0]: line for line in rows}
+    assert header.split()[:2] == ["DEPLOYMENT", "STATUS"]
     assert set(lines) == {"blackwell", "ct129", "gone"} and "unreachable" in lines["gone"]
     as_json = run_cli("-i", str(inv), "status", "--json")
     assert as_json.code == 3 and len(as_json.out.splitlines()) == 3
