@@ -16,12 +16,12 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import IO, Any, ClassVar
 
+import msgspec
 
-@dataclass(frozen=True)
-class Planned:
+
+class Planned(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "planned"
     model: str
     argv: list[str]
@@ -30,8 +30,7 @@ class Planned:
     placement: str = ""  # which GPUs, and why: "GPUs 6,7 as asked", "all 8 GPUs"
 
 
-@dataclass(frozen=True)
-class Adopted:
+class Adopted(msgspec.Struct, frozen=True):
     """The server already running this plan passed its checks; nothing was restarted."""
 
     kind: ClassVar[str] = "adopted"
@@ -39,43 +38,37 @@ class Adopted:
     checks: list[str]
 
 
-@dataclass(frozen=True)
-class NotAdopted:
+class NotAdopted(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "not_adopted"
     problems: list[str]
 
 
-@dataclass(frozen=True)
-class EngineCheckSkipped:
+class EngineCheckSkipped(msgspec.Struct, frozen=True):
     """This command line already ran with this engine version on the host."""
 
     kind: ClassVar[str] = "engine_check_skipped"
     version: str
 
 
-@dataclass(frozen=True)
-class AttemptStarted:
+class AttemptStarted(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "attempt"
     attempt: int
     max: int
     argv: list[str]
 
 
-@dataclass(frozen=True)
-class LockTakenOver:
+class LockTakenOver(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "lock_taken_over"
     previous: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class EngineChecked:
+class EngineChecked(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "engine_check"
     verdict: str  # "accepted", "rejected" or "unavailable"
-    resolved: dict[str, str] = field(default_factory=dict)  # what the engine decided for settings left to it
+    resolved: dict[str, str] = msgspec.field(default_factory=dict)  # what the engine decided for settings left to it
 
 
-@dataclass(frozen=True)
-class Replanned:
+class Replanned(msgspec.Struct, frozen=True):
     """The engine's check picked differently from what the plan stood on (fleet.plan.picks): planned again
     on the engine's own picks before anything was stopped."""
 
@@ -85,31 +78,27 @@ class Replanned:
     after: list[str]
 
 
-@dataclass(frozen=True)
-class Stopped:
+class Stopped(msgspec.Struct, frozen=True):
     """What the act step stopped (process records), what it saw and left running, GPU memory released."""
 
     kind: ClassVar[str] = "stopped"
     stopped: list[dict[str, Any]]
-    left: list[dict[str, Any]] = field(default_factory=list)
+    left: list[dict[str, Any]] = msgspec.field(default_factory=list)
     memory: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class Launched:
+class Launched(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "launched"
     pid: int
     log: str
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "log"
     line: str
 
 
-@dataclass(frozen=True)
-class Pulling:
+class Pulling(msgspec.Struct, frozen=True):
     """A line of the container runtime's output while it pulls the deployment's image."""
 
     kind: ClassVar[str] = "pulling"
@@ -117,8 +106,7 @@ class Pulling:
     line: str
 
 
-@dataclass(frozen=True)
-class ModelPullPlanned:
+class ModelPullPlanned(msgspec.Struct, frozen=True):
     """What `fleet pull` is about to download: the Hub's commit, and the disk it checked first."""
 
     kind: ClassVar[str] = "model_pull_planned"
@@ -131,8 +119,7 @@ class ModelPullPlanned:
     source: str | None = None  # a push (`fleet pull --from`): the host or directory the files come from
 
 
-@dataclass(frozen=True)
-class ModelPullProgress:
+class ModelPullProgress(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "model_pull_progress"
     done: int
     total: int
@@ -140,8 +127,7 @@ class ModelPullProgress:
     eta_s: float | None
 
 
-@dataclass(frozen=True)
-class StartupStalled:
+class StartupStalled(msgspec.Struct, frozen=True):
     """A start-up phase went quiet past its bound (`bound_s`, from `usual_s` on this host when it has
     one) and the playbook says to keep waiting (on_stall: wait) until `ready_timeout_s`."""
 
@@ -162,8 +148,7 @@ class StartupStalled:
         return cls(str(ev.get("phase")), after, bound, number("usual_s"), ready_timeout_s)
 
 
-@dataclass(frozen=True)
-class LogReset:
+class LogReset(msgspec.Struct, frozen=True):
     """The engine's log was truncated or replaced; it is followed from its start."""
 
     kind: ClassVar[str] = "log_reset"
@@ -171,8 +156,7 @@ class LogReset:
     log: str
 
 
-@dataclass(frozen=True)
-class StartupPhase:
+class StartupPhase(msgspec.Struct, frozen=True):
     """The engine entered a start-up phase (fleet.startup.PHASES) or moved along in it: `at` seconds after
     launch, `done` of `of` where it prints a progress bar, `eta_s` until ready judging by the `starts`
     earlier starts of this model, engine version and GPUs on this host (None: none yet)."""
@@ -203,22 +187,19 @@ class StartupPhase:
         )
 
 
-@dataclass(frozen=True)
-class Reconnecting:
+class Reconnecting(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "reconnecting"
     offset: int  # the byte of the log the resumed stream starts at
 
 
-@dataclass(frozen=True)
-class Diagnosed:
+class Diagnosed(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "diagnosed"
     attempt: int
     outcome: str  # "crashed", "rejected", "timeout", "smoke_failed", "error"
     diagnosis: dict[str, Any]  # Diagnosis.to_json()
 
 
-@dataclass(frozen=True)
-class Relaunching:
+class Relaunching(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "relaunching"
     attempt: int  # the attempt about to start
     max: int
@@ -229,15 +210,13 @@ class Relaunching:
     nothing_stopped: bool  # the engine refused the command line: the old server still serves
 
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "ready"
     attempt: int
     smoke: dict[str, Any]  # the smoke event: the answer's text and latency
 
 
-@dataclass(frozen=True)
-class ServiceStep:
+class ServiceStep(msgspec.Struct, frozen=True):
     """A step of bringing up or rolling a service: the router, or one replica in it."""
 
     kind: ClassVar[str] = "service"
@@ -274,7 +253,7 @@ Sink = Callable[[Event], None]
 
 
 def to_json(event: Event) -> dict[str, Any]:
-    return {"event": event.kind, **asdict(event)}
+    return {"event": event.kind, **msgspec.structs.asdict(event)}
 
 
 def ignore(event: Event) -> None:
@@ -404,7 +383,7 @@ def logged(host: str) -> Sink:
     def send(event: Event) -> None:
         # on a terminal (--debug) structlog prints strings as they are: text from the host is made safe
         # first; nested values are printed as their repr, which escapes control characters
-        data = {k: safe_line(v) if isinstance(v, str) else v for k, v in asdict(event).items()}
+        data = {k: safe_line(v) if isinstance(v, str) else v for k, v in msgspec.structs.asdict(event).items()}
         (logger.debug if isinstance(event, LogLine) else logger.info)(event.kind, **data)
 
     return send
