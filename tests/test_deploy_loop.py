@@ -266,7 +266,9 @@ def test_a_slow_load_that_keeps_moving_its_bar_is_no_stall(
     assert result.ok and [a.outcome for a in result.attempts] == ["ready"]
     loads = [p for p in seen.of(events.StartupPhase) if p.phase == "weights" and p.of]
     assert any(p.done is not None and p.done < 6 for p in loads)  # seen moving before its line ended
-    assert state(host)["startup"]["phases"]["weights"] >= 6 * 0.5
+    # it ran past its stall bound and was still no stall (6 x 0.5 s of sleeping on the host: well past 2 s,
+    # whatever the moments the watcher read its first and last line)
+    assert state(host)["startup"]["phases"]["weights"] > 2.0
 
 
 @pytest.mark.parametrize(("hook", "phase"), [("hang_graph_capture", "graphs"), ("hang_rendezvous", "distributed")])
