@@ -24,6 +24,7 @@ from fleet.errors import HostStepError
 from fleet.transport.base import CommandResult
 
 if TYPE_CHECKING:
+    from fleet.inventory import Host
     from fleet.transport import Transport
 
 SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py")
@@ -138,6 +139,11 @@ def source_for(step: str) -> str:
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + COMPILED_PRELUDE + _files((*SHARED, *STEPS[step]))
+
+
+def step_python(host: Host) -> str:
+    """The Python a fleet step that needs no engine runs under on `host`: its first engine's, else python3."""
+    return next(iter(host.settings.engines.values()), "python3")
 
 
 def script_for(step: str, args: dict[str, Any], pythons: Sequence[str]) -> str:

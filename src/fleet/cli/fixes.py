@@ -93,7 +93,7 @@ def fixes_forget(
 ) -> None:
     """Forget learned fixes: the next deploy plans without them (and learns again what it must).
     Example: fleet fixes forget --host blackwell sglang-spec-hybrid-no-buffer"""
-    from fleet.hostscripts import run_json
+    from fleet.hostscripts import run_json, step_python
 
     if not signature and not every:
         raise ConfigError("no fix named.", "Give a SIGNATURE (fleet fixes list shows them), or --every.")
@@ -102,8 +102,7 @@ def fixes_forget(
 
     def forget(t: Any, host: Any) -> Any:
         args = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
-        python = next(iter(host.settings.engines.values()), "python3")
-        return run_json(t, python, "fixes", args, timeout_s=30)["forgotten"]
+        return run_json(t, step_python(host), "fixes", args, timeout_s=30)["forgotten"]
 
     failed = []
     for name, forgotten, error in each_host(ctx, host_name, all_hosts, forget):

@@ -53,6 +53,15 @@ def unwritable_state_dir(host_name: str, lock: LockResult) -> PreflightError:
     return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
 
 
+def refuse_unless_taken(host_name: str, deployment: str, lock: LockResult) -> None:
+    """A stop's or a forget's lock that was not taken: the state directory cannot be written, or another
+    run holds the deployment."""
+    if lock["status"] == "unwritable":
+        raise unwritable_state_dir(host_name, lock)
+    if lock["status"] == "held":
+        raise locked(f"{host_name} (deployment {deployment})", lock)
+
+
 def rollback_said(out: ActResult) -> str:
     if back := out.get("rolled_back"):
         unrecorded = " (not recorded: `fleet status` names the old pid)" if out.get("rollback_unrecorded") else ""

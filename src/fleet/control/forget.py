@@ -7,11 +7,11 @@ start-up timelines (per model, engine version and GPUs) and the logs are kept.""
 
 from __future__ import annotations
 
-from fleet.control.answers import act_answer, locked, unwritable_state_dir
+from fleet.control.answers import act_answer, refuse_unless_taken
 from fleet.control.deploy import Deployer
 from fleet.control.gather import read_facts
 from fleet.errors import ConfigError, PreflightError
-from fleet.hostscripts import run_json
+from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host
 from fleet.transport import Transport
 
@@ -34,12 +34,8 @@ def forget(t: Transport, host: Host, name: str) -> None:
         secrets={},
         deployment=name,
     )
-    python = next(iter(host.settings.engines.values()), "python3")
-    out = act_answer(run_json(t, python, "act", {"lock": deployer._lock_args("forget"), "forget": True}))
-    if out["lock"]["status"] == "unwritable":
-        raise unwritable_state_dir(host.name, out["lock"])
-    if out["lock"]["status"] == "held":
-        raise locked(f"{host.name} (deployment {name})", out["lock"])
+    out = act_answer(run_json(t, step_python(host), "act", {"lock": deployer._lock_args("forget"), "forget": True}))
+    refuse_unless_taken(host.name, name, out["lock"])
     said = out.get("forget") or {}
     if said.get("running"):
         raise PreflightError(

@@ -10,7 +10,7 @@ from dataclasses import replace as replace_field
 from typing import Any, TypeGuard
 
 from fleet import events
-from fleet.control.answers import act_answer, locked, unwritable_state_dir
+from fleet.control.answers import act_answer, refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.control.pull import HubAccess, pull_model
@@ -19,7 +19,7 @@ from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
 from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
-from fleet.hostscripts import run_json
+from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -586,12 +586,8 @@ def _stop_one(
         "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
         "release_lock": True,
     }
-    python = next(iter(host.settings.engines.values()), "python3")
-    out = act_answer(run_json(t, python, "act", args))
-    if out["lock"]["status"] == "unwritable":
-        raise unwritable_state_dir(host.name, out["lock"])
-    if out["lock"]["status"] == "held":
-        raise locked(f"{host.name} (deployment {deployment})", out["lock"])
+    out = act_answer(run_json(t, step_python(host), "act", args))
+    refuse_unless_taken(host.name, deployment, out["lock"])
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
 
 

@@ -20,7 +20,7 @@ from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError, StoppedSince
 from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
-from fleet.hostscripts import script_for
+from fleet.hostscripts import script_for, step_python
 from fleet.inventory import Host
 from fleet.secrets import redact
 from fleet.transport import Transport
@@ -145,9 +145,8 @@ def heal_host(
 def _heal_one(
     t: Transport, host: Host, health: HostHealth, options: HealthOptions, name: str, restart: Callable[[str], Any]
 ) -> HostHealth:
-    python = next(iter(host.settings.engines.values()), "python3")
     args = {"state_dir": host.settings.state_dir, "deployment": name, "limit": options.max_heals_per_hour}
-    result = t.run(script_for("heal", args, [python]), timeout_s=30)
+    result = t.run(script_for("heal", args, [step_python(host)]), timeout_s=30)
     try:
         decision = json.loads(result.text)
         allowed, recent = bool(decision["allowed"]), int(decision["recent"])
