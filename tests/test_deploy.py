@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -752,6 +754,34 @@ def test_status_logs_and_diagnose_of_a_running_host(fleet_env: simhost.Sandbox) 
     assert "The server is fired up and ready to roll!" in logs.out
     d = json.loads(run_cli("diagnose", "--host", "ct129", "--json").out)
     assert d["category"] == "healthy"
+
+
+def test_logs_of_several_hosts_are_prefixed_and_follow_a_restart(fleet_env: simhost.Sandbox) -> None:
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    assert run_cli("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "2").code == 0
+    both = run_cli("logs", "-H", "ct129/qwen36-27b", "-H", "blackwell", "-n", "3")
+    assert both.code == 0 and both.err == "", both.err
+    prefixes = {line.split(" | ", 1)[0] for line in both.out.splitlines()}
+    assert prefixes == {"ct129/qwen36-27b", "blackwell/qwen36-27b"}  # the newest there, named by its deployment
+    follow = subprocess.Popen(
+        [str(Path(sys.executable).parent / "fleet"), "logs", "-H", "ct129", "-f", "-n", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    timer = threading.Timer(120, follow.kill)  # a follow that never shows the restart must not hang the suite
+    timer.start()
+    try:
+        assert follow.stdout is not None and follow.stderr is not None and follow.stdout.readline()
+        assert run_cli("restart", "--host", "ct129").code == 0
+        marker = follow.stderr.readline()
+        assert marker.startswith("fleet: ct129/qwen36-27b restarted; following its new log qwen36-27b-"), marker
+        after = iter(follow.stdout.readline, "")
+        assert any("The server is fired up and ready to roll!" in line for line in after)  # the new attempt's
+    finally:
+        timer.cancel()
+        follow.send_signal(signal.SIGINT)
+        follow.communicate(timeout=30)
 
 
 def test_logs_of_a_host_never_deployed_say_so(fleet_env: simhost.Sandbox) -> None:

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from fleet import events
 from fleet.control import ops
+from fleet.control.logs import log_text
 from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.inventory import load_playbook
@@ -84,9 +85,8 @@ def test_two_deployments_share_a_box_on_their_own_gpus_ports_and_records(box: ns
     assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert held_gpus(box, big["pgid"]) == {"nvidia0", "nvidia1", "nvidia2", "nvidia3"}
     assert held_gpus(box, small["pgid"]) == {"nvidia6", "nvidia7"}
-    shown: list[bytes] = []
-    ops.logs(box.transport(), box.host, lines=500, follow=False, sink=lambda b: shown.append(b) or True, name="small")
-    assert b"port=30010" in b"".join(shown) and b"port=30000," not in b"".join(shown)  # small's own log
+    shown = log_text(box.transport(), box.host, "small", 500)
+    assert "port=30010" in shown and "port=30000," not in shown  # small's own log
     rows = ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))
     assert [(r["deployment"], r["gpus"], r["status"]) for r in rows] == [
         ("big", [0, 1, 2, 3], "ready"),

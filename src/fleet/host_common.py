@@ -280,6 +280,14 @@ def readable(fd: int, timeout_s: float) -> bool:
     return bool(poller.poll(max(0, int(timeout_s * 1000))))
 
 
+def stdin_closed() -> bool:
+    """fleet's end of this step's stdin has closed (fleet held it open while it listens): fleet is gone."""
+    try:
+        return readable(0, 0) and os.read(0, 4096) == b""
+    except (OSError, ValueError):  # no stdin at all: nobody to answer to either
+        return True
+
+
 # Part of both launchers (fleet's process launcher and its containers' PID 1): the engine's argv with the
 # secret's value in place of the word SECRET_WORD + NAME that follows --api-key, and only there (no other
 # word of a playbook is a secret's place); None when the secret is missing, so the launcher starts nothing

@@ -47,6 +47,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     ),
     # facts + checks
     "health": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py", "control/remote_health.py"),
+    "logs": ("control/remote_follow.py", "control/remote_logs.py"),  # server logs, followed across restarts
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "fixes": ("control/remote_fixes.py",),  # forget learned fixes, under the host's guard
     "router": ("control/remote_router.py",),  # a service's router and record

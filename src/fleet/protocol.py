@@ -153,6 +153,18 @@ class WatchEvent(TypedDict, total=False):
     eta_s: Optional[float]
 
 
+class LogsEvent(TypedDict, total=False):
+    """One line of the logs step's output. `e` says which: log (d, log: the file shown first), line (d,
+    text), switch (d, log: a restart linked a new attempt's log, read from its start), missing (d: no log
+    for that deployment; None: none on the host), skipped (lines: dropped while fleet read too slowly)."""
+
+    e: str
+    d: Optional[str]
+    log: str
+    text: str
+    lines: int
+
+
 class HealDecision(TypedDict):
     allowed: bool
     recent: int

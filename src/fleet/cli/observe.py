@@ -24,7 +24,7 @@ from fleet.cli.base import (
 from fleet.cli.complete import host_option
 from fleet.errors import ConfigError, FleetError
 from fleet.paths import pool_socket
-from fleet.terminal import safe_line, safe_text
+from fleet.terminal import safe_line
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
     from fleet.control.sweep import HealthOptions
@@ -32,9 +32,13 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 
 
 @cli.command()
-@host_option(required=True, help="Inventory host (or HOST/DEPLOYMENT).")
+@host_option(
+    required=True,
+    multiple=True,
+    help="Inventory host or group, or HOST/DEPLOYMENT; give it again for more (each line is then prefixed).",
+)
 @click.option("--name", "deployment", help="The deployment whose log to show (default: the newest log there).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they are written, across restarts.")
 @click.option(
     "-n",
     "lines",
@@ -45,35 +49,23 @@ if TYPE_CHECKING:  # the inventory types and the rest load only when a command n
 )
 @click.option("--raw", is_flag=True, help="Keep terminal control sequences from the log (secrets are still redacted).")
 @click.pass_obj
-def logs(ctx: Invocation, host_name: str, deployment: str | None, follow: bool, lines: int, raw: bool) -> None:
-    """Print (or follow) a deployment's server log over SSH (the newest on the host without --name).
+def logs(
+    ctx: Invocation, host_name: tuple[str, ...], deployment: str | None, follow: bool, lines: int, raw: bool
+) -> None:
+    """Print (or follow) deployments' server logs over SSH (a host's newest without a deployment named).
+    Following, a restart's new log is followed on, with a line on stderr that says so.
 
     \b
     Examples:
       fleet logs --host blackwell -n 50 -f
       fleet logs --host blackwell/qwen36-27b
+      fleet logs -H blackwell/qwen35-nvfp4 -H ct129/qwen36-27b -f
     """
-    from fleet.control import ops
-    from fleet.secrets import LineFilter, redact
+    from fleet.cli.logs_view import LogsView, log_targets
 
-    named_host, deployment = split_deployment(host_name, deployment)
-    host = ctx.host(named_host)
-    secrets = ctx.secrets
-    lines_out = LineFilter(lambda text: redact(text if raw else safe_text(text), secrets))
-
-    def sink(chunk: bytes) -> bool:
-        sys.stdout.write(lines_out.feed(chunk))
-        sys.stdout.flush()
-        return True
-
-    with transport_for(ctx, host) as t:
-        try:
-            code = ops.logs(t, host, lines=lines, follow=follow, sink=sink, name=deployment)
-        finally:
-            sys.stdout.write(lines_out.close())
-            sys.stdout.flush()
-    if code not in (0, -1):
-        raise click.exceptions.Exit(code)
+    targets = log_targets(ctx, host_name, deployment)
+    view = LogsView(ctx.secrets, raw=raw, several=sum(len(names) for _, names in targets) > 1)
+    view.run(ctx, targets, lines=lines, follow=follow)
 
 
 DIAGNOSE_LINES = 5000  # the end of a log diagnosed: a crash's traceback and what led to it
@@ -127,19 +119,12 @@ def diagnose(
     from fleet.crashes import diagnose as run_diagnosis
 
     if host_name:
-        from fleet.control import ops
+        from fleet.control.logs import log_text
 
         host_name, deployment = split_deployment(host_name, deployment)
         host = ctx.host(host_name)
-        chunks: list[bytes] = []
-
-        def keep(chunk: bytes) -> bool:
-            chunks.append(chunk)
-            return True
-
         with transport_for(ctx, host) as t:
-            ops.logs(t, host, lines=DIAGNOSE_LINES, follow=False, sink=keep, name=deployment)
-        text = b"".join(chunks).decode("utf-8", "replace")
+            text = log_text(t, host, deployment, DIAGNOSE_LINES)
     elif source in (None, "-"):
         text = _log_end(sys.stdin.buffer)
     else:

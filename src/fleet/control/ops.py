@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as replace_field
 from typing import Any, TypeGuard
@@ -15,7 +15,7 @@ from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
-from fleet.errors import ConfigError, FleetError, LockedError, PreflightError
+from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
 from fleet.health import HostHealth
 from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
@@ -648,34 +648,3 @@ def _group_said(st: dict[str, Any]) -> str | None:
 
 def _recorded_groups(facts: HostFacts) -> set[int]:
     return {d.state["pgid"] for d in facts.remote.deployments.values() if isinstance(d.state.get("pgid"), int)}
-
-
-NO_SERVER_LOG = 3  # the logs script's exit code when the host has no server log yet
-
-
-LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is sent (one line can run to 300 MB)
-
-
-def logs_script(log_dir: str, name: str | None, lines: int, follow: bool) -> str:
-    d = log_dir.replace("~/", "$HOME/", 1) if log_dir.startswith("~/") else shlex.quote(log_dir)
-    pick = f"f={d}/{shlex.quote(name)}.latest.log" if name else f"f=$(ls -t {d}/*.latest.log 2>/dev/null | head -n 1)"
-    found = f'{pick}\n[ -n "$f" ] && [ -e "$f" ] || exit {NO_SERVER_LOG}\n'
-    if follow:
-        return found + f'exec tail -n {int(lines)} -F "$f"\n'
-    return found + f'tail -c {LOG_END_BYTES} "$f" | tail -n {int(lines)}\n'
-
-
-def logs(
-    t: Transport, host: Host, *, lines: int, follow: bool, sink: Callable[[bytes], bool], name: str | None = None
-) -> int:
-    """Print (or follow) a deployment's server log (`name`), or the newest one on the host: one round trip,
-    streamed as written."""
-    script = logs_script(host.settings.log_dir, name, lines, follow)
-    code = t.stream(script, sink, timeout_s=10**7 if follow else 60)
-    if code == NO_SERVER_LOG:
-        whose = f" for deployment {name}" if name else ""
-        raise FleetError(
-            f"{host.name}: no server log{whose} in {host.settings.log_dir} yet.",
-            f"fleet writes one when it deploys: fleet deploy PLAYBOOK --host {host.name}",
-        )
-    return code

@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import first_line_of_stdin, readable
+    from fleet.host_common import first_line_of_stdin, readable, stdin_closed
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
@@ -39,13 +38,6 @@ def emit(obj: Dict[str, Any]) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):
         os._exit(3)
-
-
-def stdin_closed() -> bool:
-    try:
-        return bool(select.select([0], [], [], 0)[0]) and os.read(0, 4096) == b""
-    except (OSError, ValueError):
-        return True
 
 
 def engines_dir(a: Dict[str, Any]) -> str:

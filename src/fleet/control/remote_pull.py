@@ -24,7 +24,6 @@ import fcntl
 import hashlib
 import json
 import os
-import select
 import shutil
 import sys
 import threading
@@ -35,6 +34,7 @@ try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.model_files import _damage, _json_file
+    from fleet.host_common import stdin_closed
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
@@ -53,13 +53,6 @@ def emit(obj: Dict[str, Any]) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError):  # fleet is gone: nobody to tell, nothing left half-counted
         os._exit(3)
-
-
-def stdin_closed() -> bool:
-    try:
-        return bool(select.select([0], [], [], 0)[0]) and os.read(0, 4096) == b""
-    except (OSError, ValueError):
-        return True
 
 
 def read_secret() -> Dict[str, Any]:

@@ -1,0 +1,111 @@
+"""How `fleet logs` shows what it reads: one log's lines as they are, several logs' lines each prefixed
+with HOST/DEPLOYMENT; what fleet itself says (a restart switched the log, lines skipped, a log missing) on
+stderr, so it never mixes into a log piped on; secrets redacted, terminal controls made harmless."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import click
+
+from fleet.cli.base import Invocation, split_deployment, transport_for
+from fleet.errors import ConfigError, FleetError
+from fleet.terminal import safe_text
+
+if TYPE_CHECKING:
+    from fleet.inventory import Host
+    from fleet.protocol import LogsEvent
+
+Targets = list[tuple["Host", list[str | None]]]  # each host once, with the deployments read there (None: newest)
+
+
+def log_targets(ctx: Invocation, given: tuple[str, ...], deployment: str | None) -> Targets:
+    """The hosts and deployments `--host` names: hosts, groups (each member), HOST/DEPLOYMENT."""
+    if deployment and len(given) > 1:
+        raise ConfigError("--name goes with a single --host.", "Name each one as HOST/DEPLOYMENT instead.")
+    chosen: dict[str, tuple[Host, list[str | None]]] = {}
+    for target in given:
+        host_name, name = split_deployment(target, deployment)
+        for host in ctx.inventory.select([str(host_name)]):
+            names = chosen.setdefault(host.name, (host, []))[1]
+            if name not in names:
+                names.append(name)
+    return list(chosen.values())
+
+
+class LogsView:
+    def __init__(self, secrets: dict[str, str], *, raw: bool, several: bool) -> None:
+        self.secrets, self.raw, self.several = secrets, raw, several
+        self.out_lock = threading.Lock()
+        self.stop = threading.Event()
+        self.failures: list[int] = []
+
+    def shown(self, text: str) -> str:
+        from fleet.secrets import redact
+
+        return redact(text if self.raw else safe_text(text), self.secrets)
+
+    def on_event(self, host: Host, asked: str | None, event: LogsEvent) -> bool:
+        where = f"{host.name}/{event.get('d') or asked or ''}".rstrip("/")
+        kind = event["e"]
+        with self.out_lock:
+            if kind == "line":
+                prefix = f"{where} | " if self.several else ""
+                sys.stdout.write(f"{prefix}{self.shown(event['text'])}\n")
+                sys.stdout.flush()
+            elif kind == "switch":  # a restart (or heal) linked a new attempt's log: said, then read from its start
+                click.echo(f"fleet: {where} restarted; following its new log {safe_text(event['log'])}", err=True)
+            elif kind == "skipped":
+                click.echo(f"fleet: {host.name}: {event['lines']} lines not shown (read too slowly)", err=True)
+            elif kind == "missing":
+                from fleet.control.logs import no_log_error
+
+                error = no_log_error(host, event.get("d") or asked)
+                if not self.several:
+                    raise error
+                click.echo(f"{error}", err=True)
+                self.failures.append(error.exit_code)
+        return not self.stop.is_set()
+
+    def read_host(self, ctx: Invocation, host: Host, names: list[str | None], lines: int, follow: bool) -> int:
+        from fleet.control.logs import read_logs
+
+        asked = names[0] if len(names) == 1 else None
+        with transport_for(ctx, host) as t:
+            return read_logs(
+                t, host, names=names, lines=lines, follow=follow, on_event=lambda e: self.on_event(host, asked, e)
+            )
+
+    def run(self, ctx: Invocation, targets: Targets, *, lines: int, follow: bool) -> None:
+        if len(targets) == 1:  # one host: read here, its errors raised as they are
+            host, names = targets[0]
+            code = self.read_host(ctx, host, names, lines, follow)
+            if code not in (0, -1):
+                raise click.exceptions.Exit(code)
+            if self.failures:
+                raise click.exceptions.Exit(self.failures[0])
+            return
+
+        def one(host: Host, names: list[str | None]) -> None:
+            try:
+                code = self.read_host(ctx, host, names, lines, follow)
+                if code not in (0, -1):
+                    self.failures.append(code)
+            except FleetError as exc:  # one host failing leaves the others followed
+                with self.out_lock:
+                    click.echo(f"{host.name}: error: {safe_text(str(exc))}", err=True)
+                self.failures.append(exc.exit_code)
+
+        threads = [threading.Thread(target=one, args=t, daemon=True) for t in targets]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)  # in slices: Ctrl-C reaches the main thread
+        finally:
+            self.stop.set()
+        if self.failures:
+            raise click.exceptions.Exit(self.failures[0] if len(set(self.failures)) == 1 else 1)

@@ -1,0 +1,99 @@
+"""Server logs read from a host (`fleet logs`, `fleet diagnose --host`): the logs step's JSON events, taken
+as they stream in. A log's text only ever arrives inside a `line` event, so nothing an engine writes can
+pass for fleet's own word that the log was switched (a restart) or is missing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from fleet.errors import FleetError, HostStepError
+from fleet.hostscripts import script_for, step_python
+from fleet.protocol import LogsEvent
+
+if TYPE_CHECKING:
+    from fleet.inventory import Host
+    from fleet.transport import Transport
+
+# One event line held at most: the host cuts a log line to 16 KiB, so only a broken host sends more.
+EVENT_BYTES = 1 << 20
+FOLLOW_TIMEOUT_S = 10**7  # following has no end of its own: Ctrl-C, or the connection, ends it
+
+
+class EventLines:
+    """Streamed bytes → the step's events, one JSON object per line."""
+
+    def __init__(self, host_name: str) -> None:
+        self.host_name = host_name
+        self.pending = b""
+        self.said = 0
+
+    def feed(self, chunk: bytes) -> list[LogsEvent]:
+        *whole, self.pending = (self.pending + chunk).split(b"\n")
+        if len(self.pending) > EVENT_BYTES:
+            raise HostStepError(f"{self.host_name}: fleet's logs step sent a line past {EVENT_BYTES} bytes.", "")
+        found: list[LogsEvent] = []
+        for raw in whole:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                event = None
+            if not isinstance(event, dict) or not isinstance(event.get("e"), str):
+                raise HostStepError(
+                    f"{self.host_name}: fleet's logs step said something that is not one of its events "
+                    f"({raw[:120]!r}).",
+                    "Run with --debug for all it printed.",
+                )
+            if "error" in event:  # no Python on the host, or the step failed: said in place of events
+                raise HostStepError(f"{self.host_name}: fleet's logs step failed: {event['error']}", "")
+            found.append(event)  # type: ignore[arg-type]
+        self.said += len(found)
+        return found
+
+
+def read_logs(
+    t: Transport,
+    host: Host,
+    *,
+    names: Sequence[str | None],
+    lines: int,
+    follow: bool,
+    on_event: Callable[[LogsEvent], bool],
+) -> int:
+    """Stream the logs of deployments `names` (None: the host's newest) on `host` to `on_event`, which
+    returns False to stop; the last `lines` of each first, then (with `follow`) new lines as written,
+    across restarts. Returns the exit code (-1 when stopped)."""
+    args = {"log_dir": host.settings.log_dir, "names": list(names), "lines": lines, "follow": follow}
+    reader = EventLines(host.name)
+
+    def sink(chunk: bytes) -> bool:
+        return all(on_event(e) for e in reader.feed(chunk))
+
+    code = t.stream(script_for("logs", args, [step_python(host)]), sink, timeout_s=FOLLOW_TIMEOUT_S if follow else 60)
+    if code not in (0, -1) and not reader.said:
+        raise HostStepError(f"{host.name}: fleet's logs step failed on the host (exit {code}).", "")
+    return code
+
+
+def no_log_error(host: Host, name: str | None) -> FleetError:
+    whose = f" for deployment {name}" if name else ""
+    return FleetError(
+        f"{host.name}: no server log{whose} in {host.settings.log_dir} yet.",
+        f"fleet writes one when it deploys: fleet deploy PLAYBOOK --host {host.name}",
+    )
+
+
+def log_text(t: Transport, host: Host, name: str | None, lines: int) -> str:
+    """The last `lines` lines of a deployment's log (the host's newest without a name), as one text."""
+    said: list[str] = []
+
+    def keep(event: LogsEvent) -> bool:
+        if event["e"] == "missing":
+            raise no_log_error(host, name)
+        if event["e"] == "line":
+            said.append(event["text"])
+        return True
+
+    read_logs(t, host, names=[name], lines=lines, follow=False, on_event=keep)
+    return "\n".join(said) + "\n" if said else ""

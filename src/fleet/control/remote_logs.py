@@ -1,0 +1,112 @@
+"""Runs ON the host for `fleet logs`: the end of one or more deployments' server logs, then (with follow)
+their new lines as written. Each deployment's `NAME.latest.log` link is watched: when a restart points it
+at a new attempt's log, a `switch` event says so and that log is read from its start.
+
+Everything is said as JSON events, one per line, so nothing a log contains can pass for fleet's own
+marker: {"e": "log"|"switch", "d", "log"}, {"e": "line", "d", "text"}, {"e": "missing", "d"}, and
+`skipped` when fleet read too slowly (lines dropped and counted, never held without bound).
+
+Host code: standard library only, Python 3.8; runs after control/remote_follow.py (LogFollower, OUT).
+"""
+
+import glob
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+try:
+    LogFollower  # noqa: B018
+except NameError:  # imported as a module (tests), not concatenated into the step
+    from fleet.control.remote_follow import OUT, ClientGone, LogFollower, emit
+    from fleet.host_common import DEPLOYMENT_NAME_RE, stdin_closed
+
+LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
+FOLLOW_POLL_S = 0.25  # how often new lines and the links are looked at while following
+LATEST = ".latest.log"
+
+
+def newest_deployment(log_dir: str) -> Optional[str]:
+    """The deployment whose latest-log link was made last (its most recent launch), or None."""
+    links = glob.glob(os.path.join(glob.escape(log_dir), "*" + LATEST))
+    if not links:
+        return None
+    newest = max(links, key=lambda p: os.lstat(p).st_mtime)
+    return os.path.basename(newest)[: -len(LATEST)]
+
+
+def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
+    """The last `lines` whole lines of `path` (reading at most LOG_END_BYTES of its end), and the offset
+    just past them, where following it goes on: a line still being written is read there, whole."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        start = max(0, size - LOG_END_BYTES)
+        f.seek(start)
+        data = f.read(size - start)
+    whole = data[: data.rfind(b"\n") + 1]
+    parts = whole.split(b"\n")[:-1]
+    if start > 0 and parts:
+        parts = parts[1:]  # the line the cut began inside
+    return [p.decode("utf-8", "replace") for p in parts[-lines:]], start + len(whole)
+
+
+class FollowedLog:
+    """One deployment's log: the attempt its link points at, read from where the last read ended."""
+
+    def __init__(self, log_dir: str, name: str) -> None:
+        self.name = name
+        self.link = os.path.join(log_dir, name + LATEST)
+        self.target = os.path.realpath(self.link)
+        self.reader = LogFollower(self.target, 0)
+
+    def poll(self) -> None:
+        for _end, text in self.reader.read()[0]:
+            emit({"e": "line", "d": self.name, "text": text})
+        target = os.path.realpath(self.link)
+        if target != self.target and os.path.isfile(target):  # a restart linked its new attempt's log
+            for _end, text in self.reader.rest():  # what the old attempt wrote last, to its end
+                emit({"e": "line", "d": self.name, "text": text})
+            self.target, self.reader = target, LogFollower(target, 0)
+            emit({"e": "switch", "d": self.name, "log": os.path.basename(target)})
+
+
+def show_logs(a: Dict[str, Any]) -> None:
+    log_dir = os.path.expanduser(a["log_dir"])
+    followed: List[FollowedLog] = []
+    for asked in a["names"]:
+        name = newest_deployment(log_dir) if asked is None else asked
+        if name is None:  # the host's newest log was asked for, and it has none
+            emit({"e": "missing", "d": None})
+            continue
+        if any(log.name == name for log in followed):
+            continue
+        link = os.path.join(log_dir, name + LATEST)
+        if not DEPLOYMENT_NAME_RE.match(name) or not os.path.isfile(link):  # a name is never a path
+            emit({"e": "missing", "d": name})
+            continue
+        log = FollowedLog(log_dir, name)
+        emit({"e": "log", "d": name, "log": os.path.basename(log.target)})
+        texts, log.reader.offset = last_lines(log.target, int(a["lines"]))  # followed on from there
+        if not a["follow"]:  # a last line still without its end counts as one, as tail counts it
+            texts = (texts + [text for _end, text in log.reader.rest()])[-int(a["lines"]) :]
+        for text in texts:
+            emit({"e": "line", "d": name, "text": text})
+        followed.append(log)
+    while a["follow"] and followed and not stdin_closed():  # until fleet stops following
+        for log in followed:
+            log.poll()
+        OUT.flush()
+        time.sleep(FOLLOW_POLL_S)
+
+
+def run_logs() -> None:
+    try:
+        show_logs(json.loads(sys.argv[1]))
+        OUT.drain(30.0)
+    except ClientGone:
+        pass
+
+
+if __name__ == "__main__":
+    run_logs()

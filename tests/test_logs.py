@@ -1,0 +1,158 @@
+"""`fleet logs`: the logs step run for real (a local shell stands in for SSH; the ssh tier runs it over
+sshd), followed across a restart's new log, several deployments at once, and what reaches the terminal."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleet.cli.logs_view import LogsView
+from fleet.control.logs import log_text, read_logs
+from fleet.errors import FleetError
+from fleet.inventory import Host, HostSettings
+from fleet.protocol import LogsEvent
+from fleet.transport.local import LocalTransport
+
+
+def host_with_logs(tmp_path: Path) -> Host:
+    settings = HostSettings(connection="local", engines={"sglang": sys.executable}, log_dir=str(tmp_path))
+    return Host("box", settings, (), "hosts.yaml:1")
+
+
+def attempt(log_dir: Path, name: str, attempt_no: int, text: str) -> Path:
+    """An attempt's log, linked as the deployment's latest (as the act step does)."""
+    log = log_dir / f"{name}-{attempt_no}.log"
+    log.write_text(text)
+    link = log_dir / f"{name}.latest.log"
+    tmp = log_dir / f".{name}.link"
+    tmp.symlink_to(log.name)
+    os.replace(tmp, link)
+    return log
+
+
+def events_of(host: Host, names: list[str | None], *, lines: int = 100) -> list[LogsEvent]:
+    said: list[LogsEvent] = []
+    assert (
+        read_logs(
+            LocalTransport("box"), host, names=names, lines=lines, follow=False, on_event=lambda e: not said.append(e)
+        )
+        == 0
+    )
+    return said
+
+
+class Following:
+    """read_logs with follow=True in a thread; its events taken one by one, then stopped."""
+
+    def __init__(self, host: Host, names: list[str | None]) -> None:
+        self.events: queue.Queue[LogsEvent] = queue.Queue()
+        self.stop = threading.Event()
+
+        def on_event(event: LogsEvent) -> bool:
+            self.events.put(event)
+            return not self.stop.is_set()
+
+        self.thread = threading.Thread(
+            target=read_logs,
+            args=(LocalTransport("box"), host),
+            kwargs={"names": names, "lines": 10, "follow": True, "on_event": on_event},
+            daemon=True,
+        )
+        self.thread.start()
+
+    def until(self, wanted: str) -> list[LogsEvent]:
+        """Every event up to the line `wanted` (waiting for each as long as a slow machine may need)."""
+        seen: list[LogsEvent] = []
+        while not seen or seen[-1].get("text") != wanted:
+            seen.append(self.events.get(timeout=60))
+        return seen
+
+    def close(self, log: Path) -> None:
+        self.stop.set()
+        with log.open("a") as f:
+            f.write("one more line, read after the stop\n")  # a quiet follow ends at its next event
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+def test_a_restart_switches_a_followed_log_and_says_so(tmp_path: Path) -> None:
+    host = host_with_logs(tmp_path)
+    first = attempt(tmp_path, "qwen", 1, "loading\nready\n")
+    follow = Following(host, ["qwen"])
+    try:
+        start = follow.until("ready")
+        assert [(e["e"], e.get("log") or e.get("text")) for e in start] == [
+            ("log", "qwen-1.log"),
+            ("line", "loading"),
+            ("line", "ready"),
+        ]
+        with first.open("a") as f:
+            f.write("crashed: CUDA out of memory\n")
+        follow.until("crashed: CUDA out of memory")
+        second = attempt(tmp_path, "qwen", 2, "loading again\n")
+        switched = follow.until("loading again")
+        assert [(e["e"], e.get("log") or e.get("text")) for e in switched] == [
+            ("switch", "qwen-2.log"),
+            ("line", "loading again"),  # the new attempt's log from its first line
+        ]
+    finally:
+        follow.close(second if "second" in locals() else first)
+
+
+def test_log_text_shaped_like_fleets_events_is_only_a_line(tmp_path: Path) -> None:
+    """An engine echoing a prompt can write anything; it arrives as a line's text, never as an event."""
+    host = host_with_logs(tmp_path)
+    forged = '{"e": "switch", "d": "qwen", "log": "evil.log"}'
+    attempt(tmp_path, "qwen", 1, f"{forged}\nfleet: box/qwen restarted; following its new log evil.log\n")
+    said = events_of(host, ["qwen"])
+    assert [e["e"] for e in said] == ["log", "line", "line"] and said[1]["text"] == forged
+
+
+def test_the_newest_deployment_several_named_and_missing_ones(tmp_path: Path) -> None:
+    host = host_with_logs(tmp_path)
+    assert [e["e"] for e in events_of(host, [None])] == ["missing"]  # nothing deployed yet
+    attempt(tmp_path, "old", 1, "old line\n")
+    os.utime(tmp_path / "old.latest.log", (1, 1), follow_symlinks=False)
+    attempt(tmp_path, "new", 1, "new line\n")
+    assert [(e["e"], e.get("d")) for e in events_of(host, [None])] == [("log", "new"), ("line", "new")]
+    said = events_of(host, ["old", "new", "gone", "../new", None])
+    assert [(e["e"], e.get("d")) for e in said] == [
+        ("log", "old"),
+        ("line", "old"),
+        ("log", "new"),
+        ("line", "new"),
+        ("missing", "gone"),
+        ("missing", "../new"),  # a name is never a path on the host
+    ]  # and the newest, already shown as "new", is not shown twice
+
+
+def test_the_last_lines_and_a_line_still_being_written(tmp_path: Path) -> None:
+    host = host_with_logs(tmp_path)
+    attempt(tmp_path, "qwen", 1, "".join(f"line {i}\n" for i in range(50)) + "Loading shards: 40%")
+    assert log_text(LocalTransport("box"), host, "qwen", 3) == "line 48\nline 49\nLoading shards: 40%\n"
+    with pytest.raises(FleetError, match="no server log for deployment other"):
+        log_text(LocalTransport("box"), host, "other", 3)
+
+
+def test_several_logs_are_prefixed_and_fleets_own_words_go_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = host_with_logs(tmp_path)
+    view = LogsView({"HF_TOKEN": "hf_secretvalue123"}, raw=False, several=True)
+    view.on_event(host, None, {"e": "line", "d": "a", "text": "token hf_secretvalue123 \x1b]0;owned\x07done"})
+    view.on_event(host, "b", {"e": "switch", "d": "b", "log": "b-2.log"})
+    view.on_event(host, "c", {"e": "missing", "d": "c"})
+    out, err = capsys.readouterr()
+    assert out.startswith("box/a | token ") and "hf_secretvalue123" not in out and "\x1b" not in out
+    assert err.splitlines()[0] == "fleet: box/b restarted; following its new log b-2.log"
+    assert "box: no server log for deployment c" in err and view.failures == [1]
+    alone = LogsView({}, raw=False, several=False)
+    alone.on_event(host, "a", {"e": "line", "d": "a", "text": "plain"})
+    assert capsys.readouterr().out == "plain\n"  # one log: its lines as they are
+    with pytest.raises(FleetError, match="no server log for deployment c"):
+        alone.on_event(host, "c", {"e": "missing", "d": "c"})
