@@ -593,8 +593,10 @@ def test_stop_frees_the_port_and_leaves_no_process(fleet_env: simhost.Sandbox) -
     assert engine_pids(fleet_env, CT129) == []
     assert _chat(CT129.address, "hi")[0] is None
     assert state(fleet_env, "ct129")["status"] == "stopped"
-    status = json.loads(run_cli("status", "--host", "ct129", "--json").out)
+    status = json.loads(run_cli("status", "--host", "ct129", "--all", "--json").out)
     assert status["status"] == "stopped" and status["pid"] is None
+    hidden = json.loads(run_cli("status", "--host", "ct129", "--json").out)  # running ones only, by default
+    assert (hidden["status"], hidden["stopped_left_out"]) == ("none", 1)
     # over sshd, as an operator types it: a stopped deployment is forgotten, and status no longer lists it
     forgot = run_cli("forget", "ct129/qwen36-27b")
     assert forgot.code == 0 and "forgot deployment qwen36-27b" in forgot.out, forgot.err

@@ -85,7 +85,7 @@ def test_two_deployments_start_together_and_a_restart_of_one_drops_no_request_to
     assert {c["deployment"] for c in one["checks"]} == {None, "small"} and one["status"] == "ok", one
     stopped = run_cli("stop", "--host", "blackwell")
     assert stopped.code == 0 and "stopped" in stopped.out
-    rows = [json.loads(line) for line in run_cli("status", "--host", "blackwell", "--json").out.splitlines()]
+    rows = [json.loads(line) for line in run_cli("status", "--host", "blackwell", "--all", "--json").out.splitlines()]
     assert {r["status"] for r in rows} == {"stopped"}
 
 

@@ -236,6 +236,9 @@ def test_plan_with_another_engine_version_shows_the_upgrade_as_a_diff(tmp_path: 
     # the crash knowledge that differs: one failure gone with the upgrade, one that only the new version has
     assert "- known crash sglang-spec-hybrid-no-buffer (0.5.10 to 0.5.13)" in r.out
     assert "+ known crash sglang-no-buffer-overlap (0.5.14 and later)" in r.out
+    diff = run_cli(*argv, "--engine", "sglang==0.5.23", "--diff")  # the diff alone
+    assert diff.code == 0 and diff.out == r.out[: r.out.index("\ntoday's plan:")], diff.out
+    assert run_cli(*argv, "--diff").code == 2  # no upgrade to show
     preview = json.loads(run_cli(*argv, "--engine", "sglang==0.5.23", "--json").out)["upgrade_preview"]
     assert preview["plan"]["engine_version"] == "0.5.23" and preview["diff"]
     wrong = run_cli(*argv, "--engine", "vllm==0.11.0")

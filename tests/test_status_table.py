@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.cli.report import describe_stopped
-from fleet.cli.status_table import COLUMNS, status_lines
+from fleet.cli.status_table import COLUMNS, status_lines, without_stopped
 
 READY = {
     "host": "blackwell",
@@ -68,3 +68,21 @@ def test_a_stopped_container_without_a_pid_is_named_by_its_container() -> None:
     }
     [line] = describe_stopped([stopped])
     assert "pid None" not in line and line.endswith("container fleet-ct129-qwen36 (lmsysorg/sglang:v0.5.11)")
+
+
+def test_stopped_deployments_are_left_out_unless_asked_and_every_host_still_answers() -> None:
+    rows = [
+        row(),
+        row(deployment="old", status="stopped"),
+        row(host="ct129", deployment="gone", status="stopped"),
+        row(host="ct129", deployment="older", status="stopped"),
+        row(host="spare", deployment=None, status="none"),
+    ]
+    kept = without_stopped(rows)
+    assert [(r["host"], r["deployment"], r["status"]) for r in kept] == [
+        ("blackwell", "small", "ready"),
+        ("ct129", None, "none"),
+        ("spare", None, "none"),
+    ]
+    ct129 = status_lines(kept)[2]
+    assert ct129.startswith("ct129 ") and ct129.endswith("2 stopped (--all shows them)")

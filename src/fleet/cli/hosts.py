@@ -75,6 +75,9 @@ def facts(ctx: Invocation, host_name: str, model: str | None, as_json: bool) -> 
 @click.option("--gpus", help="Place it: a count (4) or GPU indices (6,7; one as device=3). Overrides gpus:.")
 @click.option("--engine", "engine_spec", help="Also plan with this engine version (sglang==0.5.23): an upgrade's diff.")
 @click.option(
+    "--diff", "diff_only", is_flag=True, help="With --engine: print the diff alone, not today's plan after it."
+)
+@click.option(
     "--check",
     "engine_check",
     is_flag=True,
@@ -89,6 +92,7 @@ def plan(
     deployment: str | None,
     gpus: str | None,
     engine_spec: str | None,
+    diff_only: bool,
     engine_check: bool,
 ) -> None:
     """Show the exact command line and environment `fleet deploy` would run, each flag with its reason.
@@ -97,7 +101,8 @@ def plan(
     refuses the deployment.
 
     With --engine, the same deployment is also planned for that engine version, installed or not, and
-    shown as a diff against today's plan: flags renamed, removed or newly set, and verdicts that differ.
+    shown as a diff against today's plan: flags renamed, removed or newly set, and verdicts that differ
+    (--diff: that alone).
 
     With --check, the engine's own check (the one a deploy runs before stopping anything) runs on the
     host for this command line: its verdict, and what it resolves for the settings the plan leaves to it.
@@ -106,7 +111,7 @@ def plan(
     \b
     Examples:
       fleet plan qwen35-nvfp4 --host blackwell
-      fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23
+      fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23 --diff
       fleet plan qwen36-27b --host ct129 --check
     """
     from fleet.control import ops
@@ -114,6 +119,10 @@ def plan(
     from fleet.inventory.runtime import chosen_runtime
 
     host_name, deployment = split_deployment(host_name, deployment)
+    if diff_only and not engine_spec:
+        from fleet.errors import ConfigError
+
+        raise ConfigError("--diff shows an upgrade's diff: it needs --engine.", "Add --engine sglang==VERSION.")
     placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
     if pb.spec.hosts:  # one model over several hosts: every rank's plan
@@ -179,9 +188,11 @@ def plan(
                 say(f"  {line}")
             if preview.get("engine_check") is not None:
                 _say_check("the engine's own check, in that version's environment", preview["engine_check"], "  ")
-            say("\ntoday's plan:")
-        render_plan(result, host.name, pb.name)
-        say(f"deployment {name} on {host.name}: {placed.how}")
+        if not diff_only or result.errors:  # a refusal is said whatever was asked
+            if preview is not None:
+                say("\ntoday's plan:")
+            render_plan(result, host.name, pb.name)
+            say(f"deployment {name} on {host.name}: {placed.how}")
         if checked is not None:
             _say_check(f"the engine's own check on {host.name}", checked, "")
     if result.errors or (checked is not None and checked["verdict"] == "rejected"):
@@ -487,17 +498,19 @@ def stop(
 
 @cli.command()
 @host_option(help="Inventory host or group (default: all).")
+@click.option("--all", "show_stopped", is_flag=True, help="Stopped deployments too (`fleet forget` removes one).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per deployment per line.")
 @click.pass_obj
-def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
+def status(ctx: Invocation, host_name: str | None, show_stopped: bool, as_json: bool) -> None:
     """A table of deployments: host/name, status, GPUs, playbook, engine and version, the engine's pid,
-    port, uptime, attempts, and notes (its container, group rank, the fixes it runs with).
+    port, uptime, attempts, and notes (its container, group rank, the fixes it runs with). Stopped
+    deployments are left out unless --all.
 
     \b
     Example:
       fleet status
     """
-    from fleet.cli.status_table import status_lines
+    from fleet.cli.status_table import status_lines, without_stopped
     from fleet.control import ops
     from fleet.control.gather import read_facts
 
@@ -506,6 +519,8 @@ def status(ctx: Invocation, host_name: str | None, as_json: bool) -> None:
     for name, found, err in each_host(ctx, host_name, True, lambda t, h: ops.status_rows(h, read_facts(t, h))):
         rows += found if found else [{"host": name, "status": "unreachable", "error": str(err)}]
         failures += [err.exit_code] if err else []
+    if not show_stopped:
+        rows = without_stopped(rows)
     services: list[dict[str, Any]] = []
     if not host_name:  # the whole fleet: the services too, as their routers see them
         from fleet.cli.services import service_status_rows

@@ -17,6 +17,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     gpus = ",".join(map(str, r["gpus"])) if isinstance(r.get("gpus"), list) else str(r.get("gpus") or "-")
     engine = " ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if x) or "-"
     notes = [
+        f"{r['stopped_left_out']} stopped (--all shows them)" if r.get("stopped_left_out") else "",
         f"container {r['container']}" if r.get("container") else "",
         str(r["group"]) if r.get("group") else "",
         "fixes: " + ",".join(r["applied_fixes"]) if r.get("applied_fixes") else "",
@@ -49,3 +50,16 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("startup") and not r.get("error"):
             out.append(" " * (widths[0] + 2) + starting_text(r["startup"]))
     return out
+
+
+def without_stopped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of deployments that are not stopped; a host left with none keeps one row that says how
+    many stopped ones it has, so every host asked still answers."""
+    kept: list[dict[str, Any]] = []
+    for host in dict.fromkeys(r["host"] for r in rows):
+        mine = [r for r in rows if r["host"] == host]
+        shown = [r for r in mine if r.get("status") != "stopped"]
+        if not shown:
+            shown = [{"host": host, "deployment": None, "status": "none", "stopped_left_out": len(mine)}]
+        kept += shown
+    return kept
