@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
 
-.PHONY: reliability-report demo test fast unit coverage oracle vllm-env images lint typecheck bench sandbox-up sandbox-down clean system-deps
+.PHONY: reliability-report demo tour test fast unit coverage oracle vllm-env images lint typecheck bench sandbox-up sandbox-down clean system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ system-deps:
 ## demo: bring up the local simulated fleet and deploy qwen35-nvfp4 to the simulated blackwell box
 demo: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.demo $(DEMO_ARGS)
+
+## tour: the wider features on the simulated fleet: a container deployment, a service's rolling restart,
+## a model over two hosts (TOUR_ARGS="group" for one part; --keep leaves its hosts up)
+tour: $(VENV)/.installed system-deps
+	$(BIN)/python -m fleet_testbed.tour $(TOUR_ARGS)
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
 ## (in two runs: the tests that need no sshd, podman or shared ports in 4 workers -- most of their time is

@@ -22,23 +22,14 @@ from fleet.crashes import LogContext, diagnose
 from fleet.errors import PreflightError, UnsafeToKill
 from fleet.inventory import Inventory, load_playbook
 from fleet_testbed import nshost, simhost
+from fleet_testbed.nodes import TWO_NODES
 
 pytestmark = [
     pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
     pytest.mark.slow,  # engines meeting over real TCP, tens of seconds in all
 ]
 
-PLAYBOOK = """\
-engine: sglang
-model: Qwen3.6-27B
-served_name: qwen36
-hosts: [node-a, node-b]
-tp: 4
-dist_port: 50000
-smoke:
-  prompt: "What is the capital of France? Answer in one word."
-  expect: "(?i)paris"
-"""
+PLAYBOOK = TWO_NODES  # the same group `make tour` shows
 
 
 class Group:
@@ -112,6 +103,8 @@ def test_a_group_meets_over_the_network_serves_on_rank_0_and_records_each_rank(g
     a, b = group.hosts["node-a"], group.hosts["node-b"]
     assert result.endpoint == f"http://{a.spec.address}:30000"
     assert ask(a.spec.address) == (200, " Paris.")
+    ready = [ev for where, ev in group.events if isinstance(ev, events.Ready)]
+    assert [r.smoke.get("text") for r in ready] == [" Paris."]  # what proved it, as said: rank 0's answer
     assert health(b.spec.address) == 200  # the other rank answers /health only
     assert ask(b.spec.address)[0] == 404
     for rank, name in enumerate(("node-a", "node-b")):

@@ -72,6 +72,17 @@ class Network:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
+def inner_pid(outer: int) -> int:
+    """The first process inside the namespaces `unshare --fork` (pid `outer`) made."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    raise RuntimeError("the namespace's first process did not start")
+
+
 class NamespaceHost:
     """One simulated host: its directory (simhost.build_host) and a namespace kept open by a sleeper."""
 
@@ -116,13 +127,7 @@ class NamespaceHost:
         self.host: Host = load_inventory(inventory).hosts[spec.name]
 
     def _inner_pid(self) -> int:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            children = Path(f"/proc/{self._outer.pid}/task/{self._outer.pid}/children").read_text().split()
-            if children:
-                return int(children[0])
-            time.sleep(0.01)
-        raise RuntimeError("the namespace's sleeper did not start")
+        return inner_pid(self._outer.pid)
 
     def transport(self) -> NamespaceTransport:
         return NamespaceTransport(self)

@@ -181,6 +181,7 @@ class Hold:
         self._on_done = on_done
         self.proven = False
         self.released = threading.Event()
+        self.smoke: WatchEvent | None = None  # rank 0's proof: the smoke answer the group is up with
 
     def on_done(self) -> None:
         """Once: a resumed watch (its connection was cut) proves the rank again and says done again."""
@@ -424,6 +425,8 @@ class Deployer:
                     if hold.released.is_set():
                         return False
                     continue
+                if ev["e"] == "smoke" and hold is not None:
+                    hold.smoke = ev
                 if ev["e"] == "done" and hold is not None:
                     hold.on_done()
                 if ev["e"] == "line":  # kept by on_line, bounded; not among the events

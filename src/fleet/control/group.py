@@ -93,6 +93,7 @@ class GroupRun:
         self.force = force
         self.engine_check = engine_check
         self.signatures = signatures
+        self.proof: WatchEvent | None = None  # rank 0's smoke answer, once the group is proven
         self.nodes = [
             Node(i, h.name, h.node_address or "", h.settings.network_interface) for i, h in enumerate(self.hosts)
         ]
@@ -215,7 +216,7 @@ class GroupRun:
                     rec.outcome = "ready"
                     result.ok = True
                     result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
-                    deployers[0].progress(events.Ready(attempt, {"e": "smoke", "ok": True}))
+                    deployers[0].progress(events.Ready(attempt, dict(self.proof or {"e": "smoke", "ok": True})))
                     return result
             rec.outcome = "rejected" if failed.ended == "rejected" else "crashed"
             rec.seconds = time.monotonic() - t0
@@ -397,6 +398,8 @@ class GroupRun:
                     outcome = ended.get(timeout=None if failed is None else _settle_left(stopped_at))
                 except queue.Empty:  # stopped, and its watcher still silent: the group does not wait for it
                     break
+                if outcome.rank == 0 and holds[0].smoke is not None:
+                    self.proof = holds[0].smoke
                 if outcome.rank in settled:
                     continue
                 settled.add(outcome.rank)

@@ -1,0 +1,77 @@
+"""`make tour` as a newcomer runs it: each part's real `fleet` commands on its own simulated hosts, read
+for what each command must have said (the structure of the output, not its sentences)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from fleet_testbed import nshost
+
+pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")]
+
+
+def tour(tmp_path: Path, *parts: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed"), "SIM_SPEED": "0"}
+    for key in ("FLEET_INVENTORY", "FLEET_PLAYBOOKS", "FLEET_SERVICES", "FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG"):
+        env.pop(key, None)  # the tour's own hosts, whatever the test session points at
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_testbed.tour", *parts, "--root", str(tmp_path), "--port", "2344", "--net", "19"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # as a terminal shows them: each command's progress under its own line
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert not list(tmp_path.glob("*/*/sshd.outer.pid")), "a part left its hosts up"
+    return done.stdout
+
+
+def part(out: str, name: str) -> str:
+    """What the tour printed for one part."""
+    return out.split(f"=== {name}: ", 1)[1].split("\n=== ", 1)[0]
+
+
+def after(out: str, command: str) -> str:
+    """What `fleet COMMAND` printed in the tour, up to its [time, exit] line."""
+    return out.split(f"$ fleet {command}\n", 1)[1].split("\n[", 1)[0]
+
+
+def test_the_service_and_group_parts_run_as_shown(tmp_path: Path) -> None:
+    both = tour(tmp_path, "service", "group")
+    out = part(both, "service")
+    assert "service qwen36 is up at http://127.0.19.3:30080" in after(out, "up qwen36")
+    rolled = after(out, "restart qwen36")
+    for replica in ("ct129/qwen36-1", "blackwell/qwen36-2"):  # each out of the router, restarted, back in
+        assert rolled.index(f"{replica}: deregistered") < rolled.index(f"{replica}: registered")
+    assert "router stopped" in after(out, "down qwen36")
+    out = part(both, "group")
+    deployed = after(out, "deploy two-nodes")
+    assert "node-a: ready; smoke answer ' Paris.'" in deployed and "two-nodes over node-a, node-b is up" in deployed
+    rows = [line.split() for line in after(out, "status").splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows if r[0].endswith("two-nodes")] == [
+        ("node-a/two-nodes", "ready"),
+        ("node-b/two-nodes", "ready"),
+    ]
+    logged = after(out, "logs -H node-a/two-nodes -H node-b/two-nodes -n 2").splitlines()
+    assert sorted({line.split(" | ", 1)[0] for line in logged}) == ["node-a/two-nodes", "node-b/two-nodes"]
+    assert len(logged) == 4
+
+
+@pytest.mark.containers
+def test_the_container_part_runs_as_shown(tmp_path: Path) -> None:
+    if shutil.which("podman") is None:
+        pytest.fail("podman (as root) is needed: run `make test` (it installs podman, runc and debootstrap)")
+    out = tour(tmp_path, "container")
+    assert "is up at http://127.0.19.2:30000" in after(out, "deploy qwen35-box --host blackwell")
+    row = after(out, "status").splitlines()[1].split()
+    assert row[:2] == ["blackwell/qwen35-box", "ready"] and "fleet-qwen35-box" in row
+    assert len(after(out, "logs -H blackwell/qwen35-box -n 3").splitlines()) == 3
+    assert "stopped" in after(out, "stop --host blackwell/qwen35-box")
