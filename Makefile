@@ -20,7 +20,7 @@ demo: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.demo $(DEMO_ARGS)
 
 ## tour: the wider features on the simulated fleet: a container deployment, a service's rolling restart,
-## a model over two hosts (TOUR_ARGS="group" for one part; --keep leaves its hosts up)
+## a model over two hosts, a pull from a stand-in Hub (TOUR_ARGS="group" for one part; --keep leaves its hosts up)
 tour: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.tour $(TOUR_ARGS)
 

@@ -44,8 +44,8 @@ def after(out: str, command: str) -> str:
     return out.split(f"$ fleet {command}\n", 1)[1].split("\n[", 1)[0]
 
 
-def test_the_service_and_group_parts_run_as_shown(tmp_path: Path) -> None:
-    both = tour(tmp_path, "service", "group")
+def test_the_service_group_and_pull_parts_run_as_shown(tmp_path: Path) -> None:
+    both = tour(tmp_path, "service", "group", "pull")
     out = part(both, "service")
     assert "service qwen36 is up at http://127.0.19.3:30080" in after(out, "up qwen36")
     rolled = after(out, "restart qwen36")
@@ -63,6 +63,32 @@ def test_the_service_and_group_parts_run_as_shown(tmp_path: Path) -> None:
     logged = after(out, "logs -H node-a/two-nodes -H node-b/two-nodes -n 2").splitlines()
     assert sorted({line.split(" | ", 1)[0] for line in logged}) == ["node-a/two-nodes", "node-b/two-nodes"]
     assert len(logged) == 4
+    out = part(both, "pull")
+    pulled = after(out, "pull qwen36-27b --host ct129")
+    assert "pulled Qwen/Qwen3.6-27B@" in pulled and "sizes and 5 checksums verified" in pulled
+    assert "ct129: qwen36-27b is up at" in after(out, "deploy qwen36-27b --host ct129")  # the pulled model, served
+
+
+def test_the_hubs_stand_in_serves_a_directory_as_a_command(tmp_path: Path) -> None:
+    """`python -m fleet_testbed.fakehub REPO=DIR`: what a reader runs to try `fleet pull` by hand."""
+    import json
+    import urllib.request
+
+    (tmp_path / "config.json").write_text("{}")
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "fleet_testbed.fakehub", f"acme/tiny={tmp_path}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "testbed")},
+    )
+    try:
+        assert hub.stdout is not None and hub.stdout.readline().startswith("serving acme/tiny")
+        url = hub.stdout.readline().split("HF_ENDPOINT=", 1)[1].strip()
+        with urllib.request.urlopen(f"{url}/api/models/acme/tiny/revision/main", timeout=30) as r:
+            assert [f["rfilename"] for f in json.loads(r.read())["siblings"]] == ["config.json"]
+    finally:
+        hub.terminate()
+        hub.communicate(timeout=30)
 
 
 @pytest.mark.containers

@@ -76,7 +76,7 @@ class FileEntry:
 
 
 class FakeHub:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.repos: dict[str, Repo] = {}
         self.served: dict[str, int] = {}  # file path -> bytes of it sent (GET bodies only)
         self.on_request: Callable[[BaseHTTPRequestHandler], None] | None = None  # a test's look while one is in flight
@@ -95,7 +95,7 @@ class FakeHub:
             def do_GET(self) -> None:
                 hub._answer(self, head=False)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -248,3 +248,29 @@ def make_model(
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
     (root / "tokenizer_config.json").write_text("{}")
     return root
+
+
+def main() -> None:
+    """`python -m fleet_testbed.fakehub REPO=DIR ...`: serve model directories as the Hub would, until
+    Ctrl-C; `fleet pull` on a host of this machine reaches it through HF_ENDPOINT."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m fleet_testbed.fakehub")
+    ap.add_argument("repos", nargs="+", metavar="REPO=DIR", help="a repository id and the directory it serves")
+    ap.add_argument("--port", type=int, default=0, help="its port on 127.0.0.1 (default: any free one)")
+    a = ap.parse_args()
+    hub = FakeHub(a.port)
+    for given in a.repos:
+        repo_id, sep, directory = given.partition("=")
+        if not sep or not Path(directory).is_dir():
+            ap.error(f"{given!r}: give REPO=DIR, DIR a model directory on this machine")
+        hub.add(repo_id, Repo(Path(directory)))
+    print(f"serving {', '.join(hub.repos)}; in another shell:\n  export HF_ENDPOINT={hub.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        hub.close()
+
+
+if __name__ == "__main__":
+    main()

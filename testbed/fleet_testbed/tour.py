@@ -1,8 +1,9 @@
 """`make tour`: the wider features on the simulated fleet, with the real `fleet` command, each in a few
 commands: a deployment in a podman container, a service's rolling restart behind the real SGLang router,
-and one model over two hosts (hosts with network namespaces of their own: fleet_testbed.nodes).
+one model over two hosts (hosts with network namespaces of their own: fleet_testbed.nodes), and a model
+pulled from a local stand-in for the Hugging Face Hub (fleet_testbed.fakehub).
 
-    python -m fleet_testbed.tour [container] [service] [group] [--root DIR] [--port P] [--net N] [--keep]
+    python -m fleet_testbed.tour [container] [service] [group] [pull] [--root DIR] [--port P] [--net N] [--keep]
 
 Each part brings up what it needs under --root and takes it down after (`--keep` leaves it up and says
 how to reach it). The container part needs podman as root, and builds the simulated engine's image once
@@ -109,11 +110,34 @@ def group(root: Path, port: int, net: int) -> None:
     fleet("stop", "two-nodes", env=env)
 
 
+def pull(root: Path, port: int, net: int) -> None:
+    """A model pulled onto ct129 from a local stand-in for the Hugging Face Hub, then deployed."""
+    from fleet_testbed.fakehub import FakeHub, Repo, make_model
+
+    _, env = sandbox(root, port, net)
+    model = root / "ct129" / "models" / "Qwen3.6-27B"
+    source = make_model(root / "hub" / "Qwen3.6-27B", config=model / "config.json")  # small weights, real config
+    shutil.rmtree(model)
+    hub = FakeHub()
+    hub.add("Qwen/Qwen3.6-27B", Repo(source))
+    env["HF_ENDPOINT"] = hub.url  # as for a mirror: `python -m fleet_testbed.fakehub REPO=DIR` serves one by hand
+    print(
+        f"\n# ct129 has no Qwen3.6-27B; the Hub's stand-in at {hub.url} has Qwen/Qwen3.6-27B (hf_repo: in the playbook)"
+    )
+    try:
+        fleet("pull", "qwen36-27b", "--host", "ct129", env=env)
+        fleet("deploy", "qwen36-27b", "--host", "ct129", env=env)
+        fleet("stop", "--host", "ct129/qwen36-27b", env=env)
+    finally:
+        hub.close()
+
+
 # each part, and what takes its hosts down again (run when it ends, however it ends)
 PARTS: dict[str, tuple[Callable[[Path, int, int], None], Callable[[Path], None]]] = {
     "container": (container, container_down),
     "service": (service, simhost.down),
     "group": (group, nodes.down),
+    "pull": (pull, simhost.down),
 }
 
 
