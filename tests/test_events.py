@@ -211,6 +211,35 @@ def test_a_terminal_gets_a_live_line_with_the_phase_its_bar_and_eta_and_the_engi
     report(events.Relaunching(2, 4, "cuda-graph-oom", "a smaller capture", "", 9.0, False))  # printed as usual
 
 
+def test_a_pull_on_a_terminal_is_a_live_bar_and_in_a_pipe_a_line_each_tenth(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleet.cli.provision import ProgressLines
+
+    planned = events.ModelPullPlanned("/models/q", "c0ffee" * 7, 5, 10 << 30, 0, 50 << 30)
+    board, out = terminal()
+    pull = ProgressLines("ct129")
+    pull.board, pull.row = board, board.row("ct129")
+    pull(planned)
+    for done in (1 << 30, 2 << 30, 4 << 30):
+        pull(events.ModelPullProgress(done, 10 << 30, 200 << 20, 30.0))
+    board.live.refresh()  # type: ignore[union-attr]
+    drawn = out.getvalue()
+    said = capsys.readouterr().err  # before the bar was drawn: printed as any line
+    assert said.startswith("ct129: pulling commit c0ffeec0ffee to /models/q: 5 files, 10.0 GiB")
+    assert "ct129 [" in drawn and "[1/1" not in drawn and "pulling" in drawn and "━" in drawn and "40% 4.0 GiB of 10.0 GiB, 200.0 MiB/s" in drawn
+    assert "~30s left" in drawn and "10% 1.0 GiB" not in drawn  # no line per tenth on a terminal
+    pull.close()
+    assert board.live is None
+    piped = ProgressLines("ct129")  # pytest's stderr is no terminal: lines, as a log file gets them
+    assert piped.board is None
+    piped(planned)
+    for done in (1 << 30, 1 << 30, 2 << 30):
+        piped(events.ModelPullProgress(done, 10 << 30, 200 << 20, 30.0))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(": ", 1)[1][:3] for line in lines[1:]] == ["10%", "20%"]  # each tenth once
+
+
 def test_several_deploys_share_one_display_until_the_last_ends() -> None:
     board, out = terminal()
     a, b = Reporter("node-a", board=board), Reporter("node-b", board=board)

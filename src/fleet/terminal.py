@@ -37,3 +37,12 @@ def duration(seconds: float) -> str:
     """Seconds as an operator reads them: 41s, 2m11s."""
     minutes, s = divmod(int(round(seconds)), 60)
     return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def size(n: float) -> str:
+    """Bytes as a person reads them: 512 B, 1.5 KiB ... 3.2 TiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from fleet import events
 from fleet.startup import PHASE_TITLES
-from fleet.terminal import duration, safe_line, safe_text
+from fleet.terminal import duration, safe_line, safe_text, size
 
 REFRESH_PER_SECOND = 4  # the time and the ETA count on between the engine's lines
 
@@ -33,6 +33,8 @@ class LiveRow:
         self.phase: events.StartupPhase | None = None
         self.phase_seen_at = 0.0  # when its phase event came: its ETA counts down from there
         self.line = ""
+        self.verb = "pulling"  # a model's transfer (fleet pull, or a push), drawn until a phase replaces it
+        self.transfer: events.ModelPullProgress | None = None
 
     def render(self, now: float) -> Group:
         """Two lines: where it is (host, attempt, time; the phase, its bar, the ETA), then the engine's
@@ -44,6 +46,9 @@ class LiveRow:
     def state(self, now: float) -> list[Any]:
         head = Text(f"{self.host} [{self.attempt}/{self.max} {now - self.started:5.1f}s]", style="bold")
         p = self.phase
+        if p is None and self.transfer is not None:  # a model on its way: no attempt to count yet
+            head = Text(f"{self.host} [{now - self.started:5.1f}s]", style="bold")
+            return [head, *self.transferred(self.transfer)]
         if p is None:
             return [head]
         title = Text(safe_line(PHASE_TITLES.get(p.phase, p.phase)))
@@ -52,6 +57,14 @@ class LiveRow:
             return [head, title, Text(eta)]
         bar = ProgressBar(total=p.of, completed=min(p.done or 0, p.of), width=16)
         return [head, title, bar, Text(f"{p.done}/{p.of}"), Text(eta)]
+
+
+    def transferred(self, t: events.ModelPullProgress) -> list[Any]:
+        total = max(t.total, 1)
+        bar = ProgressBar(total=total, completed=min(t.done, total), width=16)
+        eta = f"~{duration(t.eta_s)} left" if t.eta_s is not None and t.done < t.total else ""
+        amount = f"{t.done * 100 // total}% {size(t.done)} of {size(t.total)}, {size(int(t.rate_bps))}/s"
+        return [Text(self.verb), bar, Text(amount), Text(eta)]
 
 
 class LiveBoard:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fleet import events
 from fleet.cli.base import say
 from fleet.startup import PHASE_TITLES
-from fleet.terminal import duration, safe_line
+from fleet.terminal import duration, safe_line, size
 
 if TYPE_CHECKING:  # rich loads when a deploy shows progress, not for `fleet --help` or a cron run
     from fleet.cli.live import LiveBoard
@@ -66,14 +66,6 @@ class PullShown:
         return []
 
 
-def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 class Reporter:
     """Progress of a deploy on stderr: what happens, a line each; on a terminal, also its live line (the
     phase, its progress and ETA, the engine's last log line: fleet.cli.live), unless the log is shown."""
@@ -114,6 +106,7 @@ class Reporter:
         elif isinstance(event, events.AttemptStarted):
             if self.row:
                 self.row.attempt, self.row.max, self.row.phase = event.attempt, event.max, None
+                self.row.transfer = None
             self.say(f"{h}: attempt {event.attempt}/{event.max} [{elapsed:5.1f}s]")
         elif isinstance(event, events.EngineChecked):
             self.say(f"{h}: engine's own argument check: {event.verdict}")
@@ -149,9 +142,14 @@ class Reporter:
                 f"(stall bound {duration(event.bound_s)}, {usual}); waiting on as the playbook says "
                 f"(on_stall: wait), up to ready_timeout_s {duration(event.ready_timeout_s)}"
             )
+        elif isinstance(event, events.ModelPullProgress) and self.board and self.row:
+            self.row.transfer = event  # a bar on the live line; lines are for logs and pipes
         elif isinstance(event, events.ModelPullPlanned | events.ModelPullProgress):
             for line in self.pull.lines(event):
                 self.say(f"{h}: {line}")
+            if self.board and self.row and isinstance(event, events.ModelPullPlanned):
+                self.row.verb = "pushing" if event.source else "pulling"
+                self.board.show(self.row)
         elif isinstance(event, events.Pulling):
             self.say(f"{h}: pull {safe_line(event.image)}: {safe_line(event.line)}")
         elif isinstance(event, events.Diagnosed):
