@@ -58,7 +58,6 @@ class LiveRow:
         bar = ProgressBar(total=p.of, completed=min(p.done or 0, p.of), width=16)
         return [head, title, bar, Text(f"{p.done}/{p.of}"), Text(eta)]
 
-
     def transferred(self, t: events.ModelPullProgress) -> list[Any]:
         total = max(t.total, 1)
         bar = ProgressBar(total=total, completed=min(t.done, total), width=16)
