@@ -15,7 +15,7 @@ from fleet.errors import ConfigError, PreflightError
 from fleet.facts import HostFacts
 from fleet.inventory import load_playbook
 from fleet.plan import args_dict
-from fleet.plan.fit import fit_gpus, kv_bytes_per_token
+from fleet.plan.fit import GIB, fit_gpus, kv_bytes_per_token
 from fleet.plan.placement import place
 from test_model_spec import spec_of
 from test_plan import playbook
@@ -111,9 +111,13 @@ def test_found_by_review_sliding_window_layers_hold_their_window_and_head_size_d
 
     cfg = json.loads((Path(__file__).parent / "data" / "matrix" / "gpt-oss-120b" / "config.json").read_text())
     oss = parse_model_spec("/m", cfg, None, 65_248_815_744)
-    assert (oss.sliding_window_layers, oss.sliding_window) == (18, 128)
-    assert kv_bytes_per_token(oss, 1, 131072) < kv_bytes_per_token(replace(oss, sliding_window_layers=0), 1, 131072)
-    assert fit_gpus(oss, H100, 8, None).gpus == 1  # 60.8 GiB of weights, and 18 full layers' cache
+    assert (oss.sliding_window_layers, oss.sliding_window, oss.sglang_swa_layers) == (18, 128, 18)
+    per_layer = 2 * 8 * 64 * 2  # keys and values of 8 KV heads of 64, in BF16
+    # vLLM keeps a sliding layer's 128 tokens; SGLang its SWA pool at 0.8 of the full layers' tokens
+    assert kv_bytes_per_token(oss, 1, 131072, engine="vllm") == round(per_layer * (18 + 18 * 128 / 131072))
+    assert kv_bytes_per_token(oss, 1, 131072) == round(per_layer * (18 + 0.8 * 18))
+    assert fit_gpus(oss, H100, 8, None, engine="vllm").gpus == 1  # 60.8 GiB of weights, 4.5 GiB of cache
+    assert fit_gpus(oss, H100, 8, None).gpus == 2  # SGLang's 8.1 GiB of cache does not fit beside them
     llama = json.loads((Path(__file__).parent / "data" / "configs" / "llama-3.1-8b.json").read_text())
     llama.pop("head_dim", None)
     assert parse_model_spec("/m", llama, None, None).head_dim == 128  # hidden size over heads
@@ -272,3 +276,52 @@ def test_fleet_plan_says_why_fit_chose_a_count_once_and_a_deploy_in_its_one_erro
     with pytest.raises(PreflightError) as refused:
         ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
     assert refused.value.message.startswith(fit)
+
+
+# --- KV cache as each engine sizes it (issue 42, item 3) ---------------------------------------------------
+# Kimi-K2-Instruct-0905: DeepSeek-V3's layout (tests/data/matrix/DeepSeek-V3) with Kimi's values as its
+# config.json states them (61 layers, 64 heads and KV heads, 384 experts, yarn x64 of 4096 positions; summed
+# up in ParagEkbote/hf-model-inspector's model_inspection_report.md). Llama-4-Scout-17B-16E: transformers'
+# Llama4TextConfig defaults, which are Scout's (48 layers, 40 heads, 8 KV heads of 128, chunks of 8192, every
+# fourth layer without RoPE; mirrored in Shameerisb/llama-4-scout_Implementation_Pytorch configs/text_config.py).
+
+
+def config(name: str) -> dict[str, object]:
+    import json
+
+    return json.loads((Path(__file__).parent / "data" / "configs" / f"{name}.json").read_text())
+
+
+def test_mla_caches_one_latent_per_token_and_layer_on_every_rank() -> None:
+    from fleet.model import parse_model_spec
+
+    kimi = parse_model_spec("/m", config("kimi-k2-instruct-0905"), None, 1_029_000_000_000)
+    assert (kimi.mla, kimi.mla_kv_dim) == (True, 512 + 64)
+    per_token = 61 * 576 * 2  # SGLang pool_configurator: (kv_lora_rank + qk_rope_head_dim) x layers x BF16
+    assert kv_bytes_per_token(kimi, 8) == kv_bytes_per_token(kimi, 1) == per_token  # not split over ranks
+    assert round(per_token * 131072 / GIB, 1) == 8.6  # was counted 26.7 GiB, as 8 of 64 heads of 112 per rank
+    assert kv_bytes_per_token(kimi, 8, draft_layers=1) == 62 * 576 * 2  # a NEXTN draft's layer is MLA too
+
+
+def test_chunked_attention_is_a_window_to_vllm_and_a_sliding_pool_to_sglang() -> None:
+    from fleet.model import parse_model_spec
+
+    scout = parse_model_spec("/m", config("llama-4-scout-17b-16e"), None, 217_000_000_000)
+    assert (scout.sliding_window_layers, scout.sliding_window, scout.sglang_swa_layers) == (36, 8192, 36)
+    per_layer = 2 * 2 * 128 * 2  # TP 4: 2 of the 8 KV heads per rank
+    assert kv_bytes_per_token(scout, 4, 131072) == round(per_layer * (12 + 0.8 * 36))  # SGLang: 41.8 of 48
+    assert kv_bytes_per_token(scout, 4, 131072, engine="vllm") == round(per_layer * (12 + 36 * 8192 / 131072))
+
+
+def test_sglang_pools_apart_only_the_architectures_it_names() -> None:
+    """Gemma 3 alternates sliding and global layers, but SGLang (0.5.11, 0.5.23) gives it no sliding
+    pool: every layer holds the whole context there, as many as vLLM keeps for a window."""
+    import json
+
+    from fleet.model import parse_model_spec
+
+    cfg = json.loads((Path(__file__).parent / "data" / "matrix" / "gpt-oss-120b" / "config.json").read_text())
+    other = parse_model_spec("/m", {**cfg, "architectures": ["Gemma3ForCausalLM"]}, None, 65_248_815_744)
+    assert (other.sliding_window_layers, other.sglang_swa_layers) == (18, 0)
+    assert kv_bytes_per_token(other, 1, 131072) == 2 * 8 * 64 * 2 * 36
+    assert kv_bytes_per_token(other, 1, 131072, engine="vllm") < kv_bytes_per_token(other, 1, 131072) / 1.9

@@ -26,6 +26,36 @@ HYBRID_ARCHS = {
 }
 
 
+# The architectures SGLang gives a sliding-window KV pool of their own, and how it finds their sliding
+# layers (configs/model_config.py is_hybrid_swa_model / get_hybrid_layer_ids, the same in 0.5.11 and
+# 0.5.23 for these). Any other model's sliding layers get a full-context cache from SGLang (Gemma 3).
+SGLANG_SWA_BY_LAYER_TYPES = {"GptOssForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"}
+SGLANG_SWA_EVERY_FOURTH_FULL = {"Llama4ForConditionalGeneration"}  # layer i is full iff (i + 1) % 4 == 0
+
+
+def _sglang_swa_layers(arch: str, layers: int, layer_types: Any) -> int:
+    if arch in SGLANG_SWA_EVERY_FOURTH_FULL:
+        return sum(1 for i in range(layers) if (i + 1) % 4)
+    if arch in SGLANG_SWA_BY_LAYER_TYPES and isinstance(layer_types, list):
+        return sum(1 for t in layer_types[:layers] if t == "sliding_attention")
+    return 0
+
+
+def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, int | None]:
+    """(layers holding only a window of tokens, that window), as vLLM's hybrid KV cache keeps them:
+    `layer_types`' sliding layers, or Llama 4's chunked-attention layers (those with RoPE: every layer
+    but each `no_rope_layer_interval`th) holding their chunk."""
+    chunk = _int(tc, "attention_chunk_size")
+    if chunk:
+        no_rope = tc.get("no_rope_layers")
+        if isinstance(no_rope, list) and len(no_rope) >= layers:
+            return sum(1 for x in no_rope[:layers] if x), chunk  # 1: RoPE, chunked; 0: global
+        interval = _int(tc, "no_rope_layer_interval", default=4)
+        return sum(1 for i in range(layers) if (i + 1) % interval), chunk
+    sliding = sum(1 for t in layer_types if t == "sliding_attention") if isinstance(layer_types, list) else 0
+    return sliding, _int(tc, "sliding_window") or None
+
+
 class ModelConfigError(ValueError):
     """The model directory cannot describe a servable model (missing or malformed config)."""
 
@@ -49,9 +79,12 @@ class ModelSpec:
     context_length: int | None
     weights_bytes: int | None
     custom_code: bool = False  # config.json's auto_map names code shipped with the model (transformers' remote code)
-    sliding_window_layers: int = 0  # layers that attend to the last `sliding_window` tokens only (gpt-oss)
+    sliding_window_layers: int = 0  # layers that attend to the last `sliding_window` tokens only (gpt-oss;
+    # Llama 4's chunked-attention layers, their chunk as the window)
     sliding_window: int | None = None
     mla: bool = False  # multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3, Kimi K2): its own backends
+    mla_kv_dim: int = 0  # what MLA caches per token and layer: kv_lora_rank + qk_rope_head_dim
+    sglang_swa_layers: int = 0  # the layers SGLang keeps in its sliding-window pool (SGLANG_SWA_ARCHS)
 
     @property
     def hybrid(self) -> bool:
@@ -185,6 +218,7 @@ def parse_model_spec(
     family, sglang_quant, kv = _quantization(config, quant_config)
     experts = _int(tc, "num_experts", "n_routed_experts", "num_local_experts")
     heads = _int(tc, "num_attention_heads", "n_head")
+    sliding, window = _sliding(tc, layers, layer_types)
     return ModelSpec(
         path=path,
         architecture=str(archs[0]),
@@ -204,9 +238,9 @@ def parse_model_spec(
         context_length=_int(tc, "max_position_embeddings") or None,
         weights_bytes=weights_bytes,
         custom_code=isinstance(config.get("auto_map"), dict) and bool(config["auto_map"]),
-        sliding_window_layers=sum(1 for t in layer_types if t == "sliding_attention")
-        if isinstance(layer_types, list)
-        else 0,
-        sliding_window=_int(tc, "sliding_window") or None,
+        sliding_window_layers=sliding,
+        sliding_window=window,
         mla=tc.get("kv_lora_rank") is not None,
+        mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
+        sglang_swa_layers=_sglang_swa_layers(str(archs[0]), layers, layer_types),
     )

@@ -4,13 +4,14 @@ stay free for other deployments or a service's replicas. Pure.
 
 The budget is pre-flight's (fleet.plan.build): 85% of each GPU, or the playbook's mem_fraction less 2 GiB.
 The TP is one the planner would choose (it splits the attention and KV heads: fleet.plan.rules.tp_splits).
-The KV cache counts full-attention layers for the whole context and sliding-window layers for their
-window (Gated-DeltaNet/mamba layers keep a fixed-size state), with the KV heads split over the ranks and
-replicated when there are fewer heads than ranks, in the checkpoint's dtype (FP8 when it quantises the KV
-cache). With speculative decoding on the model's own MTP heads, the draft keeps a KV cache of its own for
-the same tokens: one full-attention layer per head (SGLang's draft worker and vLLM's MTP proposer each
-allocate one); its weights are in the checkpoint already. A model that does not say its head size is
-fitted by its weights alone, and the reason says so.
+The KV cache is counted as the engine allocates it (kv_bytes_per_token): full-attention layers for the
+whole context; sliding-window and chunked layers as the engine pools them; MLA as one latent per token and
+layer on every rank; Gated-DeltaNet/mamba layers keep a fixed-size state and are not counted. KV heads are
+split over the ranks and replicated when there are fewer heads than ranks, in the checkpoint's dtype (FP8
+when it quantises the KV cache). With speculative decoding on the model's own MTP heads, the draft keeps a
+KV cache of its own for the same tokens: one full-attention layer per head (SGLang's draft worker and
+vLLM's MTP proposer each allocate one); its weights are in the checkpoint already. A model that does not
+say its head size is fitted by its weights alone, and the reason says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fleet.model import ModelSpec
 from fleet.plan.rules import tp_splits
 
 WEIGHTS_AND_KV_MAX_SHARE = 0.85  # pre-flight's WEIGHTS_MAX_SHARE: the rest is activations and CUDA graphs
+SWA_FULL_TOKENS_RATIO = 0.8  # SGLang's --swa-full-tokens-ratio (0.5.11's default; 0.5.23's fallback)
 GIB = 1 << 30
 
 
@@ -31,21 +33,35 @@ class Fit:
     fits: bool = True  # False: nothing up to the host's GPUs holds it; the largest TP is taken
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int, context: int | None = None, draft_layers: int = 0) -> int | None:
-    """One token's keys and values on one of `tp` ranks, averaged over `context` tokens (sliding-window
-    layers hold only their window), with `draft_layers` full-attention layers of a speculative draft, or
-    None when the config does not say enough."""
+def kv_bytes_per_token(
+    model: ModelSpec, tp: int, context: int | None = None, draft_layers: int = 0, engine: str = "sglang"
+) -> int | None:
+    """One token's keys and values on one of `tp` ranks, as `engine` sizes its cache, averaged over
+    `context` tokens, with `draft_layers` layers of a speculative draft; None when the config does not
+    say enough.
+
+    - MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per token and layer, whole on every rank.
+    - SGLang keeps the sliding layers of the architectures it pools apart at swa_full_tokens_ratio of
+      the full layers' tokens, and every other layer for the whole context (model_executor/
+      pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a sliding or chunked layer's window only."""
+    dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
+    attention_layers = model.num_layers - len(model.linear_attention_layers)
+    if model.mla_kv_dim and model.num_layers:
+        return (attention_layers + draft_layers) * model.mla_kv_dim * dtype_bytes
     if not model.head_dim or not model.num_layers:
         return None
     heads = model.num_kv_heads or model.num_attention_heads
     if not heads:
         return None
-    sliding = model.sliding_window_layers if model.sliding_window else 0
-    full = model.num_layers - len(model.linear_attention_layers) - sliding + draft_layers
-    windowed = sliding * min(1.0, (model.sliding_window or 0) / context) if context else sliding
     heads_per_rank = -(-heads // tp)  # replicated when fewer heads than ranks
-    dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
-    return round(2 * (full + windowed) * heads_per_rank * model.head_dim * dtype_bytes)
+    per_layer = 2 * heads_per_rank * model.head_dim * dtype_bytes
+    if engine == "sglang":
+        sliding, held = model.sglang_swa_layers, SWA_FULL_TOKENS_RATIO * model.sglang_swa_layers
+    else:
+        sliding = model.sliding_window_layers if model.sliding_window else 0
+        share = min(1.0, (model.sliding_window or 0) / context) if context else 1.0
+        held = sliding * share
+    return round(per_layer * (attention_layers - sliding + draft_layers + held))
 
 
 def budget_bytes(memory_mib: int, mem_fraction: float | None) -> float:
@@ -62,6 +78,7 @@ def fit_gpus(
     context_length: int | None,
     mem_fraction: float | None = None,
     speculative: bool = False,
+    engine: str = "sglang",
 ) -> Fit:
     """The smallest power-of-two GPU count up to `available` that holds the model at a TP the planner
     would choose; else the largest such TP, marked as not fitting (the plan warns). `speculative`: the
@@ -75,7 +92,7 @@ def fit_gpus(
         return Fit(usable[-1], f"the weights' size is unknown (no safetensors index): TP {usable[-1]}", fits=False)
     for n in usable:
         weights = model.weights_bytes / n
-        per_token = kv_bytes_per_token(model, n, context, draft)
+        per_token = kv_bytes_per_token(model, n, context, draft, engine)
         kv = per_token * context if per_token is not None and context else 0
         if weights + kv <= budget:
             return Fit(n, _why(n, weights, kv, budget, share, context, per_token is None, usable, draft))
