@@ -101,3 +101,24 @@ def test_the_container_part_runs_as_shown(tmp_path: Path) -> None:
     assert row[:2] == ["blackwell/qwen35-box", "ready"] and "fleet-qwen35-box" in row
     assert len(after(out, "logs -H blackwell/qwen35-box -n 3").splitlines()) == 3
     assert "stopped" in after(out, "stop --host blackwell/qwen35-box")
+
+
+def test_the_demo_runs_beside_another_sandbox_in_its_own_directory_port_and_addresses(tmp_path: Path) -> None:
+    """`make demo DEMO_ARGS=...` as the README gives it, with FLEET_SANDBOX naming its directory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed"), "SIM_SPEED": "0", "FLEET_SANDBOX": str(tmp_path)}
+    for key in ("FLEET_INVENTORY", "FLEET_PLAYBOOKS", "FLEET_SERVICES", "FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG"):
+        env.pop(key, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_testbed.demo", "--port", "2345", "--net", "21"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    out = done.stdout
+    assert "real sshd on 127.0.21.2 and 127.0.21.3, port 2345" in out
+    rows = [line.split() for line in after(out, "status").splitlines()]
+    assert rows[0][:2] == ["DEPLOYMENT", "STATUS"] and ["ct129/qwen36-27b", "ready"] in [r[:2] for r in rows]
+    assert (tmp_path / "inventory.yaml").exists() and not list(tmp_path.glob("*/sshd.outer.pid"))  # down after
