@@ -36,6 +36,7 @@ FILLED = {  # the README's placeholders, as the sandbox names them
     "LOG": str(CRASH_LOG),
 }
 CRONTAB = "this machine's crontab; tests/test_health.py installs the entry and restores what was there"
+PACKAGE_INDEX = "a package index; tests/test_engines.py installs and switches versions from a local one"
 TWO_BOXES = "two 8-GPU boxes; `make tour TOUR_ARGS=group` runs a group's commands (test_tour.py)"
 NOT_RUN_HERE = {
     "fleet plan qwen35-two-nodes": TWO_BOXES,
@@ -47,6 +48,9 @@ NOT_RUN_HERE = {
     "fleet cron show": CRONTAB,
     "fleet cron remove": CRONTAB,
     "fleet cron": "the name of a command group, not a command",
+    "fleet pull qwen36-27b --host ct129": "the Hugging Face Hub; `make tour TOUR_ARGS=pull` pulls from a stand-in",
+    "fleet engine install sglang==0.5.23 --host blackwell": PACKAGE_INDEX,
+    "fleet engine use sglang==0.5.23 --host blackwell": PACKAGE_INDEX,
     "fleet engine pull": "the name of a command without its image; tests/test_engine_images.py runs it",
 }
 CODE_LINE = re.compile(r"^ {4,}(fleet [^#\n]*?)\s*(?:#.*)?$", re.M)
@@ -67,6 +71,7 @@ def examples(page: Path) -> list[str]:
 
 PREPARED = {  # what a page takes as already done before its first command
     "health.md": [["deploy", "qwen36-27b", "--host", "blackwell"]],
+    "startup.md": [["deploy", "qwen36-27b", "--host", "blackwell"]],
 }
 
 
