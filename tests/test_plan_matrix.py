@@ -24,8 +24,9 @@ from conftest import ROOT
 from factsdata import MODELS, facts
 from fleet.control import ops
 from fleet.inventory import parse_inventory, parse_playbook
-from fleet.plan import keyed_premises, picks
-from fleet.plan.build import PlanResult
+from fleet.plan import keyed_premises, parse_version, picks
+from fleet.plan.build import PlanResult, memory_wishes
+from fleet.plan.memory import sglang_mem_fraction
 from fleet.yamlfile import parse_yaml
 from sglang_oracle import ORACLE
 
@@ -149,6 +150,17 @@ def test_every_plan_passes_the_real_parser_and_resolution(version: str) -> None:
             wrong.append(f"{cell.name}: fleet's table says SGLang picks {left}, it resolved {got}")
     assert sum(bool(predicted_picks(c, planned[c])) for c, _ in todo) >= len(todo) // 2  # the table speaks
     assert not wrong, "\n".join(wrong)
+    # and the memory budget fleet plans with is the one SGLang resolves (fleet.plan.memory)
+    budgets = []
+    for (cell, argv), v in zip(todo, verdicts, strict=True):
+        r = planned[cell]
+        assert r.plan is not None and r.model is not None
+        tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+        oracle_mib = GPUS[cell.gpu][0][2] // 1024 * 1024  # the oracle's fake GPU has whole GiB
+        ours = sglang_mem_fraction(parse_version(version), oracle_mib, r.model, memory_wishes(r.plan, tp))
+        if abs(ours - float(v["resolved"]["mem_fraction_static"])) > 1e-9:
+            budgets.append(f"{cell.name}: fleet counts {ours}, SGLang resolved {v['resolved']['mem_fraction_static']}")
+    assert not budgets, "\n".join(budgets)
 
 
 # the oracle's names for the settings fleet's keyed rules decide on (fleet.plan.picks.SETTINGS)

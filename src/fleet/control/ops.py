@@ -285,7 +285,11 @@ def _asked(
     if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
         return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs")
     speculative = bool(spec.speculative and spec.speculative.enabled)
-    fit = fit_gpus(model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction, speculative, spec.engine)
+    install = facts.engines.get(spec.engine)
+    version = parse_version(install.version) if install else None
+    fit = fit_gpus(
+        model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction, speculative, spec.engine, version
+    )
     rest = gpus.count - fit.gpus
     free = f"; the host's other {rest} are left for other deployments or replicas (gpus: all takes every GPU)"
     free = free if rest else ""

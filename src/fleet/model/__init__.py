@@ -56,6 +56,14 @@ def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, in
     return sliding, _int(tc, "sliding_window") or None
 
 
+def _vision(vc: Any) -> tuple[int, int] | None:
+    """A vision tower's (layers, hidden size), read as SGLang's adjust_mem_fraction_for_vlm reads them:
+    `num_hidden_layers` and `hidden_size`, else ViT-L/14's 24 and 1024 (a `depth:` key is not read)."""
+    if not isinstance(vc, dict):
+        return None
+    return _int(vc, "num_hidden_layers", default=24), _int(vc, "hidden_size", default=1024)
+
+
 class ModelConfigError(ValueError):
     """The model directory cannot describe a servable model (missing or malformed config)."""
 
@@ -85,6 +93,8 @@ class ModelSpec:
     mla: bool = False  # multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3, Kimi K2): its own backends
     mla_kv_dim: int = 0  # what MLA caches per token and layer: kv_lora_rank + qk_rope_head_dim
     sglang_swa_layers: int = 0  # the layers SGLang keeps in its sliding-window pool (SGLANG_SWA_ARCHS)
+    # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
+    vision: tuple[int, int] | None = None
 
     @property
     def hybrid(self) -> bool:
@@ -243,4 +253,5 @@ def parse_model_spec(
         mla=tc.get("kv_lora_rank") is not None,
         mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
         sglang_swa_layers=_sglang_swa_layers(str(archs[0]), layers, layer_types),
+        vision=_vision(config.get("vision_config")),
     )

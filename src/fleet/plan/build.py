@@ -32,11 +32,12 @@ from fleet.plan import (
 )
 from fleet.plan.capabilities import capability
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
+from fleet.plan.fit import GIB, budget, kv_bytes_per_token
+from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill
 from fleet.plan.picks import told_picks
 
 # Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
 # less 2 GiB); the rest is KV cache, activations and CUDA graphs. A tighter fit starts, then OOMs.
-WEIGHTS_MAX_SHARE = 0.85
 MIN_LOG_DISK_BYTES = 200 << 20
 MIN_STATE_DISK_BYTES = 16 << 20  # state, lock and learned fixes: kilobytes, with room to spare
 
@@ -339,6 +340,22 @@ def _tp_of(plan: LaunchPlan) -> int:
     return int(f.value) if f and f.value and f.value.isdigit() else 1
 
 
+def memory_wishes(plan: LaunchPlan, tp: int) -> MemoryWishes:
+    """What the command line sets that SGLang's memory heuristic reads (fleet.plan.memory)."""
+
+    def number(*flags: str) -> int | None:
+        found = next((f for f in (plan.flag(name) for name in flags) if f is not None and f.value), None)
+        return int(str(found.value)) if found is not None and str(found.value).isdigit() else None
+
+    return MemoryWishes(
+        tp=tp,
+        speculative=plan.flag("--speculative-algorithm") is not None,
+        chunked_prefill_size=number("--chunked-prefill-size"),
+        cuda_graph_max_bs=number("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
+        max_running_requests=number("--max-running-requests"),
+    )
+
+
 def preflight(
     where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, facts: HostFacts, host: Host
 ) -> list[Verdict]:
@@ -371,18 +388,23 @@ def preflight(
     if model.weights_bytes and tp <= gpus.count:
         per_gpu_mib = model.weights_bytes / tp / (1 << 20)
         frac_flag = plan.flag("--mem-fraction-static") or plan.flag("--gpu-memory-utilization")
-        budget = gpus.memory_mib * WEIGHTS_MAX_SHARE
-        rule = f"at most {WEIGHTS_MAX_SHARE:.0%} of each GPU's memory"
-        if frac_flag and frac_flag.value:
-            budget = gpus.memory_mib * float(frac_flag.value) - 2048
-            rule = f"mem fraction {frac_flag.value} x GPU memory, less 2 GiB for the KV cache"
-        if per_gpu_mib > budget:
+        fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
+        wished = memory_wishes(plan, tp)
+        room = budget(model, gpus.memory_mib, fraction, plan.engine, v, wished)
+        # SGLang's own budget must also hold the cache of one prefill step, or it stops at load ("Not enough
+        # memory"); a fraction given, or another engine, is held to the weights alone, as before
+        own_budget = plan.engine == "sglang" and v is not None and fraction is None
+        step = sglang_chunked_prefill(v, gpus.memory_mib, wished) if own_budget and v is not None else 0
+        per_token = kv_bytes_per_token(model, tp, None, model.mtp_layers if wished.speculative else 0) or 0
+        needed = per_gpu_mib * (1 << 20) + step * per_token
+        if needed > room.bytes:
+            cache = f" and the KV cache of one {step}-token prefill step" if step else ""
             out.append(
                 _err(
                     "fit",
-                    f"{where}: weights need {per_gpu_mib / 1024:.1f} GiB per GPU at TP {tp}, more than "
-                    f"{budget / 1024:.1f} GiB ({rule}; {gpus.memory_mib / 1024:.1f} GiB per GPU). Use more "
-                    "GPUs or a smaller/quantized checkpoint.",
+                    f"{where}: weights need {per_gpu_mib / 1024:.1f} GiB per GPU at TP {tp}{cache}, more than "
+                    f"{room.bytes / GIB:.1f} GiB ({room.rule}; {gpus.memory_mib / 1024:.1f} GiB per GPU): the "
+                    "engine would stop at load. Use more GPUs or a smaller/quantized checkpoint.",
                 )
             )
     # the port: fleet stops engine servers, never anything else

@@ -2,7 +2,8 @@
 weights and the KV cache for one request of the whole context fit in each GPU, so the host's other GPUs
 stay free for other deployments or a service's replicas. Pure.
 
-The budget is pre-flight's (fleet.plan.build): 85% of each GPU, or the playbook's mem_fraction less 2 GiB.
+The budget is pre-flight's (fleet.plan.build): the playbook's mem_fraction less 2 GiB, else SGLang's own
+mem_fraction_static at each TP (fleet.plan.memory), else 85% of each GPU.
 The TP is one the planner would choose (it splits the attention and KV heads: fleet.plan.rules.tp_splits).
 The KV cache is counted as the engine allocates it (kv_bytes_per_token): full-attention layers for the
 whole context; sliding-window and chunked layers as the engine pools them; MLA as one latent per token and
@@ -19,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.model import ModelSpec
+from fleet.plan.memory import MemoryWishes, sglang_mem_fraction
 from fleet.plan.rules import tp_splits
 
-WEIGHTS_AND_KV_MAX_SHARE = 0.85  # pre-flight's WEIGHTS_MAX_SHARE: the rest is activations and CUDA graphs
+WEIGHTS_AND_KV_MAX_SHARE = 0.85  # when no fraction is known (vLLM): the rest is activations and CUDA graphs
 SWA_FULL_TOKENS_RATIO = 0.8  # SGLang's --swa-full-tokens-ratio (0.5.11's default; 0.5.23's fallback)
 GIB = 1 << 30
 
@@ -64,11 +66,31 @@ def kv_bytes_per_token(
     return round(per_layer * (attention_layers - sliding + draft_layers + held))
 
 
-def budget_bytes(memory_mib: int, mem_fraction: float | None) -> float:
-    """What weights and KV cache may take on each GPU, as pre-flight's fit check counts it."""
+@dataclass(frozen=True)
+class Budget:
+    """What weights and the KV cache may take on each GPU at one TP, and the rule that says so."""
+
+    bytes: float
+    rule: str
+
+
+def budget(
+    model: ModelSpec,
+    memory_mib: int,
+    mem_fraction: float | None,
+    engine: str,
+    version: tuple[int, ...] | None,
+    wishes: MemoryWishes,
+) -> Budget:
+    """The playbook's mem_fraction less 2 GiB; else SGLang's own mem_fraction_static for this GPU, TP and
+    model (fleet.plan.memory); else 85% of each GPU (vLLM, or an engine version not known yet)."""
     if mem_fraction:
-        return (memory_mib * mem_fraction - 2048) * (1 << 20)
-    return memory_mib * (1 << 20) * WEIGHTS_AND_KV_MAX_SHARE
+        return Budget((memory_mib * mem_fraction - 2048) * (1 << 20), f"mem_fraction {mem_fraction} less 2 GiB")
+    if engine == "sglang" and version is not None:
+        fraction = sglang_mem_fraction(version, memory_mib, model, wishes)
+        shown = ".".join(map(str, version))
+        return Budget(memory_mib * fraction * (1 << 20), f"SGLang {shown}'s own mem_fraction_static {fraction:.3f}")
+    return Budget(memory_mib * (1 << 20) * WEIGHTS_AND_KV_MAX_SHARE, f"{WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU")
 
 
 def fit_gpus(
@@ -79,12 +101,16 @@ def fit_gpus(
     mem_fraction: float | None = None,
     speculative: bool = False,
     engine: str = "sglang",
+    version: tuple[int, ...] | None = None,
 ) -> Fit:
     """The smallest power-of-two GPU count up to `available` that holds the model at a TP the planner
     would choose; else the largest such TP, marked as not fitting (the plan warns). `speculative`: the
-    playbook asks for speculative decoding on the model's MTP heads (the draft's KV cache is counted)."""
-    budget = budget_bytes(memory_mib, mem_fraction)
-    share = f"mem_fraction {mem_fraction} less 2 GiB" if mem_fraction else f"{WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU"
+    playbook asks for speculative decoding on the model's MTP heads (the draft's KV cache is counted).
+    `version`: the engine's, whose own memory budget counts (fleet.plan.memory)."""
+
+    def at(n: int) -> Budget:
+        return budget(model, memory_mib, mem_fraction, engine, version, MemoryWishes(tp=n, speculative=speculative))
+
     context = context_length or model.context_length
     usable = [n for n in (1 << i for i in range(7)) if n <= available and tp_splits(model, n)] or [1]
     draft = model.mtp_layers if speculative else 0
@@ -94,12 +120,14 @@ def fit_gpus(
         weights = model.weights_bytes / n
         per_token = kv_bytes_per_token(model, n, context, draft, engine)
         kv = per_token * context if per_token is not None and context else 0
-        if weights + kv <= budget:
-            return Fit(n, _why(n, weights, kv, budget, share, context, per_token is None, usable, draft))
+        room = at(n)
+        if weights + kv <= room.bytes:
+            return Fit(n, _why(n, weights, kv, room, context, per_token is None, usable, draft))
+    room = at(usable[-1])
     return Fit(
         usable[-1],
-        f"no TP up to {usable[-1]} holds the weights and the KV cache of {context} tokens in {budget / GIB:.1f} "
-        f"GiB ({share}): TP {usable[-1]}; a shorter context_length: or bigger GPUs would",
+        f"no TP up to {usable[-1]} holds the weights and the KV cache of {context} tokens in {room.bytes / GIB:.1f} "
+        f"GiB ({room.rule}): TP {usable[-1]}; a shorter context_length: or bigger GPUs would",
         fits=False,
     )
 
@@ -108,8 +136,7 @@ def _why(
     n: int,
     weights: float,
     kv: float,
-    budget: float,
-    share: str,
+    room: Budget,
     context: int | None,
     no_kv: bool,
     usable: list[int],
@@ -125,6 +152,6 @@ def _why(
         held += f" and the KV cache for {context} tokens{drafts} {kv / GIB:.1f} GiB"
         note = ""
     smaller = [u for u in usable if u < n]
-    return f"{n} GPU{'s' if n > 1 else ''} (TP {n}): {held} fit in {budget / GIB:.1f} GiB ({share}){note}" + (
+    return f"{n} GPU{'s' if n > 1 else ''} (TP {n}): {held} fit in {room.bytes / GIB:.1f} GiB ({room.rule}){note}" + (
         f"; TP {smaller[-1]} would not" if smaller else ""
     )

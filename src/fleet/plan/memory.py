@@ -1,0 +1,98 @@
+"""SGLang's own memory budget: the `mem_fraction_static` it resolves when none is given, per version, so a
+plan made without asking the host (and fit, which chooses the GPUs first) counts with what the engine will
+allow. Weights and the KV pool must fit in that fraction of each GPU, or SGLang raises "Not enough memory"
+at load. Pure; read from SGLang's source:
+
+- 0.5.11: server_args.py `_handle_gpu_memory_settings` (L1294-1480) and `_handle_piecewise_cuda_graph`,
+  model_config.py `piecewise_cuda_graph_disabled_model_archs`, `adjust_mem_fraction_for_vlm`;
+- 0.5.23: arg_groups/memory_hook.py (the same heuristic without the speculative and piecewise reserves, the
+  prefill CUDA graph off by default) and its `adjust_mem_fraction_for_vlm`.
+
+Versions between the two are counted with 0.5.11's rules: which release changed them was not read.
+tests/test_plan_matrix.py holds the result to what the real SGLang resolves, in every cell of its matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet.model import ModelSpec
+
+MIB_PER_GIB = 1024
+# 0.5.11: architectures whose piecewise CUDA graph SGLang turns off (and so reserves nothing for)
+PIECEWISE_OFF_ARCHS = frozenset(
+    {"DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM", "BailingMoeV2_5ForCausalLM"}
+)
+FIRST_HEURISTIC_REWRITE = (0, 5, 23)  # the first version read with memory_hook.py's rules
+
+
+@dataclass(frozen=True)
+class MemoryWishes:
+    """What the command line sets that the heuristic reads (None: left to SGLang)."""
+
+    tp: int = 1
+    speculative: bool = False
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = None
+
+
+def _defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks from the GPU's memory."""
+    if gpu_mib < 20 * MIB_PER_GIB:
+        return 2048, 8
+    if gpu_mib < 35 * MIB_PER_GIB:  # A10, 4090, 5090: 0.5.23 doubled both
+        return (4096, 48 if tp < 4 else 160) if new else (2048, 24 if tp < 4 else 80)
+    if gpu_mib < 60 * MIB_PER_GIB:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mib < 160 * MIB_PER_GIB:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def sglang_chunked_prefill(version: tuple[int, ...], gpu_mib: int, wishes: MemoryWishes) -> int:
+    """The tokens SGLang prefills in one step (--chunked-prefill-size, else its pick for this GPU)."""
+    return wishes.chunked_prefill_size or _defaults(gpu_mib, wishes.tp, version >= FIRST_HEURISTIC_REWRITE)[0]
+
+
+def capture_sizes(max_tokens: int) -> list[int]:
+    """The token counts SGLang captures prefill (0.5.11: piecewise) CUDA graphs for, up to `max_tokens`."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_tokens + 1, 512),
+    ]
+    return [s for s in sizes if s <= max_tokens]
+
+
+def vlm_factor(vision: tuple[int, int]) -> float:
+    """How much a vision tower lowers the fraction: 0.95, scaled by the tower's size against ViT-L/14's
+    (layers x hidden size squared), between 0.8 and 1.05 (`adjust_mem_fraction_for_vlm`)."""
+    layers, hidden = vision
+    ratio = layers * hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def sglang_mem_fraction(version: tuple[int, ...], gpu_mib: int, model: ModelSpec, wishes: MemoryWishes) -> float:
+    """The mem_fraction_static SGLang `version` resolves on a GPU of `gpu_mib` for this model and command line."""
+    new = version >= FIRST_HEURISTIC_REWRITE
+    chunked, max_bs = _defaults(gpu_mib, wishes.tp, new)
+    chunked = wishes.chunked_prefill_size or chunked
+    if wishes.cuda_graph_max_bs is not None:
+        max_bs = wishes.cuda_graph_max_bs
+    elif new and wishes.max_running_requests is not None:  # 0.5.23 captures no more than it can run
+        max_bs = min(max_bs, wishes.max_running_requests)
+    reserved = 512 + max(chunked, 2048) * 1.5 + wishes.tp / 8 * 1024 + max_bs * 2
+    if not new:
+        piecewise = not (model.vision or model.architecture in PIECEWISE_OFF_ARCHS)
+        if piecewise:  # its graphs' non-torch memory; an MLA model's backends take much more
+            reserved += 1.5 * 1024 if model.mla else len(capture_sizes(2048 if model.mla else chunked)) * 8
+    if gpu_mib > 60 * MIB_PER_GIB:
+        reserved = max(reserved, 10 * 1024)
+    if not new and wishes.speculative:  # EAGLE/NEXTN draft models and their graphs
+        reserved += 4 * 1024
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    return fraction * vlm_factor(model.vision) if model.vision else fraction
