@@ -123,11 +123,13 @@ def fit_gpus(
         room = at(n)
         if weights + kv <= room.bytes:
             return Fit(n, _why(n, weights, kv, room, context, per_token is None, usable, draft))
-    room = at(usable[-1])
+    n = usable[-1]
+    room, need = at(n), weights + kv  # those of the largest TP, the last tried
     return Fit(
-        usable[-1],
-        f"no TP up to {usable[-1]} holds the weights and the KV cache of {context} tokens in {room.bytes / GIB:.1f} "
-        f"GiB ({room.rule}): TP {usable[-1]}; a shorter context_length: or bigger GPUs would",
+        n,
+        f"no TP up to {n} holds the weights and the KV cache of {context} tokens: at TP {n} they need "
+        f"{need / GIB:.2f} GiB per GPU, more than {room.bytes / GIB:.2f} GiB ({room.rule}): TP {n}; a shorter "
+        "context_length: or bigger GPUs would",
         fits=False,
     )
 
