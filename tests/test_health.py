@@ -151,7 +151,7 @@ def test_a_stop_that_lands_after_the_check_is_never_undone_by_the_heal(fleet_env
         t.close()
     assert healed.heal == "qwen36-27b: not healed: stopped by an operator since the check"
     assert json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["status"] == "stopped"
-    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "stopped"
+    assert json.loads(run_cli("status", "--host", "ct129", "--all", "--json").out)["status"] == "stopped"
 
 
 def test_no_heal_when_the_host_cannot_record_it(fleet_env: simhost.Sandbox) -> None:
