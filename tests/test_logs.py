@@ -156,3 +156,16 @@ def test_several_logs_are_prefixed_and_fleets_own_words_go_to_stderr(
     assert capsys.readouterr().out == "plain\n"  # one log: its lines as they are
     with pytest.raises(FleetError, match="no server log for deployment c"):
         alone.on_event(host, "c", {"e": "missing", "d": "c"})
+
+
+def test_a_fifo_in_place_of_a_log_is_not_waited_on(tmp_path: Path) -> None:
+    """Reading a FIFO blocks until someone writes it: it is no log, and the step ends at once (a swap
+    after that check is opened without blocking too)."""
+    from fleet.control.remote_logs import last_lines
+
+    host = host_with_logs(tmp_path)
+    os.mkfifo(tmp_path / "q-1.log")
+    (tmp_path / "q.latest.log").symlink_to("q-1.log")
+    with pytest.raises(FleetError, match="no server log for deployment q"):
+        log_text(LocalTransport("box"), host, "q", 5)
+    assert last_lines(str(tmp_path / "q-1.log"), 5) == ([], 0)

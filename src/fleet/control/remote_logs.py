@@ -12,6 +12,7 @@ Host code: standard library only, Python 3.8; runs after control/remote_follow.p
 import glob
 import json
 import os
+import stat
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -39,7 +40,10 @@ def newest_deployment(log_dir: str) -> Optional[str]:
 def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
     """The last `lines` whole lines of `path` (reading at most LOG_END_BYTES of its end), and the offset
     just past them, where following it goes on: a line still being written is read there, whole."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in its place must not block the step
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return [], 0
         size = f.seek(0, 2)
         start = max(0, size - LOG_END_BYTES)
         f.seek(start)
