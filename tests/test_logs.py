@@ -169,3 +169,79 @@ def test_a_fifo_in_place_of_a_log_is_not_waited_on(tmp_path: Path) -> None:
     with pytest.raises(FleetError, match="no server log for deployment q"):
         log_text(LocalTransport("box"), host, "q", 5)
     assert last_lines(str(tmp_path / "q-1.log"), 5) == ([], 0)
+
+
+def test_a_huge_line_in_the_last_lines_is_cut_as_the_follower_cuts_it(tmp_path: Path) -> None:
+    """A crash that dumps a 2 MiB line (or 200 KiB that JSON escapes sixfold) once broke the read."""
+    host = host_with_logs(tmp_path)
+    attempt(tmp_path, "q", 1, "")
+    (tmp_path / "q-1.log").write_bytes(b"x" * (2 << 20) + b"\n" + b"\xff" * (200 << 10) + b"\nTraceback: boom\n")
+    shown = log_text(LocalTransport("box"), host, "q", 5).splitlines()
+    assert shown[0].startswith("x" * 100) and shown[0].endswith(
+        f"[fleet: {(2 << 20) - (16 << 10)} more bytes of this line not shown]"
+    )
+    assert "more bytes of this line not shown" in shown[1] and shown[2] == "Traceback: boom"
+
+
+def test_every_last_line_asked_for_arrives_however_slowly_it_is_read(tmp_path: Path) -> None:
+    """`fleet logs -n 200000 | less`: the last lines are bounded already, so none is dropped for a reader
+    that pauses (lines are dropped, and counted, only while following)."""
+    import time
+
+    host = host_with_logs(tmp_path)
+    attempt(tmp_path, "q", 1, "".join(f"line {i} {'y' * 60}\n" for i in range(120_000)))
+    got: list[LogsEvent] = []
+
+    def slow(event: LogsEvent) -> bool:
+        if len(got) == 10:
+            time.sleep(2)  # the host's pipe fills meanwhile
+        got.append(event)
+        return True
+
+    assert read_logs(LocalTransport("box"), host, names=["q"], lines=200_000, follow=False, on_event=slow) == 0
+    lines = [e for e in got if e["e"] == "line"]
+    assert len(lines) == 120_000 and lines[-1]["text"].startswith("line 119999 ")
+
+
+def test_a_link_out_of_the_log_directory_is_no_log(tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-secret.txt"
+    outside.write_text("root:x:0:0\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "q.latest.log").symlink_to(outside)
+    with pytest.raises(FleetError, match="no server log for deployment q"):
+        log_text(LocalTransport("box"), host_with_logs(logs), "q", 5)
+
+
+def test_lines_dropped_while_following_are_counted_and_said(tmp_path: Path) -> None:
+    """Following, a reader that pauses may lose lines (the host holds at most 4 MiB for it), but every
+    line is either shown or counted in a `skipped` event, also when the log goes quiet after the burst."""
+    import time
+
+    host = host_with_logs(tmp_path)
+    log = attempt(tmp_path, "q", 1, "start\n")
+    follow = Following(host, ["q"])
+    try:
+        follow.until("start")
+        with log.open("a") as f:
+            f.writelines(f"burst {i} {'z' * 80}\n" for i in range(150_000))
+        time.sleep(3)  # not reading: the host's output backs up past its bound
+        shown = skipped = 0
+        while shown + skipped < 150_000:
+            event = follow.events.get(timeout=120)
+            shown += event["e"] == "line"
+            skipped += event.get("lines", 0) if event["e"] == "skipped" else 0
+        assert shown + skipped == 150_000
+    finally:
+        follow.close(log)
+
+
+def test_a_secret_cut_with_its_line_is_not_shown_in_part() -> None:
+    from fleet.secrets import redact
+
+    cut = "token=hf_AbCdEfGhIj [fleet: 25 more bytes of this line not shown]"
+    shown = redact(cut, {"HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123"})
+    assert shown == "token=*** [fleet: 25 more bytes of this line not shown]"
+    assert redact("hf_A [fleet: 1 more bytes of this line not shown]", {"T": "hf_AbCd"}) == (
+        "*** [fleet: 1 more bytes of this line not shown]"
+    )

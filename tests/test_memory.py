@@ -103,3 +103,35 @@ def test_pre_flight_refuses_what_sglang_would_stop_at_load_and_says_whose_budget
     assert "more than 17.3 GiB (SGLang 0.5.23's own mem_fraction_static 0.720" in refused
     assert "would stop at load" in refused
     assert fit_refusals(d, "0.5.11") == []
+
+
+def test_a_release_candidate_is_its_release_not_a_later_one() -> None:
+    """0.5.3rc0 once read as 0.5.30 and was given 0.5.23's rules (found by review)."""
+    from fleet.plan import parse_version
+
+    assert parse_version("0.5.3rc0") == (0, 5, 3) and parse_version("0.5.11rc1") == (0, 5, 11)
+    assert parse_version("0.5.23.post1") == parse_version("0.5.23+cu128") == (0, 5, 23)
+    awq = model(QWEN3_32B_AWQ, 18.0)
+    rc = parse_version("0.5.3rc0")
+    assert rc is not None and sglang_mem_fraction(rc, RTX4090_MIB, awq, MemoryWishes()) == 0.833
+
+
+def test_flags_that_move_the_budget_are_read_from_the_command_line() -> None:
+    """Chunked prefill off (-1: SGLang then counts --max-prefill-tokens, 16384) and DP attention (padding
+    of max_bs x dp x 3, 4.5 past 300 graphs) reserve more (found by review)."""
+    llama = model({**QWEN3_32B_AWQ, "architectures": ["LlamaForCausalLM"], "quantization_config": None}, 15)
+    off = MemoryWishes(chunked_prefill_size=-1)
+    assert sglang_mem_fraction((0, 5, 23), H100_MIB, llama, off) == round(
+        1 - (512 + 16384 * 1.5 + 128 + 512) / H100_MIB, 3
+    )
+    assert sglang_chunked_prefill((0, 5, 23), H100_MIB, off) == 16384
+    dp = MemoryWishes(tp=8, dp_attention_size=8)
+    expected = 512 + 8192 * 1.5 + 1024 + 512 * 2 + 512 * 8 * 4.5
+    assert sglang_mem_fraction((0, 5, 23), H100_MIB, llama, dp) == round(1 - expected / H100_MIB, 3) == 0.592
+
+
+def test_fit_never_picks_a_tp_pre_flight_then_refuses() -> None:
+    """With a short context fit once counted less cache than pre-flight's one prefill step (review)."""
+    mixtral = model(MIXTRAL_8X22B, 262.0)
+    assert not fit_gpus(mixtral, H100_MIB, 4, 512, version=(0, 5, 23)).fits
+    assert fit_gpus(mixtral, H100_MIB, 8, 512, version=(0, 5, 23)).gpus == 8

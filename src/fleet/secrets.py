@@ -53,12 +53,28 @@ def _secret_pattern(value: str) -> re.Pattern[str]:
     return re.compile(_GAP.join(pieces))
 
 
+# Where the host cut a long line (fleet.control.remote_follow): a secret may straddle the cut, its head shown.
+_CUT = re.compile(r" \[fleet: \d+ more bytes of this line not shown\]")
+
+
 def redact(text: str, secrets: dict[str, str]) -> str:
     for value in secrets.values():
         if len(value) >= 4:
             text = text.replace(value, REDACTED)
             if any(c in text for c in "\x1b%+^\u200b\u200c\u200d\u2060\ufeff") or not text.isascii():
                 text = _secret_pattern(value).sub(REDACTED, text)
+    return _redact_cut_heads(text, secrets) if secrets and "[fleet: " in text else text
+
+
+def _redact_cut_heads(text: str, secrets: dict[str, str]) -> str:
+    """The head of a secret (4 characters or more) just before a line's cut mark goes too."""
+    for cut in reversed(list(_CUT.finditer(text))):
+        head = text[: cut.start()]
+        for value in secrets.values():
+            shown = next((k for k in range(len(value) - 1, 3, -1) if head.endswith(value[:k])), 0)
+            if shown:
+                head = head[:-shown] + REDACTED
+        text = head + text[cut.start() :]
     return text
 
 

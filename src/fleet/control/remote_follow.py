@@ -34,6 +34,18 @@ class Output:
         self.skipped = 0
         self.last_write = time.time()
         self.nonblocking = False
+        self.may_drop = True  # False: every line is kept, and a write waits for fleet (a bounded read)
+
+    def keep_every_line(self) -> None:
+        """Write through, waiting for fleet: for output that is bounded already (a log's last lines)."""
+        self.may_drop, self.nonblocking = False, True
+
+    def say_skipped(self) -> None:
+        """Say how many lines were dropped since it was last said, if any (a quiet log says it now)."""
+        if self.skipped:
+            self.pending += (json.dumps({"e": "skipped", "lines": self.skipped}) + "\n").encode()
+            self.skipped = 0
+            self.flush()
 
     def _nonblocking(self) -> None:
         if not self.nonblocking:
@@ -47,12 +59,11 @@ class Output:
     def emit(self, obj: Dict[str, Any]) -> None:
         self._nonblocking()
         line = obj.get("e") == "line"
-        if line and self.lines_held > OUT_LIMIT:
+        if line and self.may_drop and self.lines_held > OUT_LIMIT:
             self.skipped += 1
             return
-        if self.skipped and not line:
-            self.pending += (json.dumps({"e": "skipped", "lines": self.skipped}) + "\n").encode()
-            self.skipped = 0
+        if not line:
+            self.say_skipped()
         data = (json.dumps(obj) + "\n").encode()
         self.pending += data
         if line:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:
     LogFollower  # noqa: B018
 except NameError:  # imported as a module (tests), not concatenated into the step
-    from fleet.control.remote_follow import OUT, ClientGone, LogFollower, emit
+    from fleet.control.remote_follow import LINE_LIMIT, OUT, ClientGone, LogFollower, emit
     from fleet.host_common import DEPLOYMENT_NAME_RE, stdin_closed
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
@@ -30,11 +30,27 @@ LATEST = ".latest.log"
 
 def newest_deployment(log_dir: str) -> Optional[str]:
     """The deployment whose latest-log link was made last (its most recent launch), or None."""
-    links = glob.glob(os.path.join(glob.escape(log_dir), "*" + LATEST))
-    if not links:
-        return None
-    newest = max(links, key=lambda p: os.lstat(p).st_mtime)
-    return os.path.basename(newest)[: -len(LATEST)]
+    made = []
+    for link in glob.glob(os.path.join(glob.escape(log_dir), "*" + LATEST)):
+        try:
+            made.append((os.lstat(link).st_mtime, link))
+        except OSError:  # gone since it was listed
+            pass
+    return os.path.basename(max(made)[1])[: -len(LATEST)] if made else None
+
+
+def within(log_dir: str, target: str) -> bool:
+    """Whether a latest-log link's target is a regular file in the log directory: a link that points
+    elsewhere (/etc/passwd) is not a server log, whoever made it."""
+    return os.path.dirname(target) == os.path.realpath(log_dir) and os.path.isfile(target)
+
+
+def cut(raw: bytes) -> str:
+    """A line as the follower sends it: at most LINE_LIMIT bytes, and how much was left out."""
+    text = raw[:LINE_LIMIT].decode("utf-8", "replace")
+    return text + (
+        " [fleet: %d more bytes of this line not shown]" % (len(raw) - LINE_LIMIT) if len(raw) > LINE_LIMIT else ""
+    )
 
 
 def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
@@ -52,14 +68,14 @@ def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
     parts = whole.split(b"\n")[:-1]
     if start > 0 and parts:
         parts = parts[1:]  # the line the cut began inside
-    return [p.decode("utf-8", "replace") for p in parts[-lines:]], start + len(whole)
+    return [cut(p) for p in parts[-lines:]], start + len(whole)
 
 
 class FollowedLog:
     """One deployment's log: the attempt its link points at, read from where the last read ended."""
 
     def __init__(self, log_dir: str, name: str) -> None:
-        self.name = name
+        self.name, self.log_dir = name, log_dir
         self.link = os.path.join(log_dir, name + LATEST)
         self.target = os.path.realpath(self.link)
         self.reader = LogFollower(self.target, 0)
@@ -68,7 +84,7 @@ class FollowedLog:
         for _end, text in self.reader.read()[0]:
             emit({"e": "line", "d": self.name, "text": text})
         target = os.path.realpath(self.link)
-        if target != self.target and os.path.isfile(target):  # a restart linked its new attempt's log
+        if target != self.target and within(self.log_dir, target):  # a restart linked its new attempt's log
             for _end, text in self.reader.rest():  # what the old attempt wrote last, to its end
                 emit({"e": "line", "d": self.name, "text": text})
             self.target, self.reader = target, LogFollower(target, 0)
@@ -86,12 +102,17 @@ def show_logs(a: Dict[str, Any]) -> None:
         if any(log.name == name for log in followed):
             continue
         link = os.path.join(log_dir, name + LATEST)
-        if not DEPLOYMENT_NAME_RE.match(name) or not os.path.isfile(link):  # a name is never a path
+        # a name is never a path, and a link is followed into the log directory only
+        if not DEPLOYMENT_NAME_RE.match(name) or not within(log_dir, os.path.realpath(link)):
             emit({"e": "missing", "d": name})
             continue
         log = FollowedLog(log_dir, name)
+        try:
+            texts, log.reader.offset = last_lines(log.target, int(a["lines"]))  # followed on from there
+        except OSError:  # removed, or made a directory, since it was looked at
+            emit({"e": "missing", "d": name})
+            continue
         emit({"e": "log", "d": name, "log": os.path.basename(log.target)})
-        texts, log.reader.offset = last_lines(log.target, int(a["lines"]))  # followed on from there
         if not a["follow"]:  # a last line still without its end counts as one, as tail counts it
             texts = (texts + [text for _end, text in log.reader.rest()])[-int(a["lines"]) :]
         for text in texts:
@@ -100,13 +121,18 @@ def show_logs(a: Dict[str, Any]) -> None:
     while a["follow"] and followed and not stdin_closed():  # until fleet stops following
         for log in followed:
             log.poll()
+        OUT.say_skipped()
         OUT.flush()
         time.sleep(FOLLOW_POLL_S)
 
 
 def run_logs() -> None:
+    a = json.loads(sys.argv[1])
+    if not a["follow"]:  # the last lines are bounded already: all of them, however slowly fleet reads
+        OUT.keep_every_line()
     try:
-        show_logs(json.loads(sys.argv[1]))
+        show_logs(a)
+        OUT.say_skipped()
         OUT.drain(30.0)
     except ClientGone:
         pass

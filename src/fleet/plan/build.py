@@ -8,6 +8,7 @@ something fleet may not stop, and a log disk that is full.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -345,14 +346,17 @@ def memory_wishes(plan: LaunchPlan, tp: int) -> MemoryWishes:
 
     def number(*flags: str) -> int | None:
         found = next((f for f in (plan.flag(name) for name in flags) if f is not None and f.value), None)
-        return int(str(found.value)) if found is not None and str(found.value).isdigit() else None
+        return int(str(found.value)) if found is not None and re.fullmatch(r"-?\d+", str(found.value)) else None
 
+    dp = number("--dp-size", "--data-parallel-size") or 1
     return MemoryWishes(
         tp=tp,
         speculative=plan.flag("--speculative-algorithm") is not None,
         chunked_prefill_size=number("--chunked-prefill-size"),
         cuda_graph_max_bs=number("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
         max_running_requests=number("--max-running-requests"),
+        max_prefill_tokens=number("--max-prefill-tokens") or 16384,
+        dp_attention_size=dp if plan.flag("--enable-dp-attention") is not None else 0,
     )
 
 

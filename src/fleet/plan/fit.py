@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.model import ModelSpec
-from fleet.plan.memory import MemoryWishes, sglang_mem_fraction
+from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill, sglang_mem_fraction
 from fleet.plan.rules import tp_splits
 
 WEIGHTS_AND_KV_MAX_SHARE = 0.85  # when no fraction is known (vLLM): the rest is activations and CUDA graphs
@@ -108,6 +108,8 @@ def fit_gpus(
     playbook asks for speculative decoding on the model's MTP heads (the draft's KV cache is counted).
     `version`: the engine's, whose own memory budget counts (fleet.plan.memory)."""
 
+    own_budget = engine == "sglang" and version is not None and not mem_fraction
+
     def at(n: int) -> Budget:
         return budget(model, memory_mib, mem_fraction, engine, version, MemoryWishes(tp=n, speculative=speculative))
 
@@ -119,7 +121,9 @@ def fit_gpus(
     for n in usable:
         weights = model.weights_bytes / n
         per_token = kv_bytes_per_token(model, n, context, draft, engine)
-        kv = per_token * context if per_token is not None and context else 0
+        # SGLang's own budget must also hold one prefill step's cache, as pre-flight asks (fleet.plan.build)
+        step = sglang_chunked_prefill(version, memory_mib, MemoryWishes(tp=n)) if own_budget and version else 0
+        kv = per_token * max(context or 0, step) if per_token is not None else 0
         room = at(n)
         if weights + kv <= room.bytes:
             return Fit(n, _why(n, weights, kv, room, context, per_token is None, usable, draft))

@@ -32,9 +32,11 @@ class MemoryWishes:
 
     tp: int = 1
     speculative: bool = False
-    chunked_prefill_size: int | None = None
+    chunked_prefill_size: int | None = None  # -1: chunked prefill off (max_prefill_tokens then counts)
     cuda_graph_max_bs: int | None = None
     max_running_requests: int | None = None
+    max_prefill_tokens: int = 16384  # SGLang's default
+    dp_attention_size: int = 0  # --enable-dp-attention's --dp-size (0: off)
 
 
 def _defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
@@ -51,8 +53,10 @@ def _defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
 
 
 def sglang_chunked_prefill(version: tuple[int, ...], gpu_mib: int, wishes: MemoryWishes) -> int:
-    """The tokens SGLang prefills in one step (--chunked-prefill-size, else its pick for this GPU)."""
-    return wishes.chunked_prefill_size or _defaults(gpu_mib, wishes.tp, version >= FIRST_HEURISTIC_REWRITE)[0]
+    """The tokens SGLang prefills in one step (--chunked-prefill-size, else its pick for this GPU; with
+    chunking off, --max-prefill-tokens)."""
+    chunked = wishes.chunked_prefill_size or _defaults(gpu_mib, wishes.tp, version >= FIRST_HEURISTIC_REWRITE)[0]
+    return chunked if chunked > 0 else wishes.max_prefill_tokens
 
 
 def capture_sizes(max_tokens: int) -> list[int]:
@@ -81,15 +85,18 @@ def sglang_mem_fraction(version: tuple[int, ...], gpu_mib: int, model: ModelSpec
     new = version >= FIRST_HEURISTIC_REWRITE
     chunked, max_bs = _defaults(gpu_mib, wishes.tp, new)
     chunked = wishes.chunked_prefill_size or chunked
+    activation_tokens = max(chunked if chunked > 0 else wishes.max_prefill_tokens, 2048)
     if wishes.cuda_graph_max_bs is not None:
         max_bs = wishes.cuda_graph_max_bs
     elif new and wishes.max_running_requests is not None:  # 0.5.23 captures no more than it can run
         max_bs = min(max_bs, wishes.max_running_requests)
-    reserved = 512 + max(chunked, 2048) * 1.5 + wishes.tp / 8 * 1024 + max_bs * 2
+    reserved = 512 + activation_tokens * 1.5 + wishes.tp / 8 * 1024 + max_bs * 2
+    if wishes.dp_attention_size:  # padding for DP attention, and much more for large decode graphs
+        reserved += max_bs * wishes.dp_attention_size * (4.5 if max_bs > 300 else 3)
     if not new:
-        piecewise = not (model.vision or model.architecture in PIECEWISE_OFF_ARCHS)
+        piecewise = not (model.vision or model.architecture in PIECEWISE_OFF_ARCHS or wishes.dp_attention_size)
         if piecewise:  # its graphs' non-torch memory; an MLA model's backends take much more
-            reserved += 1.5 * 1024 if model.mla else len(capture_sizes(2048 if model.mla else chunked)) * 8
+            reserved += 1.5 * 1024 if model.mla else len(capture_sizes(chunked)) * 8
     if gpu_mib > 60 * MIB_PER_GIB:
         reserved = max(reserved, 10 * 1024)
     if not new and wishes.speculative:  # EAGLE/NEXTN draft models and their graphs

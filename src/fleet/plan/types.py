@@ -16,11 +16,13 @@ def parse_version(text: str | None) -> Version | None:
     if not text:
         return None
     parts: list[int] = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+    for piece in text.split("+")[0].removeprefix("v").split(".")[:3]:
+        digits = len(piece) - len(piece.lstrip("0123456789"))  # "3rc0" is 3: a pre-release of 0.5.3
         if not digits:
             break
-        parts.append(int(digits))
+        parts.append(int(piece[:digits]))
+        if digits < len(piece):  # what follows a pre-release tag is not a version number
+            break
     if not parts:
         return None
     while len(parts) < 3:
