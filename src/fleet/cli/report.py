@@ -142,14 +142,8 @@ class Reporter:
                 f"(stall bound {duration(event.bound_s)}, {usual}); waiting on as the playbook says "
                 f"(on_stall: wait), up to ready_timeout_s {duration(event.ready_timeout_s)}"
             )
-        elif isinstance(event, events.ModelPullProgress) and self.board and self.row:
-            self.row.transfer = event  # a bar on the live line; lines are for logs and pipes
         elif isinstance(event, events.ModelPullPlanned | events.ModelPullProgress):
-            for line in self.pull.lines(event):
-                self.say(f"{h}: {line}")
-            if self.board and self.row and isinstance(event, events.ModelPullPlanned):
-                self.row.verb = "pushing" if event.source else "pulling"
-                self.board.show(self.row)
+            self._pull(event)
         elif isinstance(event, events.Pulling):
             self.say(f"{h}: pull {safe_line(event.image)}: {safe_line(event.line)}")
         elif isinstance(event, events.Diagnosed):
@@ -180,6 +174,17 @@ class Reporter:
             self.say(f"{h}: {event.replica + ': ' if event.replica else ''}{event.what}")
         elif isinstance(event, events.NotAdopted):
             self.say(f"{h}: the running server has this plan but fails: {'; '.join(event.problems)}; redeploying")
+
+    def _pull(self, event: events.ModelPullPlanned | events.ModelPullProgress) -> None:
+        """A model's transfer: a bar on the live line, on a terminal; lines for logs and pipes."""
+        if self.board and self.row and isinstance(event, events.ModelPullProgress):
+            self.row.transfer = event
+            return
+        for line in self.pull.lines(event):
+            self.say(f"{self.host}: {line}")
+        if self.board and self.row and isinstance(event, events.ModelPullPlanned):
+            self.row.verb = "pushing" if event.source else "pulling"
+            self.board.show(self.row)
 
     def _phase(self, event: events.StartupPhase, elapsed: float) -> None:
         """A new phase is said on a line of its own, with the ETA; its progress only on the live line."""
