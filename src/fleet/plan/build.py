@@ -34,7 +34,7 @@ from fleet.plan import (
 from fleet.plan.capabilities import capability
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 from fleet.plan.fit import GIB, budget, kv_bytes_per_token
-from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill
+from fleet.plan.memory import MemoryWishes
 from fleet.plan.picks import told_picks
 
 # Headroom rule: weights may take at most this share of each GPU's memory (or of mem_fraction when set,
@@ -395,11 +395,8 @@ def preflight(
         fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
         wished = memory_wishes(plan, tp)
         room = budget(model, gpus.memory_mib, fraction, plan.engine, v, wished)
-        # SGLang's own budget must also hold the cache of one prefill step, or it stops at load ("Not enough
-        # memory"); a fraction given, or another engine, is held to the weights alone, as before
-        own_budget = plan.engine == "sglang" and v is not None and fraction is None
-        step = sglang_chunked_prefill(v, gpus.memory_mib, wished) if own_budget and v is not None else 0
         per_token = kv_bytes_per_token(model, tp, None, model.mtp_layers if wished.speculative else 0) or 0
+        step = room.prefill_tokens  # SGLang's own budget stops the engine without room for one prefill step
         needed = per_gpu_mib * (1 << 20) + step * per_token
         if needed > room.bytes:
             cache = f" and the KV cache of one {step}-token prefill step" if step else ""

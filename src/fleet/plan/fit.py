@@ -72,6 +72,9 @@ class Budget:
 
     bytes: float
     rule: str
+    # tokens whose KV cache must fit beside the weights whatever the context: SGLang's own budget stops the
+    # engine at load without room for one prefill step ("Not enough memory"); 0 for a budget given outright
+    prefill_tokens: int = 0
 
 
 def budget(
@@ -89,7 +92,8 @@ def budget(
     if engine == "sglang" and version is not None:
         fraction = sglang_mem_fraction(version, memory_mib, model, wishes)
         shown = ".".join(map(str, version))
-        return Budget(memory_mib * fraction * (1 << 20), f"SGLang {shown}'s own mem_fraction_static {fraction:.3f}")
+        rule = f"SGLang {shown}'s own mem_fraction_static {fraction:.3f}"
+        return Budget(memory_mib * fraction * (1 << 20), rule, sglang_chunked_prefill(version, memory_mib, wishes))
     return Budget(memory_mib * (1 << 20) * WEIGHTS_AND_KV_MAX_SHARE, f"{WEIGHTS_AND_KV_MAX_SHARE:.0%} of each GPU")
 
 
@@ -108,8 +112,6 @@ def fit_gpus(
     playbook asks for speculative decoding on the model's MTP heads (the draft's KV cache is counted).
     `version`: the engine's, whose own memory budget counts (fleet.plan.memory)."""
 
-    own_budget = engine == "sglang" and version is not None and not mem_fraction
-
     def at(n: int) -> Budget:
         return budget(model, memory_mib, mem_fraction, engine, version, MemoryWishes(tp=n, speculative=speculative))
 
@@ -121,14 +123,11 @@ def fit_gpus(
     for n in usable:
         weights = model.weights_bytes / n
         per_token = kv_bytes_per_token(model, n, context, draft, engine)
-        # SGLang's own budget must also hold one prefill step's cache, as pre-flight asks (fleet.plan.build)
-        step = sglang_chunked_prefill(version, memory_mib, MemoryWishes(tp=n)) if own_budget and version else 0
-        kv = per_token * max(context or 0, step) if per_token is not None else 0
-        room = at(n)
+        room = at(n)  # with SGLang's own budget, one prefill step's cache too, as pre-flight asks
+        kv = per_token * max(context or 0, room.prefill_tokens) if per_token is not None else 0
         if weights + kv <= room.bytes:
             return Fit(n, _why(n, weights, kv, room, context, per_token is None, usable, draft))
-    n = usable[-1]
-    room, need = at(n), weights + kv  # those of the largest TP, the last tried
+    need = weights + kv  # those of the largest TP, the last tried
     return Fit(
         n,
         f"no TP up to {n} holds the weights and the KV cache of {context} tokens: at TP {n} they need "
