@@ -19,6 +19,9 @@ STATE_SCHEMA = 2
 # An argv word the launcher on the host replaces with a secret's value (SECRET_WORD + NAME: the variable
 # NAME fleet sent on stdin): plans, records and outputs hold the word, only the engine gets the value.
 SECRET_WORD = "fleet-secret:"
+# What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.control.remote_follow):
+# fleet's redaction looks for it too, since a secret may have been cut in two there (fleet.secrets).
+CUT_NOTE = " [fleet: %d more bytes of this line not shown]"
 
 
 class StateRecord(TypedDict, total=False):

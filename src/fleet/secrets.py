@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet.errors import ConfigError
+from fleet.protocol import CUT_NOTE
 
 REDACTED = "***"
 
@@ -54,7 +55,8 @@ def _secret_pattern(value: str) -> re.Pattern[str]:
 
 
 # Where the host cut a long line (fleet.control.remote_follow): a secret may straddle the cut, its head shown.
-_CUT = re.compile(r" \[fleet: \d+ more bytes of this line not shown\]")
+_CUT = re.compile(re.escape(CUT_NOTE).replace("%d", r"\d+"))
+_CUT_TAIL = CUT_NOTE.split("%d")[1]  # a plain substring: most lines are not cut, and skip the pattern
 
 
 def redact(text: str, secrets: dict[str, str]) -> str:
@@ -63,7 +65,7 @@ def redact(text: str, secrets: dict[str, str]) -> str:
             text = text.replace(value, REDACTED)
             if any(c in text for c in "\x1b%+^\u200b\u200c\u200d\u2060\ufeff") or not text.isascii():
                 text = _secret_pattern(value).sub(REDACTED, text)
-    return _redact_cut_heads(text, secrets) if secrets and "[fleet: " in text else text
+    return _redact_cut_heads(text, secrets) if secrets and _CUT_TAIL in text else text
 
 
 def _redact_cut_heads(text: str, secrets: dict[str, str]) -> str:

@@ -14,6 +14,11 @@ import sys
 import time
 from typing import IO, Any, Dict, List, Optional, Tuple
 
+try:  # fleet.protocol is prepended when this script is sent to a host
+    CUT_NOTE  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.protocol import CUT_NOTE
+
 LINE_LIMIT = 16 << 10  # bytes of one log line sent (a 300 MB line of a config dump is cut, not carried)
 OUT_LIMIT = 4 << 20  # bytes of log lines waiting for fleet to read them: past it, lines are dropped and counted
 STALLED_S = 30.0  # fleet read nothing for this long while output waited: it is frozen (stopped, swapped out)
@@ -110,6 +115,13 @@ def emit(obj: Dict[str, Any]) -> None:
     OUT.emit(obj)
 
 
+def cut_line(raw: bytes, size: int) -> str:
+    """A log line of `size` bytes, of which `raw` was read, as it is sent: its first LINE_LIMIT bytes,
+    then how many more there were."""
+    text = raw[:LINE_LIMIT].decode("utf-8", "replace")
+    return text + CUT_NOTE % (size - LINE_LIMIT) if size > LINE_LIMIT else text
+
+
 class LogFollower:
     """Reads new lines of the attempt's log from a byte offset; a log that is truncated, replaced or
     deleted is followed (offset reset, reported) instead of silently read from the wrong place."""
@@ -169,10 +181,7 @@ class LogFollower:
         for i, raw in enumerate(whole):
             size = len(raw) + (self.cut if i == 0 else 0)
             base += size + 1
-            text = raw[:LINE_LIMIT].decode("utf-8", "replace")
-            if size > LINE_LIMIT:
-                text += " [fleet: %d more bytes of this line not shown]" % (size - LINE_LIMIT)
-            out.append((min(base, self.offset), text))
+            out.append((min(base, self.offset), cut_line(raw, size)))
         if whole:
             self.cut, self.redraws = 0, 0
         if len(rest) > LINE_LIMIT:

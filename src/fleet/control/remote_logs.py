@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:
     LogFollower  # noqa: B018
 except NameError:  # imported as a module (tests), not concatenated into the step
-    from fleet.control.remote_follow import LINE_LIMIT, OUT, ClientGone, LogFollower, emit
+    from fleet.control.remote_follow import OUT, ClientGone, LogFollower, cut_line, emit
     from fleet.host_common import DEPLOYMENT_NAME_RE, stdin_closed
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
@@ -45,14 +45,6 @@ def within(log_dir: str, target: str) -> bool:
     return os.path.dirname(target) == os.path.realpath(log_dir) and os.path.isfile(target)
 
 
-def cut(raw: bytes) -> str:
-    """A line as the follower sends it: at most LINE_LIMIT bytes, and how much was left out."""
-    text = raw[:LINE_LIMIT].decode("utf-8", "replace")
-    return text + (
-        " [fleet: %d more bytes of this line not shown]" % (len(raw) - LINE_LIMIT) if len(raw) > LINE_LIMIT else ""
-    )
-
-
 def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
     """The last `lines` whole lines of `path` (reading at most LOG_END_BYTES of its end), and the offset
     just past them, where following it goes on: a line still being written is read there, whole."""
@@ -68,7 +60,7 @@ def last_lines(path: str, lines: int) -> Tuple[List[str], int]:
     parts = whole.split(b"\n")[:-1]
     if start > 0 and parts:
         parts = parts[1:]  # the line the cut began inside
-    return [cut(p) for p in parts[-lines:]], start + len(whole)
+    return [cut_line(p, len(p)) for p in parts[-lines:]], start + len(whole)
 
 
 class FollowedLog:
