@@ -13,7 +13,7 @@ from fleet import events
 from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, transport_for
 from fleet.cli.complete import host_option
-from fleet.cli.report import PullShown
+from fleet.cli.report import Reporter
 from fleet.errors import ConfigError, FleetError, HostStepError
 from fleet.terminal import safe_line, size
 
@@ -196,33 +196,13 @@ def _outcome(r: PullResult, repo: str | None) -> str:
     )
 
 
-class ProgressLines:
-    """A pull's or push's progress on stderr (on a terminal, a live bar per host: fleet.cli.live; else a
-    line at each tenth), and in the structured log."""
+class ProgressLines(Reporter):
+    """A pull's or push's progress as a deploy's: on a terminal a live bar per host (fleet.cli.live), else a
+    line at each tenth; and in the structured log."""
 
-    def __init__(self, host: str) -> None:
-        from fleet.cli.live import terminal_board
-
-        self.host = host
-        self.shown = PullShown()
-        self.board = terminal_board()
-        self.row = self.board.row(host) if self.board else None
-
-    def __call__(self, ev: events.Event) -> None:
-        events.logged(self.host)(ev)
-        if self.board and self.row and isinstance(ev, events.ModelPullProgress):
-            self.row.transfer = ev  # drawn as a bar; the lines are for logs and pipes
-            return
-        for line in self.shown.lines(ev):
-            if not (self.board and self.board.say(f"{self.host}: {line}")):
-                say(f"{self.host}: {line}", err=True)
-        if self.board and self.row and isinstance(ev, events.ModelPullPlanned):
-            self.row.verb = "pushing" if ev.source else "pulling"
-            self.board.show(self.row)
-
-    def close(self) -> None:
-        if self.board and self.row:
-            self.board.drop(self.row)
+    def __call__(self, event: events.Event) -> None:
+        events.logged(self.host)(event)
+        super().__call__(event)
 
 
 @cli.group()
