@@ -80,14 +80,9 @@ def container_host(
 def write_playbook(
     d: Path, hdir: Path, name: str, image: str, *, base: str = "qwen35-nvfp4", extra: str = "", cli: str = "podman"
 ) -> None:
-    text = (ROOT / "playbooks" / f"{base}.yaml").read_text()
-    text += (
-        "runtime:\n"
-        f"  container: {cli}\n"
-        f"  image: {image}\n"
-        f"  run_args: [-v, '{hdir}:{hdir}', -e, 'SIM_HOST_DIR={hdir}']\n"
-    ) + extra
-    (d / f"{name}.yaml").write_text(text)
+    from fleet_testbed.images import container_playbook
+
+    (d / f"{name}.yaml").write_text(container_playbook(hdir, image, base=base, extra=extra, cli=cli))
 
 
 def follow_sees_a_request(hdir: Path) -> bool:

@@ -17,10 +17,15 @@ from fleet_testbed import nshost
 pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")]
 
 
+def own_environment() -> dict[str, str]:
+    """This process's environment without the test session's fleet settings: the run's own hosts only."""
+    session = ("FLEET_INVENTORY", "FLEET_PLAYBOOKS", "FLEET_SERVICES", "FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG")
+    kept = {k: v for k, v in os.environ.items() if k not in session}
+    return {**kept, "PYTHONPATH": str(ROOT / "testbed"), "SIM_SPEED": "0"}
+
+
 def tour(tmp_path: Path, *parts: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed"), "SIM_SPEED": "0"}
-    for key in ("FLEET_INVENTORY", "FLEET_PLAYBOOKS", "FLEET_SERVICES", "FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG"):
-        env.pop(key, None)  # the tour's own hosts, whatever the test session points at
+    env = own_environment()
     done = subprocess.run(
         [sys.executable, "-m", "fleet_testbed.tour", *parts, "--root", str(tmp_path), "--port", "2344", "--net", "19"],
         stdout=subprocess.PIPE,
@@ -105,9 +110,7 @@ def test_the_container_part_runs_as_shown(tmp_path: Path) -> None:
 
 def test_the_demo_runs_beside_another_sandbox_in_its_own_directory_port_and_addresses(tmp_path: Path) -> None:
     """`make demo DEMO_ARGS=...` as the README gives it, with FLEET_SANDBOX naming its directory."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "testbed"), "SIM_SPEED": "0", "FLEET_SANDBOX": str(tmp_path)}
-    for key in ("FLEET_INVENTORY", "FLEET_PLAYBOOKS", "FLEET_SERVICES", "FLEET_KNOWN_HOSTS", "FLEET_SSH_CONFIG"):
-        env.pop(key, None)
+    env = {**own_environment(), "FLEET_SANDBOX": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-m", "fleet_testbed.demo", "--port", "2345", "--net", "21"],
         stdout=subprocess.PIPE,

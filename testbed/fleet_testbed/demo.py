@@ -35,6 +35,24 @@ def fleet(*args: str, env: dict[str, str], check: bool = True) -> int:
     return code
 
 
+def loopback_specs(net: int) -> list[simhost.HostSpec]:
+    """blackwell and ct129 on 127.0.NET.2 and .3: beside another sandbox, addresses of their own."""
+    return [
+        replace(s, address=f"127.0.{net}.{s.address.rsplit('.', 1)[1]}") for s in (simhost.BLACKWELL, simhost.CT129)
+    ]
+
+
+def environment(sb: simhost.Sandbox, root: Path) -> dict[str, str]:
+    """fleet's environment for a simulated fleet brought up under `root`."""
+    return {
+        **os.environ,
+        **sb.env(),
+        "FLEET_INVENTORY": str(sb.inventory),  # inventory/sandbox.yaml's content, for this root and port
+        "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
+        "XDG_CACHE_HOME": str(root / "cache"),  # its own pool, never a pool of yours
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m fleet_testbed.demo")
     ap.add_argument("--keep", action="store_true", help="leave the simulated fleet running")
@@ -46,21 +64,13 @@ def main() -> int:
                     help="hosts on 127.0.N.2 and 127.0.N.3 (default 0)")  # fmt: skip
     a = ap.parse_args()
     os.environ.setdefault("SIM_SPEED", "1.0")
-    specs = [
-        replace(s, address=f"127.0.{a.net}.{s.address.rsplit('.', 1)[1]}") for s in (simhost.BLACKWELL, simhost.CT129)
-    ]
+    specs = loopback_specs(a.net)
     print(
         f"Bringing up the simulated fleet (real sshd on {specs[0].address} and {specs[1].address}, port {a.port}) ...",
         flush=True,
     )
     sb = simhost.up(a.root, specs, a.port)
-    env = {
-        **os.environ,
-        **sb.env(),
-        "FLEET_INVENTORY": str(sb.inventory),  # inventory/sandbox.yaml's content, for this root and port
-        "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
-        "XDG_CACHE_HOME": str(a.root / "cache"),  # the demo's own pool, never a pool of yours
-    }
+    env = environment(sb, a.root)
     try:
         for spec in sb.specs:
             simhost.reset_host(sb, spec)

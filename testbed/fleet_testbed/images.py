@@ -115,6 +115,17 @@ def sim_sglang(version: str, cuda: str = "12.9.1") -> str:
     return tag
 
 
+def container_playbook(
+    hdir: Path, image: str, *, base: str = "qwen35-nvfp4", extra: str = "", cli: str = "podman"
+) -> str:
+    """A shipped playbook (`base`) run in a container of `image` on the simulated host at `hdir`: the
+    host's directory mapped in, where its GPUs and model live; `extra` playbook lines after it."""
+    text = (TESTBED.parent.parent / "playbooks" / f"{base}.yaml").read_text()
+    runtime = f"runtime:\n  container: {cli}\n  image: {image}\n"
+    runtime += f"  run_args: [-v, '{hdir}:{hdir}', -e, 'SIM_HOST_DIR={hdir}']\n"
+    return text + runtime + extra
+
+
 VLLM_CPU = "localhost/fleet-vllm-cpu"
 
 

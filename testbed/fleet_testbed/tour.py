@@ -18,34 +18,23 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-from fleet_testbed import nodes, simhost
-from fleet_testbed.demo import REPO, fleet
+from fleet_testbed import demo, nodes, simhost
+from fleet_testbed.demo import REPO, fleet, loopback_specs
 from fleet_testbed.nodes import TWO_NODES
 
 
 def sandbox(root: Path, port: int, net: int) -> tuple[simhost.Sandbox, dict[str, str]]:
     """blackwell and ct129 behind real sshd on 127.0.NET.2/3, and fleet's environment pointing at them."""
-    specs = [
-        replace(s, address=f"127.0.{net}.{s.address.rsplit('.', 1)[1]}") for s in (simhost.BLACKWELL, simhost.CT129)
-    ]
-    sb = simhost.up(root, specs, port)
+    sb = simhost.up(root, loopback_specs(net), port)
     for spec in sb.specs:
         simhost.reset_host(sb, spec)
     return sb, environment(sb, root)
 
 
 def environment(sb: simhost.Sandbox, root: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        **sb.env(),
-        "FLEET_INVENTORY": str(sb.inventory),
-        "FLEET_PLAYBOOKS": str(REPO / "playbooks"),
-        "FLEET_SERVICES": str(root / "services"),  # none but what a part puts there
-        "XDG_CACHE_HOME": str(root / "cache"),  # the tour's own pool, never a pool of yours
-    }
+    return {**demo.environment(sb, root), "FLEET_SERVICES": str(root / "services")}  # none but a part's own
 
 
 def container(root: Path, port: int, net: int) -> None:
@@ -63,10 +52,7 @@ def container(root: Path, port: int, net: int) -> None:
         os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
     playbooks = root / "playbooks"
     playbooks.mkdir(exist_ok=True)
-    text = (REPO / "playbooks" / "qwen35-nvfp4.yaml").read_text()
-    # the engine in the image, the host's directory mapped in: where the simulated GPUs and model live
-    text += f"runtime:\n  container: podman\n  image: {image}\n  run_args: [-v, '{hdir}:{hdir}', -e, 'SIM_HOST_DIR={hdir}']\n"
-    (playbooks / "qwen35-box.yaml").write_text(text)
+    (playbooks / "qwen35-box.yaml").write_text(images.container_playbook(hdir, image))
     env["FLEET_PLAYBOOKS"] = str(playbooks)
     print(f"\n# playbooks/qwen35-nvfp4.yaml with a runtime: section, in {playbooks / 'qwen35-box.yaml'}:")
     print("#   runtime: {container: podman, image: " + image + ", run_args: [...]}")
