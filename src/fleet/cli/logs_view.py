@@ -12,6 +12,7 @@ import click
 
 from fleet.cli.base import Invocation, split_deployment, transport_for
 from fleet.errors import ConfigError, FleetError
+from fleet.secrets import redact
 from fleet.terminal import safe_text
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ class LogsView:
         self.failures: list[int] = []
 
     def shown(self, text: str) -> str:
-        from fleet.secrets import redact
-
         return redact(text if self.raw else safe_text(text), self.secrets)
 
     def on_event(self, host: Host, asked: str | None, event: LogsEvent) -> bool:

@@ -93,12 +93,11 @@ def show_logs(a: Dict[str, Any]) -> None:
             continue
         if any(log.name == name for log in followed):
             continue
-        link = os.path.join(log_dir, name + LATEST)
         # a name is never a path, and a link is followed into the log directory only
-        if not DEPLOYMENT_NAME_RE.match(name) or not within(log_dir, os.path.realpath(link)):
+        log = FollowedLog(log_dir, name) if DEPLOYMENT_NAME_RE.match(name) else None
+        if log is None or not within(log_dir, log.target):
             emit({"e": "missing", "d": name})
             continue
-        log = FollowedLog(log_dir, name)
         try:
             texts, log.reader.offset = last_lines(log.target, int(a["lines"]))  # followed on from there
         except OSError:  # removed, or made a directory, since it was looked at
