@@ -24,6 +24,7 @@ def model_files(name: str | Path) -> dict[str, Any]:
         "config": json.loads((d / "config.json").read_text()),
         "quant_config": json.loads(quant.read_text()) if quant.exists() else None,
         "weights_bytes": index["metadata"]["total_size"],
+        "sentence_transformers": (d / "modules.json").exists(),
     }
 
 

@@ -154,6 +154,21 @@ def test_healthy_but_cannot_generate_is_caught_by_the_smoke_generation(env: simh
     assert servers(env) == []  # fleet stopped the broken server when it gave up
 
 
+def test_a_real_vllm_embedding_model_is_planned_as_one_and_proved_on_its_endpoint(env: simhost.Sandbox) -> None:
+    """A causal LM shipping a sentence-transformers pipeline: fleet plans vLLM's pooling runner, and the
+    smoke asks /v1/embeddings, as health does after it (a chat request would prove nothing here)."""
+    r = run_cli("deploy", "tiny-embed", "--host", "cpubox", "--gpus", "device=0")
+    assert r.code == 0, r.out + r.err
+    assert "3 embeddings of 64 numbers" in r.out + r.err  # the smoke's answer, as the deploy shows it
+    rec = json.loads(simhost.record(env.host_dir("cpubox"), "state.json", "tiny-embed").read_text())
+    assert rec["plan"]["task"] == "embed" and "--runner" in rec["plan"]["argv"]
+    health = json.loads(run_cli("health", "--host", "cpubox", "--json").out)
+    checks = {(c["deployment"], c["name"]): c for c in health["checks"]}
+    assert checks[("tiny-embed", "generation")]["status"] == "ok", checks[("tiny-embed", "generation")]
+    assert "3 embeddings of 64 numbers" in checks[("tiny-embed", "generation")]["detail"]
+    assert run_cli("stop", "--host", "cpubox/tiny-embed").code == 0
+
+
 def _vllm_check(args: list[str]) -> subprocess.CompletedProcess[str]:
     from fleet.control.remote_act import CHECKS  # the exact check fleet runs on a host before stopping anything
 
@@ -162,7 +177,15 @@ def _vllm_check(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("golden", ["qwen35-nvfp4-blackwell-vllm-0.33.0", "qwen36-27b-ct129-vllm-0.33.0"])
+@pytest.mark.parametrize(
+    "golden",
+    [
+        "qwen35-nvfp4-blackwell-vllm-0.33.0",
+        "qwen36-27b-ct129-vllm-0.33.0",
+        "embedding-vllm-0.33.0",
+        "reranker-vllm-0.33.0",
+    ],
+)
 def test_generated_vllm_command_lines_pass_the_real_vllm_parser(golden: str) -> None:
     import shlex
 

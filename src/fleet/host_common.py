@@ -317,38 +317,114 @@ def api_key_name(argv: Any) -> Optional[str]:
     return None
 
 
+# What an embedding or reranker server is asked (the smoke's kind: the model's task, fleet.model): two
+# texts of one meaning and one unrelated. A working model puts the pair closer than the stranger (an
+# embedding model) or scores the answering document above the unrelated one (a cross-encoder).
+SAME_MEANING = ("The capital of France is Paris.", "Paris is the capital city of France.")
+UNRELATED = "Bananas are a yellow fruit."
+RERANK_QUERY = "What is the capital of France?"
+
+
 def smoke_request(
     base_url: str, model: str, smoke: Dict[str, Any], timeout: float, api_key: Optional[str] = None
 ) -> Dict[str, Any]:
-    """Ask the server the playbook's smoke prompt: {status, ok (the answer matches `expect`), text (the
-    answer, or what came back instead), seconds}. The deploy's proof and health's generation check.
-    `api_key`: the engine's key (playbook api_key_env), sent as a bearer token."""
-    request = {
-        "model": model,
-        "messages": [{"role": "user", "content": smoke["prompt"]}],
-        "max_tokens": smoke.get("max_tokens", 16),
-        "temperature": 0,
-    }
+    """Ask the server what proves it serves: {status, ok, text (the answer, or what came back instead),
+    seconds}. A chat model gets the playbook's smoke prompt and its answer must match `expect`; an
+    embedding model (smoke kind "embed") and a reranker ("rerank") are asked the endpoint they serve.
+    The deploy's proof and health's generation check. `api_key`: the engine's key, sent as a bearer token."""
+    kind = smoke.get("kind") or "generate"
+    request = {}  # type: Dict[str, Any]
+    if kind == "embed":
+        path, request = "/v1/embeddings", {"model": model, "input": list(SAME_MEANING) + [UNRELATED]}
+    elif kind == "rerank":
+        path = "/v1/rerank"
+        request = {"model": model, "query": RERANK_QUERY, "documents": [SAME_MEANING[1], UNRELATED]}
+    else:
+        path = "/v1/chat/completions"
+        request = {
+            "model": model,
+            "messages": [{"role": "user", "content": smoke["prompt"]}],
+            "max_tokens": smoke.get("max_tokens", 16),
+            "temperature": 0,
+        }
     headers = {"Authorization": "Bearer %s" % api_key} if api_key else None
-    status, text, seconds = http_request(
-        "POST", base_url + "/v1/chat/completions", request, timeout=timeout, headers=headers
-    )
+    status, text, seconds = http_request("POST", base_url + path, request, timeout=timeout, headers=headers)
     if status == 401:
         text = "the server wants an API key%s: %s" % (
             " and refused the one fleet sent" if api_key else " (playbook api_key_env:)",
             text[:200],
         )
+    if status != 200:
+        return {"status": status, "ok": False, "text": text[:500], "seconds": seconds}
+    if kind in ("embed", "rerank"):
+        ok, said = (_embeddings_verdict if kind == "embed" else _rerank_verdict)(text, bool(smoke.get("any_answer")))
+        return {"status": status, "ok": ok, "text": said[:500], "seconds": seconds}
     answer = None
-    if status == 200:
-        try:
-            answer = json.loads(text)["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError):
-            answer = None
+    try:
+        answer = json.loads(text)["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        answer = None
     matched = bounded_search(smoke["expect"], answer) if answer is not None else False
     shown = (answer if answer is not None else text)[:500]
     if matched is None:
         shown = "the expect pattern ran too long on this answer: %s" % shown
     return {"status": status, "ok": bool(matched), "text": shown, "seconds": seconds}
+
+
+def _numbers(value: Any) -> Optional[List[float]]:
+    """A list of finite numbers, or None."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+            return None
+        out.append(float(x))
+    return out
+
+
+def _cosine(a: List[float], b: List[float]) -> float:
+    na, nb = sum(x * x for x in a) ** 0.5, sum(x * x for x in b) ** 0.5
+    return sum(x * y for x, y in zip(a, b)) / (na * nb) if na and nb else 0.0  # noqa: B905 (host Python 3.8)
+
+
+def _embeddings_verdict(text: str, any_answer: bool) -> Tuple[bool, str]:
+    """/v1/embeddings' answer (OpenAI's shape, as SGLang and vLLM give it) to SAME_MEANING + UNRELATED."""
+    try:
+        rows = sorted(json.loads(text)["data"], key=lambda d: d["index"])
+        vectors = [_numbers(d["embedding"]) for d in rows]
+    except (ValueError, KeyError, TypeError):
+        return False, "not an embeddings answer: %s" % text[:300]
+    if len(vectors) != 3 or any(v is None for v in vectors) or len({len(v or ()) for v in vectors}) != 1:
+        return False, "not 3 embeddings of one size, of finite numbers: %s" % text[:300]
+    a, b, c = (v or [] for v in vectors)
+    near, far = _cosine(a, b), _cosine(a, c)
+    said = "3 embeddings of %d numbers; cosine of two sentences of one meaning %.3f, of an unrelated one %.3f" % (
+        len(a),
+        near,
+        far,
+    )
+    if any_answer or near > far:
+        return True, said
+    return False, said + ": the model does not tell them apart"
+
+
+def _rerank_verdict(text: str, any_answer: bool) -> Tuple[bool, str]:
+    """/v1/rerank's scores for [the answer, UNRELATED]: SGLang answers a list of {index, score}, vLLM
+    {"results": [{index, relevance_score}]}."""
+    try:
+        body = json.loads(text)
+        rows = body["results"] if isinstance(body, dict) else body
+        scores = {int(r["index"]): r["relevance_score"] if "relevance_score" in r else r["score"] for r in rows}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, "not a rerank answer: %s" % text[:300]
+    good, bad = _numbers([scores.get(0)]), _numbers([scores.get(1)])
+    if good is None or bad is None:
+        return False, "no score for each of the 2 documents: %s" % text[:300]
+    said = "the answering document scored %.3f, an unrelated one %.3f" % (good[0], bad[0])
+    if any_answer or good[0] > bad[0]:
+        return True, said
+    return False, said + ": the model does not rank them"
 
 
 def write_record(path: str, data: Any) -> None:

@@ -193,6 +193,7 @@ def build_parser(version: Version) -> argparse.ArgumentParser:
     a("--page-size", type=int)
     a("--served-model-name")
     a("--trust-remote-code", action="store_true")
+    a("--is-embedding", action="store_true")
     a("--dtype", default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     a("--kv-cache-dtype", default="auto")
     a("--quantization", choices=QUANT_0523 if new_lists else QUANT_0511)

@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from fleet_testbed import gpustate
+from fleet_testbed import gpustate, sim_pooling
 from fleet_testbed.sglang_flags import RENAMED, Version, build_parser, parse_version
 
 SITE = "/opt/sglang/.venv/lib/python3.12/site-packages/sglang"
@@ -106,7 +106,14 @@ class Model:
         return bool(self.quant_algo and "FP4" in self.quant_algo.upper())
 
 
-KNOWN_MODEL_TYPES = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "llama"}  # the simulated transformers' configs
+KNOWN_MODEL_TYPES = {
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "llama",
+    "qwen3",
+    "xlm-roberta",
+}  # the simulated transformers' configs
 
 
 def registered_architectures() -> set[str]:
@@ -459,6 +466,7 @@ class Server:
         self.started = time.time()
         self.lock = threading.Lock()
         self.in_flight: list[str] = []  # rids of the requests being served (tokenizer_manager.rid_to_state)
+        self.generates = sim_pooling.is_generation(r.model.arch, bool(r.args.is_embedding))
 
     def answer(self, prompt: str) -> str:
         if self.r.garbage or gpustate.load_host().get("serve_garbage"):  # test hook: a server gone bad
@@ -602,7 +610,7 @@ class Handler(BaseHTTPRequestHandler):
                 {
                     "model_path": a.model_path,
                     "tokenizer_path": a.model_path,
-                    "is_generation": True,
+                    "is_generation": s.generates,
                     "architectures": [s.r.model.arch],
                     "weight_version": "default",
                 },
@@ -642,6 +650,9 @@ class Handler(BaseHTTPRequestHandler):
         if s.status == "Draining":
             self._json(503, {"error": "server is shutting down"})
             return
+        if path in ("/v1/embeddings", "/v1/rerank"):
+            self._pooling(path, body)
+            return
         if path == "/v1/chat/completions":
             prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
         elif path in ("/v1/completions", "/generate"):
@@ -679,6 +690,21 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self._json(200, {"text": text, "meta_info": {"finish_reason": {"type": "stop"}}})
+
+    def _pooling(self, path: str, body: dict[str, Any]) -> None:
+        s = self.sim
+        if s.generates:  # both requests are embedding requests inside SGLang
+            self._json(
+                400, {"object": "error", "message": sim_pooling.NOT_EMBEDDING, "type": "BadRequestError", "code": 400}
+            )
+            return
+        with s.lock:
+            s.requests_served += 1
+        if path == "/v1/rerank":
+            self._json(200, sim_pooling.rerank_answer(body))
+        else:
+            hidden = int(s.r.model.text.get("hidden_size") or 1024)
+            self._json(200, sim_pooling.embeddings_answer(body, s.r.args.served_model_name, hidden))
 
 
 def _fail_launcher(err: SimError) -> None:

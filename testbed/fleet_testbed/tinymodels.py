@@ -119,6 +119,32 @@ def main(root: Path) -> None:
             "rope_theta": 10000.0,
         },
     )
+    embed = root / "tiny-embed"  # an embedding model as Qwen3-Embedding ships one: a causal LM + modules.json
+    write(
+        embed,
+        {
+            **common,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "intermediate_size": 128,
+            "hidden_act": "silu",
+            "rope_theta": 10000.0,
+        },
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (embed / "modules.json").write_text(json.dumps(modules, indent=1))
+    (embed / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "include_prompt": True}
+    (embed / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from fleet.facts import HostFacts
 from fleet.host_common import base_url
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.runtime import chosen_runtime
+from fleet.model import GENERATE
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
@@ -175,7 +176,9 @@ class GroupRun:
                     t,
                     h,
                     playbook_name=self.playbook.name,
-                    smoke=ops.smoke_of(self.playbook) if i == 0 else {},
+                    smoke=ops.smoke_of(self.playbook, placed[0].plan.task if placed[0].plan else GENERATE)
+                    if i == 0
+                    else {},
                     kill_policy="force" if self.force else h.settings.kill_policy,
                     secrets=secrets,
                     progress=self.progress_for(h.name),

@@ -23,9 +23,9 @@ from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
 from fleet.inventory.runtime import Container, chosen_runtime
-from fleet.model import parse_model_spec
+from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
-from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec
+from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec, spec_of
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import fit_gpus
 from fleet.plan.placement import Placement, place, port_for, stopped_with
@@ -52,9 +52,13 @@ def recorded_bounds(state: dict[str, Any]) -> dict[str, Any]:
     return bounds
 
 
-def smoke_of(playbook: NamedPlaybook) -> dict[str, Any]:
+def smoke_of(playbook: NamedPlaybook, task: str) -> dict[str, Any]:
+    """What proves a server of the playbook serves: its smoke prompt for a chat model; for an embedding
+    model or a reranker (`task`, fleet.model) fleet's own texts on the endpoint it serves, where the
+    playbook's any_answer (random weights) accepts any well-formed answer."""
     s = playbook.spec.smoke
-    return {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
+    smoke = {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
+    return smoke if task == GENERATE else {**smoke, "kind": task, "any_answer": s.any_answer}
 
 
 def deployment_name(name: str | None, playbook: NamedPlaybook) -> str:
@@ -140,7 +144,7 @@ def deploy(
         t,
         host,
         playbook_name=playbook.name,
-        smoke=smoke_of(playbook),
+        smoke=smoke_of(playbook, result.plan.task),
         kill_policy=_kill_policy(host, force),
         secrets=secrets,
         progress=progress,
@@ -430,6 +434,7 @@ def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
         verdicts=(),
         applied_fixes=tuple(p.get("applied_fixes", [])),
         container=ContainerPlan.from_json(p["container"]) if p.get("container") else None,
+        task=str(p.get("task") or GENERATE),
     )
 
 
@@ -509,7 +514,7 @@ def restart(
     if facts.model is None or not facts.model.exists or not facts.gpus:
         raise ConfigError(f"{host.name}: the recorded model {on_host} or the GPUs are gone.", "Redeploy.")
     m = facts.model
-    model = parse_model_spec(plan.model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
+    model = spec_of(plan.model_path, m)
     gpus = gpu_summary(facts, placed)
     if gpus is None:
         raise ConfigError(

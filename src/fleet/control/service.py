@@ -29,6 +29,7 @@ from fleet.host_common import base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
+from fleet.model import GENERATE
 from fleet.plan.service import (
     ReplicaState,
     reachable_address,
@@ -93,6 +94,12 @@ class ServiceHealth:
     checks: list[Any]
     states: list[ReplicaState]
     heal: list[str] = field(default_factory=list)
+
+
+def recorded_task(records: dict[str, dict[str, Any]]) -> str:
+    """What the replicas' model serves, as their records' plans say (a replica's plan is its service's)."""
+    tasks = [str((r.get("plan") or {}).get("task") or GENERATE) for r in records.values() if r.get("plan")]
+    return tasks[0] if tasks else GENERATE
 
 
 class ServiceRun:
@@ -234,8 +241,9 @@ class ServiceRun:
         )
         return result
 
-    def _ask(self, t: Transport) -> dict[str, Any]:
-        smoke = ops.smoke_of(self.playbook)
+    def _ask(self, t: Transport, task: str) -> dict[str, Any]:
+        """The smoke check through the router; `task`: what the replicas' model serves (fleet.model)."""
+        smoke = ops.smoke_of(self.playbook, task)
         answer: dict[str, Any] = self.router(
             t, {"do": "ask", "served_name": self.playbook.spec.served_name, "smoke": smoke}
         )[0]["answer"]
@@ -336,7 +344,7 @@ class ServiceRun:
                 self.progress(events.ServiceStep(self.service.name, f"deregistered {u} (not a ready replica of it)"))
             for o in ready:
                 self.progress(events.ServiceStep(self.service.name, f"registered {o.url}", o.name))
-            answer = self._ask(rt) if ready else None
+            answer = self._ask(rt, ready[0].result.plan.task) if ready and ready[0].result else None
         return self._result(outcomes, answer)
 
     def _remember_good(self, done: list[ReplicaOutcome]) -> dict[str, Any]:
@@ -385,7 +393,8 @@ class ServiceRun:
             if rollback:
                 order = [i for i in order if not states[i].serving]
                 if not order:
-                    return self._result([], self._ask(rt), "", nothing="nothing to roll back: every replica serves")
+                    answer = self._ask(rt, recorded_task(records))
+                    return self._result([], answer, "", nothing="nothing to roll back: every replica serves")
             outcomes: list[ReplicaOutcome] = []
             for i in order:
                 r, state = self.replicas[i], states[i]
@@ -406,7 +415,7 @@ class ServiceRun:
                 if not outcome.ok:
                     return self._result(outcomes, None, f"{outcome.name} failed; the roll stopped, the others serve")
                 states[i] = ReplicaState(state.replica, outcome.url, "ready", True, True)
-            answer = self._ask(rt)
+            answer = self._ask(rt, recorded_task(records))
         return self._result(outcomes, answer)
 
     def _roll_one(
@@ -514,14 +523,14 @@ class ServiceRun:
                 states = self.states(rt, router_up=False)[0]
                 checks = service_checks(router, states, self.service.spec.min_healthy, None)
                 return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
-            states, workers, _ = self.states(rt)
+            states, workers, records = self.states(rt)
             if heal:
                 lost = [s for s in states if s.status == "ready" and s.url and not s.registered]
                 if lost:
                     self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
                     healed += [f"registered {s.replica} again" for s in lost]
-                    states, workers, _ = self.states(rt)
-            answer = self._ask(rt) if ask and any(s.serving for s in states) else None
+                    states, workers, records = self.states(rt)
+            answer = self._ask(rt, recorded_task(records)) if ask and any(s.serving for s in states) else None
             if ask and answer is None:
                 answer = {"ok": False, "status": None, "text": "no replica serves through the router"}
             checks = service_checks(router, states, self.service.spec.min_healthy, answer)

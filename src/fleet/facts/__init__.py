@@ -3,6 +3,14 @@
 This package exports what the rest of fleet uses; the modules say the rest.
 """
 
-from fleet.facts.parse import DeploymentRecord, HostFacts, Listener, gpu_mismatches, one_line, parse_facts
+from fleet.facts.parse import DeploymentRecord, HostFacts, Listener, ModelFiles, gpu_mismatches, one_line, parse_facts
 
-__all__ = ["DeploymentRecord", "HostFacts", "Listener", "gpu_mismatches", "one_line", "parse_facts"]
+__all__ = [
+    "DeploymentRecord",
+    "HostFacts",
+    "Listener",
+    "ModelFiles",
+    "gpu_mismatches",
+    "one_line",
+    "parse_facts",
+]

@@ -93,6 +93,7 @@ class ModelFiles:
     listing: str | None = None  # file count and a digest of the names and sizes (compared across a group)
     damage: tuple[str, ...] = ()  # what is not whole, file by file (missing, truncated, an unfinished download)
     gguf: tuple[str, ...] = ()  # GGUF files where config.json is missing (a GGUF checkpoint, or a file itself)
+    sentence_transformers: bool = False  # modules.json: a sentence-transformers pipeline (an embedding model)
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
             listing=str(m["listing"]) if m.get("listing") else None,
             damage=tuple(str(x) for x in m.get("damage") or [] if isinstance(m.get("damage"), list)),
             gguf=tuple(str(x) for x in m.get("gguf") or [] if isinstance(m.get("gguf"), list))[:8],
+            sentence_transformers=m.get("sentence_transformers") is True,
         )
         if m
         else None

@@ -388,6 +388,7 @@ def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
     if out["config"] is None:  # a GGUF checkpoint keeps its configuration inside: say that it is one
         out["gguf"] = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.gguf")))[:8]
     out["quant_config"], _ = _json_file(os.path.join(path, "hf_quant_config.json"))
+    out["sentence_transformers"] = os.path.isfile(os.path.join(path, "modules.json"))
     index, _ = _json_file(os.path.join(path, "model.safetensors.index.json"), 64 << 20)
     size = None
     if isinstance(index, dict):

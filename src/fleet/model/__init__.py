@@ -64,6 +64,27 @@ def _vision(vc: Any) -> tuple[int, int] | None:
     return _int(vc, "num_hidden_layers", default=24), _int(vc, "hidden_size", default=1024)
 
 
+# What a server of the model answers (the smoke check asks the matching endpoint):
+# generate: /v1/chat/completions; embed: /v1/embeddings; rerank: /v1/rerank (a cross-encoder's scores).
+GENERATE, EMBED, RERANK = "generate", "embed", "rerank"
+# Base-model architectures the engines serve as embedding models (SGLang configs/model_config.py
+# is_generation_model and configs/embedding_model_spec.py, 0.5.23; vLLM's pooling-model docs: "*Model"
+# converts to embed)
+EMBEDDING_ARCHS = {"LlamaEmbeddingModel", "MistralModel", "Qwen3Model", "BertModel", "XLMRobertaModel", "Contriever"}
+
+
+def serving_task(architecture: str, sentence_transformers: bool) -> str:
+    """What the checkpoint serves: a sequence classifier is a cross-encoder reranker (SGLang serves
+    *ForSequenceClassification on /v1/rerank, vLLM as a "classify"/"score" pooling model); a base model
+    without a language-model head, or a checkpoint that ships a sentence-transformers pipeline
+    (modules.json: Qwen3-Embedding is a Qwen3ForCausalLM with one), is an embedding model."""
+    if architecture.endswith("ForSequenceClassification"):
+        return RERANK
+    if sentence_transformers or architecture in EMBEDDING_ARCHS or architecture.endswith("EmbeddingModel"):
+        return EMBED
+    return GENERATE
+
+
 class ModelConfigError(ValueError):
     """The model directory cannot describe a servable model (missing or malformed config)."""
 
@@ -95,6 +116,11 @@ class ModelSpec:
     sglang_swa_layers: int = 0  # the layers SGLang keeps in its sliding-window pool (SGLANG_SWA_ARCHS)
     # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
     vision: tuple[int, int] | None = None
+    task: str = GENERATE  # GENERATE, EMBED or RERANK (serving_task)
+
+    @property
+    def generates(self) -> bool:
+        return self.task == GENERATE
 
     @property
     def hybrid(self) -> bool:
@@ -124,6 +150,8 @@ class ModelSpec:
 
     def describe(self) -> str:
         traits = [self.architecture, self.quantization.upper()]
+        if not self.generates:
+            traits.append("an embedding model" if self.task == EMBED else "a cross-encoder reranker")
         if self.hybrid:
             traits.append(f"hybrid GDN ({len(self.linear_attention_layers)}/{self.num_layers} linear-attention layers)")
         if self.moe:
@@ -200,8 +228,10 @@ def parse_model_spec(
     quant_config: dict[str, Any] | None,
     weights_bytes: int | None,
     mtp_weight_layers: int = 0,
+    sentence_transformers: bool = False,
 ) -> ModelSpec:
-    """`mtp_weight_layers`: MTP layers the checkpoint's weight map names, for configs that do not say."""
+    """`mtp_weight_layers`: MTP layers the checkpoint's weight map names, for configs that do not say.
+    `sentence_transformers`: the directory ships a sentence-transformers pipeline (modules.json)."""
     if not isinstance(config, dict):
         raise ModelConfigError(f"{path}/config.json is missing or not a JSON object")
     archs = config.get("architectures") or ["?"]
@@ -254,4 +284,5 @@ def parse_model_spec(
         mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
         sglang_swa_layers=_sglang_swa_layers(str(archs[0]), layers, layer_types),
         vision=_vision(config.get("vision_config")),
+        task=serving_task(str(archs[0]), sentence_transformers),
     )

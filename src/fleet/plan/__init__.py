@@ -140,9 +140,20 @@ def plan_launch(
                     "trust this model's code (fleet never does on its own)",
                 )
             )
-        if wishes.parsers is not None:
+        if not model.generates and (wishes.speculative or wishes.parsers is not None):
+            wanted = (("speculative", wishes.speculative), ("parsers", wishes.parsers is not None))
+            asked = " and ".join(w for w, on in wanted if on)
+            verdicts.append(
+                Verdict(
+                    "info",
+                    "embedding-model",
+                    f"{model.describe()}: it generates no text, so the playbook's {asked} do not apply",
+                )
+            )
+        elif wishes.parsers is not None:
             verdicts.append(_parsers_verdict(i))
-        if wishes.speculative and not i.has_draft:  # the true reason first: no draft class, whatever the heads
+        # the true reason first: no draft class, whatever the heads
+        if wishes.speculative and model.generates and not i.has_draft:
             verdicts.append(
                 Verdict(
                     "warning",
@@ -151,7 +162,7 @@ def plan_launch(
                     "ModelConfig maps none): speculative decoding skipped",
                 )
             )
-        elif wishes.speculative and model.mtp_layers == 0:
+        elif wishes.speculative and model.generates and model.mtp_layers == 0:
             verdicts.append(
                 Verdict(
                     "warning", "speculative-mtp", f"{model.architecture} has no MTP heads: speculative decoding skipped"
@@ -210,6 +221,7 @@ def plan_launch(
         env=tuple(env),
         secret_env=wishes.secret_env,
         verdicts=tuple(verdicts),
+        task=model.task,
     )
     for lf in learned:
         plan = apply_fix(plan, lf.fix, lf.signature, f"learned fix ({lf.signature}, learned {lf.learned_at})")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from fleet import __version__
 from fleet.crashes import Signature, builtin_signatures, known_fixes
-from fleet.facts import HostFacts, gpu_mismatches
+from fleet.facts import HostFacts, ModelFiles, gpu_mismatches
 from fleet.host_common import container_owner
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -147,13 +147,20 @@ def _err(rule: str, message: str) -> Verdict:
     return Verdict("error", rule, message)
 
 
+def spec_of(model_path: str, m: ModelFiles) -> ModelSpec:
+    """The model as the probe read its directory; ModelConfigError when its config cannot describe one."""
+    return parse_model_spec(
+        model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers, m.sentence_transformers
+    )
+
+
 def model_spec(facts: HostFacts, model_path: str) -> ModelSpec | None:
     """The model at the path as the probe read it, or None (missing, or a config pre-flight refuses)."""
     m = facts.model
     if m is None or not m.exists:
         return None
     try:
-        return parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
+        return spec_of(model_path, m)
     except ModelConfigError:
         return None
 
@@ -229,7 +236,7 @@ def build_plan(
                 )
             )
         try:
-            model = parse_model_spec(model_path, m.config, m.quant_config, m.weights_bytes, m.mtp_weight_layers)
+            model = spec_of(model_path, m)
         except ModelConfigError as exc:
             verdicts.append(
                 _err(

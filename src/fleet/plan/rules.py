@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fleet.model import ModelSpec
+from fleet.model import EMBED, RERANK, ModelSpec
 from fleet.plan.drafts import sglang_draft
 from fleet.plan.parsers import ParserChoice, parsers_for
 from fleet.plan.picks import ATTENTION, FP4_GEMM, MAMBA, MOE_RUNNER, engine_pick, failing
@@ -62,7 +62,7 @@ class PlanInput:
     @property
     def spec_wanted(self) -> bool:
         """Speculative decoding asked for, on MTP heads the model has and the engine has a draft class for."""
-        return self.wishes.speculative and self.model.mtp_layers > 0 and self.has_draft
+        return self.wishes.speculative and self.model.mtp_layers > 0 and self.has_draft and self.model.generates
 
     @property
     def has_draft(self) -> bool:
@@ -164,7 +164,7 @@ def _parser_flags(i: PlanInput) -> list[tuple[str, str | None]]:
 # both engines: the flags come from fleet.plan.parsers, which says why in `fleet plan`
 PARSERS = Rule(
     "parsers",
-    lambda i: i.wishes.parsers is not None,
+    lambda i: i.wishes.parsers is not None and i.model.generates,  # an embedding model writes no text to parse
     _parser_flags,  # none for a family fleet does not know (the plan warns)
     "the playbook asked for parsers: the engine's own detection where it has one, else the family's (plan/parsers.py)",
     replaces="the engine's default: no parser, so thinking and tool calls arrive as plain text in the answer",
@@ -181,6 +181,29 @@ TRUST_REMOTE_CODE = Rule(
     replaces="the engine's default: the model's own code is never run, and a model that needs it is refused",
 )
 
+
+SGLANG_EMBEDDING = Rule(
+    "embedding-model",
+    lambda i: not i.model.generates,
+    lambda i: [("--is-embedding", None)],
+    "an embedding model or a cross-encoder (fleet.model.serving_task): served on /v1/embeddings and /v1/rerank. "
+    "SGLang turns embedding mode on itself only for the encoder architectures it lists; a decoder checkpoint "
+    "with a sentence-transformers pipeline (Qwen3-Embedding) needs the flag, so it is always written",
+    "sglang configs/model_config.py is_generation_model; configs/embedding_model_spec.py (0.5.23); "
+    "docs.sglang.io supported_models/embedding_models, rerank_models",
+    replaces="SGLang's default: a generation server, which refuses /v1/embeddings ('does not appear to be an "
+    "embedding model by default. Please add `--is-embedding`')",
+)
+SGLANG_CROSS_ENCODER_ATTENTION = Rule(
+    "cross-encoder-attention",
+    lambda i: i.model.task == RERANK,
+    lambda i: [("--attention-backend", "triton")],
+    "a cross-encoder reranker: SGLang's rerank models run on the triton and torch_native attention backends "
+    "only; triton is the GPU one",
+    "docs.sglang.io supported_models/retrieval_ranking/rerank_models (BGE-Reranker: 'Currently only support "
+    "attention-backend triton and torch_native')",
+    replaces="SGLang's own attention pick for the GPU, which its rerank models do not support",
+)
 
 SGLANG_RULES: tuple[Rule, ...] = (
     Rule(
@@ -279,8 +302,30 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "scale-out.md §3; sglang #7418",
         replaces="SGLang's default: a free port taken at start-up, which two servers starting together can both take",
     ),
+    SGLANG_EMBEDDING,
+    SGLANG_CROSS_ENCODER_ATTENTION,
     TRUST_REMOTE_CODE,
     PARSERS,
+)
+
+VLLM_RUNNER_FLAG: Version = (0, 10, 1)  # --runner pooling replaced --task embed/score (the docs of 0.10.0 and 0.10.1)
+
+
+def _vllm_pooling_flags(i: PlanInput) -> list[tuple[str, str | None]]:
+    if i.version is not None and i.version < VLLM_RUNNER_FLAG:
+        return [("--task", "embed" if i.model.task == EMBED else "score")]
+    return [("--runner", "pooling")]
+
+
+VLLM_POOLING = Rule(
+    "pooling-runner",
+    lambda i: not i.model.generates,
+    _vllm_pooling_flags,
+    "an embedding model or a cross-encoder (fleet.model.serving_task): vLLM's pooling runner, which converts the "
+    "architecture itself (a causal LM or *Model to embed, *ForSequenceClassification to classify and score) and "
+    "serves /v1/embeddings and /v1/rerank; --task embed/score before 0.10.1",
+    "docs.vllm.ai models/pooling_models (v0.10.0: --task; v0.10.1.1 and later: --runner, --convert)",
+    replaces="vLLM's default runner for a causal-LM architecture: generate, which serves no embeddings",
 )
 
 VLLM_RULES: tuple[Rule, ...] = (
@@ -351,6 +396,7 @@ VLLM_RULES: tuple[Rule, ...] = (
         env=lambda i: [("VLLM_PORT", str(nccl_port_for(i.wishes.port)))],
         replaces="vLLM's default: free ports taken at start-up, which two servers starting together can both take",
     ),
+    VLLM_POOLING,
     TRUST_REMOTE_CODE,
     PARSERS,
 )

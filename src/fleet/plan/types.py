@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleet.model import GENERATE
+
 if TYPE_CHECKING:
     from fleet.plan.container import ContainerPlan
     from fleet.plan.picks import Pick
@@ -177,6 +179,7 @@ class LaunchPlan:
     container: ContainerPlan | None = None  # run in this container (python: the image's); None: a process
     left_to_engine: tuple[Pick, ...] = ()  # the engine's own picks for the keyed settings no flag sets
     told: tuple[tuple[str, str], ...] = ()  # the engine's own picks its check on the host said, planned on
+    task: str = GENERATE  # what the server answers (fleet.model.serving_task): generate, embed or rerank
 
     def module(self) -> str:
         return "sglang.launch_server" if self.engine == "sglang" else "vllm.entrypoints.openai.api_server"
@@ -217,6 +220,7 @@ class LaunchPlan:
             "secret_env": list(self.secret_env),  # names only: values never leave the operator's machine in plans
             "verdicts": [{"level": v.level, "rule": v.rule, "message": v.message} for v in self.verdicts],
             "applied_fixes": list(self.applied_fixes),
+            **({"task": self.task} if self.task != GENERATE else {}),  # a chat model's records stay as they were
             "told": dict(self.told),  # the engine's own picks the plan stood on, as its check said them
             "left_to_engine": [
                 {"setting": p.setting, "value": p.effective, "resolved": p.value, "source": p.source}

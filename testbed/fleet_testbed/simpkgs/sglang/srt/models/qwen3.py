@@ -1,0 +1,5 @@
+class Qwen3ForCausalLM:
+    pass
+
+
+EntryClass = Qwen3ForCausalLM

@@ -1,0 +1,9 @@
+class XLMRobertaModel:
+    pass
+
+
+class XLMRobertaForSequenceClassification:
+    pass
+
+
+EntryClass = [XLMRobertaModel, XLMRobertaForSequenceClassification]
