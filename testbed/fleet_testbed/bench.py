@@ -225,6 +225,7 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
     from fleet.control.gather import model_path, read_facts
     from fleet.control.ops import smoke_of
     from fleet.inventory import load_inventory, load_playbook
+    from fleet.model import GENERATE
     from fleet.plan.build import build_plan
     from fleet.transport import SshOptions, connect
 
@@ -263,7 +264,7 @@ def bench_crash_latency(sb: simhost.Sandbox, n: int) -> list[str]:
                 t,
                 host,
                 playbook_name=pb.name,
-                smoke=smoke_of(pb),
+                smoke=smoke_of(pb, GENERATE),
                 kill_policy="safe",
                 secrets={},
                 progress=progress,
