@@ -242,8 +242,11 @@ def main() -> None:
     server_args, record = resolve_record(sys.argv[1:])
     import sglang.srt  # type: ignore[import-not-found,unused-ignore]
 
-    models_dir = os.path.join(os.path.dirname(os.path.abspath(sglang.srt.__file__)), "models")
-    if os.path.isdir(models_dir):
+    # sglang.srt is a namespace package in the released wheels (no __init__.py, no __file__): its path says
+    # where its models are
+    found = [os.path.join(p, "models") for p in getattr(sglang.srt, "__path__", [])]
+    models_dir = next((d for d in found if os.path.isdir(d)), "")
+    if models_dir:
         disabled = disabled_modules(os.environ.get("SGLANG_DISABLED_MODEL_ARCHS", ""))
         registered = registered_architectures(models_dir, disabled)
         error = architecture_error(Settings.of(server_args), registered, os.environ)
