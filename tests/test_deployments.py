@@ -272,16 +272,16 @@ def test_an_older_fleets_crashed_server_is_healed_through_its_moved_record(box: 
 
 
 def test_gpus_fit_takes_the_gpus_the_model_needs_and_leaves_the_rest(box: nshost.NamespaceHost) -> None:
-    """Qwen3.6-27B on the 8 x 96 GB box: one GPU holds its weights and a whole-context KV cache, so the
-    deployment takes one (TP 1), and a second one beside it (a replica, say) takes another; the rest stay
-    free. gpus: left out is fit."""
+    """Qwen3.6-27B on the 8 x 96 GB box with gpus: fit (packing): one GPU holds its weights and a
+    whole-context KV cache, so the deployment takes one (TP 1), and a second one beside it (a replica,
+    say) takes another; the rest stay free."""
     seen: list[events.Event] = []
     for name in ("one", "two"):
-        result, events_of_one = deploy(box, name, None)
+        result, events_of_one = deploy(box, name, None, spec={"gpus": "fit"})
         assert result.ok, result.reason
         seen += events_of_one
     planned = [e for e in seen if isinstance(e, events.Planned)]
-    assert planned[0].placement.startswith("gpus: left out, so fit: 1 GPU (TP 1): weights 51.8 GiB per GPU")
+    assert planned[0].placement.startswith("gpus: fit: 1 GPU (TP 1): weights 51.8 GiB per GPU")
     assert "the host's other 7 are left for other deployments or replicas" in planned[0].placement
     assert "1 free GPU picked: 1; port 30000 is deployment one's: two uses 30010" in planned[1].placement
     one, two = record(box, "one"), record(box, "two")
@@ -289,6 +289,13 @@ def test_gpus_fit_takes_the_gpus_the_model_needs_and_leaves_the_rest(box: nshost
     argv = one["plan"]["argv"]
     assert argv[argv.index("--tp-size") + 1] == "1"
     assert environment(box, engine_of(box, "one"))["CUDA_VISIBLE_DEVICES"] == str(one["gpus"][0])
+    # gpus: left out takes the free GPUs the two leave: six, as TP 4 of a hybrid model (no TP 6 splits it)
+    result, seen = deploy(box, "rest", None)
+    assert result.ok, result.reason
+    planned = [e for e in seen if isinstance(e, events.Planned)]
+    assert "the host's 6 free GPUs as TP 4" in planned[0].placement
+    rest = record(box, "rest")
+    assert len(rest["gpus"]) == 4 and not set(rest["gpus"]) & {*one["gpus"], *two["gpus"]}
 
 
 def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_refused(

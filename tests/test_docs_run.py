@@ -29,9 +29,9 @@ GUIDES = [
 PAGES = [ROOT / "README.md", *(ROOT / "docs" / g for g in GUIDES)]
 CRASH_LOG = ROOT.parent / "shared" / "corpus" / "crash-logs" / "cases" / "001.log"
 FILLED = {  # the README's placeholders, as the sandbox names them
-    "H/NAME": "blackwell/qwen36-27b",
+    "H/NAME": "blackwell/qwen35-nvfp4",
     "H": "blackwell",
-    "PLAYBOOK": "qwen36-27b",
+    "PLAYBOOK": "qwen35-nvfp4",
     "SERVICE": "qwen36",
     "LOG": str(CRASH_LOG),
 }

@@ -21,6 +21,7 @@ from test_model_spec import spec_of
 from test_plan import playbook
 
 H100 = 81559
+H100_GPU = ("NVIDIA H100 80GB HBM3", "9.0", H100)
 
 
 def test_the_kv_cache_counts_full_attention_layers_and_heads_split_over_ranks() -> None:
@@ -139,22 +140,54 @@ def blackwell(**kw: object) -> HostFacts:
     return facts("blackwell", RTX_PRO_6000, 8, model="Qwen3.5-397B-A17B-NVFP4", **kw)  # type: ignore[arg-type]
 
 
-def test_gpus_left_out_take_what_the_model_needs_and_say_the_rest_stay_free() -> None:
-    """The motivating box: TP 4 holds Qwen3.5-397B NVFP4 and its whole context, so it takes four GPUs
-    sharing the closest links and leaves four for another deployment or a replica; `gpus: all` is the
-    whole box (CUDA_VISIBLE_DEVICES unset, the largest TP)."""
-    p = placed("qwen35-nvfp4", blackwell())
+def test_gpus_fit_takes_what_the_model_needs_and_says_the_rest_stay_free() -> None:
+    """The motivating box with gpus: fit (packing): TP 4 holds Qwen3.5-397B NVFP4 and its whole context, so
+    it takes four GPUs sharing the closest links and leaves four for another deployment or a replica."""
+    p = placed("qwen35-nvfp4", blackwell(), gpus="fit")
     assert p.result.plan is not None and p.placement.gpus == (0, 1, 2, 3)
     assert args_dict(p.result.plan.engine_args())["--tp-size"] == "4"
     assert {e.name: e.value for e in p.result.plan.env}["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
-    assert said.startswith("gpus: left out, so fit: 4 GPUs (TP 4)") and "TP 2 would not" in said
+    assert said.startswith("gpus: fit: 4 GPUs (TP 4)") and "TP 2 would not" in said
     assert "the host's other 4 are left for other deployments" in said and "gpus: all" in said
     whole = placed("qwen35-nvfp4", blackwell(), gpus="all")
     assert whole.indices is None and whole.result.plan is not None
     assert args_dict(whole.result.plan.engine_args())["--tp-size"] == "8"
     assert "CUDA_VISIBLE_DEVICES" not in {e.name for e in whole.result.plan.env}
     assert not [v for v in whole.result.verdicts if v.rule == "gpus-fit"]
+
+
+def test_gpus_left_out_the_motivating_moe_model_takes_the_whole_box_as_one_tp_group() -> None:
+    """What the seed command ran by hand: TP 8 on the 8x RTX PRO 6000 box. PCIe only, but a MoE (and
+    hybrid) model is one TP group; TP 4 would hold it and the plan says so."""
+    p = placed("qwen35-nvfp4", blackwell())
+    assert p.result.plan is not None and p.placement.gpus == tuple(range(8))
+    a = args_dict(p.result.plan.engine_args())
+    assert a["--tp-size"] == "8" and "--dp-size" not in a
+    said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
+    assert said.startswith("gpus: left out, so the host's free GPUs: the host's 8 free GPUs as TP 8 (PCIe only, but")
+    assert "TP 4 would hold it" in said and "gpus: fit takes as few as the model needs" in said
+
+
+def test_gpus_left_out_a_dense_model_on_pcie_runs_data_parallel_replicas_and_on_nvlink_one_group() -> None:
+    """Llama-3.1-8B (published config, 16 GB): one GPU holds it. On the 8x PCIe box it runs as TP 1 x 8
+    replicas behind one port; on NVLink as one TP 8 group. GPUs another user's job holds are left out."""
+    from factsdata import CONFIGS
+
+    llama = CONFIGS.parent / "matrix" / "Llama-3.1-8B-Instruct"
+    pcie = placed("qwen36-27b", facts("blackwell", RTX_PRO_6000, 8, model=llama), model=llama.name, speculative=None)
+    assert pcie.result.plan is not None and pcie.placement.gpus == tuple(range(8))
+    a = args_dict(pcie.result.plan.engine_args())
+    assert (a["--tp-size"], a["--dp-size"]) == ("1", "8")
+    assert pcie.result.plan.flag("--dp-size").rule == "data-parallel"  # type: ignore[union-attr]
+    said = next(v.message for v in pcie.result.verdicts if v.rule == "gpus-fit")
+    assert "PCIe only: TP 1 x 8 data-parallel replicas" in said
+    job = {g: [{"pid": 900 + g, "used_mib": 90000}] for g in (5, 6, 7)}
+    busy = placed("qwen36-27b", facts("blackwell", RTX_PRO_6000, 8, model=llama, gpu_processes=job), model=llama.name)
+    assert busy.placement.gpus == (0, 1, 2, 3, 4) and args_dict(busy.result.plan.engine_args())["--dp-size"] == "5"  # type: ignore[union-attr]
+    nvlink = placed("qwen36-27b", facts("box", H100_GPU, 8, model=llama, nvlink=True), model=llama.name)
+    a = args_dict(nvlink.result.plan.engine_args())  # type: ignore[union-attr]
+    assert a["--tp-size"] == "8" and "--dp-size" not in a
 
 
 def test_tp_gives_the_count_and_a_hand_written_tp_keeps_every_gpu() -> None:
@@ -191,22 +224,22 @@ def test_a_stale_server_of_fleets_user_gives_its_gpus_back_and_anyone_elses_neve
     a container and one whose deployment is recorded are never placed over."""
     by_hand = {100 + i: i for i in range(8)}
     servers, on_gpus = engine_on(by_hand, 1000, 100)
-    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus))
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus="fit")
     assert p.placement.gpus == (0, 1, 2, 3)
     assert "a server no deployment records holds some (pids 100, 101, 102, 103): stopped as a stale server" in p.how
     for uid, extra in ((1001, {}), (1000, {"container": "c0ffee"})):
         servers, on_gpus = engine_on(by_hand, uid, 100, **extra)
         with pytest.raises(PreflightError, match="4 free GPUs asked for; blackwell has 0 free"):
-            placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus))
+            placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus="fit")
     servers, on_gpus = engine_on(by_hand, 1000, 100)
     recorded = {"other": {"state": {"pid": 999, "pgid": 100, "status": "stopped", "gpus": [0]}}}
     with pytest.raises(PreflightError, match="blackwell has 0 free"):
-        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=recorded))
+        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=recorded), gpus="fit")
     with pytest.raises(PreflightError, match="4 free GPUs asked for"):  # a count the operator gave: never
         placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus), gpus=4)
     unreadable = {"prod": {"state": {}, "state_error": "state.json: not JSON"}}  # its server may be this one
     with pytest.raises(PreflightError, match="blackwell has 0 free"):
-        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=unreadable))
+        placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, deployments=unreadable), gpus="fit")
 
 
 def test_the_port_a_stale_server_listens_on_is_kept_when_it_is_stopped_and_moved_when_it_is_not() -> None:
@@ -216,11 +249,11 @@ def test_the_port_a_stale_server_listens_on_is_kept_when_it_is_stopped_and_moved
     and the deployment moves."""
     servers, on_gpus = engine_on({100 + i: i for i in range(8)}, 1000, 100)
     listening = [{"address": "0.0.0.0", "port": 30000, "pid": 100}]
-    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening))
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening), gpus="fit")
     assert p.result.plan is not None and p.result.plan.port == 30000
     assert "port 30000 is a stale server's, stopped first" in p.how
     servers, on_gpus = engine_on({100: 7}, 1000, 100)  # on GPU 7 only: fit takes 0-3, so it keeps running
-    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening))
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus, listeners=listening), gpus="fit")
     assert p.placement.gpus == (0, 1, 2, 3) and p.result.plan is not None and p.result.plan.port == 30010
     assert "port 30000 is in use: qwen35-nvfp4 uses 30010" in p.how
 
@@ -267,11 +300,11 @@ def test_fleet_plan_says_why_fit_chose_a_count_once_and_a_deploy_in_its_one_erro
     servers, on_gpus = engine_on({500 + i: i for i in range(6)}, 1000, 500)  # 6 of 8 GPUs held: fit wants 4
     whole = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30000, "gpus": list(range(6))}}}
     f = blackwell(servers=servers, gpu_processes=on_gpus, deployments=whole)
-    pb = playbook("qwen35-nvfp4", gpus=None)
+    pb = playbook("qwen35-nvfp4", gpus="fit")
     shown = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
     fit = next(v.message for v in shown.result.verdicts if v.rule == "gpus-fit")
     texts = [v.message for v in shown.result.verdicts] + [shown.how]
-    assert fit.startswith("gpus: left out, so fit: 4 GPUs") and sum(fit in t for t in texts) == 1
+    assert fit.startswith("gpus: fit: 4 GPUs") and sum(fit in t for t in texts) == 1
     assert any(v.rule == "placement" and v.level == "error" for v in shown.result.verdicts)
     with pytest.raises(PreflightError) as refused:
         ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]

@@ -232,7 +232,8 @@ PLAYBOOK_CASES = [
         "gpus-empty",
         PLAYBOOK_OK + "gpus: []\n",
         'pb.yaml:7: field "gpus" lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a '
-        "count (gpus: 2), gpus: all for every GPU of the host, or leave it out for as many as the model needs.",
+        "count (gpus: 2), gpus: all for every GPU of the host, gpus: fit for as many as the model needs, or leave "
+        "it out for the host's free GPUs.",
     ),
     ("gpus-twice", PLAYBOOK_OK + "gpus: [1, 2, 1]\n", 'pb.yaml:7: field "gpus" lists GPU 1 more than once.'),
     ("gpus-negative", PLAYBOOK_OK + "gpus: [-1]\n", 'pb.yaml:7: field "gpus.0" must be at least 0 (got -1).'),

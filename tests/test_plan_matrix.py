@@ -112,8 +112,9 @@ def real_verdicts(todo: list[tuple[Cell, list[str]]]) -> list[dict]:
 
     def oracle_args(cell: Cell, argv: list[str]) -> list[str]:
         (_, _, mib), _, gpu = GPUS[cell.gpu]
-        tp = argv[argv.index("--tp-size") + 1] if "--tp-size" in argv else "1"
-        return ["--resolve", "--gpu", gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", tp,
+        tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+        dp = int(argv[argv.index("--dp-size") + 1]) if "--dp-size" in argv else 1
+        return ["--resolve", "--gpu", gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp * dp),
                 "--model-dir", str(FAMILIES[cell.family]), "--", *argv]  # fmt: skip
 
     (version,) = {cell.version for cell, _ in todo}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import CT129, ROOT, run_cli
 from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
@@ -41,13 +42,27 @@ def state(sb: simhost.Sandbox, deployment: str) -> dict:
     return json.loads(simhost.record(sb.host_dir("ct129"), "state.json", deployment).read_text())
 
 
-def test_an_embedding_model_and_a_reranker_serve_side_by_side_and_prove_their_endpoints(
+def test_an_embedding_model_and_a_reranker_are_planned_and_proved_on_their_endpoints(
     fleet_env: simhost.Sandbox, playbooks: Path
 ) -> None:
+    """The embedding model takes the PCIe box as TP 1 x 2 data-parallel replicas (one GPU holds it), and
+    the simulated SGLang runs a scheduler per replica; the reranker, on the box after it, gets the
+    attention backend its rerank models support."""
     r = run_cli("deploy", "embed", "--host", "ct129")
     assert r.code == 0, r.out + r.err
     assert "3 embeddings of 2560 numbers" in r.out + r.err  # asked /v1/embeddings, not chat
-    assert "--is-embedding" in state(fleet_env, "embed")["plan"]["argv"]
+    argv = state(fleet_env, "embed")["plan"]["argv"]
+    assert "--is-embedding" in argv and argv[argv.index("--dp-size") + 1] == "2"
+    ps = [*simhost.ssh_argv(fleet_env, CT129), "ps -eo args= | grep -o 'sglang::scheduler_DP[0-9]' | sort"]
+    titles = subprocess.run(ps, capture_output=True, text=True, timeout=30).stdout
+    assert titles.split() == ["sglang::scheduler_DP0", "sglang::scheduler_DP1"]
+    health = json.loads(run_cli("health", "--host", "ct129", "--json").out)
+    checks = {(c["deployment"], c["name"]): c for c in health["checks"]}
+    assert checks[("embed", "generation")]["status"] == "ok", checks[("embed", "generation")]
+    # a restart asks the same endpoint: the task is in the record
+    r = run_cli("restart", "--host", "ct129/embed")
+    assert r.code == 0 and "3 embeddings of 2560 numbers" in r.out + r.err, r.out + r.err
+    assert run_cli("stop", "--host", "ct129/embed").code == 0
     r = run_cli("deploy", "rerank", "--host", "ct129")
     assert r.code == 0, r.out + r.err
     assert "the answering document scored" in r.out + r.err
@@ -55,11 +70,7 @@ def test_an_embedding_model_and_a_reranker_serve_side_by_side_and_prove_their_en
     assert argv[argv.index("--attention-backend") + 1] == "triton"
     health = json.loads(run_cli("health", "--host", "ct129", "--json").out)
     checks = {(c["deployment"], c["name"]): c for c in health["checks"]}
-    for name in ("embed", "rerank"):
-        assert checks[(name, "generation")]["status"] == "ok", checks[(name, "generation")]
-    # a restart asks the same endpoint: the task is in the record
-    r = run_cli("restart", "--host", "ct129/embed")
-    assert r.code == 0 and "3 embeddings of 2560 numbers" in r.out + r.err, r.out + r.err
+    assert checks[("rerank", "generation")]["status"] == "ok", checks[("rerank", "generation")]
 
 
 def test_an_embedding_model_launched_as_a_chat_server_is_not_reported_up(

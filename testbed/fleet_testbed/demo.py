@@ -3,9 +3,9 @@
 Brings up `blackwell` (8x RTX PRO 6000, SM120, SGLang 0.5.11) and `ct129` (2x RTX A6000) behind real
 sshd on loopback, deploys the hand-written Qwen3.5-397B-NVFP4 command (two known crashes, fixed and
 learned), deploys again (the running server is checked, not restarted), stops it and deploys once more
-(one attempt, learned fixes), deploys Qwen3.6-27B, shares the blackwell box between two deployments on
-their own GPUs (an overlapping third is refused), shows status, stops all, and
-tears the fleet down (`--keep` leaves it up for you to try commands; `python -m fleet_testbed down`).
+(one attempt, learned fixes), deploys fleet's own plan on the whole box, deploys Qwen3.6-27B, shares the
+blackwell box between two deployments on their own GPUs (an overlapping third is refused), shows status,
+stops all, and tears the fleet down (`--keep` leaves it up for you to try commands; `python -m fleet_testbed down`).
 """
 
 from __future__ import annotations
@@ -84,14 +84,15 @@ def main() -> int:
         print("\n# Stop it and deploy once more: the fixes were learned for this host x model x engine version.")
         fleet("stop", "--host", "blackwell", env=env)
         fleet("deploy", "qwen35-nvfp4-handwritten", "--host", "blackwell", env=env)
-        print("\n# fleet's own plan for the same model takes the four GPUs it needs (fit: TP 4 holds it), which the")
-        print("# hand-written one holds (--replace stops it first); then Qwen3.6-27B on the A6000 box:")
+        print("\n# fleet's own plan for the same model takes the box's free GPUs: TP 8, one group for a MoE model")
+        print("# (the hand-written one holds them: --replace stops it first); then Qwen3.6-27B on the A6000 box:")
         fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", env=env, check=False)
         fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", "--replace", env=env)
         fleet("deploy", "qwen36-27b", "--host", "ct129", env=env)
-        print("\n# One box, two deployments: the big model on GPUs 0-3, the small one on one of the four left")
-        print("# (one 96 GB GPU holds it), each with its own ports, state and lock. A third on GPUs the first")
-        print("# holds is refused; restarting one leaves the other serving:")
+        print("\n# One box, two deployments: the big model on the four GPUs it needs (--gpus 4; gpus: fit in a")
+        print("# playbook), the small one on the four left, each with its own ports, state and lock. A third on")
+        print("# GPUs the first holds is refused; restarting one leaves the other serving:")
+        fleet("deploy", "qwen35-nvfp4", "--host", "blackwell", "--gpus", "4", env=env)
         fleet("deploy", "qwen36-27b", "--host", "blackwell", env=env)
         fleet("deploy", "qwen36-27b", "--host", "blackwell", "--gpus", "2,3", "--name", "third", env=env, check=False)
         fleet("restart", "--host", "blackwell/qwen36-27b", env=env)

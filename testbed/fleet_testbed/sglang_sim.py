@@ -742,13 +742,16 @@ def serve(argv: list[str]) -> None:
     log(f"server_args=ServerArgs({shown})")
     for w in r.warnings:
         log(w)
-    tp = a.tp_size
-    local = tp // max(1, a.nnodes)  # the TP ranks on this node; the others are on the group's other nodes
+    tp, dp = a.tp_size, max(1, a.dp_size)
+    # the ranks on this node (the others are on the group's other nodes); each DP rank is a TP group of its
+    # own on the next tp_size GPUs (managers/data_parallel_controller.py: base_gpu_id += tp_size)
+    local = tp * dp // max(1, a.nnodes)
     first = local * a.node_rank  # this node's first global rank
     if local > len(gpus):
         err = SimError(
             "RuntimeError",
             f"CUDA error: invalid device ordinal (tp_size={tp}, "
+            + (f"dp_size={dp}, " if dp > 1 else "")
             + (f"ranks on this node={local}, " if a.nnodes > 1 else "")
             + f"visible GPUs={len(gpus)})",
             [(f"{SITE}/srt/managers/scheduler.py", 3938, "run_scheduler_process", "")],
@@ -762,8 +765,11 @@ def serve(argv: list[str]) -> None:
     total_mib = gpus[0]["memory_total_mib"]
     free_mib = min(_free_mib(g) for g in gpus[:local])
     # children: one scheduler per TP rank holding its GPU (engines.md §3.4 titles), plus the detokenizer
-    for rank in range(local):
-        title = f"sglang::scheduler_TP{first + rank}" if tp > 1 else "sglang::scheduler"
+    if dp > 1:
+        server.children.append(_spawn_child("sglang::data_parallel_controller", None, 0))
+    for rank in range(local):  # engines.md §3.4: _DP<i> and _TP<i>, each only when > 1
+        parts = (f"_DP{(first + rank) // tp}" if dp > 1 else "") + (f"_TP{(first + rank) % tp}" if tp > 1 else "")
+        title = f"sglang::scheduler{parts}"
         server.children.append(_spawn_child(title, gpus[rank]["index"], 600))
     server.children.append(_spawn_child("sglang::detokenizer", None, 0))
     for child in server.children:  # each child reports once titled and holding its GPU

@@ -27,8 +27,9 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
 from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.plan.fit import fit_gpus
-from fleet.plan.placement import Placement, place, port_for, stopped_with
+from fleet.plan.fit import Fit, fit_gpus
+from fleet.plan.placement import Placement, free_gpus, place, port_for, stopped_with
+from fleet.plan.whole_box import whole_box
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
 from fleet.startup import phase_now
@@ -204,7 +205,9 @@ def place_and_plan(
     `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
     instead, shown with the rest of what pre-flight says."""
     path = model_path(host, playbook.spec.model)
-    asked, fitted = (gpus, None) if gpus is not None else _asked(playbook, facts, path, nodes)
+    asked, fitted, dp = (
+        (gpus, None, 1) if gpus is not None else _asked(playbook, facts, path, nodes, deployment, replace)
+    )
     key = "tp" if playbook.spec.gpus is None and playbook.spec.tp else "gpus"
     where = f"{'--gpus' if gpus is not None else playbook.where(key)} ({host.name})"
     refused = None
@@ -221,7 +224,7 @@ def place_and_plan(
     stopping = stopped_with(facts, deployment, indices)
     replacing = [o.name for o in placement.replaces] if replace else []  # `fleet plan`'s refusal: not stopped
     port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address, stopping, replacing)
-    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told)
+    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told, dp)
     if refused is not None:
         result = replace_field(result, verdicts=(refused, *result.verdicts))
     if fitted is not None:
@@ -263,41 +266,57 @@ TP_FLAGS = ("--tp-size", "--tensor-parallel-size")
 
 
 def _asked(
-    playbook: NamedPlaybook, facts: HostFacts, path: str, nodes: int
-) -> tuple[int | tuple[int, ...] | None, Verdict | None]:
-    """The playbook's gpus: as a placement, with fit turned into the count the model needs on this host's
-    GPUs, and why (a warning when nothing the host has holds it). Left out, gpus: is tp:'s count when tp:
-    is set, every GPU when the command line names its TP itself (extra_args, literal:) or the ranks of a
-    group run here (all of each host's), else fit. None: every GPU, CUDA_VISIBLE_DEVICES unset."""
+    playbook: NamedPlaybook, facts: HostFacts, path: str, nodes: int, deployment: str, replace: bool
+) -> tuple[int | tuple[int, ...] | None, Verdict | None, int]:
+    """The playbook's gpus: as a placement, why (a warning when nothing the host has holds the model), and
+    the data-parallel replicas to run on it. Left out, gpus: is tp:'s count when tp: is set, every GPU when
+    the command line names its TP itself (extra_args, literal:) or the ranks of a group run here (all of
+    each host's), else the host's free GPUs used as fleet.plan.whole_box says; `gpus: fit` is the count
+    the model needs (fleet.plan.fit). None: every GPU, CUDA_VISIBLE_DEVICES unset."""
     spec = playbook.spec
     value = spec.gpus
     if value == "all" or nodes > 1:
-        return None, None
+        return None, None, 1
     if isinstance(value, list):
-        return tuple(value), None
+        return tuple(value), None, 1
     if isinstance(value, int):
-        return value, None
+        return value, None, 1
     if value is None:
         if spec.tp:
-            return spec.tp, Verdict("info", "gpus", f"gpus: left out: {spec.tp} GPUs for tp: {spec.tp}")
+            return spec.tp, Verdict("info", "gpus", f"gpus: left out: {spec.tp} GPUs for tp: {spec.tp}"), 1
         named = args_dict(list(spec.extra_args))
         if spec.literal or any(f in named for f in TP_FLAGS):
-            return None, None
+            return None, None, 1
     gpus = gpu_summary(facts)
     model = model_spec(facts, path)
-    said = "gpus: fit" if value == "fit" else "gpus: left out, so fit"
+    said = "gpus: fit" if value == "fit" else "gpus: left out, so the host's free GPUs"
     if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
-        return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs")
+        return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs"), 1
     speculative = bool(spec.speculative and spec.speculative.enabled)
     install = facts.engines.get(spec.engine)
     version = parse_version(install.version) if install else None
-    fit = fit_gpus(
-        model, gpus.memory_mib, gpus.count, spec.context_length, spec.mem_fraction, speculative, spec.engine, version
-    )
+
+    def fit_on(available: int) -> Fit:
+        return fit_gpus(
+            model, gpus.memory_mib, available, spec.context_length, spec.mem_fraction, speculative, spec.engine, version
+        )
+
+    fit = fit_on(gpus.count)
+    if value is None:
+        free = len(free_gpus(facts, deployment, replace))
+        fits_free = fit_on(free) if free else None
+        if fits_free is None or (not fits_free.fits and free < fit.gpus):
+            # the free GPUs do not hold it: ask for what it needs of the host, and placement says who holds
+            # the rest (or, for a count fleet chose, takes stale servers' GPUs)
+            why = f"{said}: {free} free, and it needs more: {fit.why}"
+            return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", why), 1
+        shape = whole_box(model, free, gpus.nvlink, fits_free)
+        why = f"{said}: {shape.why} (gpus: fit takes as few as the model needs)"
+        return shape.gpus, Verdict("info" if shape.fits else "warning", "gpus-fit", why), shape.dp
+    level = "info" if fit.fits else "warning"
     rest = gpus.count - fit.gpus
-    free = f"; the host's other {rest} are left for other deployments or replicas (gpus: all takes every GPU)"
-    free = free if rest else ""
-    return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", f"{said}: {fit.why}{free}")
+    left = f"; the host's other {rest} are left for other deployments or replicas (gpus: all takes every GPU)"
+    return fit.gpus, Verdict(level, "gpus-fit", f"{said}: {fit.why}{left if rest else ''}"), 1
 
 
 # Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU

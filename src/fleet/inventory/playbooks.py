@@ -258,7 +258,8 @@ def _check_gpus(value: str | int | list[int]) -> None:
         if not value:
             raise ValueError(
                 "lists no GPU; list indices as nvidia-smi numbers them (gpus: [0, 1]), give a count "
-                "(gpus: 2), gpus: all for every GPU of the host, or leave it out for as many as the model needs"
+                "(gpus: 2), gpus: all for every GPU of the host, gpus: fit for as many as the model needs, or leave it "
+                "out for the host's free GPUs"
             )
         repeated = sorted({i for i in value if value.count(i) > 1})
         if repeated:
@@ -294,7 +295,8 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     mem_fraction: Annotated[float, Meta(gt=0.05, lt=1.0)] | None = None
     tp: Annotated[int, Meta(ge=1, le=64)] | None = None
     # where on the host: GPU indices as nvidia-smi numbers them, a count fleet places, every GPU (all), or
-    # as many as the model needs (fit: fleet.plan.fit; also when left out, unless tp: gives the count)
+    # fit: as many as the model needs (fleet.plan.fit); left out: the host's free GPUs (fleet.plan.whole_box),
+    # unless tp: gives the count
     gpus: Literal["fit", "all"] | Annotated[int, Meta(ge=1, le=64)] | list[Annotated[int, Meta(ge=0, le=63)]] | None = (
         None
     )

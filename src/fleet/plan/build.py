@@ -176,8 +176,10 @@ def build_plan(
     deployment: str | None = None,
     nodes: int = 1,
     told: Mapping[str, str] | None = None,
+    dp: int = 1,
 ) -> PlanResult:
-    """`told`: the engine's own picks its check on the host said (fleet.plan.picks); None: those the host
+    """`dp`: data-parallel replicas over the placement's GPUs, each a TP group (fleet.plan.whole_box).
+    `told`: the engine's own picks its check on the host said (fleet.plan.picks); None: those the host
     has learned for this model, engine version and GPU model, except for a group, whose ranks all plan on
     fleet's table alone (they must run one command line).
     `gpu_indices`: the deployment's placement (fleet.plan.placement); all of the host's GPUs when None.
@@ -188,7 +190,7 @@ def build_plan(
     pb = playbook.spec
     runtime = chosen_runtime(pb.runtime, host.settings.runtime)
     where = f"{playbook.name} on {host.name}"
-    wishes = wishes_for(host, playbook)
+    wishes = replace(wishes_for(host, playbook), dp=dp)
     if port is not None:
         wishes = replace(wishes, port=port)
     verdicts: list[Verdict] = []
@@ -343,6 +345,11 @@ def container_preflight(where: str, runtime: Container, facts: HostFacts) -> lis
     return out
 
 
+def _dp_of(plan: LaunchPlan) -> int:
+    f = plan.flag("--dp-size") or plan.flag("--data-parallel-size")
+    return int(f.value) if f and f.value and f.value.isdigit() and int(f.value) > 0 else 1
+
+
 def _tp_of(plan: LaunchPlan) -> int:
     f = plan.flag("--tp-size") or plan.flag("--tensor-parallel-size")
     return int(f.value) if f and f.value and f.value.isdigit() else 1
@@ -380,12 +387,14 @@ def preflight(
         out.append(
             _err("quant-capability", said) if row.verdict == "refused" else Verdict("warning", "quant-capability", said)
         )
-    tp = _tp_of(plan)
-    if tp > gpus.count:
+    tp, dp = _tp_of(plan), _dp_of(plan)
+    if tp * dp > gpus.count:
+        replicas = f" x {dp} data-parallel replicas" if dp > 1 else ""
         out.append(
             _err(
                 "tp",
-                f"{where}: TP {tp} exceeds the deployment's {gpus.count} GPUs. Lower tp: or give it more GPUs.",
+                f"{where}: TP {tp}{replicas} exceeds the deployment's {gpus.count} GPUs. Lower tp: or give it "
+                "more GPUs.",
             )
         )
     if model.num_attention_heads and model.num_attention_heads % tp:

@@ -114,6 +114,18 @@ def _with_stale_servers(
     return None
 
 
+def free_gpus(facts: HostFacts, me: str, replace: bool = False) -> list[int]:
+    """The GPUs deployment `me` may take without stopping anyone's work: held by no other deployment (but
+    with `replace`, which stops them) and by no process but its own server or stale servers (those are
+    stopped when it is freed, as a count fleet chose takes them)."""
+    taken = set() if replace else {i for o in occupants(facts, me) for i in o.gpus}
+    stale = _stale_servers(facts, me)
+    groups = {r.state.get("pgid") for r in facts.remote.deployments.values() if r.name != me} if replace else set()
+    theirs = {p.pid for p in facts.servers if p.pgid in groups}  # the servers --replace stops
+    busy = {i for i, pids in busy_gpus(facts, me).items() if not all(p in stale or p in theirs for p in pids)}
+    return [g.index for g in facts.gpus if g.index not in taken and g.index not in busy]
+
+
 def gpu_owners(facts: HostFacts) -> dict[int, str]:
     """GPU index -> who holds it, as `fleet facts` shows it: a deployment of fleet's, or the pids of
     processes that are not (another user's job, a hand-started server)."""

@@ -81,13 +81,14 @@ def tp_splits(model: ModelSpec, tp: int) -> bool:
     return heads_ok and (kv % tp == 0 or tp % kv == 0)
 
 
-def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None) -> int:
-    """Largest power-of-two TP <= GPU count that divides the attention heads (KV heads replicate when fewer)."""
+def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None, dp: int = 1) -> int:
+    """Largest power-of-two TP <= each of `dp` replicas' share of the GPUs that divides the attention heads
+    (KV heads replicate when fewer)."""
     if wanted:
         return wanted
     tp = 1
     candidate = 1
-    while candidate <= gpus.count:
+    while candidate <= gpus.count // max(1, dp):
         if tp_splits(model, candidate):
             tp = candidate
         candidate *= 2
@@ -209,10 +210,20 @@ SGLANG_RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-parallel",
         lambda i: True,
-        lambda i: [("--tp-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
-        "largest power of two <= the deployment's GPU count dividing the attention heads (gpus: left out, as many "
-        "GPUs as the model needs: fleet.plan.fit; playbook tp: wins)",
+        lambda i: [("--tp-size", str(choose_tp(i.model, i.gpus, i.wishes.tp, i.wishes.dp)))],
+        "largest power of two <= the deployment's GPU count (each data-parallel replica's share) dividing the "
+        "attention heads (gpus: left out, the host's free GPUs: fleet.plan.whole_box; playbook tp: wins)",
         replaces="SGLang's default --tp-size 1: one GPU of the host's, the model often does not fit it",
+    ),
+    Rule(
+        "data-parallel",
+        lambda i: i.wishes.dp > 1,
+        lambda i: [("--dp-size", str(i.wishes.dp))],
+        "gpus: left out on a PCIe-only box: replicas of a TP group that holds the model, one port (fleet.plan."
+        "whole_box); SGLang's data-parallel controller starts each on its own GPUs",
+        "docs.sglang.io advanced_features/dp_dpa_smg_guide; sglang managers/data_parallel_controller.py "
+        "(base_gpu_id advances by tp_size per DP rank)",
+        replaces="SGLang's default --dp-size 1: one TP group, the box's other GPUs idle",
     ),
     Rule(
         "speculative-mtp",
@@ -273,7 +284,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "pcie-custom-all-reduce",
-        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
+        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp, i.wishes.dp) > 2,
         lambda i: [("--disable-custom-all-reduce", None)],
         "PCIe-only with more than two GPUs: custom all-reduce is off anyway; explicit silences the warning",
         "engines.md §1.8",
@@ -332,10 +343,19 @@ VLLM_RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-parallel",
         lambda i: True,
-        lambda i: [("--tensor-parallel-size", str(choose_tp(i.model, i.gpus, i.wishes.tp)))],
-        "largest power of two <= the deployment's GPU count dividing the attention heads (gpus: left out, as many "
-        "GPUs as the model needs: fleet.plan.fit; playbook tp: wins)",
+        lambda i: [("--tensor-parallel-size", str(choose_tp(i.model, i.gpus, i.wishes.tp, i.wishes.dp)))],
+        "largest power of two <= the deployment's GPU count (each data-parallel replica's share) dividing the "
+        "attention heads (gpus: left out, the host's free GPUs: fleet.plan.whole_box; playbook tp: wins)",
         replaces="vLLM's default --tensor-parallel-size 1: one GPU of the host's, the model often does not fit it",
+    ),
+    Rule(
+        "data-parallel",
+        lambda i: i.wishes.dp > 1,
+        lambda i: [("--data-parallel-size", str(i.wishes.dp))],
+        "gpus: left out on a PCIe-only box: replicas of a TP group that holds the model, one port (fleet.plan."
+        "whole_box)",
+        "docs.vllm.ai serving/data_parallel_deployment",
+        replaces="vLLM's default --data-parallel-size 1: one TP group, the box's other GPUs idle",
     ),
     Rule(
         "speculative-mtp",
@@ -364,7 +384,7 @@ VLLM_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "pcie-custom-all-reduce",
-        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp) > 2,
+        lambda i: not i.gpus.nvlink and choose_tp(i.model, i.gpus, i.wishes.tp, i.wishes.dp) > 2,
         lambda i: [("--disable-custom-all-reduce", None)],
         "PCIe-only with more than two GPUs: custom all-reduce is off anyway; explicit silences the warning",
         "engines.md §6.2; vllm/distributed/device_communicators/custom_all_reduce.py ('not supported on more "

@@ -69,6 +69,7 @@ class Wishes:
     context_length: int | None = None
     mem_fraction: float | None = None
     tp: int | None = None
+    dp: int = 1  # data-parallel replicas (fleet.plan.whole_box chooses them; the playbook never does)
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[str, ...] = ()
