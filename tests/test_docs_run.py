@@ -52,6 +52,9 @@ NOT_RUN_HERE = {
     "fleet engine install sglang==0.5.23 --host blackwell": PACKAGE_INDEX,
     "fleet engine use sglang==0.5.23 --host blackwell": PACKAGE_INDEX,
     "fleet engine pull": "the name of a command without its image; tests/test_engine_images.py runs it",
+    "fleet engine audit SPEC": "a local SGLang of the version; tests/test_audit.py runs it with the real one",
+    "fleet engine audit sglang==0.5.23 --parser ~/sglang-0.5.23/bin/python": "a local SGLang 0.5.23; "
+    "tests/test_audit.py runs it with the real one",
 }
 CODE_LINE = re.compile(r"^ {4,}(fleet [^#\n]*?)\s*(?:#.*)?$", re.M)
 BACKTICKED = re.compile(r"`(fleet [^`]+)`")

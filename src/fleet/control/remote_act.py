@@ -220,6 +220,7 @@ def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
     code = CHECKS.get(c["engine"])
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
+    code = c.get("prelude", "") + code  # fleet engine audit, on a machine without the GPU: a stand-in for it
     env = dict(os.environ, **c.get("env", {}))
     asked = (c.get("picks") or {}).get("drop")
     if asked is not None:  # also say what the engine picks by itself for the settings fleet's keyed rules decide

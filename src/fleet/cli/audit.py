@@ -1,0 +1,108 @@
+"""`fleet engine audit sglang==X`: an upgrade checked over the whole fleet before anything is installed
+(fleet.control.audit)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, replace
+from typing import Any
+
+import click
+
+from fleet.cli.base import Invocation, each_host, emit_json, say
+from fleet.cli.provision import engine
+from fleet.errors import ConfigError
+
+DETAILS = ("refusals", "removed", "renamed", "added", "changed", "defaults", "crashes")
+
+
+@engine.command("audit")
+@click.argument("spec")
+@click.option("--host", "host_name", help="One inventory host or group (default: every host).")
+@click.option(
+    "--parser",
+    help="A Python on this machine with that engine version (a CPU is enough), e.g. ~/sglang-0.5.23/bin/python: "
+    "its own parser and resolution check every new command line.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per playbook and host.")
+@click.pass_obj
+def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str | None, as_json: bool) -> None:
+    """Plan every playbook of the engine on every host with SPEC (sglang==0.5.23), and print one table:
+    flags removed, renamed, added or changed, defaults that change, known crashes gained or lost, and
+    what pre-flight refuses. Nothing is installed or changed on any host.
+
+    With --parser, each new command line also goes through that version's own argument parser and
+    resolution, on this machine, against a stand-in for the host's GPU and a copy of the model's
+    config.json. Exits 4 when anything is refused or rejected.
+
+    \b
+    Example:
+      fleet engine audit sglang==0.5.23 --parser ~/sglang-0.5.23/bin/python
+    """
+    from fleet.control import audit, ops
+    from fleet.control.engines import parse_spec
+    from fleet.control.gather import model_path, read_facts
+
+    name, version = parse_spec(spec)
+    command = _parser(parser, name, version) if parser else None
+    playbooks = audit.playbooks_of(ctx._playbooks, name)
+    if not playbooks:
+        raise ConfigError(f"no playbook in {ctx.playbooks_dir} runs {name}.", "Nothing to audit.")
+
+    def on_host(t: Any, host: Any) -> list[audit.Audit]:
+        rows = []
+        for pb in playbooks:
+            if name not in host.settings.engines:  # the host has no environment of this engine
+                continue
+            facts = read_facts(t, host, model=model_path(host, pb.spec.model), engine=name)
+            now = ops.place_and_plan(host, pb, facts, pb.name, None, replace=False, signatures=ctx.signatures,
+                                     show_refusal=True).result  # fmt: skip
+            then_facts = audit.with_version(facts, name, version)
+            then = ops.place_and_plan(host, pb, then_facts, pb.name, None, replace=False,
+                                      signatures=ctx.signatures, show_refusal=True).result  # fmt: skip
+            row = audit.compare(host.name, pb.name, now, then, ctx.signatures)
+            if command and then.plan is not None and not then.errors:
+                row = replace(row, parser=audit.parser_verdict(command, then.plan, facts))
+            rows.append(row)
+        return rows
+
+    rows: list[audit.Audit] = []
+    for host, found, error in each_host(ctx, host_name, True, on_host):
+        rows += found if error is None else [audit.Audit(host, "-", "-", error=error.message)]
+    if as_json:
+        for r in rows:
+            emit_json({"verdict": r.verdict, **asdict(r)})
+    else:
+        _table(rows, name, version, bool(command))
+    if any(r.verdict == "refused" for r in rows):
+        raise click.exceptions.Exit(4)
+
+
+def _parser(parser: str, engine: str, version: str) -> list[str]:
+    """--parser as a command ([VAR=value ...] python), refused unless it has `version` of the engine."""
+    from fleet.control.audit import local_version
+
+    words = [w for w in shlex.split(parser) if w != "env"]
+    if not words:
+        raise ConfigError("--parser is empty.", "Give a Python that has the engine installed.")
+    have = local_version(words, engine)
+    if have != version:
+        raise ConfigError(
+            f"--parser {parser}: it has {engine} {have or '(none)'}, not {version}.",
+            f"Give a Python with {engine}=={version} installed (pip install {engine}=={version} in a virtualenv).",
+        )
+    return words
+
+
+def _table(rows: list[Any], engine: str, version: str, checked: bool) -> None:
+    say(f"{engine} -> {version}: {len(rows)} deployment(s) planned; nothing on any host was changed")
+    width = max([len(f"{r.host}/{r.playbook}") for r in rows] + [10])
+    say(f"{'DEPLOYMENT'.ljust(width)}  {'FROM':<8}  {'VERDICT':<8}  PARSER")
+    for r in rows:
+        parser = r.parser if checked else "not checked (--parser)"
+        say(f"{f'{r.host}/{r.playbook}'.ljust(width)}  {r.now:<8}  {r.verdict:<8}  {parser}")
+        if r.error:
+            say(f"    {r.error}")
+        for field in DETAILS:
+            for line in getattr(r, field):
+                say(f"    {field}: {line}")

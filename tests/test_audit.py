@@ -1,0 +1,123 @@
+"""`fleet engine audit sglang==X`: every playbook planned on every host with the new version, the changes
+in one table, and each new command line checked by that version's real parser and resolution on this
+machine (the oracle's SGLang 0.5.23 stands for "a local Python with the new version"), against a
+stand-in for the host's GPU. Nothing on any host changes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import sglang_oracle
+from conftest import ROOT, run_cli
+from factsdata import RTX_A6000, RTX_PRO_6000, facts
+from fleet.control import audit, ops
+from fleet.crashes import builtin_signatures
+from fleet_testbed import simhost
+from test_plan import host, playbook
+
+ORACLE_PYTHON = sglang_oracle.ORACLE / ".venv" / "bin" / "python"
+LAYERS_0511 = ":".join(str(sglang_oracle.ORACLE / ".venv" / "layers" / d) for d in ("sglang-0.5.11", "deps-0.5.11"))
+
+
+def upgrade(pb_name: str, host_name: str, gpu: tuple, count: int, version: str = "0.5.23") -> audit.Audit:
+    pb = playbook(pb_name)
+    f = facts(host_name, gpu, count, model=pb.spec.model)
+    now = ops.place_and_plan(host(host_name), pb, f, pb.name, None, replace=False, show_refusal=True).result
+    then_facts = audit.with_version(f, "sglang", version)
+    then = ops.place_and_plan(host(host_name), pb, then_facts, pb.name, None, replace=False, show_refusal=True).result
+    return audit.compare(host_name, pb.name, now, then, builtin_signatures())
+
+
+def test_the_motivating_deployment_sees_its_renamed_flag_and_the_crashes_it_loses() -> None:
+    row = upgrade("qwen35-nvfp4", "blackwell", RTX_PRO_6000, 8)
+    assert row.now == "0.5.11" and row.verdict == "changes" and not row.refusals
+    assert row.renamed == ("--mamba-scheduler-strategy -> --mamba-radix-cache-strategy  (hybrid-spec-extra-buffer)",)
+    assert not any("mamba" in line for line in row.removed + row.added)  # a rename, not a removal and an addition
+    assert row.crashes and row.defaults  # signatures and defaults kept to version ranges that change
+
+
+def test_a_plan_the_new_version_refuses_is_a_refusal_row() -> None:
+    row = upgrade("qwen35-nvfp4", "ct129", RTX_A6000, 2)
+    assert row.verdict == "refused" and any("weights need" in r for r in row.refusals)
+
+
+def test_the_same_version_changes_nothing() -> None:
+    row = upgrade("qwen36-27b", "ct129", RTX_A6000, 2, version="0.5.11")
+    assert row.verdict == "same" and not (row.removed or row.renamed or row.added or row.changed or row.crashes)
+
+
+def test_the_command_line_goes_to_the_local_parser_with_the_model_config_and_cuda() -> None:
+    assert audit._local_args(["--model-path", "/models/x", "--tp-size", "8"], "/tmp/m") == [
+        "--model-path", "/tmp/m", "--tp-size", "8", "--device", "cuda",
+    ]  # fmt: skip
+
+
+@pytest.mark.ssh
+def test_an_upgrade_audited_over_the_simulated_fleet_with_the_real_parser(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both hosts run SGLang 0.5.11. The audit for 0.5.23 plans every playbook on both, runs the real
+    0.5.23 parser and resolution on every plan pre-flight accepts, and finds the one that 0.5.23 rejects:
+    a hand-set --cuda-graph-max-bs, ambiguous since 0.5.14 split it."""
+    sglang_oracle.require_oracle()
+    books = tmp_path / "playbooks"
+    books.mkdir()
+    for name in ("qwen35-nvfp4", "qwen36-27b"):
+        (books / f"{name}.yaml").write_text((ROOT / "playbooks" / f"{name}.yaml").read_text())
+    (books / "graphs.yaml").write_text(
+        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + 'extra_args: [--cuda-graph-max-bs, "32"]\n'
+    )
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(books))
+    before = {h: sorted(p.name for p in (fleet_env.host_dir(h) / "state").rglob("*")) for h in ("blackwell", "ct129")}
+    r = run_cli("engine", "audit", "sglang==0.5.23", "--parser", str(ORACLE_PYTHON), "--json")
+    assert r.code == 4, r.out + r.err  # something is refused
+    rows = {(x["host"], x["playbook"]): x for x in map(json.loads, r.out.splitlines())}
+    assert set(rows) == {(h, p) for h in ("blackwell", "ct129") for p in ("qwen35-nvfp4", "qwen36-27b", "graphs")}
+    assert rows[("blackwell", "qwen35-nvfp4")]["parser"] == "accepted"
+    assert rows[("blackwell", "qwen35-nvfp4")]["renamed"]
+    assert rows[("ct129", "qwen36-27b")]["parser"] == "accepted"
+    graphs = rows[("blackwell", "graphs")]
+    assert graphs["verdict"] == "refused" and graphs["parser"].startswith("rejected")
+    assert "ambiguous option: --cuda-graph-max-bs" in graphs["parser"]
+    assert rows[("ct129", "qwen35-nvfp4")]["verdict"] == "refused"  # pre-flight: it does not fit there
+    assert rows[("ct129", "qwen35-nvfp4")]["parser"] == "not checked"
+    after = {h: sorted(p.name for p in (fleet_env.host_dir(h) / "state").rglob("*")) for h in ("blackwell", "ct129")}
+    assert after == before  # nothing installed or written on any host
+    table = run_cli("engine", "audit", "sglang==0.5.23", "--parser", str(ORACLE_PYTHON), "--host", "blackwell")
+    assert table.code == 4 and "blackwell/graphs" in table.out and "renamed: --mamba-scheduler-strategy" in table.out
+
+
+@pytest.mark.ssh
+def test_a_parser_of_another_version_is_refused_before_any_host_is_asked(fleet_env: simhost.Sandbox) -> None:
+    sglang_oracle.require_oracle()
+    wrong = f"env PYTHONPATH={LAYERS_0511} {ORACLE_PYTHON}"
+    r = run_cli("engine", "audit", "sglang==0.5.23", "--parser", wrong)
+    assert r.code == 2 and "it has sglang 0.5.11, not 0.5.23" in r.err, r.err
+
+
+@pytest.mark.realparser
+@pytest.mark.parametrize(
+    ("version", "parser"),
+    [("0.5.23", [str(ORACLE_PYTHON)]), ("0.5.11", [f"PYTHONPATH={LAYERS_0511}", str(ORACLE_PYTHON)])],
+)
+def test_fleets_engine_check_runs_whole_in_the_real_sglang_against_a_stand_in_gpu(
+    version: str, parser: list[str]
+) -> None:
+    """The check a deploy runs on a host, run here in the real package: it resolves the plan and reads the
+    model registry (found by review: the released wheels' `sglang.srt` is a namespace package with no
+    __file__, and the check failed there as could_not_check after resolution had passed)."""
+    sglang_oracle.require_oracle()
+    assert audit.local_version(parser, "sglang") == version
+    pb = playbook("qwen35-nvfp4")
+    f = audit.with_version(facts("blackwell", RTX_PRO_6000, 8, model=pb.spec.model), "sglang", version)
+    plan = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result.plan
+    assert plan is not None
+    assert audit.parser_verdict(parser, plan, f) == "accepted"
+    # NEXTN on this hybrid model without extra_buffer: refused by resolution itself (engines.md §2.1)
+    wrong = replace(plan, flags=tuple(replace(x, value="no_buffer") if "mamba" in x.name else x for x in plan.flags))
+    said = audit.parser_verdict(parser, wrong, f)
+    assert said.startswith("rejected: ") and ("no_buffer" in said or "radix cache" in said), said
