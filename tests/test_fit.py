@@ -169,6 +169,33 @@ def test_gpus_left_out_the_motivating_moe_model_takes_the_whole_box_as_one_tp_gr
     assert "TP 4 would hold it" in said and "gpus: fit takes as few as the model needs" in said
 
 
+@pytest.mark.parametrize(
+    ("model", "gpu", "count", "nvlink", "was", "now"),
+    [
+        ("Llama-3.1-70B-Instruct", ("NVIDIA A100-SXM4-80GB", "8.0", 81920), 8, True, 4, 8),
+        ("GLM-4.5-Air", H100_GPU, 4, True, 4, 4),  # TP 2 in the issue; SGLang's own budget needs all four
+        ("Qwen3.5-397B-A17B-NVFP4", B200, 8, True, 2, 8),
+        ("Qwen3.5-397B-A17B-NVFP4", RTX_PRO_6000, 8, False, 4, 8),
+    ],
+)
+def test_the_issues_idle_boxes_now_serve_whole(
+    model: str, gpu: tuple, count: int, nvlink: bool, was: int, now: int
+) -> None:
+    """Issue 42's cases (published configs: tests/data/matrix and the testbed's models): fit's TP, which
+    left the rest of the box idle, and the whole box the default now takes as one TP group."""
+    from factsdata import CONFIGS, MODELS
+
+    d = CONFIGS.parent / "matrix" / model if (CONFIGS.parent / "matrix" / model).is_dir() else MODELS / model
+    f = facts("box", gpu, count, model=d, nvlink=nvlink, version="0.5.23")
+    pb_model = {"model": d.name}
+    fitted = placed("qwen36-27b", f, gpus="fit", **pb_model)
+    whole = placed("qwen36-27b", f, **pb_model)
+    assert args_dict(fitted.result.plan.engine_args())["--tp-size"] == str(was)  # type: ignore[union-attr]
+    a = args_dict(whole.result.plan.engine_args())  # type: ignore[union-attr]
+    assert (a["--tp-size"], a.get("--dp-size")) == (str(now), None)
+    assert len(whole.placement.gpus) == count
+
+
 def test_gpus_left_out_a_dense_model_on_pcie_runs_data_parallel_replicas_and_on_nvlink_one_group() -> None:
     """Llama-3.1-8B (published config, 16 GB): one GPU holds it. On the 8x PCIe box it runs as TP 1 x 8
     replicas behind one port; on NVLink as one TP 8 group. GPUs another user's job holds are left out."""

@@ -5,8 +5,9 @@ The configs are the published ones (tests/data/matrix):
 - Qwen3-Embedding-4B: a Qwen3ForCausalLM with a sentence-transformers pipeline (modules.json); its config
   as published in huggingface.co/zenlm/zen3-embedding/blob/main/config.json, a copy of the 4B embedding
   model's (vocab 151665, 36 layers of 2560).
-- bge-reranker-v2-m3: XLMRobertaForSequenceClassification with one label, float32 (its model card:
-  huggingface.co/BAAI/bge-reranker-v2-m3; SGLang's rerank docs launch it with --is-embedding).
+- bge-reranker-v2-m3: XLMRobertaForSequenceClassification with one label, float32, as published in
+  huggingface.co/BAAI/bge-reranker-v2-m3/blob/3f6000f2fe7498b9d817ac6ec0ee451448a2d030/config.json (SGLang's
+  rerank docs launch it with --is-embedding); 2.27 GB of weights, its model card's 568M parameters in FP32.
 The real SGLang parser and resolution of 0.5.11 and 0.5.23 accept their plans in the planner matrix
 (tests/test_plan_matrix.py); the real vLLM parser accepts the vLLM goldens (tests/test_vllm_real.py).
 """
