@@ -4,6 +4,7 @@ the service's health from what the router and the hosts said."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,20 @@ def test_a_count_of_replicas_is_spread_over_the_group_one_per_host_first(tmp_pat
         ("ct129", "svc-2"),
         ("blackwell", "svc-3"),
     ]
+
+
+def test_replicas_sharing_a_host_pack_as_fit_and_a_replica_alone_takes_the_free_gpus(tmp_path: Path) -> None:
+    """gpus: left out takes the host's free GPUs: two replicas on blackwell would leave the second none,
+    so replicas that share a host take as many as the model needs each; ct129's replica, alone there,
+    and a replica with gpus: given keep the playbook's own."""
+    from fleet.control.service import replica_playbook
+    from fleet.inventory import load_playbook
+
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    replicas = service(tmp_path, GOOD).replicas(INVENTORY)  # type: ignore[attr-defined]
+    assert [replica_playbook(pb, r, replicas).spec.gpus for r in replicas] == ["fit", None, "fit"]
+    given = [replace(r, gpus=(0,)) if r.deployment == "svc-1" else r for r in replicas]
+    assert replica_playbook(pb, given[0], given).spec.gpus is None
 
 
 BAD = [

@@ -265,6 +265,14 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
 TP_FLAGS = ("--tp-size", "--tensor-parallel-size")
 
 
+def takes_free_gpus(playbook: NamedPlaybook) -> bool:
+    """Whether the playbook leaves its GPUs to the host's free ones (fleet.plan.whole_box): gpus: and tp:
+    left out, and a command line that does not name its own TP (extra_args, literal:)."""
+    spec = playbook.spec
+    named = args_dict(list(spec.extra_args))
+    return spec.gpus is None and not spec.tp and not spec.literal and not any(f in named for f in TP_FLAGS)
+
+
 def _asked(
     playbook: NamedPlaybook, facts: HostFacts, path: str, nodes: int, deployment: str, replace: bool
 ) -> tuple[int | tuple[int, ...] | None, Verdict | None, int]:
@@ -284,8 +292,7 @@ def _asked(
     if value is None:
         if spec.tp:
             return spec.tp, Verdict("info", "gpus", f"gpus: left out: {spec.tp} GPUs for tp: {spec.tp}"), 1
-        named = args_dict(list(spec.extra_args))
-        if spec.literal or any(f in named for f in TP_FLAGS):
+        if not takes_free_gpus(playbook):
             return None, None, 1
     gpus = gpu_summary(facts)
     model = model_spec(facts, path)

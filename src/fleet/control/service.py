@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import msgspec
 
 from fleet import events
 from fleet.control import ops
@@ -94,6 +96,15 @@ class ServiceHealth:
     checks: list[Any]
     states: list[ReplicaState]
     heal: list[str] = field(default_factory=list)
+
+
+def replica_playbook(playbook: NamedPlaybook, r: PlacedReplica, replicas: list[PlacedReplica]) -> NamedPlaybook:
+    """The playbook as replica `r` runs it: replicas that share a host and leave gpus: out take as many
+    GPUs as the model needs each (gpus: fit), not the whole box the first of them would take alone."""
+    sharing = sum(1 for x in replicas if x.host == r.host) > 1
+    if r.gpus is not None or not sharing or not ops.takes_free_gpus(playbook):
+        return playbook
+    return replace(playbook, spec=msgspec.structs.replace(playbook.spec, gpus="fit"))
 
 
 def recorded_task(records: dict[str, dict[str, Any]]) -> str:
@@ -285,7 +296,7 @@ class ServiceRun:
             result = ops.deploy(
                 t,
                 self.host(r),
-                self.playbook,
+                replica_playbook(self.playbook, r, self.replicas),
                 force=False,
                 engine_check=True,
                 progress=self.progress_for(f"{r.host}/{r.deployment}"),
