@@ -121,3 +121,35 @@ def test_fleets_engine_check_runs_whole_in_the_real_sglang_against_a_stand_in_gp
     wrong = replace(plan, flags=tuple(replace(x, value="no_buffer") if "mamba" in x.name else x for x in plan.flags))
     said = audit.parser_verdict(parser, wrong, f)
     assert said.startswith("rejected: ") and ("no_buffer" in said or "radix cache" in said), said
+
+
+def test_a_command_line_not_checked_is_unknown_not_the_same() -> None:
+    """Found by review: a parser that could not run left the row `same` and the exit 0."""
+    assert audit.Audit("h", "p", "0.5.11", parser="could_not_check: ImportError: x").verdict == "unknown"
+    assert audit.Audit("h", "p", "-", error="unreachable").verdict == "unknown"
+    assert audit.Audit("h", "p", "0.5.11", parser="accepted").verdict == "same"
+
+
+def test_a_host_never_names_code_for_this_machine_to_run() -> None:
+    """Found by review: a host's config.json with auto_map (and a playbook that trusts the model's code)
+    made the local SGLang import a module named there, on the operator's machine. The model's own code
+    is never run here: such a model is not checked, the copy drops auto_map, and --trust-remote-code
+    does not reach the local parser."""
+    pb = playbook("qwen36-27b")
+    f = facts("ct129", RTX_A6000, 2, model=pb.spec.model)
+    plan = ops.place_and_plan(host("ct129"), pb, f, pb.name, None, replace=False).result.plan
+    assert plan is not None and f.model is not None and isinstance(f.model.config, dict)
+    hostile = replace(f, model=replace(f.model, config={**f.model.config, "auto_map": {"AutoConfig": "/x--m.C"}}))
+    said = audit.parser_verdict(["/nonexistent/python"], plan, hostile)
+    assert said.startswith("not checked: the model ships its own code")
+    assert "auto_map" not in audit.without_code({"auto_map": {}, "architectures": ["X"]})
+    assert "--trust-remote-code" not in audit._local_args(["--model-path", "/m", "--trust-remote-code"], "/t")
+
+
+@pytest.mark.parametrize("parser", ["'x", "", "python -I", "A=1", "=1 python"])
+def test_a_parser_that_is_not_a_python_command_is_refused(parser: str) -> None:
+    from fleet.cli.audit import _parser
+    from fleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--parser"):
+        _parser(parser, "sglang", "0.5.23")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from factsdata import B200, RTX_A6000, RTX_PRO_6000, facts
+from factsdata import B200, CONFIGS, RTX_A6000, RTX_PRO_6000, facts
 from fleet.control import ops
 from fleet.errors import ConfigError, PreflightError
 from fleet.facts import HostFacts
@@ -215,6 +215,39 @@ def test_gpus_left_out_a_dense_model_on_pcie_runs_data_parallel_replicas_and_on_
     nvlink = placed("qwen36-27b", facts("box", H100_GPU, 8, model=llama, nvlink=True), model=llama.name)
     a = args_dict(nvlink.result.plan.engine_args())  # type: ignore[union-attr]
     assert a["--tp-size"] == "8" and "--dp-size" not in a
+
+
+def test_the_default_stops_nothing_the_free_gpus_make_needless() -> None:
+    """Found by review: with gpus: left out, --replace took every GPU and stopped a deployment on four of
+    them although the four free ones hold the model; a stale server's GPUs were taken the same way. The
+    free GPUs come first, then stale servers', then (--replace) other deployments'."""
+    from test_plan import host
+
+    dense = CONFIGS.parent / "matrix" / "Llama-3.1-8B-Instruct"
+    servers, on_gpus = engine_on({500 + i: i for i in range(4)}, 1000, 500)
+    big = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30010, "gpus": [0, 1, 2, 3]}}}
+    f = facts("blackwell", RTX_PRO_6000, 8, model=dense, servers=servers, gpu_processes=on_gpus, deployments=big)
+    pb = playbook("qwen36-27b", model=dense.name, speculative=None)
+    replaced = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
+    assert replaced.placement.gpus == (4, 5, 6, 7) and not replaced.placement.replaces
+    stale = facts("blackwell", RTX_PRO_6000, 8, model=dense, servers=servers, gpu_processes=on_gpus)
+    p = ops.place_and_plan(host("blackwell"), pb, stale, pb.name, None, replace=False)  # type: ignore[arg-type]
+    assert p.placement.gpus == (4, 5, 6, 7) and "stale" not in p.how
+    # the free GPUs cannot hold Qwen3.5-397B: then the stale server's come too, and the plan says so
+    servers, on_gpus = engine_on({500 + i: i for i in range(6)}, 1000, 500)
+    p = placed("qwen35-nvfp4", blackwell(servers=servers, gpu_processes=on_gpus))
+    said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
+    assert len(p.placement.gpus) == 8 and "free or a stale server's: the free ones alone do not hold it" in said
+
+
+def test_a_playbook_that_lays_its_gpus_out_itself_keeps_every_gpu() -> None:
+    """Found by review: extra_args: [--dp-size, 2] got all eight GPUs planned as TP 1 x 8 while running
+    two; --pp-size was multiplied into a layout the box does not have. Like a hand-written TP, they are
+    the playbook's own layout."""
+    for extra in (["--dp-size", "2"], ["--dp", "2"], ["--pp-size", "2"], ["--data-parallel-size", "2"]):
+        p = placed("qwen36-27b", blackwell(), extra_args=extra)
+        assert p.indices is None, extra
+        assert "--dp-size" not in [f.name for f in p.result.plan.flags if f.rule == "data-parallel"]  # type: ignore[union-attr]
 
 
 def test_tp_gives_the_count_and_a_hand_written_tp_keeps_every_gpu() -> None:

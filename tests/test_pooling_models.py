@@ -22,7 +22,7 @@ import pytest
 
 from factsdata import RTX_A6000, facts
 from fleet.control import ops
-from fleet.host_common import SAME_MEANING, UNRELATED, _embeddings_verdict, _rerank_verdict
+from fleet.host_common import SAME_MEANING, UNRELATED, pooling_verdict
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.model import EMBED, GENERATE, RERANK, parse_model_spec, serving_task
 from fleet.plan import args_dict
@@ -150,8 +150,13 @@ def embeddings(vectors: list[list[float]]) -> str:
 
 def test_a_working_embedding_model_puts_one_meaning_nearer_than_a_stranger() -> None:
     answer = sim_pooling.embeddings_answer({"input": [*SAME_MEANING, UNRELATED]}, "m", 2560)
-    ok, said = _embeddings_verdict(json.dumps(answer), any_answer=False)
+    ok, said = pooling_verdict("embed", json.dumps(answer), any_answer=False)
     assert ok and said.startswith("3 embeddings of 2560 numbers; cosine of two sentences of one meaning")
+
+
+def indexed(*rows: tuple[object, str]) -> str:
+    """An embeddings answer of (index, embedding as JSON text) rows, written as a server might."""
+    return '{"data": [' + ", ".join(f'{{"index": {i}, "embedding": {e}}}' for i, e in rows) + "]}"
 
 
 @pytest.mark.parametrize(
@@ -160,35 +165,50 @@ def test_a_working_embedding_model_puts_one_meaning_nearer_than_a_stranger() -> 
         (embeddings([[1.0, 0.0]] * 3), "does not tell them apart"),  # a model that maps everything alike
         (embeddings([[1.0, 0.0], [1.0, 0.0]]), "not 3 embeddings"),
         (embeddings([[1.0, 0.0], [1.0], [0.0, 1.0]]), "not 3 embeddings of one size"),
-        (
-            '{"data": [{"index": 0, "embedding": [NaN, 1]}, {"index": 1, "embedding": [1, 1]}, '
-            '{"index": 2, "embedding": [1, 0]}]}',
-            "finite numbers",
-        ),  # fmt: skip
-        ('{"choices": []}', "not an embeddings answer"),
+        (embeddings([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), "zeros only"),
+        (indexed((0, "[NaN, 1]"), (1, "[1, 1]"), (2, "[1, 0]")), "finite numbers"),
+        (indexed((0, "[1e999]"), (1, "[1]"), (2, "[2]")), "finite numbers"),
+        (indexed((0, "[1]"), (0, "[1]"), (0, "[1]")), "indexed 0, 1 and 2"),  # every row claims the first
+        (indexed((7, "[1]"), (-3, "[1]"), (99, "[1]")), "indexed 0, 1 and 2"),
+        (indexed(("true", "[1]"), (1, "[1]"), (2, "[1]")), "indexed 0, 1 and 2"),
+        (indexed((0, "[" + "9" * 400 + "]"), (1, "[1]"), (2, "[2]")), "OverflowError"),  # no float holds it
+        ('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}", "RecursionError"),
+        ('{"choices": []}', "not 3 embeddings"),
         ("<html>", "not an embeddings answer"),
     ],
 )
 def test_an_embedding_answer_that_proves_nothing_fails_the_smoke(answer: str, why: str) -> None:
-    ok, said = _embeddings_verdict(answer, any_answer=False)
+    """Found by review: three rows all claiming index 0 passed, and a number no float holds, or JSON nested
+    too deep, raised out of the check, ending the deploy with no reason and health's whole host check."""
+    ok, said = pooling_verdict("embed", answer, any_answer=False)
     assert not ok and why in said
 
 
 def test_random_weights_prove_only_the_shape() -> None:
-    assert _embeddings_verdict(embeddings([[1.0, 0.0]] * 3), any_answer=True)[0]
-    assert not _embeddings_verdict(embeddings([[1.0, 0.0]] * 2), any_answer=True)[0]
+    assert pooling_verdict("embed", embeddings([[1.0, 0.0]] * 3), any_answer=True)[0]
+    assert not pooling_verdict("embed", embeddings([[1.0, 0.0]] * 2), any_answer=True)[0]
 
 
 def test_a_reranker_must_score_the_answer_above_the_stranger_in_either_engines_shape() -> None:
     sglang = sim_pooling.rerank_answer(
         {"query": "What is the capital of France?", "documents": [SAME_MEANING[1], UNRELATED]}
     )
-    assert _rerank_verdict(json.dumps(sglang), any_answer=False)[0]
+    assert pooling_verdict("rerank", json.dumps(sglang), any_answer=False)[0]
     vllm = {"results": [{"index": 1, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.1}]}
-    ok, said = _rerank_verdict(json.dumps(vllm), any_answer=False)
+    ok, said = pooling_verdict("rerank", json.dumps(vllm), any_answer=False)
     assert not ok and said.endswith("the model does not rank them")
-    assert _rerank_verdict(json.dumps(vllm), any_answer=True)[0]
-    assert not _rerank_verdict('[{"index": 0, "score": 1}]', any_answer=True)[0]  # one score for two documents
+    assert pooling_verdict("rerank", json.dumps(vllm), any_answer=True)[0]
+    assert not pooling_verdict("rerank", '[{"index": 0, "score": 1}]', any_answer=True)[
+        0
+    ]  # one score for two documents
+    for rows in (
+        '[{"index": 0, "score": 1}, {"index": 0, "score": 0}]',  # one document scored twice
+        '[{"index": true, "score": 1}, {"index": 1, "score": 0}]',
+        '[{"index": 0, "score": 1}, {"index": 1, "score": 0}, {"index": -1, "score": 9}]',
+        '[{"index": 0, "score": ' + "9" * 400 + '}, {"index": 1, "score": 0}]',
+        '{"results": [{"index": 1e999, "relevance_score": 1}]}',
+    ):
+        assert not pooling_verdict("rerank", rows, any_answer=True)[0], rows
 
 
 def test_the_simulated_engine_serves_embeddings_only_in_embedding_mode() -> None:

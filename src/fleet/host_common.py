@@ -357,7 +357,7 @@ def smoke_request(
     if status != 200:
         return {"status": status, "ok": False, "text": text[:500], "seconds": seconds}
     if kind in ("embed", "rerank"):
-        ok, said = (_embeddings_verdict if kind == "embed" else _rerank_verdict)(text, bool(smoke.get("any_answer")))
+        ok, said = pooling_verdict(kind, text, bool(smoke.get("any_answer")))
         return {"status": status, "ok": ok, "text": said[:500], "seconds": seconds}
     answer = None
     try:
@@ -377,9 +377,12 @@ def _numbers(value: Any) -> Optional[List[float]]:
         return None
     out = []
     for x in value:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
             return None
-        out.append(float(x))
+        x = float(x)  # OverflowError for an integer no float holds: the caller says "not an answer"
+        if x != x or x in (float("inf"), float("-inf")):
+            return None
+        out.append(x)
     return out
 
 
@@ -388,16 +391,41 @@ def _cosine(a: List[float], b: List[float]) -> float:
     return sum(x * y for x, y in zip(a, b)) / (na * nb) if na and nb else 0.0  # noqa: B905 (host Python 3.8)
 
 
+def _by_index(rows: Any, count: int) -> Optional[List[Dict[str, Any]]]:
+    """The answer's rows in order when their indices are exactly 0..count-1, each once, as integers."""
+    if not isinstance(rows, list) or len(rows) != count or not all(isinstance(r, dict) for r in rows):
+        return None
+    indices = [r.get("index") for r in rows]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in indices) or sorted(indices) != list(range(count)):
+        return None
+    return sorted(rows, key=lambda r: r["index"])
+
+
+def pooling_verdict(kind: str, text: str, any_answer: bool) -> Tuple[bool, str]:
+    """An embedding or rerank answer judged; an answer that is no such answer (too deep, numbers no float
+    holds, anything else) is said to be one, never raised: a server's bytes must not end fleet's check."""
+    try:
+        return (_embeddings_verdict if kind == "embed" else _rerank_verdict)(text, any_answer)
+    except Exception as exc:  # noqa: BLE001  (RecursionError, OverflowError, ...: all the server's doing)
+        return False, "not %s answer (%s): %s" % (
+            "an embeddings" if kind == "embed" else "a rerank",
+            type(exc).__name__,
+            text[:200],
+        )
+
+
 def _embeddings_verdict(text: str, any_answer: bool) -> Tuple[bool, str]:
     """/v1/embeddings' answer (OpenAI's shape, as SGLang and vLLM give it) to SAME_MEANING + UNRELATED."""
-    try:
-        rows = sorted(json.loads(text)["data"], key=lambda d: d["index"])
-        vectors = [_numbers(d["embedding"]) for d in rows]
-    except (ValueError, KeyError, TypeError):
-        return False, "not an embeddings answer: %s" % text[:300]
-    if len(vectors) != 3 or any(v is None for v in vectors) or len({len(v or ()) for v in vectors}) != 1:
+    body = json.loads(text)
+    rows = _by_index(body.get("data") if isinstance(body, dict) else None, 3)
+    if rows is None:
+        return False, "not 3 embeddings indexed 0, 1 and 2: %s" % text[:300]
+    vectors = [_numbers(r.get("embedding")) for r in rows]
+    if any(v is None for v in vectors) or len({len(v or ()) for v in vectors}) != 1:
         return False, "not 3 embeddings of one size, of finite numbers: %s" % text[:300]
     a, b, c = (v or [] for v in vectors)
+    if not all(any(vector) for vector in (a, b, c)):
+        return False, "an embedding of zeros only: %s" % text[:300]
     near, far = _cosine(a, b), _cosine(a, c)
     said = "3 embeddings of %d numbers; cosine of two sentences of one meaning %.3f, of an unrelated one %.3f" % (
         len(a),
@@ -412,13 +440,12 @@ def _embeddings_verdict(text: str, any_answer: bool) -> Tuple[bool, str]:
 def _rerank_verdict(text: str, any_answer: bool) -> Tuple[bool, str]:
     """/v1/rerank's scores for [the answer, UNRELATED]: SGLang answers a list of {index, score}, vLLM
     {"results": [{index, relevance_score}]}."""
-    try:
-        body = json.loads(text)
-        rows = body["results"] if isinstance(body, dict) else body
-        scores = {int(r["index"]): r["relevance_score"] if "relevance_score" in r else r["score"] for r in rows}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False, "not a rerank answer: %s" % text[:300]
-    good, bad = _numbers([scores.get(0)]), _numbers([scores.get(1)])
+    body = json.loads(text)
+    rows = _by_index(body.get("results") if isinstance(body, dict) else body, 2)
+    if rows is None:
+        return False, "not 2 scores indexed 0 and 1: %s" % text[:300]
+    scores = [_numbers([r.get("relevance_score", r.get("score"))]) for r in rows]
+    good, bad = scores
     if good is None or bad is None:
         return False, "no score for each of the 2 documents: %s" % text[:300]
     said = "the answering document scored %.3f, an unrelated one %.3f" % (good[0], bad[0])

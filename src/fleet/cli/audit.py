@@ -33,7 +33,8 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
 
     With --parser, each new command line also goes through that version's own argument parser and
     resolution, on this machine, against a stand-in for the host's GPU and a copy of the model's
-    config.json. Exits 4 when anything is refused or rejected.
+    config.json. Exits 4 when anything is refused or rejected, 1 when a host or a command line could not
+    be audited.
 
     \b
     Example:
@@ -44,7 +45,7 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
     from fleet.control.gather import model_path, read_facts
 
     name, version = parse_spec(spec)
-    command = _parser(parser, name, version) if parser else None
+    command = _parser(parser, name, version) if parser is not None else None
     playbooks = audit.playbooks_of(ctx._playbooks, name)
     if not playbooks:
         raise ConfigError(f"no playbook in {ctx.playbooks_dir} runs {name}.", "Nothing to audit.")
@@ -74,17 +75,26 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
             emit_json({"verdict": r.verdict, **asdict(r)})
     else:
         _table(rows, name, version, bool(command))
-    if any(r.verdict == "refused" for r in rows):
+    verdicts = {r.verdict for r in rows}
+    if "refused" in verdicts:
         raise click.exceptions.Exit(4)
+    if "unknown" in verdicts:  # a host not reached, or a command line its parser could not check: not "same"
+        raise click.exceptions.Exit(1)
 
 
 def _parser(parser: str, engine: str, version: str) -> list[str]:
-    """--parser as a command ([VAR=value ...] python), refused unless it has `version` of the engine."""
+    """--parser as a command ([env] [VAR=value ...] python), refused unless it is one and has `version`."""
     from fleet.control.audit import local_version
 
-    words = [w for w in shlex.split(parser) if w != "env"]
-    if not words:
-        raise ConfigError("--parser is empty.", "Give a Python that has the engine installed.")
+    usage = "Give [VAR=value ...] PYTHON: a Python on this machine with the engine installed."
+    try:
+        words = shlex.split(parser)
+    except ValueError as exc:
+        raise ConfigError(f"--parser {parser!r}: {exc}.", usage) from None
+    words = words[1:] if words[:1] == ["env"] else words
+    settings, python = words[:-1], words[-1:]
+    if not python or any("=" not in w or w.startswith("=") for w in settings) or "=" in python[0]:
+        raise ConfigError(f"--parser {parser!r} is not [VAR=value ...] PYTHON.", usage)
     have = local_version(words, engine)
     if have != version:
         raise ConfigError(

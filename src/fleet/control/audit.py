@@ -47,7 +47,7 @@ class Audit:
 
     @property
     def verdict(self) -> str:
-        if self.error:
+        if self.error or self.parser.startswith("could_not_check"):
             return "unknown"
         if self.refusals or self.parser.startswith("rejected"):
             return "refused"
@@ -122,9 +122,11 @@ def parser_verdict(parser: Sequence[str], plan: LaunchPlan, facts: HostFacts) ->
     gpus = gpu_summary(facts, plan_gpus(plan))
     if m is None or not isinstance(m.config, dict) or gpus is None:
         return "not checked: the host has no model config or GPU to stand in for"
+    if m.config.get("auto_map"):
+        return "not checked: the model ships its own code (auto_map), which fleet never runs on this machine"
     with tempfile.TemporaryDirectory(prefix="fleet-audit-") as model_dir:
         with open(os.path.join(model_dir, "config.json"), "w") as f:
-            json.dump(m.config, f)
+            json.dump(without_code(m.config), f)
         if isinstance(m.quant_config, dict):
             with open(os.path.join(model_dir, "hf_quant_config.json"), "w") as f:
                 json.dump(m.quant_config, f)
@@ -141,6 +143,7 @@ def parser_verdict(parser: Sequence[str], plan: LaunchPlan, facts: HostFacts) ->
         env = {
             "FLEET_STANDIN_GPU": json.dumps(standin),
             "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
             "CUDA_VISIBLE_DEVICES": "",
             "PYTHONPATH": "",
         }
@@ -161,14 +164,21 @@ def parser_verdict(parser: Sequence[str], plan: LaunchPlan, facts: HostFacts) ->
     return f"{said['verdict']}: {(errors or lines or ['no output'])[-1][:300]}"
 
 
+def without_code(config: dict[str, object]) -> dict[str, object]:
+    """The host's config.json as this machine may read it: a host is not trusted to name code for this
+    machine to run (auto_map names modules transformers imports, from a path or the Hub's cache)."""
+    return {k: v for k, v in config.items() if k != "auto_map"}
+
+
 def plan_gpus(plan: LaunchPlan) -> tuple[int, ...] | None:
     visible = next((e.value for e in plan.env if e.name == "CUDA_VISIBLE_DEVICES"), None)
     return tuple(int(x) for x in visible.split(",") if x.isdigit()) if visible else None
 
 
 def _local_args(args: list[str], model_dir: str) -> list[str]:
-    """The command line with the model at `model_dir` (its config only) and CUDA as the device."""
-    out = list(args)
+    """The command line with the model at `model_dir` (its config only), CUDA as the device, and no
+    --trust-remote-code: the model's own code is the host's, never run on this machine."""
+    out = [w for w in args if w != "--trust-remote-code"]
     for flag in ("--model-path", "--model"):
         if flag in out[:-1]:
             out[out.index(flag) + 1] = model_dir

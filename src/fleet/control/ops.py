@@ -28,7 +28,7 @@ from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_versi
 from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec, spec_of
 from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import Fit, fit_gpus
-from fleet.plan.placement import Placement, free_gpus, place, port_for, stopped_with
+from fleet.plan.placement import FREE, WITH_REPLACED, WITH_STALE, Placement, free_gpus, place, port_for, stopped_with
 from fleet.plan.whole_box import whole_box
 from fleet.protocol import ActResult
 from fleet.secrets import read_secrets
@@ -261,16 +261,23 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
     return code == 0
 
 
-# The playbook names the TP in its own flags (the hand-written command line): placement leaves it every GPU.
-TP_FLAGS = ("--tp-size", "--tensor-parallel-size")
+# The playbook lays its GPUs out in its own flags (a hand-written command line): placement leaves it every GPU.
+PARALLEL_FLAGS = (
+    "--tp-size",
+    "--tensor-parallel-size",
+    "--dp-size",
+    "--data-parallel-size",
+    "--pp-size",
+    "--pipeline-parallel-size",
+)
 
 
 def takes_free_gpus(playbook: NamedPlaybook) -> bool:
     """Whether the playbook leaves its GPUs to the host's free ones (fleet.plan.whole_box): gpus: and tp:
-    left out, and a command line that does not name its own TP (extra_args, literal:)."""
+    left out, and a command line that does not lay them out itself (TP, DP or PP in extra_args; literal:)."""
     spec = playbook.spec
     named = args_dict(list(spec.extra_args))
-    return spec.gpus is None and not spec.tp and not spec.literal and not any(f in named for f in TP_FLAGS)
+    return spec.gpus is None and not spec.tp and not spec.literal and not any(f in named for f in PARALLEL_FLAGS)
 
 
 def _asked(
@@ -310,15 +317,19 @@ def _asked(
 
     fit = fit_on(gpus.count)
     if value is None:
-        free = len(free_gpus(facts, deployment, replace))
+        reaches = (FREE, WITH_STALE, WITH_REPLACED) if replace else (FREE, WITH_STALE)
+        counts = {reach: len(free_gpus(facts, deployment, reach)) for reach in reaches}
+        # the narrowest set that holds the model: nothing is stopped that it makes needless; none: the free
+        reach = next((r for r in reaches if counts[r] and fit_on(counts[r]).fits), FREE)
+        free = counts[reach]
         fits_free = fit_on(free) if free else None
         if fits_free is None or (not fits_free.fits and free < fit.gpus):
-            # the free GPUs do not hold it: ask for what it needs of the host, and placement says who holds
-            # the rest (or, for a count fleet chose, takes stale servers' GPUs)
+            # they do not hold it: ask for what it needs of the host, and placement says who holds the rest
             why = f"{said}: {free} free, and it needs more: {fit.why}"
             return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", why), 1
         shape = whole_box(model, free, gpus.nvlink, fits_free)
-        why = f"{said}: {shape.why} (gpus: fit takes as few as the model needs)"
+        held = "" if reach == FREE else f" ({reach}: the free ones alone do not hold it)"
+        why = f"{said}{held}: {shape.why} (gpus: fit takes as few as the model needs)"
         return shape.gpus, Verdict("info" if shape.fits else "warning", "gpus-fit", why), shape.dp
     level = "info" if fit.fits else "warning"
     rest = gpus.count - fit.gpus

@@ -114,14 +114,19 @@ def _with_stale_servers(
     return None
 
 
-def free_gpus(facts: HostFacts, me: str, replace: bool = False) -> list[int]:
-    """The GPUs deployment `me` may take without stopping anyone's work: held by no other deployment (but
-    with `replace`, which stops them) and by no process but its own server or stale servers (those are
-    stopped when it is freed, as a count fleet chose takes them)."""
-    taken = set() if replace else {i for o in occupants(facts, me) for i in o.gpus}
-    stale = _stale_servers(facts, me)
-    groups = {r.state.get("pgid") for r in facts.remote.deployments.values() if r.name != me} if replace else set()
-    theirs = {p.pid for p in facts.servers if p.pgid in groups}  # the servers --replace stops
+# What a deployment whose playbook leaves gpus: out may take, widest last: it takes the first that holds
+# the model (fleet.control.ops), so nothing is stopped that the free GPUs make unnecessary.
+FREE, WITH_STALE, WITH_REPLACED = "free", "free or a stale server's", "free or a deployment's --replace stops"
+
+
+def free_gpus(facts: HostFacts, me: str, reach: str = FREE) -> list[int]:
+    """The GPUs deployment `me` may take: held by no other deployment and no process but its own server
+    (FREE); also those only stale servers of fleet's user hold, stopped when it is freed (WITH_STALE);
+    also other deployments', which --replace stops (WITH_REPLACED). Another user's process never."""
+    taken = set() if reach == WITH_REPLACED else {i for o in occupants(facts, me) for i in o.gpus}
+    stale = _stale_servers(facts, me) if reach != FREE else {}
+    replaced = {r.state.get("pgid") for r in facts.remote.deployments.values() if r.name != me}
+    theirs = {p.pid for p in facts.servers if p.pgid in replaced} if reach == WITH_REPLACED else set()
     busy = {i for i, pids in busy_gpus(facts, me).items() if not all(p in stale or p in theirs for p in pids)}
     return [g.index for g in facts.gpus if g.index not in taken and g.index not in busy]
 

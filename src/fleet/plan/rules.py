@@ -24,6 +24,9 @@ ALIASES = {
     "-tp": "--tensor-parallel-size",
     "-sc": "--speculative-config",
     "--dp": "--dp-size",
+    "-dp": "--data-parallel-size",
+    "--pp": "--pp-size",
+    "-pp": "--pipeline-parallel-size",
     "--ep": "--ep-size",
 }
 
