@@ -22,7 +22,7 @@ import pytest
 
 from factsdata import RTX_A6000, facts
 from fleet.control import ops
-from fleet.host_common import SAME_MEANING, UNRELATED, pooling_verdict
+from fleet.host_smoke import SAME_MEANING, UNRELATED, pooling_verdict
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.model import EMBED, GENERATE, RERANK, parse_model_spec, serving_task
 from fleet.plan import args_dict

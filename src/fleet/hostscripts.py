@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py")
+SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py", "host_smoke.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py"),  # facts in one round trip
     # lock, engine check, stop, free, launch, record

@@ -19,8 +19,9 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.facts.probe import collect
-    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record, smoke_request
+    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
+    from fleet.host_smoke import smoke_request
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that

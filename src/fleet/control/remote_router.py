@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Optional, Set
 try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import http_request, read_record, smoke_request, write_record
+    from fleet.host_common import http_request, read_record, write_record
     from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
+    from fleet.host_smoke import smoke_request
 
 
 def _dir(a: Dict[str, Any], create: bool = True) -> str:

@@ -44,10 +44,10 @@ except NameError:  # imported as a module (fleet's own tests)
         mark_unverified,
         read_record,
         release_lock,
-        smoke_request,
         write_record,
     )
     from fleet.host_signals import hold_group, release
+    from fleet.host_smoke import smoke_request
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
