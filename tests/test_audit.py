@@ -114,12 +114,13 @@ def test_fleets_engine_check_runs_whole_in_the_real_sglang_against_a_stand_in_gp
     assert audit.local_version(parser, "sglang") == version
     pb = playbook("qwen35-nvfp4")
     f = audit.with_version(facts("blackwell", RTX_PRO_6000, 8, model=pb.spec.model), "sglang", version)
-    plan = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result.plan
+    r = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result
+    plan = r.plan
     assert plan is not None
-    assert audit.parser_verdict(parser, plan, f) == "accepted"
+    assert audit.parser_verdict(parser, plan, r.gpus, f.model) == "accepted"
     # NEXTN on this hybrid model without extra_buffer: refused by resolution itself (engines.md §2.1)
     wrong = replace(plan, flags=tuple(replace(x, value="no_buffer") if "mamba" in x.name else x for x in plan.flags))
-    said = audit.parser_verdict(parser, wrong, f)
+    said = audit.parser_verdict(parser, wrong, r.gpus, f.model)
     assert said.startswith("rejected: ") and ("no_buffer" in said or "radix cache" in said), said
 
 
@@ -137,10 +138,11 @@ def test_a_host_never_names_code_for_this_machine_to_run() -> None:
     does not reach the local parser."""
     pb = playbook("qwen36-27b")
     f = facts("ct129", RTX_A6000, 2, model=pb.spec.model)
-    plan = ops.place_and_plan(host("ct129"), pb, f, pb.name, None, replace=False).result.plan
+    r = ops.place_and_plan(host("ct129"), pb, f, pb.name, None, replace=False).result
+    plan = r.plan
     assert plan is not None and f.model is not None and isinstance(f.model.config, dict)
-    hostile = replace(f, model=replace(f.model, config={**f.model.config, "auto_map": {"AutoConfig": "/x--m.C"}}))
-    said = audit.parser_verdict(["/nonexistent/python"], plan, hostile)
+    hostile = replace(f.model, config={**f.model.config, "auto_map": {"AutoConfig": "/x--m.C"}})
+    said = audit.parser_verdict(["/nonexistent/python"], plan, r.gpus, hostile)
     assert said.startswith("not checked: the model ships its own code")
     assert "auto_map" not in audit.without_code({"auto_map": {}, "architectures": ["X"]})
     assert "--trust-remote-code" not in audit._local_args(["--model-path", "/m", "--trust-remote-code"], "/t")

@@ -51,19 +51,20 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
         raise ConfigError(f"no playbook in {ctx.playbooks_dir} runs {name}.", "Nothing to audit.")
 
     def on_host(t: Any, host: Any) -> list[audit.Audit]:
+        if name not in host.settings.engines:  # the host has no environment of this engine
+            return []
         rows = []
         for pb in playbooks:
-            if name not in host.settings.engines:  # the host has no environment of this engine
-                continue
             facts = read_facts(t, host, model=model_path(host, pb.spec.model), engine=name)
-            now = ops.place_and_plan(host, pb, facts, pb.name, None, replace=False, signatures=ctx.signatures,
-                                     show_refusal=True).result  # fmt: skip
-            then_facts = audit.with_version(facts, name, version)
-            then = ops.place_and_plan(host, pb, then_facts, pb.name, None, replace=False,
-                                      signatures=ctx.signatures, show_refusal=True).result  # fmt: skip
+            now, then = (
+                ops.place_and_plan(
+                    host, pb, f, pb.name, None, replace=False, signatures=ctx.signatures, show_refusal=True
+                ).result
+                for f in (facts, audit.with_version(facts, name, version))
+            )
             row = audit.compare(host.name, pb.name, now, then, ctx.signatures)
             if command and then.plan is not None and not then.errors:
-                row = replace(row, parser=audit.parser_verdict(command, then.plan, facts))
+                row = replace(row, parser=audit.parser_verdict(command, then.plan, then.gpus, facts.model))
             rows.append(row)
         return rows
 

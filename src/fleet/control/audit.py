@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 
 from fleet.crashes import Signature
 from fleet.crashes.signatures import knowledge_diff
-from fleet.facts import HostFacts
+from fleet.facts import HostFacts, ModelFiles
 from fleet.facts.parse import EngineInstall
 from fleet.inventory import NamedPlaybook
-from fleet.plan import LaunchPlan, args_dict, parse_version, show_version, spell
-from fleet.plan.build import PlanResult, gpu_summary
+from fleet.plan import GpuSummary, LaunchPlan, args_dict, parse_version, show_version, spell
+from fleet.plan.build import PlanResult
+from fleet.plan.container import PLACEMENT_ENV
 from fleet.plan.defaults import default_changes
 
 CHECK_TIMEOUT_S = 300
@@ -113,13 +114,11 @@ def compare(
     )
 
 
-def parser_verdict(parser: Sequence[str], plan: LaunchPlan, facts: HostFacts) -> str:
+def parser_verdict(parser: Sequence[str], plan: LaunchPlan, gpus: GpuSummary | None, m: ModelFiles | None) -> str:
     """The new version's own parser and resolution on the plan's command line, run in the local Python
     `parser` (a command: a Python, or `env VAR=... python`) against a stand-in for the host's GPU."""
     from fleet.control.remote_act import engine_check, fleet_text
 
-    m = facts.model
-    gpus = gpu_summary(facts, plan_gpus(plan))
     if m is None or not isinstance(m.config, dict) or gpus is None:
         return "not checked: the host has no model config or GPU to stand in for"
     if m.config.get("auto_map"):
@@ -147,12 +146,12 @@ def parser_verdict(parser: Sequence[str], plan: LaunchPlan, facts: HostFacts) ->
             "CUDA_VISIBLE_DEVICES": "",
             "PYTHONPATH": "",
         }
-        env.update({k: v for k, v in (w.split("=", 1) for w in parser[:-1] if "=" in w)})
+        env.update(_settings(parser))
         check = {
             "engine": plan.engine,
             "python": parser[-1],
             "args": args,
-            "env": {**env, **{e.name: e.value for e in plan.env if e.name not in ("CUDA_VISIBLE_DEVICES",)}},
+            "env": {**env, **{e.name: e.value for e in plan.env if e.name not in PLACEMENT_ENV}},
             "prelude": fleet_text("control/standin_gpu.py") + "\n",
             "timeout_s": CHECK_TIMEOUT_S,
         }
@@ -170,9 +169,9 @@ def without_code(config: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in config.items() if k != "auto_map"}
 
 
-def plan_gpus(plan: LaunchPlan) -> tuple[int, ...] | None:
-    visible = next((e.value for e in plan.env if e.name == "CUDA_VISIBLE_DEVICES"), None)
-    return tuple(int(x) for x in visible.split(",") if x.isdigit()) if visible else None
+def _settings(parser: Sequence[str]) -> dict[str, str]:
+    """The VAR=value words before the parser's Python."""
+    return dict(w.split("=", 1) for w in parser[:-1] if "=" in w)
 
 
 def _local_args(args: list[str], model_dir: str) -> list[str]:
@@ -189,7 +188,7 @@ def local_version(parser: Sequence[str], engine: str) -> str | None:
     """The engine version the local parser Python has, or None."""
     import subprocess
 
-    env = dict(os.environ, **{k: v for k, v in (w.split("=", 1) for w in parser[:-1] if "=" in w)})
+    env = dict(os.environ, **_settings(parser))
     code = f"import importlib.metadata as m; print(m.version({engine!r}))"
     try:
         out = subprocess.run([parser[-1], "-c", code], capture_output=True, text=True, timeout=60, env=env)

@@ -320,9 +320,9 @@ def _asked(
         reaches = (FREE, WITH_STALE, WITH_REPLACED) if replace else (FREE, WITH_STALE)
         counts = {reach: len(free_gpus(facts, deployment, reach)) for reach in reaches}
         # the narrowest set that holds the model: nothing is stopped that it makes needless; none: the free
-        reach = next((r for r in reaches if counts[r] and fit_on(counts[r]).fits), FREE)
-        free = counts[reach]
-        fits_free = fit_on(free) if free else None
+        fits = {r: fit_on(n) for r, n in counts.items() if n}
+        reach = next((r for r in reaches if r in fits and fits[r].fits), FREE)
+        free, fits_free = counts[reach], fits.get(reach)
         if fits_free is None or (not fits_free.fits and free < fit.gpus):
             # they do not hold it: ask for what it needs of the host, and placement says who holds the rest
             why = f"{said}: {free} free, and it needs more: {fit.why}"

@@ -345,14 +345,18 @@ def container_preflight(where: str, runtime: Container, facts: HostFacts) -> lis
     return out
 
 
+def _count_of(plan: LaunchPlan, sglang: str, vllm: str) -> int:
+    """The number a plan's flag gives (either engine's spelling), else 1."""
+    f = plan.flag(sglang) or plan.flag(vllm)
+    return int(f.value) if f and f.value and f.value.isdigit() else 1
+
+
 def _dp_of(plan: LaunchPlan) -> int:
-    f = plan.flag("--dp-size") or plan.flag("--data-parallel-size")
-    return int(f.value) if f and f.value and f.value.isdigit() and int(f.value) > 0 else 1
+    return _count_of(plan, "--dp-size", "--data-parallel-size") or 1
 
 
 def _tp_of(plan: LaunchPlan) -> int:
-    f = plan.flag("--tp-size") or plan.flag("--tensor-parallel-size")
-    return int(f.value) if f and f.value and f.value.isdigit() else 1
+    return _count_of(plan, "--tp-size", "--tensor-parallel-size")
 
 
 def memory_wishes(plan: LaunchPlan, tp: int) -> MemoryWishes:

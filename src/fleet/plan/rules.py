@@ -84,18 +84,21 @@ def tp_splits(model: ModelSpec, tp: int) -> bool:
     return heads_ok and (kv % tp == 0 or tp % kv == 0)
 
 
-def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None, dp: int = 1) -> int:
-    """Largest power-of-two TP <= each of `dp` replicas' share of the GPUs that divides the attention heads
-    (KV heads replicate when fewer)."""
-    if wanted:
-        return wanted
+def largest_tp(model: ModelSpec, count: int) -> int:
+    """The largest power of two up to `count` that splits the attention heads (KV heads replicate when
+    fewer); 1 when none does."""
     tp = 1
     candidate = 1
-    while candidate <= gpus.count // max(1, dp):
+    while candidate <= count:
         if tp_splits(model, candidate):
             tp = candidate
         candidate *= 2
     return tp
+
+
+def choose_tp(model: ModelSpec, gpus: GpuSummary, wanted: int | None, dp: int = 1) -> int:
+    """The playbook's tp:, else the largest TP each of `dp` replicas' share of the GPUs takes."""
+    return wanted or largest_tp(model, gpus.count // max(1, dp))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from fleet.model import ModelSpec
 from fleet.plan.fit import Fit
-from fleet.plan.rules import tp_splits
+from fleet.plan.rules import largest_tp
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,6 @@ class Shape:
     @property
     def gpus(self) -> int:
         return self.tp * self.dp
-
-
-def largest_tp(model: ModelSpec, free: int) -> int:
-    """The largest power of two up to `free` that splits the model's attention heads."""
-    return max((n for n in (1 << i for i in range(7)) if n <= free and tp_splits(model, n)), default=1)
 
 
 def whole_box(model: ModelSpec, free: int, nvlink: bool, fit: Fit) -> Shape:
