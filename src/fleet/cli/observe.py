@@ -65,7 +65,13 @@ def logs(
 
     targets = log_targets(ctx, host_name, deployment)
     view = LogsView(ctx.secrets, raw=raw, several=sum(len(names) for _, names in targets) > 1)
-    view.run(ctx, targets, lines=lines, follow=follow)
+    if not follow:
+        view.run(ctx, targets, lines=lines, follow=False)
+        return
+    from fleet.cli.prompt_end import ends_promptly_when_interrupted
+
+    with ends_promptly_when_interrupted(show_stacks=ctx.debug):
+        view.run(ctx, targets, lines=lines, follow=True)
 
 
 DIAGNOSE_LINES = 5000  # the end of a log diagnosed: a crash's traceback and what led to it
