@@ -339,7 +339,7 @@ def test_stop_stops_fleets_server_and_records_it_stopped(host: nshost.NamespaceH
     assert deploy(host)[0].ok
     pid = engine_pid(host)
     out = ops.stop(host.transport(), host.host, force=False)
-    assert pid in [p["pid"] for p in out["stopped"]] and not out["refused"]
+    assert pid in [p["pid"] for p in out["ended"]] and not out["refused"]
     assert not alive(host, pid)
     st = state(host)
     assert st["status"] == "stopped" and st["pid"] == pid and st["learned_key"]  # the record keeps what it knew
@@ -356,7 +356,7 @@ def test_status_names_the_engines_own_pid_as_stop_does(host: nshost.NamespaceHos
     assert row["pid"] == state(host)["pid"] and row["engine_pid"] not in (None, row["pid"])
     assert "sglang.launch_server" in host.shell(f"tr '\\0' ' ' < /proc/{row['engine_pid']}/cmdline")
     out = ops.stop(host.transport(), host.host, force=False)
-    assert describe_stopped(out["stopped"])[0].startswith(f"fleet's server pid {row['engine_pid']} (")
+    assert describe_stopped(out["ended"])[0].startswith(f"fleet's server pid {row['engine_pid']} (")
 
 
 def test_a_process_holding_a_gpu_that_is_no_engine_is_left_alone_unless_forced(host: nshost.NamespaceHost) -> None:

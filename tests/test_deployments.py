@@ -106,7 +106,7 @@ def test_restarting_or_stopping_one_deployment_leaves_the_other_untouched(box: n
     with pytest.raises(ConfigError, match="no deployment named bigg \\(deployments there: big, small\\)"):
         ops.stop(box.transport(), box.host, force=False, name="bigg")
     out = ops.stop(box.transport(), box.host, force=False, name="big")
-    assert {p["pgid"] for p in out["stopped"]} == {record(box, "big")["pgid"]}
+    assert {p["pgid"] for p in out["ended"]} == {record(box, "big")["pgid"]}
     assert record(box, "big")["status"] == "stopped" and alive(box, small["pid"])
     health = check_host(box.transport(), box.host, HealthOptions())
     mine = {(c.deployment, c.name): c.status for c in health.checks if c.deployment}
@@ -168,7 +168,7 @@ def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_runni
     deployed = deploy(box, "qwen36-27b", None, playbook="qwen36-27b")[0]  # adopted again, from the same record
     assert deployed.adopted
     stopped = ops.stop(box.transport(), box.host, force=False, name="qwen36-27b")
-    assert old["pid"] in [p["pid"] for p in stopped["stopped"]]  # found through the moved record
+    assert old["pid"] in [p["pid"] for p in stopped["ended"]]  # found through the moved record
     assert not (box.dir / "state" / "state.json").exists() and record(box, "qwen36-27b")["status"] == "stopped"
 
 
@@ -310,10 +310,10 @@ def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_r
     whole = record(box, "whole")
     assert "gpus" not in whole  # all of them: the record names none
     out = ops.stop(box.transport(), box.host, force=False, name="small")
-    assert out["refused"] == [] and out["stopped"] == [] and alive(box, whole["pid"])
+    assert out["refused"] == [] and out["ended"] == [] and alive(box, whole["pid"])
     everything = ops.stop(box.transport(), box.host, force=False)  # --host alone: whole is stopped, once
     assert everything["refused"] == [] and not alive(box, whole["pid"])
-    assert {p["pid"] for p in everything["stopped"]} >= {whole["pid"]}
+    assert {p["pid"] for p in everything["ended"]} >= {whole["pid"]}
 
 
 def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

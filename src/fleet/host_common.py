@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import SECRET_WORD
+    from fleet.protocol import SECRET_WORD, STARTING, UNVERIFIED
 
 # fleet's record files on a host, named here only: every other module uses these names
 LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
@@ -348,9 +348,9 @@ def mark_unverified(state_dir: str, run_id: str) -> None:
     (a record another run wrote since, or one past "starting", is left alone)."""
     path = os.path.join(os.path.expanduser(state_dir), STATE_FILE)
     st = read_record(path) or {}
-    if st.get("run_id") == run_id and st.get("status") == "starting":
+    if st.get("run_id") == run_id and st.get("status") == STARTING:
         st.update(
-            status="unverified",
+            status=UNVERIFIED,
             reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
             updated=time.time(),
         )

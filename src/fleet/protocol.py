@@ -8,9 +8,10 @@ answers with one JSON document (the act and health steps) or JSON lines (the wat
 from typing import Any, Dict, List, Optional
 
 try:
-    from typing import TypedDict
+    from typing import Final, TypedDict
 except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are documentation there
     TypedDict = dict  # type: ignore
+    Final = Any  # type: ignore
 
 # The deployment record on the host (state_dir/deployments/NAME/state.json). Version 2 adds the
 # deployment's name and GPUs; version 1 (state_dir/state.json, one server per host) is read as the
@@ -22,6 +23,21 @@ SECRET_WORD = "fleet-secret:"
 # What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.control.remote_follow):
 # fleet's redaction looks for it too, since a secret may have been cut in two there (fleet.secrets).
 CUT_NOTE = " [fleet: %d more bytes of this line not shown]"
+
+
+# A deployment's status, as its record says it (StateRecord.status): the one place these words are spelled.
+# The act step writes STARTING as it launches; the watcher READY once the server answered its smoke check;
+# a run that ended between the two leaves UNVERIFIED; `fleet stop` (or a --replace) STOPPED; a start
+# that never came up FAILED. DEAD is never written: fleet reads a live status whose process is gone so.
+STARTING: Final = "starting"
+READY: Final = "ready"
+UNVERIFIED: Final = "unverified"
+FAILED: Final = "failed"
+STOPPED: Final = "stopped"
+DEAD: Final = "dead"
+LIVE = (STARTING, READY, UNVERIFIED)  # a server is expected behind the record
+# How an attempt ended (a start-up's history, the timeline): READY, or the engine exited (CRASHED), or ...
+CRASHED: Final = "crashed"
 
 
 class StateRecord(TypedDict, total=False):
@@ -40,7 +56,7 @@ class StateRecord(TypedDict, total=False):
     ports: List[int]  # every port fleet planned for it: HTTP, and a placed server's internal base
     served_name: str
     check_address: str
-    status: str  # starting | ready | unverified | failed | stopped
+    status: str  # STARTING, READY, UNVERIFIED, FAILED or STOPPED
     reason: str
     attempt: int
     attempts: int
@@ -113,7 +129,7 @@ class ActResult(TypedDict, total=False):
     picks_differ: Dict[str, str]  # the engine's own picks the plan did not stand on: nothing was stopped
     refused: List[Dict[str, Any]]
     left: List[Dict[str, Any]]
-    stopped: List[Dict[str, Any]]
+    ended: List[Dict[str, Any]]  # the processes it stopped
     forced: List[int]
     memory: Dict[str, Any]
     launched: Launched

@@ -17,6 +17,11 @@ ready, when no request is served.
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+try:  # fleet.protocol is prepended before this file when a step is sent to a host
+    READY  # noqa: B018
+except NameError:  # imported as a module (fleet itself)
+    from fleet.protocol import READY
+
 # Phases in the order an engine usually goes through them. SGLang 0.5.23 may load real weights after its
 # graph capture, so a timeline is a sequence of phases as they came, not a fixed order.
 PHASES = ("download", "distributed", "weights", "compile", "kv_cache", "graphs", "warmup")
@@ -200,7 +205,7 @@ def well_formed(start: Dict[str, Any]) -> bool:
 def typical_startup(history: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """From earlier starts that reached ready (each {"phases": {phase: s}, "ready_s": s, "order": [..]}):
     the median of each phase and of the whole, and the latest order of phases; None without one."""
-    good = [h for h in history if h.get("outcome") == "ready" and well_formed(h)]
+    good = [h for h in history if h.get("outcome") == READY and well_formed(h)]
     if not good:
         return None
     phases: Dict[str, float] = {}

@@ -485,7 +485,7 @@ def stop(
             say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
             continue
-        stopped = out.get("stopped", [])
+        stopped = out.get("ended", [])
         lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
         lines += [  # stopping fleet's own server never needs --force; what is not fleet's is said and left
             f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet import events
 from fleet.cli.base import say
+from fleet.protocol import STOPPED
 from fleet.startup import PHASE_TITLES
 from fleet.terminal import duration, safe_line, size
 
@@ -28,7 +29,7 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
         main = next((p for p in members if "sglang." in p["cmdline"] or "vllm" in p["cmdline"]), members[0])
         how = f"; {main['stop']}" if main.get("stop") else ""
         if main.get("pid") is None:  # a container docker lists without its pid: named by the container alone
-            lines.append(f"{main['why']} ({main.get('stop') or 'stopped'}): {one_line(main['cmdline'])[:100]}")
+            lines.append(f"{main['why']} ({main.get('stop') or STOPPED}): {one_line(main['cmdline'])[:100]}")
             continue
         lines.append(
             f"{main['why']} pid {main['pid']} (+{len(members) - 1} in its group{how}): "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.cli.report import starting_text
+from fleet.protocol import STOPPED
 
 COLUMNS = ("DEPLOYMENT", "STATUS", "GPUS", "PLAYBOOK", "ENGINE", "PID", "PORT", "UP", "ATTEMPTS", "NOTES")
 
@@ -58,7 +59,7 @@ def without_stopped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     for host in dict.fromkeys(r["host"] for r in rows):
         mine = [r for r in rows if r["host"] == host]
-        shown = [r for r in mine if r.get("status") != "stopped"]
+        shown = [r for r in mine if r.get("status") != STOPPED]
         if not shown:
             shown = [{"host": host, "deployment": None, "status": "none", "stopped_left_out": len(mine)}]
         kept += shown

@@ -103,7 +103,7 @@ def synthetic_line(ev: WatchEvent) -> str | None:
 def act_answer(raw: dict[str, Any]) -> ActResult:
     """The act step's answer as fleet keeps and shows it: the processes it stopped, left or refused, with
     credentials on their command lines masked (a server started by hand with `--api-key ...`)."""
-    for key in ("stopped", "left", "refused"):
+    for key in ("ended", "left", "refused"):
         if isinstance(raw.get(key), list):
             raw[key] = shown_processes(raw[key])
     return cast(ActResult, raw)

@@ -52,7 +52,7 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
-from fleet.protocol import STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
+from fleet.protocol import CRASHED, FAILED, READY, STARTING, STATE_SCHEMA, ActResult, Launched, StateRecord, WatchEvent
 from fleet.secrets import redact
 from fleet.startup import STALL_FLOOR_S, history_key
 from fleet.transport import Transport
@@ -567,7 +567,7 @@ class Deployer:
             if attempt > shown:
                 self.progress(events.AttemptStarted(attempt, self.max_attempts, plan.argv()))
                 shown = attempt
-            state = self.record(plan, "starting", attempt=attempt)
+            state = self.record(plan, STARTING, attempt=attempt)
             state["run_id"], state["deployed_by"], state["learned_key"] = self.run_id, self.owner, learned_key
             # asked once, on the plan as fleet made it (no fix applied yet); one made again stands on the answer
             premises = keyed_premises(plan, model, gpus, wishes) if replan is not None and not asked else None
@@ -608,7 +608,7 @@ class Deployer:
             else:
                 success = {
                     "success_state": {
-                        "status": "ready",
+                        "status": READY,
                         "attempts": attempt,
                         "applied_fixes": list(plan.applied_fixes),
                     },
@@ -623,7 +623,7 @@ class Deployer:
                         "See `fleet status`; the other run decides what runs there now.",
                     )
                 if last["e"] == "done":
-                    rec.outcome = "ready"
+                    rec.outcome = READY
                     result.ok, result.plan, result.new_fixes = True, plan, applied
                     result.ready_s = time.monotonic() - started
                     result.endpoint = base_url(plan.check_address, plan.port)
@@ -631,7 +631,7 @@ class Deployer:
                     smoke_event = next((e for e in reversed(watched) if e["e"] == "smoke"), {"e": "smoke"})
                     self.progress(events.Ready(attempt, dict(smoke_event)))
                     return result
-                rec.outcome = {"exit": "crashed", "smoke": "smoke_failed", "timeout": "timeout"}.get(last["e"], "error")
+                rec.outcome = {"exit": CRASHED, "smoke": "smoke_failed", "timeout": "timeout"}.get(last["e"], "error")
                 synthetic = synthetic_line(last)
                 has_traceback = any("Traceback (most recent call last)" in x for x in lines)
                 if synthetic and not (synthetic.startswith("[fleet] engine killed") and has_traceback):
@@ -720,7 +720,7 @@ class Deployer:
         self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any], hold: Hold | None = None
     ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
-        self.progress(events.Stopped(list(out.get("stopped", [])), list(out.get("left", [])), out.get("memory")))
+        self.progress(events.Stopped(list(out.get("ended", [])), list(out.get("left", [])), out.get("memory")))
         launched = out["launched"]
         rec.log = launched["log"]
         self.progress(events.Launched(launched["pid"], launched["log"]))
@@ -761,7 +761,7 @@ class Deployer:
         """Stop what the failed attempt left running (a server printing garbage must not stay up); returns
         why that could not be done ("" when it was)."""
         # merged on the host into the attempt's record: its pid, learned key and run stay
-        state = self.record(plan, "failed", attempt=rec.number)
+        state = self.record(plan, FAILED, attempt=rec.number)
         state["reason"] = reason
         state["diagnosis"] = rec.diagnosis.to_json() if rec.diagnosis else None
         if rec.log:

@@ -36,7 +36,7 @@ from fleet.model import GENERATE
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
-from fleet.protocol import ActResult, StateRecord, WatchEvent
+from fleet.protocol import CRASHED, FAILED, READY, STARTING, STOPPED, ActResult, StateRecord, WatchEvent
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
 
@@ -216,12 +216,12 @@ class GroupRun:
                 failed = self._watch_all(deployers, ranked, outs, attempt, result)
                 if failed is None:  # every rank proven: their locks, held until now, go together
                     _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
-                    rec.outcome = "ready"
+                    rec.outcome = READY
                     result.ok = True
                     result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
                     deployers[0].progress(events.Ready(attempt, dict(self.proof or {"e": "smoke", "ok": True})))
                     return result
-            rec.outcome = "rejected" if failed.ended == "rejected" else "crashed"
+            rec.outcome = "rejected" if failed.ended == "rejected" else CRASHED
             rec.seconds = time.monotonic() - t0
             result.failed_rank = failed
             where = placed[failed.rank]
@@ -315,7 +315,7 @@ class GroupRun:
 
         def launch(i: int) -> ActResult:
             d = deployers[i]
-            state = d.record(plans[i], "starting", attempt=attempt)
+            state = d.record(plans[i], STARTING, attempt=attempt)
             state["run_id"], state["deployed_by"] = d.run_id, d.owner
             out = d.act(plans[i], attempt=attempt, launch=True, check=False, state=state)
             d._stop_if_locked_or_unsafe(out)
@@ -361,7 +361,7 @@ class GroupRun:
             rec = Attempt(0, plans[i].argv())
             success = {
                 "success_state": {
-                    "status": "ready",
+                    "status": READY,
                     "attempts": attempt,
                     "applied_fixes": list(plans[i].applied_fixes),
                 },
@@ -432,7 +432,7 @@ class GroupRun:
         hosts where that could not be done, with why."""
 
         def stop(i: int) -> str | None:
-            state = deployers[i].record(plans[i], "stopped", attempt=0)
+            state = deployers[i].record(plans[i], STOPPED, attempt=0)
             state["reason"] = f"the group is stopped as a whole: {why}"
             out = self._stop_rank(deployers[i], plans[i], state, attempt=0, release=release, command="deploy")
             lock = out["lock"]
@@ -450,7 +450,7 @@ class GroupRun:
     ) -> None:
         def give_up(i: int) -> None:
             d = deployers[i]
-            state = d.record(plans[i], "failed", attempt=attempt)
+            state = d.record(plans[i], FAILED, attempt=attempt)
             state["reason"], state["diagnosis"] = reason, diagnosis.to_json()
             with contextlib.suppress(TransportError, HostStepError):
                 self._stop_rank(d, plans[i], state, attempt=attempt, release=True, command="give-up")

@@ -14,6 +14,7 @@ from fleet.control.group import GroupRun
 from fleet.errors import DeployFailed, FleetError
 from fleet.health.checks import CRITICAL, OK, UNKNOWN, Check
 from fleet.inventory import Host
+from fleet.protocol import FAILED, READY, STOPPED
 
 
 @dataclass
@@ -49,10 +50,10 @@ def group_health(run: GroupRun, *, heal: bool, rank0_problems: Sequence[str] = (
             checks.append(Check(f"rank{i}", CRITICAL, f"{host.name}: no record of rank {i} of this group"))
             broken = True
             continue
-        recorded_any = recorded_any or st.get("status") != "stopped"
-        given_up = given_up or st.get("status") == "failed"
+        recorded_any = recorded_any or st.get("status") != STOPPED
+        given_up = given_up or st.get("status") == FAILED
         alive = any(p.pid == st.get("pid") for p in f.servers)
-        if st.get("status") == "ready" and alive:
+        if st.get("status") == READY and alive:
             checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {st.get('pid')} alive, ready"))
         else:
             why = "gone" if not alive else st.get("status")
@@ -95,7 +96,7 @@ def stop_group(run: GroupRun) -> list[str]:
     def one(host: Host) -> str:
         with run.connect(host) as t:
             out = ops.stop(t, host, force=run.force, name=run.playbook.name)
-        return f"{host.name}: stopped {len(out.get('stopped', []))} process(es)"
+        return f"{host.name}: stopped {len(out.get('ended', []))} process(es)"
 
     with ThreadPoolExecutor(max_workers=len(run.hosts)) as pool:
         futures = {h.name: pool.submit(one, h) for h in run.hosts}

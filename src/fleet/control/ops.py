@@ -30,7 +30,7 @@ from fleet.plan.container import ContainerPlan
 from fleet.plan.fit import Fit, fit_gpus
 from fleet.plan.placement import FREE, WITH_REPLACED, WITH_STALE, Placement, free_gpus, place, port_for, stopped_with
 from fleet.plan.whole_box import whole_box
-from fleet.protocol import ActResult
+from fleet.protocol import DEAD, READY, STARTING, STOPPED, UNVERIFIED, ActResult
 from fleet.secrets import read_secrets
 from fleet.startup import phase_now
 from fleet.transport import Transport
@@ -127,7 +127,7 @@ def deploy(
     )
     secrets = read_secrets(playbook.spec.secret_names, playbook.name)
     mine = recorded(facts, deployment)
-    serving = mine.get("status") == "ready" and any(p.pid == mine.get("pid") for p in facts.servers)
+    serving = mine.get("status") == READY and any(p.pid == mine.get("pid") for p in facts.servers)
     if keep_other_plan and serving and not _runs_this_plan(mine, facts, result.plan, playbook.name):
         raise PreflightError(
             f"{host.name}: deployment {deployment} serves another plan than {playbook.name} gives now; "
@@ -353,7 +353,7 @@ def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, play
         return sorted((e.get("name"), e.get("value")) for e in p.get("env", []))
 
     return (
-        st.get("status") == "ready"
+        st.get("status") == READY
         and st.get("playbook") == playbook_name
         and old.get("argv") == new["argv"]
         and old.get("engine_version") == new.get("engine_version")  # the same argv may run another version
@@ -369,7 +369,7 @@ def _ran_before(st: dict[str, Any], plan: LaunchPlan) -> bool:
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
     recorded = st.get("plan") or {}
     return (
-        st.get("status") in ("ready", "stopped")
+        st.get("status") in (READY, STOPPED)
         and recorded.get("argv") == plan.argv()
         and st.get("engine_version") == show_version(plan.engine_version)
         and recorded.get("container") == (plan.to_json().get("container"))  # not another image of that version
@@ -497,7 +497,7 @@ def restartable(facts: HostFacts) -> list[str]:
     """What `fleet restart --host H` restarts: every deployment with a plan, but those an operator
     stopped (or another deployment replaced) when there are several."""
     planned = sorted(n for n, d in facts.remote.deployments.items() if d.state.get("plan"))
-    running = [n for n in planned if facts.remote.deployments[n].state.get("status") != "stopped"]
+    running = [n for n in planned if facts.remote.deployments[n].state.get("status") != STOPPED]
     return running if len(planned) > 1 else planned
 
 
@@ -589,7 +589,7 @@ def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> A
             f"`fleet status --host {host.name}` lists them; `fleet stop --host {host.name}` stops every one.",
         )
     names = [name] if name is not None else recorded_names(facts)
-    merged: ActResult = {"stopped": [], "left": [], "refused": []}
+    merged: ActResult = {"ended": [], "left": [], "refused": []}
     busy: list[LockedError] = []
     for deployment in names or ["default"]:  # no record at all: stale engines are still stopped
         try:
@@ -599,11 +599,11 @@ def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> A
                 raise
             busy.append(exc)
             continue
-        merged["stopped"] += out.get("stopped", [])
+        merged["ended"] += out.get("ended", [])
         merged["left"] += [p for p in out.get("left", []) if p not in merged["left"]]
         merged["refused"] += [p for p in out.get("refused", []) if p not in merged["refused"]]
     if busy:
-        stopped = ", ".join(str(p.get("pid")) for p in merged["stopped"]) or "nothing"
+        stopped = ", ".join(str(p.get("pid")) for p in merged["ended"]) or "nothing"
         raise LockedError(
             "; ".join(exc.message for exc in busy) + f" Stopped the rest (pids {stopped}).",
             busy[0].hint,
@@ -629,7 +629,7 @@ def _stop_one(
     args = {
         "lock": deployer._lock_args("stop"),
         "free": deployer._free_args(state.get("port")),
-        "state_update": {**state, "status": "stopped", "updated": time.time()} if state else None,
+        "state_update": {**state, "status": STOPPED, "updated": time.time()} if state else None,
         "release_lock": True,
     }
     out = act_answer(run_json(t, step_python(host), "act", args))
@@ -651,8 +651,8 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
     status = st.get("status", "unreadable" if record and record.state_error else "none")
-    if (status == "ready" or (status in ("starting", "unverified") and isinstance(pid, int))) and not alive:
-        status = "dead"  # also "starting" with its engine gone: it crashed, or the run launching it died
+    if (status == READY or (status in (STARTING, UNVERIFIED) and isinstance(pid, int))) and not alive:
+        status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
     gpus = record.gpus if record else None
     return {
         "host": host.name,
@@ -673,7 +673,7 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
         "group": _group_said(st),
         # while it starts: its phase and ETA, as its watcher on the host last said them
-        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == "starting" else None,
+        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == STARTING else None,
     }
 
 

@@ -69,7 +69,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_procs import boot_id, process_table, start_ticks
     from fleet.host_signals import hold_process
-    from fleet.protocol import ActResult, CheckResult, Launched
+    from fleet.protocol import STOPPED, UNVERIFIED, ActResult, CheckResult, Launched
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
 # never in a file or a command line), waits, stops what the engine left in its process group (workers, a
@@ -351,7 +351,7 @@ def launch_and_record(
                 os.killpg(launched["pgid"], signal.SIGKILL)
             except OSError:
                 pass
-        if not out.get("stopped"):
+        if not out.get("ended"):
             return
         back = previous_launch(previous, a["launch"]["log_dir"], secrets)
         if isinstance(back, str):
@@ -362,7 +362,7 @@ def launch_and_record(
         except OSError as again:
             out["rollback_failed"] = again.strerror or str(again)
             return
-        rec = dict(previous or {}, status="unverified", reason="relaunched by fleet's rollback, not checked")
+        rec = dict(previous or {}, status=UNVERIFIED, reason="relaunched by fleet's rollback, not checked")
         rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
         rec["boot_id"] = boot_id()
         try:
@@ -543,7 +543,7 @@ def main() -> ActResult:
         read_record(path)  # a damaged record is set aside before it is written over
     if (
         a["lock"].get("command") == "heal"
-        and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get("status") == "stopped"
+        and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get("status") == STOPPED
     ):  # stopped by an operator after the health check saw it down: a heal must not undo that
         release_lock(state_dir, a["lock"]["run_id"])
         out["stopped_since"] = True
@@ -629,8 +629,8 @@ def main() -> ActResult:
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
-    out["stopped"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
-    out["stopped"] = stopped_containers + out["stopped"]
+    out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
+    out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
     before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus)
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}

@@ -22,6 +22,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
     from fleet.host_smoke import smoke_request
+    from fleet.protocol import LIVE, STOPPED
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
@@ -73,7 +74,7 @@ def check_server(
     out: Dict[str, Any] = {"server": None, "http": {}, "log_lines": []}
     http = out["http"]
     pid = st.get("pid")
-    if isinstance(pid, int) and st.get("status") in ("ready", "starting", "unverified"):
+    if isinstance(pid, int) and st.get("status") in LIVE:
         # the recorded process itself: not a zombie nobody reaped (a container without an init), not a
         # later process given the same pid (the record's boot and start time, when it has them)
         ticks = st.get("start_ticks")
@@ -93,7 +94,7 @@ def check_server(
             "group_pids": [p["pid"] for p in group],
         }
     box = st.get("container") if isinstance(st.get("container"), dict) else None
-    if box and box.get("cli") in ("docker", "podman") and st.get("status") in ("ready", "starting", "unverified"):
+    if box and box.get("cli") in ("docker", "podman") and st.get("status") in LIVE:
         cli = cli_path(str(box["cli"]))  # what the runtime says of it: running, restarts, OOM-killed
         out["container"] = (inspect(cli, str(box.get("id") or box.get("name"))) if cli else None) or {
             "missing": True,
@@ -132,7 +133,7 @@ def check_server(
             if served is not None:
                 served += 1  # our own request is not traffic
         book["requests_total"] = served
-    log = st.get("log") if st.get("status") != "stopped" else None  # a stopped server's log is history
+    log = st.get("log") if st.get("status") != STOPPED else None  # a stopped server's log is history
     if log and not args.get("generation_only"):  # asked again for the prompt alone: the log was read
         text, size = _read_new(log, book.get("log_offset", 0) if book.get("log") == log else 0)
         out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]

@@ -34,7 +34,7 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import alive, live_process_groups
-    from fleet.protocol import ForgetResult, LockResult
+    from fleet.protocol import STOPPED, ForgetResult, LockResult
 
 
 def take_lock(a: Dict[str, Any]) -> LockResult:
@@ -126,7 +126,7 @@ def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
             and pgid > 1
             and recorded_group_is_ours(pgid, st)
             and alive(pgid)  # a leader nobody reaped (no init in a container) is a crashed server
-            and st.get("status") != "stopped"
+            and st.get("status") != STOPPED
         )
         if not running and held_by_another(os.path.join(directory, LOCK_FILE), a) is None:
             continue
@@ -172,7 +172,7 @@ def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
     for name in replaced.values():
         path = os.path.join(deployment_dir(root, name), STATE_FILE)
         st = read_record(path) or {}
-        st.update(status="stopped", reason="replaced by deployment %s" % by, updated=time.time())
+        st.update(status=STOPPED, reason="replaced by deployment %s" % by, updated=time.time())
         write_record(path, st)
 
 

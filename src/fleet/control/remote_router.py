@@ -261,11 +261,11 @@ def health(a: Dict[str, Any]) -> Dict[str, Any]:
 def stop(a: Dict[str, Any]) -> Dict[str, Any]:
     rec = running_router(a)
     if rec is None:
-        return {"stopped": None}
+        return {"ended_pid": None}
     _stop(rec)
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(_dir(a, create=False), "router.json"))
-    return {"stopped": rec["pid"]}
+    return {"ended_pid": rec["pid"]}
 
 
 def remember(a: Dict[str, Any]) -> Dict[str, Any]:

@@ -48,6 +48,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_signals import hold_group, release
     from fleet.host_smoke import smoke_request
+    from fleet.protocol import FAILED, READY, STARTING, UNVERIFIED
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -139,12 +140,12 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
         )
     st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
     st = read_record(st_path) or {}
-    if st.get("run_id") == a["run_id"] and st.get("status") == "failed":  # the host gave up on this run
+    if st.get("run_id") == a["run_id"] and st.get("status") == FAILED:  # the host gave up on this run
         return "the host stopped this run's server: %s" % st.get("reason", "failed")
     if lock is None:
         write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
-    if st.get("run_id") == a["run_id"] and st.get("status") == "unverified":
-        st.update(status="starting", updated=time.time())
+    if st.get("run_id") == a["run_id"] and st.get("status") == UNVERIFIED:
+        st.update(status=STARTING, updated=time.time())
         st.pop("reason", None)
         write_record(st_path, st)
     return None
@@ -194,7 +195,7 @@ class AttemptWatch:
         self.startup = StartupWatch(a, self.start)  # phases, ETA and stalls, from the engine's own lines
         self.last_touch = self.last_http = 0.0
         self.last_progress = self.start
-        self.phase = "health" if a.get("ready_seen") else "starting"  # starting -> health -> done
+        self.phase = "health" if a.get("ready_seen") else STARTING  # starting -> health -> done
         self.health_deadline = self.start + a["health_timeout_s"] if self.phase == "health" else None
         self.client_gone = threading.Event()
 
@@ -233,9 +234,9 @@ class AttemptWatch:
         if OUT.stalled(stalled_s):  # connected, but reading nothing: fleet is frozen; the watcher keeps bounds
             frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
             return True
-        if self.phase == "starting" and now - self.start > a["ready_timeout_s"]:  # also while a log floods
-            return self.end({"e": "timeout", "what": "ready", "after_s": now - self.start}, "timeout", now)
-        stall = self.startup.stalled(now) if self.phase == "starting" else None
+        if self.phase == STARTING and now - self.start > a["ready_timeout_s"]:  # also while a log floods
+            return self.end({"e": "timeout", "what": READY, "after_s": now - self.start}, "timeout", now)
+        stall = self.startup.stalled(now) if self.phase == STARTING else None
         if stall is not None and stall["e"] == "stalled":  # the playbook waits through stalls: said only
             emit(stall)
         elif stall is not None:  # a phase quiet past its bound: the attempt ends now, not at the ready timeout
@@ -244,7 +245,7 @@ class AttemptWatch:
             return False  # progress: read on at once
         if os.path.exists(a["exit_file"]) or not alive_group(a["pgid"]):
             return self.end(self.exited(), "exited", now)
-        if self.phase == "starting" and now - self.last_http >= HTTP_READY_EVERY_S:
+        if self.phase == STARTING and now - self.last_http >= HTTP_READY_EVERY_S:
             self.last_http = now
             status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
@@ -252,7 +253,7 @@ class AttemptWatch:
         if self.phase == "health":
             return self.prove(now)
         if now - self.start > a["ready_timeout_s"]:
-            return self.end({"e": "timeout", "what": "ready", "after_s": now - self.start}, "timeout", now)
+            return self.end({"e": "timeout", "what": READY, "after_s": now - self.start}, "timeout", now)
         if now - self.last_progress > a["progress_timeout_s"]:
             after = now - self.last_progress
             return self.end({"e": "timeout", "what": "progress", "after_s": after}, "timeout", now)
@@ -268,7 +269,7 @@ class AttemptWatch:
         for end, text in lines:
             emit({"e": "line", "o": end, "t": text})
             self.said_phase(text, now)
-            if self.phase == "starting" and self.ready_re.search(text):
+            if self.phase == STARTING and self.ready_re.search(text):
                 self.now_ready(now, {"e": "ready_line"})
         if redrawn is not None:
             self.said_phase(redrawn, now)
@@ -278,7 +279,7 @@ class AttemptWatch:
         return False
 
     def said_phase(self, text: str, now: float) -> None:
-        said = self.startup.line(text, now) if self.phase == "starting" else None
+        said = self.startup.line(text, now) if self.phase == STARTING else None
         if said is not None:
             emit(said)
 
@@ -328,7 +329,7 @@ class AttemptWatch:
             if not result["ok"]:
                 return self.end(result, None, now)
             emit(result)
-        a["success_state"]["startup"] = self.startup.record("ready", now)
+        a["success_state"]["startup"] = self.startup.record(READY, now)
         on_success(a)
         emit({"e": "done"})
         if a.get("hold"):
@@ -346,7 +347,7 @@ def frozen_client(a: Dict[str, Any], why: str) -> None:
         st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
         st = read_record(st_path) or {}
         if st.get("run_id") in (None, a["run_id"]):
-            st.update(status="failed", reason="%s; its server was stopped (%s)" % (why, stopped or "nothing ran"))
+            st.update(status=FAILED, reason="%s; its server was stopped (%s)" % (why, stopped or "nothing ran"))
             st["updated"] = time.time()
             write_record(st_path, st)
     except OSError:

@@ -42,6 +42,7 @@ from fleet.plan.service import (
     url_host,
     with_router,
 )
+from fleet.protocol import READY
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
@@ -395,7 +396,7 @@ class ServiceRun:
             started = self.ensure_router(rt, replace=False)["router"] == "started"
             states, workers, records = self.states(rt)
             if started:  # a new router knows no workers: the ready replicas first
-                ready = [s for s in states if s.status == "ready" and s.url]
+                ready = [s for s in states if s.status == READY and s.url]
                 if ready:
                     self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in ready])
                 states, workers, records = self.states(rt)
@@ -425,7 +426,7 @@ class ServiceRun:
                 outcomes.append(outcome)
                 if not outcome.ok:
                     return self._result(outcomes, None, f"{outcome.name} failed; the roll stopped, the others serve")
-                states[i] = ReplicaState(state.replica, outcome.url, "ready", True, True)
+                states[i] = ReplicaState(state.replica, outcome.url, READY, True, True)
             answer = self._ask(rt, recorded_task(records))
         return self._result(outcomes, answer)
 
@@ -470,7 +471,7 @@ class ServiceRun:
         """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
         router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
         actions: list[dict[str, Any]] = []
-        if record and record.get("status") == "ready":
+        if record and record.get("status") == READY:
             host, deployment = state.replica.split("/", 1)
             actions.append({"do": "remember", "replicas": {deployment: {"host": host, "good": record}}})
         remove = {"do": "remove", "url": state.url, "wait_s": 30, "keep_one_healthy": True}
@@ -507,7 +508,7 @@ class ServiceRun:
         except FleetError:
             return
         url = self.url_of(r, row.get("port"))
-        if row["status"] == "ready" and url:
+        if row["status"] == READY and url:
             self.router(rt, {"do": "add", "url": url, "wait_s": REGISTER_WAIT_S})
             self.progress(events.ServiceStep(self.service.name, f"registered again {url} (its old server still runs)"))
 
@@ -536,7 +537,7 @@ class ServiceRun:
                 return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
             states, workers, records = self.states(rt)
             if heal:
-                lost = [s for s in states if s.status == "ready" and s.url and not s.registered]
+                lost = [s for s in states if s.status == READY and s.url and not s.registered]
                 if lost:
                     self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
                     healed += [f"registered {s.replica} again" for s in lost]
@@ -572,11 +573,11 @@ class ServiceRun:
                 if r.deployment not in facts.remote.deployments:
                     return ReplicaOutcome(r, note="not deployed")
                 out = ops.stop(t, self.host(r), force=False, name=r.deployment)
-                return ReplicaOutcome(r, note=f"stopped {len(out.get('stopped', []))} process(es)")
+                return ReplicaOutcome(r, note=f"stopped {len(out.get('ended', []))} process(es)")
 
             outcomes = self._by_host(stop_one)
             for o in outcomes:
                 done.append(f"{o.name}: {o.note or f'NOT stopped: {o.error}'}")
-            stopped = self.router(rt, {"do": "stop"})[0].get("stopped")
+            stopped = self.router(rt, {"do": "stop"})[0].get("ended_pid")
             done.append(f"router stopped (pid {stopped})" if stopped else "router was not running")
         return done, [o.error for o in outcomes if o.error]

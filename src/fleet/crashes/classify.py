@@ -63,6 +63,11 @@ class Diagnosis:
     source: str = ""
     basis: str = ""  # how sure: which signature, the frames of a cut traceback, or a generic error
 
+    @property
+    def found_failure(self) -> bool:
+        """The log shows something wrong (not a healthy server, nor one still starting)."""
+        return self.category not in ("healthy", "starting")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "category": self.category,
@@ -303,7 +308,7 @@ class GiveUp:
 
 def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attempts: int) -> Relaunch | GiveUp:
     """Pure relaunch policy. `applied`: signature ids whose fix this deploy already applied."""
-    if diagnosis.category in ("healthy", "starting"):
+    if not diagnosis.found_failure:
         return GiveUp("the engine stopped without an error in its log")
     if diagnosis.signature is None or diagnosis.category == "unknown":
         return GiveUp("unknown failure: fleet does not relaunch what it cannot explain")

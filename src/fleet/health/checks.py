@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.crashes import Diagnosis
 from fleet.facts import DeploymentRecord, HostFacts, gpu_mismatches
+from fleet.protocol import FAILED, LIVE, STARTING, STOPPED, UNVERIFIED
 
 if TYPE_CHECKING:
     from fleet.inventory import ExpectedGpus
@@ -175,13 +176,13 @@ def evaluate(
         checks += mine
         st = record.state
         server = answer.get("server") or {}
-        if server.get("alive") and st.get("status") in ("ready", "starting", "unverified"):
+        if server.get("alive") and st.get("status") in LIVE:
             every = tuple(g.index for g in facts.gpus)
             argv = (st.get("plan") or {}).get("argv") or []
             tp = _tp(argv) // max(1, _flag_int(argv, "--nnodes"))  # a group's rank holds its share of the TP ranks
             alive_groups[name] = (set(server.get("group_pids", [])), record.gpus or every, tp)
         # a rank of a group is healed with its group, as a whole (`group/NAME`), never alone
-        broken = worst([c.status for c in mine]) == CRITICAL and st.get("status") != "stopped"
+        broken = worst([c.status for c in mine]) == CRITICAL and st.get("status") != STOPPED
         if broken and st.get("plan") and not st.get("group"):
             healable.append(name)
     if not facts.remote.deployments:
@@ -219,9 +220,7 @@ def evaluate(
 
 
 def _expected_up(facts: HostFacts) -> list[str]:
-    return [
-        n for n, d in facts.remote.deployments.items() if d.state.get("status") in ("ready", "starting", "unverified")
-    ]
+    return [n for n, d in facts.remote.deployments.items() if d.state.get("status") in LIVE]
 
 
 def _host_checks(raw: dict[str, Any], facts: HostFacts) -> list[Check]:
@@ -280,14 +279,14 @@ def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnos
         add("server", WARNING, "the deployment record is unreadable: what should run is unknown")
     elif not st:
         add("server", OK, "nothing recorded (a deploy under way, or a stop with nothing to stop)")
-    elif status == "stopped":
+    elif status == STOPPED:
         add("server", OK, "stopped by an operator" if not st.get("reason") else f"stopped: {st['reason']}")
-    elif status == "failed":
+    elif status == FAILED:
         add("server", CRITICAL, f"last deploy failed: {st.get('reason', '?')}")
     elif server is None or not server.get("alive"):
         add("server", CRITICAL, f"server process {st.get('pid')} is gone")
     else:
-        if status == "unverified":  # launched, then fleet's run ended before it proved the server
+        if status == UNVERIFIED:  # launched, then fleet's run ended before it proved the server
             add("server", WARNING, f"pid {server['pid']} alive, unverified: {st.get('reason', '?')}")
         else:
             add("server", OK, f"pid {server['pid']} alive")
@@ -322,7 +321,7 @@ def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnos
             add("generation", OK if ok else CRITICAL, detail if ok else f"wrong or no answer: {detail}")
     if answer.get("container"):
         add(*_container_check(answer["container"]))
-    if diagnosis is not None and diagnosis.category not in ("healthy", "starting"):
+    if diagnosis is not None and diagnosis.found_failure:
         # Log text alone never makes a server that answered a real prompt just now broken (and healed):
         # what a log says can be forged or stale; the answer cannot.
         answered = bool((http.get("generation") or {}).get("ok"))
@@ -345,7 +344,7 @@ def _gpu_checks(
     holding none of its GPU's memory, memory used on a GPU no deployment runs on, someone else's
     process on a deployment's GPU)."""
     checks: list[Check] = []
-    starting = any(d.state.get("status") == "starting" for d in facts.remote.deployments.values())
+    starting = any(d.state.get("status") == STARTING for d in facts.remote.deployments.values())
     owner = {i: name for name, (_, gpus, _) in alive_groups.items() for i in gpus}
     for g in facts.gpus:
         if g.ecc_uncorrected:

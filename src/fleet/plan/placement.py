@@ -15,6 +15,7 @@ from fleet.errors import PreflightError
 from fleet.facts import HostFacts, Listener
 from fleet.host_common import record_gpus, record_ports, safelisted
 from fleet.plan.rules import nccl_port_for
+from fleet.protocol import STOPPED
 
 Asked = int | tuple[int, ...] | None
 
@@ -45,7 +46,7 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
         if rec.name == me:
             continue
         pid = rec.state.get("pid")
-        running = isinstance(pid, int) and pid in live and rec.state.get("status") != "stopped"
+        running = isinstance(pid, int) and pid in live and rec.state.get("status") != STOPPED
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
         elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
@@ -278,7 +279,7 @@ def port_for(
     for rec in facts.remote.deployments.values():
         if rec.name in replacing:
             replaced.add(rec.state.get("pgid"))
-        elif rec.name != name and rec.state.get("status") != "stopped":
+        elif rec.name != name and rec.state.get("status") != STOPPED:
             taken.update((p, rec.name) for p in record_ports(rec.state))
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
             taken.update((p, rec.name) for p in record_ports(rec.lock))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.health.checks import CRITICAL, OK, WARNING, Check, worst
+from fleet.protocol import READY
 
 ROUTER_MODULE = "sglang_router.launch_router"
 
@@ -59,7 +60,7 @@ class ReplicaState:
 
     @property
     def serving(self) -> bool:
-        return self.status == "ready" and self.registered and self.healthy_in_router and not self.circuit_open
+        return self.status == READY and self.registered and self.healthy_in_router and not self.circuit_open
 
     @property
     def in_router(self) -> str:
@@ -130,7 +131,7 @@ def service_checks(
         if not s.serving:
             why = (
                 f"its server is {s.status}"
-                if s.status != "ready"
+                if s.status != READY
                 else "not registered in the router"
                 if not s.registered
                 else "the router holds its circuit open: it refuses to send it requests"
