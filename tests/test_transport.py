@@ -18,7 +18,7 @@ from fleet.errors import HostKeyError, HostUnreachable, TransportError
 from fleet.host_common import SIMULATED_GPUS_MARK
 from fleet.inventory import Host, load_inventory
 from fleet.transport import SshOptions, connect
-from fleet.transport.ssh import _tcp_connect
+from fleet.transport.ssh_socket import tcp_connect
 from fleet_testbed import simhost
 from simengine import tcp_ports_to, wait_until
 
@@ -251,7 +251,7 @@ def test_every_read_acknowledges_at_once_where_a_plain_socket_delays() -> None:
         port = server.getsockname()[1]
         with socket.create_connection(("127.0.0.1", port)) as plain, server.accept()[0] as peer:
             assert 0 in acks_at_once_after_exchanges(plain, peer), "the kernel never delays ACKs here"
-        with _tcp_connect("127.0.0.1", port, 5) as ours, server.accept()[0] as peer:
+        with tcp_connect("127.0.0.1", port, 5) as ours, server.accept()[0] as peer:
             assert acks_at_once_after_exchanges(ours, peer) == [1] * 5
             assert ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
 

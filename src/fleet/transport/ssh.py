@@ -9,7 +9,7 @@ refused unless `accept_new_host_key` is set (then it is recorded, like OpenSSH's
 changed key is always refused. A ProxyJump host's unknown key needs its own consent
 (`accept_new_jump_host_key`), and every message names the host whose key is at issue.
 
-The TCP connection to sshd is fleet's own (`_tcp_connect`), not paramiko's: see there for the ~90 ms
+The TCP connection to sshd is fleet's own (`ssh_socket.tcp_connect`), not paramiko's: see there for the ~90 ms
 that saves on every new connection.
 """
 
@@ -19,7 +19,6 @@ import contextlib
 import functools
 import os
 import select
-import socket
 import threading
 import time
 from pathlib import Path
@@ -39,98 +38,8 @@ from fleet.errors import (
 )
 from fleet.inventory import Host
 from fleet.transport.base import CommandResult, OnChunk, Stdin, feed, sh_command
-
-
-class _RecordNewKey(paramiko.MissingHostKeyPolicy):
-    """Accept an unknown key once and append it to the known_hosts file (OpenSSH `accept-new`)."""
-
-    def __init__(self, known_hosts: Path) -> None:
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        with self.known_hosts.open("a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_known_hosts(path: str, mtime_ns: int, size: int) -> paramiko.HostKeys:
-    """One parse per file version, shared read-only by every connection: a sweep of N hosts would
-    otherwise parse an N-line file N times (paramiko's load is quadratic in the lines, too)."""
-    try:
-        return paramiko.HostKeys(path)
-    except (OSError, ValueError, paramiko.SSHException) as exc:  # unreadable, not text, a malformed key
-        raise ConfigError(
-            f"{path} cannot be read as a known_hosts file ({type(exc).__name__}: {exc}).",
-            "Fix or remove the lines it names; `ssh-keygen -R HOST -f FILE` drops one host's keys.",
-        ) from exc
-
-
-# Linux only; elsewhere the socket is only NODELAY (the wait at authentication goes, the one at the
-# first channel stays).
-_TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
-
-
-# AES-GCM first: paramiko seals and checks each packet in one pass of `cryptography`, where its default
-# (aes128-ctr with hmac-sha2-256) takes two; a server without it (OpenSSH has had it since 6.2) settles
-# on the next. Larger windows and packets than paramiko's 2 MiB / 32 KiB take fewer trips through its
-# Python per byte. Measured here over loopback: sending 1.4x, receiving 3x (a push's two legs).
-FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-WINDOW_BYTES = 8 << 20
-PACKET_BYTES = 128 << 10
-READ_BYTES = 1 << 20  # one read of a stream takes what has come, up to this: fewer trips per byte
-
-
-def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    transport = paramiko.Transport(
-        sock, default_window_size=WINDOW_BYTES, default_max_packet_size=PACKET_BYTES, **kwargs
-    )
-    options = transport.get_security_options()
-    options.ciphers = (*FAST_CIPHERS, *(c for c in options.ciphers if c not in FAST_CIPHERS))
-    return transport
-
-
-class _QuickAckSocket(socket.socket):
-    """Acknowledges each segment at once instead of up to 40 ms later (delayed ACK).
-
-    Until a session starts, sshd leaves Nagle's algorithm on: after USERAUTH_SUCCESS it holds its next
-    small packet until that one is acknowledged, and a client with nothing to send delays that
-    acknowledgement by 40 ms (measured on loopback: opening the first channel took 44 ms, 1 ms with
-    this). The kernel resets quick-ACK mode on its own, so it is set again after every read."""
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = super().recv(bufsize, flags)
-        if _TCP_QUICKACK is not None:
-            with contextlib.suppress(OSError):  # closed meanwhile by another thread: the data still counts
-                self.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
-        return data
-
-
-def _tcp_connect(host: str, port: int, timeout_s: float) -> socket.socket:
-    """The TCP connection to sshd, for paramiko to run SSH over.
-
-    paramiko's own socket leaves Nagle's algorithm on, so a request it writes in two pieces waits for
-    the server's delayed ACK: public-key authentication took ~48 ms on loopback, ~8 ms with TCP_NODELAY.
-    Together with quick ACKs a new connection is ready to run a command in ~27 ms instead of ~115 ms."""
-    plain = socket.create_connection((host, port), timeout=timeout_s)
-    sock = _QuickAckSocket(fileno=plain.detach())
-    sock.settimeout(timeout_s)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-# A sweep's threads all ask for the shared parses at once: one computes, the others wait for it.
-_SHARED_LOCK = threading.Lock()
-
-
-def _known_host_keys(known_hosts: Path) -> paramiko.HostKeys:
-    try:
-        st = known_hosts.stat()
-    except FileNotFoundError:
-        return paramiko.HostKeys()
-    with _SHARED_LOCK:
-        return _parsed_known_hosts(str(known_hosts), st.st_mtime_ns, st.st_size)
+from fleet.transport.ssh_keys import SHARED_PARSE_LOCK, UnknownKey, harden
+from fleet.transport.ssh_socket import READ_BYTES, fast_transport, tcp_connect
 
 
 @functools.lru_cache(maxsize=4)
@@ -159,36 +68,6 @@ class _Connection(Connection):  # type: ignore[misc]  # fabric ships no type hin
     lost hosts to "No attribute or config key found for 'user'")."""
 
     inline_ssh_env = None
-
-
-class _UnknownKey(paramiko.SSHException):
-    """An unknown host key, refused: says which hop's (the host itself, or a ProxyJump host)."""
-
-    def __init__(self, hostname: str, jump: bool) -> None:
-        super().__init__(f"Server {hostname!r} not found in known_hosts")
-        self.hostname, self.jump = hostname, jump
-
-
-class _Refuse(paramiko.MissingHostKeyPolicy):
-    def __init__(self, jump: bool) -> None:
-        self.jump = jump
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise _UnknownKey(hostname, self.jump)
-
-
-def _harden(conn: Connection, known_hosts: Path, accept_new: bool, accept_new_jump: bool) -> None:
-    """Strict host-key checking on the connection and on every ProxyJump hop; recording an unknown key
-    is consented to separately for the host and for its jump hosts."""
-    hop: Any = conn
-    while isinstance(hop, Connection):
-        client = hop.client
-        client._system_host_keys = _known_host_keys(known_hosts)  # only the file fleet was given
-        jump = hop is not conn
-        record = accept_new_jump if jump else accept_new
-        policy: paramiko.MissingHostKeyPolicy = _RecordNewKey(known_hosts) if record else _Refuse(jump)
-        client.set_missing_host_key_policy(policy)
-        hop = hop.gateway
 
 
 # A host that sends nothing for SILENT_S is asked for an SSH keepalive reply (OpenSSH's
@@ -300,12 +179,12 @@ class SshTransport:
         self.host_name = host.name
         self.commands_run = 0
         s = host.settings
-        with _SHARED_LOCK:
+        with SHARED_PARSE_LOCK:
             config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": s.connect_timeout_s,
             "auth_timeout": s.connect_timeout_s,
-            "transport_factory": _fast_transport,
+            "transport_factory": fast_transport,
         }
         self._identity = os.path.expanduser(s.identity_file) if s.identity_file else None
         if self._identity:
@@ -359,7 +238,7 @@ class SshTransport:
 
     def _transport(self) -> paramiko.Transport:
         if not self._conn.is_connected:
-            _harden(self._conn, self._known_hosts, self._accept_new, self._accept_new_jump)
+            harden(self._conn, self._known_hosts, self._accept_new, self._accept_new_jump)
             if self._identity and not os.path.isfile(self._identity):  # else "cannot connect (Is a directory)"
                 kind = "is a directory" if os.path.isdir(self._identity) else "is not a regular file"
                 raise self._bad_identity(kind if os.path.exists(self._identity) else "does not exist")
@@ -376,7 +255,7 @@ class SshTransport:
                     f"If it was reinstalled, remove the old key with "
                     f"`ssh-keygen -R '{self._known_hosts_name(exc.hostname)}'`; otherwise stop: this may be an attack.",
                 ) from exc
-            except _UnknownKey as exc:
+            except UnknownKey as exc:
                 consent = "--accept-new-jump-host-key" if exc.jump else "--accept-new-host-key"
                 raise HostKeyError(
                     f"{self.host_name}: the host key of {self._key_owner(exc.hostname)} is unknown "
@@ -421,7 +300,7 @@ class SshTransport:
             first = first.gateway
         sock = None
         if not first.gateway and not first.is_connected:
-            sock = _tcp_connect(first.host, int(first.port), self._timeout_s)
+            sock = tcp_connect(first.host, int(first.port), self._timeout_s)
             first.connect_kwargs["sock"] = sock
         try:
             self._conn.open()
