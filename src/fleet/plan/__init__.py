@@ -13,22 +13,20 @@ from typing import Any
 
 from fleet.model import ModelSpec
 from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
+from fleet.plan.known_crashes import KNOWN_CRASHES, KnownCrash, lint
 from fleet.plan.parsers import parsers_for
 from fleet.plan.picks import FLAGS, SETTINGS, Pick, engine_pick, relevant
 from fleet.plan.rules import (
     ALIASES,
-    KNOWN_CRASHES,
     OLD_NAMES_REMOVED,
     RENAMED,
     SGLANG_RULES,
     VLLM_RULES,
-    KnownCrash,
     PlanInput,
     Rule,
     args_dict,
     choose_tp,
     keyed_flags,
-    lint,
     spell,
 )
 from fleet.plan.types import (
