@@ -13,7 +13,7 @@ from types import FrameType
 
 import click
 
-from fleet.cli import audit, cron, fixes, forget, hosts, observe, pool, provision, services, timeline  # noqa: F401 - each registers
+from fleet.cli import audit, cron, fixes, forget, hosts, observe, plan_view, pool, provision, services, timeline  # noqa: F401 - each registers
 from fleet.cli.base import cli, say
 from fleet.errors import FleetError
 
