@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 from fleet import events
 from fleet.control import ops
 from fleet.control.answers import synthetic_line
 from fleet.control.deploy import Attempt, Deployer, Hold, log_context, recorded, refused_before_stopping
 from fleet.control.gather import model_path, read_facts
+from fleet.control.parallel import in_parallel
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
 from fleet.facts import HostFacts
@@ -41,7 +41,6 @@ from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
-T = TypeVar("T")
 
 
 @dataclass
@@ -193,7 +192,7 @@ class GroupRun:
             try:
                 return self._attempts(deployers, placed)
             except KeyboardInterrupt:  # every rank at once: a watcher's host notices its client gone by itself
-                _in_parallel(lambda i: deployers[i]._abandon(), range(len(deployers)))
+                in_parallel(lambda i: deployers[i]._abandon(), range(len(deployers)))
                 raise
 
     def _attempts(self, deployers: list[Deployer], placed: list[PlanResult]) -> GroupResult:
@@ -215,7 +214,7 @@ class GroupRun:
                 outs = self._launch_all(deployers, ranked, attempt, result)
                 failed = self._watch_all(deployers, ranked, outs, attempt, result)
                 if failed is None:  # every rank proven: their locks, held until now, go together
-                    _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
+                    in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                     rec.outcome = READY
                     result.ok = True
                     result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
@@ -238,7 +237,7 @@ class GroupRun:
                 if any(a.outcome != "rejected" for a in result.attempts):
                     self._give_up(deployers, ranked, attempt, result.reason, rec.diagnosis)
                 else:  # the engine refused every command line: nothing was stopped, the running group serves on
-                    _in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
+                    in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
                 return result
             plans = [
                 relint(apply_fix(p, decision.fix, decision.signature, decision.reason), r.model, r.gpus, r.wishes)
@@ -277,7 +276,7 @@ class GroupRun:
                 prepare_only=True,
             )
 
-        answers = _in_parallel(prepare, range(len(deployers)))
+        answers = in_parallel(prepare, range(len(deployers)))
         error: FleetError | None = None
         rejected: RankOutcome | None = None
         for i, d in enumerate(deployers):
@@ -298,7 +297,7 @@ class GroupRun:
             taken = [
                 i for i, out in answers.items() if not isinstance(out, FleetError) and out["lock"]["status"] == "taken"
             ]
-            _in_parallel(lambda i: deployers[i]._release(), taken)
+            in_parallel(lambda i: deployers[i]._release(), taken)
         if error is not None:
             raise error
         return rejected
@@ -321,7 +320,7 @@ class GroupRun:
             d._stop_if_locked_or_unsafe(out)
             return out
 
-        answers = _in_parallel(launch, range(len(deployers)))
+        answers = in_parallel(launch, range(len(deployers)))
         errors = [a for a in answers.values() if isinstance(a, FleetError)]
         if errors:  # every rank stopped: the new ones launched, and an old one where the launch failed
             result.not_stopped = self._stop_all(
@@ -438,7 +437,7 @@ class GroupRun:
             lock = out["lock"]
             return None if lock["status"] == "taken" else f"{self.hosts[i].name}: lock {lock['status']}"
 
-        answers = _in_parallel(stop, list(ranks))
+        answers = in_parallel(stop, list(ranks))
         return [
             f"{self.hosts[i].name}: {a.message}" if isinstance(a, FleetError) else str(a)
             for i, a in answers.items()
@@ -455,7 +454,7 @@ class GroupRun:
             with contextlib.suppress(TransportError, HostStepError):
                 self._stop_rank(d, plans[i], state, attempt=attempt, release=True, command="give-up")
 
-        _in_parallel(give_up, range(len(deployers)))
+        in_parallel(give_up, range(len(deployers)))
 
     def _stop_rank(
         self, d: Deployer, plan: LaunchPlan, state: StateRecord, *, attempt: int, release: bool, command: str
@@ -481,27 +480,3 @@ SETTLE_S = 60.0  # after the group is stopped, how long the other ranks' watcher
 
 def _settle_left(stopped_at: float) -> float:
     return max(0.0, stopped_at + SETTLE_S - time.monotonic())
-
-
-def _in_parallel(fn: Callable[[int], T], ranks: Iterable[int]) -> dict[int, T | FleetError]:
-    """`fn` for each rank at once, in daemon threads (Ctrl-C is not held up by one); what each returned, or
-    the FleetError it raised, by rank. Any other exception is raised here."""
-    results: dict[int, T | FleetError] = {}
-    crashed: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fn(i)
-        except FleetError as exc:
-            results[i] = exc
-        except Exception as exc:  # a bug: raised in the caller, not lost in a thread
-            crashed.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in ranks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if crashed:
-        raise crashed[0]
-    return dict(sorted(results.items()))
