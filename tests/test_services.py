@@ -20,6 +20,7 @@ from conftest import ROOT
 from fleet import events
 from fleet.control import ops
 from fleet.control.service import ServiceRun
+from fleet.control.service_health import service_down, service_health
 from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import HostUnreachable, PreflightError
 from fleet.inventory import Inventory, load_playbook
@@ -208,7 +209,7 @@ def test_a_replica_killed_behind_the_routers_back_is_noticed_and_healed(fleet: F
     pid = fleet.record("node-b", "qwen36-2")["pid"]
     b.shell(f"python3 -c 'import os, signal; os.killpg({pid}, signal.SIGKILL)'")
     time.sleep(1)
-    h = fleet.run().health(heal=False)
+    h = service_health(fleet.run(), heal=False)
     assert h.status == "warning"  # one of two serves: at least min_healthy (1)
     assert any(c.name == "replica" and "node-b/qwen36-2" in c.detail for c in h.checks)
     options = HealthOptions(heal=True)
@@ -221,7 +222,7 @@ def test_a_replica_killed_behind_the_routers_back_is_noticed_and_healed(fleet: F
         options,
         lambda name: ops.restart(b.transport(), b.host, force=False, progress=events.ignore, name=name),
     )
-    healed = fleet.run().health(heal=True)
+    healed = service_health(fleet.run(), heal=True)
     assert healed.status == "ok", [c for c in healed.checks if c.status != "ok"]
     assert len(fleet.workers()) == 2 and "Paris" in fleet.ask()
 
@@ -316,7 +317,7 @@ def test_another_service_file_of_the_same_name_is_refused(fleet: Fleet, tmp_path
         fleet.run(services=other).up()
     assert "Two service files are named qwen36" in err.value.hint
     with pytest.raises(PreflightError, match="was started from"):
-        fleet.run(services=other).down()
+        service_down(fleet.run(services=other))
     assert router_pid(fleet) == pid and "Paris" in fleet.ask()
 
 
@@ -389,7 +390,7 @@ def test_status_and_health_say_a_replica_whose_circuit_is_open_does_not_serve(fl
     b = states["node-b/qwen36-2"]
     assert b.registered and b.circuit_open and not b.serving and b.in_router == "circuit open (requests refused)"
     assert states["node-a/qwen36-1"].serving
-    health = run.health(heal=False, ask=False)
+    health = service_health(run, heal=False, ask=False)
     assert health is not None
     said = {c.name: c.detail for c in health.checks if c.name == "replicas"}
     assert said["replicas"].startswith("1 of 2 serving")
@@ -399,7 +400,7 @@ def test_status_and_health_say_a_replica_whose_circuit_is_open_does_not_serve(fl
 def test_down_says_which_replica_it_could_not_stop(fleet: Fleet) -> None:
     assert fleet.run().up().ok
     fleet.unreachable.add("node-b")
-    done, failed = fleet.run().down()
+    done, failed = service_down(fleet.run())
     assert len(failed) == 1 and isinstance(failed[0], HostUnreachable)
     assert any(line.startswith("node-b/qwen36-2: NOT stopped") for line in done)
 
@@ -425,7 +426,7 @@ def test_down_stops_replicas_and_router_when_the_routers_workers_answer_is_nonse
         return real(self, t, *actions, timeout_s=timeout_s)
 
     monkeypatch.setattr(ServiceRun, "router", nonsense)
-    done, failed = fleet.run().down()
+    done, failed = service_down(fleet.run())
     assert failed == []
     assert any(line.startswith("workers not deregistered") for line in done), done
     assert any(line.startswith("router stopped") for line in done), done
@@ -450,7 +451,7 @@ def test_a_second_command_on_the_service_while_a_roll_runs_is_refused_and_heal_w
     with pytest.raises(LockedError) as err:
         fleet.run().up()
     assert "is running `restart` on it" in err.value.message
-    healed = fleet.run().health(heal=True)
+    healed = service_health(fleet.run(), heal=True)
     assert healed is not None and any("not healed: `restart`" in h for h in healed.heal)
     roll.join(timeout=120)
     assert rolled and rolled[0].ok, rolled and rolled[0].reason

@@ -277,13 +277,14 @@ def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
     service/NAME (router, replicas serving through it, a request through it); with --heal, a dead router is
     started and a ready replica the router lost is registered again."""
     from fleet.cli.services import service_run, services_here
+    from fleet.control.service_health import service_health
     from fleet.health import UNKNOWN, HostHealth
     from fleet.health.checks import Check
 
     out = []
     for name in services_here(ctx):
         try:
-            h = service_run(ctx, name).health(heal=options.heal, ask=not options.skip_generation)
+            h = service_health(service_run(ctx, name), heal=options.heal, ask=not options.skip_generation)
         except FleetError as exc:
             out.append(HostHealth(f"service/{name}", UNKNOWN, (Check("service", UNKNOWN, exc.message),)))
             continue

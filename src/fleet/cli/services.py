@@ -95,7 +95,9 @@ def down(ctx: Invocation, service: str) -> None:
     Example:
       fleet down qwen36
     """
-    done, failed = service_run(ctx, service).down()
+    from fleet.control.service_health import service_down
+
+    done, failed = service_down(service_run(ctx, service))
     for line in done:
         say(f"service {service}: {line}", err=line.startswith("NOT") or ": NOT stopped" in line)
     exit_for_failures([e.exit_code for e in failed])

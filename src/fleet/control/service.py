@@ -26,18 +26,16 @@ from fleet.control import ops
 from fleet.control.deploy import DeployResult, owner, run_id
 from fleet.control.gather import read_facts
 from fleet.crashes import Signature
-from fleet.errors import DeployFailed, FleetError, HostStepError, LockedError, PreflightError
+from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
 from fleet.host_common import base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
-from fleet.model import GENERATE
 from fleet.plan.service import (
     ReplicaState,
     reachable_address,
+    recorded_task,
     router_argv,
-    service_checks,
-    strangers,
     take_out_refusal,
     url_host,
     with_router,
@@ -90,15 +88,6 @@ class ServiceResult:
         return not self.ok and bool(self.replicas) and all(o.refused for o in self.replicas)
 
 
-@dataclass
-class ServiceHealth:
-    service: str
-    status: str
-    checks: list[Any]
-    states: list[ReplicaState]
-    heal: list[str] = field(default_factory=list)
-
-
 def replica_playbook(playbook: NamedPlaybook, r: PlacedReplica, replicas: list[PlacedReplica]) -> NamedPlaybook:
     """The playbook as replica `r` runs it: replicas that share a host and leave gpus: out take as many
     GPUs as the model needs each (gpus: fit), not the whole box the first of them would take alone."""
@@ -106,12 +95,6 @@ def replica_playbook(playbook: NamedPlaybook, r: PlacedReplica, replicas: list[P
     if r.gpus is not None or not sharing or not ops.takes_free_gpus(playbook):
         return playbook
     return replace(playbook, spec=msgspec.structs.replace(playbook.spec, gpus="fit"))
-
-
-def recorded_task(records: dict[str, dict[str, Any]]) -> str:
-    """What the replicas' model serves, as their records' plans say (a replica's plan is its service's)."""
-    tasks = [str((r.get("plan") or {}).get("task") or GENERATE) for r in records.values() if r.get("plan")]
-    return tasks[0] if tasks else GENERATE
 
 
 class ServiceRun:
@@ -203,7 +186,7 @@ class ServiceRun:
             with contextlib.suppress(FleetError):
                 self.router(rt, {**lease, "release": True})
 
-    def _busy(self, rt: Transport) -> str | None:
+    def busy(self, rt: Transport) -> str | None:
         """Who holds the service's lease now, in words; None when nobody does."""
         got = self.router(rt, {"do": "lease", "run_id": "", "ttl_s": LEASE_TTL_S, "peek": True})[0]
         return f"`{got.get('command')}` by {got.get('owner')} is under way" if got.get("held") else None
@@ -253,7 +236,7 @@ class ServiceRun:
         )
         return result
 
-    def _ask(self, t: Transport, task: str) -> dict[str, Any]:
+    def ask(self, t: Transport, task: str) -> dict[str, Any]:
         """The smoke check through the router; `task`: what the replicas' model serves (fleet.model)."""
         smoke = ops.smoke_of(self.playbook, task)
         answer: dict[str, Any] = self.router(
@@ -273,7 +256,7 @@ class ServiceRun:
     def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
         return base_url(self.reachable(replica), port) if isinstance(port, int) else None
 
-    def _by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
+    def by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
         """fn for every replica: hosts in parallel, one host's replicas in turn (placement is decided per host)."""
         hosts: dict[str, list[PlacedReplica]] = {}
         for r in self.replicas:
@@ -328,7 +311,7 @@ class ServiceRun:
             records[r.deployment] = dict(facts.remote.deployment(r.deployment).state)
             return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
 
-        looked = self._by_host(look)
+        looked = self.by_host(look)
         workers = self.router(t, {"do": "workers"})[0]["workers"] if router_up else []
         plain = [ReplicaState(o.name, o.url, "unreachable" if o.error else o.note or "none") for o in looked]
         return with_router(plain, workers), workers, records
@@ -338,7 +321,7 @@ class ServiceRun:
     def up(self) -> ServiceResult:
         with self.session() as rt, self.exclusive(rt, "up"):
             self.ensure_router(rt, replace=True)
-            outcomes = self._by_host(lambda t, r: self._deploy(t, r, relaunch=False))
+            outcomes = self.by_host(lambda t, r: self._deploy(t, r, relaunch=False))
             ready = [o for o in outcomes if o.ok and o.url]
             workers = self.router(rt, {"do": "workers"})[0]["workers"]
             wanted = {o.url for o in ready}
@@ -356,7 +339,7 @@ class ServiceRun:
                 self.progress(events.ServiceStep(self.service.name, f"deregistered {u} (not a ready replica of it)"))
             for o in ready:
                 self.progress(events.ServiceStep(self.service.name, f"registered {o.url}", o.name))
-            answer = self._ask(rt, ready[0].result.plan.task) if ready and ready[0].result else None
+            answer = self.ask(rt, ready[0].result.plan.task) if ready and ready[0].result else None
         return self._result(outcomes, answer)
 
     def _remember_good(self, done: list[ReplicaOutcome]) -> dict[str, Any]:
@@ -405,7 +388,7 @@ class ServiceRun:
             if rollback:
                 order = [i for i in order if not states[i].serving]
                 if not order:
-                    answer = self._ask(rt, recorded_task(records))
+                    answer = self.ask(rt, recorded_task(records))
                     return self._result([], answer, "", nothing="nothing to roll back: every replica serves")
             outcomes: list[ReplicaOutcome] = []
             for i in order:
@@ -427,7 +410,7 @@ class ServiceRun:
                 if not outcome.ok:
                     return self._result(outcomes, None, f"{outcome.name} failed; the roll stopped, the others serve")
                 states[i] = ReplicaState(state.replica, outcome.url, READY, True, True)
-            answer = self._ask(rt, recorded_task(records))
+            answer = self.ask(rt, recorded_task(records))
         return self._result(outcomes, answer)
 
     def _roll_one(
@@ -511,73 +494,3 @@ class ServiceRun:
         if row["status"] == READY and url:
             self.router(rt, {"do": "add", "url": url, "wait_s": REGISTER_WAIT_S})
             self.progress(events.ServiceStep(self.service.name, f"registered again {url} (its old server still runs)"))
-
-    def health(self, *, heal: bool, ask: bool = True) -> ServiceHealth | None:
-        """The service as a whole; `heal` starts a router that died and registers again each ready replica
-        the router lost (a dead replica is restarted by the host's own heal, which `fleet health --heal`
-        runs first). None: the service is not up (`fleet up` never ran, or `fleet down` did)."""
-        from fleet.plan.service import overall
-
-        with self.session() as rt:
-            router = self.router(rt, {"do": "health"})[0]
-            if not router.get("up"):  # never brought up (or taken down): a file, not a service to check
-                return None
-            healed = []
-            busy = self._busy(rt) if heal else None
-            if busy:  # a roll takes replicas out on purpose: healing now would undo its work
-                healed.append(f"not healed: {busy}")
-                heal = False
-            if heal and router.get("health") != 200 and not router.get("router_running"):
-                self.ensure_router(rt, replace=False)
-                healed.append("router started again")
-                router = self.router(rt, {"do": "health"})[0]
-            if router.get("health") != 200:  # each replica's own state still says what would serve
-                states = self.states(rt, router_up=False)[0]
-                checks = service_checks(router, states, self.service.spec.min_healthy, None)
-                return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
-            states, workers, records = self.states(rt)
-            if heal:
-                lost = [s for s in states if s.status == READY and s.url and not s.registered]
-                if lost:
-                    self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
-                    healed += [f"registered {s.replica} again" for s in lost]
-                    states, workers, records = self.states(rt)
-            answer = self._ask(rt, recorded_task(records)) if ask and any(s.serving for s in states) else None
-            if ask and answer is None:
-                answer = {"ok": False, "status": None, "text": "no replica serves through the router"}
-            checks = service_checks(router, states, self.service.spec.min_healthy, answer)
-            extra = strangers(states, workers)
-            if extra:
-                from fleet.health.checks import WARNING, Check
-
-                checks.append(Check("router_workers", WARNING, f"the router also routes to {', '.join(extra)}"))
-            return ServiceHealth(self.service.name, overall(checks), checks, states, healed)
-
-    def down(self) -> tuple[list[str], list[FleetError]]:
-        """Deregister and stop every replica, then stop the router: what was done, one line each, and what
-        failed (a replica whose host could not be reached still runs)."""
-        done = []
-        with self.session() as rt, self.exclusive(rt, "down"):
-            running = self.router(rt, {"do": "health"})[0].get("router_running")
-            if running:
-                try:
-                    workers = self.router(rt, {"do": "workers"})[0]["workers"]
-                    if workers:
-                        self.router(rt, *[{"do": "remove", "url": w["url"]} for w in workers])
-                        done.append(f"deregistered {len(workers)} worker(s)")
-                except (DeployFailed, HostStepError) as exc:  # a router answering nonsense is still stopped
-                    done.append(f"workers not deregistered ({exc.message}); the replicas and router are stopped")
-
-            def stop_one(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
-                facts = read_facts(t, self.host(r))
-                if r.deployment not in facts.remote.deployments:
-                    return ReplicaOutcome(r, note="not deployed")
-                out = ops.stop(t, self.host(r), force=False, name=r.deployment)
-                return ReplicaOutcome(r, note=f"stopped {len(out.get('ended', []))} process(es)")
-
-            outcomes = self._by_host(stop_one)
-            for o in outcomes:
-                done.append(f"{o.name}: {o.note or f'NOT stopped: {o.error}'}")
-            stopped = self.router(rt, {"do": "stop"})[0].get("ended_pid")
-            done.append(f"router stopped (pid {stopped})" if stopped else "router was not running")
-        return done, [o.error for o in outcomes if o.error]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.health.checks import CRITICAL, OK, WARNING, Check, worst
+from fleet.model import GENERATE
 from fleet.protocol import READY
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -152,3 +153,9 @@ def service_checks(
 
 def overall(checks: Sequence[Check]) -> str:
     return worst([c.status for c in checks])
+
+
+def recorded_task(records: dict[str, dict[str, Any]]) -> str:
+    """What the replicas' model serves, as their records' plans say (a replica's plan is its service's)."""
+    tasks = [str((r.get("plan") or {}).get("task") or GENERATE) for r in records.values() if r.get("plan")]
+    return tasks[0] if tasks else GENERATE
