@@ -14,7 +14,7 @@ import pytest
 import sglang_oracle
 from conftest import ROOT, run_cli
 from factsdata import RTX_A6000, RTX_PRO_6000, facts
-from fleet.control import audit, ops
+from fleet.control import audit, placing
 from fleet.crashes import builtin_signatures
 from fleet_testbed import simhost
 from test_plan import host, playbook
@@ -26,9 +26,11 @@ LAYERS_0511 = ":".join(str(sglang_oracle.ORACLE / ".venv" / "layers" / d) for d 
 def upgrade(pb_name: str, host_name: str, gpu: tuple, count: int, version: str = "0.5.23") -> audit.Audit:
     pb = playbook(pb_name)
     f = facts(host_name, gpu, count, model=pb.spec.model)
-    now = ops.place_and_plan(host(host_name), pb, f, pb.name, None, replace=False, show_refusal=True).result
+    now = placing.place_and_plan(host(host_name), pb, f, pb.name, None, replace=False, show_refusal=True).result
     then_facts = audit.with_version(f, "sglang", version)
-    then = ops.place_and_plan(host(host_name), pb, then_facts, pb.name, None, replace=False, show_refusal=True).result
+    then = placing.place_and_plan(
+        host(host_name), pb, then_facts, pb.name, None, replace=False, show_refusal=True
+    ).result
     return audit.compare(host_name, pb.name, now, then, builtin_signatures())
 
 
@@ -114,7 +116,7 @@ def test_fleets_engine_check_runs_whole_in_the_real_sglang_against_a_stand_in_gp
     assert audit.local_version(parser, "sglang") == version
     pb = playbook("qwen35-nvfp4")
     f = audit.with_version(facts("blackwell", RTX_PRO_6000, 8, model=pb.spec.model), "sglang", version)
-    r = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result
+    r = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result
     plan = r.plan
     assert plan is not None
     assert audit.parser_verdict(parser, plan, r.gpus, f.model) == "accepted"
@@ -138,7 +140,7 @@ def test_a_host_never_names_code_for_this_machine_to_run() -> None:
     does not reach the local parser."""
     pb = playbook("qwen36-27b")
     f = facts("ct129", RTX_A6000, 2, model=pb.spec.model)
-    r = ops.place_and_plan(host("ct129"), pb, f, pb.name, None, replace=False).result
+    r = placing.place_and_plan(host("ct129"), pb, f, pb.name, None, replace=False).result
     plan = r.plan
     assert plan is not None and f.model is not None and isinstance(f.model.config, dict)
     hostile = replace(f.model, config={**f.model.config, "auto_map": {"AutoConfig": "/x--m.C"}})

@@ -22,6 +22,7 @@ from fleet import events
 from fleet.control import deploy as deploy_module
 from fleet.control import ops
 from fleet.control.gather import read_facts
+from fleet.control.status_rows import status_rows
 from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import HostSilent, HostUnreachable, LockedError, PreflightError, TransportError, UnsafeToKill
 from fleet.inventory import load_playbook
@@ -316,7 +317,7 @@ def test_status_says_a_starting_servers_phase_and_eta_and_a_stall_is_waited_thro
     run.start()
     try:
         assert wait_until(lambda: seen.of(events.StartupStalled), timeout=60)
-        row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+        row = status_rows(host.host, read_facts(host.transport(), host.host))[0]
         assert row["status"] == "starting" and row["startup"]["phase"] == "graphs"
         assert row["startup"]["eta_s"] is not None and row["startup"]["starts"] == 1
         assert "capturing CUDA graphs" in starting_text(row["startup"]) and "ready in about" in starting_text(
@@ -330,7 +331,7 @@ def test_status_says_a_starting_servers_phase_and_eta_and_a_stall_is_waited_thro
     result = outcome[0]
     assert not result.ok and [a.outcome for a in result.attempts] != ["timeout"]  # it ended by the kill, not a stall
     assert [s.phase for s in seen.of(events.StartupStalled)] == ["graphs"]  # one quiet spell, said once
-    row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+    row = status_rows(host.host, read_facts(host.transport(), host.host))[0]
     assert row["startup"] is None and not (simhost.record(host.dir, "phase.json")).exists()
     assert state(host)["on_stall"] == "wait"  # kept, so a restart or a heal waits the same way
 
@@ -352,7 +353,7 @@ def test_status_names_the_engines_own_pid_as_stop_does(host: nshost.NamespaceHos
     from fleet.cli.report import describe_stopped
 
     assert deploy(host)[0].ok
-    row = ops.status_rows(host.host, read_facts(host.transport(), host.host))[0]
+    row = status_rows(host.host, read_facts(host.transport(), host.host))[0]
     assert row["pid"] == state(host)["pid"] and row["engine_pid"] not in (None, row["pid"])
     assert "sglang.launch_server" in host.shell(f"tr '\\0' ' ' < /proc/{row['engine_pid']}/cmdline")
     out = ops.stop(host.transport(), host.host, force=False)

@@ -17,6 +17,7 @@ from conftest import ROOT
 from fleet import events
 from fleet.control import ops
 from fleet.control.logs import log_text
+from fleet.control.status_rows import status_rows
 from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.inventory import load_playbook
@@ -87,7 +88,7 @@ def test_two_deployments_share_a_box_on_their_own_gpus_ports_and_records(box: ns
     assert held_gpus(box, small["pgid"]) == {"nvidia6", "nvidia7"}
     shown = log_text(box.transport(), box.host, "small", 500)
     assert "port=30010" in shown and "port=30000," not in shown  # small's own log
-    rows = ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))
+    rows = status_rows(box.host, ops.read_facts(box.transport(), box.host))
     assert [(r["deployment"], r["gpus"], r["status"]) for r in rows] == [
         ("big", [0, 1, 2, 3], "ready"),
         ("small", [6, 7], "ready"),
@@ -159,7 +160,7 @@ def test_a_host_deployed_by_the_previous_fleet_is_one_deployment_and_keeps_runni
     current.unlink()
     (current.parent / "lock.guard").unlink(missing_ok=True)
     current.parent.rmdir()
-    rows = ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))
+    rows = status_rows(box.host, ops.read_facts(box.transport(), box.host))
     assert [(r["deployment"], r["status"], r["pid"]) for r in rows] == [("qwen36-27b", "ready", old["pid"])]
     with pytest.raises(PreflightError, match="overlap deployment qwen36-27b"):
         deploy(box, "beside", (6, 7))  # the old server holds every GPU
@@ -338,7 +339,7 @@ def test_a_stopped_deployment_is_forgotten_and_a_running_one_is_not(box: nshost.
         forget(box.transport(), box.host, "small")  # stop it first
     forget(box.transport(), box.host, "big")
     assert not simhost.record(box.dir, "state.json", "big").parent.exists()
-    assert [r["deployment"] for r in ops.status_rows(box.host, ops.read_facts(box.transport(), box.host))] == ["small"]
+    assert [r["deployment"] for r in status_rows(box.host, ops.read_facts(box.transport(), box.host))] == ["small"]
     assert record(box, "small")["status"] == "ready" and alive(box, record(box, "small")["pid"])
     assert (learned.read_bytes() if learned.exists() else None) == learned_before  # the host's knowledge stays
     with pytest.raises(ConfigError, match="no deployment named big"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from factsdata import B200, CONFIGS, RTX_A6000, RTX_PRO_6000, facts
-from fleet.control import ops
+from fleet.control import placing
 from fleet.errors import ConfigError, PreflightError
 from fleet.facts import HostFacts
 from fleet.inventory import load_playbook
@@ -129,11 +129,11 @@ def test_found_by_review_sliding_window_layers_hold_their_window_and_head_size_d
 # --- gpus: left out: fit, unless something else says how many --------------------------------------------
 
 
-def placed(pb_name: str, f: object, **changes: object) -> ops.Placed:
+def placed(pb_name: str, f: object, **changes: object) -> placing.Placed:
     from test_plan import host
 
     pb = playbook(pb_name, **changes)
-    return ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
+    return placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
 
 
 def blackwell(**kw: object) -> HostFacts:
@@ -228,10 +228,10 @@ def test_the_default_stops_nothing_the_free_gpus_make_needless() -> None:
     big = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30010, "gpus": [0, 1, 2, 3]}}}
     f = facts("blackwell", RTX_PRO_6000, 8, model=dense, servers=servers, gpu_processes=on_gpus, deployments=big)
     pb = playbook("qwen36-27b", model=dense.name, speculative=None)
-    replaced = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
+    replaced = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
     assert replaced.placement.gpus == (4, 5, 6, 7) and not replaced.placement.replaces
     stale = facts("blackwell", RTX_PRO_6000, 8, model=dense, servers=servers, gpu_processes=on_gpus)
-    p = ops.place_and_plan(host("blackwell"), pb, stale, pb.name, None, replace=False)  # type: ignore[arg-type]
+    p = placing.place_and_plan(host("blackwell"), pb, stale, pb.name, None, replace=False)  # type: ignore[arg-type]
     assert p.placement.gpus == (4, 5, 6, 7) and "stale" not in p.how
     # the free GPUs cannot hold Qwen3.5-397B: then the stale server's come too, and the plan says so
     servers, on_gpus = engine_on({500 + i: i for i in range(6)}, 1000, 500)
@@ -344,10 +344,10 @@ def test_fleet_plan_showing_an_overlap_does_not_say_the_other_deployments_port_i
         listeners=[{"address": "0.0.0.0", "port": 30000, "pid": 500}],
     )
     pb = playbook("qwen35-nvfp4", gpus="all")
-    shown = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
+    shown = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
     assert shown.result.plan is not None and shown.result.plan.port == 30010
     assert any(v.rule == "placement" and "overlap deployment big" in v.message for v in shown.result.verdicts)
-    replaced = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
+    replaced = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=True)  # type: ignore[arg-type]
     assert replaced.result.plan is not None and replaced.result.plan.port == 30000
 
 
@@ -361,13 +361,13 @@ def test_fleet_plan_says_why_fit_chose_a_count_once_and_a_deploy_in_its_one_erro
     whole = {"big": {"state": {"pid": 500, "pgid": 500, "status": "ready", "port": 30000, "gpus": list(range(6))}}}
     f = blackwell(servers=servers, gpu_processes=on_gpus, deployments=whole)
     pb = playbook("qwen35-nvfp4", gpus="fit")
-    shown = ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
+    shown = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True)  # type: ignore[arg-type]
     fit = next(v.message for v in shown.result.verdicts if v.rule == "gpus-fit")
     texts = [v.message for v in shown.result.verdicts] + [shown.how]
     assert fit.startswith("gpus: fit: 4 GPUs") and sum(fit in t for t in texts) == 1
     assert any(v.rule == "placement" and v.level == "error" for v in shown.result.verdicts)
     with pytest.raises(PreflightError) as refused:
-        ops.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
+        placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False)  # type: ignore[arg-type]
     assert refused.value.message.startswith(fit)
 
 

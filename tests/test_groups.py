@@ -18,6 +18,7 @@ from conftest import ROOT
 from fleet import events
 from fleet.control.group import GroupRun
 from fleet.control.group_health import group_health, stop_group
+from fleet.control.status_rows import status_rows
 from fleet.crashes import LogContext, diagnose
 from fleet.errors import PreflightError, UnsafeToKill
 from fleet.inventory import Inventory, load_playbook
@@ -121,11 +122,10 @@ def test_a_group_meets_over_the_network_serves_on_rank_0_and_records_each_rank(g
         assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == host.interface
         assert env["SGLANG_HOST_IP"] == host.spec.address
     assert 50000 in group.state("node-a")["ports"]  # rank 0's meeting port is fleet's, checked like HTTP
-    from fleet.control import ops
     from fleet.control.gather import read_facts
 
     b_host = group.hosts["node-b"]
-    (row,) = ops.status_rows(b_host.host, read_facts(b_host.transport(), b_host.host))
+    (row,) = status_rows(b_host.host, read_facts(b_host.transport(), b_host.host))
     assert row["status"] == "ready" and row["group"] == "rank 1 of 2 (node-a, node-b)"
     log = Path(group.state("node-b")["log"]).read_text()
     assert "TP2] Init torch distributed begin." in log and "TP3] Init torch distributed begin." in log

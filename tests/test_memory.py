@@ -75,7 +75,7 @@ def test_what_each_version_reserves() -> None:
 def fit_refusals(model_dir: Path, version: str) -> list[str]:
     """Pre-flight's fit refusals of Qwen3-32B-AWQ on one RTX 4090, as `fleet plan` plans it from facts."""
     from factsdata import facts
-    from fleet.control import ops
+    from fleet.control import placing
     from fleet.inventory import parse_inventory, parse_playbook
     from fleet.yamlfile import parse_yaml
 
@@ -86,7 +86,7 @@ def fit_refusals(model_dir: Path, version: str) -> list[str]:
     )
     playbook = parse_playbook(parse_yaml(text, Path("q.yaml")), "q")
     f = facts("box", ("NVIDIA GeForce RTX 4090", "8.9", RTX4090_MIB), 1, version=version, model=model_dir)
-    result = ops.place_and_plan(inventory.hosts["box"], playbook, f, "q", None, replace=False).result
+    result = placing.place_and_plan(inventory.hosts["box"], playbook, f, "q", None, replace=False).result
     return [v.message for v in result.errors if v.rule == "fit"]
 
 

@@ -22,7 +22,7 @@ import pytest
 import sglang_oracle
 from conftest import ROOT
 from factsdata import MODELS, facts
-from fleet.control import ops
+from fleet.control import placing
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.plan import keyed_premises, parse_version, picks
 from fleet.plan.build import PlanResult, memory_wishes
@@ -75,7 +75,7 @@ def plan_cell(cell: Cell) -> PlanResult:
     pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=cell.family), Path(f"{cell.family}.yaml")), cell.family)
     gpu, nvlink, _ = GPUS[cell.gpu]
     f = facts("box", gpu, 8, version=cell.version, model=FAMILIES[cell.family], nvlink=nvlink)
-    return ops.place_and_plan(inv.hosts["box"], pb, f, cell.family, None, replace=False).result
+    return placing.place_and_plan(inv.hosts["box"], pb, f, cell.family, None, replace=False).result
 
 
 def describe(cell: Cell, r: PlanResult) -> str:

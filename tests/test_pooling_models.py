@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from factsdata import RTX_A6000, facts
-from fleet.control import ops
+from fleet.control import ops, placing
 from fleet.host_smoke import SAME_MEANING, UNRELATED, pooling_verdict
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.model import EMBED, GENERATE, RERANK, parse_model_spec, serving_task
@@ -49,7 +49,7 @@ def plan(model: Path, engine: str = "sglang", version: str = "0.5.23") -> PlanRe
     text = PLAYBOOK.format(engine=engine, model=model.name)
     pb = parse_playbook(parse_yaml(text, Path(f"{model.name}.yaml")), model.name)
     f = facts("box", RTX_A6000, 2, engine=engine, version=version, model=model)
-    return ops.place_and_plan(inv.hosts["box"], pb, f, model.name, None, replace=False).result
+    return placing.place_and_plan(inv.hosts["box"], pb, f, model.name, None, replace=False).result
 
 
 def test_a_sentence_transformers_pipeline_makes_a_causal_lm_an_embedding_model() -> None:

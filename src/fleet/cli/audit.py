@@ -40,7 +40,7 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
     Example:
       fleet engine audit sglang==0.5.23 --parser ~/sglang-0.5.23/bin/python
     """
-    from fleet.control import audit, ops
+    from fleet.control import audit, placing
     from fleet.control.engines import parse_spec
     from fleet.control.gather import model_path, read_facts
 
@@ -57,7 +57,7 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
         for pb in playbooks:
             facts = read_facts(t, host, model=model_path(host, pb.spec.model), engine=name)
             now, then = (
-                ops.place_and_plan(
+                placing.place_and_plan(
                     host, pb, f, pb.name, None, replace=False, signatures=ctx.signatures, show_refusal=True
                 ).result
                 for f in (facts, audit.with_version(facts, name, version))

@@ -289,12 +289,12 @@ def status(ctx: Invocation, host_name: str | None, show_stopped: bool, as_json: 
       fleet status
     """
     from fleet.cli.status_table import status_lines, without_stopped
-    from fleet.control import ops
     from fleet.control.gather import read_facts
+    from fleet.control.status_rows import status_rows
 
     rows: list[dict[str, Any]] = []
     failures: list[int] = []
-    for name, found, err in each_host(ctx, host_name, True, lambda t, h: ops.status_rows(h, read_facts(t, h))):
+    for name, found, err in each_host(ctx, host_name, True, lambda t, h: status_rows(h, read_facts(t, h))):
         rows += found if found else [{"host": name, "status": "unreachable", "error": str(err)}]
         failures += [err.exit_code] if err else []
     if not show_stopped:

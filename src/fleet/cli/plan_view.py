@@ -64,7 +64,7 @@ def plan(
       fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23 --diff
       fleet plan qwen36-27b --host ct129 --check
     """
-    from fleet.control import ops
+    from fleet.control import ops, placing
     from fleet.control.gather import model_path, read_facts
     from fleet.inventory.runtime import chosen_runtime
 
@@ -88,7 +88,7 @@ def plan(
         f = read_facts(
             t, host, model=path, engine=pb.spec.engine, runtime=chosen_runtime(pb.spec.runtime, host.settings.runtime)
         )
-    placed = ops.place_and_plan(
+    placed = placing.place_and_plan(
         host, pb, f, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
     )
     result = placed.result
@@ -127,13 +127,13 @@ def _checked_on_host(
 ) -> dict[str, Any]:
     """The engine's own check of the plan on the host; where the engine picks otherwise than fleet's table
     said, also the plan a deploy would make again on its picks."""
-    from fleet.control import ops
+    from fleet.control import placing
     from fleet.plan import keyed_premises
 
     premises = keyed_premises(result.plan, result.model, result.gpus, result.wishes)
     checked = _engine_verdict(ctx, host, result.plan, premises)
     if checked["differ"]:  # what the deploy would do: plan again on the engine's own picks
-        again = ops.place_and_plan(
+        again = placing.place_and_plan(
             host,
             pb,
             f,
@@ -197,7 +197,7 @@ def _upgrade_preview(
     """The deployment planned for another engine version, as a diff against today's plan."""
     from dataclasses import replace
 
-    from fleet.control import ops
+    from fleet.control import placing
     from fleet.control.engines import parse_spec
     from fleet.crashes.signatures import knowledge_diff
     from fleet.errors import ConfigError
@@ -217,7 +217,7 @@ def _upgrade_preview(
     else:
         installed = f"not installed: fleet engine install {spec} --host {host.name}"
     then_facts = replace(f, engines={**f.engines, engine: replace(install, version=version, error=None)})
-    then = ops.place_and_plan(
+    then = placing.place_and_plan(
         host, pb, then_facts, name, placement, replace=False, signatures=ctx.signatures, show_refusal=True
     ).result
     if now is None or then.plan is None:

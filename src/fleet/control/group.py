@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field, replace
 
 from fleet import events
-from fleet.control import ops
+from fleet.control import ops, placing
 from fleet.control.answers import synthetic_line
 from fleet.control.deploy import Attempt, Deployer, Hold, log_context, recorded, refused_before_stopping
 from fleet.control.gather import model_path, read_facts
@@ -133,7 +133,7 @@ class GroupRun:
             all_facts = list(pool.map(facts, range(len(self.hosts))))
         self.nodes = [n.with_found_interface(f.reach_interface) for n, f in zip(self.nodes, all_facts, strict=True)]
         placed = [
-            ops.place_and_plan(
+            placing.place_and_plan(
                 h,
                 self.playbook,
                 f,

@@ -4,35 +4,30 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from dataclasses import replace as replace_field
+from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from fleet import events
+from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import act_answer, refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
 from fleet.control.gather import model_path, read_facts
+from fleet.control.placing import Placed, place_and_plan
 from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
-from fleet.health import HostHealth
-from fleet.host_common import DEPLOYMENT_NAME_RE, api_key_name, base_url
+from fleet.host_common import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import GENERATE
-from fleet.plan import Flag, LaunchPlan, Verdict, Wishes, args_dict, parse_version, show_version
-from fleet.plan.build import PlanResult, build_plan, gpu_summary, learned_fixes, model_spec, spec_of
+from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
+from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.plan.fit import Fit, fit_gpus
-from fleet.plan.placement import FREE, WITH_REPLACED, WITH_STALE, Placement, free_gpus, place, port_for, stopped_with
-from fleet.plan.whole_box import whole_box
-from fleet.protocol import DEAD, READY, STARTING, STOPPED, UNVERIFIED, ActResult
+from fleet.protocol import READY, STOPPED, ActResult
 from fleet.secrets import read_secrets
-from fleet.startup import phase_now
 from fleet.transport import Transport
 
 
@@ -97,48 +92,26 @@ def deploy(
     `drain_s` bounds how long the old server may finish its requests after SIGTERM; `keep_other_plan`
     refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead);
     `hub`: a model missing on the host is pulled first when the playbook says where from (None: refused)."""
-    if playbook.spec.hosts:  # one model over several hosts is never launched on one of them alone
-        raise ConfigError(
-            f"{playbook.where('hosts')}: {playbook.name} is spread over its hosts: ({', '.join(playbook.spec.hosts)}); "
-            f"it cannot run on {host.name} alone (nor as a service's replica).",
-            f"Deploy it as a group: fleet deploy {playbook.name}.",
-        )
+    _refuse_a_group(playbook, host)
     deployment = deployment_name(name, playbook)
-    path = model_path(host, playbook.spec.model)
-    runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
-    facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
-    if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
-        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
-    if hub is not None and playbook.spec.hf_repo and (facts.model is None or not facts.model.exists):
-        pull_model(t, host, playbook, hub=hub, progress=progress)  # refuses (nothing stopped) if it cannot
-        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    facts = _facts_with_what_is_missing(t, host, playbook, progress, hub)
     placed = place_and_plan(host, playbook, facts, deployment, gpus, replace=replace, signatures=signatures)
-    placement, indices, result = placed.placement, placed.indices, placed.result
-    if result.errors or result.plan is None:
-        raise PreflightError(
-            "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
-            "Nothing on the host was changed.",
-        )
+    result = _announced(host, placed, deployment, progress)
     assert result.plan and result.model and result.gpus
-    progress(
-        events.Planned(
-            result.model.describe(), result.plan.argv(), list(result.plan.applied_fixes), deployment, placed.how
-        )
-    )
     secrets = read_secrets(playbook.spec.secret_names, playbook.name)
     mine = recorded(facts, deployment)
     serving = mine.get("status") == READY and any(p.pid == mine.get("pid") for p in facts.servers)
-    if keep_other_plan and serving and not _runs_this_plan(mine, facts, result.plan, playbook.name):
+    if keep_other_plan and serving and not runs_this_plan(mine, facts, result.plan, playbook.name):
         raise PreflightError(
             f"{host.name}: deployment {deployment} serves another plan than {playbook.name} gives now; "
             "it was left serving.",
             "A service's replicas change plan one at a time: fleet restart SERVICE.",
         )
-    if not relaunch and _runs_this_plan(mine, facts, result.plan, playbook.name) and not placement.replaces:
-        adopted = _adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
+    if not relaunch and runs_this_plan(mine, facts, result.plan, playbook.name) and not placed.placement.replaces:
+        adopted = adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
         if adopted is not None:
             return adopted
-    if engine_check and _ran_before(mine, result.plan):
+    if engine_check and ran_before(mine, result.plan):
         engine_check = False
         progress(events.EngineCheckSkipped(show_version(result.plan.engine_version)))
     deployer = Deployer(
@@ -154,8 +127,8 @@ def deploy(
         **startup_bounds(playbook.spec),
         signatures=signatures,
         deployment=deployment,
-        gpus=indices,
-        replace=tuple(o.name for o in placement.replaces),
+        gpus=placed.indices,
+        replace=tuple(o.name for o in placed.placement.replaces),
         drain_s=drain_s,
     )
     existing = _learned_as_json(facts, result.learned_key, signatures)
@@ -179,59 +152,42 @@ def deploy(
     )
 
 
-@dataclass(frozen=True)
-class Placed:
-    placement: Placement
-    indices: tuple[int, ...] | None  # what the launch names (CUDA_VISIBLE_DEVICES); None: all, unnamed
-    result: PlanResult
-    how: str
+def _refuse_a_group(playbook: NamedPlaybook, host: Host) -> None:
+    if playbook.spec.hosts:  # one model over several hosts is never launched on one of them alone
+        raise ConfigError(
+            f"{playbook.where('hosts')}: {playbook.name} is spread over its hosts: ({', '.join(playbook.spec.hosts)}); "
+            f"it cannot run on {host.name} alone (nor as a service's replica).",
+            f"Deploy it as a group: fleet deploy {playbook.name}.",
+        )
 
 
-def place_and_plan(
-    host: Host,
-    playbook: NamedPlaybook,
-    facts: HostFacts,
-    deployment: str,
-    gpus: int | tuple[int, ...] | None,
-    *,
-    replace: bool,
-    signatures: Sequence[Signature] | None = None,
-    show_refusal: bool = False,
-    nodes: int = 1,
-    told: Mapping[str, str] | None = None,
-) -> Placed:
-    """The deployment's GPUs and port on this host, then its plan (`fleet plan` shows, `deploy` runs it).
-    `gpus` (--gpus) overrides the playbook's gpus:. A placement that cannot be made is a PreflightError;
-    `show_refusal` (`fleet plan`): an overlap with another deployment is an error verdict of the plan
-    instead, shown with the rest of what pre-flight says."""
+def _facts_with_what_is_missing(
+    t: Transport, host: Host, playbook: NamedPlaybook, progress: events.Sink, hub: HubAccess | None
+) -> HostFacts:
+    """The host's facts for this playbook, read again after pulling a container image it lacks and, with
+    `hub`, a model it lacks (refused, nothing stopped, when that cannot be done)."""
     path = model_path(host, playbook.spec.model)
-    asked, fitted, dp = (
-        (gpus, None, 1) if gpus is not None else _asked(playbook, facts, path, nodes, deployment, replace)
-    )
-    key = "tp" if playbook.spec.gpus is None and playbook.spec.tp else "gpus"
-    where = f"{'--gpus' if gpus is not None else playbook.where(key)} ({host.name})"
-    refused = None
-    try:
-        placement = place(deployment, asked, facts, replace=replace, where=where, take_stale=fitted is not None)
-    except PreflightError as exc:
-        if not show_refusal:
-            if fitted is not None:  # the count was fit's, not the operator's: say why it was that many
-                raise PreflightError(f"{fitted.message}. {exc.message}", exc.hint) from None
-            raise
-        placement = place(deployment, asked, facts, replace=True, where=where)  # GPUs it lacks still raise
-        refused = Verdict("error", "placement", f"{exc.message} {exc.hint}")  # the fit's own verdict says why
-    indices = placement.gpus if asked is not None else None
-    stopping = stopped_with(facts, deployment, indices)
-    replacing = [o.name for o in placement.replaces] if replace else []  # `fleet plan`'s refusal: not stopped
-    port, moved = port_for(deployment, playbook.spec.port, facts, host.settings.bind_address, stopping, replacing)
-    result = build_plan(host, playbook, facts, path, signatures, indices, port, deployment, nodes, told, dp)
-    if refused is not None:
-        result = replace_field(result, verdicts=(refused, *result.verdicts))
-    if fitted is not None:
-        result = replace_field(result, verdicts=(fitted, *result.verdicts))
-    # `fleet plan` (show_refusal) lists the fit's verdict with the others: its line does not say it again
-    how = "; ".join(x for x in (fitted.message if fitted and not show_refusal else "", placement.how, moved) if x)
-    return Placed(placement, indices, result, how)
+    runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
+    facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
+        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    if hub is not None and playbook.spec.hf_repo and (facts.model is None or not facts.model.exists):
+        pull_model(t, host, playbook, hub=hub, progress=progress)
+        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    return facts
+
+
+def _announced(host: Host, placed: Placed, deployment: str, progress: events.Sink) -> PlanResult:
+    """The plan pre-flight accepted, said to `progress`; a refusal is raised with nothing on the host changed."""
+    result = placed.result
+    if result.errors or result.plan is None or result.model is None:
+        raise PreflightError(
+            "; ".join(v.message for v in result.errors) or f"{host.name}: cannot plan",
+            "Nothing on the host was changed.",
+        )
+    plan = result.plan
+    progress(events.Planned(result.model.describe(), plan.argv(), list(plan.applied_fixes), deployment, placed.how))
+    return result
 
 
 def _wants_pull(runtime: Container | None, facts: HostFacts) -> TypeGuard[Container]:
@@ -259,176 +215,6 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
 
     code = t.stream(f"{shlex.quote(cli)} pull {shlex.quote(runtime.image)} 2>&1", on_chunk, timeout_s=3600)
     return code == 0
-
-
-# The playbook lays its GPUs out in its own flags (a hand-written command line): placement leaves it every GPU.
-PARALLEL_FLAGS = (
-    "--tp-size",
-    "--tensor-parallel-size",
-    "--dp-size",
-    "--data-parallel-size",
-    "--pp-size",
-    "--pipeline-parallel-size",
-)
-
-
-def takes_free_gpus(playbook: NamedPlaybook) -> bool:
-    """Whether the playbook leaves its GPUs to the host's free ones (fleet.plan.whole_box): gpus: and tp:
-    left out, and a command line that does not lay them out itself (TP, DP or PP in extra_args; literal:)."""
-    spec = playbook.spec
-    named = args_dict(list(spec.extra_args))
-    return spec.gpus is None and not spec.tp and not spec.literal and not any(f in named for f in PARALLEL_FLAGS)
-
-
-def _asked(
-    playbook: NamedPlaybook, facts: HostFacts, path: str, nodes: int, deployment: str, replace: bool
-) -> tuple[int | tuple[int, ...] | None, Verdict | None, int]:
-    """The playbook's gpus: as a placement, why (a warning when nothing the host has holds the model), and
-    the data-parallel replicas to run on it. Left out, gpus: is tp:'s count when tp: is set, every GPU when
-    the command line names its TP itself (extra_args, literal:) or the ranks of a group run here (all of
-    each host's), else the host's free GPUs used as fleet.plan.whole_box says; `gpus: fit` is the count
-    the model needs (fleet.plan.fit). None: every GPU, CUDA_VISIBLE_DEVICES unset."""
-    spec = playbook.spec
-    value = spec.gpus
-    if value == "all" or nodes > 1:
-        return None, None, 1
-    if isinstance(value, list):
-        return tuple(value), None, 1
-    if isinstance(value, int):
-        return value, None, 1
-    if value is None:
-        if spec.tp:
-            return spec.tp, Verdict("info", "gpus", f"gpus: left out: {spec.tp} GPUs for tp: {spec.tp}"), 1
-        if not takes_free_gpus(playbook):
-            return None, None, 1
-    gpus = gpu_summary(facts)
-    model = model_spec(facts, path)
-    said = "gpus: fit" if value == "fit" else "gpus: left out, so the host's free GPUs"
-    if gpus is None or model is None:  # pre-flight says what is missing; the plan takes every GPU meanwhile
-        return None, Verdict("info", "gpus-fit", f"{said}: no GPUs or model to fit; all GPUs"), 1
-    speculative = bool(spec.speculative and spec.speculative.enabled)
-    install = facts.engines.get(spec.engine)
-    version = parse_version(install.version) if install else None
-
-    def fit_on(available: int) -> Fit:
-        return fit_gpus(
-            model, gpus.memory_mib, available, spec.context_length, spec.mem_fraction, speculative, spec.engine, version
-        )
-
-    fit = fit_on(gpus.count)
-    if value is None:
-        reaches = (FREE, WITH_STALE, WITH_REPLACED) if replace else (FREE, WITH_STALE)
-        counts = {reach: len(free_gpus(facts, deployment, reach)) for reach in reaches}
-        # the narrowest set that holds the model: nothing is stopped that it makes needless; none: the free
-        fits = {r: fit_on(n) for r, n in counts.items() if n}
-        reach = next((r for r in reaches if r in fits and fits[r].fits), FREE)
-        free, fits_free = counts[reach], fits.get(reach)
-        if fits_free is None or (not fits_free.fits and free < fit.gpus):
-            # they do not hold it: ask for what it needs of the host, and placement says who holds the rest
-            why = f"{said}: {free} free, and it needs more: {fit.why}"
-            return fit.gpus, Verdict("info" if fit.fits else "warning", "gpus-fit", why), 1
-        shape = whole_box(model, free, gpus.nvlink, fits_free)
-        held = "" if reach == FREE else f" ({reach}: the free ones alone do not hold it)"
-        why = f"{said}{held}: {shape.why} (gpus: fit takes as few as the model needs)"
-        return shape.gpus, Verdict("info" if shape.fits else "warning", "gpus-fit", why), shape.dp
-    level = "info" if fit.fits else "warning"
-    rest = gpus.count - fit.gpus
-    left = f"; the host's other {rest} are left for other deployments or replicas (gpus: all takes every GPU)"
-    return fit.gpus, Verdict(level, "gpus-fit", f"{said}: {fit.why}{left if rest else ''}"), 1
-
-
-# Checks that say whether the recorded server itself is up and answering; the rest (load, disks, GPU
-# faults) is not something a restart of this server would change.
-SERVER_CHECKS = frozenset({"server", "container", "drift", "port", "http_health", "models", "generation", "crash_log"})
-# What must have run and passed before a running server is kept instead of restarted.
-ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
-
-
-def _runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
-    """The deployment's recorded server (`st`) was started from exactly this plan (argv, environment,
-    secret names), was last seen ready, and its process is still there."""
-    old, new = st.get("plan") or {}, plan.to_json()
-
-    def env(p: dict[str, Any]) -> list[tuple[Any, Any]]:
-        return sorted((e.get("name"), e.get("value")) for e in p.get("env", []))
-
-    return (
-        st.get("status") == READY
-        and st.get("playbook") == playbook_name
-        and old.get("argv") == new["argv"]
-        and old.get("engine_version") == new.get("engine_version")  # the same argv may run another version
-        and env(old) == env(new)
-        and old.get("secret_env", []) == new["secret_env"]
-        and old.get("container") == new.get("container")  # the same image (by id), options and run
-        and any(p.pid == st.get("pid") for p in facts.servers)
-    )
-
-
-def _ran_before(st: dict[str, Any], plan: LaunchPlan) -> bool:
-    """This exact command line already ran to readiness on this host with this engine version: the
-    engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
-    recorded = st.get("plan") or {}
-    return (
-        st.get("status") in (READY, STOPPED)
-        and recorded.get("argv") == plan.argv()
-        and st.get("engine_version") == show_version(plan.engine_version)
-        and recorded.get("container") == (plan.to_json().get("container"))  # not another image of that version
-    )
-
-
-def adoption_problems(health: HostHealth, deployment: str) -> list[str]:
-    """Why a deployment's running server may not be kept as it is; empty when it proved itself. A check
-    that did not run proves nothing: a probe that failed on the host returns no server checks at all,
-    and must not read as a server that passed them."""
-    from fleet.health import OK
-
-    mine = [c for c in health.checks if c.deployment == deployment]
-    failing = [c for c in mine if c.name in SERVER_CHECKS and c.status != OK]
-    passed = {c.name for c in mine if c.status == OK}
-    problems = [f"{c.name}: {c.detail}" for c in failing]
-    problems += [f"{name}: not checked" for name in sorted(ADOPTION_PROOF - passed - {c.name for c in failing})]
-    if problems:
-        problems += [f"{c.label}: {c.detail}" for c in health.checks if c.name not in SERVER_CHECKS and c.status != OK]
-    return problems
-
-
-def _adopt(
-    t: Transport,
-    host: Host,
-    deployment: str,
-    playbook_name: str,
-    plan: LaunchPlan,
-    pid: int | None,
-    progress: events.Sink,
-    secrets: dict[str, str],
-) -> DeployResult | None:
-    """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
-    model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
-    from fleet.control.sweep import HealthOptions, check_host
-
-    started = time.monotonic()
-    key = api_key_name(plan.argv())
-    health = check_host(t, host, HealthOptions(secrets=secrets, api_keys={playbook_name: key} if key else {}))
-    problems = adoption_problems(health, deployment)
-    if problems:
-        progress(events.NotAdopted(list(problems)))
-        return None
-    shown = [f"{c.name}: {c.detail}" for c in health.checks if c.deployment == deployment and c.name in SERVER_CHECKS]
-    progress(events.Adopted(pid, shown))
-    return DeployResult(
-        host=host.name,
-        playbook=playbook_name,
-        ok=True,
-        attempts=[],
-        plan=plan,
-        reason="already running this plan and answering correctly; nothing was restarted",
-        endpoint=base_url(plan.check_address, plan.port),
-        ready_s=time.monotonic() - started,
-        learned_applied=plan.applied_fixes,
-        round_trips=t.commands_run,
-        adopted=True,
-        deployment=deployment,
-    )
 
 
 def _learned_as_json(facts: HostFacts, key: str, signatures: Sequence[Signature] | None = None) -> list[dict[str, Any]]:
@@ -635,62 +421,3 @@ def _stop_one(
     out = act_answer(run_json(t, step_python(host), "act", args))
     refuse_unless_taken(host.name, deployment, out["lock"])
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
-
-
-def status_rows(host: Host, facts: HostFacts) -> list[dict[str, Any]]:
-    """One row per deployment on the host (one saying "none" when it has none)."""
-    names = recorded_names(facts)
-    return [status_row(host, facts, n) for n in names] if names else [status_row(host, facts, None)]
-
-
-def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str, Any]:
-    record = facts.remote.deployment(deployment) if deployment else None
-    st = dict(record.state) if record else {}
-    pid = st.get("pid")
-    alive = any(p.pid == pid for p in facts.servers) if isinstance(pid, int) else False
-    main = next((p for p in facts.servers if p.pid == pid), None)
-    uptime = facts.uptime_s(main) if main else None
-    status = st.get("status", "unreadable" if record and record.state_error else "none")
-    if (status == READY or (status in (STARTING, UNVERIFIED) and isinstance(pid, int))) and not alive:
-        status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
-    gpus = record.gpus if record else None
-    return {
-        "host": host.name,
-        "deployment": deployment,
-        "gpus": list(gpus) if gpus is not None else ("all" if st else None),
-        "playbook": st.get("playbook"),
-        "engine": st.get("engine"),
-        "engine_version": st.get("engine_version"),
-        "pid": pid if alive else None,  # fleet's launcher: the process group it records and stops
-        "engine_pid": engine_pid(facts, pid) if alive and isinstance(pid, int) else None,
-        "port": st.get("port"),
-        "uptime_s": round(uptime) if uptime is not None else None,
-        "status": status,
-        "attempts": st.get("attempts") or st.get("attempt"),
-        "last_outcome": st.get("reason") or status,
-        "applied_fixes": st.get("applied_fixes", []),
-        "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
-        "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
-        "group": _group_said(st),
-        # while it starts: its phase and ETA, as its watcher on the host last said them
-        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == STARTING else None,
-    }
-
-
-def engine_pid(facts: HostFacts, launcher: int) -> int:
-    """The engine's own process under fleet's launcher (the pid `nvidia-smi` and `fleet stop` show), or
-    the launcher's when it has none (yet)."""
-    child = next((p for p in facts.servers if p.ppid == launcher and p.engine), None)
-    return child.pid if child else launcher
-
-
-def _group_said(st: dict[str, Any]) -> str | None:
-    """`rank 1 of 2 (node-a, node-b)` for a rank of a group (one model over several hosts)."""
-    g = st.get("group")
-    if not isinstance(g, dict) or not isinstance(g.get("hosts"), list):
-        return None
-    return f"rank {g.get('rank')} of {len(g['hosts'])} ({', '.join(map(str, g['hosts']))})"
-
-
-def _recorded_groups(facts: HostFacts) -> set[int]:
-    return {d.state["pgid"] for d in facts.remote.deployments.values() if isinstance(d.state.get("pgid"), int)}

@@ -22,9 +22,10 @@ from typing import Any
 import msgspec
 
 from fleet import events
-from fleet.control import ops
+from fleet.control import ops, placing
 from fleet.control.deploy import DeployResult, owner, run_id
 from fleet.control.gather import read_facts
+from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
 from fleet.host_common import base_url
@@ -92,7 +93,7 @@ def replica_playbook(playbook: NamedPlaybook, r: PlacedReplica, replicas: list[P
     """The playbook as replica `r` runs it: replicas that share a host and leave gpus: out take as many
     GPUs as the model needs each (gpus: fit), not the whole box the first of them would take alone."""
     sharing = sum(1 for x in replicas if x.host == r.host) > 1
-    if r.gpus is not None or not sharing or not ops.takes_free_gpus(playbook):
+    if r.gpus is not None or not sharing or not placing.takes_free_gpus(playbook):
         return playbook
     return replace(playbook, spec=msgspec.structs.replace(playbook.spec, gpus="fit"))
 
@@ -307,7 +308,7 @@ class ServiceRun:
 
         def look(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
             facts = read_facts(t, self.host(r))
-            row = ops.status_row(self.host(r), facts, r.deployment)
+            row = status_row(self.host(r), facts, r.deployment)
             records[r.deployment] = dict(facts.remote.deployment(r.deployment).state)
             return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
 
@@ -487,7 +488,7 @@ class ServiceRun:
     def _put_back_if_serving(self, rt: Transport, r: PlacedReplica) -> None:
         """A replica whose new plan was refused before its old server stopped still serves: back it goes."""
         try:
-            row = ops.status_row(self.host(r), read_facts(self.on(self.host(r)), self.host(r)), r.deployment)
+            row = status_row(self.host(r), read_facts(self.on(self.host(r)), self.host(r)), r.deployment)
         except FleetError:
             return
         url = self.url_of(r, row.get("port"))

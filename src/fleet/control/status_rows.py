@@ -1,0 +1,70 @@
+"""`fleet status`: one row per deployment on a host, from its record and the processes the host runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.control.ops import recorded_names
+from fleet.facts import HostFacts
+from fleet.inventory import Host
+from fleet.protocol import DEAD, READY, STARTING, UNVERIFIED
+from fleet.startup import phase_now
+
+
+def status_rows(host: Host, facts: HostFacts) -> list[dict[str, Any]]:
+    """One row per deployment on the host (one saying "none" when it has none)."""
+    names = recorded_names(facts)
+    return [status_row(host, facts, n) for n in names] if names else [status_row(host, facts, None)]
+
+
+def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str, Any]:
+    record = facts.remote.deployment(deployment) if deployment else None
+    st = dict(record.state) if record else {}
+    pid = st.get("pid")
+    alive = any(p.pid == pid for p in facts.servers) if isinstance(pid, int) else False
+    main = next((p for p in facts.servers if p.pid == pid), None)
+    uptime = facts.uptime_s(main) if main else None
+    status = st.get("status", "unreadable" if record and record.state_error else "none")
+    if (status == READY or (status in (STARTING, UNVERIFIED) and isinstance(pid, int))) and not alive:
+        status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
+    gpus = record.gpus if record else None
+    return {
+        "host": host.name,
+        "deployment": deployment,
+        "gpus": list(gpus) if gpus is not None else ("all" if st else None),
+        "playbook": st.get("playbook"),
+        "engine": st.get("engine"),
+        "engine_version": st.get("engine_version"),
+        "pid": pid if alive else None,  # fleet's launcher: the process group it records and stops
+        "engine_pid": engine_pid(facts, pid) if alive and isinstance(pid, int) else None,
+        "port": st.get("port"),
+        "uptime_s": round(uptime) if uptime is not None else None,
+        "status": status,
+        "attempts": st.get("attempts") or st.get("attempt"),
+        "last_outcome": st.get("reason") or status,
+        "applied_fixes": st.get("applied_fixes", []),
+        "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
+        "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
+        "group": _group_said(st),
+        # while it starts: its phase and ETA, as its watcher on the host last said them
+        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == STARTING else None,
+    }
+
+
+def engine_pid(facts: HostFacts, launcher: int) -> int:
+    """The engine's own process under fleet's launcher (the pid `nvidia-smi` and `fleet stop` show), or
+    the launcher's when it has none (yet)."""
+    child = next((p for p in facts.servers if p.ppid == launcher and p.engine), None)
+    return child.pid if child else launcher
+
+
+def _group_said(st: dict[str, Any]) -> str | None:
+    """`rank 1 of 2 (node-a, node-b)` for a rank of a group (one model over several hosts)."""
+    g = st.get("group")
+    if not isinstance(g, dict) or not isinstance(g.get("hosts"), list):
+        return None
+    return f"rank {g.get('rank')} of {len(g['hosts'])} ({', '.join(map(str, g['hosts']))})"
+
+
+def _recorded_groups(facts: HostFacts) -> set[int]:
+    return {d.state["pgid"] for d in facts.remote.deployments.values() if isinstance(d.state.get("pgid"), int)}
