@@ -338,7 +338,7 @@ def test_an_environment_that_no_longer_runs_is_made_anew_and_not_made_current(bo
 def test_the_facts_name_the_versions_own_environment_and_a_switch_is_not_the_same_plan(
     box: Path, tmp_path: Path
 ) -> None:
-    from fleet.control.ops import _runs_this_plan
+    from fleet.control.adopt import runs_this_plan
 
     for v in ("0.5.11", "0.5.23"):
         assert run_cli("-i", str(box), "engine", "install", f"sglang=={v}", "--host", "box").code == 0
@@ -357,7 +357,7 @@ def test_the_facts_name_the_versions_own_environment_and_a_switch_is_not_the_sam
         "Plan", (), {"to_json": lambda self: {"argv": ["x"], "env": [], "secret_env": [], "engine_version": "0.5.11"}}
     )()
     record["plan"]["engine_version"] = "0.5.23"  # type: ignore[index]
-    assert not _runs_this_plan(record, Facts(), plan, "p")  # type: ignore[arg-type]
+    assert not runs_this_plan(record, Facts(), plan, "p")  # type: ignore[arg-type]
 
 
 def test_use_leaves_a_current_link_fleet_did_not_make(box: Path, tmp_path: Path) -> None:

@@ -479,7 +479,7 @@ def test_generation_is_skipped_when_the_server_served_traffic_since_the_last_che
 def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:
     """deploy keeps ("adopts") a running server only when its checks ran and passed: a health probe that
     failed on the host returns no server checks, and once read as a server that passed them."""
-    from fleet.control.ops import adoption_problems
+    from fleet.control.adopt import adoption_problems
     from fleet.health import OK, Check, HostHealth, unreachable
 
     assert adoption_problems(unreachable("ct129", "health probe failed: AttributeError"), "m") == [

@@ -210,23 +210,53 @@ def run_json(
     return data
 
 
-def json_lines(on_event: Callable[[dict[str, Any]], None]) -> Callable[[bytes], bool]:
-    """A stream's `on_chunk` for a step that says one JSON object per line (pull, engine): each whole line
-    to `on_event`; a line that is not JSON (a host's stray output) as an error event with its tail."""
-    buf = b""
+# One event line held at most: the host cuts a log line to 16 KiB, so only a broken host sends more.
+EVENT_BYTES = 1 << 20
+
+
+class EventLines:
+    """A streamed step's stdout as its events, one JSON object per line, each line held to EVENT_BYTES: a
+    host that never ends a line cannot grow fleet's memory. A line that is not one of the step's events
+    (stray output on the host, the no-Python answer) becomes an error event with its tail, said by the
+    step's caller as that step's failure."""
+
+    def __init__(self, host_name: str, step: str) -> None:
+        self.host_name, self.step = host_name, step
+        self.pending = b""
+        self.said = 0  # events read so far
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        *whole, self.pending = (self.pending + chunk).split(b"\n")
+        if len(self.pending) > EVENT_BYTES:
+            raise HostStepError(
+                f"{self.host_name}: fleet's {self.step} step sent a line of over {EVENT_BYTES} bytes.",
+                "Run with --debug; what answered on the host is not fleet's own step.",
+            )
+        found = [_event(raw) for raw in whole if raw.strip()]
+        self.said += len(found)
+        return found
+
+
+def _event(raw: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        event = None
+    if isinstance(event, dict) and isinstance(event.get("e"), str):
+        return event
+    if isinstance(event, dict) and "error" in event:  # no Python on the host: said in place of events
+        return {"e": "error", "error": str(event["error"])}
+    return {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
+
+
+def json_lines(on_event: Callable[[dict[str, Any]], None], host_name: str, step: str) -> Callable[[bytes], bool]:
+    """A stream's `on_chunk` for a step that says one JSON object per line (pull, push, engine): each
+    event to `on_event` (fleet.hostscripts.EventLines)."""
+    reader = EventLines(host_name, step)
 
     def on_chunk(chunk: bytes) -> bool:
-        nonlocal buf
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                ev = {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
-            on_event(ev)
+        for event in reader.feed(chunk):
+            on_event(event)
         return True
 
     return on_chunk

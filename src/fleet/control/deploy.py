@@ -17,7 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fleet import events
 from fleet.control.answers import (
@@ -44,7 +44,7 @@ from fleet.errors import (
 )
 from fleet.facts import HostFacts
 from fleet.host_common import api_key_name, base_url
-from fleet.hostscripts import run_json, script_for
+from fleet.hostscripts import EventLines, run_json, script_for
 from fleet.inventory import Host
 from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.model import ModelSpec
@@ -67,7 +67,6 @@ TERMINAL_EVENTS = {"done", "exit", "smoke", "timeout", "error", "lost_lock"}
 # it), never the whole of a log an engine floods (20 MB/s grew fleet to 6.7 GB). The host cuts each line.
 KEPT_LOG_LINES = 20000
 KEPT_LOG_BYTES = 8 << 20
-MAX_EVENT_BYTES = 1 << 20  # one event line from the host watcher; its log lines are cut to 16 KiB there
 # fleet reading nothing from its watcher for this long (stopped with SIGSTOP, swapped out) is frozen: the
 # watcher stops the attempt's server, records it failed and frees the host rather than wait for fleet
 WATCH_STALLED_S = 30.0
@@ -406,21 +405,12 @@ class Deployer:
         `hold`: a group's rank keeps its lock once proven, until `hold.released` (see remote_watch.hold)."""
         offset = 0
         watched: list[WatchEvent] = []
-        buf = b""
+        reader = EventLines(self.host.name, "watch")
 
         def on_chunk(chunk: bytes) -> bool:
-            nonlocal buf, offset
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            if len(buf) > MAX_EVENT_BYTES:
-                raise HostStepError(
-                    f"{self.host.name}: fleet's watch step sent a line of over {MAX_EVENT_BYTES} bytes.",
-                    "Run with --debug; the host's watcher is not fleet's own.",
-                )
-            for raw in lines:
-                if not raw.strip():
-                    continue
-                ev = json.loads(raw)
+            nonlocal offset
+            for raw in reader.feed(chunk):
+                ev = cast(WatchEvent, raw)
                 if ev["e"] == "held" and hold is not None:
                     if hold.released.is_set():
                         return False
@@ -449,8 +439,8 @@ class Deployer:
             return True
 
         def once() -> int:
-            nonlocal buf
-            buf = b""
+            nonlocal reader
+            reader = EventLines(self.host.name, "watch")  # a resumed stream starts at a line's start
             args = {
                 **success,
                 "log": launched["log"],

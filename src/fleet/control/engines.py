@@ -66,7 +66,12 @@ def engine_step(
         else:
             answers.append(ev)
 
-    code = t.stream(script_for("engine", args, ["python3"]), json_lines(on_event), stdin=hidden, timeout_s=4 * 3600.0)
+    code = t.stream(
+        script_for("engine", args, ["python3"]),
+        json_lines(on_event, t.host_name, "engine"),
+        stdin=hidden,
+        timeout_s=4 * 3600.0,
+    )
     last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
     if last["e"] == "error":
         raise HostStepError(f"{host.name}: fleet's engine step failed on the host ({last['error']}).", "")

@@ -4,52 +4,18 @@ pass for fleet's own word that the log was switched (a restart) or is missing.""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from fleet.errors import FleetError, HostStepError
-from fleet.hostscripts import script_for, step_python
+from fleet.hostscripts import EventLines, script_for, step_python
 from fleet.protocol import LogsEvent
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-# One event line held at most: the host cuts a log line to 16 KiB, so only a broken host sends more.
-EVENT_BYTES = 1 << 20
 FOLLOW_TIMEOUT_S = 10**7  # following has no end of its own: Ctrl-C, or the connection, ends it
-
-
-class EventLines:
-    """Streamed bytes → the step's events, one JSON object per line."""
-
-    def __init__(self, host_name: str) -> None:
-        self.host_name = host_name
-        self.pending = b""
-        self.said = 0
-
-    def feed(self, chunk: bytes) -> list[LogsEvent]:
-        *whole, self.pending = (self.pending + chunk).split(b"\n")
-        if len(self.pending) > EVENT_BYTES:
-            raise HostStepError(f"{self.host_name}: fleet's logs step sent a line past {EVENT_BYTES} bytes.", "")
-        found: list[LogsEvent] = []
-        for raw in whole:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                event = None
-            if not isinstance(event, dict) or not isinstance(event.get("e"), str):
-                raise HostStepError(
-                    f"{self.host_name}: fleet's logs step said something that is not one of its events "
-                    f"({raw[:120]!r}).",
-                    "Run with --debug for all it printed.",
-                )
-            if "error" in event:  # no Python on the host, or the step failed: said in place of events
-                raise HostStepError(f"{self.host_name}: fleet's logs step failed: {event['error']}", "")
-            found.append(event)  # type: ignore[arg-type]
-        self.said += len(found)
-        return found
 
 
 def read_logs(
@@ -65,15 +31,21 @@ def read_logs(
     returns False to stop; the last `lines` of each first, then (with `follow`) new lines as written,
     across restarts. Returns the exit code (-1 when stopped)."""
     args = {"log_dir": host.settings.log_dir, "names": list(names), "lines": lines, "follow": follow}
-    reader = EventLines(host.name)
+    reader = EventLines(host.name, "logs")
 
     def sink(chunk: bytes) -> bool:
-        return all(on_event(e) for e in reader.feed(chunk))
+        return all(on_event(_logs_event(host, e)) for e in reader.feed(chunk))
 
     code = t.stream(script_for("logs", args, [step_python(host)]), sink, timeout_s=FOLLOW_TIMEOUT_S if follow else 60)
     if code not in (0, -1) and not reader.said:
         raise HostStepError(f"{host.name}: fleet's logs step failed on the host (exit {code}).", "")
     return code
+
+
+def _logs_event(host: Host, event: dict[str, Any]) -> LogsEvent:
+    if event["e"] == "error" or "error" in event:  # the step failed, or no Python on the host
+        raise HostStepError(f"{host.name}: fleet's logs step failed: {event.get('error')}", "")
+    return cast(LogsEvent, event)
 
 
 def no_log_error(host: Host, name: str | None) -> FleetError:

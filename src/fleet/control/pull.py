@@ -110,7 +110,9 @@ def pull_model(
     started = time.monotonic()
     answers = StepEvents(path, progress)
     stdin = json.dumps({"token": hub.token}).encode() + b"\n"
-    code = t.stream(script_for("pull", args, [python]), json_lines(answers), stdin=stdin, timeout_s=24 * 3600.0)
+    code = t.stream(
+        script_for("pull", args, [python]), json_lines(answers, t.host_name, "pull"), stdin=stdin, timeout_s=24 * 3600.0
+    )
     last = answers.last(code)
     why = redact(str(last.get("why") or last.get("error") or ""), secrets)[:600]  # redacted whole, then cut
     problems = [safe_line(redact(str(p), secrets))[:300] for p in last.get("problems") or []]

@@ -94,7 +94,7 @@ def push_model(
 
     script = script_for("receive", {"path": path, "from": source.label}, [python])
     try:
-        code = t.stream(script, json_lines(on_event), stdin=relay.chunks(), timeout_s=DAY_S)
+        code = t.stream(script, json_lines(on_event, t.host_name, "receive"), stdin=relay.chunks(), timeout_s=DAY_S)
     finally:
         relay.stop()
     last = answers.last(code)
