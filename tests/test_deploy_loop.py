@@ -19,8 +19,7 @@ import pytest
 
 from conftest import ROOT
 from fleet import events
-from fleet.control import deploy as deploy_module
-from fleet.control import ops
+from fleet.control import attempt_watch, ops
 from fleet.control.gather import read_facts
 from fleet.control.status_rows import status_rows
 from fleet.control.sweep import HealthOptions, check_host, heal_host
@@ -174,7 +173,7 @@ def test_a_watch_whose_connection_keeps_failing_is_resumed_five_times_and_a_sile
 ) -> None:
     """A cut connection is resumed from its offset, at most five times; a host that answers nothing at all
     (HostSilent) is not waited for again. Either way the deploy ends with the error, not a false success."""
-    monkeypatch.setattr(deploy_module, "RESUME_WAITS_S", (0.0,) * 5)
+    monkeypatch.setattr(attempt_watch, "RESUME_WAITS_S", (0.0,) * 5)
     t = host.transport()
     original_stream = t.stream
     watches: list[str] = []
@@ -541,7 +540,7 @@ def test_an_engine_flooding_its_log_is_bounded_in_time_and_memory_and_stopped(ho
 
 
 def test_what_fleet_keeps_of_a_log_is_bounded_in_lines_and_bytes() -> None:
-    from fleet.control.deploy import KEPT_LOG_BYTES, KEPT_LOG_LINES, LogTail
+    from fleet.control.outcomes import KEPT_LOG_BYTES, KEPT_LOG_LINES, LogTail
 
     tail = LogTail()
     for i in range(3 * KEPT_LOG_LINES):
@@ -562,9 +561,7 @@ def test_a_frozen_fleet_does_not_hold_the_host_or_leave_a_hung_engine(
     stopped, recorded failed, and the lock released, with fleet still frozen."""
     import threading
 
-    from fleet.control import deploy as deploy_module
-
-    monkeypatch.setattr(deploy_module, "WATCH_STALLED_S", 2.0)
+    monkeypatch.setattr(attempt_watch, "WATCH_STALLED_S", 2.0)
     simhost.set_host(host.dir, flood_log=2_000_000)
     pb = load_playbook("qwen36-27b", ROOT / "playbooks")
     pb = dataclasses.replace(pb, spec=msgspec.structs.replace(pb.spec, max_attempts=1))
@@ -607,9 +604,7 @@ def test_a_terminal_that_does_not_read_never_gets_a_healthy_server_stopped(
     detached sink: the deploy reads on, proves the server, and what the terminal missed is counted."""
     import threading
 
-    from fleet.control import deploy as deploy_module
-
-    monkeypatch.setattr(deploy_module, "WATCH_STALLED_S", 2.0)
+    monkeypatch.setattr(attempt_watch, "WATCH_STALLED_S", 2.0)
     # more than every pipe between the engine's log and fleet holds, then loading for longer than the 2 s
     simhost.set_host(host.dir, chatty_log=4 << 20, chatty_s=4)
     resume = threading.Event()

@@ -241,7 +241,8 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: dict[str, 
     (fleet.plan.keyed_premises): also what the engine picks itself, and where the plan did not stand on it."""
     import uuid
 
-    from fleet.control.deploy import check_args, engine_resolved
+    from fleet.control.act_request import check_args
+    from fleet.control.answers import engine_resolved
     from fleet.control.remote_act import picks_differ
     from fleet.hostscripts import run_json
     from fleet.plan.picks import told_picks

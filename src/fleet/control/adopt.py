@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleet import events
-from fleet.control.deploy import DeployResult
+from fleet.control.outcomes import DeployResult
 from fleet.facts import HostFacts
 from fleet.host_common import api_key_name, base_url
 from fleet.inventory import Host

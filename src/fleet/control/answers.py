@@ -3,10 +3,11 @@ itself (a failed smoke check, a timeout, a kill) as log lines the crash knowledg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
-from fleet.errors import LockedError, PreflightError
+from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError, StoppedSince, UnsafeToKill
 from fleet.protocol import ActResult, LockResult, WatchEvent
 from fleet.secrets import shown_processes
 
@@ -100,6 +101,12 @@ def synthetic_line(ev: WatchEvent) -> str | None:
     return None
 
 
+def engine_resolved(check: Mapping[str, Any]) -> dict[str, Any]:
+    """What the engine resolved, as the act step's check answered it (a host's odd answer: nothing)."""
+    said = check.get("resolved")
+    return dict(said) if isinstance(said, dict) else {}
+
+
 def act_answer(raw: dict[str, Any]) -> ActResult:
     """The act step's answer as fleet keeps and shows it: the processes it stopped, left or refused, with
     credentials on their command lines masked (a server started by hand with `--api-key ...`)."""
@@ -107,3 +114,47 @@ def act_answer(raw: dict[str, Any]) -> ActResult:
         if isinstance(raw.get(key), list):
             raw[key] = shown_processes(raw[key])
     return cast(ActResult, raw)
+
+
+def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError | None:
+    """Why the act step launched nothing, as the error a run ends with (None: it went ahead): the deployment
+    was stopped since its check, the host's lock is held or its GPUs overlap another deployment's, a
+    directory fleet writes is unwritable or short of space, a write failed after the old server stopped,
+    or GPU holders fleet will not kill (UnsafeToKill: nothing was stopped)."""
+    if out.get("stopped_since"):
+        return StoppedSince(
+            f"{host_name}: deployment {deployment} was stopped after the check found it down; "
+            "not restarted (a stop is never undone by a heal).",
+            f"Start it again yourself: fleet restart --host {host_name}/{deployment}.",
+        )
+    lock = out["lock"]
+    if lock["status"] == "unwritable":
+        return unwritable_state_dir(host_name, lock)
+    if lock["status"] == "held":
+        return locked(host_name, lock, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lock.get("since") or 0)))
+    if lock["status"] == "overlap":
+        return overlap_refused(host_name, deployment, lock)
+    if unwritable := out.get("log_dir_unwritable"):
+        return unwritable_host_dir(host_name, "the log directory", "log_dir", unwritable)
+    if short := out.get("short_of_space"):
+        return PreflightError(
+            f"{host_name}: {short['short']} in {short['path']} ({short['setting']}); fleet needs "
+            f"{short['need'] >> 20} MiB and some free inodes there before it stops anything. Nothing on the "
+            "host was changed.",
+            "Free disk space there first.",
+        )
+    if failed := out.get("write_failed"):
+        return DeployFailed(
+            f"{host_name}: writing {failed['path']} failed after the old server was stopped "
+            f"({failed['error']}); {rollback_said(out)}",
+            "Free disk space on the host, then run again.",
+        )
+    if out.get("refused"):
+        who = "; ".join(
+            f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}" for p in out["refused"]
+        )
+        return UnsafeToKill(
+            f"{host_name}: GPU/port holders fleet will not kill: {who}.",
+            "Stop them yourself, or set kill_policy: force for this host (or pass --force).",
+        )
+    return None

@@ -10,8 +10,9 @@ from typing import Any, TypeGuard
 from fleet import events
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import act_answer, refuse_unless_taken
-from fleet.control.deploy import DRAIN_S, Deployer, DeployResult, recorded
+from fleet.control.deploy import DRAIN_S, Deployer, recorded
 from fleet.control.gather import model_path, read_facts
+from fleet.control.outcomes import DeployResult
 from fleet.control.placing import Placed, place_and_plan
 from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature

@@ -23,8 +23,9 @@ import msgspec
 
 from fleet import events
 from fleet.control import ops, placing
-from fleet.control.deploy import DeployResult, owner, run_id
+from fleet.control.act_request import owner, run_id
 from fleet.control.gather import read_facts
+from fleet.control.outcomes import DeployResult
 from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError

@@ -1,0 +1,64 @@
+"""Parts of the act step's request: which run asks and for whom, what to check, and which ports a plan's
+server opens."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fleet.plan import LaunchPlan
+
+
+def run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def owner() -> str:
+    return (
+        f"{os.environ.get('USER') or os.environ.get('LOGNAME') or 'unknown'}@{socket.gethostname()} pid {os.getpid()}"
+    )
+
+
+def check_args(
+    plan: LaunchPlan, check_name: str, run_options: Sequence[str] = (), premises: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The act step's `check`: the engine's own check of `plan`, in the image when it runs in a container
+    (`check_name`: the container's name, never another deployment's; `run_options` before the plan's).
+    `premises` (fleet.plan.keyed_premises): also ask what the engine picks without the keyed rules' flags,
+    and stop before anything is changed where the plan did not stand on those picks."""
+    args: dict[str, Any] = {
+        "engine": plan.engine,
+        "python": plan.python,
+        "args": plan.engine_args(),
+        "env": {e.name: e.value for e in plan.env},
+    }
+    if premises:
+        args["picks"] = dict(premises)
+    cont = plan.container
+    if cont is not None:  # run in the image, as the server will be
+        args["container"] = {
+            "cli": cont.cli,
+            "image": cont.image,
+            "name": check_name,
+            "options": [*run_options, *cont.check_options(plan)],
+        }
+    return args
+
+
+def planned_ports(plan: LaunchPlan) -> list[int]:
+    """The ports a plan's server opens that fleet chose: HTTP, the internal base of a placed one, and the
+    port a group's rank 0 meets the other ranks on."""
+    internal = plan.flag("--nccl-port")
+    base = (
+        int(str(internal.value))
+        if internal is not None
+        else next((int(e.value) for e in plan.env if e.name == "VLLM_PORT"), None)
+    )
+    ports = [plan.port] if base is None else [plan.port, base]
+    rank, meet = plan.flag("--node-rank"), plan.flag("--dist-init-addr")
+    if rank is not None and rank.value == "0" and meet is not None and meet.value:
+        ports.append(int(meet.value.rpartition(":")[2]))
+    return ports
