@@ -58,9 +58,9 @@ def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(t
 def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> None:
     from fleet import host_common
     from fleet.control import remote_free
-    from fleet.facts import probe
+    from fleet.facts import probe_gpus
 
-    assert remote_free.gpu_device_files is probe.gpu_device_files is host_common.gpu_device_files
+    assert remote_free.gpu_device_files is probe_gpus.gpu_device_files is host_common.gpu_device_files
 
 
 # --- which engines of a process group the act step stops with the one on the deployment's GPUs ------------

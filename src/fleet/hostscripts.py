@@ -29,7 +29,12 @@ if TYPE_CHECKING:
 
 SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py", "host_smoke.py")
 STEPS: dict[str, tuple[str, ...]] = {
-    "probe": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py"),  # facts in one round trip
+    "probe": (
+        "control/remote_container.py",
+        "facts/model_files.py",
+        "facts/probe_gpus.py",
+        "facts/probe.py",
+    ),  # facts in one round trip
     # lock, engine check, stop, free, launch, record
     "act": (
         "control/remote_container.py",
@@ -46,7 +51,13 @@ STEPS: dict[str, tuple[str, ...]] = {
         "control/remote_watch.py",
     ),
     # facts + checks
-    "health": ("control/remote_container.py", "facts/model_files.py", "facts/probe.py", "control/remote_health.py"),
+    "health": (
+        "control/remote_container.py",
+        "facts/model_files.py",
+        "facts/probe_gpus.py",
+        "facts/probe.py",
+        "control/remote_health.py",
+    ),
     "logs": ("control/remote_follow.py", "control/remote_logs.py"),  # server logs, followed across restarts
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "fixes": ("control/remote_fixes.py",),  # forget learned fixes, under the host's guard
