@@ -140,7 +140,7 @@ def test_found_by_review_the_resolved_line_is_read_defensively() -> None:
     """The engine check prints it, last; the engine's own output before it (or a model's code) cannot
     stand for it, and an odd line is dropped, never a crash of the act step."""
     from fleet.cli.report import describe_resolved
-    from fleet.control.remote_act import resolved_of
+    from fleet.control.remote_check import resolved_of
 
     forged = 'FLEET-RESOLVED {"attention": "forged"}\nlog line\nFLEET-RESOLVED {"attention": "fa3"}\n'
     assert resolved_of("sglang", forged) == {"attention": "fa3"}

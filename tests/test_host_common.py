@@ -106,7 +106,7 @@ def test_the_python_3_8_annotation_check_finds_what_3_8_cannot_evaluate() -> Non
 
 
 def test_a_rollback_needs_every_secret_the_previous_server_ran_with() -> None:
-    from fleet.control.remote_act import previous_launch
+    from fleet.control.remote_launch import previous_launch
 
     previous = {"playbook": "p", "plan": {"argv": ["/py", "-m", "sglang.launch_server"], "secret_env": ["HF_TOKEN"]}}
     assert previous_launch(previous, "/logs", {}) == (
@@ -165,7 +165,7 @@ def test_the_launcher_stops_what_its_engine_left_in_the_group_before_it_says_exi
     import signal
     import time
 
-    from fleet.control.remote_act import launch
+    from fleet.control.remote_launch import launch
     from fleet.host_procs import alive
 
     engine = tmp_path / "engine.sh"
@@ -331,7 +331,7 @@ def wait_for(ok: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path: Path) -> None:
     """An engine that exits leaving another user's process in its group (root put it there): the launcher
     stops what is fleet's user's, names the other and leaves it running (a killpg as root killed it)."""
-    from fleet.control.remote_act import launch
+    from fleet.control.remote_launch import launch
 
     assert os.getuid() == 0, "this test needs root to run a process as a second user"
     subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
@@ -394,8 +394,8 @@ def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_
     import subprocess
     import sys
 
-    from fleet.control.remote_act import LAUNCHER
     from fleet.control.remote_container import CONTAINER_LAUNCHER
+    from fleet.control.remote_launch import LAUNCHER
 
     engine = [
         "sh", "-c", 'echo "$@" > "$0"', str(tmp_path / "argv"),

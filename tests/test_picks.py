@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from factsdata import B200
-from fleet.control.remote_act import picks_differ, picks_of
+from fleet.control.remote_check import picks_differ, picks_of
 from fleet.control.remote_check_sglang import without
 from fleet.plan import keyed_premises
 from fleet.plan.build import PlanResult, build_plan

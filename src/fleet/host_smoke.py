@@ -2,8 +2,8 @@
 router step): the playbook's prompt for a chat model, the endpoint an embedding model or a reranker serves
 for the others, and the verdict on what came back.
 
-Prepended after fleet.host_common when a step is sent (fleet.hostscripts), so it runs under the host's
-own Python: standard library only, Python 3.8. Imported as a module by fleet's tests.
+Sent with those three steps only, after the shared host code (fleet.hostscripts), so it runs under the
+host's own Python: standard library only, Python 3.8. Imported as a module by fleet's tests.
 """
 
 import json

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py", "host_smoke.py")
+SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": (
         "control/remote_container.py",
@@ -40,6 +40,8 @@ STEPS: dict[str, tuple[str, ...]] = {
         "control/remote_container.py",
         "control/remote_free.py",
         "control/remote_lock.py",
+        "control/remote_check.py",
+        "control/remote_launch.py",
         "control/remote_act.py",
     ),
     # follow an attempt (its start-up phases too), prove the server
@@ -48,6 +50,7 @@ STEPS: dict[str, tuple[str, ...]] = {
         "startup.py",
         "control/remote_startup.py",
         "control/remote_follow.py",
+        "host_smoke.py",
         "control/remote_watch.py",
     ),
     # facts + checks
@@ -56,12 +59,13 @@ STEPS: dict[str, tuple[str, ...]] = {
         "facts/model_files.py",
         "facts/probe_gpus.py",
         "facts/probe.py",
+        "host_smoke.py",
         "control/remote_health.py",
     ),
     "logs": ("control/remote_follow.py", "control/remote_logs.py"),  # server logs, followed across restarts
     "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
     "fixes": ("control/remote_fixes.py",),  # forget learned fixes, under the host's guard
-    "router": ("control/remote_router.py",),  # a service's router and record
+    "router": ("host_smoke.py", "control/remote_router.py"),  # a service's router and record
     "pull": ("facts/model_files.py", "control/remote_pull.py"),  # a model from the Hub
     # a model from another copy (fleet push): its files listed and sent, then received, checked, put in place
     "send": ("facts/model_files.py", "control/remote_pull.py", "control/remote_send.py"),

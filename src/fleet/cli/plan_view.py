@@ -243,7 +243,7 @@ def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: dict[str, 
 
     from fleet.control.act_request import check_args
     from fleet.control.answers import engine_resolved
-    from fleet.control.remote_act import picks_differ
+    from fleet.control.remote_check import picks_differ
     from fleet.hostscripts import run_json
     from fleet.plan.picks import told_picks
 

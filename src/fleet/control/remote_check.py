@@ -1,0 +1,127 @@
+"""On the host, in the act step: the engine's own check of a command line, before anything is stopped."""
+
+import json
+import os
+import re
+import select
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+try:  # the shared host code is prepended when this script is sent to a host
+    run_cli  # noqa: B018
+except NameError:  # imported as a module (fleet's own tests)
+    from fleet.control.remote_container import run_cli
+    from fleet.control.remote_free import expand
+    from fleet.protocol import CheckResult
+
+
+def fleet_text(path: str) -> str:
+    """A program this step runs under the engine's Python: sent with the step (hostscripts.TEXTS), or read
+    beside this file where the step is imported as a module."""
+    texts = globals().get("FLEET_TEXTS")
+    if texts:
+        return str(texts[path])
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)) as f:
+        return f.read()
+
+
+CHECKS = {
+    # the engine's argument check, then the architecture as its model loader resolves it
+    "sglang": fleet_text("control/remote_check_sglang.py"),
+    # its argument parser, its parser registries, then its engine configuration (no weights loaded)
+    "vllm": fleet_text("control/remote_check_vllm.py"),
+}
+
+
+def client_gone(a: Dict[str, Any]) -> bool:
+    """Whether fleet has gone away (its end of stdin closed: Ctrl-C, kill -9, a cut connection). Only
+    asked when fleet said it holds stdin open while it waits for this step."""
+    if not a.get("client_on_stdin"):
+        return False
+    try:
+        if not select.select([0], [], [], 0)[0]:
+            return False
+        return os.read(0, 4096) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def marked_json(out: str, mark: str, longest: int) -> Dict[str, Any]:
+    """The last `MARK {...}` line of the check's output as a JSON object (the engine's own output before it
+    cannot stand for it: the last line wins); {} for anything else."""
+    marks = re.findall(r"^%s (\{.{0,%d}\})$" % (re.escape(mark), longest), out, re.M)
+    try:
+        said = json.loads(marks[-1]) if marks else {}
+    except (ValueError, RecursionError):
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def resolved_of(engine: str, out: str) -> Dict[str, str]:
+    """The engine check's FLEET-RESOLVED line (remote_check_sglang.py, remote_check_vllm.py): what the
+    engine resolved, kept to short strings."""
+    said = marked_json(out, "FLEET-RESOLVED", 4000) if engine in CHECKS else {}
+    return dict(
+        (str(k)[:40], str(v)[:80]) for k, v in list(said.items())[:16] if isinstance(v, (str, int, float, bool))
+    )
+
+
+def picks_of(out: str) -> Dict[str, str]:
+    """remote_check_sglang.py's FLEET-PICKS line: what SGLang picked with fleet's keyed flags left out (or
+    why it refused that), kept to short strings."""
+    said = marked_json(out, "FLEET-PICKS", 2000)
+    return dict((str(k)[:40], str(v)[:300]) for k, v in list(said.items())[:8] if isinstance(v, str))
+
+
+def picks_differ(told: Dict[str, str], expect: Dict[str, List[str]]) -> Dict[str, str]:
+    """The engine's picks the plan does not stand on (empty: it stands). An engine that refuses the command
+    line without fleet's flags for a setting ("refused: ...") confirms that they are needed."""
+    return dict((k, v) for k, v in told.items() if k in expect and v not in expect[k] and not v.startswith("refused"))
+
+
+def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
+    code = CHECKS.get(c["engine"])
+    if not code:
+        return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
+    code = c.get("prelude", "") + code  # fleet engine audit, on a machine without the GPU: a stand-in for it
+    env = dict(os.environ, **c.get("env", {}))
+    asked = (c.get("picks") or {}).get("drop")
+    if asked is not None:  # also say what the engine picks by itself for the settings fleet's keyed rules decide
+        env["FLEET_PICKS"] = json.dumps({"drop": asked})
+    deadline = time.time() + c.get("timeout_s", 180)
+    cont = c.get("container")
+    argv = [expand(c["python"]), "-c", code] + c["args"]
+    if cont:  # the check runs in the same image as the server, with its mounts and environment
+        argv = [cont["cli"], "run", "--rm", "--name", cont["name"], "--network", "host"] + cont["options"]
+        if asked is not None:
+            argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
+        argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
+    with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
+        try:
+            p = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, env=env)
+        except OSError as exc:
+            return {"verdict": "could_not_check", "output": str(exc)}
+        while p.poll() is None:
+            if gone() or time.time() > deadline:
+                p.kill()
+                p.wait()
+                if cont:  # the client is gone; its container is not
+                    run_cli([cont["cli"], "rm", "-f", cont["name"]])
+                if time.time() > deadline:
+                    return {"verdict": "could_not_check", "output": "the check timed out"}
+                return {"verdict": "client_gone", "output": ""}
+            time.sleep(0.05)
+        output.seek(0)
+        out = output.read().decode("utf-8", "replace")[-20000:]
+    if p.returncode == 0:
+        result = {"verdict": "accepted", "output": out[-2000:], "resolved": resolved_of(c["engine"], out)}  # type: CheckResult
+        if asked is not None:
+            result["picks"] = picks_of(out)
+        return result
+    if p.returncode == 2 and "error:" in out:
+        return {"verdict": "rejected", "output": out}
+    if re.search(r"^(AssertionError|ValueError|NotImplementedError)\b", out, re.M):
+        return {"verdict": "rejected", "output": out}
+    return {"verdict": "could_not_check", "output": out}
