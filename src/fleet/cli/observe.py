@@ -295,6 +295,14 @@ def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
     return out
 
 
+def _write_textfile(textfile: Path, text: str) -> None:
+    """Prometheus' node exporter reads the file whole: it is replaced at once, never seen half written."""
+    textfile.parent.mkdir(parents=True, exist_ok=True)
+    tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, textfile)
+
+
 def _health_run(
     ctx: Invocation,
     host_name: str | None,
@@ -362,10 +370,7 @@ def _health_run(
             problems=[f"{c.label}: {c.detail}" for c in r.problems()],
         )
     if textfile:
-        textfile.parent.mkdir(parents=True, exist_ok=True)
-        tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
-        tmp.write_text(prometheus_text(results, time.time()))
-        os.replace(tmp, textfile)
+        _write_textfile(textfile, prometheus_text(results, time.time()))
     overall = worst([r.status for r in results])
     if as_json:
         for r in results:

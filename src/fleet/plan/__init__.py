@@ -94,117 +94,17 @@ def plan_launch(
     told = told or {}
     i = PlanInput(model, gpus, engine_version, wishes, dict(told))
     check_address = "127.0.0.1" if wishes.bind_address in ("0.0.0.0", "::") else wishes.bind_address
-    model_flag = "--model-path" if wishes.engine == "sglang" else "--model"
-    flags: list[Flag] = [
-        Flag(model_flag, model.path, "model", "playbook model, on the host"),
-        Flag("--served-model-name", wishes.served_name, "served-name", "playbook served_name (/v1/models id)"),
-        Flag("--host", wishes.bind_address, "bind-address", "inventory bind_address"),
-        Flag("--port", str(wishes.port), "port", "playbook port"),
-    ]
-    if wishes.api_key_env:
-        flags.append(
-            Flag(
-                "--api-key",
-                f"{SECRET_WORD}{wishes.api_key_env}",
-                "api-key",
-                f"playbook api_key_env: the key in {wishes.api_key_env}, sent to the host on stdin and put here by "
-                "fleet's launcher; fleet's own requests send it too",
-            )
-        )
-    env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "unbuffered-log", "log lines reach the file as written")]
-    if gpus.indices:
-        env += [
-            EnvVar("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus.indices)), "placement", "the deployment's GPUs"),
-            EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "placement", "GPU indices mean what nvidia-smi shows"),
-        ]
-    verdicts: list[Verdict] = []
-    if not wishes.literal:
-        for rule in _rules(wishes.engine):
-            if not rule.when(i):
-                continue
-            pairs, replaces = rule.flags(i), rule.replaces
-            if rule.keyed_on:  # no flags where the engine's own pick stands (its environment still applies)
-                pairs, replaces = keyed_flags(rule, i) or ([], "")
-            for name, value in pairs:
-                flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, replaces)
-            env += [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
-        if model.custom_code and not wishes.trust_remote_code and "--trust-remote-code" not in wishes.extra_args:
-            verdicts.append(
-                Verdict(
-                    "warning",
-                    "trust-remote-code",
-                    f"config.json's auto_map names code shipped with the model: the engine runs {model.architecture} "
-                    "without it only if it has its own class; set trust_remote_code: true in the playbook if you "
-                    "trust this model's code (fleet never does on its own)",
-                )
-            )
-        if not model.generates and (wishes.speculative or wishes.parsers is not None):
-            wanted = (("speculative", wishes.speculative), ("parsers", wishes.parsers is not None))
-            asked = " and ".join(w for w, on in wanted if on)
-            verdicts.append(
-                Verdict(
-                    "info",
-                    "embedding-model",
-                    f"{model.describe()}: it generates no text, so the playbook's {asked} do not apply",
-                )
-            )
-        elif wishes.parsers is not None:
-            verdicts.append(_parsers_verdict(i))
-        # the true reason first: no draft class, whatever the heads
-        if wishes.speculative and model.generates and not i.has_draft:
-            verdicts.append(
-                Verdict(
-                    "warning",
-                    "speculative-mtp",
-                    f"SGLang {show_version(i.version)} has no NEXTN draft model for {model.architecture} (its "
-                    "ModelConfig maps none): speculative decoding skipped",
-                )
-            )
-        elif wishes.speculative and model.generates and model.mtp_layers == 0:
-            verdicts.append(
-                Verdict(
-                    "warning", "speculative-mtp", f"{model.architecture} has no MTP heads: speculative decoding skipped"
-                )
-            )
+    flags, env = _given_flags(model, wishes), _given_env(gpus)
+    if wishes.literal:
+        verdicts = _literal_verdicts(wishes)
     else:
-        verdicts.append(
-            Verdict(
-                "info",
-                "literal",
-                "literal playbook: only the playbook's own flags are passed; the rules below only warn",
-            )
-        )
-        ignored = [k for k, v in (("trust_remote_code", wishes.trust_remote_code), ("parsers", wishes.parsers)) if v]
-        if ignored:
-            verdicts.append(
-                Verdict(
-                    "warning",
-                    "literal",
-                    f"literal playbook: {' and '.join(ignored)} ignored; write the flags in extra_args instead",
-                )
-            )
+        flags, env = _with_rules(i, flags, env)
+        verdicts = _model_verdicts(i)
     for name, value in args_dict(list(wishes.extra_args)).items():
         flags = set_flag(flags, name, value, "playbook-extra-args", "written in the playbook (wins over rules)")
     env = [e for e in env if e.name not in dict(wishes.env)]
     env += [EnvVar(n, v, "playbook-env", "written in the playbook") for n, v in wishes.env]
-    if model.sglang_quantization and wishes.engine == "sglang":
-        verdicts.append(
-            Verdict(
-                "info",
-                "quantization",
-                f"{model.quantization.upper()} checkpoint: the engine detects "
-                f"{model.sglang_quantization} from the model files",
-            )
-        )
-    if wishes.engine == "sglang" and i.spec_wanted and model.hybrid and i.v_in((0, 5, 5), (0, 5, 8)):
-        verdicts.append(
-            Verdict(
-                "warning",
-                "hybrid-spec-old-version",
-                f"SGLang {show_version(engine_version)} has no "
-                "mamba extra_buffer: speculative decoding on a hybrid model may be unsupported",
-            )
-        )
+    verdicts += _engine_verdicts(i)
     plan = LaunchPlan(
         engine=wishes.engine,
         left_to_engine=left_to_engine(i, flags),
@@ -224,6 +124,132 @@ def plan_launch(
     for lf in learned:
         plan = apply_fix(plan, lf.fix, lf.signature, f"learned fix ({lf.signature}, learned {lf.learned_at})")
     return replace(plan, verdicts=(*plan.verdicts, *lint(i, plan.flags)))
+
+
+def _given_flags(model: ModelSpec, wishes: Wishes) -> list[Flag]:
+    """The flags every plan has: the model, its served name, the address and port, the API key."""
+    model_flag = "--model-path" if wishes.engine == "sglang" else "--model"
+    flags = [
+        Flag(model_flag, model.path, "model", "playbook model, on the host"),
+        Flag("--served-model-name", wishes.served_name, "served-name", "playbook served_name (/v1/models id)"),
+        Flag("--host", wishes.bind_address, "bind-address", "inventory bind_address"),
+        Flag("--port", str(wishes.port), "port", "playbook port"),
+    ]
+    if wishes.api_key_env:
+        flags.append(
+            Flag(
+                "--api-key",
+                f"{SECRET_WORD}{wishes.api_key_env}",
+                "api-key",
+                f"playbook api_key_env: the key in {wishes.api_key_env}, sent to the host on stdin and put here by "
+                "fleet's launcher; fleet's own requests send it too",
+            )
+        )
+    return flags
+
+
+def _given_env(gpus: GpuSummary) -> list[EnvVar]:
+    env = [EnvVar("PYTHONUNBUFFERED", "1", "unbuffered-log", "log lines reach the file as written")]
+    if gpus.indices:
+        env += [
+            EnvVar("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus.indices)), "placement", "the deployment's GPUs"),
+            EnvVar("CUDA_DEVICE_ORDER", "PCI_BUS_ID", "placement", "GPU indices mean what nvidia-smi shows"),
+        ]
+    return env
+
+
+def _with_rules(i: PlanInput, flags: list[Flag], env: list[EnvVar]) -> tuple[list[Flag], list[EnvVar]]:
+    """The engine's rules that hold for this input, their flags and environment added with their reasons."""
+    for rule in _rules(i.wishes.engine):
+        if not rule.when(i):
+            continue
+        pairs, replaces = rule.flags(i), rule.replaces
+        if rule.keyed_on:  # no flags where the engine's own pick stands (its environment still applies)
+            pairs, replaces = keyed_flags(rule, i) or ([], "")
+        for name, value in pairs:
+            flags = set_flag(flags, name, value, rule.id, rule.reason, rule.source, replaces)
+        env = env + [EnvVar(n, v, rule.id, rule.reason) for n, v in rule.env(i)]
+    return flags, env
+
+
+def _model_verdicts(i: PlanInput) -> list[Verdict]:
+    """What the rules say of the model itself: code it ships, wishes that do not apply to it, drafts."""
+    model, wishes = i.model, i.wishes
+    verdicts: list[Verdict] = []
+    if model.custom_code and not wishes.trust_remote_code and "--trust-remote-code" not in wishes.extra_args:
+        verdicts.append(
+            Verdict(
+                "warning",
+                "trust-remote-code",
+                f"config.json's auto_map names code shipped with the model: the engine runs {model.architecture} "
+                "without it only if it has its own class; set trust_remote_code: true in the playbook if you "
+                "trust this model's code (fleet never does on its own)",
+            )
+        )
+    if not model.generates and (wishes.speculative or wishes.parsers is not None):
+        wanted = (("speculative", wishes.speculative), ("parsers", wishes.parsers is not None))
+        asked = " and ".join(w for w, on in wanted if on)
+        said = f"{model.describe()}: it generates no text, so the playbook's {asked} do not apply"
+        verdicts.append(Verdict("info", "embedding-model", said))
+    elif wishes.parsers is not None:
+        verdicts.append(_parsers_verdict(i))
+    # the true reason first: no draft class, whatever the heads
+    if wishes.speculative and model.generates and not i.has_draft:
+        verdicts.append(
+            Verdict(
+                "warning",
+                "speculative-mtp",
+                f"SGLang {show_version(i.version)} has no NEXTN draft model for {model.architecture} (its "
+                "ModelConfig maps none): speculative decoding skipped",
+            )
+        )
+    elif wishes.speculative and model.generates and model.mtp_layers == 0:
+        verdicts.append(
+            Verdict(
+                "warning", "speculative-mtp", f"{model.architecture} has no MTP heads: speculative decoding skipped"
+            )
+        )
+    return verdicts
+
+
+def _literal_verdicts(wishes: Wishes) -> list[Verdict]:
+    said = "literal playbook: only the playbook's own flags are passed; the rules below only warn"
+    verdicts = [Verdict("info", "literal", said)]
+    ignored = [k for k, v in (("trust_remote_code", wishes.trust_remote_code), ("parsers", wishes.parsers)) if v]
+    if ignored:
+        verdicts.append(
+            Verdict(
+                "warning",
+                "literal",
+                f"literal playbook: {' and '.join(ignored)} ignored; write the flags in extra_args instead",
+            )
+        )
+    return verdicts
+
+
+def _engine_verdicts(i: PlanInput) -> list[Verdict]:
+    """What the engine version makes of the checkpoint: a quantisation it detects, a feature it lacks."""
+    model, wishes = i.model, i.wishes
+    verdicts: list[Verdict] = []
+    if model.sglang_quantization and wishes.engine == "sglang":
+        verdicts.append(
+            Verdict(
+                "info",
+                "quantization",
+                f"{model.quantization.upper()} checkpoint: the engine detects "
+                f"{model.sglang_quantization} from the model files",
+            )
+        )
+    if wishes.engine == "sglang" and i.spec_wanted and model.hybrid and i.v_in((0, 5, 5), (0, 5, 8)):
+        verdicts.append(
+            Verdict(
+                "warning",
+                "hybrid-spec-old-version",
+                f"SGLang {show_version(i.version)} has no "
+                "mamba extra_buffer: speculative decoding on a hybrid model may be unsupported",
+            )
+        )
+    return verdicts
 
 
 def _rules(engine: str) -> tuple[Rule, ...]:
