@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from fleet import __version__
 from fleet.crashes import Signature, builtin_signatures, known_fixes
 from fleet.facts import HostFacts, ModelFiles, gpu_mismatches
+from fleet.facts.parse import EngineInstall
 from fleet.host_common import container_owner
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -165,6 +166,62 @@ def model_spec(facts: HostFacts, model_path: str) -> ModelSpec | None:
         return None
 
 
+def _install_refusals(where: str, engine: str, install: EngineInstall | None, version: Version | None) -> list[Verdict]:
+    if install is None:
+        return [
+            _err(
+                "engine-missing",
+                f"{where}: no {engine} environment in the inventory (engines: {engine}: /path/to/python).",
+            )
+        ]
+    if install.error or version is None:
+        return [
+            _err(
+                "engine-missing",
+                f"{where}: {engine} is not installed in {install.python} "
+                f"({install.error or 'version unknown'}). Install it or fix engines: in the inventory.",
+            )
+        ]
+    return []
+
+
+def _read_model(where: str, model_path: str, m: ModelFiles | None) -> tuple[ModelSpec | None, list[Verdict]]:
+    """The model as the host's files describe it, or why there is none to plan (missing, damaged, GGUF, a
+    config fleet cannot read); a damaged one is refused and still read, so the plan shows what it is."""
+    if m is None or not m.exists:
+        return None, [
+            _err(
+                "model-missing",
+                f"{where}: model directory {model_path} does not exist on the host. "
+                "Copy the model there, fix model: in the playbook, or give hf_repo: and run fleet pull.",
+            )
+        ]
+    verdicts: list[Verdict] = []
+    if m.damage:  # found out at load time, the running server would already be stopped
+        verdicts.append(
+            _err(
+                "model-damaged",
+                f"{where}: the model in {model_path} is not whole: {'; '.join(m.damage)}. Download or copy "
+                "those files again; nothing on the host was changed.",
+            )
+        )
+    try:
+        return spec_of(model_path, m), verdicts
+    except ModelConfigError as exc:
+        verdicts.append(
+            _err(
+                "model-gguf",
+                f"{where}: {model_path} is a GGUF checkpoint ({', '.join(m.gguf)}), with no config.json: fleet "
+                "plans from a Hugging Face checkpoint (config.json and safetensors) and does not plan GGUF yet "
+                "(SGLang loads one with --load-format gguf, on CUDA only). Point model: at the original "
+                "checkpoint; nothing on the host was changed.",
+            )
+            if m.gguf
+            else _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
+        )
+        return None, verdicts
+
+
 def build_plan(
     host: Host,
     playbook: NamedPlaybook,
@@ -193,24 +250,9 @@ def build_plan(
     wishes = replace(wishes_for(host, playbook), dp=dp)
     if port is not None:
         wishes = replace(wishes, port=port)
-    verdicts: list[Verdict] = []
     install = facts.engines.get(pb.engine)
     version = parse_version(install.version) if install else None
-    if install is None:
-        verdicts.append(
-            _err(
-                "engine-missing",
-                f"{where}: no {pb.engine} environment in the inventory (engines: {pb.engine}: /path/to/python).",
-            )
-        )
-    elif install.error or version is None:
-        verdicts.append(
-            _err(
-                "engine-missing",
-                f"{where}: {pb.engine} is not installed in {install.python} "
-                f"({install.error or 'version unknown'}). Install it or fix engines: in the inventory.",
-            )
-        )
+    verdicts = _install_refusals(where, pb.engine, install, version)
     gpus = gpu_summary(facts, gpu_indices)
     if gpus is not None and nodes > 1:  # between hosts there is a network, never NVLink
         gpus = replace(gpus, count=gpus.count * nodes, nvlink=False)
@@ -218,39 +260,8 @@ def build_plan(
         verdicts.append(
             _err("no-gpus", f"{where}: no GPUs found ({facts.gpu_error or 'NVML and nvidia-smi report none'}).")
         )
-    model: ModelSpec | None = None
-    m = facts.model
-    if m is None or not m.exists:
-        verdicts.append(
-            _err(
-                "model-missing",
-                f"{where}: model directory {model_path} does not exist on the host. "
-                "Copy the model there, fix model: in the playbook, or give hf_repo: and run fleet pull.",
-            )
-        )
-    else:
-        if m.damage:  # found out at load time, the running server would already be stopped
-            verdicts.append(
-                _err(
-                    "model-damaged",
-                    f"{where}: the model in {model_path} is not whole: {'; '.join(m.damage)}. Download or copy "
-                    "those files again; nothing on the host was changed.",
-                )
-            )
-        try:
-            model = spec_of(model_path, m)
-        except ModelConfigError as exc:
-            verdicts.append(
-                _err(
-                    "model-gguf",
-                    f"{where}: {model_path} is a GGUF checkpoint ({', '.join(m.gguf)}), with no config.json: fleet "
-                    "plans from a Hugging Face checkpoint (config.json and safetensors) and does not plan GGUF yet "
-                    "(SGLang loads one with --load-format gguf, on CUDA only). Point model: at the original "
-                    "checkpoint; nothing on the host was changed.",
-                )
-                if m.gguf
-                else _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
-            )
+    model, refused = _read_model(where, model_path, facts.model)
+    verdicts += refused
     key = learned_key(host.name, model_path, pb.engine, version, gpus.name if gpus else "")
     container: ContainerPlan | None = None
     if runtime is not None:
@@ -408,13 +419,23 @@ def preflight(
                 f"{where}: TP {tp} does not divide the {model.num_attention_heads} attention heads. Use a divisor.",
             )
         )
-    # fit (the headroom rule is stated in the message)
+    out += _fit_refusal(where, plan, model, gpus, tp)
+    out += _port_refusals(where, plan, facts, host)
+    out += _disk_refusals(where, facts, host)
+    out += facts_warnings(host, facts)
+    out += _foreign_gpu_memory(where, gpus, facts, host)
+    return out
+
+
+def _fit_refusal(where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, tp: int) -> list[Verdict]:
+    """Weights and one prefill step's KV cache within what the engine gives itself of each GPU."""
+    out: list[Verdict] = []
     if model.weights_bytes and tp <= gpus.count:
         per_gpu_mib = model.weights_bytes / tp / (1 << 20)
         frac_flag = plan.flag("--mem-fraction-static") or plan.flag("--gpu-memory-utilization")
         fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
         wished = memory_wishes(plan, tp)
-        room = budget(model, gpus.memory_mib, fraction, plan.engine, v, wished)
+        room = budget(model, gpus.memory_mib, fraction, plan.engine, plan.engine_version, wished)
         per_token = kv_bytes_per_token(model, tp, None, model.mtp_layers if wished.speculative else 0) or 0
         step = room.prefill_tokens  # SGLang's own budget stops the engine without room for one prefill step
         needed = per_gpu_mib * (1 << 20) + step * per_token
@@ -428,7 +449,12 @@ def preflight(
                     "engine would stop at load. Use more GPUs or a smaller/quantized checkpoint.",
                 )
             )
-    # the port: fleet stops engine servers, never anything else
+    return out
+
+
+def _port_refusals(where: str, plan: LaunchPlan, facts: HostFacts, host: Host) -> list[Verdict]:
+    """The plan's ports held by something fleet does not stop: fleet stops engine servers, never anything else."""
+    out: list[Verdict] = []
     nccl = plan.flag("--nccl-port")
     planned = [(plan.port, host.settings.bind_address, "port")]
     # checked like the HTTP port, on the server's address (torch listens on every address: a listener on
@@ -446,6 +472,11 @@ def preflight(
                     "server fleet may stop. Stop it or choose another port: in the playbook.",
                 )
             )
+    return out
+
+
+def _disk_refusals(where: str, facts: HostFacts, host: Host) -> list[Verdict]:
+    out: list[Verdict] = []
     for setting, what, need in (
         (host.settings.log_dir, "logs", MIN_LOG_DISK_BYTES),
         (host.settings.state_dir, "fleet's state", MIN_STATE_DISK_BYTES),
@@ -460,7 +491,11 @@ def preflight(
                     f"{need >> 20} MiB before it stops anything). Free disk space there first.",
                 )
             )
-    out += facts_warnings(host, facts)
+    return out
+
+
+def _foreign_gpu_memory(where: str, gpus: GpuSummary, facts: HostFacts, host: Host) -> list[Verdict]:
+    out: list[Verdict] = []
     # memory on the deployment's GPUs that no engine of fleet's user holds: the fit above assumed it free
     engines = {p.pid for p in facts.servers if p.uid == facts.uid}
     for g in facts.gpus:
