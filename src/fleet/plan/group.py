@@ -103,6 +103,15 @@ def group_preflight(
                 "one host, or as replicas of a service.",
             )
         )
+    out += _address_refusals(nodes, facts)
+    out += _sameness_refusals(nodes, facts, plans, gpus_per_node, engine)
+    out += _rendezvous_refusals(nodes, facts, dist_port, own_pids)
+    return out
+
+
+def _address_refusals(nodes: Sequence[Node], facts: Sequence[HostFacts]) -> list[Verdict]:
+    """Each rank on a host of its own, reachable by the others at an address that is not loopback."""
+    out: list[Verdict] = []
     missing = [n.host for n in nodes if not n.address]
     if missing:
         out.append(
@@ -135,6 +144,18 @@ def group_preflight(
                 "themselves; set node_address: for it in the inventory",
             )
         )
+    return out
+
+
+def _sameness_refusals(
+    nodes: Sequence[Node],
+    facts: Sequence[HostFacts],
+    plans: Sequence[LaunchPlan],
+    gpus_per_node: Sequence[int],
+    engine: str,
+) -> list[Verdict]:
+    """Every rank runs one command: the same engine version, flags, model files and GPU count."""
+    out: list[Verdict] = []
     versions = {n.host: show_version(p.engine_version) for n, p in zip(nodes, plans, strict=True)}
     if len(set(versions.values())) > 1:
         shown = ", ".join(f"{h} {v}" for h, v in versions.items())
@@ -172,6 +193,14 @@ def group_preflight(
         out.append(
             Verdict("error", RULE, f"the nodes give the group different GPU counts ({shown}); each rank takes as many")
         )
+    return out
+
+
+def _rendezvous_refusals(
+    nodes: Sequence[Node], facts: Sequence[HostFacts], dist_port: int, own_pids: Collection[int]
+) -> list[Verdict]:
+    """Rank 0's dist port free (but for the group's own rank 0), and reachable from every node."""
+    out: list[Verdict] = []
     rank0 = facts[0]
     holder = rank0.port_holder(dist_port)
     if holder is not None and holder.pid not in own_pids:  # the group's own rank 0 is stopped, then relaunched
