@@ -36,7 +36,7 @@ def gpus_seen(tmp_path: Path, pynvml: str | None) -> dict[str, object]:
         + f"sys.path[:] = [{str(site)!r}] + [p for p in sys.path if p and 'site-packages' not in p]\n"
         + "FLEET_PROBE_AS_LIBRARY = True\n"
         + source_for("probe")
-        + "\nimport json\nprint(json.dumps(_gpus()))\n"
+        + "\nimport json\nprint(json.dumps(gpu_facts()))\n"
     )
     empty = tmp_path / "bin"
     empty.mkdir()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.crashes import Diagnosis
 from fleet.facts import DeploymentRecord, HostFacts, gpu_mismatches
+from fleet.facts.parse import Gpu
 from fleet.protocol import FAILED, LIVE, STARTING, STOPPED, UNVERIFIED
 
 if TYPE_CHECKING:
@@ -342,60 +343,12 @@ def _gpu_checks(
 ) -> list[Check]:
     """Once per GPU: faults, heat, throttling; memory against the deployment placed there (a server
     holding none of its GPU's memory, memory used on a GPU no deployment runs on, someone else's
-    process on a deployment's GPU)."""
+    process on a deployment's GPU). Then GPUs unread or missing, and the kernel's Xid lines."""
     checks: list[Check] = []
     starting = any(d.state.get("status") == STARTING for d in facts.remote.deployments.values())
     owner = {i: name for name, (_, gpus, _) in alive_groups.items() for i in gpus}
     for g in facts.gpus:
-        if g.ecc_uncorrected:
-            checks.append(
-                Check(
-                    f"gpu{g.index} ecc",
-                    CRITICAL,
-                    f"{g.ecc_uncorrected} uncorrected ECC errors",
-                    hardware=True,
-                    gpu=g.index,
-                )
-            )
-        if g.retired_pages_pending:
-            checks.append(
-                Check(
-                    f"gpu{g.index} retired_pages",
-                    CRITICAL,
-                    "page retirement pending (reset the GPU)",
-                    hardware=True,
-                    gpu=g.index,
-                )
-            )
-        if g.row_remap_pending:
-            checks.append(
-                Check(
-                    f"gpu{g.index} row_remap",
-                    CRITICAL,
-                    "row remapping pending (reset the GPU)",
-                    hardware=True,
-                    gpu=g.index,
-                )
-            )
-        if g.row_remap_failure:
-            checks.append(
-                Check(
-                    f"gpu{g.index} row_remap",
-                    CRITICAL,
-                    "row remapping failed: no spare rows left (the GPU needs service)",
-                    hardware=True,
-                    gpu=g.index,
-                )
-            )
-        if g.temperature_c is not None and g.temperature_c >= 83:
-            checks.append(
-                Check(
-                    f"gpu{g.index} temperature", CRITICAL if g.temperature_c >= 90 else WARNING, f"{g.temperature_c}°C"
-                )
-            )
-        bad = [name for bit, name in THROTTLE_BAD.items() if (g.throttle_reasons or 0) & bit]
-        if bad:
-            checks.append(Check(f"gpu{g.index} throttle", WARNING, ", ".join(bad)))
+        checks += _gpu_faults(g)
         name = owner.get(g.index)
         if name is None:
             if not starting and g.memory_used_mib > 1024:
@@ -411,36 +364,52 @@ def _gpu_checks(
             checks.append(
                 Check(f"gpu{g.index} foreign", WARNING, f"processes not of the server: {foreign}", deployment=name)
             )
-    unread = bool(facts.gpu_error) and not facts.gpus
-    if unread:  # no GPU checks ran at all: not "OK"
+    return checks + _gpus_unread_or_missing(facts, expected_gpus) + _xid_checks(raw)
+
+
+def _gpu_faults(g: Gpu) -> list[Check]:
+    """Faults that need the GPU reset or serviced (hardware: a restart of the server cannot help), heat and
+    throttling."""
+    hardware = (
+        (g.ecc_uncorrected, "ecc", f"{g.ecc_uncorrected} uncorrected ECC errors"),
+        (g.retired_pages_pending, "retired_pages", "page retirement pending (reset the GPU)"),
+        (g.row_remap_pending, "row_remap", "row remapping pending (reset the GPU)"),
+        (g.row_remap_failure, "row_remap", "row remapping failed: no spare rows left (the GPU needs service)"),
+    )
+    checks = [Check(f"gpu{g.index} {n}", CRITICAL, said, hardware=True, gpu=g.index) for on, n, said in hardware if on]
+    if g.temperature_c is not None and g.temperature_c >= 83:
+        level = CRITICAL if g.temperature_c >= 90 else WARNING
+        checks.append(Check(f"gpu{g.index} temperature", level, f"{g.temperature_c}°C"))
+    bad = [name for bit, name in THROTTLE_BAD.items() if (g.throttle_reasons or 0) & bit]
+    if bad:
+        checks.append(Check(f"gpu{g.index} throttle", WARNING, ", ".join(bad)))
+    return checks
+
+
+def _gpus_unread_or_missing(facts: HostFacts, expected_gpus: ExpectedGpus | None) -> list[Check]:
+    if facts.gpu_error and not facts.gpus:  # no GPU checks ran at all: not "OK"
         # NVML and nvidia-smi both failing is the driver (not loaded, a GPU fallen off the bus); a host with
         # neither tool installed is only unobservable.
         no_tools = facts.gpu_source == "none" and facts.gpu_tools_missing
-        checks.append(
-            Check(
-                "gpus",
-                WARNING if no_tools else CRITICAL,
-                f"cannot read the GPUs: {facts.gpu_error}",
-                hardware=not no_tools,
-            )
-        )
-    for mismatch in [] if unread else gpu_mismatches(expected_gpus, facts.gpus):
-        # Fewer GPUs than the box has is hardware (a restart cannot bring one back); the rest is a warning.
-        checks.append(
-            Check("gpus", CRITICAL if mismatch.missing else WARNING, mismatch.message, hardware=mismatch.missing)
-        )
+        level = WARNING if no_tools else CRITICAL
+        return [Check("gpus", level, f"cannot read the GPUs: {facts.gpu_error}", hardware=not no_tools)]
+    # Fewer GPUs than the box has is hardware (a restart cannot bring one back); the rest is a warning.
+    return [
+        Check("gpus", CRITICAL if m.missing else WARNING, m.message, hardware=m.missing)
+        for m in gpu_mismatches(expected_gpus, facts.gpus)
+    ]
+
+
+def _xid_checks(raw: dict[str, Any]) -> list[Check]:
+    checks = []
     for line in raw.get("kernel", []):
         m = XID_RE.search(line)
         if m:
             xid = int(m.group(2))
             hw = xid in HARDWARE_XIDS
+            meaning = XID_MEANING.get(xid, "see NVIDIA Xid catalogue")
             checks.append(
-                Check(
-                    f"xid {xid}",
-                    CRITICAL if hw else WARNING,
-                    f"Xid {xid} ({XID_MEANING.get(xid, 'see NVIDIA Xid catalogue')}) on {m.group(1)}",
-                    hardware=hw,
-                )
+                Check(f"xid {xid}", CRITICAL if hw else WARNING, f"Xid {xid} ({meaning}) on {m.group(1)}", hardware=hw)
             )
     return checks
 
