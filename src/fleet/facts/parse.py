@@ -304,32 +304,15 @@ def _proc(d: dict[str, Any]) -> Proc:
     )
 
 
-def parse_facts(host: str, text: str) -> HostFacts:
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise HostStepError(
-            f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
-            "Run with --debug for all it printed.",
-            text[-2000:],
-        ) from exc
-    if "probe_error" in raw or "error" in raw:
-        why = raw.get("probe_error") or raw.get("error")
-        raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")
-    # other users' command lines (GPU holders, servers) may carry credentials: masked before fleet keeps,
-    # prints or records any of them (`fleet facts --json` prints this raw document)
-    for key, where in (("servers", raw), ("holders", raw.get("devices") or {})):
-        if isinstance(where, dict) and isinstance(where.get(key), list):
-            where[key] = shown_processes(p for p in where[key] if isinstance(p, dict))
-    gpu = raw.get("gpu", {})
-    by_file = (raw.get("devices") or {}).get("by_file") or {}
+def _gpus(gpu: dict[str, Any], by_file: Any) -> tuple[Gpu, ...]:
+    """The probe's GPUs, each with the processes holding its device file (`by_file`: nvidiaN -> pids)."""
 
     def holders_of(g: dict[str, Any]) -> tuple[int, ...]:
         minor = g.get("minor") if isinstance(g.get("minor"), int) else g["index"]
         held = by_file.get(f"nvidia{minor}") if isinstance(by_file, dict) else None
         return tuple(int(p) for p in held if isinstance(p, int)) if isinstance(held, list) else ()
 
-    gpus = tuple(
+    return tuple(
         Gpu(
             index=int(g["index"]),
             name=str(g["name"]),
@@ -349,6 +332,43 @@ def parse_facts(host: str, text: str) -> HostFacts:
         )
         for g in gpu.get("gpus", [])
     )
+
+
+def _model_files(m: dict[str, Any]) -> ModelFiles:
+    return ModelFiles(
+        path=m["path"],
+        exists=bool(m.get("exists")),
+        config=m.get("config"),
+        config_error=m.get("config_error"),
+        quant_config=m.get("quant_config"),
+        weights_bytes=m.get("weights_bytes"),
+        mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
+        listing=str(m["listing"]) if m.get("listing") else None,
+        damage=tuple(str(x) for x in m.get("damage") or [] if isinstance(m.get("damage"), list)),
+        gguf=tuple(str(x) for x in m.get("gguf") or [] if isinstance(m.get("gguf"), list))[:8],
+        sentence_transformers=m.get("sentence_transformers") is True,
+    )
+
+
+def parse_facts(host: str, text: str) -> HostFacts:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise HostStepError(
+            f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
+            "Run with --debug for all it printed.",
+            text[-2000:],
+        ) from exc
+    if "probe_error" in raw or "error" in raw:
+        why = raw.get("probe_error") or raw.get("error")
+        raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")
+    # other users' command lines (GPU holders, servers) may carry credentials: masked before fleet keeps,
+    # prints or records any of them (`fleet facts --json` prints this raw document)
+    for key, where in (("servers", raw), ("holders", raw.get("devices") or {})):
+        if isinstance(where, dict) and isinstance(where.get(key), list):
+            where[key] = shown_processes(p for p in where[key] if isinstance(p, dict))
+    gpu = raw.get("gpu", {})
+    gpus = _gpus(gpu, (raw.get("devices") or {}).get("by_file") or {})
     engines = {
         name: EngineInstall(
             engine=name,
@@ -359,24 +379,7 @@ def parse_facts(host: str, text: str) -> HostFacts:
         )
         for name, e in raw.get("engines", {}).items()
     }
-    m = raw.get("model")
-    model = (
-        ModelFiles(
-            path=m["path"],
-            exists=bool(m.get("exists")),
-            config=m.get("config"),
-            config_error=m.get("config_error"),
-            quant_config=m.get("quant_config"),
-            weights_bytes=m.get("weights_bytes"),
-            mtp_weight_layers=int(m.get("mtp_weight_layers") or 0),
-            listing=str(m["listing"]) if m.get("listing") else None,
-            damage=tuple(str(x) for x in m.get("damage") or [] if isinstance(m.get("damage"), list)),
-            gguf=tuple(str(x) for x in m.get("gguf") or [] if isinstance(m.get("gguf"), list))[:8],
-            sentence_transformers=m.get("sentence_transformers") is True,
-        )
-        if m
-        else None
-    )
+    model = _model_files(raw["model"]) if raw.get("model") else None
     remote = _remote_state(raw.get("state") or {})
     devices = raw.get("devices", {})
     return HostFacts(
