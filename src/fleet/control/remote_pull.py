@@ -28,7 +28,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
@@ -361,33 +361,19 @@ def main(a: Dict[str, Any]) -> None:
     drop_unfinished(partial)
     if marker is not None:
         seed(partial, target, files, broken)
-    have = sum(
-        f["size"]
-        for n, f in files.items()
-        if os.path.isfile(os.path.join(partial, n)) and os.path.getsize(os.path.join(partial, n)) == f["size"]
-    )
+    have = sum(f["size"] for n, f in files.items() if whole_here(os.path.join(partial, n), f["size"]))
     free = free_bytes(partial)
     emit({"e": "planned", "files": len(files), "bytes": total, "have": have, "free": free, "commit": commit})
     if total - have + DISK_MARGIN > free:
         why = "not enough disk: %d bytes to download, %d free at %s (and %d kept free); nothing downloaded"
         return refuse("disk", why % (total - have, free, parent, DISK_MARGIN))
 
-    failed = []  # type: List[BaseException]
-
-    def download() -> None:
-        try:
-            snapshot_download(repo_id=a["repo"], revision=commit, local_dir=partial, token=token, max_workers=4)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            failed.append(exc)
-
-    worker = threading.Thread(target=download, daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(PROGRESS_EVERY_S)
-        gone_now()
-        emit({"e": "progress", "done": min(total, bytes_under(partial)), "total": total})
-    if failed:
-        error = failed[0]
+    error = download_into(
+        partial,
+        total,
+        lambda: snapshot_download(repo_id=a["repo"], revision=commit, local_dir=partial, token=token, max_workers=4),
+    )
+    if error is not None:
         full = isinstance(error, OSError) and error.errno == errno.ENOSPC or "No space left" in str(error)
         why = "the download failed: %s: %s" % (type(error).__name__, str(error)[:2000])
         return refuse("disk" if full else "download", why + (" (at %s)" % partial if full else ""), stage="download")
@@ -404,6 +390,30 @@ def main(a: Dict[str, Any]) -> None:
     marker = {"repo": a["repo"], "revision": revision, "commit": commit, "pulled_at": time.time()}
     swap_in(target, partial, dict(marker, verified=stamps(partial, files)))
     emit({"e": "pulled", "files": len(files), "bytes": total, "checksums": checked, "commit": commit})
+
+
+def whole_here(path: str, size: int) -> bool:
+    return os.path.isfile(path) and os.path.getsize(path) == size
+
+
+def download_into(partial: str, total: int, download: Callable[[], Any]) -> Optional[BaseException]:
+    """Run `download` (the Hub client's, into `partial`) in a thread, saying the bytes there every
+    PROGRESS_EVERY_S and stopping if fleet is gone; what it raised, if anything."""
+    failed = []  # type: List[BaseException]
+
+    def run_it() -> None:
+        try:
+            download()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run_it, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(PROGRESS_EVERY_S)
+        gone_now()
+        emit({"e": "progress", "done": min(total, bytes_under(partial)), "total": total})
+    return failed[0] if failed else None
 
 
 def gone_now() -> None:
