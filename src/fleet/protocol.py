@@ -187,3 +187,41 @@ class LogsEvent(TypedDict, total=False):
 class HealDecision(TypedDict):
     allowed: bool
     recent: int
+
+
+class RouterAction(TypedDict, total=False):
+    """One thing a service's router step is asked, in order (`do`): ensure (started with `argv`; `replace`
+    one running with other options), workers, add and remove (`url`; `keep_one_healthy`), ask (the smoke
+    request through it), health, stop, remember and recall (a roll's last good replicas), lease."""
+
+    do: str
+    argv: List[str]
+    replace: bool
+    wait_s: float
+    url: str
+    keep_one_healthy: bool
+    circuit_wait_s: float
+    served_name: str
+    smoke: Dict[str, Any]
+    timeout_s: float
+    replicas: Dict[str, Any]
+    run_id: str  # lease: the run that holds it, who, for what, how long untouched it stands
+    owner: Optional[str]
+    command: Optional[str]
+    ttl_s: float
+    peek: bool
+    release: bool
+
+
+class RouterRequest(RouterAction, total=False):
+    """The router step's request: which service's router (its record, log, address and ports) and the
+    actions; each action runs with these keys merged in."""
+
+    service: str
+    source: str  # the service file: another file of the same name is another service
+    state_dir: str
+    log_dir: str
+    port: int
+    metrics_port: int
+    bind: str
+    actions: List[RouterAction]

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
@@ -28,9 +28,10 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import http_request, read_record, write_record
     from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
     from fleet.host_smoke import smoke_request
+    from fleet.protocol import RouterRequest
 
 
-def _dir(a: Dict[str, Any], create: bool = True) -> str:
+def _dir(a: RouterRequest, create: bool = True) -> str:
     """state_dir/services/NAME; made only by the actions that write there (status and health change nothing)."""
     path = os.path.join(os.path.expanduser(a["state_dir"]), "services", a["service"])
     if create:
@@ -38,12 +39,12 @@ def _dir(a: Dict[str, Any], create: bool = True) -> str:
     return path
 
 
-def _base(a: Dict[str, Any]) -> str:
+def _base(a: RouterRequest) -> str:
     bind = a["bind"] if a["bind"] not in ("0.0.0.0", "::") else "127.0.0.1"
     return "http://%s:%d" % ("[%s]" % bind if ":" in bind else bind, a["port"])
 
 
-def circuits_open(a: Dict[str, Any]) -> Set[str]:
+def circuits_open(a: RouterRequest) -> Set[str]:
     """Workers whose circuit the router does not hold closed (open: it answers 503 "no available workers"
     rather than send them requests, for a minute after ten failures, even while their /health is fine,
     sglang #13894; half-open: it lets a few trial requests through and refuses the rest), from its
@@ -60,7 +61,7 @@ def circuits_open(a: Dict[str, Any]) -> Set[str]:
     return found
 
 
-def _foreign(rec: Optional[Dict[str, Any]], a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _foreign(rec: Optional[Dict[str, Any]], a: RouterRequest) -> Optional[Dict[str, Any]]:
     """An error when the recorded router was started from another service file of the same name."""
     source = (rec or {}).get("source")
     if source and source != a["source"]:
@@ -71,7 +72,7 @@ def _foreign(rec: Optional[Dict[str, Any]], a: Dict[str, Any]) -> Optional[Dict[
     return None
 
 
-def running_router(a: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def running_router(a: RouterRequest) -> Optional[Dict[str, Any]]:
     """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
     rec = read_record(os.path.join(_dir(a, create=False), "router.json"))
     if not rec or rec.get("boot_id") != boot_id():
@@ -103,7 +104,7 @@ def _log_tail(path: str, lines: int = 30) -> List[str]:
         return []
 
 
-def ensure(a: Dict[str, Any]) -> Dict[str, Any]:
+def ensure(a: RouterRequest) -> Dict[str, Any]:
     """The router running with exactly `argv`: left alone when it is, else started and waited for. One
     running with other options is replaced only when `replace` says so (a new router knows no workers:
     requests fail until fleet registers them again), and only after its new ports proved free."""
@@ -153,7 +154,7 @@ def ensure(a: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def workers(a: Dict[str, Any]) -> Dict[str, Any]:
+def workers(a: RouterRequest) -> Dict[str, Any]:
     status, text, _ = http_request("GET", _base(a) + "/workers", timeout=10)
     if status != 200:
         return {"error": "the router's /workers answered %s: %s" % (status, text[:200])}
@@ -175,7 +176,7 @@ def workers(a: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def workers_or_raise(a: Dict[str, Any]) -> List[Dict[str, Any]]:
+def workers_or_raise(a: RouterRequest) -> List[Dict[str, Any]]:
     found = workers(a)
     if "error" in found:
         raise RuntimeError(found["error"])
@@ -183,11 +184,11 @@ def workers_or_raise(a: Dict[str, Any]) -> List[Dict[str, Any]]:
     return listed
 
 
-def _listed(a: Dict[str, Any], url: str) -> List[Dict[str, Any]]:
+def _listed(a: RouterRequest, url: str) -> List[Dict[str, Any]]:
     return [w for w in workers_or_raise(a) if w.get("url") == url]
 
 
-def add(a: Dict[str, Any]) -> Dict[str, Any]:
+def add(a: RouterRequest) -> Dict[str, Any]:
     """Register `url` (unless it is) and wait until the router lists it healthy."""
     url = a["url"]
     if not _listed(a, url):
@@ -203,7 +204,7 @@ def add(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"error": "the router did not list %s as healthy within %ss" % (url, a.get("wait_s", 60))}
 
 
-def remove(a: Dict[str, Any]) -> Dict[str, Any]:
+def remove(a: RouterRequest) -> Dict[str, Any]:
     """Deregister `url` and wait until the router no longer lists it (removal is asynchronous in 0.3.2)."""
     url = a["url"]
     if a.get("keep_one_healthy"):  # checked here, by the router's own view at this moment
@@ -226,7 +227,7 @@ def remove(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"error": "the router still lists %s after %ss" % (url, a.get("wait_s", 30))}
 
 
-def _last_available(a: Dict[str, Any], url: str) -> Optional[str]:
+def _last_available(a: RouterRequest, url: str) -> Optional[str]:
     """Why `url` may not leave the router: no other worker it lists is healthy with its circuit closed.
     Open circuits close by themselves (after 60 s by default): waited for, up to `circuit_wait_s`."""
     deadline = time.time() + a.get("circuit_wait_s", 90)
@@ -246,11 +247,11 @@ def _last_available(a: Dict[str, Any], url: str) -> Optional[str]:
         time.sleep(1)
 
 
-def ask(a: Dict[str, Any]) -> Dict[str, Any]:
+def ask(a: RouterRequest) -> Dict[str, Any]:
     return {"answer": smoke_request(_base(a), a["served_name"], a["smoke"], a.get("timeout_s", 60))}
 
 
-def health(a: Dict[str, Any]) -> Dict[str, Any]:
+def health(a: RouterRequest) -> Dict[str, Any]:
     """The router's /health, whether fleet's recorded router runs, and whether the service is up at all
     (a router record exists from `fleet up` and no `fleet down` removed it)."""
     status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
@@ -258,7 +259,7 @@ def health(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"router_running": running_router(a) is not None, "health": status, "text": text[:200], "up": recorded}
 
 
-def stop(a: Dict[str, Any]) -> Dict[str, Any]:
+def stop(a: RouterRequest) -> Dict[str, Any]:
     rec = running_router(a)
     if rec is None:
         return {"ended_pid": None}
@@ -268,7 +269,7 @@ def stop(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"ended_pid": rec["pid"]}
 
 
-def remember(a: Dict[str, Any]) -> Dict[str, Any]:
+def remember(a: RouterRequest) -> Dict[str, Any]:
     """Merge `replicas` (deployment -> what to remember of it) into the service's record."""
     path = os.path.join(_dir(a), "service.json")
     rec = read_record(path) or {}
@@ -281,11 +282,11 @@ def remember(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"remembered": sorted(a["replicas"])}
 
 
-def recall(a: Dict[str, Any]) -> Dict[str, Any]:
+def recall(a: RouterRequest) -> Dict[str, Any]:
     return {"record": read_record(os.path.join(_dir(a, create=False), "service.json")) or {}}
 
 
-def lease(a: Dict[str, Any]) -> Dict[str, Any]:
+def lease(a: RouterRequest) -> Dict[str, Any]:
     """The service's own lock: one command that changes it (up, a roll, down) at a time. A lease the
     holder keeps touching; one left untouched for `ttl_s` (its fleet killed, its machine gone) is stale
     and taken over. `peek`: only say who holds it; `release`: give it up (if it is this run's)."""
@@ -340,14 +341,14 @@ ACTIONS = {
 
 
 def main() -> None:
-    common = json.loads(sys.argv[1])
+    common = cast(RouterRequest, json.loads(sys.argv[1]))
     results = []  # type: List[Dict[str, Any]]
     foreign = _foreign(read_record(os.path.join(_dir(common, create=False), "router.json")), common)
     if foreign:  # another service file of the same name runs here: none of its records are touched
         sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
         return
     for action in common.pop("actions"):
-        a = dict(common, **action)
+        a = cast(RouterRequest, dict(common, **action))
         try:
             result = ACTIONS[a["do"]](a)
         except Exception as exc:  # the router not answering, a record that cannot be written

@@ -42,7 +42,7 @@ from fleet.plan.service import (
     url_host,
     with_router,
 )
-from fleet.protocol import READY
+from fleet.protocol import READY, RouterAction, RouterRequest
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
@@ -118,7 +118,7 @@ class ServiceRun:
         spec, s = service.spec.router, self.router_host.settings
         self.python = spec.python or s.engines.get("sglang") or "python3"
         self.argv = router_argv(self.python, s.bind_address, spec.port, spec.policy, spec.metrics)
-        self.common = {
+        self.common: RouterRequest = {
             "service": service.name,
             "state_dir": s.state_dir,
             "log_dir": s.log_dir,
@@ -161,7 +161,13 @@ class ServiceRun:
         """Holds the service's lease (on the router's host) while `command` changes the service: a second
         up, roll or down at once is refused, not interleaved. The lease is touched from a thread of its
         own over its own connection; one left by a run that died expires after LEASE_TTL_S."""
-        lease = {"do": "lease", "run_id": run_id(), "owner": owner(), "command": command, "ttl_s": LEASE_TTL_S}
+        lease: RouterAction = {
+            "do": "lease",
+            "run_id": run_id(),
+            "owner": owner(),
+            "command": command,
+            "ttl_s": LEASE_TTL_S,
+        }
         got = self.router(rt, lease)[0]
         if got.get("held"):
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(got.get("since") or 0)))
@@ -185,8 +191,9 @@ class ServiceRun:
         finally:
             done.set()
             keeper.join(timeout=10)
+            release: RouterAction = {**lease, "release": True}
             with contextlib.suppress(FleetError):
-                self.router(rt, {**lease, "release": True})
+                self.router(rt, release)
 
     def busy(self, rt: Transport) -> str | None:
         """Who holds the service's lease now, in words; None when nobody does."""
@@ -195,8 +202,9 @@ class ServiceRun:
 
     # --- the router ---------------------------------------------------------------------------------
 
-    def router(self, t: Transport, *actions: dict[str, Any], timeout_s: float = 300.0) -> list[dict[str, Any]]:
-        out = run_json(t, self.python, "router", {**self.common, "actions": list(actions)}, timeout_s=timeout_s)
+    def router(self, t: Transport, *actions: RouterAction, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        request: RouterRequest = {**self.common, "actions": list(actions)}
+        out = run_json(t, self.python, "router", dict(request), timeout_s=timeout_s)
         results: list[dict[str, Any]] = out.get("results") or []
         failed = next((r for r in results if "error" in r), None)
         if failed is None:
@@ -325,14 +333,15 @@ class ServiceRun:
             self.ensure_router(rt, replace=True)
             outcomes = self.by_host(lambda t, r: self._deploy(t, r, relaunch=False))
             ready = [o for o in outcomes if o.ok and o.url]
+            urls = [o.url for o in ready if o.url]
             workers = self.router(rt, {"do": "workers"})[0]["workers"]
-            wanted = {o.url for o in ready}
+            wanted = set(urls)
             # a replica fleet could not deploy (its host unreachable, its new plan refused) may still serve:
             # its worker stays; one whose deploy ran and failed has no server left
             unknown = {self.reachable(o.replica) for o in outcomes if o.result is None}
             stale = sorted(u for u in {str(w["url"]) for w in workers} - wanted if url_host(u) not in unknown)
-            actions: list[dict[str, Any]] = [{"do": "remove", "url": u} for u in stale]
-            actions += [{"do": "add", "url": o.url, "wait_s": REGISTER_WAIT_S} for o in ready]
+            actions: list[RouterAction] = [{"do": "remove", "url": u} for u in stale]
+            actions += [{"do": "add", "url": u, "wait_s": REGISTER_WAIT_S} for u in urls]
             if ready:
                 actions.append(self._remember_good(ready))
             if actions:
@@ -344,7 +353,7 @@ class ServiceRun:
             answer = self.ask(rt, ready[0].result.plan.task) if ready and ready[0].result else None
         return self._result(outcomes, answer)
 
-    def _remember_good(self, done: list[ReplicaOutcome]) -> dict[str, Any]:
+    def _remember_good(self, done: list[ReplicaOutcome]) -> RouterAction:
         """The router-step action that keeps each proved replica's record as its last good one."""
         good = {
             o.replica.deployment: {
@@ -381,9 +390,13 @@ class ServiceRun:
             started = self.ensure_router(rt, replace=False)["router"] == "started"
             states, workers, records = self.states(rt)
             if started:  # a new router knows no workers: the ready replicas first
-                ready = [s for s in states if s.status == READY and s.url]
-                if ready:
-                    self.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in ready])
+                adds: list[RouterAction] = [
+                    {"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S}
+                    for s in states
+                    if s.status == READY and s.url
+                ]
+                if adds:
+                    self.router(rt, *adds)
                 states, workers, records = self.states(rt)
             good = (self.router(rt, {"do": "recall"})[0]["record"].get("replicas") or {}) if rollback else {}
             order = sorted(range(len(self.replicas)), key=lambda i: states[i].serving)
@@ -455,12 +468,21 @@ class ServiceRun:
     def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
         """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
         router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
-        actions: list[dict[str, Any]] = []
+        if state.url is None:  # never deployed: the router cannot list it
+            return None
+        actions: list[RouterAction] = []
         if record and record.get("status") == READY:
             host, deployment = state.replica.split("/", 1)
             actions.append({"do": "remember", "replicas": {deployment: {"host": host, "good": record}}})
-        remove = {"do": "remove", "url": state.url, "wait_s": 30, "keep_one_healthy": True}
-        actions.append(dict(remove, circuit_wait_s=self.circuit_wait_s))
+        actions.append(
+            {
+                "do": "remove",
+                "url": state.url,
+                "wait_s": 30,
+                "keep_one_healthy": True,
+                "circuit_wait_s": self.circuit_wait_s,
+            }
+        )
         refused = self.router(rt, *actions)[-1].get("refused")
         if refused:
             return str(refused)

@@ -12,7 +12,7 @@ from fleet.control.service import REGISTER_WAIT_S, ReplicaOutcome, ServiceRun
 from fleet.errors import DeployFailed, FleetError, HostStepError
 from fleet.inventory.services import PlacedReplica
 from fleet.plan.service import ReplicaState, recorded_task, service_checks, strangers
-from fleet.protocol import READY
+from fleet.protocol import READY, RouterAction
 from fleet.transport import Transport
 
 
@@ -52,7 +52,10 @@ def service_health(run: ServiceRun, *, heal: bool, ask: bool = True) -> ServiceH
         if heal:
             lost = [s for s in states if s.status == READY and s.url and not s.registered]
             if lost:
-                run.router(rt, *[{"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost])
+                adds: list[RouterAction] = [
+                    {"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S} for s in lost if s.url
+                ]
+                run.router(rt, *adds)
                 healed += [f"registered {s.replica} again" for s in lost]
                 states, workers, records = run.states(rt)
         answer = run.ask(rt, recorded_task(records)) if ask and any(s.serving for s in states) else None
@@ -77,7 +80,8 @@ def service_down(run: ServiceRun) -> tuple[list[str], list[FleetError]]:
             try:
                 workers = run.router(rt, {"do": "workers"})[0]["workers"]
                 if workers:
-                    run.router(rt, *[{"do": "remove", "url": w["url"]} for w in workers])
+                    removes: list[RouterAction] = [{"do": "remove", "url": str(w["url"])} for w in workers]
+                    run.router(rt, *removes)
                     done.append(f"deregistered {len(workers)} worker(s)")
             except (DeployFailed, HostStepError) as exc:  # a router answering nonsense is still stopped
                 done.append(f"workers not deregistered ({exc.message}); the replicas and router are stopped")
