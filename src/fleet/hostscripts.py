@@ -16,7 +16,7 @@ import hashlib
 import json
 import shlex
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -162,7 +162,7 @@ def step_python(host: Host) -> str:
     return next(iter(host.settings.engines.values()), "python3")
 
 
-def script_for(step: str, args: dict[str, Any], pythons: Sequence[str]) -> str:
+def script_for(step: str, args: Mapping[str, object], pythons: Sequence[str]) -> str:
     """The shell script that runs `step` with `args` under the first of `pythons` (then python3) the host
     has. `~/` paths are expanded here for the interpreter only; everything else is data."""
     tries = " ".join(shlex.quote(p) for p in [*pythons, "python3"])
@@ -182,7 +182,7 @@ def run_json(
     transport: Transport,
     python: str,
     step: str,
-    args: dict[str, Any],
+    args: Mapping[str, object],
     stdin: bytes = b"",
     timeout_s: float = 300.0,
     *,

@@ -225,3 +225,41 @@ class RouterRequest(RouterAction, total=False):
     metrics_port: int
     bind: str
     actions: List[RouterAction]
+
+
+class WatchRequest(TypedDict, total=False):
+    """The watch step's request: follow one attempt's log from `offset`, prove its server (the ready line or
+    /health, then the smoke request; a group's other rank by /health only), and record `success_state` and
+    the `learned` fixes once proven. The API key comes on stdin (`key_on_stdin`), kept as `_api_key`."""
+
+    log: str
+    exit_file: str
+    pgid: int
+    container: Optional[Dict[str, Any]]
+    offset: int
+    ready_seen: bool
+    client_on_stdin: bool
+    ready_regex: str
+    address: str
+    port: int
+    served_name: str
+    smoke: Dict[str, Any]
+    ready_timeout_s: float
+    progress_timeout_s: float
+    startup_key: str
+    startup_fixes: List[str]
+    stall_floor_s: float
+    on_stall: str  # fail | wait
+    health_timeout_s: float
+    settle_s: float
+    state_dir: str
+    deployment: str
+    run_id: str
+    owner: str
+    hold: bool  # a group's rank: proven, it holds its lock until the whole group is
+    stalled_s: float
+    key_on_stdin: bool
+    _api_key: Optional[str]
+    success_state: Dict[str, Any]
+    learned_key: str
+    learned: List[Dict[str, Any]]

@@ -8,13 +8,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from fleet import events
 from fleet.errors import HostSilent, HostUnreachable
 from fleet.hostscripts import EventLines, script_for
 from fleet.plan import LaunchPlan
-from fleet.protocol import Launched, WatchEvent
+from fleet.protocol import Launched, WatchEvent, WatchRequest
 
 if TYPE_CHECKING:
     from fleet.control.deploy import Deployer
@@ -53,7 +53,7 @@ def watch_attempt(
     d: Deployer,
     plan: LaunchPlan,
     launched: Launched,
-    success: dict[str, Any],
+    success: WatchRequest,
     on_line: Callable[[str], None],
     hold: Hold | None = None,
 ) -> list[WatchEvent]:
@@ -128,11 +128,11 @@ def _watch_request(
     d: Deployer,
     plan: LaunchPlan,
     launched: Launched,
-    success: dict[str, Any],
+    success: WatchRequest,
     offset: int,
     watched: list[WatchEvent],
     hold: Hold | None,
-) -> dict[str, Any]:
+) -> WatchRequest:
     """The watch step's request: follow the attempt's log from `offset`, prove the server, and record
     `success` on the host once it is proven."""
     return {

@@ -35,7 +35,17 @@ from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises
 from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
-from fleet.protocol import CRASHED, FAILED, READY, STARTING, STATE_SCHEMA, ActResult, StateRecord, WatchEvent
+from fleet.protocol import (
+    CRASHED,
+    FAILED,
+    READY,
+    STARTING,
+    STATE_SCHEMA,
+    ActResult,
+    StateRecord,
+    WatchEvent,
+    WatchRequest,
+)
 from fleet.secrets import redact
 from fleet.startup import STALL_FLOOR_S, history_key
 from fleet.transport import Transport
@@ -318,7 +328,7 @@ class Deployer:
                 lines = redact(check["output"], self.secrets).splitlines()
                 rec.outcome = "rejected"
             else:
-                learned = {"learned_key": learned_key, "learned": [*learned_existing, *new_learned]}
+                learned: WatchRequest = {"learned_key": learned_key, "learned": [*learned_existing, *new_learned]}
                 lines = self._watched_lines(plan, out, rec, learned)
                 if rec.outcome == READY:
                     result.ok, result.plan, result.new_fixes = True, plan, applied
@@ -382,10 +392,10 @@ class Deployer:
             new_learned.append({"signature": ENGINE_PICKS, "picks": told, "learned_at": _now()})
         return again
 
-    def _watched_lines(self, plan: LaunchPlan, out: ActResult, rec: Attempt, learned: dict[str, Any]) -> list[str]:
+    def _watched_lines(self, plan: LaunchPlan, out: ActResult, rec: Attempt, learned: WatchRequest) -> list[str]:
         """Watch the launched attempt to its end: `rec.outcome` says how it ended (READY: proven), and the
         log lines it left are returned for a diagnosis, with what fleet itself saw (a kill, a timeout)."""
-        success = {
+        success: WatchRequest = {
             "success_state": {"status": READY, "attempts": rec.number, "applied_fixes": list(plan.applied_fixes)},
             **learned,
         }
@@ -418,7 +428,7 @@ class Deployer:
             raise refusal
 
     def _watch_attempt(
-        self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: dict[str, Any], hold: Hold | None = None
+        self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: WatchRequest, hold: Hold | None = None
     ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
         self.progress(events.Stopped(list(out.get("ended", [])), list(out.get("left", [])), out.get("memory")))

@@ -38,7 +38,7 @@ from fleet.model import GENERATE
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
 from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
-from fleet.protocol import CRASHED, FAILED, READY, STARTING, STOPPED, ActResult, StateRecord, WatchEvent
+from fleet.protocol import CRASHED, FAILED, READY, STARTING, STOPPED, ActResult, StateRecord, WatchEvent, WatchRequest
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
 
@@ -360,7 +360,7 @@ class GroupRun:
 
         def watch(i: int) -> RankOutcome:
             rec = Attempt(0, plans[i].argv())
-            success = {
+            success: WatchRequest = {
                 "success_state": {
                     "status": READY,
                     "attempts": attempt,

@@ -13,6 +13,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import PHASE_FILE, STARTUP_FILE, deployment_dir, host_guard, read_record, write_record
+    from fleet.protocol import WatchRequest
     from fleet.startup import (
         STALL_FLOOR_S,
         StartupTimeline,
@@ -51,7 +52,7 @@ class StartupWatch:
     """One attempt's start-up as the watcher sees it: `line` says a phase change or progress as an event,
     `stalled` says when the current phase went quiet past its bound, `record` keeps the timeline."""
 
-    def __init__(self, a: Dict[str, Any], started: float) -> None:
+    def __init__(self, a: WatchRequest, started: float) -> None:
         self.key = a.get("startup_key")
         self.state_dir = a["state_dir"]
         self.started = started

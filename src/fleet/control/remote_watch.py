@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Set
+from typing import Any, Dict, Optional, Set, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
@@ -48,7 +48,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_signals import hold_group, release
     from fleet.host_smoke import smoke_request
-    from fleet.protocol import FAILED, READY, STARTING, UNVERIFIED
+    from fleet.protocol import FAILED, READY, STARTING, UNVERIFIED, WatchRequest
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -65,17 +65,17 @@ def alive_group(pgid: int) -> bool:
         return True
 
 
-def smoke(a: Dict[str, Any]) -> Dict[str, Any]:
+def smoke(a: WatchRequest) -> Dict[str, Any]:
     base = base_url(a["address"], a["port"])
     result = smoke_request(base, a["served_name"], a["smoke"], a["smoke"].get("timeout_s", 120), a.get("_api_key"))
     return {"e": "smoke", "ok": result["ok"], "status": result["status"], "text": result["text"]}
 
 
-def lock_path(a: Dict[str, Any]) -> str:
+def lock_path(a: WatchRequest) -> str:
     return os.path.join(deployment_dir(a["state_dir"], a["deployment"]), LOCK_FILE)
 
 
-def touch_lock(a: Dict[str, Any]) -> None:
+def touch_lock(a: WatchRequest) -> None:
     """Keep the run's lock fresh, naming this process as the one that holds it."""
     path = lock_path(a)
     try:
@@ -90,7 +90,7 @@ def touch_lock(a: Dict[str, Any]) -> None:
         pass
 
 
-def on_success(a: Dict[str, Any]) -> None:
+def on_success(a: WatchRequest) -> None:
     state_dir = deployment_dir(a["state_dir"], a["deployment"])
     st_path = os.path.join(state_dir, STATE_FILE)
     st = read_record(st_path) or {}
@@ -116,7 +116,7 @@ def on_success(a: Dict[str, Any]) -> None:
         release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
-def hold(a: Dict[str, Any], client_gone: threading.Event) -> None:
+def hold(a: WatchRequest, client_gone: threading.Event) -> None:
     """A group's rank, proven: keep its lock (touched, so it stays live) until fleet, having proven every
     rank, closes this command's stdin; say so every second, which is when fleet can end the stream."""
     try:
@@ -128,7 +128,7 @@ def hold(a: Dict[str, Any], client_gone: threading.Event) -> None:
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
-def reclaim(a: Dict[str, Any]) -> Optional[str]:
+def reclaim(a: WatchRequest) -> Optional[str]:
     """On a resumed watch (its connection was cut, so the last watcher let go): take the lock and the
     record back for this run; None, or why not (another run took the host meanwhile)."""
     path = lock_path(a)
@@ -151,7 +151,7 @@ def reclaim(a: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def on_client_gone(a: Dict[str, Any]) -> None:
+def on_client_gone(a: WatchRequest) -> None:
     """fleet stopped listening before the server was proven: say so in the record, free the host."""
     try:
         mark_unverified(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
@@ -160,7 +160,7 @@ def on_client_gone(a: Dict[str, Any]) -> None:
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
 
-def watch_client(a: Dict[str, Any]) -> threading.Event:
+def watch_client(a: WatchRequest) -> threading.Event:
     """An event set when fleet's end of this command's stdin closes (only when fleet holds it open)."""
     gone = threading.Event()
     if not a.get("client_on_stdin"):
@@ -178,7 +178,7 @@ def watch_client(a: Dict[str, Any]) -> threading.Event:
     return gone
 
 
-def main(a: Dict[str, Any]) -> None:
+def main(a: WatchRequest) -> None:
     AttemptWatch(a).run()
 
 
@@ -187,7 +187,7 @@ class AttemptWatch:
     (ready timeout, no progress, health), its server proved; each way it can end says its last event and
     keeps its start in the host's history (`end`)."""
 
-    def __init__(self, a: Dict[str, Any]) -> None:
+    def __init__(self, a: WatchRequest) -> None:
         self.a = a
         self.ready_re = re.compile(a["ready_regex"])
         self.log = LogFollower(a["log"], a["offset"])
@@ -337,7 +337,7 @@ class AttemptWatch:
         return True
 
 
-def frozen_client(a: Dict[str, Any], why: str) -> None:
+def frozen_client(a: WatchRequest, why: str) -> None:
     """fleet is connected but reads nothing (stopped with SIGSTOP, swapped out): waiting for it would hold
     the host's lock and leave an engine running that nobody proves. The attempt's server is stopped (its
     container through its runtime: a rootful engine is not fleet's user's to signal; its group, held member
@@ -389,7 +389,7 @@ def stop_attempt_group(pgid: int) -> str:
 
 
 def run() -> None:
-    a = json.loads(sys.argv[1])
+    a = cast(WatchRequest, json.loads(sys.argv[1]))
     try:
         main(a)
         if not OUT.drain(float(a.get("stalled_s", STALLED_S))) and OUT.pending:  # never read: fleet is frozen
