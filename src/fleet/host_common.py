@@ -15,7 +15,7 @@ import re
 import select
 import signal
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
@@ -437,7 +437,7 @@ def migrate_legacy(state_dir: str) -> Optional[str]:
     return name
 
 
-def record_gpus(record: Dict[str, Any]) -> Optional[List[int]]:
+def record_gpus(record: Mapping[str, Any]) -> Optional[List[int]]:
     """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
     value = record.get("gpus")
     if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -445,7 +445,7 @@ def record_gpus(record: Dict[str, Any]) -> Optional[List[int]]:
     return None
 
 
-def record_ports(record: Dict[str, Any]) -> List[int]:
+def record_ports(record: Mapping[str, Any]) -> List[int]:
     """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
     value = record.get("ports")
     if isinstance(value, list) and value and all(isinstance(p, int) for p in value):

@@ -263,3 +263,82 @@ class WatchRequest(TypedDict, total=False):
     success_state: Dict[str, Any]
     learned_key: str
     learned: List[Dict[str, Any]]
+
+
+class LockRequest(TypedDict, total=False):
+    """Which deployment's lock a step takes, for which run and command, and what it may place: `gpus` and
+    `ports` are checked against the host's other deployments when `places` (a launch) is set."""
+
+    state_dir: str
+    deployment: str
+    places: bool
+    gpus: Optional[List[int]]
+    ports: List[int]
+    replace: List[str]  # the deployments this one replaces (--replace)
+    run_id: str
+    owner: str
+    grace_s: float
+    hold_s: float  # a group's prepared host: how long the lock stands with no process holding it
+    command: str
+
+
+class FreeRequest(TypedDict, total=False):
+    """What the act step frees for a deployment: its port and GPUs, under the host's kill policy; the host
+    adds what it found (fleet's recorded group, the deployments beside it and those replaced)."""
+
+    port: Optional[int]
+    bind_address: str
+    gpu_devices: str
+    kill_policy: str
+    gpus: Optional[List[int]]
+    drain_s: float
+    memory_wait_s: float
+    idle_mib: int
+    recorded_pgid: Optional[int]
+    launching: bool
+    siblings: Dict[int, str]
+    replaced: List[int]
+    replaced_names: Dict[int, str]
+    own_containers: List[str]
+
+
+class CheckRequest(TypedDict, total=False):
+    """The engine's own check of a command line, run under `python` (or in the image, `container`);
+    `picks`: also what the engine picks itself where the plan's rules were keyed on it."""
+
+    engine: str
+    python: str
+    args: List[str]
+    env: Dict[str, str]
+    picks: Dict[str, Any]
+    container: Dict[str, Any]
+    prelude: str  # code run first (a stand-in GPU for a check off a GPU host: fleet engine audit)
+    timeout_s: float
+
+
+class LaunchRequest(TypedDict, total=False):
+    name: str
+    attempt: int
+    argv: List[str]
+    env: Dict[str, str]
+    log_dir: str
+    container: Dict[str, Any]
+
+
+class ActRequest(TypedDict, total=False):
+    """The act step's request. Its modes: `check_only` (the engine's verdict, nothing locked), `forget`,
+    `release_lock_only` (with `abandon`: a run interrupted between steps), `prepare_only` (a group's host,
+    locked and checked), a launch (`launch`), or a stop (`state_update`, `release_lock`)."""
+
+    check_only: bool
+    lock: LockRequest
+    free: FreeRequest
+    check: CheckRequest
+    launch: LaunchRequest
+    space: List[Any]  # (setting, path, bytes needed) before anything is stopped
+    state_update: Optional[StateRecord]
+    release_lock: bool
+    release_lock_only: bool
+    abandon: Dict[str, float]
+    forget: bool
+    prepare_only: bool

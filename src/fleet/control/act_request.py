@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet.plan import LaunchPlan
+from fleet.protocol import CheckRequest
 
 
 def run_id() -> str:
@@ -24,12 +25,12 @@ def owner() -> str:
 
 def check_args(
     plan: LaunchPlan, check_name: str, run_options: Sequence[str] = (), premises: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> CheckRequest:
     """The act step's `check`: the engine's own check of `plan`, in the image when it runs in a container
     (`check_name`: the container's name, never another deployment's; `run_options` before the plan's).
     `premises` (fleet.plan.keyed_premises): also ask what the engine picks without the keyed rules' flags,
     and stop before anything is changed where the plan did not stand on those picks."""
-    args: dict[str, Any] = {
+    args: CheckRequest = {
         "engine": plan.engine,
         "python": plan.python,
         "args": plan.engine_args(),

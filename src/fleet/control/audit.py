@@ -25,6 +25,7 @@ from fleet.plan import GpuSummary, LaunchPlan, args_dict, parse_version, show_ve
 from fleet.plan.build import PlanResult
 from fleet.plan.container import PLACEMENT_ENV
 from fleet.plan.defaults import default_changes
+from fleet.protocol import CheckRequest
 
 CHECK_TIMEOUT_S = 300
 
@@ -147,7 +148,7 @@ def parser_verdict(parser: Sequence[str], plan: LaunchPlan, gpus: GpuSummary | N
             "PYTHONPATH": "",
         }
         env.update(_settings(parser))
-        check = {
+        check: CheckRequest = {
             "engine": plan.engine,
             "python": parser[-1],
             "args": args,

@@ -41,7 +41,10 @@ from fleet.protocol import (
     READY,
     STARTING,
     STATE_SCHEMA,
+    ActRequest,
     ActResult,
+    FreeRequest,
+    LockRequest,
     StateRecord,
     WatchEvent,
     WatchRequest,
@@ -155,7 +158,7 @@ class Deployer:
     def startup_key(self, plan: LaunchPlan) -> str:
         return history_key(plan.model_path, plan.engine, show_version(plan.engine_version), self.gpus)
 
-    def _lock_args(self, command: str, *, places: bool = False) -> dict[str, Any]:
+    def _lock_args(self, command: str, *, places: bool = False) -> LockRequest:
         """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
         return {
             "state_dir": self.host.settings.state_dir,
@@ -169,7 +172,7 @@ class Deployer:
             "command": command,
         }
 
-    def _free_args(self, port: int | None) -> dict[str, Any]:
+    def _free_args(self, port: int | None) -> FreeRequest:
         return {
             "port": port,
             "bind_address": self.host.settings.bind_address,
@@ -196,7 +199,7 @@ class Deployer:
     ) -> ActResult:
         """`prepare_only`: lock, check and sort what holds the GPUs, and stop there (the lock kept): a group
         prepares every host before it stops anything on any."""
-        args: dict[str, Any] = {
+        args: ActRequest = {
             "prepare_only": prepare_only,
             "lock": {
                 **self._lock_args(command or self.command, places=launch),

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
@@ -62,7 +62,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_procs import process_table
     from fleet.host_signals import hold_process
-    from fleet.protocol import STOPPED, ActResult
+    from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest
 
 
 def recorded_group(st: Dict[str, Any]) -> Optional[int]:
@@ -98,7 +98,7 @@ def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> 
 
 
 def main() -> ActResult:
-    a = json.loads(sys.argv[1])
+    a = cast(ActRequest, json.loads(sys.argv[1]))
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
@@ -117,7 +117,7 @@ def main() -> ActResult:
     return out
 
 
-def under_lock(a: Dict[str, Any], secrets: Dict[str, str], out: ActResult, root: str, state_dir: str) -> bool:
+def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str, state_dir: str) -> bool:
     """The work once the lock is taken; whether the lock goes now (False: the run holds it on, or forget
     released it)."""
     for path in (os.path.join(state_dir, STATE_FILE), os.path.join(root, LEARNED_FILE)):
@@ -166,12 +166,12 @@ def under_lock(a: Dict[str, Any], secrets: Dict[str, str], out: ActResult, root:
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
         st_path = os.path.join(state_dir, STATE_FILE)
         st = read_record(st_path) or {}
-        st.update(a["state_update"])
+        st.update(a.get("state_update") or {})
         write_record(st_path, st)
     return bool(a.get("release_lock"))
 
 
-def refusal_before_stopping(a: Dict[str, Any], out: ActResult, gone: Callable[[], bool]) -> Optional[bool]:
+def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bool]) -> Optional[bool]:
     """A refusal before anything is stopped (None: go on), and whether the lock goes now."""
     if a.get("check"):
         out["check"] = engine_check(a["check"], gone)
@@ -194,20 +194,21 @@ def refusal_before_stopping(a: Dict[str, Any], out: ActResult, gone: Callable[[]
 
 
 def in_the_way(
-    a: Dict[str, Any], out: ActResult, root: str, previous: Optional[Dict[str, Any]], procs: Dict[int, Dict[str, Any]]
-) -> Tuple[Dict[str, Any], List[Dict[str, Any]], Set[int]]:
+    a: ActRequest, out: ActResult, root: str, previous: Optional[Dict[str, Any]], procs: Dict[int, Dict[str, Any]]
+) -> Tuple[FreeRequest, List[Dict[str, Any]], Set[int]]:
     """The free request with the deployments beside this one (left running) and those it replaces, and
     fleet's own containers of them; others' containers go to out["refused"]."""
     container = (a.get("launch") or {}).get("container")
     # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
     # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
-    free = dict(a["free"], recorded_pgid=recorded_group(previous or {}))
+    free = cast(FreeRequest, dict(a["free"]))
+    free["recorded_pgid"] = recorded_group(previous or {})
     every = all_gpu_indices(expand(free["gpu_devices"]))
     siblings, replaced, sibling_gpus = sibling_groups(
         root, a["lock"]["deployment"], a["lock"].get("replace") or [], every
     )
     if free.get("gpus") is None and sibling_gpus and every is not None:  # all GPUs, but the siblings'
-        free = dict(free, gpus=[i for i in every if i not in sibling_gpus])
+        free["gpus"] = [i for i in every if i not in sibling_gpus]
     # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
     free["launching"] = bool(a.get("launch"))
     replaced_names = list(a["lock"].get("replace") or [])
@@ -224,16 +225,16 @@ def in_the_way(
         ours, refused_containers = fleet_containers(
             named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
         )
-    free = dict(free, siblings=siblings, replaced=sorted(replaced), replaced_names=replaced)
+    free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
     free["own_containers"] = [c["id"] for c in ours]
     out["refused"] = refused_containers
     return free, ours, sibling_gpus
 
 
 def stop_in_the_way(
-    a: Dict[str, Any],
+    a: ActRequest,
     out: ActResult,
-    free: Dict[str, Any],
+    free: FreeRequest,
     ours: List[Dict[str, Any]],
     targets: Dict[int, Dict[str, Any]],
     procs: Dict[int, Dict[str, Any]],

@@ -7,14 +7,14 @@ import select
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Mapping
 
 try:  # the shared host code is prepended when this script is sent to a host
     run_cli  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import run_cli
     from fleet.control.remote_free import expand
-    from fleet.protocol import CheckResult
+    from fleet.protocol import CheckRequest, CheckResult
 
 
 def fleet_text(path: str) -> str:
@@ -35,7 +35,7 @@ CHECKS = {
 }
 
 
-def client_gone(a: Dict[str, Any]) -> bool:
+def client_gone(a: Mapping[str, Any]) -> bool:
     """Whether fleet has gone away (its end of stdin closed: Ctrl-C, kill -9, a cut connection). Only
     asked when fleet said it holds stdin open while it waits for this step."""
     if not a.get("client_on_stdin"):
@@ -81,7 +81,7 @@ def picks_differ(told: Dict[str, str], expect: Dict[str, List[str]]) -> Dict[str
     return dict((k, v) for k, v in told.items() if k in expect and v not in expect[k] and not v.startswith("refused"))
 
 
-def engine_check(c: Dict[str, Any], gone: Callable[[], bool]) -> CheckResult:
+def engine_check(c: CheckRequest, gone: Callable[[], bool]) -> CheckResult:
     code = CHECKS.get(c["engine"])
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}

@@ -27,6 +27,7 @@ except NameError:  # imported as a module (fleet's own tests)
         start_ticks,
     )
     from fleet.host_signals import foreign_members, hold_group, hold_process, release
+    from fleet.protocol import FreeRequest
 
 
 def expand(path: str) -> str:
@@ -155,7 +156,7 @@ def stale_groups(gpu_holders: Set[int], procs: Dict[int, Dict[str, Any]], me: in
 
 
 def classify(
-    a: Dict[str, Any], procs: Dict[int, Dict[str, Any]]
+    a: FreeRequest, procs: Dict[int, Dict[str, Any]]
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
     launch unless forced) and what it leaves running (GPU daemons and tools).
@@ -170,7 +171,8 @@ def classify(
     siblings = dict((int(k), v) for k, v in (a.get("siblings") or {}).items())
     replaced = set(a.get("replaced") or [])
     targets, refused, left = {}, [], []
-    owners, invisible = port_holders(a["port"], a.get("bind_address", "0.0.0.0")) if a.get("port") else (set(), False)
+    port = a.get("port")
+    owners, invisible = port_holders(port, a.get("bind_address", "0.0.0.0")) if port else (set(), False)
     gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | nvml_pids_and_memory(gpus)[0]
     candidates = owners | gpu_holders
     # A stale server is stopped whole: the other engines of the group of an engine of fleet's own user,
@@ -221,10 +223,8 @@ def classify(
             if info["pgid"] in replaced and replacing:  # say which deployment --replace stopped
                 why = "deployment %s's server (--replace)" % replacing
             targets[pid] = dict(info, why=why)
-    if invisible and a.get("port"):
-        refused.append(
-            {"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % a["port"]}
-        )
+    if invisible and port:
+        refused.append({"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % port})
     return targets, refused, left
 
 

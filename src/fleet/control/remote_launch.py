@@ -27,7 +27,7 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import boot_id, start_ticks
-    from fleet.protocol import UNVERIFIED, ActResult, Launched
+    from fleet.protocol import UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
 
 
 # fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
@@ -146,7 +146,7 @@ def short_of_space(needs: List[List[Any]]) -> Optional[Dict[str, Any]]:
 
 def previous_launch(
     previous: Optional[Dict[str, Any]], log_dir: str, secrets: Dict[str, str]
-) -> Union[Dict[str, Any], str]:
+) -> Union[LaunchRequest, str]:
     """The launch arguments of the server a record describes (to roll back to it), or why there are none:
     without the secrets it ran with it would start, but not as it was."""
     plan = previous.get("plan") if isinstance(previous, dict) else None
@@ -163,7 +163,7 @@ def previous_launch(
 
 
 def launch_and_record(
-    a: Dict[str, Any], secrets: Dict[str, str], state_dir: str, previous: Optional[Dict[str, Any]], out: ActResult
+    a: ActRequest, secrets: Dict[str, str], state_dir: str, previous: Optional[Dict[str, Any]], out: ActResult
 ) -> None:
     """Record the new attempt, launch it, record its process. A write that fails here (the disk filled up
     after the check) must not leave the host without a server: the previous one is relaunched."""
@@ -244,7 +244,7 @@ def link_latest(log_dir: str, name: str, log_path: str) -> None:
         pass
 
 
-def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
+def launch(a: LaunchRequest, secrets: Dict[str, str]) -> Launched:
     log_dir = expand(a["log_dir"])
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_fd, log_path, exit_path = new_log(log_dir, a["name"], a["attempt"])
@@ -285,7 +285,7 @@ def launch(a: Dict[str, Any], secrets: Dict[str, str]) -> Launched:
     }
 
 
-def launch_container(a: Dict[str, Any], secrets: Dict[str, str], log_path: str, exit_path: str) -> Launched:
+def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, exit_path: str) -> Launched:
     """`run -d` the engine in its container through fleet's launcher (its PID 1); the secrets go in a 0600
     file the launcher deletes, never in the options `inspect` shows. A `run` that fails (no GPU runtime,
     a CUDA requirement, a name in use) is written to the attempt's log with its exit code, to be diagnosed

@@ -34,10 +34,10 @@ except NameError:  # imported as a module (fleet's own tests)
         write_record,
     )
     from fleet.host_procs import alive, live_process_groups
-    from fleet.protocol import STOPPED, ForgetResult, LockResult
+    from fleet.protocol import STOPPED, ForgetResult, LockRequest, LockResult
 
 
-def take_lock(a: Dict[str, Any]) -> LockResult:
+def take_lock(a: LockRequest) -> LockResult:
     """The deployment's lock, taken under the host's guard (one flock for all deployments: placing
     one and checking the others' GPUs is then one step no other run interleaves with)."""
     root = expand(a["state_dir"])
@@ -83,7 +83,7 @@ def take_lock(a: Dict[str, Any]) -> LockResult:
         return {"status": "taken", "taken_over": taken_over}
 
 
-def held_by_another(path: str, a: Dict[str, Any]) -> Optional[LockResult]:
+def held_by_another(path: str, a: LockRequest) -> Optional[LockResult]:
     """Held while a host process of that run is alive (act, watch), or within a short grace between its
     round trips (longer, `hold_s`, for a group's host prepared while the others are: until every host is,
     and the launch); a run whose fleet was killed leaves a stale lock that the next run takes over."""
@@ -106,7 +106,7 @@ def held_by_another(path: str, a: Dict[str, Any]) -> Optional[LockResult]:
     }
 
 
-def overlapping(root: str, a: Dict[str, Any]) -> List[Dict[str, Any]]:
+def overlapping(root: str, a: LockRequest) -> List[Dict[str, Any]]:
     """Other deployments on a GPU or a port this one is placed on (and that it was not told to replace):
     a running server of theirs, or a run of theirs under way (its lock names its GPUs and ports). The
     check fleet made from the facts, made again here, where no other run can interleave."""
@@ -176,7 +176,7 @@ def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
         write_record(path, st)
 
 
-def wait_for_steps_of_this_run(a: Dict[str, Any], wait_s: float) -> None:
+def wait_for_steps_of_this_run(a: LockRequest, wait_s: float) -> None:
     """fleet was interrupted: a step of the same run still working on the host (it saw fleet's end of its
     stdin close and is finishing: recording, releasing) goes first, so the lock is not freed under it."""
     path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), LOCK_FILE)
