@@ -342,3 +342,14 @@ class ActRequest(TypedDict, total=False):
     abandon: Dict[str, float]
     forget: bool
     prepare_only: bool
+
+
+class ListedFile(TypedDict, total=False):
+    """One file of a model directory as a listing gives it (the Hub's for a pull, the source host's for a
+    push), by its name under the directory: its size, and a checksum where one is known."""
+
+    size: int
+    sha256: Optional[str]  # an LFS file's, from the Hub
+    git_sha1: Optional[str]  # a file kept in git itself: its blob id
+    mtime_ns: int  # the source host's, for a push
+    mode: int

@@ -35,6 +35,7 @@ try:  # the model-file checks are prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.model_files import _damage, _json_file
     from fleet.host_common import stdin_closed
+    from fleet.protocol import ListedFile
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
@@ -69,10 +70,10 @@ def read_secret() -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def hub_listing(api: Any, repo: str, revision: str) -> Tuple[str, Dict[str, Dict[str, Any]]]:
+def hub_listing(api: Any, repo: str, revision: str) -> Tuple[str, Dict[str, ListedFile]]:
     """The commit the revision names now, and every file in it: size and (for LFS files) sha256."""
     commit = api.repo_info(repo_id=repo, revision=revision).sha
-    files = {}  # type: Dict[str, Dict[str, Any]]
+    files = {}  # type: Dict[str, ListedFile]
     for f in api.list_repo_tree(repo_id=repo, revision=commit, recursive=True):
         if getattr(f, "size", None) is None or not hasattr(f, "blob_id"):
             continue  # a folder
@@ -120,7 +121,7 @@ def stamp(path: str) -> List[int]:
 
 
 def problems_in(
-    path: str, files: Optional[Dict[str, Dict[str, Any]]], verified: Optional[Dict[str, Any]] = None
+    path: str, files: Optional[Dict[str, ListedFile]], verified: Optional[Dict[str, Any]] = None
 ) -> Tuple[List[str], int]:
     """What keeps `path` from being the whole model, file by file (at most 20), and how many checksums
     were compared. `files`: what the Hub lists (None when it was not asked: the model's own files only).
@@ -171,7 +172,7 @@ def drop_unfinished(partial: str) -> None:
                     pass
 
 
-def stamps(path: str, files: Dict[str, Dict[str, Any]]) -> Dict[str, List[int]]:
+def stamps(path: str, files: Dict[str, ListedFile]) -> Dict[str, List[int]]:
     return {n: stamp(os.path.join(path, n)) for n in files}
 
 
@@ -203,7 +204,7 @@ def refuse(kind: str, why: str, problems: Optional[List[str]] = None, stage: str
     emit({"e": "refused", "kind": kind, "why": why, "problems": problems or [], "stage": stage})
 
 
-def unsafe_names(files: Dict[str, Dict[str, Any]]) -> List[str]:
+def unsafe_names(files: Dict[str, ListedFile]) -> List[str]:
     """Names in the Hub's listing that would land outside the model directory (or hide in a terminal):
     the listing is the remote side's word, not fleet's."""
     bad = []
@@ -235,7 +236,7 @@ def ours(path: str) -> Optional[Dict[str, Any]]:
     return marker if isinstance(marker, dict) else None
 
 
-def seed(partial: str, target: str, files: Dict[str, Dict[str, Any]], broken: List[str]) -> None:
+def seed(partial: str, target: str, files: Dict[str, ListedFile], broken: List[str]) -> None:
     """A new download of a model fleet made starts from its files that are whole and unchanged in size
     (hard links: the model at the path is not touched); the client checks each against the Hub again."""
     for name, want in files.items():

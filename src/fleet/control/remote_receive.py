@@ -59,6 +59,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         unsafe_names,
     )
     from fleet.facts.model_files import _json_file
+    from fleet.protocol import ListedFile
 
 BLOCK = 1 << 20
 
@@ -79,7 +80,7 @@ def read_line(stdin: Any, limit: int) -> Dict[str, Any]:
     return data
 
 
-def save_record(partial: str, files: Dict[str, Any], done: Set[str]) -> None:
+def save_record(partial: str, files: Dict[str, ListedFile], done: Set[str]) -> None:
     """The listing (once per push) and the files already proved (appended to as each is: not rewritten)."""
     tmp = os.path.join(partial, PUSH_RECORD + ".tmp")
     with open(tmp, "w") as f:
@@ -111,7 +112,7 @@ def read_done(partial: str) -> Set[str]:
     return done
 
 
-def drop_strays(partial: str, files: Dict[str, Any]) -> None:
+def drop_strays(partial: str, files: Dict[str, ListedFile]) -> None:
     """What this listing does not name (another layout, another source) and every link (fleet makes none
     here: one planted could lead a write outside the partial copy): removed."""
     keep = set(files) | {PARTIAL_MARK, PUSH_RECORD, PUSH_DONE}
@@ -133,12 +134,12 @@ def linked(a: str, b: str) -> bool:
         return False
 
 
-def named_in(problems: List[str], files: Dict[str, Any]) -> List[str]:
+def named_in(problems: List[str], files: Dict[str, ListedFile]) -> List[str]:
     """The files a list of "NAME: what is wrong" lines names (a name may hold a colon)."""
     return [n for n in files if any(p.startswith(n + ": ") for p in problems)]
 
 
-def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, Any], target: str) -> Set[str]:
+def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, ListedFile], target: str) -> Set[str]:
     """Files of fleet's model at `target` that may be kept: the source has them as it had them when fleet
     pushed them (size and mtime, kept in the marker), and they are here as fleet left them (their own size
     and mtime: a file changed in place since is sent again)."""
@@ -157,13 +158,13 @@ def unchanged_since(marker: Optional[Dict[str, Any]], files: Dict[str, Any], tar
     return out
 
 
-def same_model(marker: Optional[Dict[str, Any]], files: Dict[str, Any], target: str) -> bool:
+def same_model(marker: Optional[Dict[str, Any]], files: Dict[str, ListedFile], target: str) -> bool:
     """fleet's model at `target` is the source's as listed now: the same files, none changed on either side."""
     then = (marker or {}).get("source_files")
     return isinstance(then, dict) and set(then) == set(files) and unchanged_since(marker, files, target) == set(files)
 
 
-def plan(partial: str, target: str, files: Dict[str, Any], marker: Optional[Dict[str, Any]], broken: List[str]) -> Any:
+def plan(partial: str, target: str, files: Dict[str, ListedFile], marker: Optional[Dict[str, Any]], broken: List[str]) -> Any:
     """What the source must send (name, offset, size, mtime), how many bytes are already here, and the
     files already proved. `broken`: files of fleet's model at `target` that are not whole (never kept).
     Every file to be sent from its start is removed here, before the new listing is recorded: no older
@@ -242,7 +243,7 @@ def open_for(full: str, offset: int, mode: int) -> Tuple[int, Any]:
     return fd, h
 
 
-def receive(stdin: Any, partial: str, files: Dict[str, Any], need: List[List[Any]], have: int) -> Any:
+def receive(stdin: Any, partial: str, files: Dict[str, ListedFile], need: List[List[Any]], have: int) -> Any:
     """Frames to files, each whole file checked against the source's sha256; (bytes received, files proved)."""
     expected = dict((n, (off, size)) for n, off, size, _ in need)
     total = sum(f["size"] for f in files.values())

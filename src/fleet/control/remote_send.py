@@ -35,6 +35,7 @@ try:  # remote_pull (as a library) is prepended when this script is sent to a ho
     FLEET_FILES  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_pull import FLEET_FILES, ours, problems_in
+    from fleet.protocol import ListedFile
 
 SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent
 BLOCK = 1 << 20
@@ -54,9 +55,9 @@ def inside(target: str, roots: List[str]) -> bool:
     return any(target == r or target.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
-def model_files(path: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+def model_files(path: str) -> Tuple[Dict[str, ListedFile], List[str]]:
     """Every file, by its name under `path`; and what keeps the directory from being sent as it is."""
-    files = {}  # type: Dict[str, Dict[str, Any]]
+    files = {}  # type: Dict[str, ListedFile]
     problems = []  # type: List[str]
     roots = model_roots(path)
     for where, dirs, names in os.walk(path):
