@@ -353,3 +353,16 @@ class ListedFile(TypedDict, total=False):
     git_sha1: Optional[str]  # a file kept in git itself: its blob id
     mtime_ns: int  # the source host's, for a push
     mode: int
+
+
+class EngineRequest(TypedDict, total=False):
+    """The engine step's request: install or use (`action`) an engine version in fleet's own environment
+    under `state_dir`. The pip arguments come on stdin (an index URL may carry a password)."""
+
+    action: str  # install | use
+    engine: str
+    version: str
+    state_dir: str
+    python: Optional[str]
+    pip_args: List[str]
+    _installer: str  # set on the host: what installed it (uv or pip), for its marker

@@ -16,6 +16,7 @@ from fleet import events
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import json_lines, script_for
 from fleet.inventory.hosts import VERSION_RE, canonical_version
+from fleet.protocol import EngineRequest
 from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def engine_step(
 ) -> dict[str, Any]:
     """Run `install` or `use` on the host; the answer's event (installed, present, current) or an error."""
     engine, version = parse_spec(spec)
-    args = {
+    args: EngineRequest = {
         "action": action,
         "engine": engine,
         "version": version,

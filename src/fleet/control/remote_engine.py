@@ -21,12 +21,13 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import first_line_of_stdin, readable, stdin_closed
+    from fleet.protocol import EngineRequest
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
@@ -40,7 +41,7 @@ def emit(obj: Dict[str, Any]) -> None:
         os._exit(3)
 
 
-def engines_dir(a: Dict[str, Any]) -> str:
+def engines_dir(a: EngineRequest) -> str:
     return os.path.join(os.path.expanduser(a["state_dir"]), "engines")
 
 
@@ -128,7 +129,7 @@ def same_version(got: Optional[str], want: str) -> bool:
     return norm(got) == norm(want)
 
 
-def guarded(a: Dict[str, Any]) -> Optional[str]:
+def guarded(a: EngineRequest) -> Optional[str]:
     """The engines directory, made if needed: refused (a reason) when it is a symlink (fleet would make and
     remove environments wherever it points)."""
     base = engines_dir(a)
@@ -138,7 +139,7 @@ def guarded(a: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def install(a: Dict[str, Any]) -> None:
+def install(a: EngineRequest) -> None:
     engine, version = a["engine"], a["version"]
     problem = guarded(a)
     if problem:
@@ -207,7 +208,7 @@ def installer_args(pip_args: List[str], prefix: str) -> Tuple[List[str], Dict[st
     return rest, env, None
 
 
-def build(a: Dict[str, Any], env: str, python: str, engine: str, version: str) -> Optional[str]:
+def build(a: EngineRequest, env: str, python: str, engine: str, version: str) -> Optional[str]:
     """The environment made and the engine installed in it; a reason when that failed."""
     uv = shutil.which("uv")
     spec = "%s==%s" % (engine, version)
@@ -245,7 +246,7 @@ def refuse(why: str) -> None:
     emit({"e": "refused", "why": why})
 
 
-def use(a: Dict[str, Any]) -> None:
+def use(a: EngineRequest) -> None:
     engine, version = a["engine"], a["version"]
     problem = guarded(a)
     if problem:
@@ -276,8 +277,8 @@ def use(a: Dict[str, Any]) -> None:
 
 
 def main() -> None:
-    a = json.loads(sys.argv[1])
-    a.update(first_line_of_stdin(1 << 20))  # the pip args: never on this step's command line
+    a = cast(EngineRequest, json.loads(sys.argv[1]))
+    a.update(cast(EngineRequest, first_line_of_stdin(1 << 20)))  # the pip args: never on this step's command line
     try:
         {"install": install, "use": use}[a["action"]](a)
     except Exception as exc:  # the step always answers in its own words

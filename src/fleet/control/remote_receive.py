@@ -164,7 +164,9 @@ def same_model(marker: Optional[Dict[str, Any]], files: Dict[str, ListedFile], t
     return isinstance(then, dict) and set(then) == set(files) and unchanged_since(marker, files, target) == set(files)
 
 
-def plan(partial: str, target: str, files: Dict[str, ListedFile], marker: Optional[Dict[str, Any]], broken: List[str]) -> Any:
+def plan(
+    partial: str, target: str, files: Dict[str, ListedFile], marker: Optional[Dict[str, Any]], broken: List[str]
+) -> Any:
     """What the source must send (name, offset, size, mtime), how many bytes are already here, and the
     files already proved. `broken`: files of fleet's model at `target` that are not whole (never kept).
     Every file to be sent from its start is removed here, before the new listing is recorded: no older
