@@ -398,7 +398,7 @@ def deployment_dir(state_dir: str, name: str) -> str:
     return os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS, name)
 
 
-def legacy_name(record: Dict[str, Any]) -> str:
+def legacy_name(record: Mapping[str, object]) -> str:
     """The deployment an older fleet's one-server record stands for: its playbook's name."""
     name = record.get("playbook")
     return name if isinstance(name, str) and DEPLOYMENT_NAME_RE.match(name) else "default"
@@ -437,7 +437,7 @@ def migrate_legacy(state_dir: str) -> Optional[str]:
     return name
 
 
-def record_gpus(record: Mapping[str, Any]) -> Optional[List[int]]:
+def record_gpus(record: Mapping[str, object]) -> Optional[List[int]]:
     """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
     value = record.get("gpus")
     if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -445,7 +445,7 @@ def record_gpus(record: Mapping[str, Any]) -> Optional[List[int]]:
     return None
 
 
-def record_ports(record: Mapping[str, Any]) -> List[int]:
+def record_ports(record: Mapping[str, object]) -> List[int]:
     """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
     value = record.get("ports")
     if isinstance(value, list) and value and all(isinstance(p, int) for p in value):

@@ -12,7 +12,7 @@ from fleet.facts import HostFacts
 from fleet.host_common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.plan import LaunchPlan, show_version
-from fleet.protocol import READY, STOPPED
+from fleet.protocol import READY, STOPPED, StateRecord
 from fleet.transport import Transport
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ SERVER_CHECKS = frozenset({"server", "container", "drift", "port", "http_health"
 ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
 
 
-def runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
+def runs_this_plan(st: StateRecord, facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
     """The deployment's recorded server (`st`) was started from exactly this plan (argv, environment,
     secret names), was last seen ready, and its process is still there."""
     old, new = st.get("plan") or {}, plan.to_json()
@@ -46,7 +46,7 @@ def runs_this_plan(st: dict[str, Any], facts: HostFacts, plan: LaunchPlan, playb
     )
 
 
-def ran_before(st: dict[str, Any], plan: LaunchPlan) -> bool:
+def ran_before(st: StateRecord, plan: LaunchPlan) -> bool:
     """This exact command line already ran to readiness on this host with this engine version: the
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
     recorded = st.get("plan") or {}

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fleet import events
 from fleet.control.act_request import check_args, owner, planned_ports, run_id
@@ -500,9 +500,9 @@ class Deployer:
         return ""
 
 
-def recorded(facts: HostFacts, deployment: str) -> dict[str, Any]:
+def recorded(facts: HostFacts, deployment: str) -> StateRecord:
     """The host's record of `deployment` (empty when there is none)."""
-    return dict(facts.remote.deployment(deployment).state)
+    return cast(StateRecord, dict(facts.remote.deployment(deployment).state))
 
 
 def _now() -> str:

@@ -27,7 +27,7 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.protocol import READY, STOPPED, ActResult
+from fleet.protocol import READY, STOPPED, ActResult, StateRecord
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -37,7 +37,7 @@ def startup_bounds(spec: Playbook) -> dict[str, Any]:
     return {"ready_timeout_s": spec.ready_timeout_s, "on_stall": spec.on_stall}
 
 
-def recorded_bounds(state: dict[str, Any]) -> dict[str, Any]:
+def recorded_bounds(state: StateRecord) -> dict[str, Any]:
     """A restart's or heal's start-up bounds: the playbook's, as the deployment's record kept them (a
     record from before they were kept, or edited out of shape: the defaults)."""
     bounds: dict[str, Any] = {}
@@ -230,12 +230,12 @@ def _kill_policy(host: Host, force: bool) -> str:
     return "force" if force else host.settings.kill_policy
 
 
-def recorded_pgid(st: dict[str, Any]) -> int | None:
+def recorded_pgid(st: StateRecord) -> int | None:
     pgid = st.get("pgid")
     return int(pgid) if isinstance(pgid, int) else None
 
 
-def plan_from_state(state: dict[str, Any]) -> LaunchPlan:
+def plan_from_state(state: StateRecord) -> LaunchPlan:
     """The plan a host recorded when it was last deployed (what `restart` runs again)."""
     p = state["plan"]
     flags = tuple(
@@ -301,7 +301,7 @@ def restart(
     progress: events.Sink,
     signatures: Sequence[Signature] | None = None,
     name: str | None = None,
-    state: dict[str, Any] | None = None,
+    state: StateRecord | None = None,
     drain_s: float = DRAIN_S,
     heal: bool = False,
 ) -> DeployResult:

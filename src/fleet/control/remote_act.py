@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
@@ -65,7 +65,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest
 
 
-def recorded_group(st: Dict[str, Any]) -> Optional[int]:
+def recorded_group(st: Mapping[str, object]) -> Optional[int]:
     """The process group a deployment's record names, when it is exactly the one fleet launched (a group
     id is a pid, and pids are reused)."""
     pgid = st.get("pgid")

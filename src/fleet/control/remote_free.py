@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
@@ -34,7 +34,7 @@ def expand(path: str) -> str:
     return os.path.expanduser(path) if path else path
 
 
-def recorded_group_is_ours(pgid: int, st: Dict[str, Any]) -> bool:
+def recorded_group_is_ours(pgid: int, st: Mapping[str, object]) -> bool:
     """Whether the process group id fleet recorded still names the group it launched. A group id is a
     pid, and pids are reused, even within seconds: only the exact identity counts -- the same boot, the
     same pid, and its leader's start time in clock ticks exactly as recorded at launch. A record without

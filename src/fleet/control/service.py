@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -42,7 +42,7 @@ from fleet.plan.service import (
     url_host,
     with_router,
 )
-from fleet.protocol import READY, RouterAction, RouterRequest
+from fleet.protocol import READY, RouterAction, RouterRequest, StateRecord
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
@@ -501,7 +501,7 @@ class ServiceRun:
                 progress=self.progress_for(f"{r.host}/{r.deployment}"),
                 signatures=self.signatures,
                 name=r.deployment,
-                state=good,
+                state=cast(StateRecord, good),  # a record the router step kept as it was read
                 drain_s=self.service.spec.drain_s,
             )
             return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))

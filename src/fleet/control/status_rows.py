@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fleet.control.ops import recorded_names
@@ -43,7 +44,7 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "attempts": st.get("attempts") or st.get("attempt"),
         "last_outcome": st.get("reason") or status,
         "applied_fixes": st.get("applied_fixes", []),
-        "container": (st.get("container") or {}).get("name") if isinstance(st.get("container"), dict) else None,
+        "container": container.get("name") if isinstance(container := st.get("container"), dict) else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
         "group": _group_said(st),
         # while it starts: its phase and ETA, as its watcher on the host last said them
@@ -58,7 +59,7 @@ def engine_pid(facts: HostFacts, launcher: int) -> int:
     return child.pid if child else launcher
 
 
-def _group_said(st: dict[str, Any]) -> str | None:
+def _group_said(st: Mapping[str, object]) -> str | None:
     """`rank 1 of 2 (node-a, node-b)` for a rank of a group (one model over several hosts)."""
     g = st.get("group")
     if not isinstance(g, dict) or not isinstance(g.get("hosts"), list):

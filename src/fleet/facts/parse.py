@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
 from fleet.host_procs import ip_literal
+from fleet.protocol import StateRecord
 from fleet.secrets import shown_processes
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class DeploymentRecord:
     """What the host keeps for one deployment (state_dir/deployments/NAME)."""
 
     name: str
-    state: dict[str, Any]  # empty when there is none (or it is unreadable: state_error)
+    state: StateRecord  # empty when there is none (or it is unreadable: state_error)
     lock: dict[str, Any] | None = None
     heals: tuple[float, ...] = ()  # when `fleet health --heal` restarted the server
     state_error: str | None = None  # the record itself is unreadable: what runs is unknown
