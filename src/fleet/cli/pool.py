@@ -14,6 +14,8 @@ from fleet.errors import FleetError
 from fleet.paths import pool_socket, warm_socket
 
 if TYPE_CHECKING:  # the inventory types and the rest load only when a command needs them: cron starts fleet often
+    from fleet.transport.pool import PoolRequest
+
     pass
 
 
@@ -34,7 +36,7 @@ def pool() -> None:
     """
 
 
-def _ask_pool(request: dict[str, Any]) -> dict[str, Any] | None:
+def _ask_pool(request: PoolRequest) -> dict[str, Any] | None:
     from fleet.frames import read_frame
     from fleet.transport.pool import ask_pool, raise_error_frame
 

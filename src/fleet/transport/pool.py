@@ -22,7 +22,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
@@ -64,7 +64,21 @@ def raise_error_frame(frame: dict[str, Any]) -> None:
     raise cls(str(frame.get("message", "the connection pool failed")), str(frame.get("hint", "")))
 
 
-def ask_pool(socket_path: Path, request: dict[str, Any], timeout_s: float | None = 10.0) -> socket.socket | None:
+class PoolRequest(TypedDict, total=False):
+    """What a fleet run asks the pool (or its warm process): `op` (run, stream, status, stop); for a
+    command, the host (its name and settings) and SSH options of the connection to use or open, the script,
+    its stdin (encoded) and timeout. `version`: the pool refuses a run of other code than its own."""
+
+    version: str
+    op: str
+    host: dict[str, Any]
+    options: dict[str, Any]
+    script: str
+    stdin: str
+    timeout_s: float
+
+
+def ask_pool(socket_path: Path, request: PoolRequest, timeout_s: float | None = 10.0) -> socket.socket | None:
     """Connect to the pool and send `request`; None when no pool is listening there."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
@@ -98,14 +112,14 @@ class PooledTransport:
         self.host_name = host.name
         self.commands_run = 0
         self._socket_path = socket_path
-        self._connection = {
+        self._connection: PoolRequest = {
             "host": {"name": host.name, "settings": msgspec.to_builtins(host.settings)},
             "options": ssh_options,
         }
         self._make_direct = direct
         self._direct: Transport | None = None
 
-    def _ask(self, request: dict[str, Any], timeout_s: float) -> socket.socket | None:
+    def _ask(self, request: PoolRequest, timeout_s: float) -> socket.socket | None:
         if self._direct is not None:
             return None
         # The pool enforces the command's timeout itself and always answers; the margin covers a connect.
@@ -145,7 +159,7 @@ class PooledTransport:
                 return int(direct.stream(script, on_chunk, stdin=stdin, timeout_s=timeout_s))
             finally:
                 direct.close()
-        request = {"op": "stream", "script": script, "stdin": encode(stdin), "timeout_s": timeout_s}
+        request: PoolRequest = {"op": "stream", "script": script, "stdin": encode(stdin), "timeout_s": timeout_s}
         sock = self._ask(request, timeout_s)
         if sock is None:
             assert self._direct is not None

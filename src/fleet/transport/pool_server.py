@@ -17,13 +17,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fleet import __version__
 from fleet.errors import ConfigError, ConnectionLost, FleetError, TransportError
 from fleet.frames import owner_only, peer_uid, read_frame, send_frame, unlink_if_ours
 from fleet.inventory import Host, settings_from
-from fleet.transport.pool import check_socket_path, decode, encode, error_frame
+from fleet.transport.pool import PoolRequest, check_socket_path, decode, encode, error_frame
 from fleet.transport.ssh import SshTransport
 
 KEEPALIVE_S = 30
@@ -56,7 +56,7 @@ class ConnectionPool:
         self._active = 0
         self._last_activity = time.monotonic()
 
-    def _take(self, request: dict[str, Any]) -> _Held:
+    def _take(self, request: PoolRequest) -> _Held:
         host_fields, options = request["host"], request["options"]
         settings = settings_from(host_fields["settings"], "a fleet run")
         key = json.dumps(
@@ -87,7 +87,7 @@ class ConnectionPool:
                 # its handshake failed (host key, authentication, no answer): nothing to keep or list
                 self._held = {key: h for key, h in self._held.items() if h is not held}
 
-    def use(self, request: dict[str, Any], action: Any) -> Any:
+    def use(self, request: PoolRequest, action: Any) -> Any:
         """Run `action(transport)` on the host's kept connection, opening it if needed. A kept connection
         found dead before the command started is replaced once: nothing ran on it, so a retry is safe."""
         with self._lock:
@@ -178,7 +178,7 @@ class _Handler(socketserver.BaseRequestHandler):
         except (EOFError, OSError, ValueError):
             return
         try:
-            self._answer(sock, request)
+            self._answer(sock, cast(PoolRequest, request))  # checked there: the version first
         except (BrokenPipeError, ConnectionResetError):
             pass  # the fleet run went away (Ctrl-C); its command was stopped with it
         except FleetError as exc:
@@ -189,7 +189,7 @@ class _Handler(socketserver.BaseRequestHandler):
             with contextlib.suppress(OSError):
                 send_frame(sock, error_frame(TransportError(f"the connection pool failed ({exc!r}).", "")))
 
-    def _answer(self, sock: socket.socket, request: dict[str, Any]) -> None:
+    def _answer(self, sock: socket.socket, request: PoolRequest) -> None:
         pool = self.server.pool
         if request.get("version") != __version__:
             raise ConfigError(
@@ -217,7 +217,7 @@ class _Handler(socketserver.BaseRequestHandler):
             raise ConfigError(f"the connection pool does not know the request {op!r}.", "")
 
     @staticmethod
-    def _stream(sock: socket.socket, transport: SshTransport, request: dict[str, Any]) -> int:
+    def _stream(sock: socket.socket, transport: SshTransport, request: PoolRequest) -> int:
         gone = threading.Event()
 
         def watch_client() -> None:  # the run closes its socket to stop the command (or it was killed)
