@@ -366,3 +366,56 @@ class EngineRequest(TypedDict, total=False):
     python: Optional[str]
     pip_args: List[str]
     _installer: str  # set on the host: what installed it (uv or pip), for its marker
+
+
+class ProbeRequest(TypedDict, total=False):
+    """The probe's request: the facts of one host in one round trip. `container`: the image a deployment
+    runs in (its engine version read from it); `reach`: an address and port to try (a group's rank 0)."""
+
+    gpu_devices: str
+    engines: Dict[str, str]
+    model_path: Optional[str]
+    state_dir: str
+    log_dir: str
+    disk_paths: List[str]
+    reach: Dict[str, Any]
+    container: Dict[str, Any]
+
+
+class HealthRequest(ProbeRequest, total=False):
+    """The health step's request: the probe's, and how each deployment's server is asked. The API keys
+    come on stdin (`keys_on_stdin`), kept as `_keys`."""
+
+    http_timeout_s: float
+    generation_timeout_s: float
+    skip_generation: bool
+    generation_only: List[str]
+    kernel_log: str  # dmesg, or a file
+    keys_on_stdin: bool
+    _keys: Dict[str, str]
+
+
+class PullRequest(TypedDict, total=False):
+    path: str
+    repo: str
+    revision: Optional[str]
+    endpoint: Optional[str]
+
+
+# The push's two steps: the source lists (op "list") and sends its files; the target receives them.
+CopyRequest = TypedDict("CopyRequest", {"path": str, "op": str, "from": str}, total=False)
+
+
+class LogsRequest(TypedDict, total=False):
+    log_dir: str
+    names: List[Optional[str]]  # deployments whose logs to read; None: the host's newest
+    lines: int
+    follow: bool
+
+
+class FixesRequest(TypedDict, total=False):
+    """Forget learned fixes: those of `signature` (all when empty), for `model` (all when empty)."""
+
+    state_dir: str
+    signature: Optional[str]
+    model: Optional[str]

@@ -10,6 +10,7 @@ import click
 from fleet.cli.base import Invocation, cli, each_host, emit_json, exit_for_failures, say
 from fleet.cli.complete import host_option
 from fleet.errors import ConfigError
+from fleet.protocol import FixesRequest
 
 
 @cli.group()
@@ -101,7 +102,7 @@ def fixes_forget(
         raise ConfigError("a SIGNATURE and --every.", "Give one of them.")
 
     def forget(t: Any, host: Any) -> Any:
-        args = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
+        args: FixesRequest = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
         return run_json(t, step_python(host), "fixes", args, timeout_s=30)["forgotten"]
 
     failed = []

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fleet.facts import HostFacts, parse_facts
 from fleet.hostscripts import script_for
 from fleet.inventory import Host
 from fleet.inventory.runtime import Container
+from fleet.protocol import ProbeRequest
 from fleet.transport import Transport
 
 
@@ -32,7 +31,7 @@ def read_facts(
     s = host.settings
     pythons = [s.engines[engine]] if engine and engine in s.engines else []
     pythons += [p for e, p in sorted(s.engines.items()) if e != engine]
-    args: dict[str, Any] = {
+    args: ProbeRequest = {
         "gpu_devices": s.gpu_devices,
         "engines": {str(k): v for k, v in s.engines.items()},
         "model_path": model_path(host, model) if model else None,

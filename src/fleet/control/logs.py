@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fleet.errors import FleetError, HostStepError
 from fleet.hostscripts import EventLines, script_for, step_python
-from fleet.protocol import LogsEvent
+from fleet.protocol import LogsEvent, LogsRequest
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -30,7 +30,7 @@ def read_logs(
     """Stream the logs of deployments `names` (None: the host's newest) on `host` to `on_event`, which
     returns False to stop; the last `lines` of each first, then (with `follow`) new lines as written,
     across restarts. Returns the exit code (-1 when stopped)."""
-    args = {"log_dir": host.settings.log_dir, "names": list(names), "lines": lines, "follow": follow}
+    args: LogsRequest = {"log_dir": host.settings.log_dir, "names": list(names), "lines": lines, "follow": follow}
     reader = EventLines(host.name, "logs")
 
     def sink(chunk: bytes) -> bool:

@@ -19,6 +19,7 @@ from fleet import events
 from fleet.control.gather import model_path
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import json_lines, script_for
+from fleet.protocol import PullRequest
 from fleet.secrets import redact
 from fleet.terminal import safe_line
 
@@ -105,7 +106,7 @@ def pull_model(
     path = model_path(host, pb.model)
     python = host.settings.engines.get(pb.engine, "python3")
     hub.check()
-    args = {"path": path, "repo": pb.hf_repo, "revision": pb.revision, "endpoint": hub.endpoint}
+    args: PullRequest = {"path": path, "repo": pb.hf_repo, "revision": pb.revision, "endpoint": hub.endpoint}
     secrets = {"HF_TOKEN": hub.token} if hub.token else {}
     started = time.monotonic()
     answers = StepEvents(path, progress)

@@ -9,15 +9,16 @@ other's change. A match is exact: a signature id, and optionally the model path 
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import LEARNED_FILE, host_guard, read_record, write_record
+    from fleet.protocol import FixesRequest
 
 
-def matches(key: str, entry: Any, a: Dict[str, Any]) -> bool:
+def matches(key: str, entry: Any, a: FixesRequest) -> bool:
     if not isinstance(entry, dict) or entry.get("signature") == "engine-picks":  # not a fix: kept
         return False
     if a.get("signature") and entry.get("signature") != a["signature"]:
@@ -27,7 +28,7 @@ def matches(key: str, entry: Any, a: Dict[str, Any]) -> bool:
 
 
 def main() -> Dict[str, Any]:
-    a = json.loads(sys.argv[1])
+    a = cast(FixesRequest, json.loads(sys.argv[1]))
     root = os.path.expanduser(a["state_dir"])
     forgotten: List[Dict[str, Any]] = []
     if not os.path.isdir(root):

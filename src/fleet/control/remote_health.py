@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 try:  # prepended when sent: the probe (collect) and the shared host code
     collect  # noqa: B018
@@ -22,7 +22,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
     from fleet.host_smoke import smoke_request
-    from fleet.protocol import LIVE, STOPPED
+    from fleet.protocol import LIVE, STOPPED, HealthRequest
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
@@ -67,7 +67,7 @@ def _metric_total(text: str) -> Optional[float]:
 
 
 def check_server(
-    st: Dict[str, Any], servers: List[Dict[str, Any]], book: Dict[str, Any], args: Dict[str, Any]
+    st: Mapping[str, Any], servers: List[Dict[str, Any]], book: Dict[str, Any], args: HealthRequest
 ) -> Dict[str, Any]:
     """One deployment's server: its process, its HTTP answers, its new log lines. `book` is its part of
     the bookkeeping, updated in place."""
@@ -150,7 +150,7 @@ def _proved_recently(proved_at: Any) -> bool:
 
 
 def health_main() -> None:
-    args = json.loads(sys.argv[1])
+    args = cast(HealthRequest, json.loads(sys.argv[1]))
     if args.get("keys_on_stdin"):  # engines' API keys fleet was asked for: never on a command line
         args["_keys"] = first_line_of_stdin().get("keys") or {}
     facts = collect(args)
@@ -175,7 +175,7 @@ def health_main() -> None:
         books[name] = mine
     if again is None:
         book["deployments"] = dict((n, b) for n, b in books.items() if n in out["deployments"])
-        text, pos = _kernel_lines(args.get("kernel_log"), book.get("kernel_offset", 0))
+        text, pos = _kernel_lines(args.get("kernel_log") or "dmesg", book.get("kernel_offset", 0))
         out["kernel"] = [
             line
             for line in text.splitlines()

@@ -15,13 +15,14 @@ import os
 import stat
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple, cast
 
 try:
     LogFollower  # noqa: B018
 except NameError:  # imported as a module (tests), not concatenated into the step
     from fleet.control.remote_follow import OUT, ClientGone, LogFollower, cut_line, emit
     from fleet.host_common import DEPLOYMENT_NAME_RE, stdin_closed
+    from fleet.protocol import LogsRequest
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
 FOLLOW_POLL_S = 0.25  # how often new lines and the links are looked at while following
@@ -83,7 +84,7 @@ class FollowedLog:
             emit({"e": "switch", "d": self.name, "log": os.path.basename(target)})
 
 
-def show_logs(a: Dict[str, Any]) -> None:
+def show_logs(a: LogsRequest) -> None:
     log_dir = os.path.expanduser(a["log_dir"])
     followed: List[FollowedLog] = []
     for asked in a["names"]:
@@ -118,7 +119,7 @@ def show_logs(a: Dict[str, Any]) -> None:
 
 
 def run_logs() -> None:
-    a = json.loads(sys.argv[1])
+    a = cast(LogsRequest, json.loads(sys.argv[1]))
     if not a["follow"]:  # the last lines are bounded already: all of them, however slowly fleet reads
         OUT.keep_every_line()
     try:

@@ -28,14 +28,14 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.facts.model_files import _damage, _json_file
     from fleet.host_common import stdin_closed
-    from fleet.protocol import ListedFile
+    from fleet.protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"
@@ -312,14 +312,15 @@ def swap_in(target: str, partial: str, marker: Dict[str, Any], stop_if_gone: boo
         pass
 
 
-def main(a: Dict[str, Any]) -> None:
+def main(a: PullRequest) -> None:
     secret = read_secret()
     target = os.path.expanduser(a["path"]).rstrip("/")
     partial = target + PARTIAL
     parent = os.path.dirname(target) or "/"
     revision = a.get("revision") or "main"
-    if a.get("endpoint"):
-        os.environ["HF_ENDPOINT"] = a["endpoint"]
+    endpoint = a.get("endpoint")
+    if endpoint:
+        os.environ["HF_ENDPOINT"] = endpoint
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     guard = claim(target)
     if guard is None:
@@ -425,7 +426,7 @@ def gone_now() -> None:
 
 def run() -> None:
     try:
-        main(json.loads(sys.argv[1]))
+        main(cast(PullRequest, json.loads(sys.argv[1])))
     except Exception as exc:  # the step always answers in its own words
         emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, str(exc)[:600])})
 

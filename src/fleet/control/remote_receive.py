@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
     MARKER  # noqa: B018
@@ -59,7 +59,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         unsafe_names,
     )
     from fleet.facts.model_files import _json_file
-    from fleet.protocol import ListedFile
+    from fleet.protocol import CopyRequest, ListedFile
 
 BLOCK = 1 << 20
 
@@ -301,7 +301,7 @@ def described(f: Any) -> bool:
     return isinstance(f, dict) and all(isinstance(f.get(k), int) and f[k] >= 0 for k in ("size", "mtime_ns"))
 
 
-def main_receive(a: Dict[str, Any]) -> None:
+def main_receive(a: CopyRequest) -> None:
     stdin = sys.stdin.buffer
     target = os.path.expanduser(a["path"]).rstrip("/")
     partial = target + PARTIAL
@@ -373,7 +373,7 @@ def main_receive(a: Dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     try:
-        main_receive(json.loads(sys.argv[1]))
+        main_receive(cast(CopyRequest, json.loads(sys.argv[1])))
     except Cut:  # fleet went before it sent its listing
         os._exit(3)
     except Exception as exc:  # the step always answers in its own words

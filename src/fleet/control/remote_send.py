@@ -29,13 +29,13 @@ import json
 import os
 import stat
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple, cast
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
     FLEET_FILES  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_pull import FLEET_FILES, ours, problems_in
-    from fleet.protocol import ListedFile
+    from fleet.protocol import CopyRequest, ListedFile
 
 SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent
 BLOCK = 1 << 20
@@ -151,7 +151,7 @@ def send(path: str, need: List[List[Any]]) -> None:
     out.flush()
 
 
-def main_send(a: Dict[str, Any]) -> None:
+def main_send(a: CopyRequest) -> None:
     path = os.path.expanduser(a["path"]).rstrip("/")
     if a["op"] == "list":
         sys.stdout.write(json.dumps(listing(path)))
@@ -162,7 +162,7 @@ def main_send(a: Dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     try:
-        main_send(json.loads(sys.argv[1]))
+        main_send(cast(CopyRequest, json.loads(sys.argv[1])))
     except BrokenPipeError:  # the receiver or fleet went away: nothing to tell
         os._exit(3)
     except Exception as exc:  # noqa: BLE001 - never on stdout: it may be in the middle of a file's bytes

@@ -22,6 +22,7 @@ from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.hostscripts import script_for, step_python
 from fleet.inventory import Host
+from fleet.protocol import HealthRequest
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -43,7 +44,7 @@ class HealthOptions:
 def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     started = time.monotonic()
     s = host.settings
-    args = {
+    args: HealthRequest = {
         "gpu_devices": s.gpu_devices,
         "engines": {str(k): v for k, v in s.engines.items()},
         "state_dir": s.state_dir,
@@ -72,7 +73,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
 def _ask_again_with_keys(
     t: Transport,
     host: Host,
-    args: dict[str, Any],
+    args: HealthRequest,
     python: str,
     options: HealthOptions,
     facts: HostFacts,
@@ -97,7 +98,8 @@ def _ask_again_with_keys(
         else:
             keys[wanted] = options.secrets[wanted]
             asked.append(name)
-    again = _probe(t, host, dict(args, generation_only=asked), python, options, keys) if asked else {}
+    only: HealthRequest = {**args, "generation_only": asked}
+    again = _probe(t, host, only, python, options, keys) if asked else {}
     for name in asked:
         http = ((again.get("deployments") or {}).get(name) or {}).get("http") or {}
         if http.get("models"):  # the engine's key guards /v1/models too
@@ -116,7 +118,7 @@ def _generation(answer: Any) -> dict[str, Any] | None:
 
 
 def _probe(
-    t: Transport, host: Host, args: dict[str, Any], python: str, options: HealthOptions, keys: dict[str, str]
+    t: Transport, host: Host, args: HealthRequest, python: str, options: HealthOptions, keys: dict[str, str]
 ) -> dict[str, Any]:
     stdin = json.dumps({"keys": keys}).encode() + b"\n"
     result = t.run(script_for("health", args, [python]), stdin=stdin, timeout_s=options.generation_timeout_s + 60)

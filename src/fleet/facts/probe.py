@@ -16,7 +16,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
@@ -41,6 +41,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_text,
         socket_owners,
     )
+    from fleet.protocol import ProbeRequest
 try:  # the model-file checks and the GPU facts are prepended too
     gpu_facts  # noqa: B018
 except NameError:
@@ -371,7 +372,7 @@ def _attach_starts(root: str, deployments: Dict[str, Dict[str, Any]]) -> None:
         )
 
 
-def collect(args: Dict[str, Any]) -> Dict[str, Any]:
+def collect(args: ProbeRequest) -> Dict[str, Any]:
     listeners = listening_sockets()
     owners = socket_owners(set(listeners))
     ports_by_pid: Dict[Optional[int], List[Dict[str, Any]]] = {}
@@ -480,7 +481,7 @@ def _engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> Li
 
 
 def main() -> None:
-    sys.stdout.write(json.dumps(collect(json.loads(sys.argv[1]))))
+    sys.stdout.write(json.dumps(collect(cast(ProbeRequest, json.loads(sys.argv[1])))))
 
 
 # `fleet health` prepends FLEET_PROBE_AS_LIBRARY = True and appends its own checks to this text.
