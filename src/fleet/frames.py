@@ -13,7 +13,7 @@ import struct
 TYPE_CHECKING = False  # not typing's: importing typing is ~4 ms of a warm run's start (mypy reads this as True)
 if TYPE_CHECKING:
     from _socket import socket  # socket.socket's base class: the launcher uses it without socket.py
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any, TypeVar
 
     T = TypeVar("T")
@@ -22,7 +22,7 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # a frame larger than this is a protocol error, not a log chunk
 
 
-def send_frame(sock: socket, message: dict[str, Any]) -> None:
+def send_frame(sock: socket, message: Mapping[str, object]) -> None:
     body = json.dumps(message).encode()
     sock.sendall(_HEADER.pack(len(body)) + body)
 

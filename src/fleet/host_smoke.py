@@ -13,6 +13,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import bounded_search, http_request
+    from fleet.protocol import SmokeSpec
 
 
 # What an embedding or reranker server is asked (the smoke's kind: the model's task, fleet.model): two
@@ -24,7 +25,7 @@ RERANK_QUERY = "What is the capital of France?"
 
 
 def smoke_request(
-    base_url: str, model: str, smoke: Dict[str, Any], timeout: float, api_key: Optional[str] = None
+    base_url: str, model: str, smoke: SmokeSpec, timeout: float, api_key: Optional[str] = None
 ) -> Dict[str, Any]:
     """Ask the server what proves it serves: {status, ok, text (the answer, or what came back instead),
     seconds}. A chat model gets the playbook's smoke prompt and its answer must match `expect`; an

@@ -40,6 +40,19 @@ LIVE = (STARTING, READY, UNVERIFIED)  # a server is expected behind the record
 CRASHED: Final = "crashed"
 
 
+class SmokeSpec(TypedDict, total=False):
+    """What proves a server serves: a chat model's prompt and the text its answer must hold (`expect`, a
+    regular expression); for an embedding model or a reranker (`kind`) fleet's own texts on the endpoint it
+    serves, where `any_answer` (random weights) takes any well-formed answer."""
+
+    prompt: str
+    expect: str
+    max_tokens: int
+    kind: str
+    any_answer: bool
+    timeout_s: float
+
+
 class StateRecord(TypedDict, total=False):
     """state.json: written whole when an attempt launches, then only merged into (status changes)."""
 
@@ -51,7 +64,7 @@ class StateRecord(TypedDict, total=False):
     engine: str
     engine_version: Optional[str]
     plan: Dict[str, Any]
-    smoke: Dict[str, Any]
+    smoke: SmokeSpec
     port: int
     ports: List[int]  # every port fleet planned for it: HTTP, and a placed server's internal base
     served_name: str
@@ -202,7 +215,7 @@ class RouterAction(TypedDict, total=False):
     keep_one_healthy: bool
     circuit_wait_s: float
     served_name: str
-    smoke: Dict[str, Any]
+    smoke: SmokeSpec
     timeout_s: float
     replicas: Dict[str, Any]
     run_id: str  # lease: the run that holds it, who, for what, how long untouched it stands
@@ -243,7 +256,7 @@ class WatchRequest(TypedDict, total=False):
     address: str
     port: int
     served_name: str
-    smoke: Dict[str, Any]
+    smoke: SmokeSpec
     ready_timeout_s: float
     progress_timeout_s: float
     startup_key: str

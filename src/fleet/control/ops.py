@@ -27,7 +27,7 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.protocol import READY, STOPPED, ActResult, StateRecord
+from fleet.protocol import READY, STOPPED, ActResult, SmokeSpec, StateRecord
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -49,12 +49,12 @@ def recorded_bounds(state: StateRecord) -> dict[str, Any]:
     return bounds
 
 
-def smoke_of(playbook: NamedPlaybook, task: str) -> dict[str, Any]:
+def smoke_of(playbook: NamedPlaybook, task: str) -> SmokeSpec:
     """What proves a server of the playbook serves: its smoke prompt for a chat model; for an embedding
     model or a reranker (`task`, fleet.model) fleet's own texts on the endpoint it serves, where the
     playbook's any_answer (random weights) accepts any well-formed answer."""
     s = playbook.spec.smoke
-    smoke = {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
+    smoke: SmokeSpec = {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
     return smoke if task == GENERATE else {**smoke, "kind": task, "any_answer": s.any_answer}
 
 
@@ -326,7 +326,7 @@ def restart(
         )
     try:
         plan = plan_from_state(state)
-        smoke = dict(state["smoke"])
+        smoke = SmokeSpec(**state["smoke"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a record edited or cut short
         raise ConfigError(
             f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
@@ -33,7 +33,7 @@ MARKER = ".fleet-engine.json"  # written last: the environment is whole and prov
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)
 
 
-def emit(obj: Dict[str, Any]) -> None:
+def emit(obj: Mapping[str, object]) -> None:
     try:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()

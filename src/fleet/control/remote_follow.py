@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 import time
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 
 try:  # fleet.protocol is prepended when this script is sent to a host
     CUT_NOTE  # noqa: B018
@@ -61,7 +61,7 @@ class Output:
                 pass
             self.nonblocking = True
 
-    def emit(self, obj: Dict[str, Any]) -> None:
+    def emit(self, obj: Mapping[str, object]) -> None:
         self._nonblocking()
         line = obj.get("e") == "line"
         if line and self.may_drop and self.lines_held > OUT_LIMIT:
@@ -111,7 +111,7 @@ class Output:
 OUT = Output()
 
 
-def emit(obj: Dict[str, Any]) -> None:
+def emit(obj: Mapping[str, object]) -> None:
     OUT.emit(obj)
 
 

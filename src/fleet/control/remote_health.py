@@ -22,7 +22,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
     from fleet.host_smoke import smoke_request
-    from fleet.protocol import LIVE, STOPPED, HealthRequest
+    from fleet.protocol import LIVE, STOPPED, HealthRequest, SmokeSpec
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
@@ -118,7 +118,7 @@ def check_server(
         served = _metric_total(body) if code == 200 else None
         http["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
-        smoke = st.get("smoke") or {}
+        smoke = cast(SmokeSpec, st.get("smoke") or {})
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
         elif traffic and _proved_recently(book.get("generation_proved_at")):

@@ -28,7 +28,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
@@ -48,7 +48,7 @@ DISK_MARGIN = 64 << 20  # left free beyond the checkpoint: logs and the client's
 PROGRESS_EVERY_S = 1.0
 
 
-def emit(obj: Dict[str, Any]) -> None:
+def emit(obj: Mapping[str, object]) -> None:
     try:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()

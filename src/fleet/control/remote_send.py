@@ -29,7 +29,7 @@ import json
 import os
 import stat
 import sys
-from typing import Any, Dict, List, Tuple, cast
+from typing import Any, Dict, List, Mapping, Tuple, cast
 
 try:  # remote_pull (as a library) is prepended when this script is sent to a host
     FLEET_FILES  # noqa: B018
@@ -114,7 +114,7 @@ def read_into(f: Any, h: Any, count: int, out: Any) -> None:
         count -= len(block)
 
 
-def say(out: Any, line: Dict[str, Any]) -> None:
+def say(out: Any, line: Mapping[str, object]) -> None:
     """One line of the stream between frames' bytes: a header, a trailer, an error, the end."""
     out.write(json.dumps(line).encode() + b"\n")
 
