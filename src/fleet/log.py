@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _dropped(*args: Any, **kwargs: Any) -> None:
 class _Logger:
     """A structlog bound logger, made on the first event at or above the configured level."""
 
-    def __init__(self, context: dict[str, Any]) -> None:
+    def __init__(self, context: Mapping[str, object]) -> None:
         self._context = context
         self._real: Any = None
 

@@ -40,7 +40,7 @@ def overlap_refused(host_name: str, deployment: str, lock: LockResult) -> Prefli
     )
 
 
-def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, Any]) -> PreflightError:
+def unwritable_host_dir(host_name: str, what: str, setting: str, found: Mapping[str, object]) -> PreflightError:
     """The host-side step found a directory it needs unwritable ({path, error}) before changing anything."""
     return PreflightError(
         f"{host_name}: {what} {found.get('path')} on the host cannot be written ({found.get('error')}). "
@@ -101,7 +101,7 @@ def synthetic_line(ev: WatchEvent) -> str | None:
     return None
 
 
-def engine_resolved(check: Mapping[str, Any]) -> dict[str, Any]:
+def engine_resolved(check: Mapping[str, object]) -> dict[str, Any]:
     """What the engine resolved, as the act step's check answered it (a host's odd answer: nothing)."""
     said = check.get("resolved")
     return dict(said) if isinstance(said, dict) else {}

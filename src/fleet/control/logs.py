@@ -4,8 +4,8 @@ pass for fleet's own word that the log was switched (a restart) or is missing.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 from fleet.errors import FleetError, HostStepError
 from fleet.hostscripts import EventLines, script_for, step_python
@@ -42,7 +42,7 @@ def read_logs(
     return code
 
 
-def _logs_event(host: Host, event: dict[str, Any]) -> LogsEvent:
+def _logs_event(host: Host, event: Mapping[str, object]) -> LogsEvent:
     if event["e"] == "error" or "error" in event:  # the step failed, or no Python on the host
         raise HostStepError(f"{host.name}: fleet's logs step failed: {event.get('error')}", "")
     return cast(LogsEvent, event)

@@ -6,6 +6,7 @@ Pure: builds strings and parses data; never touches the network (pyinfra's "fact
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -308,7 +309,7 @@ def _proc(d: dict[str, Any]) -> Proc:
 def _gpus(gpu: dict[str, Any], by_file: Any) -> tuple[Gpu, ...]:
     """The probe's GPUs, each with the processes holding its device file (`by_file`: nvidiaN -> pids)."""
 
-    def holders_of(g: dict[str, Any]) -> tuple[int, ...]:
+    def holders_of(g: Mapping[str, object]) -> tuple[int, ...]:
         minor = g.get("minor") if isinstance(g.get("minor"), int) else g["index"]
         held = by_file.get(f"nvidia{minor}") if isinstance(by_file, dict) else None
         return tuple(int(p) for p in held if isinstance(p, int)) if isinstance(held, list) else ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -211,7 +212,7 @@ class Inventory:
 _HOST_KEYS = set(HostSettings.__struct_fields__)
 
 
-def _check_host_keys(doc: YamlDoc, key_path: KeyPath, values: dict[str, Any]) -> None:
+def _check_host_keys(doc: YamlDoc, key_path: KeyPath, values: Mapping[str, object]) -> None:
     for key in values:
         if key not in _HOST_KEYS:
             raise ConfigError(

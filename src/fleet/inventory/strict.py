@@ -61,7 +61,7 @@ class _Invalid(Exception):
         self.loc, self.kind, self.message = loc, kind, message
 
 
-def _validated(cls: type[StrictT], data: dict[str, Any]) -> StrictT:
+def _validated(cls: type[StrictT], data: Mapping[str, object]) -> StrictT:
     """`data` as a `cls`, or `_Invalid` naming the first problem: types and ranges first, then `checks`."""
     try:
         value = msgspec.convert(data, cls, strict=True)

@@ -6,6 +6,7 @@ read (engines.md §4): Qwen3.5/3.6 nest the language model under `text_config`, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,7 +170,7 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return tc if isinstance(tc, dict) else cfg
 
 
-def _int(d: dict[str, Any], *keys: str, default: int = 0) -> int:
+def _int(d: Mapping[str, object], *keys: str, default: int = 0) -> int:
     for k in keys:
         v = d.get(k)
         if isinstance(v, int) and not isinstance(v, bool):
@@ -177,7 +178,7 @@ def _int(d: dict[str, Any], *keys: str, default: int = 0) -> int:
     return default
 
 
-def _fp8_weights(qc: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _fp8_weights(qc: Mapping[str, object]) -> list[dict[str, Any]] | None:
     """The weight schemes of a compressed-tensors checkpoint whose quantised weights are all 8-bit floats
     (its W8A8/W8A16 FP8 schemes: SGLang compressed_tensors.py `_is_fp8_w8a8` / `_is_fp8_w8a16` read the
     same keys), else None."""

@@ -4,7 +4,7 @@ health from what the router and the replicas' hosts said. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +106,7 @@ def take_out_refusal(replica: ReplicaState, states: Sequence[ReplicaState], min_
 
 
 def service_checks(
-    router: dict[str, Any], states: Sequence[ReplicaState], min_healthy: int, answer: dict[str, Any] | None
+    router: Mapping[str, object], states: Sequence[ReplicaState], min_healthy: int, answer: dict[str, Any] | None
 ) -> list[Check]:
     """The service as a whole: the router up, at least `min_healthy` replicas serving through it, and a
     request through the router answered as the playbook's smoke test expects (`answer`; None: not sent)."""

@@ -21,6 +21,7 @@ import base64
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -56,7 +57,7 @@ def error_frame(exc: FleetError) -> dict[str, Any]:
     return {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
 
 
-def raise_error_frame(frame: dict[str, Any]) -> None:
+def raise_error_frame(frame: Mapping[str, object]) -> None:
     """Re-raise an error the pool reported as the same FleetError class a direct run would have raised."""
     cls = getattr(errors, str(frame.get("error")), None)
     if not (isinstance(cls, type) and issubclass(cls, FleetError)):
