@@ -432,3 +432,17 @@ class FixesRequest(TypedDict, total=False):
     state_dir: str
     signature: Optional[str]
     model: Optional[str]
+
+
+class RouterRecord(TypedDict, total=False):
+    """router.json: the router fleet started for a service, exactly (a pid alone is reused), and from
+    which service file; `replicas`: each replica's last good record, for a roll's rollback."""
+
+    pid: int
+    start_ticks: Optional[int]
+    boot_id: Optional[str]
+    argv: List[str]
+    log: str
+    started: float
+    source: str
+    replicas: Dict[str, Any]

@@ -35,7 +35,7 @@ CHECKS = {
 }
 
 
-def client_gone(a: Mapping[str, Any]) -> bool:
+def client_gone(a: Mapping[str, object]) -> bool:
     """Whether fleet has gone away (its end of stdin closed: Ctrl-C, kill -9, a cut connection). Only
     asked when fleet said it holds stdin open while it waits for this step."""
     if not a.get("client_on_stdin"):

@@ -176,7 +176,7 @@ def stamps(path: str, files: Dict[str, ListedFile]) -> Dict[str, List[int]]:
     return {n: stamp(os.path.join(path, n)) for n in files}
 
 
-def write_marker(path: str, data: Dict[str, Any]) -> None:
+def write_marker(path: str, data: Mapping[str, object]) -> None:
     tmp = os.path.join(path, MARKER + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -286,7 +286,7 @@ def start_partial(partial: str) -> None:
         open(os.path.join(partial, PARTIAL_MARK), "w").close()
 
 
-def swap_in(target: str, partial: str, marker: Dict[str, Any], stop_if_gone: bool = True) -> None:
+def swap_in(target: str, partial: str, marker: Mapping[str, object], stop_if_gone: bool = True) -> None:
     """The whole, checked partial becomes the model: marked as fleet's, then renamed to the path. Fleet's
     own older or damaged copy there is swapped out in two renames (a cut between them is undone by
     `claim`), then removed. `stop_if_gone`: a last look at stdin first (a push's stdin has ended by now).

@@ -28,7 +28,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host_common import http_request, read_record, write_record
     from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
     from fleet.host_smoke import smoke_request
-    from fleet.protocol import RouterRequest
+    from fleet.protocol import RouterRecord, RouterRequest
 
 
 def _dir(a: RouterRequest, create: bool = True) -> str:
@@ -72,7 +72,7 @@ def _foreign(rec: Optional[Dict[str, Any]], a: RouterRequest) -> Optional[Dict[s
     return None
 
 
-def running_router(a: RouterRequest) -> Optional[Dict[str, Any]]:
+def running_router(a: RouterRequest) -> Optional[RouterRecord]:
     """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
     rec = read_record(os.path.join(_dir(a, create=False), "router.json"))
     if not rec or rec.get("boot_id") != boot_id():
@@ -80,10 +80,10 @@ def running_router(a: RouterRequest) -> Optional[Dict[str, Any]]:
     pid = rec.get("pid")
     if not isinstance(pid, int) or not alive(pid) or start_ticks(pid) != rec.get("start_ticks"):
         return None
-    return rec
+    return cast(RouterRecord, rec)
 
 
-def _stop(rec: Dict[str, Any], grace_s: float = 10.0) -> None:
+def _stop(rec: RouterRecord, grace_s: float = 10.0) -> None:
     pid = int(rec["pid"])
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGTERM)  # launched as the leader of its own session and group
@@ -130,7 +130,7 @@ def ensure(a: RouterRequest) -> Dict[str, Any]:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=log_dir
         )
-    rec = {
+    started: RouterRecord = {
         "pid": child.pid,
         "start_ticks": start_ticks(child.pid),
         "boot_id": boot_id(),
@@ -139,7 +139,7 @@ def ensure(a: RouterRequest) -> Dict[str, Any]:
         "started": time.time(),
         "source": a["source"],
     }
-    write_record(os.path.join(directory, "router.json"), rec)
+    write_record(os.path.join(directory, "router.json"), started)
     deadline = time.time() + a.get("wait_s", 60)
     while time.time() < deadline:
         if child.poll() is not None:

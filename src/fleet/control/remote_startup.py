@@ -7,7 +7,7 @@ Host code: standard library only, Python 3.8. The reading of lines and the arith
 
 import contextlib
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
@@ -33,7 +33,7 @@ def startup_history(state_dir: str, key: str) -> List[Dict[str, Any]]:
     return [h for h in kept if isinstance(h, dict)] if isinstance(kept, list) else []
 
 
-def remember_startup(state_dir: str, key: str, entry: Dict[str, Any]) -> None:
+def remember_startup(state_dir: str, key: str, entry: Mapping[str, object]) -> None:
     """Add one start to the host's history, under the host's guard (another deployment's watcher may be
     writing its own start at the same moment)."""
     with host_guard(state_dir):
@@ -68,7 +68,7 @@ class StartupWatch:
         self.fixes = a.get("startup_fixes") or []  # the fixes this attempt's plan applies
         self.keep_waiting = a.get("on_stall") == "wait"  # the playbook's on_stall
         self.warned: Optional[Tuple[int, float]] = None  # the quiet spell a stall was said for (wait)
-        self.published = (None, 0.0)  # (phase, when) last written to phase_path
+        self.published: Tuple[object, float] = (None, 0.0)  # (phase, when) last written to phase_path
 
     def line(self, text: str, now: float) -> Optional[Dict[str, Any]]:
         t = self.timeline
@@ -89,7 +89,7 @@ class StartupWatch:
         self.publish(said, now)
         return said
 
-    def publish(self, said: Dict[str, Any], now: float) -> None:
+    def publish(self, said: Mapping[str, object], now: float) -> None:
         """Leave the phase where `fleet status` (another run, on another machine) can read it, with the
         wall-clock times it needs to count on: when the start and this phase began, when this was said."""
         last_phase, last_at = self.published

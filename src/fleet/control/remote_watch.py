@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Set, cast
+from typing import Any, Dict, Mapping, Optional, Set, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
@@ -212,7 +212,7 @@ class AttemptWatch:
         while not self.step(time.time()):
             pass
 
-    def end(self, event: Dict[str, Any], outcome: Optional[str], now: float) -> bool:
+    def end(self, event: Mapping[str, object], outcome: Optional[str], now: float) -> bool:
         """Say the attempt's last event, its start kept in the host's history as `outcome` (None: kept
         already, or not a start's end); the watch is over."""
         if outcome is not None:
@@ -283,7 +283,7 @@ class AttemptWatch:
         if said is not None:
             emit(said)
 
-    def now_ready(self, now: float, event: Dict[str, Any]) -> None:
+    def now_ready(self, now: float, event: Mapping[str, object]) -> None:
         self.startup.ready(now)
         emit(event)
         self.phase = "health"
