@@ -446,3 +446,26 @@ class RouterRecord(TypedDict, total=False):
     started: float
     source: str
     replicas: Dict[str, Any]
+
+
+class ServerAnswer(TypedDict, total=False):
+    """What the health step found of one deployment's server: its process, its HTTP answers (health,
+    models, the smoke generation), its new log lines, and its container as the runtime says it."""
+
+    server: Optional[Dict[str, Any]]
+    http: Dict[str, Any]
+    log_lines: List[str]
+    container: Dict[str, Any]
+
+
+class HealthAnswer(TypedDict, total=False):
+    """The health step's answer: the probe's facts (fleet.facts.parse reads those), each deployment's
+    server, and the kernel's new lines (Xid, the OOM killer). `probe_error`: it could not run."""
+
+    facts: Dict[str, Any]
+    deployments: Dict[str, ServerAnswer]
+    kernel: List[str]
+    cpu_count: int
+    mem_total_kib: int
+    probe_error: str
+    error: str

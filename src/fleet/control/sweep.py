@@ -22,7 +22,7 @@ from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.hostscripts import script_for, step_python
 from fleet.inventory import Host
-from fleet.protocol import HealthRequest
+from fleet.protocol import HealthAnswer, HealthRequest, ServerAnswer
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -77,7 +77,7 @@ def _ask_again_with_keys(
     python: str,
     options: HealthOptions,
     facts: HostFacts,
-    answers: dict[str, Any],
+    answers: dict[str, ServerAnswer],
 ) -> None:
     """A server with an API key (api_key_env) is asked its prompt again, with its key: only the key the
     client's playbook of that name gives its engine (a host's record cannot name another secret to be
@@ -119,11 +119,11 @@ def _generation(answer: Any) -> dict[str, Any] | None:
 
 def _probe(
     t: Transport, host: Host, args: HealthRequest, python: str, options: HealthOptions, keys: dict[str, str]
-) -> dict[str, Any]:
+) -> HealthAnswer:
     stdin = json.dumps({"keys": keys}).encode() + b"\n"
     result = t.run(script_for("health", args, [python]), stdin=stdin, timeout_s=options.generation_timeout_s + 60)
     try:
-        raw: dict[str, Any] = json.loads(result.text)
+        raw: HealthAnswer = json.loads(result.text)
     except ValueError:  # the host answered: its probe failed, which is not an SSH problem
         return {"probe_error": f"said no result: {(result.text + result.error_text)[-200:]}"}
     return raw

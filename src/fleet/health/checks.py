@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.crashes import Diagnosis
 from fleet.facts import DeploymentRecord, HostFacts, gpu_mismatches
 from fleet.facts.parse import Gpu
-from fleet.protocol import FAILED, LIVE, STARTING, STOPPED, UNVERIFIED
+from fleet.protocol import FAILED, LIVE, STARTING, STOPPED, UNVERIFIED, HealthAnswer, ServerAnswer
 
 if TYPE_CHECKING:
     from fleet.inventory import ExpectedGpus
@@ -160,7 +160,7 @@ def _flag_int(argv: Sequence[str], flag: str) -> int:
 
 def evaluate(
     host: str,
-    raw: dict[str, Any],
+    raw: HealthAnswer,
     facts: HostFacts,
     diagnoses: Mapping[str, Diagnosis | None] | None,
     duration_s: float = 0.0,
@@ -224,7 +224,7 @@ def _expected_up(facts: HostFacts) -> list[str]:
     return [n for n, d in facts.remote.deployments.items() if d.state.get("status") in LIVE]
 
 
-def _host_checks(raw: dict[str, Any], facts: HostFacts) -> list[Check]:
+def _host_checks(raw: HealthAnswer, facts: HostFacts) -> list[Check]:
     checks: list[Check] = [Check("ssh", OK, "reachable")]
     cpus = facts.raw.get("cpu_count") or 1
     if facts.load:
@@ -247,7 +247,7 @@ def _host_checks(raw: dict[str, Any], facts: HostFacts) -> list[Check]:
     return checks
 
 
-def _container_check(box: dict[str, Any]) -> tuple[str, str, str]:
+def _container_check(box: Mapping[str, object]) -> tuple[str, str, str]:
     """What the container runtime says of a deployment's container (the server check says what runs)."""
     name = box.get("name")
     if box.get("missing"):
@@ -260,13 +260,14 @@ def _container_check(box: dict[str, Any]) -> tuple[str, str, str]:
         )
     if not box.get("running"):
         return "container", CRITICAL, f"container {name} is {box.get('status')} (exit {box.get('exit_code')})"
-    restarts = int(box.get("restart_count") or 0)
+    count = box.get("restart_count")
+    restarts = count if isinstance(count, int) else 0  # the runtime's inspect: a number, or nothing said
     if restarts:
         return "container", WARNING, f"container {name} running, restarted {restarts} time(s) by the runtime"
     return "container", OK, f"container {name} running"
 
 
-def _deployment_checks(record: DeploymentRecord, answer: dict[str, Any], diagnosis: Diagnosis | None) -> list[Check]:
+def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis: Diagnosis | None) -> list[Check]:
     st = record.state
     server = answer.get("server")
     http = answer.get("http") or {}
@@ -339,7 +340,7 @@ def _gpu_checks(
     facts: HostFacts,
     alive_groups: Mapping[str, tuple[set[int], tuple[int, ...], int]],
     expected_gpus: ExpectedGpus | None,
-    raw: dict[str, Any],
+    raw: HealthAnswer,
 ) -> list[Check]:
     """Once per GPU: faults, heat, throttling; memory against the deployment placed there (a server
     holding none of its GPU's memory, memory used on a GPU no deployment runs on, someone else's
@@ -400,7 +401,7 @@ def _gpus_unread_or_missing(facts: HostFacts, expected_gpus: ExpectedGpus | None
     ]
 
 
-def _xid_checks(raw: dict[str, Any]) -> list[Check]:
+def _xid_checks(raw: HealthAnswer) -> list[Check]:
     checks = []
     for line in raw.get("kernel", []):
         m = XID_RE.search(line)
