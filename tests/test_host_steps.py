@@ -13,7 +13,8 @@ import yaml
 
 from conftest import run_cli
 from fleet.errors import HostStepError
-from fleet.hostscripts import run_json
+from fleet.hostscripts import SHARED as SHARED_FILES
+from fleet.hostscripts import STEPS, run_json
 from fleet.transport.local import LocalTransport
 from fleet_testbed import simhost
 
@@ -193,3 +194,30 @@ def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(tmp_path: Path
     entry.write_bytes(b"\x00not marshal")  # cut short by a full disk
     entry.chmod(0o600)
     assert fixes_step() == {"forgotten": []}
+
+
+@pytest.mark.parametrize("path", sorted({f for files in (SHARED_FILES, *STEPS.values()) for f in files}))
+def test_a_host_file_is_sent_without_its_comment_lines_and_means_the_same(path: str) -> None:
+    """What is sent has the source's syntax tree, line and column included (a traceback from the host
+    names the line in fleet's file), and no line that is only a comment."""
+    import ast
+
+    from fleet.hostscripts import _read, _shipped
+
+    sent = _shipped(path)
+    assert ast.dump(ast.parse(sent), include_attributes=True) == ast.dump(
+        ast.parse(_read(path)), include_attributes=True
+    )
+    assert sent.count("\n") == _read(path).count("\n")
+    comment_lines = [i for i, line in enumerate(sent.split("\n"), 1) if line.lstrip().startswith("#")]
+    assert all(_inside_a_string(sent, i) for i in comment_lines)
+
+
+def _inside_a_string(text: str, lineno: int) -> bool:
+    """Whether line `lineno` lies within a (triple-quoted) string constant of `text`."""
+    import ast
+
+    return any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and n.lineno <= lineno <= (n.end_lineno or n.lineno)
+        for n in ast.walk(ast.parse(text))
+    )

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import SECRET_WORD, STARTING, UNVERIFIED
+    from fleet.protocol import SECRET_WORD, STARTING, UNVERIFIED, ProcessInfo
 
 # fleet's record files on a host, named here only: every other module uses these names
 LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
@@ -131,7 +131,7 @@ def program(cmdline: str) -> str:
     return os.path.basename(words[i]) if i < len(words) else ""
 
 
-def safelisted(info: Dict[str, Any]) -> Optional[str]:
+def safelisted(info: ProcessInfo) -> Optional[str]:
     name_run = program(info["cmdline"]) if info["cmdline"] else ""
     for name in SAFELISTED:
         if name_run == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
@@ -140,7 +140,7 @@ def safelisted(info: Dict[str, Any]) -> Optional[str]:
 
 
 def kill_verdict(
-    info: Dict[str, Any],
+    info: ProcessInfo,
     *,
     me: int,
     own: Tuple[int, int],

@@ -10,12 +10,13 @@ import pwd
 import re
 import shutil
 import subprocess
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     argv_of  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host_common import argv_of
+    from fleet.protocol import ProcessInfo
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 CMDLINE_LIMIT = 2000  # characters of a command line kept in what a step reports
@@ -57,7 +58,7 @@ def uid_of(pid: int) -> Optional[int]:
     return int(found.group(1)) if found else None
 
 
-def process(pid: int, argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+def process(pid: int, argv: Optional[List[str]] = None) -> Optional[ProcessInfo]:
     """What a step needs to know of one process, or None when it is gone: identity (pid, pgid, its start
     in clock ticks), owner (uid, user) and what it runs (argv, cmdline)."""
     argv = argv if argv is not None else argv_at(pid)
@@ -70,7 +71,7 @@ def process(pid: int, argv: Optional[List[str]] = None) -> Optional[Dict[str, An
         user = pwd.getpwuid(uid).pw_name if uid is not None else "?"
     except KeyError:
         user = str(uid)
-    return {
+    info: ProcessInfo = {
         "pid": pid,
         "ppid": int(rest[1]),
         "pgid": int(rest[2]),
@@ -82,9 +83,10 @@ def process(pid: int, argv: Optional[List[str]] = None) -> Optional[Dict[str, An
         "cmdline": " ".join(argv)[:CMDLINE_LIMIT],
         "argv": argv,
     }
+    return info
 
 
-def process_table() -> Dict[int, Dict[str, Any]]:
+def process_table() -> Dict[int, ProcessInfo]:
     out = {}
     for pid in pids():
         p = process(pid)

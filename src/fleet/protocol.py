@@ -40,6 +40,27 @@ LIVE = (STARTING, READY, UNVERIFIED)  # a server is expected behind the record
 CRASHED: Final = "crashed"
 
 
+class ProcessInfo(TypedDict, total=False):
+    """A process as fleet's host code reads it from /proc: who runs it, what (its argv, cut for display
+    as `cmdline`), and exactly which (its start time: a pid alone is reused); what fleet found of it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    uid: Optional[int]
+    user: str
+    comm: str
+    state: str
+    start_ticks: int
+    cmdline: str
+    argv: List[str]
+    container: Optional[str]  # the container it runs in, as its runtime names it
+    container_id: str
+    container_cli: str
+    why: str  # why fleet stops, refuses or leaves it
+    ports: List[Dict[str, Any]]  # the sockets it listens on
+
+
 class SmokeSpec(TypedDict, total=False):
     """What proves a server serves: a chat model's prompt and the text its answer must hold (`expect`, a
     regular expression); for an embedding model or a reranker (`kind`) fleet's own texts on the endpoint it

@@ -62,7 +62,7 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host_procs import process_table
     from fleet.host_signals import hold_process
-    from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest
+    from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest, ProcessInfo
 
 
 def recorded_group(st: Mapping[str, object]) -> Optional[int]:
@@ -194,7 +194,7 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
 
 
 def in_the_way(
-    a: ActRequest, out: ActResult, root: str, previous: Optional[Dict[str, Any]], procs: Dict[int, Dict[str, Any]]
+    a: ActRequest, out: ActResult, root: str, previous: Optional[Dict[str, Any]], procs: Dict[int, ProcessInfo]
 ) -> Tuple[FreeRequest, List[Dict[str, Any]], Set[int]]:
     """The free request with the deployments beside this one (left running) and those it replaces, and
     fleet's own containers of them; others' containers go to out["refused"]."""
@@ -237,7 +237,7 @@ def stop_in_the_way(
     free: FreeRequest,
     ours: List[Dict[str, Any]],
     targets: Dict[int, Dict[str, Any]],
-    procs: Dict[int, Dict[str, Any]],
+    procs: Dict[int, ProcessInfo],
     sibling_gpus: Set[int],
 ) -> None:
     """Stop what `classify` chose and wait for this deployment's GPU memory to come back."""

@@ -27,7 +27,7 @@ except NameError:  # imported as a module (fleet's own tests)
         start_ticks,
     )
     from fleet.host_signals import foreign_members, hold_group, hold_process, release
-    from fleet.protocol import FreeRequest
+    from fleet.protocol import FreeRequest, ProcessInfo
 
 
 def expand(path: str) -> str:
@@ -45,7 +45,7 @@ def recorded_group_is_ours(pgid: int, st: Mapping[str, object]) -> bool:
     return isinstance(recorded, int) and start_ticks(pgid) == recorded
 
 
-def is_engine(p: Dict[str, Any]) -> bool:
+def is_engine(p: ProcessInfo) -> bool:
     """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
     return engine_kind(p["argv"]) is not None
 
@@ -146,7 +146,7 @@ def device_files_of(device_glob: str, indices: Optional[List[int]]) -> List[str]
     ]
 
 
-def stale_groups(gpu_holders: Set[int], procs: Dict[int, Dict[str, Any]], me: int) -> Set[int]:
+def stale_groups(gpu_holders: Set[int], procs: Dict[int, ProcessInfo], me: int) -> Set[int]:
     """The process groups of the GPU holders that are engines of user `me`, outside containers."""
     return set(
         procs[p]["pgid"]
@@ -156,7 +156,7 @@ def stale_groups(gpu_holders: Set[int], procs: Dict[int, Dict[str, Any]], me: in
 
 
 def classify(
-    a: FreeRequest, procs: Dict[int, Dict[str, Any]]
+    a: FreeRequest, procs: Dict[int, ProcessInfo]
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
     launch unless forced) and what it leaves running (GPU daemons and tools).
@@ -201,7 +201,7 @@ def classify(
         if container:  # another container's engine is somebody's server, never a stale one of fleet's
             names = container_names(["podman", "docker"]) if names is None else names
             cli, shown = names.get(container, ("", container[:12]))
-            info = dict(info, container=shown, container_id=container, container_cli=cli)
+            info = {**info, "container": shown, "container_id": container, "container_cli": cli}
         if info["pgid"] in siblings and info["pgid"] not in replaced and info["uid"] == me:
             if (pid in owners or pid in gpu_holders) and a.get("launching", True):  # in this launch's way
                 refused.append(dict(info, why="deployment %s's server (--replace stops it)" % siblings[info["pgid"]]))
@@ -228,7 +228,7 @@ def classify(
     return targets, refused, left
 
 
-def idle_sglang(members: List[Dict[str, Any]]) -> bool:
+def idle_sglang(members: List[ProcessInfo]) -> bool:
     """An SGLang server with no client connection: SIGTERM would only wait for its watchdog's next 5 s
     tick (engines.md section 3.3) before the same kill_process_tree, so it is killed at once instead."""
     if not any(engine_kind(p["argv"]) == "sglang" for p in members):
@@ -237,7 +237,7 @@ def idle_sglang(members: List[Dict[str, Any]]) -> bool:
 
 
 def stop_targets(
-    targets: Dict[int, Dict[str, Any]], procs: Dict[int, Dict[str, Any]], drain_s: float
+    targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo], drain_s: float
 ) -> Tuple[List[Dict[str, Any]], List[int], List[Dict[str, Any]]]:
     """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
     SGLang group is SIGKILLed at once (nothing to drain).
@@ -294,9 +294,9 @@ def stop_targets(
     left = []  # another user's processes in a stopped group: named, never signalled
     for pgid, whole, _ in signalled:
         for pid in foreign_members(pgid, me) if whole else []:
-            info = procs.get(pid) or {"pid": pid, "pgid": pgid, "user": "?", "cmdline": "?"}
+            member = procs.get(pid) or {"pid": pid, "pgid": pgid, "user": "?", "cmdline": "?"}
             if pid not in targets:
-                left.append(dict(info, why="another user's process in the stopped group: not signalled"))
+                left.append(dict(member, why="another user's process in the stopped group: not signalled"))
     return (
         [
             {
