@@ -73,6 +73,7 @@ images: $(VENV)/.installed system-deps vllm-env
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests testbed
+	$(BIN)/python ../shared/tools/shape-check
 
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from factsdata import facts
-from fleet.plan.build import preflight
 from fleet.plan.capabilities import ANY, TABLE, capability
+from fleet.plan.preflight import preflight
 from test_plan import CT129_GPUS, host, plan, playbook
 
 V0511, V0523, V032 = (0, 5, 11), (0, 5, 23), (0, 32, 0)

@@ -25,8 +25,9 @@ from factsdata import MODELS, facts
 from fleet.control import placing
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.plan import keyed_premises, parse_version, picks
-from fleet.plan.build import PlanResult, memory_wishes
+from fleet.plan.build import PlanResult
 from fleet.plan.memory import sglang_mem_fraction
+from fleet.plan.preflight import memory_wishes
 from fleet.yamlfile import parse_yaml
 from sglang_oracle import ORACLE
 

@@ -485,8 +485,7 @@ def test_a_service_whose_every_replica_is_refused_before_anything_changed_exits_
 
 
 def test_a_replica_the_engine_refused_counts_as_refused_and_one_that_crashed_does_not() -> None:
-    from fleet.control.outcomes import Attempt, DeployResult
-    from fleet.control.service import ReplicaOutcome, ServiceResult
+    from fleet.control.outcomes import Attempt, DeployResult, ReplicaOutcome, ServiceResult
     from fleet.errors import DeployFailed
     from fleet.inventory.services import PlacedReplica
 

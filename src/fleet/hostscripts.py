@@ -18,7 +18,7 @@ import shlex
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from fleet.errors import HostStepError
 from fleet.transport.base import CommandResult
@@ -244,6 +244,34 @@ def run_json(
     return data
 
 
+class StepEvent(TypedDict, total=False):
+    """One line a streamed step says (pull, receive, engine): `e` names it, the rest is its own. A line that
+    is not one of them is an `error` event with what was said (EventLines)."""
+
+    e: str
+    error: str
+    why: str
+    kind: str
+    stage: str
+    problems: list[str]
+    t: str  # a line of the step's own output (an engine install's pip)
+    need: list[Any]  # the files a receiving host asks for
+    files: Any  # a count; None when a model is present but the Hub could not list it
+    bytes: int
+    have: int
+    free: int
+    done: int
+    total: int
+    sent: int
+    commit: str | None
+    checksums: int
+    ours: bool
+    version: str
+    installer: str
+    previous: str | None
+    python: str
+
+
 # One event line held at most: the host cuts a log line to 16 KiB, so only a broken host sends more.
 EVENT_BYTES = 1 << 20
 
@@ -259,7 +287,7 @@ class EventLines:
         self.pending = b""
         self.said = 0  # events read so far
 
-    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+    def feed(self, chunk: bytes) -> list[StepEvent]:
         *whole, self.pending = (self.pending + chunk).split(b"\n")
         if len(self.pending) > EVENT_BYTES:
             raise HostStepError(
@@ -271,19 +299,19 @@ class EventLines:
         return found
 
 
-def _event(raw: bytes) -> dict[str, Any]:
+def _event(raw: bytes) -> StepEvent:
     try:
         event = json.loads(raw)
     except ValueError:
         event = None
     if isinstance(event, dict) and isinstance(event.get("e"), str):
-        return event
+        return cast(StepEvent, event)  # the step's own: its keys as the step says them
     if isinstance(event, dict) and "error" in event:  # no Python on the host: said in place of events
         return {"e": "error", "error": str(event["error"])}
     return {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
 
 
-def json_lines(on_event: Callable[[dict[str, Any]], None], host_name: str, step: str) -> Callable[[bytes], bool]:
+def json_lines(on_event: Callable[[StepEvent], None], host_name: str, step: str) -> Callable[[bytes], bool]:
     """A stream's `on_chunk` for a step that says one JSON object per line (pull, push, engine): each
     event to `on_event` (fleet.hostscripts.EventLines)."""
     reader = EventLines(host_name, step)

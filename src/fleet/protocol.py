@@ -336,6 +336,14 @@ class FreeRequest(TypedDict, total=False):
     own_containers: List[str]
 
 
+class Premises(TypedDict, total=False):
+    """What the engine is asked of the settings fleet's keyed rules decided (fleet.plan.keyed_premises):
+    the flags to drop to see its own pick, and the picks under which the plan stands as it is."""
+
+    drop: Dict[str, List[str]]
+    expect: Dict[str, List[str]]
+
+
 class CheckRequest(TypedDict, total=False):
     """The engine's own check of a command line, run under `python` (or in the image, `container`);
     `picks`: also what the engine picks itself where the plan's rules were keyed on it."""
@@ -344,7 +352,7 @@ class CheckRequest(TypedDict, total=False):
     python: str
     args: List[str]
     env: Dict[str, str]
-    picks: Dict[str, Any]
+    picks: Premises
     container: Dict[str, Any]
     prelude: str  # code run first (a stand-in GPU for a check off a GPU host: fleet engine audit)
     timeout_s: float

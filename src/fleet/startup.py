@@ -15,7 +15,7 @@ ready, when no request is served.
 """
 
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     READY  # noqa: B018
@@ -190,7 +190,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-def well_formed(start: Dict[str, Any]) -> bool:
+def well_formed(start: Mapping[str, object]) -> bool:
     """A kept start fleet wrote: a record edited by hand or cut short by a crash is no history."""
     phases, order = start.get("phases"), start.get("order", [])
     return (

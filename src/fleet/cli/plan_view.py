@@ -15,6 +15,7 @@ from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
+    from fleet.protocol import Premises
 
 
 @cli.command()
@@ -235,7 +236,7 @@ def _upgrade_preview(
     }
 
 
-def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: dict[str, Any] | None = None) -> dict[str, Any]:
+def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: Premises | None = None) -> dict[str, Any]:
     """The engine's own check of the planned command line, run in that version's installed environment on
     the host (the check a deploy makes first); nothing is locked, stopped or started. `premises`
     (fleet.plan.keyed_premises): also what the engine picks itself, and where the plan did not stand on it."""

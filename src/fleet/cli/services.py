@@ -12,7 +12,8 @@ from fleet.cli.base import Invocation, cli, emit_json, exit_for_failures, say, t
 from fleet.cli.report import print_result, progress_for, result_json
 
 if TYPE_CHECKING:
-    from fleet.control.service import ServiceResult, ServiceRun
+    from fleet.control.outcomes import ServiceResult
+    from fleet.control.service import ServiceRun
 
 
 def service_run(ctx: Invocation, ref: str, *, as_json: bool = False, starting: bool = False) -> ServiceRun:

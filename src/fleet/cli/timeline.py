@@ -4,6 +4,7 @@ operator sees where the minutes go and whether a change (a fix, an engine versio
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -59,7 +60,7 @@ def timeline(ctx: Invocation, target: str, as_json: bool) -> None:
                     say(line)
 
 
-def start_json(host: str, deployment: str, key: str, current: bool, start: dict[str, Any]) -> dict[str, Any]:
+def start_json(host: str, deployment: str, key: str, current: bool, start: Mapping[str, object]) -> dict[str, Any]:
     model, engine, gpus = key_parts(key)
     shown = {k: start.get(k) for k in ("at", "outcome", "ready_s", "phases", "order", "fixes")}
     return {"host": host, "deployment": deployment, "model": model, "engine": engine, "gpus": gpus,

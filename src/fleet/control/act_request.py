@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from fleet.plan import LaunchPlan
-from fleet.protocol import CheckRequest
+from fleet.protocol import CheckRequest, Premises
 
 
 def run_id() -> str:
@@ -24,7 +23,7 @@ def owner() -> str:
 
 
 def check_args(
-    plan: LaunchPlan, check_name: str, run_options: Sequence[str] = (), premises: Mapping[str, Any] | None = None
+    plan: LaunchPlan, check_name: str, run_options: Sequence[str] = (), premises: Premises | None = None
 ) -> CheckRequest:
     """The act step's `check`: the engine's own check of `plan`, in the image when it runs in a container
     (`check_name`: the container's name, never another deployment's; `run_options` before the plan's).
@@ -37,7 +36,7 @@ def check_args(
         "env": {e.name: e.value for e in plan.env},
     }
     if premises:
-        args["picks"] = dict(premises)
+        args["picks"] = premises
     cont = plan.container
     if cont is not None:  # run in the image, as the server will be
         args["container"] = {

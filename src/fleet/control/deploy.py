@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from fleet import events
 from fleet.control.act_request import check_args, owner, planned_ports, run_id
 from fleet.control.answers import LOCK_GRACE_S, act_answer, act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
-from fleet.control.outcomes import Attempt, DeployResult, LogTail
-from fleet.crashes import GiveUp, LogContext, Signature, decide, diagnose, traceback_of
+from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
+from fleet.crashes import GiveUp, Signature, decide, diagnose, traceback_of
 from fleet.errors import (
     HostStepError,
     LockedError,
@@ -32,9 +32,10 @@ from fleet.inventory import Host
 from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
-from fleet.plan.build import ENGINE_PICKS, MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
+from fleet.plan.build import ENGINE_PICKS
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
+from fleet.plan.preflight import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.protocol import (
     CRASHED,
     FAILED,
@@ -45,6 +46,7 @@ from fleet.protocol import (
     ActResult,
     FreeRequest,
     LockRequest,
+    Premises,
     SmokeSpec,
     StateRecord,
     WatchEvent,
@@ -58,18 +60,6 @@ PREPARED_HOLD_S = 120.0  # a group's prepared host keeps its lock this long with
 
 
 DRAIN_S = 15.0  # how long a stopped server may finish its requests after SIGTERM
-
-
-def log_context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext:
-    return LogContext(
-        engine=plan.engine,
-        version=plan.engine_version,
-        hybrid=model.hybrid,
-        nvfp4=model.nvfp4,
-        moe=model.moe,
-        sm=gpus.sm,
-        argv=tuple(plan.engine_args()),
-    )
 
 
 class Deployer:
@@ -196,7 +186,7 @@ class Deployer:
         release_lock: bool = False,
         command: str | None = None,
         prepare_only: bool = False,
-        premises: Mapping[str, Any] | None = None,
+        premises: Premises | None = None,
     ) -> ActResult:
         """`prepare_only`: lock, check and sort what holds the GPUs, and stop there (the lock kept): a group
         prepares every host before it stops anything on any."""
@@ -377,7 +367,7 @@ class Deployer:
         self,
         plan: LaunchPlan,
         out: ActResult,
-        premises: dict[str, Any],
+        premises: Premises,
         replan: Callable[[dict[str, str]], LaunchPlan],
         new_learned: list[dict[str, Any]],
     ) -> LaunchPlan | None:

@@ -10,11 +10,11 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fleet import events
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
-from fleet.hostscripts import json_lines, script_for
+from fleet.hostscripts import StepEvent, json_lines, script_for
 from fleet.inventory.hosts import VERSION_RE, canonical_version
 from fleet.protocol import EngineRequest
 from fleet.terminal import safe_line
@@ -47,7 +47,7 @@ def engine_step(
     python: str | None = None,
     pip_args: tuple[str, ...] = (),
     on_line: Callable[[str], None] = lambda _line: None,
-) -> dict[str, Any]:
+) -> StepEvent:
     """Run `install` or `use` on the host; the answer's event (installed, present, current) or an error."""
     engine, version = parse_spec(spec)
     args: EngineRequest = {
@@ -59,9 +59,9 @@ def engine_step(
     }
     # on stdin, never on the step's command line: an index URL may carry a password (`ps` shows argv)
     hidden = json.dumps({"pip_args": list(pip_args)}).encode() + b"\n"
-    answers: list[dict[str, Any]] = []
+    answers: list[StepEvent] = []
 
-    def on_event(ev: dict[str, Any]) -> None:
+    def on_event(ev: StepEvent) -> None:
         if ev.get("e") == "line":
             on_line(str(ev["t"]))
         else:

@@ -24,9 +24,9 @@ from fleet import events
 from fleet.control import ops, placing
 from fleet.control.answers import synthetic_line
 from fleet.control.attempt_watch import Hold
-from fleet.control.deploy import Deployer, log_context, recorded
+from fleet.control.deploy import Deployer, recorded
 from fleet.control.gather import model_path, read_facts
-from fleet.control.outcomes import Attempt, refused_before_stopping
+from fleet.control.outcomes import Attempt, log_context, refused_before_stopping
 from fleet.control.parallel import in_parallel
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError

@@ -1,12 +1,17 @@
-"""What a deploy's attempts came to: each attempt, the run's result, and the end of its log fleet keeps."""
+"""What a deploy's attempts came to: each attempt, the run's result, and the end of its log fleet keeps;
+and what a service's command came to, replica by replica."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from fleet.crashes import Diagnosis
-from fleet.plan import LaunchPlan
+from fleet.crashes import Diagnosis, LogContext
+from fleet.errors import FleetError
+from fleet.inventory.services import PlacedReplica
+from fleet.model import ModelSpec
+from fleet.plan import GpuSummary, LaunchPlan
 
 # What fleet holds of an attempt's log while it watches: its last lines (a crash's traceback and what led to
 # it), never the whole of a log an engine floods (20 MB/s grew fleet to 6.7 GB). The host cuts each line.
@@ -75,3 +80,55 @@ def refused_before_stopping(ok: bool, attempts: list[Attempt]) -> bool:
     """The engine's own check refused every command line: nothing on the host(s) was stopped or changed,
     so a deploy's or a group's failure is a pre-flight refusal (exit 4), not a failed deploy (exit 7)."""
     return not ok and bool(attempts) and all(a.outcome == "rejected" for a in attempts)
+
+
+@dataclass
+class ReplicaOutcome:
+    replica: PlacedReplica
+    result: DeployResult | None = None
+    error: FleetError | None = None
+    url: str | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.ok
+
+    @property
+    def name(self) -> str:
+        return f"{self.replica.host}/{self.replica.deployment}"
+
+    @property
+    def refused(self) -> bool:
+        """Refused before anything on its host was changed: pre-flight, or the engine's own check of every
+        command line (a deploy's exit 4)."""
+        if self.result is not None:
+            return self.result.refused_before_stopping
+        return self.error is not None and self.error.exit_code == 4
+
+
+@dataclass
+class ServiceResult:
+    service: str
+    ok: bool
+    reason: str
+    endpoint: str
+    replicas: list[ReplicaOutcome] = field(default_factory=list)
+    answer: dict[str, Any] | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Every replica was refused before anything was changed (exit 4, as a refused deploy)."""
+        return not self.ok and bool(self.replicas) and all(o.refused for o in self.replicas)
+
+
+def log_context(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> LogContext:
+    return LogContext(
+        engine=plan.engine,
+        version=plan.engine_version,
+        hybrid=model.hybrid,
+        nvfp4=model.nvfp4,
+        moe=model.moe,
+        sm=gpus.sm,
+        argv=tuple(plan.engine_args()),
+    )

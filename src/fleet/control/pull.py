@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fleet import events
 from fleet.control.gather import model_path
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
-from fleet.hostscripts import json_lines, script_for
+from fleet.hostscripts import StepEvent, json_lines, script_for
 from fleet.protocol import PullRequest
 from fleet.secrets import redact
 from fleet.terminal import safe_line
@@ -145,10 +145,10 @@ class StepEvents:
 
     def __init__(self, path: str, progress: Callable[[events.Event], None], source: str | None = None) -> None:
         self.path, self.progress, self.source = path, progress, source
-        self.kept: list[dict[str, Any]] = []
+        self.kept: list[StepEvent] = []
         self.planned_at, self.had = time.monotonic(), 0
 
-    def __call__(self, ev: dict[str, Any]) -> None:
+    def __call__(self, ev: StepEvent) -> None:
         if ev.get("e") == "planned":
             self.planned_at, self.had = time.monotonic(), int(ev["have"])
             plan = (ev["files"], ev["bytes"], ev["have"], ev["free"])
@@ -158,7 +158,7 @@ class StepEvents:
         else:
             self.kept.append(ev)
 
-    def last(self, code: int) -> dict[str, Any]:
+    def last(self, code: int) -> StepEvent:
         return self.kept[-1] if self.kept else {"e": "error", "error": f"no answer (exit {code})"}
 
 

@@ -22,7 +22,7 @@ from fleet import events
 from fleet.control.gather import model_path
 from fleet.control.pull import HINTS, PullResult, StepEvents
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError
-from fleet.hostscripts import json_lines, run_json, script_for
+from fleet.hostscripts import StepEvent, json_lines, run_json, script_for
 from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def push_model(
     started = time.monotonic()
     answers = StepEvents(path, progress, source.label)
 
-    def on_event(ev: dict[str, Any]) -> None:
+    def on_event(ev: StepEvent) -> None:
         if ev.get("e") == "need":  # the host's plan: the source starts sending
             relay.start(source, _asked_for(host.name, ev.get("need"), listing["files"]))
         else:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import msgspec
@@ -25,7 +25,7 @@ from fleet import events
 from fleet.control import ops, placing
 from fleet.control.act_request import owner, run_id
 from fleet.control.gather import read_facts
-from fleet.control.outcomes import DeployResult
+from fleet.control.outcomes import ReplicaOutcome, ServiceResult
 from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
@@ -48,46 +48,6 @@ from fleet.transport import Transport
 Connect = Callable[[Host], AbstractContextManager[Transport]]
 REGISTER_WAIT_S = 60.0
 LEASE_TTL_S = 60.0  # a service's lease untouched this long was left by a run that died
-
-
-@dataclass
-class ReplicaOutcome:
-    replica: PlacedReplica
-    result: DeployResult | None = None
-    error: FleetError | None = None
-    url: str | None = None
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None and self.result.ok
-
-    @property
-    def name(self) -> str:
-        return f"{self.replica.host}/{self.replica.deployment}"
-
-    @property
-    def refused(self) -> bool:
-        """Refused before anything on its host was changed: pre-flight, or the engine's own check of every
-        command line (a deploy's exit 4)."""
-        if self.result is not None:
-            return self.result.refused_before_stopping
-        return self.error is not None and self.error.exit_code == 4
-
-
-@dataclass
-class ServiceResult:
-    service: str
-    ok: bool
-    reason: str
-    endpoint: str
-    replicas: list[ReplicaOutcome] = field(default_factory=list)
-    answer: dict[str, Any] | None = None
-
-    @property
-    def refused(self) -> bool:
-        """Every replica was refused before anything was changed (exit 4, as a refused deploy)."""
-        return not self.ok and bool(self.replicas) and all(o.refused for o in self.replicas)
 
 
 def replica_playbook(playbook: NamedPlaybook, r: PlacedReplica, replicas: list[PlacedReplica]) -> NamedPlaybook:

@@ -8,7 +8,8 @@ from typing import Any
 
 from fleet.control import ops
 from fleet.control.gather import read_facts
-from fleet.control.service import REGISTER_WAIT_S, ReplicaOutcome, ServiceRun
+from fleet.control.outcomes import ReplicaOutcome
+from fleet.control.service import REGISTER_WAIT_S, ServiceRun
 from fleet.errors import DeployFailed, FleetError, HostStepError
 from fleet.inventory.services import PlacedReplica
 from fleet.plan.service import ReplicaState, recorded_task, service_checks, strangers

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from fleet.model import ModelSpec
 from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
@@ -43,7 +42,7 @@ from fleet.plan.types import (
     parse_version,
     show_version,
 )
-from fleet.protocol import SECRET_WORD
+from fleet.protocol import SECRET_WORD, Premises
 
 __all__ = [
     "ALIASES",
@@ -256,7 +255,7 @@ def _rules(engine: str) -> tuple[Rule, ...]:
     return SGLANG_RULES if engine == "sglang" else VLLM_RULES
 
 
-def keyed_premises(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, wishes: Wishes) -> dict[str, Any]:
+def keyed_premises(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, wishes: Wishes) -> Premises:
     """What the act step asks the engine before anything is stopped, so that the keyed rules stand on the
     engine's own picks and not only on fleet's table: for each setting a keyed rule decided, the flags it
     set (`drop`: the engine resolves the command line again without them and says what it picks itself;
