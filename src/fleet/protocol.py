@@ -74,7 +74,17 @@ class SmokeSpec(TypedDict, total=False):
     timeout_s: float
 
 
-class StateRecord(TypedDict, total=False):
+class LaunchedProcess(TypedDict, total=False):
+    """A process fleet started, exactly (a pid alone is reused: see kill_verdict), and its log."""
+
+    pid: int
+    start_ticks: Optional[int]
+    boot_id: Optional[str]
+    started: float
+    log: str
+
+
+class StateRecord(LaunchedProcess, total=False):
     """state.json: written whole when an attempt launches, then only merged into (status changes)."""
 
     schema: int
@@ -104,13 +114,7 @@ class StateRecord(TypedDict, total=False):
     on_stall: str  # fail | wait
     updated: float
     ready_at: float
-    # the launched process, exactly (a pid alone is reused): see kill_verdict
-    pid: int
     pgid: int
-    start_ticks: Optional[int]
-    boot_id: Optional[str]
-    started: float
-    log: str
     exit_file: str
     # one rank of a group (one model over several hosts): {"hosts": [...], "rank": i, "dist_port": p}
     group: Dict[str, Any]
@@ -463,16 +467,11 @@ class FixesRequest(TypedDict, total=False):
     model: Optional[str]
 
 
-class RouterRecord(TypedDict, total=False):
+class RouterRecord(LaunchedProcess, total=False):
     """router.json: the router fleet started for a service, exactly (a pid alone is reused), and from
     which service file; `replicas`: each replica's last good record, for a roll's rollback."""
 
-    pid: int
-    start_ticks: Optional[int]
-    boot_id: Optional[str]
     argv: List[str]
-    log: str
-    started: float
     source: str
     replicas: Dict[str, Any]
 
