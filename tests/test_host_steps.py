@@ -172,7 +172,7 @@ def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(tmp_p
     assert fixes_step() == {"forgotten": []}
     steps = tmp_path / "cache" / "fleet" / "steps"
     kept = sorted(steps.iterdir())
-    assert len(kept) == 5 and steps.stat().st_mode & 0o777 == 0o700  # protocol, host_common/procs/signals, fixes
+    assert len(kept) == 6 and steps.stat().st_mode & 0o777 == 0o700  # the shared files (SHARED), fixes
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in kept)
     entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
     assert fixes_step() == {"forgotten": ["cached"]}  # used

@@ -7,7 +7,6 @@ sglang.launch_server.log` and a process renamed "vim notes-on-sglang serve" are 
 """
 
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -15,21 +14,13 @@ import re
 import select
 import signal
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import SECRET_WORD, STARTING, UNVERIFIED, ProcessInfo
+    from fleet.protocol import SECRET_WORD, ProcessInfo
 
-# fleet's record files on a host, named here only: every other module uses these names
-LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
-STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
-LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
-HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
-STARTUP_FILE = "startup.json"  # the host's start-up timelines: model x engine version x GPUs -> last starts
-PHASE_FILE = "phase.json"  # a starting deployment's current phase, for `fleet status` (gone once it ends)
-GUARD_FILE = "lock.guard"  # the host's guard: the flock every change of its shared records is made under
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).
 PYTHON_RE = re.compile(r"^python[0-9.]*$")
@@ -315,143 +306,6 @@ def api_key_name(argv: Any) -> Optional[str]:
         if words[i] == "--api-key" and words[i + 1].startswith(SECRET_WORD):
             return words[i + 1][len(SECRET_WORD) :]
     return None
-
-
-def write_record(path: str, data: Any) -> None:
-    """Replace a record atomically: a unique temporary file, fsynced, renamed over it. On failure (a full
-    disk) the temporary file is removed and the old record is left as it was."""
-    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), int(time.time() * 1e6))
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def release_lock(state_dir: str, run_id: str) -> None:
-    """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable)."""
-    path = os.path.join(os.path.expanduser(state_dir), LOCK_FILE)
-    cur = read_record(path)
-    if cur is None or cur.get("run_id") == run_id:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def mark_unverified(state_dir: str, run_id: str) -> None:
-    """fleet went away after this run launched its server and before it was proven: the record says so
-    (a record another run wrote since, or one past "starting", is left alone)."""
-    path = os.path.join(os.path.expanduser(state_dir), STATE_FILE)
-    st = read_record(path) or {}
-    if st.get("run_id") == run_id and st.get("status") == STARTING:
-        st.update(
-            status=UNVERIFIED,
-            reason="fleet's run ended (interrupted or its connection cut) before the server was checked",
-            updated=time.time(),
-        )
-        write_record(path, st)
-
-
-def read_record(path: str) -> Optional[Dict[str, Any]]:
-    """A JSON object fleet keeps on the host (state, lock, bookkeeping), or None when there is none. A file
-    that is not one (cut short by a full disk, edited by hand into a list) is set aside, renamed
-    `NAME.corrupt-STAMP` rather than deleted, so the next write starts a good record and nothing is lost."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError:
-        return None
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        return data
-    with contextlib.suppress(OSError):
-        os.replace(path, f"{path}.corrupt-{int(time.time())}")
-    return None
-
-
-# fleet's records on a host: learned.json for the whole host, and a directory per deployment
-# (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
-# kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
-DEPLOYMENTS = "deployments"
-DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
-LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's bookkeeping
-
-
-@contextlib.contextmanager
-def host_guard(state_dir: str) -> Iterator[None]:
-    """Hold the host's guard (an exclusive flock on state_dir/lock.guard) for a read-modify-write of a
-    record another run may be changing at the same moment. state_dir must exist."""
-    with open(os.path.join(os.path.expanduser(state_dir), GUARD_FILE), "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        yield
-
-
-def deployment_dir(state_dir: str, name: str) -> str:
-    if not DEPLOYMENT_NAME_RE.match(name):  # checked by fleet too: a name is a path component here
-        raise ValueError("not a deployment name: %r" % name)
-    return os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS, name)
-
-
-def legacy_name(record: Mapping[str, object]) -> str:
-    """The deployment an older fleet's one-server record stands for: its playbook's name."""
-    name = record.get("playbook")
-    return name if isinstance(name, str) and DEPLOYMENT_NAME_RE.match(name) else "default"
-
-
-def deployment_names(state_dir: str) -> List[str]:
-    root = os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS)
-    try:
-        entries = sorted(os.listdir(root))
-    except OSError:
-        return []
-    return [n for n in entries if DEPLOYMENT_NAME_RE.match(n) and os.path.isdir(os.path.join(root, n))]
-
-
-def migrate_legacy(state_dir: str) -> Optional[str]:
-    """Move an older fleet's one-server record into its deployment's directory (nothing running is
-    touched: the record moves, its server stays fleet's). Run under the host's guard. Returns the name."""
-    root = os.path.expanduser(state_dir)
-    legacy = os.path.join(root, STATE_FILE)
-    if not os.path.exists(legacy):
-        return None
-    record = read_record(legacy)
-    if record is None:  # set aside as corrupt by read_record: nothing left to move
-        return None
-    name = legacy_name(record)
-    target = deployment_dir(root, name)
-    os.makedirs(target, mode=0o700, exist_ok=True)
-    for file in LEGACY_FILES:
-        src = os.path.join(root, file)
-        if not os.path.exists(src):
-            continue
-        if os.path.exists(os.path.join(target, file)):  # the deployment already has its own: keep the old aside
-            os.replace(src, "%s.before-deployments-%d" % (src, int(time.time())))
-        else:
-            os.replace(src, os.path.join(target, file))
-    return name
-
-
-def record_gpus(record: Mapping[str, object]) -> Optional[List[int]]:
-    """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
-    value = record.get("gpus")
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return value
-    return None
-
-
-def record_ports(record: Mapping[str, object]) -> List[int]:
-    """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
-    value = record.get("ports")
-    if isinstance(value, list) and value and all(isinstance(p, int) for p in value):
-        return value
-    port = record.get("port")
-    return [port] if isinstance(port, int) else []
 
 
 def container_owner(uid: int, state_dir: str) -> str:

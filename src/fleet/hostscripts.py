@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host_common.py", "host_procs.py", "host_signals.py")
+SHARED = ("protocol.py", "host_records.py", "host_common.py", "host_procs.py", "host_signals.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": (
         "control/remote_container.py",

@@ -18,7 +18,7 @@ from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
-from fleet.host_common import DEPLOYMENT_NAME_RE
+from fleet.host_records import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook

@@ -50,17 +50,17 @@ except NameError:  # imported as a module (fleet's own tests)
         take_lock,
         wait_for_steps_of_this_run,
     )
-    from fleet.host_common import (
+    from fleet.host_common import container_owner
+    from fleet.host_procs import process_table
+    from fleet.host_records import (
         LEARNED_FILE,
         STATE_FILE,
-        container_owner,
+        change_status,
         deployment_dir,
         mark_unverified,
         read_record,
         release_lock,
-        write_record,
     )
-    from fleet.host_procs import process_table
     from fleet.host_signals import hold_process
     from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest, ProcessInfo
 
@@ -112,8 +112,12 @@ def main() -> ActResult:
         return out
     root = expand(a["lock"]["state_dir"])
     state_dir = deployment_dir(root, a["lock"]["deployment"])
-    if under_lock(a, secrets, out, root, state_dir):
-        release_lock(state_dir, a["lock"]["run_id"])
+    release = True  # also when it fails (a newer fleet's record, a full disk): no lock is left behind
+    try:
+        release = under_lock(a, secrets, out, root, state_dir)
+    finally:
+        if release:
+            release_lock(state_dir, a["lock"]["run_id"])
     return out
 
 
@@ -164,10 +168,9 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
             out["client_gone"] = True
             return True
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
-        st_path = os.path.join(state_dir, STATE_FILE)
-        st = read_record(st_path) or {}
-        st.update(a.get("state_update") or {})
-        write_record(st_path, st)
+        change = dict(a.get("state_update") or {})
+        if "status" in change:  # said only where the record's status may go (see TRANSITIONS)
+            change_status(os.path.join(state_dir, STATE_FILE), str(change.pop("status")), change)
     return bool(a.get("release_lock"))
 
 

@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import SECRET_ARGV, read_record, write_record
+    from fleet.host_common import SECRET_ARGV
+    from fleet.host_records import read_record, write_record
 
 # The launcher inside fleet's containers (their PID 1): the engine's output into fleet's log (a file on
 # the host through the mounted log directory), its secrets from a 0600 file it deletes at once, signals

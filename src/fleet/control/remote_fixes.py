@@ -14,7 +14,7 @@ from typing import Any, Dict, List, cast
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import LEARNED_FILE, host_guard, read_record, write_record
+    from fleet.host_records import LEARNED_FILE, host_guard, read_record, write_record
     from fleet.protocol import FixesRequest
 
 
@@ -35,7 +35,8 @@ def main() -> Dict[str, Any]:
         return {"forgotten": forgotten}
     with host_guard(root):
         path = os.path.join(root, LEARNED_FILE)
-        learned = read_record(path) or {}
+        kept = (read_record(path) or {}).get("fixes")
+        learned: Dict[str, Any] = kept if isinstance(kept, dict) else {}
         for key in sorted(learned):
             entries = learned[key] if isinstance(learned[key], list) else []
             gone = [e for e in entries if matches(key, e, a)]
@@ -47,7 +48,7 @@ def main() -> Dict[str, Any]:
                 if not learned[key]:
                     del learned[key]
         if forgotten:
-            write_record(path, learned)
+            write_record(path, {"fixes": learned})
     return {"forgotten": forgotten}
 
 

@@ -14,7 +14,7 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, write_record
+    from fleet.host_records import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, read_record, write_record
 
 
 def main() -> None:
@@ -25,11 +25,8 @@ def main() -> None:
         migrate_legacy(root)  # an older fleet's record first, so its deployment's heals go beside it
     state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
     path = os.path.join(state_dir, HEALS_FILE)
-    try:
-        with open(path) as f:
-            heals = [x for x in json.load(f) if isinstance(x, (int, float))]
-    except (OSError, ValueError, TypeError):
-        heals = []
+    kept = (read_record(path) or {}).get("times")
+    heals = [x for x in kept if isinstance(x, (int, float))] if isinstance(kept, list) else []
     now = time.time()
     # A stamp after now means the clock was stepped back since: it is counted as a heal just made (it was
     # dropped, and 6 heals ran in 30 s against a limit of 3 an hour), and written back as now, so it ages.
@@ -38,7 +35,7 @@ def main() -> None:
     allowed = recent < a["limit"]
     if allowed:
         os.makedirs(state_dir, exist_ok=True)
-        write_record(path, heals + [now])
+        write_record(path, {"times": heals + [now]})
     sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
 
 

@@ -19,8 +19,9 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.control.remote_container import cli_path, inspect
     from fleet.facts.probe import collect
-    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request, read_record
+    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request
     from fleet.host_procs import alive, argv_at, boot_id, start_ticks
+    from fleet.host_records import HEALTH_FILE, read_record, write_record
     from fleet.host_smoke import smoke_request
     from fleet.protocol import LIVE, STOPPED, HealthRequest, SmokeSpec
 
@@ -155,7 +156,7 @@ def health_main() -> None:
         args["_keys"] = first_line_of_stdin().get("keys") or {}
     facts = collect(args)
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
-    book_path = os.path.join(state_dir, "health.json")
+    book_path = os.path.join(state_dir, HEALTH_FILE)
     book = read_record(book_path) or {}
     kept = book.get("deployments")
     books: Dict[str, Dict[str, Any]] = kept if isinstance(kept, dict) else {}
@@ -187,10 +188,7 @@ def health_main() -> None:
         book["deployments"] = books
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        tmp = book_path + ".%d.tmp" % os.getpid()
-        with open(tmp, "w") as f:
-            json.dump(book, f)
-        os.replace(tmp, book_path)
+        write_record(book_path, book)
     except OSError as exc:
         out["bookkeeping_error"] = str(exc)
     sys.stdout.write(json.dumps(out))

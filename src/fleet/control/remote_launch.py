@@ -19,14 +19,9 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_free import (
         expand,
     )
-    from fleet.host_common import (
-        LAUNCH_MARK,
-        SECRET_ARGV,
-        STATE_FILE,
-        read_record,
-        write_record,
-    )
+    from fleet.host_common import LAUNCH_MARK, SECRET_ARGV
     from fleet.host_procs import boot_id, start_ticks
+    from fleet.host_records import STATE_FILE, read_record, write_record
     from fleet.protocol import UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
 
 

@@ -4,7 +4,7 @@ guard (a flock), so two runs placing deployments at once cannot both take a GPU 
 
 Layout: state_dir/lock.guard (the guard), state_dir/deployments/NAME/lock.json (a deployment's lock);
 an older fleet's one-server records in state_dir itself are moved into their deployment's directory
-the first time a lock is taken (host_common.migrate_legacy).
+the first time a lock is taken (host_records.migrate_legacy).
 
 Host code: standard library only, Python 3.8.
 """
@@ -20,10 +20,12 @@ try:  # the shared host code is prepended when this script is sent to a host
     recorded_group_is_ours  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_free import expand, recorded_group_is_ours
-    from fleet.host_common import (
+    from fleet.host_procs import alive, live_process_groups
+    from fleet.host_records import (
         GUARD_FILE,
         LOCK_FILE,
         STATE_FILE,
+        change_status,
         deployment_dir,
         deployment_names,
         migrate_legacy,
@@ -33,7 +35,6 @@ except NameError:  # imported as a module (fleet's own tests)
         release_lock,
         write_record,
     )
-    from fleet.host_procs import alive, live_process_groups
     from fleet.protocol import STOPPED, ForgetResult, LockRequest, LockResult
 
 
@@ -171,9 +172,7 @@ def sibling_groups(
 def record_replaced(root: str, replaced: Dict[int, str], by: str) -> None:
     for name in replaced.values():
         path = os.path.join(deployment_dir(root, name), STATE_FILE)
-        st = read_record(path) or {}
-        st.update(status=STOPPED, reason="replaced by deployment %s" % by, updated=time.time())
-        write_record(path, st)
+        change_status(path, STOPPED, {"reason": "replaced by deployment %s" % by})
 
 
 def wait_for_steps_of_this_run(a: LockRequest, wait_s: float) -> None:

@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Optional, Set, cast
 try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import http_request, read_record, write_record
+    from fleet.host_common import http_request
     from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
+    from fleet.host_records import ROUTER_FILE, SERVICE_FILE, read_record, write_record
     from fleet.host_smoke import smoke_request
     from fleet.protocol import RouterRecord, RouterRequest
 
@@ -74,7 +75,7 @@ def _foreign(rec: Optional[Dict[str, Any]], a: RouterRequest) -> Optional[Dict[s
 
 def running_router(a: RouterRequest) -> Optional[RouterRecord]:
     """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
-    rec = read_record(os.path.join(_dir(a, create=False), "router.json"))
+    rec = read_record(os.path.join(_dir(a, create=False), ROUTER_FILE))
     if not rec or rec.get("boot_id") != boot_id():
         return None
     pid = rec.get("pid")
@@ -139,7 +140,7 @@ def ensure(a: RouterRequest) -> Dict[str, Any]:
         "started": time.time(),
         "source": a["source"],
     }
-    write_record(os.path.join(directory, "router.json"), started)
+    write_record(os.path.join(directory, ROUTER_FILE), started)
     deadline = time.time() + a.get("wait_s", 60)
     while time.time() < deadline:
         if child.poll() is not None:
@@ -255,7 +256,7 @@ def health(a: RouterRequest) -> Dict[str, Any]:
     """The router's /health, whether fleet's recorded router runs, and whether the service is up at all
     (a router record exists from `fleet up` and no `fleet down` removed it)."""
     status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
-    recorded = os.path.exists(os.path.join(_dir(a, create=False), "router.json"))
+    recorded = os.path.exists(os.path.join(_dir(a, create=False), ROUTER_FILE))
     return {"router_running": running_router(a) is not None, "health": status, "text": text[:200], "up": recorded}
 
 
@@ -265,13 +266,13 @@ def stop(a: RouterRequest) -> Dict[str, Any]:
         return {"ended_pid": None}
     _stop(rec)
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(_dir(a, create=False), "router.json"))
+        os.unlink(os.path.join(_dir(a, create=False), ROUTER_FILE))
     return {"ended_pid": rec["pid"]}
 
 
 def remember(a: RouterRequest) -> Dict[str, Any]:
     """Merge `replicas` (deployment -> what to remember of it) into the service's record."""
-    path = os.path.join(_dir(a), "service.json")
+    path = os.path.join(_dir(a), SERVICE_FILE)
     rec = read_record(path) or {}
     found = rec.get("replicas")
     replicas: Dict[str, Any] = found if isinstance(found, dict) else {}
@@ -283,7 +284,7 @@ def remember(a: RouterRequest) -> Dict[str, Any]:
 
 
 def recall(a: RouterRequest) -> Dict[str, Any]:
-    return {"record": read_record(os.path.join(_dir(a, create=False), "service.json")) or {}}
+    return {"record": read_record(os.path.join(_dir(a, create=False), SERVICE_FILE)) or {}}
 
 
 def lease(a: RouterRequest) -> Dict[str, Any]:
@@ -343,7 +344,7 @@ ACTIONS = {
 def main() -> None:
     common = cast(RouterRequest, json.loads(sys.argv[1]))
     results = []  # type: List[Dict[str, Any]]
-    foreign = _foreign(read_record(os.path.join(_dir(common, create=False), "router.json")), common)
+    foreign = _foreign(read_record(os.path.join(_dir(common, create=False), ROUTER_FILE)), common)
     if foreign:  # another service file of the same name runs here: none of its records are touched
         sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
         return

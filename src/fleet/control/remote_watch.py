@@ -32,15 +32,14 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, inspect, run_cli
     from fleet.control.remote_follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
     from fleet.control.remote_startup import StartupWatch
-    from fleet.host_common import (
+    from fleet.host_common import base_url, first_line_of_stdin, http_request
+    from fleet.host_records import (
         LEARNED_FILE,
         LOCK_FILE,
         STATE_FILE,
-        base_url,
+        change_status,
         deployment_dir,
-        first_line_of_stdin,
         host_guard,
-        http_request,
         mark_unverified,
         read_record,
         release_lock,
@@ -93,17 +92,17 @@ def touch_lock(a: WatchRequest) -> None:
 def on_success(a: WatchRequest) -> None:
     state_dir = deployment_dir(a["state_dir"], a["deployment"])
     st_path = os.path.join(state_dir, STATE_FILE)
-    st = read_record(st_path) or {}
-    st.update(a["success_state"])
-    st["ready_at"] = time.time()
-    write_record(st_path, st)
+    proven = dict(a["success_state"])
+    proven["ready_at"] = time.time()
+    change_status(st_path, str(proven.pop("status", READY)), proven, a["run_id"])
     if a.get("learned_key") and a["learned"]:
         root = os.path.expanduser(a["state_dir"])
         # the host's, shared by its deployments: merged under the host's guard, never dropped (another
         # deployment of the same model may have just learned what this one started without)
         with host_guard(root):
             lpath = os.path.join(root, LEARNED_FILE)
-            learned = read_record(lpath) or {}
+            fixes = (read_record(lpath) or {}).get("fixes")
+            learned = fixes if isinstance(fixes, dict) else {}
             kept = learned.get(a["learned_key"])
             entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
             # what the engine said it picks itself is replaced by what it says now; fixes are kept
@@ -111,7 +110,7 @@ def on_success(a: WatchRequest) -> None:
             entries = [e for e in entries if not (told and e.get("signature") == "engine-picks")]
             known = set(e.get("signature") for e in entries)
             learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
-            write_record(lpath, learned)
+            write_record(lpath, {"fixes": learned})
     if not a.get("hold"):  # a group's rank keeps its lock until the whole group is proven (see hold)
         release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
 
@@ -145,9 +144,7 @@ def reclaim(a: WatchRequest) -> Optional[str]:
     if lock is None:
         write_record(path, {"run_id": a["run_id"], "owner": a.get("owner"), "since": time.time(), "command": "deploy"})
     if st.get("run_id") == a["run_id"] and st.get("status") == UNVERIFIED:
-        st.update(status=STARTING, updated=time.time())
-        st.pop("reason", None)
-        write_record(st_path, st)
+        change_status(st_path, STARTING, {"reason": None}, a["run_id"])
     return None
 
 
@@ -345,11 +342,10 @@ def frozen_client(a: WatchRequest, why: str) -> None:
     stopped = stop_container(a.get("container")) + stop_attempt_group(a["pgid"])
     try:
         st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
-        st = read_record(st_path) or {}
-        if st.get("run_id") in (None, a["run_id"]):
-            st.update(status=FAILED, reason="%s; its server was stopped (%s)" % (why, stopped or "nothing ran"))
-            st["updated"] = time.time()
-            write_record(st_path, st)
+        recorded = (read_record(st_path) or {}).get("run_id")
+        if recorded in (None, a["run_id"]):
+            reason = "%s; its server was stopped (%s)" % (why, stopped or "nothing ran")
+            change_status(st_path, FAILED, {"reason": reason}, recorded)
     except OSError:
         pass
     release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])

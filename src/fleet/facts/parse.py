@@ -123,7 +123,7 @@ class DeploymentRecord:
     @property
     def gpus(self) -> tuple[int, ...] | None:
         """The GPUs the deployment was placed on; None: all of the host's (records before placement)."""
-        from fleet.host_common import record_gpus
+        from fleet.host_records import record_gpus
 
         value = record_gpus(self.state)
         return tuple(value) if value is not None else None
@@ -428,6 +428,10 @@ def _starts(kept: Any) -> dict[str, tuple[dict[str, Any], ...]]:
     return {str(k): tuple(x for x in v if isinstance(x, dict)) for k, v in kept.items() if isinstance(v, list)}
 
 
+def _heals(times: object) -> tuple[float, ...]:
+    return tuple(float(t) for t in times if isinstance(t, int | float)) if isinstance(times, list) else ()
+
+
 def _remote_state(st: dict[str, Any]) -> RemoteState:
     deployments: dict[str, DeploymentRecord] = {}
     errors = [v for k, v in st.items() if k.endswith("_error")]
@@ -439,7 +443,7 @@ def _remote_state(st: dict[str, Any]) -> RemoteState:
             name=str(name),
             state=d["state"] if isinstance(d.get("state"), dict) else {},
             lock=d["lock"] if isinstance(d.get("lock"), dict) else None,
-            heals=tuple(float(t) for t in (d.get("heals") or []) if isinstance(t, int | float)),
+            heals=_heals(d.get("heals")),
             state_error=d.get("state_error"),
             legacy=d.get("legacy") is True,
             lock_live=d.get("lock_live") is True,

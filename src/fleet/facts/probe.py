@@ -22,17 +22,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.control.remote_container import cli_path, container_of, containers, gpu_access, image_facts
-    from fleet.host_common import (  # noqa: F401
-        LOCK_FILE,
-        SIMULATED_GPUS_MARK,
-        STARTUP_FILE,
-        STATE_FILE,
-        deployment_dir,
-        deployment_names,
-        engine_kind,
-        gpu_device_files,
-        legacy_name,
-    )
+    from fleet.host_common import engine_kind, gpu_device_files
     from fleet.host_procs import (
         argv_at,
         listening_sockets,
@@ -40,6 +30,15 @@ except NameError:  # imported as a module (fleet's own tests)
         process,
         read_text,
         socket_owners,
+    )
+    from fleet.host_records import (
+        LOCK_FILE,
+        STARTUP_FILE,
+        STATE_FILE,
+        deployment_dir,
+        deployment_names,
+        legacy_name,
+        load_record,
     )
     from fleet.protocol import ProbeRequest
 try:  # the model-file checks and the GPU facts are prepended too
@@ -303,17 +302,20 @@ def _disk(path: str) -> Dict[str, Any]:
 
 
 def _records(directory: str, names: Sequence[str]) -> Dict[str, Any]:
+    """The named records of one directory, as fleet reads them (host_records.load_record): the learned
+    fixes and heals travel as their contents, each record's unreadable reason as NAME_error."""
     out: Dict[str, Any] = {}
     for name in names:
-        path = os.path.join(directory, name + ".json")
-        data, error = _json_file(path)
-        want = list if name == "heals" else dict
-        if data is not None and not isinstance(data, want):  # valid JSON, not a record (edited by hand)
-            data, error = None, "%s: not a JSON %s" % (path, "list" if want is list else "object")
+        data, error = load_record(os.path.join(directory, name + ".json"))
+        if data is not None and name in RECORD_CONTENTS:
+            data = data.get(RECORD_CONTENTS[name])
         out[name] = data
         if error:
             out[name + "_error"] = error
     return out
+
+
+RECORD_CONTENTS = {"learned": "fixes", "heals": "times"}
 
 
 LOCK_GRACE_S = 5.0  # as fleet.control.answers: between a run's round trips its lock is held this long
@@ -334,7 +336,7 @@ def _lock_live(path: str, lock: Any) -> bool:
 
 def _state(state_dir: str) -> Dict[str, Any]:
     """The host's learned fixes and every deployment's records; an older fleet's one-server record (in
-    state_dir itself) is the deployment it names until a deploy moves it (host_common.migrate_legacy)."""
+    state_dir itself) is the deployment it names until a deploy moves it (host_records.migrate_legacy)."""
     root = os.path.expanduser(state_dir)
     out = _records(root, ("learned",))
     deployments = {}
@@ -361,7 +363,7 @@ def _attach_starts(root: str, deployments: Dict[str, Dict[str, Any]]) -> None:
     keys = dict((n, (d.get("state") or {}).get("startup_key")) for n, d in deployments.items())
     if not any(isinstance(k, str) for k in keys.values()):
         return
-    history, _ = _json_file(os.path.join(root, STARTUP_FILE))
+    history, _ = load_record(os.path.join(root, STARTUP_FILE))
     history = history if isinstance(history, dict) else {}
     for name, key in keys.items():
         if not isinstance(key, str):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from fleet.errors import PreflightError
 from fleet.facts import HostFacts, Listener
-from fleet.host_common import record_gpus, record_ports, safelisted
+from fleet.host_common import safelisted
+from fleet.host_records import record_gpus, record_ports
 from fleet.plan.rules import nccl_port_for
 from fleet.protocol import STOPPED
 

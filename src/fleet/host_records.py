@@ -1,0 +1,284 @@
+"""fleet's records on a host: every file it keeps there is named, read, versioned and written here only.
+
+Runs on the host (prepended to every step: standard library only, Python 3.8, ASCII) and is imported by
+fleet's tests. Each record is one JSON object carrying the version of its shape (SCHEMA_KEY):
+  - one written by a newer fleet is refused (RecordTooNew says which file and what to do), never set aside
+    or written over: that fleet may still be using it;
+  - one written by an older fleet is migrated as it is read (MIGRATIONS), and written back in the new shape
+    the next time it changes;
+  - a file that is not a record (cut short by a full disk, edited by hand) is set aside, not deleted.
+A deployment's status changes only along TRANSITIONS (change_status); a new attempt starts a new record.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+
+try:  # fleet.protocol is prepended before this file when a step is sent to a host
+    STARTING  # noqa: B018
+except NameError:  # imported as a module (fleet itself, its tests)
+    from fleet.protocol import FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
+
+# fleet's record files on a host, named here only: every other module uses these names
+LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
+STATE_FILE = "state.json"  # a deployment's record (its plan, server, status)
+LOCK_FILE = "lock.json"  # a deployment's lock: the run that may change it
+HEALS_FILE = "heals.json"  # a deployment's heals in the last day (the heal rate limit)
+HEALTH_FILE = "health.json"  # a deployment's last health checks (fleet health's bookkeeping)
+STARTUP_FILE = "startup.json"  # the host's start-up timelines: model x engine version x GPUs -> last starts
+PHASE_FILE = "phase.json"  # a starting deployment's current phase, for `fleet status` (gone once it ends)
+ROUTER_FILE = "router.json"  # a service's router process, as fleet started it
+SERVICE_FILE = "service.json"  # a service's record: its replicas, as its last deploy or roll left them
+GUARD_FILE = "lock.guard"  # the host's guard: the flock every change of its shared records is made under
+
+SCHEMA_KEY = "schema"
+# The shape of each record this fleet writes. A record without SCHEMA_KEY was written by a fleet from
+# before versions: the state record's shape then was version 1, every other record's version 0.
+SCHEMAS = {
+    STATE_FILE: STATE_SCHEMA,
+    LEARNED_FILE: 1,  # 1: {"fixes": {key: [fix, ...]}}; 0 was that dict alone
+    HEALS_FILE: 1,  # 1: {"times": [t, ...]}; 0 was that list alone
+    LOCK_FILE: 1,
+    HEALTH_FILE: 1,
+    STARTUP_FILE: 1,
+    PHASE_FILE: 1,
+    ROUTER_FILE: 1,
+    SERVICE_FILE: 1,
+}
+
+
+class RecordTooNew(ValueError):
+    """A record written by a newer fleet: this one cannot know what its fields mean, so it changes
+    nothing."""
+
+    def __init__(self, path: str, found: int, known: int) -> None:
+        ValueError.__init__(
+            self,
+            "%s was written by a newer fleet (record version %d; this fleet knows up to %d): run that "
+            "fleet, or upgrade this one, to change this deployment" % (path, found, known),
+        )
+        self.path = path
+
+
+def _unversioned(name: str) -> int:
+    return 1 if name == STATE_FILE else 0
+
+
+# (file, version) -> the record in the next version's shape. Version 1 of the state record (an older
+# fleet's one-server record) already reads as version 2: every field is optional.
+MIGRATIONS: Dict[Tuple[str, int], Callable[[Any], Dict[str, Any]]] = {
+    (STATE_FILE, 1): lambda record: dict(record),
+    (LEARNED_FILE, 0): lambda fixes: {"fixes": fixes},
+    (HEALS_FILE, 0): lambda times: {"times": times},
+}
+
+
+def _current(path: str, data: Any) -> Dict[str, Any]:
+    """`data` read from `path` as a record of this fleet's version. Raises RecordTooNew, or ValueError for
+    something that is not one of fleet's records."""
+    name = os.path.basename(path)
+    known = SCHEMAS.get(name, 1)
+    found = data.get(SCHEMA_KEY, _unversioned(name)) if isinstance(data, dict) else 0
+    if not isinstance(found, int) or isinstance(found, bool) or found < 0:
+        raise ValueError("%s: its %s is not a version: %r" % (path, SCHEMA_KEY, found))
+    if found > known:
+        raise RecordTooNew(path, found, known)
+    while found < known:
+        migrate = MIGRATIONS.get((name, found), dict)
+        if not isinstance(data, (dict, list) if migrate is not dict else dict):
+            raise ValueError("%s: not a record of fleet's" % path)
+        data = migrate(data)
+        found += 1
+    if not isinstance(data, dict):
+        raise ValueError("%s: not a JSON object" % path)
+    data[SCHEMA_KEY] = known
+    return data
+
+
+def load_record(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """A record for reading only (facts: nothing is changed or set aside): (record, None), (None, None) when
+    there is none, or (None, why it cannot be read)."""
+    try:
+        with open(path) as f:
+            return _current(path, json.load(f)), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, "%s: %s" % (path, exc) if isinstance(exc, json.JSONDecodeError) else str(exc)
+
+
+def read_record(path: str) -> Optional[Dict[str, Any]]:
+    """A record about to be changed, or None when there is none. A file that is not one is set aside,
+    renamed `NAME.corrupt-STAMP`, so the next write starts a good record and nothing is lost; a newer
+    fleet's record raises RecordTooNew and stays as it is."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError:
+        return None
+    except ValueError:
+        data = None
+    try:
+        return _current(path, data)
+    except RecordTooNew:
+        raise
+    except ValueError:
+        with contextlib.suppress(OSError):
+            os.replace(path, "%s.corrupt-%d" % (path, int(time.time())))
+        return None
+
+
+def write_record(path: str, data: Mapping[str, object]) -> None:
+    """Replace a record atomically, with its version: a unique temporary file, fsynced, renamed over it. On
+    failure (a full disk) the temporary file is removed and the old record is left as it was."""
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), int(time.time() * 1e6))
+    record = dict(data)
+    record[SCHEMA_KEY] = SCHEMAS.get(os.path.basename(path), 1)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# Where a deployment's status may go from each status. A record is born STARTING (a new attempt, whatever
+# the last one's status was). Nothing goes back to READY or STARTING once stopped or failed: a watcher that
+# outlived its run cannot revive a deployment stopped or replaced meanwhile. UNVERIFIED goes back to
+# STARTING when the run's watch resumes; a group that stopped its ranks and then gave up says FAILED.
+# Saying the same status again (with a new reason) is always allowed.
+TRANSITIONS = {
+    STARTING: (READY, UNVERIFIED, FAILED, STOPPED),
+    UNVERIFIED: (STARTING, READY, FAILED, STOPPED),
+    READY: (FAILED, STOPPED),
+    FAILED: (STOPPED,),
+    STOPPED: (FAILED,),
+}
+
+
+def may_become(current: object, status: str) -> bool:
+    """Whether a record whose status is `current` may say `status` next (no record, or a status this fleet
+    does not know: the change is the record's first word)."""
+    return current == status or current not in TRANSITIONS or status in TRANSITIONS[str(current)]
+
+
+def change_status(
+    path: str, status: str, fields: Optional[Mapping[str, object]] = None, run_id: Optional[str] = None
+) -> bool:
+    """Set a deployment's status, and what goes with it (reason, attempt...; a field given as None is
+    dropped), if the record allows it and, given `run_id`, it is still that run's record (a deployment
+    without one gets one). Whether it changed: a refused change leaves the record as it was."""
+    record = read_record(path)
+    if record is None:
+        record = {}
+    elif (run_id is not None and record.get("run_id") != run_id) or not may_become(record.get("status"), status):
+        return False
+    record.update(fields or {}, status=status, updated=time.time())
+    write_record(path, dict((k, v) for k, v in record.items() if v is not None))
+    return True
+
+
+def release_lock(state_dir: str, run_id: str) -> None:
+    """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable)."""
+    path = os.path.join(os.path.expanduser(state_dir), LOCK_FILE)
+    cur = read_record(path)
+    if cur is None or cur.get("run_id") == run_id:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def mark_unverified(state_dir: str, run_id: str) -> None:
+    """fleet went away after this run launched its server and before it was proven: the record says so
+    (a record another run wrote since, or one past "starting", is left alone)."""
+    path = os.path.join(os.path.expanduser(state_dir), STATE_FILE)
+    if (read_record(path) or {}).get("status") == STARTING:
+        reason = "fleet's run ended (interrupted or its connection cut) before the server was checked"
+        change_status(path, UNVERIFIED, {"reason": reason}, run_id)
+
+
+# fleet's records on a host: learned.json for the whole host, and a directory per deployment
+# (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
+# kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
+DEPLOYMENTS = "deployments"
+DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
+LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's bookkeeping
+
+
+@contextlib.contextmanager
+def host_guard(state_dir: str) -> Iterator[None]:
+    """Hold the host's guard (an exclusive flock on state_dir/lock.guard) for a read-modify-write of a
+    record another run may be changing at the same moment. state_dir must exist."""
+    with open(os.path.join(os.path.expanduser(state_dir), GUARD_FILE), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        yield
+
+
+def deployment_dir(state_dir: str, name: str) -> str:
+    if not DEPLOYMENT_NAME_RE.match(name):  # checked by fleet too: a name is a path component here
+        raise ValueError("not a deployment name: %r" % name)
+    return os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS, name)
+
+
+def legacy_name(record: Mapping[str, object]) -> str:
+    """The deployment an older fleet's one-server record stands for: its playbook's name."""
+    name = record.get("playbook")
+    return name if isinstance(name, str) and DEPLOYMENT_NAME_RE.match(name) else "default"
+
+
+def deployment_names(state_dir: str) -> List[str]:
+    root = os.path.join(os.path.expanduser(state_dir), DEPLOYMENTS)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [n for n in entries if DEPLOYMENT_NAME_RE.match(n) and os.path.isdir(os.path.join(root, n))]
+
+
+def migrate_legacy(state_dir: str) -> Optional[str]:
+    """Move an older fleet's one-server record into its deployment's directory (nothing running is
+    touched: the record moves, its server stays fleet's). Run under the host's guard. Returns the name."""
+    root = os.path.expanduser(state_dir)
+    legacy = os.path.join(root, STATE_FILE)
+    if not os.path.exists(legacy):
+        return None
+    record = read_record(legacy)
+    if record is None:  # set aside as corrupt by read_record: nothing left to move
+        return None
+    name = legacy_name(record)
+    target = deployment_dir(root, name)
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    for file in LEGACY_FILES:
+        src = os.path.join(root, file)
+        if not os.path.exists(src):
+            continue
+        if os.path.exists(os.path.join(target, file)):  # the deployment already has its own: keep the old aside
+            os.replace(src, "%s.before-deployments-%d" % (src, int(time.time())))
+        else:
+            os.replace(src, os.path.join(target, file))
+    return name
+
+
+def record_gpus(record: Mapping[str, object]) -> Optional[List[int]]:
+    """A record's GPUs as fleet wrote them (a list of indices); None, meaning all, for anything else."""
+    value = record.get("gpus")
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    return None
+
+
+def record_ports(record: Mapping[str, object]) -> List[int]:
+    """Every port a record says its server opens (`ports`; `port` in records written before placements)."""
+    value = record.get("ports")
+    if isinstance(value, list) and value and all(isinstance(p, int) for p in value):
+        return value
+    port = record.get("port")
+    return [port] if isinstance(port, int) else []

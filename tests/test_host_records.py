@@ -1,0 +1,123 @@
+"""fleet's records on a host (fleet.host_records): versioned on every read and write, a newer fleet's record
+refused and kept, an older one migrated, and a deployment's status moved only along its transitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleet.host_records import (
+    HEALS_FILE,
+    LEARNED_FILE,
+    LOCK_FILE,
+    ROUTER_FILE,
+    SCHEMA_KEY,
+    SCHEMAS,
+    STATE_FILE,
+    TRANSITIONS,
+    RecordTooNew,
+    change_status,
+    load_record,
+    may_become,
+    read_record,
+    write_record,
+)
+from fleet.protocol import FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
+
+
+def put(directory: Path, name: str, data: object) -> Path:
+    path = directory / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_a_record_written_by_a_newer_fleet_is_refused_and_kept_as_it_is(tmp_path: Path, name: str) -> None:
+    path = put(tmp_path, name, {SCHEMA_KEY: SCHEMAS[name] + 1, "status": "paused-by-a-future-fleet"})
+    before = path.read_bytes()
+    with pytest.raises(RecordTooNew, match=rf"{name} was written by a newer fleet .*upgrade this one"):
+        read_record(str(path))
+    record, error = load_record(str(path))
+    assert record is None and error is not None and "newer fleet" in error
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [name]  # not set aside
+
+
+def test_an_older_fleets_records_are_migrated_as_they_are_read(tmp_path: Path) -> None:
+    heals = put(tmp_path, HEALS_FILE, [100.0, 200.0])  # version 0: the list alone
+    learned = put(tmp_path, LEARNED_FILE, {"qwen|sglang": [{"signature": "nextn-mamba"}]})  # the dict alone
+    state = put(tmp_path, STATE_FILE, {"status": READY, "pid": 42})  # one server per host: version 1
+    lock = put(tmp_path, LOCK_FILE, {"run_id": "r1"})  # before versions
+    assert read_record(str(heals)) == {SCHEMA_KEY: 1, "times": [100.0, 200.0]}
+    assert read_record(str(learned)) == {SCHEMA_KEY: 1, "fixes": {"qwen|sglang": [{"signature": "nextn-mamba"}]}}
+    assert read_record(str(state)) == {SCHEMA_KEY: STATE_SCHEMA, "status": READY, "pid": 42}
+    assert load_record(str(lock)) == ({SCHEMA_KEY: 1, "run_id": "r1"}, None)
+
+
+def test_every_write_says_its_records_version(tmp_path: Path) -> None:
+    for name in (STATE_FILE, ROUTER_FILE, "anything-else.json"):
+        write_record(str(tmp_path / name), {"pid": 7, SCHEMA_KEY: 99})  # a caller cannot claim another version
+        assert json.loads((tmp_path / name).read_text())[SCHEMA_KEY] == SCHEMAS.get(name, 1)
+
+
+@pytest.mark.parametrize("version", ["2", True, -1, 1.5, None])
+def test_a_version_that_is_not_a_number_makes_the_file_no_record_set_aside(tmp_path: Path, version: object) -> None:
+    path = put(tmp_path, LOCK_FILE, {SCHEMA_KEY: version, "run_id": "r1"})
+    assert load_record(str(path))[1] is not None
+    assert read_record(str(path)) is None
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["lock.json.corrupt"]
+
+
+def test_a_migration_of_a_record_in_the_wrong_shape_is_no_record(tmp_path: Path) -> None:
+    path = put(tmp_path, HEALS_FILE, "not a list")
+    assert load_record(str(path))[0] is None and read_record(str(path)) is None
+
+
+# Every status to every status: the table in fleet.host_records, spelled out once more as what it means.
+ALLOWED = {
+    (STARTING, READY),
+    (STARTING, UNVERIFIED),
+    (STARTING, FAILED),
+    (STARTING, STOPPED),
+    (UNVERIFIED, STARTING),  # its watch resumed
+    (UNVERIFIED, READY),
+    (UNVERIFIED, FAILED),
+    (UNVERIFIED, STOPPED),
+    (READY, FAILED),  # a group gave up after this rank was proven
+    (READY, STOPPED),
+    (FAILED, STOPPED),
+    (STOPPED, FAILED),  # a group stopped its ranks, then gave up
+}
+STATUSES = (STARTING, READY, UNVERIFIED, FAILED, STOPPED)
+
+
+@pytest.mark.parametrize("current", STATUSES)
+@pytest.mark.parametrize("new", STATUSES)
+def test_a_status_moves_only_along_its_transitions(current: str, new: str) -> None:
+    assert may_become(current, new) == (current == new or (current, new) in ALLOWED)
+    assert set(TRANSITIONS) == set(STATUSES)
+
+
+def test_a_late_watcher_cannot_revive_a_deployment_stopped_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / STATE_FILE
+    write_record(str(path), {"status": STOPPED, "run_id": "r1", "reason": "replaced by deployment big"})
+    before = path.read_bytes()
+    assert not change_status(str(path), READY, {"ready_at": 1.0}, "r1")
+    assert path.read_bytes() == before
+
+
+def test_a_status_change_is_for_its_own_runs_record_only(tmp_path: Path) -> None:
+    path = tmp_path / STATE_FILE
+    write_record(str(path), {"status": STARTING, "run_id": "r2"})
+    assert not change_status(str(path), UNVERIFIED, {"reason": "r1 went away"}, "r1")
+    assert change_status(str(path), UNVERIFIED, {"reason": "r2 went away"}, "r2")
+    assert change_status(str(path), STARTING, {"reason": None}, "r2")  # its watch resumed: the reason goes
+    record = read_record(str(path))
+    assert record is not None and record["status"] == STARTING and "reason" not in record
+
+
+def test_a_status_change_on_a_host_without_a_record_starts_one(tmp_path: Path) -> None:
+    assert change_status(str(tmp_path / STATE_FILE), STOPPED, {"reason": "stopped by fleet stop"})
+    record = read_record(str(tmp_path / STATE_FILE))
+    assert record is not None and record["status"] == STOPPED and record[SCHEMA_KEY] == STATE_SCHEMA
