@@ -14,14 +14,13 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     STARTING  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
+    from fleet.protocol import DEPLOYMENT_NAME_RE, FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
 
 # fleet's record files on a host, named here only: every other module uses these names
 LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
@@ -209,7 +208,6 @@ def mark_unverified(state_dir: str, run_id: str) -> None:
 # (state_dir/deployments/NAME: state.json, lock.json, heals.json, health.json). fleet before deployments
 # kept one state.json (and heals.json) in state_dir itself: that is the deployment its record names.
 DEPLOYMENTS = "deployments"
-DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")  # \Z: "$" also matches before a newline
 LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's bookkeeping
 
 

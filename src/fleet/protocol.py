@@ -1,10 +1,11 @@
 """What fleet and the scripts it runs on a host say to each other: one definition for both sides.
 
-Standard library only, Python 3.8, ASCII: prepended (with fleet.host_common) to every host script, and
-imported by fleet itself. A host step gets its request as one JSON argument (secrets on stdin) and
-answers with one JSON document (the act and health steps) or JSON lines (the watcher's events).
-"""
+Standard library only, Python 3.8, ASCII: prepended to every host script, and imported by fleet itself. A
+step gets its request as one JSON argument (secrets on stdin) and answers with one JSON document or JSON
+lines (the watcher's events). Every record is read and written by fleet.host_records, which checks its
+version (STATE_SCHEMA for the state record)."""
 
+import re
 from typing import Any, Dict, List, Optional
 
 try:
@@ -13,9 +14,8 @@ except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are docume
     TypedDict = dict  # type: ignore
     Final = Any  # type: ignore
 
-# The deployment record on the host (state_dir/deployments/NAME/state.json). Version 2 adds the
-# deployment's name and GPUs; version 1 (state_dir/state.json, one server per host) is read as the
-# deployment its playbook names, on all GPUs. Every field is optional and read with a default.
+# The state record's version. 2 adds the deployment's name and GPUs; 1 (state_dir/state.json, one server
+# per host) is read as the deployment its playbook names, on all GPUs. Every field is read with a default.
 STATE_SCHEMA = 2
 # An argv word the launcher on the host replaces with a secret's value (SECRET_WORD + NAME: the variable
 # NAME fleet sent on stdin): plans, records and outputs hold the word, only the engine gets the value.
@@ -23,12 +23,13 @@ SECRET_WORD = "fleet-secret:"
 # What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.control.remote_follow):
 # fleet's redaction looks for it too, since a secret may have been cut in two there (fleet.secrets).
 CUT_NOTE = " [fleet: %d more bytes of this line not shown]"
+# A deployment's name: a directory on the host (state_dir/deployments/NAME). \Z: "$" also matches before "\n".
+DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 
 
-# A deployment's status, as its record says it (StateRecord.status): the one place these words are spelled.
-# The act step writes STARTING as it launches; the watcher READY once the server answered its smoke check;
-# a run that ended between the two leaves UNVERIFIED; `fleet stop` (or a --replace) STOPPED; a start
-# that never came up FAILED. DEAD is never written: fleet reads a live status whose process is gone so.
+# A deployment's status (StateRecord.status; its transitions: fleet.host_records), spelled here only. The act
+# step writes STARTING as it launches; the watcher READY once the server answered its smoke check; a run
+# gone between the two UNVERIFIED; a stop STOPPED; a failed start FAILED. DEAD, never written: a live one, gone.
 STARTING: Final = "starting"
 READY: Final = "ready"
 UNVERIFIED: Final = "unverified"

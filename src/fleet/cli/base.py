@@ -329,7 +329,7 @@ def multi_host_options(fn: Any) -> Any:
 
 def split_deployment(host_name: str | None, deployment: str | None) -> tuple[str | None, str | None]:
     """`--host blackwell/qwen36-27b` is `--host blackwell --name qwen36-27b`."""
-    from fleet.host_records import DEPLOYMENT_NAME_RE
+    from fleet.protocol import DEPLOYMENT_NAME_RE
 
     if host_name and "/" in host_name:
         host_name, _, named = host_name.partition("/")

@@ -10,7 +10,6 @@ import click
 from fleet.cli.base import Invocation, cli, each_host, emit_json, exit_for_failures, say
 from fleet.cli.complete import host_option
 from fleet.errors import ConfigError
-from fleet.protocol import FixesRequest
 
 
 @cli.group()
@@ -94,7 +93,7 @@ def fixes_forget(
 ) -> None:
     """Forget learned fixes: the next deploy plans without them (and learns again what it must).
     Example: fleet fixes forget --host blackwell sglang-spec-hybrid-no-buffer"""
-    from fleet.hostscripts import run_json, step_python
+    from fleet.control.forget import forget_fixes
 
     if not signature and not every:
         raise ConfigError("no fix named.", "Give a SIGNATURE (fleet fixes list shows them), or --every.")
@@ -102,8 +101,7 @@ def fixes_forget(
         raise ConfigError("a SIGNATURE and --every.", "Give one of them.")
 
     def forget(t: Any, host: Any) -> Any:
-        args: FixesRequest = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
-        return run_json(t, step_python(host), "fixes", args, timeout_s=30)["forgotten"]
+        return forget_fixes(t, host, signature, model)
 
     failed = []
     for name, forgotten, error in each_host(ctx, host_name, all_hosts, forget):

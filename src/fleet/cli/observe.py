@@ -351,8 +351,6 @@ def _health_run(
     processes = 1
     if not pool_socket().exists():  # connecting from scratch: the handshakes' CPU is spread over processes
         processes = control.sweep_processes(len(hosts), control.usable_cpus(), threading.active_count() - 1)
-        if processes > 1 and any(h.settings.connection == "ssh" for h in hosts):
-            import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
     results = control.sweep_in_processes(hosts, one, deadline_s, options.unreachable_status, processes)
     logger.info("hosts_swept", hosts=len(hosts), processes=processes, seconds=round(time.monotonic() - started, 3))
     if not host_name:  # the whole fleet: each service and group as a whole too, after their hosts were checked

@@ -11,7 +11,6 @@ from fleet.cli import complete
 from fleet.cli.base import Invocation, cli, emit_json, parse_gpus, say, split_deployment, transport_for
 from fleet.cli.complete import host_option
 from fleet.cli.report import describe_change, describe_resolved
-from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -237,30 +236,7 @@ def _upgrade_preview(
 
 
 def _engine_verdict(ctx: Invocation, host: Host, plan: Any, premises: Premises | None = None) -> dict[str, Any]:
-    """The engine's own check of the planned command line, run in that version's installed environment on
-    the host (the check a deploy makes first); nothing is locked, stopped or started. `premises`
-    (fleet.plan.keyed_premises): also what the engine picks itself, and where the plan did not stand on it."""
-    import uuid
+    from fleet.control.engine_verdict import engine_verdict
 
-    from fleet.control.act_request import check_args
-    from fleet.control.answers import engine_resolved
-    from fleet.control.remote_check import picks_differ
-    from fleet.hostscripts import run_json
-    from fleet.plan.picks import told_picks
-
-    name = f"{plan.container.name if plan.container else ''}-check-{uuid.uuid4().hex[:12]}"
-    check = check_args(plan, name, ["--pull=never"], premises=premises)  # fleet plan pulls nothing
     with transport_for(ctx, host) as t:
-        out = run_json(t, plan.python, "act", {"check_only": True, "check": check}, stdin=b"{}\n", timeout_s=300)
-    said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
-    errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text
-    expect = (premises or {}).get("expect") or {}
-    picks = {k: v for k, v in told_picks(out["check"].get("picks")).items() if k in expect}  # plain words only
-    accepted = str(out["check"]["verdict"]) == "accepted"
-    return {
-        "verdict": str(out["check"]["verdict"]),
-        "output": "\n".join(errors[-6:] or said[-12:]),
-        "resolved": engine_resolved(out["check"]),
-        "picks": picks,
-        "differ": picks_differ(picks, expect) if accepted else {},
-    }
+        return engine_verdict(t, plan, premises)

@@ -131,19 +131,16 @@ def _pusher(
 ) -> Callable[[Host], PullResult]:
     """The source is listed (and refused if not whole) once, before any host is sent a byte."""
     from fleet.control.gather import model_path
-    from fleet.control.push import Source, list_source, push_model
+    from fleet.control.push import Source, directory_here, list_source, push_model
 
     if "/" in source:  # a directory on this machine: host names never hold a slash
         import os
-        import sys
-
-        from fleet.transport.local import LocalTransport
 
         if not os.path.isdir(source):
             raise ConfigError(
                 f"--from {safe_line(source)}: no such directory here.", "Give the directory that holds the model."
             )
-        origin = Source(source, LocalTransport("this machine"), sys.executable, os.path.abspath(source))
+        origin = directory_here(source)
     else:
         [from_host] = ctx.inventory.select([source]) if source in ctx.inventory.hosts else [None]
         if from_host is None:

@@ -13,7 +13,16 @@ from fleet.control.gather import read_facts
 from fleet.errors import ConfigError, PreflightError
 from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host
+from fleet.protocol import FixesRequest
 from fleet.transport import Transport
+
+
+def forget_fixes(t: Transport, host: Host, signature: str | None, model: str | None) -> list[dict[str, object]]:
+    """`fleet fixes forget`: the host's learned fixes with this signature (every one: None), for this model
+    path only if given, forgotten under the host's guard; what was forgotten."""
+    args: FixesRequest = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
+    forgotten: list[dict[str, object]] = run_json(t, step_python(host), "fixes", args, timeout_s=30)["forgotten"]
+    return forgotten
 
 
 def forget(t: Transport, host: Host, name: str) -> None:

@@ -18,7 +18,6 @@ from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
-from fleet.host_records import DEPLOYMENT_NAME_RE
 from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
@@ -27,7 +26,7 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.protocol import READY, STOPPED, ActResult, SmokeSpec, StateRecord
+from fleet.protocol import DEPLOYMENT_NAME_RE, READY, STOPPED, ActResult, SmokeSpec, StateRecord
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 

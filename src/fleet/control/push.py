@@ -48,6 +48,16 @@ class Source:
     path: str
 
 
+def directory_here(path: str) -> Source:
+    """A model directory on this machine as a push's source: read by this Python, as a host's would be."""
+    import os
+    import sys
+
+    from fleet.transport.local import LocalTransport
+
+    return Source(path, LocalTransport("this machine"), sys.executable, os.path.abspath(path))
+
+
 def list_source(source: Source) -> dict[str, Any]:
     """The source's files, refused before anything is sent when there are none or they are not whole."""
     data = run_json(source.transport, source.python, "send", {"op": "list", "path": source.path}, timeout_s=600)

@@ -22,8 +22,7 @@ try:
 except NameError:  # imported as a module (tests), not concatenated into the step
     from fleet.control.remote_follow import OUT, ClientGone, LogFollower, cut_line, emit
     from fleet.host_common import stdin_closed
-    from fleet.host_records import DEPLOYMENT_NAME_RE
-    from fleet.protocol import LogsRequest
+    from fleet.protocol import DEPLOYMENT_NAME_RE, LogsRequest
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
 FOLLOW_POLL_S = 0.25  # how often new lines and the links are looked at while following

@@ -238,6 +238,8 @@ def sweep_in_processes(
     back pickled through a pipe and leave with os._exit (no atexit handlers, no stdio flushed twice)."""
     if processes <= 1:
         return sweep(hosts, run_one, deadline_s, unreachable_status)
+    if any(h.settings.connection == "ssh" for h in hosts):
+        import fleet.transport.ssh  # noqa: F401 - imported once here rather than in every child
     shares = [hosts[i::processes] for i in range(processes)]
     children = []
     parent = os.getpid()
