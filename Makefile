@@ -28,8 +28,8 @@ tour: $(VENV)/.installed system-deps
 ## (in two runs: the tests that need no sshd, podman or shared ports in 4 workers -- most of their time is
 ## spent waiting for simulated engines -- then the SSH, container and real-vLLM tests one at a time)
 test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
-	$(BIN)/pytest -q -n 4 --durations=10 -m "not ssh and not vllm and not containers"
-	$(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "not ssh and not vllm and not containers"
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
 reliability-report: $(VENV)/.installed system-deps oracle vllm-env images
@@ -43,13 +43,15 @@ fast: lint typecheck unit
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q -n 4 -m "not ssh and not slow and not realparser and not vllm and not containers"
 
-## coverage: the fast tier under coverage.py, host scripts included; the deploy loop and host-script figures
+## coverage: the fast tier under coverage.py, host scripts included; the host-side files one by one, then
+## every layer with each file of the package counted (one no test ran at 0%: fleet_testbed.coverage_layers)
 HOST_SIDE := src/fleet/control/deploy.py,src/fleet/control/remote_*.py,src/fleet/facts/probe.py,src/fleet/host_common.py,src/fleet/host_records.py,src/fleet/host_procs.py,src/fleet/host_signals.py,src/fleet/host_smoke.py,src/fleet/protocol.py,src/fleet/hostscripts.py
 coverage: $(VENV)/.installed
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "not ssh and not slow and not realparser and not vllm and not containers"
 	$(BIN)/coverage combine -q
 	$(BIN)/coverage report --include='$(HOST_SIDE)'
+	PYTHONPATH=testbed $(BIN)/python -m fleet_testbed.coverage_layers --data .coverage
 
 ## oracle: the real SGLang 0.5.11/0.5.23 argument parsers on CPU (../shared/tools/sglang-oracle, ~2.6 GB, ~2.5 min once)
 ORACLE := .cache/sglang-oracle

@@ -26,6 +26,8 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 from fleet.cli import main  # noqa: E402
 from fleet_testbed import simhost  # noqa: E402
 
+pytest_plugins = ["fleet_testbed.every_tier"]  # make test: a skipped test fails the run
+
 TEST_PORT = 2322  # the demo sandbox uses 2222; both can run at once
 BLACKWELL = replace(simhost.BLACKWELL, address="127.0.2.2")
 CT129 = replace(simhost.CT129, address="127.0.2.3")

@@ -1,4 +1,5 @@
-"""Which layer may import which (issue 38 item 6; ../shared/tools/shape-check holds the pure core's side).
+"""Which layer may import which (issue 38 item 6; ../shared/tools/shape-check holds the pure core's side),
+and that CI runs every tier (item 7).
 
 The CLI talks to control code: it parses what the operator said, calls a control function and presents
 the answer with the pure core (plan, facts, crash and health verdicts, inventory). It never runs a host
@@ -8,11 +9,17 @@ control function, and the pool command serves the pool."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from fleet_testbed.every_tier import EVERY_TIER
+
 SRC = Path(__file__).resolve().parent.parent / "src" / "fleet"
+TESTBED = SRC.parent.parent / "testbed"
 
 # What runs on a host or carries its steps: control code's to use, never the CLI's.
 HOST_SIDE = (
@@ -57,3 +64,28 @@ def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from fleet.hostscripts import run_json\n    import fleet.transport.ssh\n")
     assert imported(sample) >= {"fleet.hostscripts", "fleet.transport.ssh"}
+
+
+def _pytest_here(directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fleet_testbed.every_tier", "."],
+        cwd=directory,
+        env={k: v for k, v in os.environ.items() if k != EVERY_TIER} | {"PYTHONPATH": str(TESTBED)} | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_run_of_every_tier_fails_when_a_test_could_not_run(tmp_path: Path) -> None:
+    """`make test` (CI's command) sets FLEET_EVERY_TIER: a tier skipped for want of root or podman fails it."""
+    (tmp_path / "test_tier.py").write_text(
+        "import pytest\n\ndef test_runs():\n    pass\n\n"
+        "def test_needs_podman():\n    pytest.skip('podman is not installed')\n"
+    )
+    every = _pytest_here(tmp_path, **{EVERY_TIER: "1"})
+    assert every.returncode == 1, every.stdout
+    assert "test_tier.py::test_needs_podman" in every.stdout and "podman is not installed" in every.stdout
+    assert _pytest_here(tmp_path).returncode == 0  # make unit: skipping is allowed while iterating
+    (tmp_path / "test_tier.py").write_text("def test_runs():\n    pass\n")
+    assert _pytest_here(tmp_path, **{EVERY_TIER: "1"}).returncode == 0
