@@ -8,8 +8,10 @@ import socket
 import uuid
 from collections.abc import Sequence
 
+from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.plan import LaunchPlan
-from fleet.protocol import CheckRequest, Premises
+from fleet.plan.container import CONTAINER_PYTHON
+from fleet.protocol import CheckRequest, LaunchRequest, Premises
 
 
 def run_id() -> str:
@@ -62,3 +64,26 @@ def planned_ports(plan: LaunchPlan) -> list[int]:
     if rank is not None and rank.value == "0" and meet is not None and meet.value:
         ports.append(int(meet.value.rpartition(":")[2]))
     return ports
+
+
+def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -> LaunchRequest:
+    """The act step's `launch`: the plan's command line and environment, in its container when it has one."""
+    launch: LaunchRequest = {
+        "name": deployment,
+        "attempt": attempt,
+        "argv": plan.argv(),
+        "env": {e.name: e.value for e in plan.env},
+        "log_dir": log_dir,
+    }
+    cont = plan.container
+    if cont is not None:
+        launch["container"] = {
+            "cli": cont.cli,
+            "image": cont.image,
+            "name": cont.name,
+            "options": [word for option in cont.options_for(plan) for word in option.words],
+            "python": CONTAINER_PYTHON,
+            "secrets_dir": cont.secrets_dir,
+            "secrets_mount": SECRETS_MOUNT,
+        }
+    return launch

@@ -2,7 +2,8 @@
 diagnose → relaunch with the known fix or give up.
 
 Round trips after connect, for a deploy that works the first time: facts (1), act (1), watch (1).
-Each relaunch costs act + watch. The policy (`fleet.crashes.decide`) is pure; this module acts on it.
+Each relaunch costs act + watch. What follows an attempt is decided by `fleet.plan.relaunch.next_action`
+(pure, shared with groups); this module acts on it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from fleet import events
-from fleet.control.act_request import check_args, owner, planned_ports, run_id
+from fleet.control.act_request import check_args, launch_args, owner, planned_ports, run_id
 from fleet.control.answers import LOCK_GRACE_S, act_answer, act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
 from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
-from fleet.crashes import GiveUp, Signature, decide, diagnose, traceback_of
+from fleet.crashes import GiveUp, LogContext, Relaunch, Signature, diagnose, traceback_of
 from fleet.errors import (
     HostStepError,
     LockedError,
@@ -29,13 +30,12 @@ from fleet.facts import HostFacts
 from fleet.host_common import api_key_name, base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host
-from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
 from fleet.plan.build import ENGINE_PICKS
-from fleet.plan.container import CONTAINER_PYTHON
 from fleet.plan.picks import told_picks
 from fleet.plan.preflight import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
+from fleet.plan.relaunch import Ended, Failed, PicksDiffer, Proven, Ready, Replan, next_action
 from fleet.protocol import (
     CRASHED,
     FAILED,
@@ -149,7 +149,7 @@ class Deployer:
     def startup_key(self, plan: LaunchPlan) -> str:
         return history_key(plan.model_path, plan.engine, show_version(plan.engine_version), self.gpus)
 
-    def _lock_args(self, command: str, *, places: bool = False) -> LockRequest:
+    def lock_args(self, command: str, *, places: bool = False) -> LockRequest:
         """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
         return {
             "state_dir": self.host.settings.state_dir,
@@ -163,7 +163,7 @@ class Deployer:
             "command": command,
         }
 
-    def _free_args(self, port: int | None) -> FreeRequest:
+    def free_args(self, port: int | None) -> FreeRequest:
         return {
             "port": port,
             "bind_address": self.host.settings.bind_address,
@@ -193,12 +193,12 @@ class Deployer:
         args: ActRequest = {
             "prepare_only": prepare_only,
             "lock": {
-                **self._lock_args(command or self.command, places=launch),
+                **self.lock_args(command or self.command, places=launch),
                 "ports": planned_ports(plan),
                 # held until the slowest host is prepared and the launch takes it again (or fleet died)
                 "hold_s": PREPARED_HOLD_S if prepare_only else 0,
             },
-            "free": self._free_args(plan.port),
+            "free": self.free_args(plan.port),
             "state_update": state,
             "release_lock": release_lock,
             "space": [
@@ -206,28 +206,11 @@ class Deployer:
                 ("log_dir", self.host.settings.log_dir, MIN_LOG_DISK_BYTES),
             ],
         }
-        env = {e.name: e.value for e in plan.env}
         cont = plan.container
         if check:
             args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}", premises=premises)
         if launch:
-            args["launch"] = {
-                "name": self.deployment,
-                "attempt": attempt,
-                "argv": plan.argv(),
-                "env": env,
-                "log_dir": self.host.settings.log_dir,
-            }
-            if cont is not None:
-                args["launch"]["container"] = {
-                    "cli": cont.cli,
-                    "image": cont.image,
-                    "name": cont.name,
-                    "options": [word for option in cont.options_for(plan) for word in option.words],
-                    "python": CONTAINER_PYTHON,
-                    "secrets_dir": cont.secrets_dir,
-                    "secrets_mount": SECRETS_MOUNT,
-                }
+            args["launch"] = launch_args(plan, self.deployment, attempt, self.host.settings.log_dir)
         return act_answer(
             run_json(
                 self.t,
@@ -275,7 +258,7 @@ class Deployer:
         try:
             return self._attempts(plan, model, gpus, wishes, result, learned_key, learned_existing, replan)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the host must not be left locked by a run that ended
-            self._abandon()
+            self.abandon()
             raise
 
     def _attempts(
@@ -309,81 +292,94 @@ class Deployer:
             premises = keyed_premises(plan, model, gpus, wishes) if replan is not None and not asked else None
             asked = True
             out = self.act(plan, attempt=attempt, launch=True, check=self.engine_check, state=state, premises=premises)
-            self._stop_if_locked_or_unsafe(out)
-            check = out.get("check")
-            if check:
-                self.progress(events.EngineChecked(check["verdict"], engine_resolved(check)))
-            if premises and replan is not None and (again := self._replanned(plan, out, premises, replan, new_learned)):
-                result.attempts.pop()  # nothing was stopped: the attempt is made again on the new plan
-                result.plan, plan = again, again
+            self.stop_if_locked_or_unsafe(out)
+            learned: WatchRequest = {"learned_key": learned_key, "learned": [*learned_existing, *new_learned]}
+            ended = self._ended(plan, out, rec, premises, learned, log_context(plan, model, gpus))
+            rec.seconds = time.monotonic() - t0
+            action = next_action(ended, applied, attempt, self.max_attempts, group=False)
+            if isinstance(action, Replan) and replan is not None:  # nothing was stopped: the same attempt again
+                result.attempts.pop()
+                result.plan = plan = self._replanned(plan, action.picks, replan, new_learned)
                 attempt -= 1
                 continue
-            if check and check["verdict"] == "rejected":
-                lines = redact(check["output"], self.secrets).splitlines()
-                rec.outcome = "rejected"
-            else:
-                learned: WatchRequest = {"learned_key": learned_key, "learned": [*learned_existing, *new_learned]}
-                lines = self._watched_lines(plan, out, rec, learned)
-                if rec.outcome == READY:
-                    result.ok, result.plan, result.new_fixes = True, plan, applied
-                    result.ready_s = time.monotonic() - started
-                    result.endpoint = base_url(plan.check_address, plan.port)
-                    result.round_trips = self.t.commands_run
-                    return result
-            rec.seconds = time.monotonic() - t0
-            rec.diagnosis = diagnose(lines, log_context(plan, model, gpus), self.signatures)
-            tail = traceback_of(lines) if rec.diagnosis.signature is None else lines[-40:]
-            result.log_tail = [redact(x, self.secrets) for x in tail]
-            self.progress(events.Diagnosed(attempt, rec.outcome, rec.diagnosis.to_json()))
-            decision = decide(rec.diagnosis, applied, attempt, self.max_attempts)
-            if isinstance(decision, GiveUp):
-                return self._given_up(result, plan, rec, decision.reason)
-            plan = relint(apply_fix(plan, decision.fix, decision.signature, decision.reason), model, gpus, wishes)
-            applied.append(decision.signature)
-            rec.fix = decision.fix.describe()
-            new_learned.append({"signature": decision.signature, "fix": decision.fix.to_json(), "learned_at": _now()})
+            if isinstance(action, Ready):
+                result.ok, result.plan, result.new_fixes = True, plan, applied
+                result.ready_s = time.monotonic() - started
+                result.endpoint = base_url(plan.check_address, plan.port)
+                result.round_trips = self.t.commands_run
+                return result
+            if isinstance(ended, Failed):
+                tail = traceback_of(ended.lines) if ended.diagnosis.signature is None else ended.lines[-40:]
+                result.log_tail = list(tail)
+            if not isinstance(action, Relaunch):
+                return self._given_up(result, plan, rec, action.reason if isinstance(action, GiveUp) else "")
+            plan = relint(apply_fix(plan, action.fix, action.signature, action.reason), model, gpus, wishes)
+            applied.append(action.signature)
+            rec.fix = action.fix.describe()
+            new_learned.append({"signature": action.signature, "fix": action.fix.to_json(), "learned_at": _now()})
             self.progress(
                 events.Relaunching(
                     attempt=attempt + 1,
                     max=self.max_attempts,
-                    signature=decision.signature,
+                    signature=action.signature,
                     fix=rec.fix,
-                    explanation=decision.reason,
+                    explanation=action.reason,
                     elapsed_s=rec.seconds,
                     nothing_stopped=rec.outcome == "rejected",
                 )
             )
+
+    def _ended(
+        self,
+        plan: LaunchPlan,
+        out: ActResult,
+        rec: Attempt,
+        premises: Premises | None,
+        learned: WatchRequest,
+        context: LogContext,
+    ) -> Ended:
+        """How the attempt act started ended: the engine's check said it picks otherwise (nothing stopped),
+        or refused the command line, or the server was watched until proven or gone (its log diagnosed)."""
+        check = out.get("check")
+        if check:
+            self.progress(events.EngineChecked(check["verdict"], engine_resolved(check)))
+        differ = out.get("picks_differ")
+        if premises and isinstance(differ, dict) and differ:
+            told = told_picks((check or {}).get("picks"))
+            return PicksDiffer({k: v for k, v in told.items() if k in premises["expect"]})
+        if check and check["verdict"] == "rejected":
+            lines = redact(check["output"], self.secrets).splitlines()
+            rec.outcome = "rejected"
+        else:
+            lines = self._watched_lines(plan, out, rec, learned)
+            if rec.outcome == READY:
+                return Proven()
+        rec.diagnosis = diagnose(lines, context, self.signatures)
+        self.progress(events.Diagnosed(rec.number, rec.outcome, rec.diagnosis.to_json()))
+        return Failed(rec.diagnosis, [redact(x, self.secrets) for x in lines])
 
     def _given_up(self, result: DeployResult, plan: LaunchPlan, rec: Attempt, reason: str) -> DeployResult:
         result.reason = reason
         if any(r.outcome != "rejected" for r in result.attempts):
             result.not_stopped = self._give_up(plan, rec, reason)
         else:  # the engine refused every command line: nothing was stopped, the old server serves on
-            self._release()
+            self.release()
         result.round_trips = self.t.commands_run
         return result
 
     def _replanned(
         self,
         plan: LaunchPlan,
-        out: ActResult,
-        premises: Premises,
+        told: Mapping[str, str],
         replan: Callable[[dict[str, str]], LaunchPlan],
         new_learned: list[dict[str, Any]],
-    ) -> LaunchPlan | None:
-        """Where the engine picks otherwise than the plan stood on (nothing was stopped), the plan made
-        again on what it picks itself, only for what was asked; None when it picks as planned."""
-        differ = out.get("picks_differ")
-        if not isinstance(differ, dict) or not differ:
-            return None
-        told = {k: v for k, v in told_picks((out.get("check") or {}).get("picks")).items() if k in premises["expect"]}
-        again = replan(told)
-        said = {k: told[k] for k in differ if k in told}
-        if said:
-            self.progress(events.Replanned(said, plan.engine_args(), again.engine_args()))
-            # remembered with the learned fixes (the same model, engine version and GPU model): the next plan
-            # stands on these picks, and a server running it is adopted, not relaunched
-            new_learned.append({"signature": ENGINE_PICKS, "picks": told, "learned_at": _now()})
+    ) -> LaunchPlan:
+        """The plan made again on what the engine picks itself (only what was asked), said and remembered
+        with the learned fixes (the same model, engine version and GPU model): the next plan stands on these
+        picks, and a server running it is adopted, not relaunched."""
+        again = replan(dict(told))
+        self.progress(events.Replanned(dict(told), plan.engine_args(), again.engine_args()))
+        new_learned.append({"signature": ENGINE_PICKS, "picks": dict(told), "learned_at": _now()})
         return again
 
     def _watched_lines(self, plan: LaunchPlan, out: ActResult, rec: Attempt, learned: WatchRequest) -> list[str]:
@@ -393,7 +389,7 @@ class Deployer:
             "success_state": {"status": READY, "attempts": rec.number, "applied_fixes": list(plan.applied_fixes)},
             **learned,
         }
-        watched, lines = self._watch_attempt(plan, out, rec, success)
+        watched, lines = self.watch_attempt(plan, out, rec, success)
         last = watched[-1] if watched else {"e": "error", "error": "no events"}
         if last["e"] == "lost_lock":
             raise LockedError(
@@ -412,16 +408,16 @@ class Deployer:
             lines.append(synthetic)
         return lines
 
-    def _stop_if_locked_or_unsafe(self, out: ActResult) -> None:
+    def stop_if_locked_or_unsafe(self, out: ActResult) -> None:
         if "lock" in out and (previous := out["lock"].get("taken_over")):
             self.progress(events.LockTakenOver(dict(previous)))
         refusal = act_refusal(self.host.name, self.deployment, out)
         if refusal is not None:
             if isinstance(refusal, UnsafeToKill):  # nothing was stopped: the lock goes now, not when stale
-                self._release()
+                self.release()
             raise refusal
 
-    def _watch_attempt(
+    def watch_attempt(
         self, plan: LaunchPlan, out: ActResult, rec: Attempt, success: WatchRequest, hold: Hold | None = None
     ) -> tuple[list[WatchEvent], list[str]]:
         """Report what act stopped and launched, then stream the attempt; returns (events, log lines)."""
@@ -439,16 +435,16 @@ class Deployer:
         watched = watch_attempt(self, plan, launched, success, on_line, hold)
         return watched, list(kept.lines)
 
-    def _release(self) -> None:
+    def release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale
             run_json(
                 self.t,
                 "python3",
                 "act",
-                {"lock": self._lock_args("release"), "release_lock_only": True},
+                {"lock": self.lock_args("release"), "release_lock_only": True},
             )
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """The run was interrupted. A step in flight saw its stdin close and finishes on its own; between
         steps (act answered, watch not yet started) nothing on the host knows, so one more round trip
         records a launched server as unverified and frees the lock. Best effort and bounded: the lock also
@@ -458,7 +454,7 @@ class Deployer:
                 self.t,
                 "python3",
                 "act",
-                {"lock": self._lock_args("abandon"), "release_lock_only": True, "abandon": {"wait_s": 10.0}},
+                {"lock": self.lock_args("abandon"), "release_lock_only": True, "abandon": {"wait_s": 10.0}},
                 timeout_s=20,
             )
 

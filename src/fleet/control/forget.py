@@ -43,7 +43,7 @@ def forget(t: Transport, host: Host, name: str) -> None:
         secrets={},
         deployment=name,
     )
-    out = act_answer(run_json(t, step_python(host), "act", {"lock": deployer._lock_args("forget"), "forget": True}))
+    out = act_answer(run_json(t, step_python(host), "act", {"lock": deployer.lock_args("forget"), "forget": True}))
     refuse_unless_taken(host.name, name, out["lock"])
     said = out.get("forget") or {}
     if said.get("running"):

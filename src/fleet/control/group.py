@@ -37,7 +37,8 @@ from fleet.inventory.runtime import chosen_runtime
 from fleet.model import GENERATE
 from fleet.plan import LaunchPlan, apply_fix, relint
 from fleet.plan.build import PlanResult
-from fleet.plan.group import Node, group_decision, group_preflight, rank_plan
+from fleet.plan.group import Node, group_preflight, rank_plan
+from fleet.plan.relaunch import Failed, Proven, Ready, Replan, next_action
 from fleet.protocol import CRASHED, FAILED, READY, STARTING, STOPPED, ActResult, StateRecord, WatchEvent, WatchRequest
 from fleet.secrets import read_secrets, redact
 from fleet.transport import Transport
@@ -194,7 +195,7 @@ class GroupRun:
             try:
                 return self._attempts(deployers, placed)
             except KeyboardInterrupt:  # every rank at once: a watcher's host notices its client gone by itself
-                in_parallel(lambda i: deployers[i]._abandon(), range(len(deployers)))
+                in_parallel(lambda i: deployers[i].abandon(), range(len(deployers)))
                 raise
 
     def _attempts(self, deployers: list[Deployer], placed: list[PlanResult]) -> GroupResult:
@@ -215,31 +216,24 @@ class GroupRun:
             if failed is None:
                 outs = self._launch_all(deployers, ranked, attempt, result)
                 failed = self._watch_all(deployers, ranked, outs, attempt, result)
-                if failed is None:  # every rank proven: their locks, held until now, go together
-                    in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
-                    rec.outcome = READY
-                    result.ok = True
-                    result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
-                    deployers[0].progress(events.Ready(attempt, dict(self.proof or {"e": "smoke", "ok": True})))
-                    return result
-            rec.outcome = "rejected" if failed.ended == "rejected" else CRASHED
             rec.seconds = time.monotonic() - t0
+            ended = Proven() if failed is None else self._diagnosed(deployers, placed, ranked, failed, rec)
+            decision = next_action(ended, applied, attempt, pb.max_attempts, group=True)
+            if isinstance(decision, Ready):  # every rank proven: their locks, held until now, go together
+                in_parallel(lambda i: deployers[i].release(), range(len(deployers)))
+                rec.outcome = READY
+                result.ok = True
+                result.endpoint = base_url(ranked[0].check_address, ranked[0].port)
+                deployers[0].progress(events.Ready(attempt, dict(self.proof or {"e": "smoke", "ok": True})))
+                return result
+            assert failed is not None and isinstance(ended, Failed) and not isinstance(decision, Replan)
             result.failed_rank = failed
-            where = placed[failed.rank]
-            assert where.model is not None and where.gpus is not None
-            rec.diagnosis = diagnose(
-                failed.lines, log_context(ranked[failed.rank], where.model, where.gpus), self.signatures
-            )
-            outcome = f"rank {failed.rank} ({failed.host}) {failed.ended}"
-            for d in deployers:
-                d.progress(events.Diagnosed(attempt, outcome, rec.diagnosis.to_json()))
-            decision = group_decision(rec.diagnosis, applied, attempt, pb.max_attempts, failed.lines)
             if isinstance(decision, GiveUp):
                 result.reason = f"rank {failed.rank} ({failed.host}): {decision.reason}"
                 if any(a.outcome != "rejected" for a in result.attempts):
-                    self._give_up(deployers, ranked, attempt, result.reason, rec.diagnosis)
+                    self._give_up(deployers, ranked, attempt, result.reason, ended.diagnosis)
                 else:  # the engine refused every command line: nothing was stopped, the running group serves on
-                    in_parallel(lambda i: deployers[i]._release(), range(len(deployers)))
+                    in_parallel(lambda i: deployers[i].release(), range(len(deployers)))
                 return result
             plans = [
                 relint(apply_fix(p, decision.fix, decision.signature, decision.reason), r.model, r.gpus, r.wishes)
@@ -260,6 +254,28 @@ class GroupRun:
                         nothing_stopped=rec.outcome == "rejected",
                     )
                 )
+
+    def _diagnosed(
+        self,
+        deployers: list[Deployer],
+        placed: list[PlanResult],
+        ranked: list[LaunchPlan],
+        failed: RankOutcome,
+        rec: Attempt,
+    ) -> Failed:
+        """The failed rank's log, read, and said on every host's progress."""
+        rec.outcome = "rejected" if failed.ended == "rejected" else CRASHED
+        where = placed[failed.rank]
+        assert where.model is not None and where.gpus is not None
+        context = log_context(ranked[failed.rank], where.model, where.gpus)
+        rec.diagnosis = diagnose(failed.lines, context, self.signatures)
+        for d in deployers:
+            d.progress(
+                events.Diagnosed(
+                    rec.number, f"rank {failed.rank} ({failed.host}) {failed.ended}", rec.diagnosis.to_json()
+                )
+            )
+        return Failed(rec.diagnosis, failed.lines)
 
     def _prepare_all(self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int) -> RankOutcome | None:
         """Every host locked, the engine's check run, and what holds the GPUs sorted, before anything is
@@ -292,14 +308,14 @@ class GroupRun:
                 rejected = RankOutcome(i, self.hosts[i].name, "rejected", said, time.monotonic())
                 continue
             try:
-                d._stop_if_locked_or_unsafe(out)
+                d.stop_if_locked_or_unsafe(out)
             except FleetError as exc:
                 error = error or exc
         if error is not None or rejected is not None:
             taken = [
                 i for i, out in answers.items() if not isinstance(out, FleetError) and out["lock"]["status"] == "taken"
             ]
-            in_parallel(lambda i: deployers[i]._release(), taken)
+            in_parallel(lambda i: deployers[i].release(), taken)
         if error is not None:
             raise error
         return rejected
@@ -319,7 +335,7 @@ class GroupRun:
             state = d.record(plans[i], STARTING, attempt=attempt)
             state["run_id"], state["deployed_by"] = d.run_id, d.owner
             out = d.act(plans[i], attempt=attempt, launch=True, check=False, state=state)
-            d._stop_if_locked_or_unsafe(out)
+            d.stop_if_locked_or_unsafe(out)
             return out
 
         answers = in_parallel(launch, range(len(deployers)))
@@ -370,7 +386,7 @@ class GroupRun:
                 "learned": [],
             }
             try:
-                watched, lines = deployers[i]._watch_attempt(plans[i], outs[i], rec, success, holds[i])
+                watched, lines = deployers[i].watch_attempt(plans[i], outs[i], rec, success, holds[i])
             except FleetError as exc:  # its host lost while watching: the rank is lost to the group
                 return RankOutcome(i, self.hosts[i].name, "lost", [f"[fleet] {exc.message}"], time.monotonic())
             last: WatchEvent = watched[-1] if watched else {"e": "error"}

@@ -413,8 +413,8 @@ def _stop_one(
         gpus=None if everything else placed,
     )
     args = {
-        "lock": deployer._lock_args("stop"),
-        "free": deployer._free_args(state.get("port")),
+        "lock": deployer.lock_args("stop"),
+        "free": deployer.free_args(state.get("port")),
         "state_update": {**state, "status": STOPPED, "updated": time.time()} if state else None,
         "release_lock": True,
     }
