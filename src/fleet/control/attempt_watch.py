@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from fleet import events
 from fleet.errors import HostSilent, HostUnreachable
-from fleet.hostscripts import EventLines, script_for
+from fleet.hostscripts import StepEvent
 from fleet.plan import LaunchPlan
 from fleet.protocol import Launched, WatchEvent, WatchRequest
 
@@ -61,33 +61,26 @@ def watch_attempt(
     `hold`: a group's rank keeps its lock once proven, until `hold.released` (see remote_watch.hold)."""
     offset = 0
     watched: list[WatchEvent] = []
-    reader = EventLines(d.host.name, "watch")
 
-    def on_chunk(chunk: bytes) -> bool:
+    def on_event(raw: StepEvent) -> bool:
         nonlocal offset
-        for raw in reader.feed(chunk):
-            ev = cast(WatchEvent, raw)
-            if ev["e"] == "held" and hold is not None:
-                if hold.released.is_set():
-                    return False
-                continue
-            if ev["e"] == "smoke" and hold is not None:
-                hold.smoke = ev
-            if ev["e"] == "done" and hold is not None:
-                hold.on_done()
-            if ev["e"] == "line":  # kept by on_line, bounded; not among the events
-                offset = ev["o"]
-                on_line(ev["t"])
-                continue
-            if ev["e"] == "skipped":  # the host dropped lines fleet did not read in time
-                on_line(f"[fleet] {ev.get('lines')} log lines skipped: written faster than fleet read them")
-                continue
-            if ev["e"] == "phase":  # the start-up's phase or progress: said, not among the events
-                d.progress(events.StartupPhase.of_event(ev))
-                continue
-            if ev["e"] == "stalled":  # a stall the playbook waits through: said, the watch goes on
-                d.progress(events.StartupStalled.of_event(ev, d.ready_timeout_s))
-                continue
+        ev = cast(WatchEvent, raw)
+        if ev["e"] == "held" and hold is not None:
+            return not hold.released.is_set()
+        if ev["e"] == "smoke" and hold is not None:
+            hold.smoke = ev
+        if ev["e"] == "done" and hold is not None:
+            hold.on_done()
+        if ev["e"] == "line":  # kept by on_line, bounded; not among the events
+            offset = ev["o"]
+            on_line(ev["t"])
+        elif ev["e"] == "skipped":  # the host dropped lines fleet did not read in time
+            on_line(f"[fleet] {ev.get('lines')} log lines skipped: written faster than fleet read them")
+        elif ev["e"] == "phase":  # the start-up's phase or progress: said, not among the events
+            d.progress(events.StartupPhase.of_event(ev))
+        elif ev["e"] == "stalled":  # a stall the playbook waits through: said, the watch goes on
+            d.progress(events.StartupStalled.of_event(ev, d.ready_timeout_s))
+        else:
             if ev["e"] == "log_reset":
                 offset = 0
                 d.progress(events.LogReset(str(ev.get("why")), launched["log"]))
@@ -95,13 +88,10 @@ def watch_attempt(
         return True
 
     def once() -> int:
-        nonlocal reader
-        reader = EventLines(d.host.name, "watch")  # a resumed stream starts at a line's start
         args = _watch_request(d, plan, launched, success, offset, watched, hold)
-        script = script_for("watch", args, [plan.python])
         key = d.api_key(plan)  # for the smoke request; on stdin, never the step's command line
         hidden = json.dumps({"api_key": key}).encode() + b"\n"
-        code = d.t.stream(script, on_chunk, stdin=hidden, timeout_s=d.ready_timeout_s + 300)
+        code = d.steps.watch(plan.python, args, stdin=hidden, on_event=on_event, timeout_s=d.ready_timeout_s + 300)
         if not watched or watched[-1]["e"] not in TERMINAL_EVENTS:
             # the watcher never said how it ended: its session was cut; resume from the last offset
             raise HostUnreachable(f"{d.host.name}: the log stream ended early (exit {code}).", "")

@@ -9,6 +9,7 @@ Each relaunch costs act + watch. What follows an attempt is decided by `fleet.pl
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,8 +17,9 @@ from typing import Any, cast
 
 from fleet import events
 from fleet.control.act_request import check_args, launch_args, owner, planned_ports, run_id
-from fleet.control.answers import LOCK_GRACE_S, act_answer, act_refusal, engine_resolved, synthetic_line
+from fleet.control.answers import LOCK_GRACE_S, act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
+from fleet.control.host_steps import HostSteps, SshSteps
 from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
 from fleet.crashes import GiveUp, LogContext, Relaunch, Signature, diagnose, traceback_of
 from fleet.errors import (
@@ -28,7 +30,6 @@ from fleet.errors import (
 )
 from fleet.facts import HostFacts
 from fleet.host_common import api_key_name, base_url
-from fleet.hostscripts import run_json
 from fleet.inventory import Host
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
@@ -67,7 +68,7 @@ class Deployer:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Transport | HostSteps,
         host: Host,
         *,
         playbook_name: str,
@@ -88,12 +89,13 @@ class Deployer:
         group: dict[str, Any] | None = None,
         command: str = "deploy",
     ) -> None:
-        """`deployment`: its name on the host (the playbook's by default); `gpus`: its placement (None:
-        all of the host's GPUs); `replace`: other deployments on those GPUs to stop first; `group`: this
-        host's rank of a group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no
-        smoke prompt (`smoke` empty): it is ready when its /health answers. `command`: what the lock says
-        this run is ("heal": the host refuses it once an operator stopped the deployment)."""
-        self.t = transport
+        """`transport`: the host's connection, or its steps (a scripted host in tests); `deployment`: its
+        name on the host (the playbook's by default); `gpus`: its placement (None: all of the host's
+        GPUs); `replace`: other deployments on those GPUs to stop first; `group`: this host's rank of a
+        group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no smoke prompt (`smoke`
+        empty): it is ready when its /health answers. `command`: what the lock says this run is ("heal":
+        the host refuses it once an operator stopped the deployment)."""
+        self.steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
         self.host = host
         self.playbook_name = playbook_name
         self.deployment = deployment or playbook_name
@@ -115,6 +117,12 @@ class Deployer:
         self.run_id = run_id()
         self.owner = owner()
         self.stall_floor_s = STALL_FLOOR_S  # a phase is never called stalled sooner (tests lower it)
+
+    def over(self, transport: Transport) -> Deployer:
+        """This run over another connection to its host (a group stops a rank its watcher still streams)."""
+        other = copy.copy(self)
+        other.steps = SshSteps(transport)
+        return other
 
     # -- remote steps ---------------------------------------------------------------------------------
 
@@ -211,17 +219,13 @@ class Deployer:
             args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}", premises=premises)
         if launch:
             args["launch"] = launch_args(plan, self.deployment, attempt, self.host.settings.log_dir)
-        return act_answer(
-            run_json(
-                self.t,
-                plan.python,
-                "act",
-                args,
-                stdin=json.dumps(self.secrets).encode(),
-                # a container's step may also wait for its runtime: check, stop -t, rm, run -d, inspect
-                timeout_s=self.drain_s + 240 + (2 * self.drain_s + 600 if cont is not None else 0),
-                hold_stdin=True,
-            )
+        return self.steps.act(
+            plan.python,
+            args,
+            stdin=json.dumps(self.secrets).encode(),
+            # a container's step may also wait for its runtime: check, stop -t, rm, run -d, inspect
+            timeout_s=self.drain_s + 240 + (2 * self.drain_s + 600 if cont is not None else 0),
+            hold_stdin=True,
         )
 
     def api_key(self, plan: LaunchPlan) -> str | None:
@@ -306,7 +310,7 @@ class Deployer:
                 result.ok, result.plan, result.new_fixes = True, plan, applied
                 result.ready_s = time.monotonic() - started
                 result.endpoint = base_url(plan.check_address, plan.port)
-                result.round_trips = self.t.commands_run
+                result.round_trips = self.steps.commands_run
                 return result
             if isinstance(ended, Failed):
                 tail = traceback_of(ended.lines) if ended.diagnosis.signature is None else ended.lines[-40:]
@@ -364,7 +368,7 @@ class Deployer:
             result.not_stopped = self._give_up(plan, rec, reason)
         else:  # the engine refused every command line: nothing was stopped, the old server serves on
             self.release()
-        result.round_trips = self.t.commands_run
+        result.round_trips = self.steps.commands_run
         return result
 
     def _replanned(
@@ -437,12 +441,7 @@ class Deployer:
 
     def release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale
-            run_json(
-                self.t,
-                "python3",
-                "act",
-                {"lock": self.lock_args("release"), "release_lock_only": True},
-            )
+            self.steps.act("python3", {"lock": self.lock_args("release"), "release_lock_only": True}, timeout_s=300)
 
     def abandon(self) -> None:
         """The run was interrupted. A step in flight saw its stdin close and finishes on its own; between
@@ -450,13 +449,12 @@ class Deployer:
         records a launched server as unverified and frees the lock. Best effort and bounded: the lock also
         goes stale by itself."""
         with contextlib.suppress(TransportError, HostStepError, KeyboardInterrupt):
-            run_json(
-                self.t,
-                "python3",
-                "act",
-                {"lock": self.lock_args("abandon"), "release_lock_only": True, "abandon": {"wait_s": 10.0}},
-                timeout_s=20,
-            )
+            request: ActRequest = {
+                "lock": self.lock_args("abandon"),
+                "release_lock_only": True,
+                "abandon": {"wait_s": 10.0},
+            }
+            self.steps.act("python3", request, timeout_s=20)
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> str:
         """Stop what the failed attempt left running (a server printing garbage must not stay up); returns

@@ -11,7 +11,6 @@ group is never left half up.
 from __future__ import annotations
 
 import contextlib
-import copy
 import queue
 import threading
 import time
@@ -480,9 +479,7 @@ class GroupRun:
         """The act step that stops one rank and writes its record, over a connection of its own (the rank's
         watcher may still hold the deployer's)."""
         with self.connect(d.host) as t:
-            other = copy.copy(d)
-            other.t = t
-            return other.act(
+            return d.over(t).act(
                 plan,
                 attempt=attempt,
                 launch=False,

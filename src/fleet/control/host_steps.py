@@ -1,0 +1,79 @@
+"""What the deploy loop asks of its host, step by step (`HostSteps`): the act step (lock, check, stop,
+launch, record; or a release) and the watch step's events. `SshSteps` runs fleet's host scripts over a
+transport, each answer typed where it crosses. Tests hand the loop a scripted host instead
+(fleet_testbed.fakehost), so every branch of it runs in milliseconds without root or sshd; what fleet does
+on hosts is proven over real sshd and in simulated hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from fleet.control.answers import act_answer
+from fleet.hostscripts import EventLines, StepEvent, run_json, script_for
+from fleet.protocol import ActRequest, ActResult, WatchRequest
+from fleet.transport import Transport
+
+
+@runtime_checkable
+class HostSteps(Protocol):
+    host_name: str
+
+    @property
+    def commands_run(self) -> int:
+        """Commands run on the host so far (a deploy's round trips)."""
+        ...
+
+    def act(
+        self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
+    ) -> ActResult:
+        """`hold_stdin`: fleet keeps the step's stdin open until it has the answer; a step that sees it
+        close (fleet gone) changes nothing more."""
+        ...
+
+    def watch(
+        self,
+        python: str,
+        request: WatchRequest,
+        *,
+        stdin: bytes,
+        on_event: Callable[[StepEvent], bool],
+        timeout_s: float,
+    ) -> int:
+        """Stream the watch step's events to `on_event` (False: stop reading); the step's exit code."""
+        ...
+
+
+class SshSteps:
+    """The steps as fleet's host scripts, run over `transport`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+        self.host_name = transport.host_name
+
+    @property
+    def commands_run(self) -> int:
+        return self.t.commands_run
+
+    def act(
+        self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
+    ) -> ActResult:
+        return act_answer(
+            run_json(self.t, python, "act", request, stdin=stdin, timeout_s=timeout_s, hold_stdin=hold_stdin)
+        )
+
+    def watch(
+        self,
+        python: str,
+        request: WatchRequest,
+        *,
+        stdin: bytes,
+        on_event: Callable[[StepEvent], bool],
+        timeout_s: float,
+    ) -> int:
+        reader = EventLines(self.host_name, "watch")  # bounded: a host that never ends a line is refused
+
+        def on_chunk(chunk: bytes) -> bool:
+            return all(on_event(event) for event in reader.feed(chunk))
+
+        return self.t.stream(script_for("watch", request, [python]), on_chunk, stdin=stdin, timeout_s=timeout_s)

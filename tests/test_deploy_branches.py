@@ -1,0 +1,130 @@
+"""Every branch of the deploy loop (fleet.control.deploy.Deployer) against a scripted host
+(fleet_testbed.fakehost): what the loop does with each answer a host can give, in milliseconds, without
+root or sshd. The same loop over real sshd and simulated GPU hosts is in test_deploy.py and
+test_deploy_loop.py; the decision after each attempt alone is in test_relaunch.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from factsdata import RTX_PRO_6000, facts
+from fleet import events
+from fleet.control import placing
+from fleet.control.deploy import Deployer
+from fleet.errors import LockedError
+from fleet.plan.build import PlanResult
+from fleet.protocol import FAILED
+from fleet_testbed.fakehost import ScriptedHost, crashes, cut, ready
+from test_plan import host, playbook
+
+SPEC_CRASH = (
+    "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache "
+    "when using --mamba-scheduler-strategy no_buffer. To use radix cache with speculative decoding, please use "
+    "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+)
+
+
+def planned(pb_name: str = "qwen35-nvfp4-handwritten") -> PlanResult:
+    pb = playbook(pb_name)
+    f = facts("blackwell", RTX_PRO_6000, 8, model=pb.spec.model)
+    result = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False).result
+    assert result.plan is not None and not result.errors, result.verdicts
+    return result
+
+
+def deploy(scripted: ScriptedHost, r: PlanResult, **kw: Any) -> tuple[Any, list[events.Event]]:
+    seen: list[events.Event] = []
+    replan = kw.pop("replan", None)
+    d = Deployer(
+        scripted,
+        host("blackwell"),
+        playbook_name="qwen35",
+        smoke={"prompt": "2+2=", "expect": "4", "max_tokens": 8},
+        kill_policy="safe",
+        secrets={},
+        progress=seen.append,
+        max_attempts=3,
+        **kw,
+    )
+    assert r.plan is not None and r.model is not None and r.gpus is not None
+    out = d.run(r.plan, r.model, r.gpus, r.wishes, learned_key=r.learned_key, learned_existing=[], replan=replan)
+    return out, seen
+
+
+def test_a_known_crash_is_fixed_and_the_fixed_plan_relaunched() -> None:
+    scripted = ScriptedHost(watches=[crashes(SPEC_CRASH), ready()])
+    result, seen = deploy(scripted, planned())
+    assert result.ok and [a.outcome for a in result.attempts] == ["crashed", "ready"]
+    first, second = scripted.launches
+    assert "extra_buffer" not in first and "extra_buffer" in second  # the fix, in the second command line
+    relaunch = next(e for e in seen if isinstance(e, events.Relaunching))
+    assert relaunch.signature == result.new_fixes[0] and not relaunch.nothing_stopped
+    assert result.round_trips == 4  # act + watch, twice
+    learned = scripted.watched[-1]["learned"]
+    assert [e["signature"] for e in learned] == result.new_fixes  # remembered on the host once proven
+
+
+def test_what_fleet_cannot_explain_is_given_up_and_the_attempt_stopped() -> None:
+    scripted = ScriptedHost(watches=[crashes("RuntimeError: a failure nobody has seen before")])
+    result, _ = deploy(scripted, planned())
+    assert not result.ok and "unknown failure" in result.reason and len(result.attempts) == 1
+    give_up = scripted.acts[-1]
+    assert not give_up.get("launch") and give_up["release_lock"] and give_up["lock"]["command"] == "give-up"
+    assert give_up["state_update"] is not None and give_up["state_update"]["status"] == FAILED
+
+
+def test_a_command_line_the_engine_refuses_stops_nothing() -> None:
+    refused = {"verdict": "rejected", "output": "launch_server.py: error: unrecognized arguments: --made-up-flag"}
+    scripted = ScriptedHost(checks=[refused])
+    result, seen = deploy(scripted, planned())
+    assert not result.ok and [a.outcome for a in result.attempts] == ["rejected"]
+    assert scripted.watched == []  # nothing was launched, so nothing watched
+    release = scripted.acts[-1]
+    assert release.get("release_lock_only") and not release.get("state_update")  # the old server serves on
+    assert not any(isinstance(e, events.Launched) for e in seen)
+
+
+def test_a_host_another_run_holds_is_refused_before_anything_is_launched() -> None:
+    scripted = ScriptedHost(lock="held")
+    with pytest.raises(LockedError):
+        deploy(scripted, planned())
+    assert len(scripted.acts) == 1 and scripted.watched == []
+
+
+def test_a_cut_watch_resumes_from_the_last_line_it_read() -> None:
+    scripted = ScriptedHost(watches=[cut("loading weights", "capturing graphs"), ready()])
+    result, seen = deploy(scripted, planned())
+    assert result.ok and len(result.attempts) == 1
+    assert [w["offset"] for w in scripted.watched] == [0, 2]
+    assert any(isinstance(e, events.Reconnecting) and e.offset == 2 for e in seen)
+
+
+def test_ctrl_c_while_watching_frees_the_host_for_the_next_run() -> None:
+    scripted = ScriptedHost(watches=[ready()])
+
+    def interrupted(*args: Any, **kw: Any) -> int:
+        raise KeyboardInterrupt
+
+    scripted.watch = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        deploy(scripted, planned())
+    assert scripted.acts[-1].get("abandon") and scripted.acts[-1]["release_lock_only"]
+
+
+def test_picks_the_engine_makes_otherwise_plan_the_same_attempt_again() -> None:
+    r = planned("qwen35-nvfp4")
+    scripted = ScriptedHost(watches=[ready()], picks_differ={"MoE runner": "triton"})
+    asked: list[dict[str, str]] = []
+
+    def replan(picks: dict[str, str]) -> Any:
+        asked.append(picks)
+        return r.plan
+
+    result, seen = deploy(scripted, r, replan=replan)
+    assert asked == [{"MoE runner": "triton"}]
+    assert result.ok and len(result.attempts) == 1 and len(scripted.acts) == 2
+    assert [e.attempt for e in seen if isinstance(e, events.AttemptStarted)] == [1]  # announced once
+    assert any(isinstance(e, events.Replanned) for e in seen)
+    assert "picks" in scripted.acts[0]["check"] and "picks" not in scripted.acts[1]["check"]  # asked once
