@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.control.remote_container import CONTAINER_LAUNCHER, containers, inspect
+from fleet.control.remote_container import containers, inspect
+from fleet.control.remote_launch import CONTAINER_LAUNCHER
 from fleet.host_common import LAUNCH_MARK
 
 pytestmark = pytest.mark.containers

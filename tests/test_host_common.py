@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleet.host_common import argv_of, engine_kind
-from fleet.hostscripts import SHARED, STEPS
+from fleet.hostscripts import SHARED, STEPS, TEXTS
 
 ENGINES = [
     (["/opt/sglang/.venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], "sglang"),
@@ -63,7 +63,8 @@ def test_proc_cmdline_padding_from_setproctitle_is_dropped() -> None:
     assert argv_of(b"sglang::scheduler_TP0\x00\x00   \x00") == ["sglang::scheduler_TP0"]
 
 
-HOST_FILES = sorted({f for files in (SHARED, *STEPS.values()) for f in files})  # every file a host runs
+# every file a host runs, its steps and the programs they send as text
+HOST_FILES = sorted({f for files in (SHARED, *STEPS.values(), *TEXTS.values()) for f in files})
 
 
 @pytest.mark.parametrize("path", HOST_FILES)
@@ -394,8 +395,7 @@ def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_
     import subprocess
     import sys
 
-    from fleet.control.remote_container import CONTAINER_LAUNCHER
-    from fleet.control.remote_launch import LAUNCHER
+    from fleet.control.remote_launch import CONTAINER_LAUNCHER, LAUNCHER
 
     engine = [
         "sh", "-c", 'echo "$@" > "$0"', str(tmp_path / "argv"),

@@ -14,7 +14,7 @@ import yaml
 from conftest import run_cli
 from fleet.errors import HostStepError
 from fleet.hostscripts import SHARED as SHARED_FILES
-from fleet.hostscripts import STEPS, run_json
+from fleet.hostscripts import STEPS, TEXTS, run_json
 from fleet.transport.local import LocalTransport
 from fleet_testbed import simhost
 
@@ -196,7 +196,9 @@ def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(tmp_path: Path
     assert fixes_step() == {"forgotten": []}
 
 
-@pytest.mark.parametrize("path", sorted({f for files in (SHARED_FILES, *STEPS.values()) for f in files}))
+@pytest.mark.parametrize(
+    "path", sorted({f for files in (SHARED_FILES, *STEPS.values(), *TEXTS.values()) for f in files})
+)
 def test_a_host_file_is_sent_without_its_comment_lines_and_means_the_same(path: str) -> None:
     """What is sent has the source's syntax tree, line and column included (a traceback from the host
     names the line in fleet's file), and no line that is only a comment."""

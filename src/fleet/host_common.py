@@ -279,25 +279,6 @@ def stdin_closed() -> bool:
         return True
 
 
-# Part of both launchers (fleet's process launcher and its containers' PID 1): the engine's argv with the
-# secret's value in place of the word SECRET_WORD + NAME that follows --api-key, and only there (no other
-# word of a playbook is a secret's place); None when the secret is missing, so the launcher starts nothing
-# (an engine started with the word, or with no key, would serve without the key the playbook asked for).
-SECRET_ARGV = """
-def secret_argv(words, env):
-    out = []
-    for i, w in enumerate(words):
-        if i and words[i - 1] == "--api-key" and w.startswith(%(word)r):
-            name = w[len(%(word)r):]
-            if not env.get(name):
-                sys.stderr.write("fleet launcher: the secret %%s was not given: no engine without it\\n" %% name)
-                return None
-            w = env[name]
-        out.append(w)
-    return out
-""" % {"word": SECRET_WORD}
-
-
 def api_key_name(argv: Any) -> Optional[str]:
     """The variable whose value the engine takes as --api-key, when its command line names one (written
     SECRET_WORD + NAME: fleet's launcher put the value there), else None."""

@@ -75,7 +75,9 @@ STEPS: dict[str, tuple[str, ...]] = {
 
 
 # Files a step carries as text, not code: programs it runs under another Python (the engine's own).
-TEXTS: dict[str, tuple[str, ...]] = {"act": ("control/remote_check_sglang.py", "control/remote_check_vllm.py")}
+TEXTS: dict[str, tuple[str, ...]] = {
+    "act": ("control/remote_check_sglang.py", "control/remote_check_vllm.py", "launchers.py")
+}
 
 
 @functools.cache
@@ -154,9 +156,10 @@ def _files(paths: Sequence[str]) -> str:
 
 @functools.cache
 def _packed(path: str) -> str:
-    """A file's text, compressed and as an expression that gives it back on the host: the whole script is
-    one argument of one command, which Linux caps at 128 KiB (the act step's plain text came to 112 KiB)."""
-    data = base64.b64encode(zlib.compress(_read(path).encode("utf-8"))).decode("ascii")
+    """A file's text as sent (without comment lines), compressed and as an expression that gives it back on
+    the host: the whole script is one argument of one command, which Linux caps at 128 KiB (the act step's
+    plain text came to 112 KiB)."""
+    data = base64.b64encode(zlib.compress(_shipped(path).encode("utf-8"))).decode("ascii")
     return f"_z.decompress(_b.b64decode({data!r})).decode('utf-8')"
 
 

@@ -1,6 +1,6 @@
 """Runs ON the host (sent before the probe, act and health steps): containers through the docker or
 podman command line -- the image's engine version, how GPUs reach a container, fleet's containers and the
-other engines' -- and the launcher that runs inside fleet's containers.
+other engines'. The launcher inside fleet's containers is fleet/launchers.py.
 
 Host code: standard library only, Python 3.8. docker and podman take the same command line for all of it
 (`run`, `ps`, `inspect`, `stop -t`, `rm`); their JSON differs a little, and `containers` reads both.
@@ -17,48 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import SECRET_ARGV
     from fleet.host_records import read_record, write_record
-
-# The launcher inside fleet's containers (their PID 1): the engine's output into fleet's log (a file on
-# the host through the mounted log directory), its secrets from a 0600 file it deletes at once, signals
-# passed on (`stop -t` sends SIGTERM to PID 1, which the kernel does not act on by default), and the exit
-# status in the exit file, as fleet's process launcher writes it.
-CONTAINER_LAUNCHER = (
-    "import json, os, signal, subprocess, sys\n"
-    + SECRET_ARGV
-    + """
-exit_file, log, secret_file = sys.argv[2:5]
-fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-os.dup2(fd, 1)
-os.dup2(fd, 2)
-os.close(fd)
-env = dict(os.environ)
-try:
-    with open(secret_file) as f:
-        env.update(json.load(f))
-    os.unlink(secret_file)
-except (OSError, ValueError) as exc:
-    sys.stderr.write("fleet launcher: the secrets file %s could not be read (%s): starting without them\\n" % (secret_file, exc))
-argv = secret_argv(sys.argv[5:], env)  # a secret's value in the engine's argv alone
-try:
-    if argv is None:
-        raise OSError("a secret it needs was not given")
-    child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
-except OSError as exc:
-    sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[5], exc))
-    code = 127
-else:
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-    code = child.wait()
-code = 128 - code if code < 0 else code
-with open(exit_file + ".tmp", "w") as f:
-    f.write("%d\\n" % code)
-os.replace(exit_file + ".tmp", exit_file)
-sys.exit(code)
-"""
-)
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
 # containerd (cri-containerd-<id>.scope, crio-<id>.scope, nerdctl-<id>.scope, /kubepods/.../<id>), so a

@@ -11,96 +11,25 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import (
-        CONTAINER_LAUNCHER,
-        inspect,
-        run_cli,
-    )
+    from fleet.control.remote_check import fleet_text
+    from fleet.control.remote_container import inspect, run_cli
     from fleet.control.remote_free import (
         expand,
     )
-    from fleet.host_common import LAUNCH_MARK, SECRET_ARGV
+    from fleet.host_common import LAUNCH_MARK
     from fleet.host_procs import boot_id, start_ticks
     from fleet.host_records import STATE_FILE, read_record, write_record
-    from fleet.protocol import UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
+    from fleet.protocol import SECRET_WORD, UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
 
 
-# fleet's launcher: runs the engine with the environment it reads from stdin (playbook env and secrets:
-# never in a file or a command line), waits, stops what the engine left in its process group (workers, a
-# resource tracker: they would keep GPU memory, and without its leader fleet cannot prove the group is its
-# own), and records the exit status atomically: "exited" means nothing of the server runs. It is a Python of
-# its own environment, so nothing the playbook sets (PATH, LD_PRELOAD, ...) changes how it runs.
-LAUNCHER = (
-    "import json, os, signal, subprocess, sys, time\n"
-    + SECRET_ARGV
-    + """
-env = json.loads(sys.stdin.readline())
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-exit_file = sys.argv[2]
-argv = secret_argv(sys.argv[3:], env)  # the secret's value (from stdin) in the engine's argv alone
-try:
-    code = 127 if argv is None else subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
-except OSError as exc:
-    sys.stderr.write("fleet launcher: cannot run %s: %s\\n" % (sys.argv[3], exc))
-    code = 127
-code = 128 - code if code < 0 else code
-uid = os.getuid()
-def rest(mine=True):
-    # this group's members of fleet's user, as (pid, start ticks): another user's process that joined the
-    # group is never signalled (a killpg as root would reach it); mine=False lists those
-    me, out = os.getpid(), []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != me:
-            try:
-                with open("/proc/" + d + "/stat") as f:
-                    st = f.read().rsplit(")", 1)[1].split()
-                with open("/proc/" + d + "/status") as f:  # its real uid (/proc/PID is root's if non-dumpable)
-                    owner = int([x for x in f if x.startswith("Uid:")][0].split()[1])
-            except (OSError, IndexError):
-                continue
-            if int(st[2]) == me and st[0] not in "ZX" and (owner == uid) == mine:
-                out.append((int(d), st[19]))
-    return out
-def send(pid, ticks, sig):
-    # pinned to the process seen: a pidfd where Python has one, else its start time checked just before
-    try:
-        if hasattr(os, "pidfd_open"):
-            fd = os.pidfd_open(pid)
-            try:
-                with open("/proc/%d/stat" % pid) as f:
-                    if f.read().rsplit(")", 1)[1].split()[19] == ticks:
-                        signal.pidfd_send_signal(fd, sig)
-            finally:
-                os.close(fd)
-        else:
-            with open("/proc/%d/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[19] == ticks:
-                    os.kill(pid, sig)
-    except (OSError, IndexError):
-        pass
-if os.getpgid(0) == os.getpid() and rest():
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop meanwhile must not end this first
-        signal.signal(sig, signal.SIG_IGN)
-    left = rest()
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-        for pid, ticks in rest():  # the group as it is now: children forked since included
-            send(pid, ticks, sig)
-        deadline = time.monotonic() + wait_s
-        while left and time.monotonic() < deadline:
-            time.sleep(0.02)
-            left = rest()
-        if not left:
-            break
-    if left:
-        sys.stderr.write("fleet launcher: still running after SIGKILL (uninterruptible?): pids %s\\n" % [p for p, _ in left])
-    others = rest(mine=False)
-    if others:
-        sys.stderr.write("fleet launcher: left running, another user's: pids %s\\n" % [p for p, _ in others])
-with open(exit_file + ".tmp", "w") as f:
-    f.write("%d\\n" % code)
-os.replace(exit_file + ".tmp", exit_file)
-"""
-)
+def launcher_source(mode: str) -> str:
+    """The source of one of fleet's launchers (fleet/launchers.py, sent as text: it runs under a Python of
+    its own environment), started in `mode`: "process" or "container"."""
+    return "SECRET_WORD = %r\n%s\n%s_main(sys.argv)\n" % (SECRET_WORD, fleet_text("launchers.py"), mode)
+
+
+LAUNCHER = launcher_source("process")
+CONTAINER_LAUNCHER = launcher_source("container")
 
 
 def unwritable_dir(path: str) -> Optional[Dict[str, Any]]:
