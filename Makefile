@@ -45,7 +45,7 @@ unit: $(VENV)/.installed
 
 ## coverage: the fast tier under coverage.py, host scripts included; the host-side files one by one, then
 ## every layer with each file of the package counted (one no test ran at 0%: fleet_testbed.coverage_layers)
-HOST_SIDE := src/fleet/control/deploy.py,src/fleet/control/remote_*.py,src/fleet/facts/probe.py,src/fleet/host_common.py,src/fleet/host_records.py,src/fleet/host_procs.py,src/fleet/host_signals.py,src/fleet/host_smoke.py,src/fleet/protocol.py,src/fleet/hostscripts.py
+HOST_SIDE := src/fleet/host/*.py,src/fleet/control/deploy.py,src/fleet/control/host_steps.py,src/fleet/protocol.py,src/fleet/hostscripts.py
 coverage: $(VENV)/.installed
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "not ssh and not slow and not realparser and not vllm and not containers"

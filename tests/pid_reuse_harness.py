@@ -1,6 +1,6 @@
 """Run by tests/test_pid_reuse.py as pid 1 of a fresh pid namespace (`unshare --pid --fork --mount-proc`):
 the kernel really hands an engine's pid to another user's process during fleet's drain window, and
-fleet's own stop (remote_free.stop_targets) runs through it. Prints one JSON line of what happened.
+fleet's own stop (fleet.host.free.stop_targets) runs through it. Prints one JSON line of what happened.
 
 Inside the namespace only this harness forks, so setting ns_last_pid makes the newcomer's pid the
 engine's exactly; no timing decides the order: the second engine holds the drain open until the
@@ -16,9 +16,9 @@ import subprocess
 import sys
 import threading
 
-import fleet.host_signals
-from fleet.control.remote_free import stop_targets
-from fleet.host_procs import process_table, uid_of
+import fleet.host.signals
+from fleet.host.free import stop_targets
+from fleet.host.procs import process_table, uid_of
 
 NOBODY = 65534
 QUITS_AT_SIGTERM = "import time; print('up', flush=True); time.sleep(600)"
@@ -42,7 +42,7 @@ def started(code: str, *args: str) -> subprocess.Popen[bytes]:
 def main() -> None:
     mode, flag = sys.argv[1], sys.argv[2]
     if mode == "start-time":
-        fleet.host_signals._pidfd_open = lambda pid: None  # type: ignore[assignment]
+        fleet.host.signals._pidfd_open = lambda pid: None  # type: ignore[assignment]
     engine = started(QUITS_AT_SIGTERM)
     holder = started(HOLDS_THE_DRAIN, flag)
     newcomer: list[subprocess.Popen[bytes]] = []

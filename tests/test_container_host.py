@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.control.remote_container import containers, inspect
-from fleet.control.remote_launch import CONTAINER_LAUNCHER
-from fleet.host_common import LAUNCH_MARK
+from fleet.host.common import LAUNCH_MARK
+from fleet.host.container import containers, inspect
+from fleet.host.launch import CONTAINER_LAUNCHER
 
 pytestmark = pytest.mark.containers
 

@@ -348,7 +348,7 @@ def test_a_damaged_recorded_container_is_refused_not_run(damage: dict) -> None:
 
 
 def test_fleet_and_its_launcher_agree_on_whose_container_it_is() -> None:
-    from fleet.host_common import container_owner
+    from fleet.host.common import container_owner
 
     assert container_owner(1000, "/home/op/.fleet/state/") == container_owner(1000, "/home/op/.fleet/state")
     assert container_owner(1000, "/home/op/.fleet/state") != container_owner(1001, "/home/op/.fleet/state")

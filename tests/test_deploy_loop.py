@@ -153,7 +153,7 @@ def test_a_stream_cut_inside_a_batch_resumes_without_gaps_or_repeats(host: nshos
     original_stream = t.stream
 
     def cut_first_watch(script: str, on_chunk: Any, **kwargs: Any) -> int:
-        if "remote_watch" in script or "LogFollower" in script:
+        if "host/watch.py" in script or "LogFollower" in script:
             t.stream = original_stream  # type: ignore[method-assign]
             t.cut_after = cut_at
         return original_stream(script, on_chunk, **kwargs)
@@ -179,7 +179,7 @@ def test_a_watch_whose_connection_keeps_failing_is_resumed_five_times_and_a_sile
     watches: list[str] = []
 
     def failing_watch(script: str, on_chunk: Any, **kwargs: Any) -> int:
-        if "remote_watch" in script or "LogFollower" in script:
+        if "host/watch.py" in script or "LogFollower" in script:
             watches.append(script)
             raise failure(f"{host.host.name}: cut", "")
         return original_stream(script, on_chunk, **kwargs)

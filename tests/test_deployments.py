@@ -318,7 +318,7 @@ def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_r
 
 
 def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fleet.control.remote_lock as lock
+    import fleet.host.lock as lock
 
     d = tmp_path / "deployments" / "whole"
     d.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """The engine's own verdict on a command line, beyond its argument parser: SGLang's model loader resolving
-the checkpoint's architecture (fleet/control/remote_check_sglang.py, run in the engine's Python on the host
+the checkpoint's architecture (fleet/host/check_sglang.py, run in the engine's Python on the host
 before anything is stopped). The registry it reads is checked against the real SGLang 0.5.11 and 0.5.23
 packages, and the simulated engine's against both."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fleet.control.remote_check_sglang import (
+from fleet.host.check_sglang import (
     Settings,
     architecture_error,
     disabled_modules,
@@ -140,7 +140,7 @@ def test_found_by_review_the_resolved_line_is_read_defensively() -> None:
     """The engine check prints it, last; the engine's own output before it (or a model's code) cannot
     stand for it, and an odd line is dropped, never a crash of the act step."""
     from fleet.cli.report import describe_resolved
-    from fleet.control.remote_check import resolved_of
+    from fleet.host.check import resolved_of
 
     forged = 'FLEET-RESOLVED {"attention": "forged"}\nlog line\nFLEET-RESOLVED {"attention": "fa3"}\n'
     assert resolved_of("sglang", forged) == {"attention": "fa3"}

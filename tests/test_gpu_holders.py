@@ -1,4 +1,4 @@
-"""Which program holds the GPU's device files, as the host-side script decides it (fleet.control.remote_act
+"""Which program holds the GPU's device files, as the host-side script decides it (fleet.host.act
 runs on the host; these are its pure parts)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.host_common import program, safelisted
+from fleet.host.common import program, safelisted
 
 # Seen on a real H200 box (docs/real-gpu.md): its monitoring runs nvidia-smi through a bundled loader.
 H200_MONITORING = (
@@ -46,7 +46,7 @@ def test_gpu_daemons_and_tools_are_recognised_by_program_or_truncated_comm() -> 
 
 def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(tmp_path: Path) -> None:
     """A glob that matches /dev/null or a user's own file must not turn its holders into GPU holders."""
-    from fleet.host_common import SIMULATED_GPUS_MARK, gpu_device_files
+    from fleet.host.common import SIMULATED_GPUS_MARK, gpu_device_files
 
     (tmp_path / "nvidia0").write_text("")
     assert gpu_device_files(str(tmp_path / "nvidia*")) == []  # a regular file: not a GPU
@@ -56,9 +56,9 @@ def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(t
 
 
 def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> None:
-    from fleet import host_common
-    from fleet.control import remote_free
-    from fleet.facts import probe_gpus
+    from fleet.host import common as host_common
+    from fleet.host import free as remote_free
+    from fleet.host import probe_gpus
 
     assert remote_free.gpu_device_files is probe_gpus.gpu_device_files is host_common.gpu_device_files
 
@@ -74,8 +74,8 @@ def classified(
     force: bool,
     recorded: int | None = None,
 ) -> list[int]:
-    """The pids remote_free.classify stops, with the host's probes answering from `on_gpus` (pid -> GPU)."""
-    from fleet.control import remote_free as rf
+    """The pids fleet.host.free.classify stops, with the host's probes answering from `on_gpus` (pid -> GPU)."""
+    from fleet.host import free as rf
 
     monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
     monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
@@ -135,7 +135,7 @@ def test_fleets_own_server_is_stopped_whole_even_holding_nothing(monkeypatch: py
 )
 def test_a_process_in_a_container_or_a_kubernetes_pod_is_seen_as_one(cgroup: str) -> None:
     """Its server is somebody's (a pod's, another runtime's), never a stale server of fleet's user."""
-    from fleet.control.remote_container import CONTAINER_ID_RE
+    from fleet.host.container import CONTAINER_ID_RE
 
     cid = "0123456789abcdef" * 4
     m = CONTAINER_ID_RE.search(cgroup.format(id=cid))

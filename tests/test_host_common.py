@@ -1,4 +1,4 @@
-"""The host code every host script shares (fleet.host_common), tested here in milliseconds: which processes
+"""The host code every host script shares (fleet.host.common), tested here in milliseconds: which processes
 are inference engines (by what runs, never by a word in a command line), and that the code stays valid
 for the host's own Python (3.8, ASCII)."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.host_common import argv_of, engine_kind
+from fleet.host.common import argv_of, engine_kind
 from fleet.hostscripts import SHARED, STEPS, TEXTS
 
 ENGINES = [
@@ -107,7 +107,7 @@ def test_the_python_3_8_annotation_check_finds_what_3_8_cannot_evaluate() -> Non
 
 
 def test_a_rollback_needs_every_secret_the_previous_server_ran_with() -> None:
-    from fleet.control.remote_launch import previous_launch
+    from fleet.host.launch import previous_launch
 
     previous = {"playbook": "p", "plan": {"argv": ["/py", "-m", "sglang.launch_server"], "secret_env": ["HF_TOKEN"]}}
     assert previous_launch(previous, "/logs", {}) == (
@@ -126,7 +126,7 @@ def test_every_listener_in_the_way_of_a_port_is_a_holder() -> None:
     import subprocess
     import sys
 
-    from fleet.host_procs import port_holders
+    from fleet.host.procs import port_holders
 
     mine = socket.socket()
     mine.bind(("127.0.0.1", 0))
@@ -166,8 +166,8 @@ def test_the_launcher_stops_what_its_engine_left_in_the_group_before_it_says_exi
     import signal
     import time
 
-    from fleet.control.remote_launch import launch
-    from fleet.host_procs import alive
+    from fleet.host.launch import launch
+    from fleet.host.procs import alive
 
     engine = tmp_path / "engine.sh"
     engine.write_text(
@@ -201,7 +201,7 @@ def test_a_server_binding_an_ipv6_address_is_in_the_way_only_of_listeners_there(
     import subprocess
     import sys
 
-    from fleet.host_procs import ip_literal, port_holders
+    from fleet.host.procs import ip_literal, port_holders
 
     mine = socket.socket(socket.AF_INET6)
     mine.bind(("::1", 0))
@@ -223,7 +223,7 @@ def test_a_server_binding_an_ipv6_address_is_in_the_way_only_of_listeners_there(
         mine.close()
 
 
-# --- signalling only what fleet probed (fleet.host_signals) ----------------------------------------------
+# --- signalling only what fleet probed (fleet.host.signals) ----------------------------------------------
 
 
 def _spawn(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
@@ -232,8 +232,8 @@ def _spawn(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
 
 def test_a_pid_whose_start_time_is_not_the_one_probed_is_never_held() -> None:
     """What a reused pid looks like: the same number, another start time. It is not fleet's to signal."""
-    from fleet.host_procs import start_ticks
-    from fleet.host_signals import hold_process
+    from fleet.host.procs import start_ticks
+    from fleet.host.signals import hold_process
 
     child = _spawn(["sleep", "60"])
     try:
@@ -254,8 +254,8 @@ def test_a_pid_whose_start_time_is_not_the_one_probed_is_never_held() -> None:
 def test_another_users_non_dumpable_process_is_never_roots_own() -> None:
     """A process that made itself non-dumpable has a /proc/PID owned by root, whoever runs it: read as its
     owner, a fleet running as root took another user's process for its own. Its real uid says who it is."""
-    from fleet.host_procs import start_ticks, uid_of
-    from fleet.host_signals import hold_process
+    from fleet.host.procs import start_ticks, uid_of
+    from fleet.host.signals import hold_process
 
     code = "import ctypes, sys, time; ctypes.CDLL(None).prctl(4, 0); print('up', flush=True); time.sleep(60)"
     child = _spawn(["/usr/bin/python3", "-c", code], user=65534, stdout=subprocess.PIPE)
@@ -272,8 +272,8 @@ def test_another_users_non_dumpable_process_is_never_roots_own() -> None:
 def test_a_held_process_that_exited_is_never_signalled_again() -> None:
     """A target that exits during the drain window: its SIGKILL is not sent, to its zombie or to whoever
     gets its pid next (the pidfd names the exited process for good)."""
-    from fleet.host_procs import start_ticks
-    from fleet.host_signals import hold_process
+    from fleet.host.procs import start_ticks
+    from fleet.host.signals import hold_process
 
     child = _spawn(["sleep", "60"])
     held = hold_process(child.pid, start_ticks(child.pid))
@@ -301,9 +301,9 @@ def test_the_sweep_after_a_stop_reaches_only_the_groups_it_stopped(tmp_path: Pat
     """Engine-looking processes of fleet's user elsewhere on the host (another container's server, a
     server started by hand) were SIGKILLed by a sweep by name after a stop; only the stopped groups'
     engines are swept now."""
-    from fleet.control.remote_act import sweep_stopped_groups
-    from fleet.host_common import engine_kind
-    from fleet.host_procs import argv_at
+    from fleet.host.act import sweep_stopped_groups
+    from fleet.host.common import engine_kind
+    from fleet.host.procs import argv_at
 
     env = dict(os.environ, PYTHONPATH=str(_fake_sglang(tmp_path)))
     bystander = _spawn([sys.executable, "-m", "sglang.launch_server"], env=env, start_new_session=True)
@@ -332,7 +332,7 @@ def wait_for(ok: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path: Path) -> None:
     """An engine that exits leaving another user's process in its group (root put it there): the launcher
     stops what is fleet's user's, names the other and leaves it running (a killpg as root killed it)."""
-    from fleet.control.remote_launch import launch
+    from fleet.host.launch import launch
 
     assert os.getuid() == 0, "this test needs root to run a process as a second user"
     subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
@@ -349,7 +349,7 @@ def test_the_launcher_never_signals_another_users_process_in_its_group(tmp_path:
     assert wait_for(lambda: os.path.exists(launched["exit_file"]), 20)
     mine, other = (int((tmp_path / f"{n}.pid").read_text()) for n in ("mine", "other"))
     try:
-        from fleet.host_procs import alive
+        from fleet.host.procs import alive
 
         assert not alive(mine) and alive(other)
         assert f"left running, another user's: pids [{other}]" in Path(launched["log"]).read_text()
@@ -375,8 +375,8 @@ def _top_level_names(path: str) -> set[str]:
 @pytest.mark.parametrize("step", sorted(STEPS))
 def test_no_file_of_a_step_silently_replaces_another_files_names(step: str) -> None:
     """A step's files run in one namespace on the host: a name defined twice is the later file's everywhere.
-    remote_watch's hold() replaced host_signals' hold(), and the frozen-client stop crashed on the host
-    with a TypeError nobody saw; remote_send.listing replaced remote_pull.listing (issue 38)."""
+    host/watch.py's hold() replaced host/signals.py's hold(), and the frozen-client stop crashed on the host
+    with a TypeError nobody saw; host/send.py's listing replaced host/pull.py's (issue 38)."""
     seen: dict[str, str] = {}
     clashes = []
     for path in (*SHARED, *STEPS[step]):
@@ -395,7 +395,7 @@ def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_
     import subprocess
     import sys
 
-    from fleet.control.remote_launch import CONTAINER_LAUNCHER, LAUNCHER
+    from fleet.host.launch import CONTAINER_LAUNCHER, LAUNCHER
 
     engine = [
         "sh", "-c", 'echo "$@" > "$0"', str(tmp_path / "argv"),
@@ -435,8 +435,8 @@ def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_c
     import subprocess
     import time
 
-    from fleet.control import remote_watch
-    from fleet.host_procs import alive
+    from fleet.host import watch as remote_watch
+    from fleet.host.procs import alive
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -1,4 +1,4 @@
-"""fleet's records on a host (fleet.host_records): versioned on every read and write, a newer fleet's record
+"""fleet's records on a host (fleet.host.records): versioned on every read and write, a newer fleet's record
 refused and kept, an older one migrated, and a deployment's status moved only along its transitions."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.host_records import (
+from fleet.host.records import (
     HEALS_FILE,
     LEARNED_FILE,
     LOCK_FILE,
@@ -74,7 +74,7 @@ def test_a_migration_of_a_record_in_the_wrong_shape_is_no_record(tmp_path: Path)
     assert load_record(str(path))[0] is None and read_record(str(path)) is None
 
 
-# Every status to every status: the table in fleet.host_records, spelled out once more as what it means.
+# Every status to every status: the table in fleet.host.records, spelled out once more as what it means.
 ALLOWED = {
     (STARTING, READY),
     (STARTING, UNVERIFIED),

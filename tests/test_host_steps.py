@@ -55,7 +55,7 @@ def test_a_host_traceback_names_fleets_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(HostStepError) as caught:
         run_json(LocalTransport("h"), sys.executable, "act", {})  # no lock path: the step's main fails
     assert "(KeyError: 'lock')" in caught.value.message
-    assert 'File "fleet/control/remote_act.py", line' in caught.value.remote_traceback
+    assert 'File "fleet/host/act.py", line' in caught.value.remote_traceback
     assert "<string>" not in caught.value.remote_traceback
 
 
@@ -114,7 +114,7 @@ def test_router_workers_answers(body: str, said: str | None) -> None:
     import http.server
     import threading
 
-    from fleet.control.remote_router import workers
+    from fleet.host.router import workers
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -174,7 +174,7 @@ def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(tmp_p
     kept = sorted(steps.iterdir())
     assert len(kept) == 6 and steps.stat().st_mode & 0o777 == 0o700  # the shared files (SHARED), fixes
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in kept)
-    entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
+    entry = poisoned_entry(tmp_path / "cache", "host/fixes.py")
     assert fixes_step() == {"forgotten": ["cached"]}  # used
     steps.chmod(0o777)  # a directory others may write: nothing in it is trusted
     assert fixes_step() == {"forgotten": []}
@@ -185,7 +185,7 @@ def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(tmp_p
 
 def test_a_cache_entry_that_is_a_link_or_garbage_is_compiled_anew(tmp_path: Path, fixes_step: Any) -> None:
     fixes_step()
-    entry = poisoned_entry(tmp_path / "cache", "control/remote_fixes.py")
+    entry = poisoned_entry(tmp_path / "cache", "host/fixes.py")
     target = tmp_path / "elsewhere"
     entry.rename(target)
     entry.symlink_to(target)  # the user's own entry, through a link: not followed

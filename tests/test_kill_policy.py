@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleet.host_common import kill_verdict
+from fleet.host.common import kill_verdict
 
 ME, OTHER = 1000, 1001
 OWN = (4242, 4242)  # fleet's own command on the host: its pid and process group

@@ -161,7 +161,7 @@ def test_several_logs_are_prefixed_and_fleets_own_words_go_to_stderr(
 def test_a_fifo_in_place_of_a_log_is_not_waited_on(tmp_path: Path) -> None:
     """Reading a FIFO blocks until someone writes it: it is no log, and the step ends at once (a swap
     after that check is opened without blocking too)."""
-    from fleet.control.remote_logs import last_lines
+    from fleet.host.logs import last_lines
 
     host = host_with_logs(tmp_path)
     os.mkfifo(tmp_path / "q-1.log")

@@ -117,7 +117,7 @@ def test_a_missing_or_malformed_config_is_a_clear_error(config: object) -> None:
 def test_mtp_heads_named_only_by_the_checkpoints_tensors_count(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Qwen3-Next's config.json says nothing of its MTP head (SGLang knows it by architecture); the weight map
     names its mtp.* tensors, which the probe counts."""
-    from fleet.facts import probe
+    from fleet.host import probe
 
     config = json.loads((CONFIGS / "qwen3-next-80b-a3b.json").read_text())
     config.pop("num_nextn_predict_layers")
@@ -147,7 +147,7 @@ def _safetensors(path: Path, data_bytes: int, cut: int = 0) -> None:
 
 
 def test_a_model_that_is_not_whole_is_reported_file_by_file_without_reading_the_weights(tmp_path: Path) -> None:
-    from fleet.facts import probe
+    from fleet.host import probe
 
     (tmp_path / "config.json").write_text("{}")
     weight_map = {"a": "model-1.safetensors", "b": "model-2.safetensors", "c": "model-3.safetensors"}

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from factsdata import B200
-from fleet.control.remote_check import picks_differ, picks_of
-from fleet.control.remote_check_sglang import without
+from fleet.host.check import picks_differ, picks_of
+from fleet.host.check_sglang import without
 from fleet.plan import keyed_premises
 from fleet.plan.build import PlanResult, build_plan
 from fleet.plan.picks import AT_LOAD, ATTENTION, FP4_GEMM, MAMBA, MOE_RUNNER, PICKS, engine_pick, told_picks

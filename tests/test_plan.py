@@ -453,8 +453,8 @@ def test_a_gguf_checkpoint_is_refused_for_what_it_is_not_for_a_missing_config(tm
     """A directory of .gguf files (or one .gguf file, which SGLang also takes) has no config.json: it is a
     GGUF checkpoint, which fleet does not plan yet, and pre-flight says so rather than "config.json is
     missing"."""
-    from fleet.facts import probe
     from fleet.facts.parse import ModelFiles
+    from fleet.host import probe
 
     d = tmp_path / "Qwen3-8B-GGUF"
     d.mkdir()

@@ -22,7 +22,7 @@ import pytest
 
 from factsdata import RTX_A6000, facts
 from fleet.control import ops, placing
-from fleet.host_smoke import SAME_MEANING, UNRELATED, pooling_verdict
+from fleet.host.smoke import SAME_MEANING, UNRELATED, pooling_verdict
 from fleet.inventory import parse_inventory, parse_playbook
 from fleet.model import EMBED, GENERATE, RERANK, parse_model_spec, serving_task
 from fleet.plan import args_dict
@@ -220,7 +220,7 @@ def test_the_simulated_engine_serves_embeddings_only_in_embedding_mode() -> None
 
 
 def test_a_model_directory_with_modules_json_is_read_as_an_embedding_model(tmp_path: Path) -> None:
-    from fleet.facts.probe import _model
+    from fleet.host.probe import _model
 
     shutil.copytree(EMBEDDING, tmp_path / "e")
     assert _model(str(tmp_path / "e"))["sentence_transformers"] is True  # type: ignore[index]

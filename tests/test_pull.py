@@ -255,9 +255,9 @@ def test_ctrl_c_mid_pull_leaves_nothing_a_deploy_would_take_and_the_next_pull_ke
 
 
 def _pull_steps_running(target: Path) -> bool:
-    """This test's own pull step on the host (its source names remote_pull.py, its arguments the path):
+    """This test's own pull step on the host (its source names host/pull.py, its arguments the path):
     other tests' pulls may run beside it in other workers."""
-    pattern = "remote_pull[.]py.*" + "".join("[.]" if c == "." else c for c in str(target))
+    pattern = "host/pull[.]py.*" + "".join("[.]" if c == "." else c for c in str(target))
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return bool(out.strip())
 

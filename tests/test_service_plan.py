@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from fleet.errors import ConfigError
 from fleet.health.checks import CRITICAL, OK, WARNING
-from fleet.host_common import base_url
+from fleet.host.common import base_url
 from fleet.inventory import load_inventory
 from fleet.inventory.services import load_service
 from fleet.plan.service import (

@@ -1,6 +1,6 @@
 """An engine's start-up read from its own lines (fleet.startup): phases on the real logs of the corpus and
 on both engines' spellings across versions, a timeline, an ETA from earlier starts, stall bounds, and the
-host's history of starts (fleet.control.remote_startup)."""
+host's history of starts (fleet.host.startup)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.control.remote_startup import KEYS_KEPT, STARTS_KEPT, StartupWatch, remember_startup, startup_history
+from fleet.host.startup import KEYS_KEPT, STARTS_KEPT, StartupWatch, remember_startup, startup_history
 from fleet.startup import (
     PHASE_QUIET_BOUND_S,
     PHASES,

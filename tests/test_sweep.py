@@ -17,7 +17,7 @@ import pytest
 from fleet.control import sweep as control
 from fleet.errors import HostUnreachable
 from fleet.health import OK, Check, HostHealth
-from fleet.host_procs import alive  # a zombie (an orphan not yet collected) counts as gone
+from fleet.host.procs import alive  # a zombie (an orphan not yet collected) counts as gone
 from fleet.inventory import Host, HostSettings
 
 HOSTS = [Host(f"h{i:02d}", HostSettings(address=f"10.0.0.{i}"), (), "hosts.yaml:1") for i in range(20)]

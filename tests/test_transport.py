@@ -15,7 +15,7 @@ import pytest
 
 from conftest import CT129, run_cli
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
-from fleet.host_common import SIMULATED_GPUS_MARK
+from fleet.host.common import SIMULATED_GPUS_MARK
 from fleet.inventory import Host, load_inventory
 from fleet.transport import SshOptions, connect
 from fleet.transport.ssh_socket import tcp_connect

@@ -170,7 +170,7 @@ def test_a_real_vllm_embedding_model_is_planned_as_one_and_proved_on_its_endpoin
 
 
 def _vllm_check(args: list[str]) -> subprocess.CompletedProcess[str]:
-    from fleet.control.remote_check import CHECKS  # the exact check fleet runs on a host before stopping anything
+    from fleet.host.check import CHECKS  # the exact check fleet runs on a host before stopping anything
 
     return subprocess.run(
         [str(VENV / "bin" / "python"), "-c", CHECKS["vllm"], *args], capture_output=True, text=True, timeout=300
@@ -340,7 +340,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_check_creates_vllms_engine_configuration_and_takes_its_refusals(tiny: Path) -> None:
     """Before, vLLM's check only parsed: a TP the heads cannot split, or an architecture vLLM does not
     know, was found at start-up, after the old server was stopped."""
-    from fleet.control.remote_check import resolved_of
+    from fleet.host.check import resolved_of
 
     model = tiny / "tiny-qwen3-next"
     p = _vllm_check(["--model", str(model), "--load-format", "dummy", "--max-model-len", "512"])

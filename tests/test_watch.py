@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet.control.remote_watch import LogFollower
-from fleet.host_common import bounded_search
+from fleet.host.common import bounded_search
+from fleet.host.watch import LogFollower
 
 
 def test_each_line_carries_its_own_offset_so_a_resume_inside_a_batch_repeats_and_skips_nothing(
@@ -94,7 +94,7 @@ def test_a_catastrophic_pattern_is_stopped_and_leaves_no_process() -> None:
 def test_a_huge_line_is_cut_and_its_offsets_stay_exact(tmp_path: Path) -> None:
     """A 40 MB line (a config dump, a file of NULs): one line of LINE_LIMIT bytes and a note reaches fleet,
     the rest is skipped as it is read (never held), and the next line's offset is still exact."""
-    from fleet.control.remote_watch import LINE_LIMIT
+    from fleet.host.watch import LINE_LIMIT
 
     log = tmp_path / "a.log"
     with log.open("wb") as f:
@@ -122,7 +122,7 @@ def test_output_fleet_does_not_read_is_bounded_and_then_called_a_stall() -> None
 
     code = (
         "import sys, time\n"
-        "from fleet.control import remote_watch as rw\n"
+        "from fleet.host import watch as rw\n"
         "for i in range(4000):\n"
         "    rw.emit({'e': 'line', 'o': i, 't': 'x' * 4000})\n"
         "rw.emit({'e': 'timeout', 'what': 'ready'})\n"
@@ -137,7 +137,7 @@ def test_output_fleet_does_not_read_is_bounded_and_then_called_a_stall() -> None
         err = child.stderr.read().decode()  # stdout stays unread until the child has said its piece
         child.wait(60)
     held, skipped, stalled, kept = err.split()
-    from fleet.control.remote_watch import OUT_LIMIT
+    from fleet.host.watch import OUT_LIMIT
 
     assert int(held) < OUT_LIMIT + (64 << 10) and skipped == stalled == kept == "True"
 
@@ -145,7 +145,7 @@ def test_output_fleet_does_not_read_is_bounded_and_then_called_a_stall() -> None
 def test_the_end_of_a_log_sent_for_diagnosis_is_bounded_in_bytes(tmp_path: Path, monkeypatch: Any) -> None:
     """`fleet diagnose --host` of a log with one 300 MB line took 977 MB (tail -n sends whole lines): the
     host reads at most LOG_END_BYTES of the log's end, whatever its lines, and resumes after the last."""
-    from fleet.control import remote_logs
+    from fleet.host import logs as remote_logs
 
     log = tmp_path / "m-1.log"
     with log.open("wb") as f:

@@ -1,6 +1,6 @@
 """The one place a host script is built and sent: what fleet runs for one step on a host (`run_json`).
 
-A step's source is the shared host code (fleet.protocol's types, fleet.host_common, fleet.host_procs)
+A step's source is the shared host code (fleet.protocol's types, fleet.host.common, fleet.host.procs)
 followed by the step's own file(s), each compiled under its own file name; the shell wrapper around it
 finds a Python on the host (the engine's, then `python3`) and says so in JSON when there is none.
 Scripts are sent as one `sh -c` command: one round trip; each file's text travels compressed
@@ -27,57 +27,55 @@ if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host_records.py", "host_common.py", "host_procs.py", "host_signals.py")
+SHARED = ("protocol.py", "host/records.py", "host/common.py", "host/procs.py", "host/signals.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": (
-        "control/remote_container.py",
-        "facts/model_files.py",
-        "facts/probe_gpus.py",
-        "facts/probe.py",
+        "host/container.py",
+        "host/model_files.py",
+        "host/probe_gpus.py",
+        "host/probe.py",
     ),  # facts in one round trip
     # lock, engine check, stop, free, launch, record
     "act": (
-        "control/remote_container.py",
-        "control/remote_free.py",
-        "control/remote_lock.py",
-        "control/remote_check.py",
-        "control/remote_launch.py",
-        "control/remote_act.py",
+        "host/container.py",
+        "host/free.py",
+        "host/lock.py",
+        "host/check.py",
+        "host/launch.py",
+        "host/act.py",
     ),
     # follow an attempt (its start-up phases too), prove the server
     "watch": (
-        "control/remote_container.py",
+        "host/container.py",
         "startup.py",
-        "control/remote_startup.py",
-        "control/remote_follow.py",
-        "host_smoke.py",
-        "control/remote_watch.py",
+        "host/startup.py",
+        "host/follow.py",
+        "host/smoke.py",
+        "host/watch.py",
     ),
     # facts + checks
     "health": (
-        "control/remote_container.py",
-        "facts/model_files.py",
-        "facts/probe_gpus.py",
-        "facts/probe.py",
-        "host_smoke.py",
-        "control/remote_health.py",
+        "host/container.py",
+        "host/model_files.py",
+        "host/probe_gpus.py",
+        "host/probe.py",
+        "host/smoke.py",
+        "host/health.py",
     ),
-    "logs": ("control/remote_follow.py", "control/remote_logs.py"),  # server logs, followed across restarts
-    "heal": ("control/remote_heal.py",),  # the heal rate limit, decided and recorded on the host
-    "fixes": ("control/remote_fixes.py",),  # forget learned fixes, under the host's guard
-    "router": ("host_smoke.py", "control/remote_router.py"),  # a service's router and record
-    "pull": ("facts/model_files.py", "control/remote_pull.py"),  # a model from the Hub
+    "logs": ("host/follow.py", "host/logs.py"),  # server logs, followed across restarts
+    "heal": ("host/heal.py",),  # the heal rate limit, decided and recorded on the host
+    "fixes": ("host/fixes.py",),  # forget learned fixes, under the host's guard
+    "router": ("host/smoke.py", "host/router.py"),  # a service's router and record
+    "pull": ("host/model_files.py", "host/pull.py"),  # a model from the Hub
     # a model from another copy (fleet push): its files listed and sent, then received, checked, put in place
-    "send": ("facts/model_files.py", "control/remote_pull.py", "control/remote_send.py"),
-    "receive": ("facts/model_files.py", "control/remote_pull.py", "control/remote_receive.py"),
-    "engine": ("control/remote_engine.py",),  # fleet's own engine environments: install, use
+    "send": ("host/model_files.py", "host/pull.py", "host/send.py"),
+    "receive": ("host/model_files.py", "host/pull.py", "host/receive.py"),
+    "engine": ("host/engine.py",),  # fleet's own engine environments: install, use
 }
 
 
 # Files a step carries as text, not code: programs it runs under another Python (the engine's own).
-TEXTS: dict[str, tuple[str, ...]] = {
-    "act": ("control/remote_check_sglang.py", "control/remote_check_vllm.py", "launchers.py")
-}
+TEXTS: dict[str, tuple[str, ...]] = {"act": ("host/check_sglang.py", "host/check_vllm.py", "host/launchers.py")}
 
 
 @functools.cache
@@ -143,7 +141,7 @@ def _fleet_compiled(key, text, name):
 def _files(paths: Sequence[str]) -> str:
     """The statements that run `paths` on the host, in order: their texts travel as one compressed block
     (smaller than each alone), each compiled under its own file name (a traceback names
-    fleet/control/remote_act.py and its line) or its code taken from the host's cache. zlib's default level:
+    fleet/host/act.py and its line) or its code taken from the host's cache. zlib's default level:
     its best took 7-9 ms of every step for half a percent less."""
     texts = [_shipped(p) for p in paths]
     data = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"))).decode("ascii")
@@ -175,7 +173,7 @@ def source_for(step: str) -> str:
     if step in TEXTS:
         prelude += "FLEET_TEXTS = {" + ", ".join(f"{p!r}: {_packed(p)}" for p in TEXTS[step]) + "}\n"
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
-    # fleet/control/remote_act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
+    # fleet/host/act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
     return prelude + COMPILED_PRELUDE + _files((*SHARED, *STEPS[step]))
 
 

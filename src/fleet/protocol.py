@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.8, ASCII: prepended to every host script, and imported by fleet itself. A
 step gets its request as one JSON argument (secrets on stdin) and answers with one JSON document or JSON
-lines (the watcher's events). Every record is read and written by fleet.host_records, which checks its
+lines (the watcher's events). Every record is read and written by fleet.host.records, which checks its
 version (STATE_SCHEMA for the state record)."""
 
 import re
@@ -20,14 +20,14 @@ STATE_SCHEMA = 2
 # An argv word the launcher on the host replaces with a secret's value (SECRET_WORD + NAME: the variable
 # NAME fleet sent on stdin): plans, records and outputs hold the word, only the engine gets the value.
 SECRET_WORD = "fleet-secret:"
-# What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.control.remote_follow):
+# What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.host.follow):
 # fleet's redaction looks for it too, since a secret may have been cut in two there (fleet.secrets).
 CUT_NOTE = " [fleet: %d more bytes of this line not shown]"
 # A deployment's name: a directory on the host (state_dir/deployments/NAME). \Z: "$" also matches before "\n".
 DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 
 
-# A deployment's status (StateRecord.status; its transitions: fleet.host_records), spelled here only. The act
+# A deployment's status (StateRecord.status; its transitions: fleet.host.records), spelled here only. The act
 # step writes STARTING as it launches; the watcher READY once the server answered its smoke check; a run
 # gone between the two UNVERIFIED; a stop STOPPED; a failed start FAILED. DEAD, never written: a live one, gone.
 STARTING: Final = "starting"

@@ -54,7 +54,7 @@ def _secret_pattern(value: str) -> re.Pattern[str]:
     return re.compile(_GAP.join(pieces))
 
 
-# Where the host cut a long line (fleet.control.remote_follow): a secret may straddle the cut, its head shown.
+# Where the host cut a long line (fleet.host.follow): a secret may straddle the cut, its head shown.
 _CUT = re.compile(re.escape(CUT_NOTE).replace("%d", r"\d+"))
 _CUT_TAIL = CUT_NOTE.split("%d")[1]  # a plain substring: most lines are not cut, and skip the pattern
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fleet.control.remote_startup import StartupWatch, remember_startup
+from fleet.host.startup import StartupWatch, remember_startup
 from fleet.startup import history_key
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "crash-logs" / "cases"

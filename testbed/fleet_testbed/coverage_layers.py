@@ -20,9 +20,7 @@ def layer_of(relative: str) -> str:
     """The layer a file of the package belongs to (docs/architecture.md)."""
     top = relative.split("/")[0]
     name = relative.rsplit("/", 1)[-1]
-    if name.startswith(("remote_", "host_", "probe")) or relative == "facts/model_files.py":
-        return "host"  # runs on a host: the steps and the code they share
-    if top in ("cli", "transport", "control"):
+    if top in ("host", "cli", "transport", "control"):  # host: everything that runs on a host
         return top
     if top in ("model", "plan", "crashes", "facts", "health", "inventory") or name in ("startup.py", "protocol.py"):
         return "core"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fleet import events
 from fleet.control.outcomes import DeployResult
 from fleet.facts import HostFacts
-from fleet.host_common import api_key_name, base_url
+from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.plan import LaunchPlan, show_version
 from fleet.protocol import READY, STOPPED, StateRecord

@@ -58,7 +58,7 @@ def watch_attempt(
     hold: Hold | None = None,
 ) -> list[WatchEvent]:
     """Stream the attempt; reconnect and resume from the last byte offset if the connection drops.
-    `hold`: a group's rank keeps its lock once proven, until `hold.released` (see remote_watch.hold)."""
+    `hold`: a group's rank keeps its lock once proven, until `hold.released` (see fleet.host.watch.hold)."""
     offset = 0
     watched: list[WatchEvent] = []
 

@@ -118,7 +118,7 @@ def compare(
 def parser_verdict(parser: Sequence[str], plan: LaunchPlan, gpus: GpuSummary | None, m: ModelFiles | None) -> str:
     """The new version's own parser and resolution on the plan's command line, run in the local Python
     `parser` (a command: a Python, or `env VAR=... python`) against a stand-in for the host's GPU."""
-    from fleet.control.remote_check import engine_check, fleet_text
+    from fleet.host.check import engine_check, fleet_text
 
     if m is None or not isinstance(m.config, dict) or gpus is None:
         return "not checked: the host has no model config or GPU to stand in for"

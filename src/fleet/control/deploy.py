@@ -29,7 +29,7 @@ from fleet.errors import (
     UnsafeToKill,
 )
 from fleet.facts import HostFacts
-from fleet.host_common import api_key_name, base_url
+from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version

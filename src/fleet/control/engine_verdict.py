@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.control.act_request import check_args
 from fleet.control.answers import engine_resolved
-from fleet.control.remote_check import picks_differ
+from fleet.host.check import picks_differ
 from fleet.hostscripts import run_json
 from fleet.plan.picks import told_picks
 from fleet.terminal import safe_line

@@ -1,5 +1,5 @@
 """`fleet engine install/use`: fleet's own engine environments on a host, one per version (the host side is
-control/remote_engine.py). The inventory's `engines: {sglang: fleet}` then runs the current one, and
+host/engine.py). The inventory's `engines: {sglang: fleet}` then runs the current one, and
 `fleet==0.5.23` a version of its own. `fleet engine pull`: an engine's container image, for
 `runtime: container`."""
 

@@ -30,7 +30,7 @@ from fleet.control.parallel import in_parallel
 from fleet.crashes import Diagnosis, GiveUp, Signature, diagnose
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError, TransportError
 from fleet.facts import HostFacts
-from fleet.host_common import base_url
+from fleet.host.common import base_url
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.runtime import chosen_runtime
 from fleet.model import GENERATE

@@ -1,5 +1,5 @@
 """`fleet pull`: a playbook's model onto a host from the Hugging Face Hub, downloaded by the host itself with
-its engine's own client, checked whole before it counts (the host side is control/remote_pull.py).
+its engine's own client, checked whole before it counts (the host side is host/pull.py).
 
 One streamed step: the token goes on stdin (never in argv, never printed: every message is redacted of
 it), stdin stays open while fleet listens, and when fleet goes (Ctrl-C) the host stops where it is,

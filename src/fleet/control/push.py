@@ -1,9 +1,9 @@
 """`fleet pull --from SOURCE`: a model pushed to hosts that cannot reach the Hub, from another host that has
 it or from a directory on this machine, over fleet's own connections.
 
-The source's step lists the model's files and whether they are whole (control/remote_send.py); each
+The source's step lists the model's files and whether they are whole (host/send.py); each
 receiving host says what it lacks, resumed per file from the bytes an earlier, cut push left
-(control/remote_receive.py); the source then sends exactly that, and fleet relays the bytes from one
+(host/receive.py); the source then sends exactly that, and fleet relays the bytes from one
 stream to the other, holding at most RELAY_CHUNKS pieces of them. Every file is checked by size and by the
 sha256 of the bytes the source read before the model appears at its path, as a pull's are.
 """

@@ -5,7 +5,7 @@ parallel), registers exactly the replicas that proved they answer, and proves a 
 router. `roll` restarts the replicas one at a time: out of the router, drained, redeployed, proved,
 back in; it stops at the first replica that fails (the others keep serving) and never takes out the
 last serving replica. `rollback` redeploys a failed replica's last good record. The router is driven
-on its host by fleet's router step (remote_router.py), so it needs no port open to the control machine.
+on its host by fleet's router step (host/router.py), so it needs no port open to the control machine.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from fleet.control.outcomes import ReplicaOutcome, ServiceResult
 from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
-from fleet.host_common import base_url
+from fleet.host.common import base_url
 from fleet.hostscripts import run_json
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica

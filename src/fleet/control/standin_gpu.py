@@ -1,6 +1,6 @@
 """A stand-in for the host's GPU, so that SGLang's own argument resolution runs where there is none: on
 the operator's machine, in a local Python that has the SGLang version an upgrade would install (`fleet
-engine audit`). Run as the first part of fleet's engine check (remote_check_sglang.py), in its process.
+engine audit`). Run as the first part of fleet's engine check (host/check_sglang.py), in its process.
 
 FLEET_STANDIN_GPU says the GPU: {"major", "minor", "name", "memory_mib", "count"}. What SGLang reads of the
 machine while it resolves arguments (engines.md §7.2, §7.3):

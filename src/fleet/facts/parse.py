@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
-from fleet.host_procs import ip_literal
+from fleet.host.procs import ip_literal
 from fleet.protocol import StateRecord
 from fleet.secrets import shown_processes
 
@@ -123,7 +123,7 @@ class DeploymentRecord:
     @property
     def gpus(self) -> tuple[int, ...] | None:
         """The GPUs the deployment was placed on; None: all of the host's (records before placement)."""
-        from fleet.host_records import record_gpus
+        from fleet.host.records import record_gpus
 
         value = record_gpus(self.state)
         return tuple(value) if value is not None else None

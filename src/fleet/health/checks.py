@@ -1,7 +1,7 @@
 """Health verdicts: the raw answer of one host's health probe → checks with Nagios-style statuses. Pure.
 
 Checks of the host (resources, GPUs once each) and of each deployment on it (its server, port, HTTP
-answers, log). The probe itself (`fleet/control/remote_health.py`) runs on the host; the caller does
+answers, log). The probe itself (`fleet/host/health.py`) runs on the host; the caller does
 I/O and healing; `fleet.health.prometheus` renders the results for node_exporter.
 """
 

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import Meta, field
 
 from fleet.errors import ConfigError
-from fleet.host_procs import ip_literal
+from fleet.host.procs import ip_literal
 from fleet.inventory.runtime import Runtime
 from fleet.inventory.strict import (
     ADDRESS_RE,

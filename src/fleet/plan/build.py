@@ -14,7 +14,7 @@ from fleet import __version__
 from fleet.crashes import Signature, builtin_signatures, known_fixes
 from fleet.facts import HostFacts, ModelFiles
 from fleet.facts.parse import EngineInstall
-from fleet.host_common import container_owner
+from fleet.host.common import container_owner
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.model import ModelConfigError, ModelSpec, parse_model_spec

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from fleet.errors import PreflightError
 from fleet.facts import HostFacts, Listener
-from fleet.host_common import safelisted
-from fleet.host_records import record_gpus, record_ports
+from fleet.host.common import safelisted
+from fleet.host.records import record_gpus, record_ports
 from fleet.plan.rules import nccl_port_for
 from fleet.protocol import STOPPED
 
@@ -87,7 +87,7 @@ def _stale_servers(facts: HostFacts, me: str) -> dict[int, int]:
 
 def stopped_with(facts: HostFacts, name: str, gpus: tuple[int, ...] | None) -> set[int]:
     """The process groups of the stale servers that freeing deployment `name`'s GPUs (every GPU: None)
-    stops, each whole (remote_free.classify): what they listen on is the deployment's to take."""
+    stops, each whole (fleet.host.free.classify): what they listen on is the deployment's to take."""
     stale, busy = _stale_servers(facts, name), busy_gpus(facts, name)
     return {stale[pid] for i in (busy if gpus is None else gpus) for pid in busy.get(i, ()) if pid in stale}
 

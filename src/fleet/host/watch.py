@@ -29,11 +29,10 @@ from typing import Any, Dict, Mapping, Optional, Set, cast
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import cli_path, inspect, run_cli
-    from fleet.control.remote_follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
-    from fleet.control.remote_startup import StartupWatch
-    from fleet.host_common import base_url, first_line_of_stdin, http_request
-    from fleet.host_records import (
+    from fleet.host.common import base_url, first_line_of_stdin, http_request
+    from fleet.host.container import cli_path, inspect, run_cli
+    from fleet.host.follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
+    from fleet.host.records import (
         LEARNED_FILE,
         LOCK_FILE,
         STATE_FILE,
@@ -45,8 +44,9 @@ except NameError:  # imported as a module (fleet's own tests)
         release_lock,
         write_record,
     )
-    from fleet.host_signals import hold_group, release
-    from fleet.host_smoke import smoke_request
+    from fleet.host.signals import hold_group, release
+    from fleet.host.smoke import smoke_request
+    from fleet.host.startup import StartupWatch
     from fleet.protocol import FAILED, READY, STARTING, UNVERIFIED, WatchRequest
 
 POLL_S = 0.02

@@ -1,4 +1,4 @@
-"""Runs ON the host as part of fleet's act step (sent after remote_free.py, before remote_act.py): the
+"""Runs ON the host as part of fleet's act step (sent after host/free.py, before host/act.py): the
 deployment's lock, and what the host's other deployments hold -- checked here, under one host-wide
 guard (a flock), so two runs placing deployments at once cannot both take a GPU or a port.
 
@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     recorded_group_is_ours  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_free import expand, recorded_group_is_ours
-    from fleet.host_procs import alive, live_process_groups
-    from fleet.host_records import (
+    from fleet.host.free import expand, recorded_group_is_ours
+    from fleet.host.procs import alive, live_process_groups
+    from fleet.host.records import (
         GUARD_FILE,
         LOCK_FILE,
         STATE_FILE,

@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, List, Mapping
 try:  # the shared host code is prepended when this script is sent to a host
     run_cli  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import run_cli
-    from fleet.control.remote_free import expand
+    from fleet.host.container import run_cli
+    from fleet.host.free import expand
     from fleet.protocol import CheckRequest, CheckResult
 
 
@@ -29,9 +29,9 @@ def fleet_text(path: str) -> str:
 
 CHECKS = {
     # the engine's argument check, then the architecture as its model loader resolves it
-    "sglang": fleet_text("control/remote_check_sglang.py"),
+    "sglang": fleet_text("host/check_sglang.py"),
     # its argument parser, its parser registries, then its engine configuration (no weights loaded)
-    "vllm": fleet_text("control/remote_check_vllm.py"),
+    "vllm": fleet_text("host/check_vllm.py"),
 }
 
 
@@ -60,7 +60,7 @@ def marked_json(out: str, mark: str, longest: int) -> Dict[str, Any]:
 
 
 def resolved_of(engine: str, out: str) -> Dict[str, str]:
-    """The engine check's FLEET-RESOLVED line (remote_check_sglang.py, remote_check_vllm.py): what the
+    """The engine check's FLEET-RESOLVED line (host/check_sglang.py, host/check_vllm.py): what the
     engine resolved, kept to short strings."""
     said = marked_json(out, "FLEET-RESOLVED", 4000) if engine in CHECKS else {}
     return dict(
@@ -69,7 +69,7 @@ def resolved_of(engine: str, out: str) -> Dict[str, str]:
 
 
 def picks_of(out: str) -> Dict[str, str]:
-    """remote_check_sglang.py's FLEET-PICKS line: what SGLang picked with fleet's keyed flags left out (or
+    """host/check_sglang.py's FLEET-PICKS line: what SGLang picked with fleet's keyed flags left out (or
     why it refused that), kept to short strings."""
     said = marked_json(out, "FLEET-PICKS", 2000)
     return dict((str(k)[:40], str(v)[:300]) for k, v in list(said.items())[:8] if isinstance(v, str))

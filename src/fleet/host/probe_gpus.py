@@ -1,5 +1,5 @@
 """What the probe says about a host's GPUs: NVML (the engine environment's binding), else nvidia-smi, and
-which processes hold the GPU device files. Runs ON the host with fleet.facts.probe: standard library only,
+which processes hold the GPU device files. Runs ON the host with fleet.host.probe: standard library only,
 Python 3.8; prepended before probe.py when the probe step is sent (fleet.hostscripts)."""
 
 import os
@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Optional
 try:  # the shared host code is prepended when this script is sent to a host
     gpu_device_files  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import container_of
-    from fleet.host_common import gpu_device_files
-    from fleet.host_procs import device_holders, holders_by_file, process
+    from fleet.host.common import gpu_device_files
+    from fleet.host.container import container_of
+    from fleet.host.procs import device_holders, holders_by_file, process
 
 
 def gpu_holders(device_glob: str) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     read_text  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_procs import read_text
+    from fleet.host.procs import read_text
 
 
 def _json_file(path: str, limit: int = 4 << 20) -> Tuple[Any, Optional[str]]:

@@ -33,8 +33,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.facts.model_files import _damage, _json_file
-    from fleet.host_common import stdin_closed
+    from fleet.host.common import stdin_closed
+    from fleet.host.model_files import _damage, _json_file
     from fleet.protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when

@@ -15,7 +15,7 @@
 # Both put a secret's value in the engine's argv only after --api-key and start nothing without it. Both
 # write the engine's exit status to EXIT_FILE atomically: once it is there, nothing of the server runs.
 # Standard library only, Python 3.8: sent as text with the act step (fleet.hostscripts.TEXTS) and started
-# by fleet.control.remote_launch.launcher_source with SECRET_WORD defined first and the mode's call last.
+# by fleet.host.launch.launcher_source with SECRET_WORD defined first and the mode's call last.
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Host code every step that stops processes shares: signal exactly the process fleet looked at, never one
-that got its pid since, and never another user's. Prepended after fleet.host_procs when a step is sent
+that got its pid since, and never another user's. Prepended after fleet.host.procs when a step is sent
 (fleet.hostscripts); standard library only, Python 3.8.
 
 A pid is only a number, reused within seconds: a process fleet probed and chose to stop can exit during
@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional
 try:  # the shared host code is prepended when this script is sent to a host
     start_ticks  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import readable
-    from fleet.host_procs import process_table, start_ticks, uid_of
+    from fleet.host.common import readable
+    from fleet.host.procs import process_table, start_ticks, uid_of
 
 # Both syscalls were added after the per-architecture tables were unified: one number everywhere.
 _SYS_PIDFD_SEND_SIGNAL = 424

@@ -14,7 +14,7 @@ import time
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_records import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, read_record, write_record
+    from fleet.host.records import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, read_record, write_record
 
 
 def main() -> None:

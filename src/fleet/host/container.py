@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_records import read_record, write_record
+    from fleet.host.records import read_record, write_record
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
 # containerd (cri-containerd-<id>.scope, crio-<id>.scope, nerdctl-<id>.scope, /kubepods/.../<id>), so a

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, cast
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_records import LEARNED_FILE, host_guard, read_record, write_record
+    from fleet.host.records import LEARNED_FILE, host_guard, read_record, write_record
     from fleet.protocol import FixesRequest
 
 

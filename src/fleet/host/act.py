@@ -1,6 +1,6 @@
-"""Runs ON the host (sent as `python -c`): lock (remote_lock.py), the engine's own check (remote_check.py),
-stop stale servers, free the deployment's GPUs (remote_free.py), launch detached and record its state
-(remote_launch.py) -- all sent before this file: one round trip. Prints one JSON document.
+"""Runs ON the host (sent as `python -c`): lock (host/lock.py), the engine's own check (host/check.py),
+stop stale servers, free the deployment's GPUs (host/free.py), launch detached and record its state
+(host/launch.py) -- all sent before this file: one round trip. Prints one JSON document.
 
 Stand-alone on purpose (standard library only, plus `pynvml` when the engine environment has it).
 Safety rules it enforces itself, whatever the caller says:
@@ -24,15 +24,16 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, cas
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_check import client_gone, engine_check, picks_differ
-    from fleet.control.remote_container import (
+    from fleet.host.check import client_gone, engine_check, picks_differ
+    from fleet.host.common import container_owner
+    from fleet.host.container import (
         container_of,
         fleet_containers,
         recorded_cli,
         stop_containers,
         stop_foreign_containers,
     )
-    from fleet.control.remote_free import (
+    from fleet.host.free import (
         all_gpu_indices,
         classify,
         expand,
@@ -42,17 +43,16 @@ except NameError:  # imported as a module (fleet's own tests)
         stop_targets,
         wait_memory_released,
     )
-    from fleet.control.remote_launch import launch_and_record, short_of_space, unwritable_dir
-    from fleet.control.remote_lock import (
+    from fleet.host.launch import launch_and_record, short_of_space, unwritable_dir
+    from fleet.host.lock import (
         forget,
         record_replaced,
         sibling_groups,
         take_lock,
         wait_for_steps_of_this_run,
     )
-    from fleet.host_common import container_owner
-    from fleet.host_procs import process_table
-    from fleet.host_records import (
+    from fleet.host.procs import process_table
+    from fleet.host.records import (
         LEARNED_FILE,
         STATE_FILE,
         change_status,
@@ -61,7 +61,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
         release_lock,
     )
-    from fleet.host_signals import hold_process
+    from fleet.host.signals import hold_process
     from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest, ProcessInfo
 
 

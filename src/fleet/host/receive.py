@@ -1,7 +1,7 @@
 """Runs ON the host a model is pushed to (`fleet pull --from`, for hosts without internet): the receiving
-side of `remote_send.py`, relayed by fleet. Everything comes on stdin:
+side of `host/send.py`, relayed by fleet. Everything comes on stdin:
   one JSON line   {"files": {name: {"size","mtime_ns","mode"}}, "marker": the source's fleet marker or null}
-  then frames     as remote_send.py writes them, ending with {"end": true}
+  then frames     as host/send.py writes them, ending with {"end": true}
 Events, one JSON object per line (as the pull step's):
   {"e":"present","files":n,"bytes":n,"ours":bool}   already there: nothing is sent (ours: false, a
       directory fleet did not make, whose files have the source's sizes; it is never changed)
@@ -34,10 +34,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
-try:  # remote_pull (as a library) is prepended when this script is sent to a host
+try:  # host/pull.py (as a library) is prepended when this script is sent to a host
     MARKER  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.control.remote_pull import (
+    from fleet.host.model_files import _json_file
+    from fleet.host.pull import (
         DISK_MARGIN,
         MARKER,
         PARTIAL,
@@ -58,7 +59,6 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         swap_in,
         unsafe_names,
     )
-    from fleet.facts.model_files import _json_file
     from fleet.protocol import CopyRequest, ListedFile
 
 BLOCK = 1 << 20

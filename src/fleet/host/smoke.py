@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import bounded_search, http_request
+    from fleet.host.common import bounded_search, http_request
     from fleet.protocol import SmokeSpec
 
 

@@ -1,7 +1,7 @@
 """Host code every fleet host script shares for reading the machine: the process table, listening sockets
 and client connections, and who holds the GPU device files -- from /proc and the kernel's sock_diag.
 
-Prepended after fleet.host_common when a step is sent (fleet.hostscripts), so it runs under the host's
+Prepended after fleet.host.common when a step is sent (fleet.hostscripts), so it runs under the host's
 own Python: standard library only, Python 3.8. Imported as a module by fleet's tests.
 """
 
@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Set, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     argv_of  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_common import argv_of
+    from fleet.host.common import argv_of
     from fleet.protocol import ProcessInfo
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp

@@ -17,16 +17,16 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import container_names, container_of
-    from fleet.host_common import engine_kind, gpu_device_files, kill_verdict
-    from fleet.host_procs import (
+    from fleet.host.common import engine_kind, gpu_device_files, kill_verdict
+    from fleet.host.container import container_names, container_of
+    from fleet.host.procs import (
         boot_id,
         client_connections,
         device_holders,
         port_holders,
         start_ticks,
     )
-    from fleet.host_signals import foreign_members, hold_group, hold_process, release
+    from fleet.host.signals import foreign_members, hold_group, hold_process, release
     from fleet.protocol import FreeRequest, ProcessInfo
 
 

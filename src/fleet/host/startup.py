@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host_records import PHASE_FILE, STARTUP_FILE, deployment_dir, host_guard, read_record, write_record
+    from fleet.host.records import PHASE_FILE, STARTUP_FILE, deployment_dir, host_guard, read_record, write_record
     from fleet.protocol import WatchRequest
     from fleet.startup import (
         STALL_FLOOR_S,

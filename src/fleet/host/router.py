@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Optional, Set, cast
 try:  # the shared host code is prepended when this script is sent to a host
     http_request  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import http_request
-    from fleet.host_procs import alive, boot_id, port_holders, process, start_ticks
-    from fleet.host_records import ROUTER_FILE, SERVICE_FILE, read_record, write_record
-    from fleet.host_smoke import smoke_request
+    from fleet.host.common import http_request
+    from fleet.host.procs import alive, boot_id, port_holders, process, start_ticks
+    from fleet.host.records import ROUTER_FILE, SERVICE_FILE, read_record, write_record
+    from fleet.host.smoke import smoke_request
     from fleet.protocol import RouterRecord, RouterRequest
 
 

@@ -5,7 +5,7 @@ of a push (`fleet pull --from`). Two uses, by `a["op"]`:
         same checks a pull makes, read from its own files, and no link that leads nowhere or to a
         directory), and fleet's marker if fleet made it.
   send  reads from stdin one JSON line, {"need": [[name, offset, size, mtime_ns], ...]} (what the receiver
-        lacks, and the file as it was listed), and writes the frames that `remote_receive.py` reads,
+        lacks, and the file as it was listed), and writes the frames that `host/receive.py` reads,
         verbatim, to stdout:
           {"name":..,"offset":n,"size":n}\\n <size bytes> {"sha256":..}\\n   one per file still needed
           {"error":..}\\n                                                 at a frame's end: it changed
@@ -31,10 +31,10 @@ import stat
 import sys
 from typing import Any, Dict, List, Mapping, Tuple, cast
 
-try:  # remote_pull (as a library) is prepended when this script is sent to a host
+try:  # host/pull.py (as a library) is prepended when this script is sent to a host
     FLEET_FILES  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.control.remote_pull import FLEET_FILES, ours, problems_in
+    from fleet.host.pull import FLEET_FILES, ours, problems_in
     from fleet.protocol import CopyRequest, ListedFile
 
 SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent

@@ -11,21 +11,21 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.control.remote_check import fleet_text
-    from fleet.control.remote_container import inspect, run_cli
-    from fleet.control.remote_free import (
+    from fleet.host.check import fleet_text
+    from fleet.host.common import LAUNCH_MARK
+    from fleet.host.container import inspect, run_cli
+    from fleet.host.free import (
         expand,
     )
-    from fleet.host_common import LAUNCH_MARK
-    from fleet.host_procs import boot_id, start_ticks
-    from fleet.host_records import STATE_FILE, read_record, write_record
+    from fleet.host.procs import boot_id, start_ticks
+    from fleet.host.records import STATE_FILE, read_record, write_record
     from fleet.protocol import SECRET_WORD, UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
 
 
 def launcher_source(mode: str) -> str:
     """The source of one of fleet's launchers (fleet/launchers.py, sent as text: it runs under a Python of
     its own environment), started in `mode`: "process" or "container"."""
-    return "SECRET_WORD = %r\n%s\n%s_main(sys.argv)\n" % (SECRET_WORD, fleet_text("launchers.py"), mode)
+    return "SECRET_WORD = %r\n%s\n%s_main(sys.argv)\n" % (SECRET_WORD, fleet_text("host/launchers.py"), mode)
 
 
 LAUNCHER = launcher_source("process")

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.host_common import first_line_of_stdin, readable, stdin_closed
+    from fleet.host.common import first_line_of_stdin, readable, stdin_closed
     from fleet.protocol import EngineRequest
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version

@@ -6,7 +6,7 @@ Everything is said as JSON events, one per line, so nothing a log contains can p
 marker: {"e": "log"|"switch", "d", "log"}, {"e": "line", "d", "text"}, {"e": "missing", "d"}, and
 `skipped` when fleet read too slowly (lines dropped and counted, never held without bound).
 
-Host code: standard library only, Python 3.8; runs after control/remote_follow.py (LogFollower, OUT).
+Host code: standard library only, Python 3.8; runs after host/follow.py (LogFollower, OUT).
 """
 
 import glob
@@ -20,8 +20,8 @@ from typing import List, Optional, Tuple, cast
 try:
     LogFollower  # noqa: B018
 except NameError:  # imported as a module (tests), not concatenated into the step
-    from fleet.control.remote_follow import OUT, ClientGone, LogFollower, cut_line, emit
-    from fleet.host_common import stdin_closed
+    from fleet.host.common import stdin_closed
+    from fleet.host.follow import OUT, ClientGone, LogFollower, cut_line, emit
     from fleet.protocol import DEPLOYMENT_NAME_RE, LogsRequest
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
