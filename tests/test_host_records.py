@@ -69,9 +69,15 @@ def test_a_version_that_is_not_a_number_makes_the_file_no_record_set_aside(tmp_p
     assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["lock.json.corrupt"]
 
 
-def test_a_migration_of_a_record_in_the_wrong_shape_is_no_record(tmp_path: Path) -> None:
-    path = put(tmp_path, HEALS_FILE, "not a list")
-    assert load_record(str(path))[0] is None and read_record(str(path)) is None
+@pytest.mark.parametrize("name", [HEALS_FILE, STATE_FILE, LEARNED_FILE])
+@pytest.mark.parametrize("data", ["not a list", [1, 2], 7])
+def test_a_file_in_no_shape_a_record_ever_had_is_no_record(tmp_path: Path, name: str, data: object) -> None:
+    if name == HEALS_FILE and isinstance(data, list):
+        return  # heals were a list before versions
+    path = put(tmp_path, name, data)
+    record, error = load_record(str(path))
+    assert record is None and error == f"{path}: not a JSON object"  # as `fleet health` shows it
+    assert read_record(str(path)) is None
 
 
 # Every status to every status: the table in fleet.host.records, spelled out once more as what it means.

@@ -81,21 +81,22 @@ def _current(path: str, data: Any) -> Dict[str, Any]:
     something that is not one of fleet's records."""
     name = os.path.basename(path)
     known = SCHEMAS.get(name, 1)
-    found = data.get(SCHEMA_KEY, _unversioned(name)) if isinstance(data, dict) else 0
+    if isinstance(data, dict):
+        found = data.get(SCHEMA_KEY, _unversioned(name))
+    elif isinstance(data, list) and name == HEALS_FILE:  # the one record that was a list before versions
+        found = 0
+    else:
+        raise ValueError("%s: not a JSON object" % path)
     if not isinstance(found, int) or isinstance(found, bool) or found < 0:
         raise ValueError("%s: its %s is not a version: %r" % (path, SCHEMA_KEY, found))
     if found > known:
         raise RecordTooNew(path, found, known)
+    record: Dict[str, Any] = data
     while found < known:
-        migrate = MIGRATIONS.get((name, found), dict)
-        if not isinstance(data, (dict, list) if migrate is not dict else dict):
-            raise ValueError("%s: not a record of fleet's" % path)
-        data = migrate(data)
+        record = MIGRATIONS.get((name, found), dict)(record)
         found += 1
-    if not isinstance(data, dict):
-        raise ValueError("%s: not a JSON object" % path)
-    data[SCHEMA_KEY] = known
-    return data
+    record[SCHEMA_KEY] = known
+    return record
 
 
 def load_record(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
