@@ -6,12 +6,16 @@ and in simulated hosts; this proves what the loop does with each answer, in mill
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleet.facts import HostFacts
 from fleet.hostscripts import StepEvent
-from fleet.protocol import ActRequest, ActResult, CheckResult, WatchRequest
+from fleet.protocol import ActRequest, ActResult, CheckResult, ProbeRequest, WatchRequest
+
+HELD_FOR_AT_MOST_S = 30.0  # a group's proven rank says "held" until fleet lets go; a test never waits longer
 
 SGLANG_READY = "The server is fired up and ready to roll!"
 
@@ -42,10 +46,12 @@ def cut(*lines: str) -> Watch:
 
 @dataclass
 class ScriptedHost:
-    """`watches`: each watch step in turn (a resumed watch takes the next one); `checks`: the engine's
-    verdict on each launch's command line in turn (accepted when none is left); `picks_differ`: the engine
-    picks otherwise than the plan stood on, once, when asked; `lock`: the lock step's answer."""
+    """`facts`: what the probe finds (factsdata builds them); `watches`: each watch step in turn (a resumed
+    watch takes the next one); `checks`: the engine's verdict on each launch's command line in turn
+    (accepted when none is left); `picks_differ`: the engine picks otherwise than the plan stood on, once,
+    when asked; `lock`: the lock step's answer."""
 
+    facts_found: HostFacts | None = None
     watches: list[Watch] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
     picks_differ: dict[str, str] | None = None
@@ -58,10 +64,14 @@ class ScriptedHost:
     def commands_run(self) -> int:
         return len(self.acts) + len(self.watched)
 
+    def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
+        assert self.facts_found is not None, "a scripted host probed without facts to answer with"
+        return replace(self.facts_found, host=self.host_name)
+
     @property
     def launches(self) -> list[list[str]]:
-        """The command line of each launch, in order."""
-        return [list(a["launch"]["argv"]) for a in self.acts if a.get("launch")]
+        """The command line of each launch, in order (a group's prepare step launches nothing)."""
+        return [list(a["launch"]["argv"]) for a in self.acts if a.get("launch") and not a.get("prepare_only")]
 
     def act(
         self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
@@ -81,8 +91,8 @@ class ScriptedHost:
             if out["check"]["verdict"] == "rejected":
                 return out
         out["ended"], out["left"], out["memory"] = [], [], {}
-        if request.get("launch"):
-            n = len(self.launches)
+        if request.get("launch") and not request.get("prepare_only"):
+            n = len(self.launches) - 1
             out["launched"] = {
                 "pid": 1000 + n,
                 "pgid": 1000 + n,
@@ -109,5 +119,10 @@ class ScriptedHost:
         said: list[dict[str, Any]] = [{"e": "line", "t": t, "o": offset + i + 1} for i, t in enumerate(attempt.lines)]
         for event in [*said, *attempt.end]:
             if not on_event(event):  # type: ignore[arg-type]
-                break
+                return 0
+        if request.get("hold") and attempt.end and attempt.end[-1]["e"] == "done":
+            # a group's proven rank keeps its lock, saying so, until fleet has proven every rank
+            deadline = time.monotonic() + HELD_FOR_AT_MOST_S
+            while on_event({"e": "held"}) and time.monotonic() < deadline:
+                time.sleep(0.005)
         return 0

@@ -118,10 +118,10 @@ class Deployer:
         self.owner = owner()
         self.stall_floor_s = STALL_FLOOR_S  # a phase is never called stalled sooner (tests lower it)
 
-    def over(self, transport: Transport) -> Deployer:
+    def over(self, transport: Transport | HostSteps) -> Deployer:
         """This run over another connection to its host (a group stops a rank its watcher still streams)."""
         other = copy.copy(self)
-        other.steps = SshSteps(transport)
+        other.steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
         return other
 
     # -- remote steps ---------------------------------------------------------------------------------

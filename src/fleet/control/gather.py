@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.facts import HostFacts, parse_facts
-from fleet.hostscripts import script_for
+from fleet.control.host_steps import HostSteps, SshSteps
+from fleet.facts import HostFacts
 from fleet.inventory import Host
 from fleet.inventory.runtime import Container
 from fleet.protocol import ProbeRequest
@@ -18,7 +18,7 @@ def model_path(host: Host, model: str) -> str:
 
 
 def read_facts(
-    transport: Transport,
+    transport: Transport | HostSteps,
     host: Host,
     *,
     model: str | None = None,
@@ -49,6 +49,5 @@ def read_facts(
             "state_dir": s.state_dir,
             "mounts": list(runtime.mounts),
         }
-    script = script_for("probe", args, pythons)
-    result = transport.run(script, timeout_s=60)
-    return parse_facts(host.name, result.text)
+    steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
+    return steps.facts(args, pythons)

@@ -1,17 +1,18 @@
-"""What the deploy loop asks of its host, step by step (`HostSteps`): the act step (lock, check, stop,
-launch, record; or a release) and the watch step's events. `SshSteps` runs fleet's host scripts over a
-transport, each answer typed where it crosses. Tests hand the loop a scripted host instead
-(fleet_testbed.fakehost), so every branch of it runs in milliseconds without root or sshd; what fleet does
-on hosts is proven over real sshd and in simulated hosts."""
+"""What the deploy loop asks of its host, step by step (`HostSteps`): its facts (the probe), the act step
+(lock, check, stop, launch, record; or a release) and the watch step's events. `SshSteps` runs fleet's
+host scripts over a transport, each answer typed where it crosses. Tests hand the loop a scripted host
+instead (fleet_testbed.fakehost), so every branch of it runs in milliseconds without root or sshd; what
+fleet does on hosts is proven over real sshd and in simulated hosts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from fleet.control.answers import act_answer
+from fleet.facts import HostFacts, parse_facts
 from fleet.hostscripts import EventLines, StepEvent, run_json, script_for
-from fleet.protocol import ActRequest, ActResult, WatchRequest
+from fleet.protocol import ActRequest, ActResult, ProbeRequest, WatchRequest
 from fleet.transport import Transport
 
 
@@ -22,6 +23,10 @@ class HostSteps(Protocol):
     @property
     def commands_run(self) -> int:
         """Commands run on the host so far (a deploy's round trips)."""
+        ...
+
+    def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
+        """The host's facts in one round trip, under the first of `pythons` it has (then python3)."""
         ...
 
     def act(
@@ -54,6 +59,9 @@ class SshSteps:
     @property
     def commands_run(self) -> int:
         return self.t.commands_run
+
+    def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
+        return parse_facts(self.host_name, self.t.run(script_for("probe", request, pythons), timeout_s=60).text)
 
     def act(
         self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError, StoppedSince
@@ -22,7 +22,7 @@ from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
 from fleet.hostscripts import script_for, step_python
 from fleet.inventory import Host
-from fleet.protocol import HealthAnswer, HealthRequest, ServerAnswer
+from fleet.protocol import HealDecision, HealthAnswer, HealthRequest, ServerAnswer
 from fleet.secrets import redact
 from fleet.transport import Transport
 
@@ -150,7 +150,7 @@ def _heal_one(
     args = {"state_dir": host.settings.state_dir, "deployment": name, "limit": options.max_heals_per_hour}
     result = t.run(script_for("heal", args, [step_python(host)]), timeout_s=30)
     try:
-        decision = json.loads(result.text)
+        decision = cast(HealDecision, json.loads(result.text))
         allowed, recent = bool(decision["allowed"]), int(decision["recent"])
     except (ValueError, KeyError, TypeError):
         detail = (result.text + result.error_text).strip()[-200:] or f"exit {result.exit_code}"

@@ -15,9 +15,10 @@ try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.records import HEALS_FILE, deployment_dir, host_guard, migrate_legacy, read_record, write_record
+    from fleet.protocol import HealDecision
 
 
-def main() -> None:
+def main() -> HealDecision:
     a = json.loads(sys.argv[1])
     root = os.path.expanduser(a["state_dir"])
     os.makedirs(root, mode=0o700, exist_ok=True)
@@ -36,8 +37,8 @@ def main() -> None:
     if allowed:
         os.makedirs(state_dir, exist_ok=True)
         write_record(path, {"times": heals + [now]})
-    sys.stdout.write(json.dumps({"allowed": allowed, "recent": recent}))
+    return {"allowed": allowed, "recent": recent}
 
 
 if __name__ == "__main__":
-    main()
+    sys.stdout.write(json.dumps(main()))
