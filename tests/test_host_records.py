@@ -127,3 +127,35 @@ def test_a_status_change_on_a_host_without_a_record_starts_one(tmp_path: Path) -
     assert change_status(str(tmp_path / STATE_FILE), STOPPED, {"reason": "stopped by fleet stop"})
     record = read_record(str(tmp_path / STATE_FILE))
     assert record is not None and record["status"] == STOPPED and record[SCHEMA_KEY] == STATE_SCHEMA
+
+
+def test_a_newer_fleets_host_wide_records_never_fail_a_deploy_and_are_left_as_they_are(tmp_path: Path) -> None:
+    """The learned fixes and the start-up history are the host's, shared by every fleet using it: one
+    written by a newer fleet is read as empty here and left alone, and the server this run proved is
+    still recorded ready and its lock released (a state or lock record is this run's own: those refuse)."""
+    from fleet.host.startup import remember_startup, startup_history
+    from fleet.host.watch import on_success
+
+    directory = tmp_path / "deployments" / "small"
+    directory.mkdir(parents=True)
+    write_record(str(directory / STATE_FILE), {"status": STARTING, "run_id": "r1"})
+    write_record(str(directory / LOCK_FILE), {"run_id": "r1"})
+    newer = {SCHEMA_KEY: 99, "fixes": {"k": "a shape this fleet cannot know"}}
+    learned = put(tmp_path, LEARNED_FILE, newer)
+    startup = put(tmp_path, "startup.json", {SCHEMA_KEY: 99})
+    before = learned.read_bytes(), startup.read_bytes()
+    request = {
+        "state_dir": str(tmp_path),
+        "deployment": "small",
+        "run_id": "r1",
+        "success_state": {"status": READY, "attempts": 1},
+        "learned_key": "k",
+        "learned": [{"signature": "cuda-graph-capture-failed"}],
+    }
+    on_success(request)  # type: ignore[arg-type]
+    assert (read_record(str(directory / STATE_FILE)) or {})["status"] == READY
+    assert not (directory / LOCK_FILE).exists()
+    assert startup_history(str(tmp_path), "k") == []
+    with pytest.raises(RecordTooNew):
+        remember_startup(str(tmp_path), "k", {"outcome": READY})  # the watcher's own caller skips it
+    assert (learned.read_bytes(), startup.read_bytes()) == before

@@ -21,7 +21,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.container import cli_path, inspect
     from fleet.host.probe import collect
     from fleet.host.procs import alive, argv_at, boot_id, start_ticks
-    from fleet.host.records import HEALTH_FILE, read_record, write_record
+    from fleet.host.records import HEALTH_FILE, RecordTooNew, read_record, write_record
     from fleet.host.smoke import smoke_request
     from fleet.protocol import LIVE, STOPPED, HealthRequest, SmokeSpec
 
@@ -157,7 +157,10 @@ def health_main() -> None:
     facts = collect(args)
     state_dir = os.path.expanduser(args.get("state_dir", "~/.fleet/state"))
     book_path = os.path.join(state_dir, HEALTH_FILE)
-    book = read_record(book_path) or {}
+    try:
+        book, newer = read_record(book_path) or {}, None
+    except RecordTooNew as exc:  # a newer fleet keeps this host's book: read as empty, left as it is
+        book, newer = {}, str(exc)
     kept = book.get("deployments")
     books: Dict[str, Dict[str, Any]] = kept if isinstance(kept, dict) else {}
     out: Dict[str, Any] = {"facts": facts, "deployments": {}, "kernel": [], "since": book.get("time")}
@@ -186,11 +189,14 @@ def health_main() -> None:
         book["time"] = time.time()
     else:
         book["deployments"] = books
-    try:
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        write_record(book_path, book)
-    except OSError as exc:
-        out["bookkeeping_error"] = str(exc)
+    if newer is not None:
+        out["bookkeeping_error"] = newer
+    else:
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            write_record(book_path, book)
+        except OSError as exc:
+            out["bookkeeping_error"] = str(exc)
     sys.stdout.write(json.dumps(out))
 
 

@@ -12,7 +12,15 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     STARTUP_FILE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.records import PHASE_FILE, STARTUP_FILE, deployment_dir, host_guard, read_record, write_record
+    from fleet.host.records import (
+        PHASE_FILE,
+        STARTUP_FILE,
+        RecordTooNew,
+        deployment_dir,
+        host_guard,
+        read_record,
+        write_record,
+    )
     from fleet.protocol import WatchRequest
     from fleet.startup import (
         STALL_FLOOR_S,
@@ -29,7 +37,10 @@ PUBLISH_EVERY_S = 1.0  # a progress bar's moves reach PHASE_FILE at most this of
 
 
 def startup_history(state_dir: str, key: str) -> List[Dict[str, Any]]:
-    kept = (read_record(os.path.join(os.path.expanduser(state_dir), STARTUP_FILE)) or {}).get(key)
+    try:
+        kept = (read_record(os.path.join(os.path.expanduser(state_dir), STARTUP_FILE)) or {}).get(key)
+    except RecordTooNew:  # a newer fleet keeps this host's history: no ETA from it, and it stays as it is
+        return []
     return [h for h in kept if isinstance(h, dict)] if isinstance(kept, list) else []
 
 
@@ -151,6 +162,6 @@ class StartupWatch:
         }
         try:
             remember_startup(self.state_dir, self.key, entry)
-        except OSError:
-            pass  # a full disk: the start is not remembered, the deploy goes on
+        except (OSError, RecordTooNew):
+            pass  # a full disk, or a newer fleet's history: the start is not remembered, the deploy goes on
         return entry

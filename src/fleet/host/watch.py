@@ -17,6 +17,7 @@ fleet keeps this command's stdin open while it listens: when it ends (fleet kill
 connection cut) the watcher records the server as unverified, releases the lock and exits.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,7 @@ except NameError:  # imported as a module (fleet's own tests)
         LEARNED_FILE,
         LOCK_FILE,
         STATE_FILE,
+        RecordTooNew,
         change_status,
         deployment_dir,
         host_guard,
@@ -96,23 +98,29 @@ def on_success(a: WatchRequest) -> None:
     proven["ready_at"] = time.time()
     change_status(st_path, str(proven.pop("status", READY)), proven, a["run_id"])
     if a.get("learned_key") and a["learned"]:
-        root = os.path.expanduser(a["state_dir"])
-        # the host's, shared by its deployments: merged under the host's guard, never dropped (another
-        # deployment of the same model may have just learned what this one started without)
-        with host_guard(root):
-            lpath = os.path.join(root, LEARNED_FILE)
-            fixes = (read_record(lpath) or {}).get("fixes")
-            learned = fixes if isinstance(fixes, dict) else {}
-            kept = learned.get(a["learned_key"])
-            entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
-            # what the engine said it picks itself is replaced by what it says now; fixes are kept
-            told = [e for e in a["learned"] if e.get("signature") == "engine-picks"]
-            entries = [e for e in entries if not (told and e.get("signature") == "engine-picks")]
-            known = set(e.get("signature") for e in entries)
-            learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
-            write_record(lpath, {"fixes": learned})
+        with contextlib.suppress(RecordTooNew):  # a newer fleet keeps the host's fixes: they stay its own
+            learn(a)
     if not a.get("hold"):  # a group's rank keeps its lock until the whole group is proven (see hold)
         release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+
+
+def learn(a: WatchRequest) -> None:
+    """The fixes this run applied, merged into the host's learned fixes."""
+    root = os.path.expanduser(a["state_dir"])
+    # the host's, shared by its deployments: merged under the host's guard, never dropped (another
+    # deployment of the same model may have just learned what this one started without)
+    with host_guard(root):
+        lpath = os.path.join(root, LEARNED_FILE)
+        fixes = (read_record(lpath) or {}).get("fixes")
+        learned = fixes if isinstance(fixes, dict) else {}
+        kept = learned.get(a["learned_key"])
+        entries = [e for e in kept if isinstance(e, dict)] if isinstance(kept, list) else []
+        # what the engine said it picks itself is replaced by what it says now; fixes are kept
+        told = [e for e in a["learned"] if e.get("signature") == "engine-picks"]
+        entries = [e for e in entries if not (told and e.get("signature") == "engine-picks")]
+        known = set(e.get("signature") for e in entries)
+        learned[a["learned_key"]] = entries + [e for e in a["learned"] if e.get("signature") not in known]
+        write_record(lpath, {"fixes": learned})
 
 
 def hold(a: WatchRequest, client_gone: threading.Event) -> None:
