@@ -56,9 +56,7 @@ def test_only_nvidia_character_devices_or_marked_simulated_files_count_as_gpus(t
 
 
 def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> None:
-    from fleet.host import common as host_common
-    from fleet.host import free as remote_free
-    from fleet.host import probe_gpus
+    from fleet.host import common as host_common, free as remote_free, probe_gpus
 
     assert remote_free.gpu_device_files is probe_gpus.gpu_device_files is host_common.gpu_device_files
 

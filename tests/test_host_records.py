@@ -159,3 +159,21 @@ def test_a_newer_fleets_host_wide_records_never_fail_a_deploy_and_are_left_as_th
     with pytest.raises(RecordTooNew):
         remember_startup(str(tmp_path), "k", {"outcome": READY})  # the watcher's own caller skips it
     assert (learned.read_bytes(), startup.read_bytes()) == before
+
+
+def test_a_record_is_read_only_from_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
+    """A FIFO in a record's place would hang every step that reads it; a link would be followed out of
+    fleet's directory; a huge file would be read whole into every probe. None of them is read."""
+    import os
+
+    fifo = tmp_path / LOCK_FILE
+    os.mkfifo(fifo)
+    assert read_record(str(fifo)) is None  # returns at once, and the next write replaces it
+    assert "not a regular file" in (load_record(str(fifo))[1] or "")
+    secret = put(tmp_path, "elsewhere.json", {"run_id": "not fleet's"})
+    (tmp_path / STATE_FILE).symlink_to(secret)
+    assert read_record(str(tmp_path / STATE_FILE)) is None and load_record(str(tmp_path / STATE_FILE))[0] is None
+    write_record(str(tmp_path / STATE_FILE), {"status": STOPPED})  # replaces the link, not its target
+    assert json.loads(secret.read_text()) == {"run_id": "not fleet's"}
+    huge = put(tmp_path, HEALS_FILE, {"times": [1.0] * (1 << 20)})
+    assert "larger than 4 MiB" in (load_record(str(huge))[1] or "")

@@ -13,8 +13,7 @@ import yaml
 
 from conftest import run_cli
 from fleet.errors import HostStepError
-from fleet.hostscripts import SHARED as SHARED_FILES
-from fleet.hostscripts import STEPS, TEXTS, run_json
+from fleet.hostscripts import SHARED as SHARED_FILES, STEPS, TEXTS, run_json
 from fleet.transport.local import LocalTransport
 from fleet_testbed import simhost
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fleet.inventory import Host
     from fleet.transport import Transport
 
-SHARED = ("protocol.py", "host/records.py", "host/common.py", "host/procs.py", "host/signals.py")
+SHARED = ("host/words.py", "host/records.py", "host/common.py", "host/procs.py", "host/signals.py")
 STEPS: dict[str, tuple[str, ...]] = {
     "probe": (
         "host/container.py",

@@ -1,44 +1,23 @@
-"""What fleet and the scripts it runs on a host say to each other: one definition for both sides.
+"""What fleet and the scripts it runs on a host say to each other, typed: one definition for both sides,
+checked by mypy on both. Host files import these shapes for type checking only (`from __future__ import
+annotations`): this module never leaves this machine; the words used at run time are fleet.host.words."""
 
-Standard library only, Python 3.8, ASCII: prepended to every host script, and imported by fleet itself. A
-step gets its request as one JSON argument (secrets on stdin) and answers with one JSON document or JSON
-lines (the watcher's events). Every record is read and written by fleet.host.records, which checks its
-version (STATE_SCHEMA for the state record)."""
+from typing import Any, Dict, List, Optional, TypedDict
 
-import re
-from typing import Any, Dict, List, Optional
-
-try:
-    from typing import Final, TypedDict
-except ImportError:  # pragma: no cover - Python 3.7 hosts: the types are documentation there
-    TypedDict = dict  # type: ignore
-    Final = Any  # type: ignore
-
-# The state record's version. 2 adds the deployment's name and GPUs; 1 (state_dir/state.json, one server
-# per host) is read as the deployment its playbook names, on all GPUs. Every field is read with a default.
-STATE_SCHEMA = 2
-# An argv word the launcher on the host replaces with a secret's value (SECRET_WORD + NAME: the variable
-# NAME fleet sent on stdin): plans, records and outputs hold the word, only the engine gets the value.
-SECRET_WORD = "fleet-secret:"
-# What a host step writes in place of the rest of a log line it cut (LINE_LIMIT, fleet.host.follow):
-# fleet's redaction looks for it too, since a secret may have been cut in two there (fleet.secrets).
-CUT_NOTE = " [fleet: %d more bytes of this line not shown]"
-# A deployment's name: a directory on the host (state_dir/deployments/NAME). \Z: "$" also matches before "\n".
-DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
-
-
-# A deployment's status (StateRecord.status; its transitions: fleet.host.records), spelled here only. The act
-# step writes STARTING as it launches; the watcher READY once the server answered its smoke check; a run
-# gone between the two UNVERIFIED; a stop STOPPED; a failed start FAILED. DEAD, never written: a live one, gone.
-STARTING: Final = "starting"
-READY: Final = "ready"
-UNVERIFIED: Final = "unverified"
-FAILED: Final = "failed"
-STOPPED: Final = "stopped"
-DEAD: Final = "dead"
-LIVE = (STARTING, READY, UNVERIFIED)  # a server is expected behind the record
-# How an attempt ended (a start-up's history, the timeline): READY, or the engine exited (CRASHED), or ...
-CRASHED: Final = "crashed"
+from fleet.host.words import (  # the words both sides use at run time, re-exported for fleet's own modules
+    CRASHED as CRASHED,
+    CUT_NOTE as CUT_NOTE,
+    DEAD as DEAD,
+    DEPLOYMENT_NAME_RE as DEPLOYMENT_NAME_RE,
+    FAILED as FAILED,
+    LIVE as LIVE,
+    READY as READY,
+    SECRET_WORD as SECRET_WORD,
+    STARTING as STARTING,
+    STATE_SCHEMA as STATE_SCHEMA,
+    STOPPED as STOPPED,
+    UNVERIFIED as UNVERIFIED,
+)
 
 
 class ProcessInfo(TypedDict, total=False):

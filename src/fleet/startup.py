@@ -14,13 +14,15 @@ progress bar), so a request's text cannot move a phase; and phases only matter b
 ready, when no request is served.
 """
 
+from __future__ import annotations
+
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     READY  # noqa: B018
 except NameError:  # imported as a module (fleet itself)
-    from fleet.protocol import READY
+    from fleet.host.words import READY
 
 # Phases in the order an engine usually goes through them. SGLang 0.5.23 may load real weights after its
 # graph capture, so a timeline is a sequence of phases as they came, not a fixed order.

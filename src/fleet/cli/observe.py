@@ -121,8 +121,7 @@ def diagnose(
       docker logs sglang 2>&1 | fleet diagnose -
       fleet diagnose --host blackwell
     """
-    from fleet.crashes import LogContext
-    from fleet.crashes import diagnose as run_diagnosis
+    from fleet.crashes import LogContext, diagnose as run_diagnosis
 
     if host_name:
         from fleet.control.logs import log_text

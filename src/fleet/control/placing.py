@@ -4,8 +4,7 @@ free ones) and port, then its plan on the host's facts. `fleet plan` shows what 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from dataclasses import replace as replace_field
+from dataclasses import dataclass, replace as replace_field
 
 from fleet.control.gather import model_path
 from fleet.crashes import Signature

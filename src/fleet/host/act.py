@@ -13,6 +13,8 @@ Safety rules it enforces itself, whatever the caller says:
 Secrets arrive on stdin as JSON and reach the engine through its launcher's stdin: never a file or argv.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -62,7 +64,8 @@ except NameError:  # imported as a module (fleet's own tests)
         release_lock,
     )
     from fleet.host.signals import hold_process
-    from fleet.protocol import STOPPED, ActRequest, ActResult, FreeRequest, ProcessInfo
+    from fleet.host.words import STOPPED
+    from fleet.protocol import ActRequest, ActResult, FreeRequest, ProcessInfo
 
 
 def recorded_group(st: Mapping[str, object]) -> Optional[int]:
@@ -98,7 +101,7 @@ def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> 
 
 
 def main() -> ActResult:
-    a = cast(ActRequest, json.loads(sys.argv[1]))
+    a = cast("ActRequest", json.loads(sys.argv[1]))
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
@@ -204,7 +207,7 @@ def in_the_way(
     container = (a.get("launch") or {}).get("container")
     # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
     # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
-    free = cast(FreeRequest, dict(a["free"]))
+    free = cast("FreeRequest", dict(a["free"]))
     free["recorded_pgid"] = recorded_group(previous or {})
     every = all_gpu_indices(expand(free["gpu_devices"]))
     siblings, replaced, sibling_gpus = sibling_groups(

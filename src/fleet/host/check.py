@@ -1,5 +1,7 @@
 """On the host, in the act step: the engine's own check of a command line, before anything is stopped."""
 
+from __future__ import annotations
+
 import json
 import os
 import re

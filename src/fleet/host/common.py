@@ -6,6 +6,8 @@ An engine is recognised by what runs, never by a word somewhere in a command lin
 sglang.launch_server.log` and a process renamed "vim notes-on-sglang serve" are not engines.
 """
 
+from __future__ import annotations
+
 import contextlib
 import glob
 import json
@@ -19,7 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import SECRET_WORD, ProcessInfo
+    from fleet.host.words import SECRET_WORD
+    from fleet.protocol import ProcessInfo
 
 
 # Interpreters that run an engine: python, python3, python3.12 (a venv's bin/python included).

@@ -6,6 +6,8 @@ Host code: standard library only, Python 3.8. docker and podman take the same co
 (`run`, `ps`, `inspect`, `stop -t`, `rm`); their JSON differs a little, and `containers` reads both.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re

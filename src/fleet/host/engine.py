@@ -13,6 +13,8 @@ Virtual environments cannot be moved, so it is built where it stays. The previou
 `use` goes back in one rename.
 """
 
+from __future__ import annotations
+
 import fcntl
 import json
 import os
@@ -277,8 +279,8 @@ def use(a: EngineRequest) -> None:
 
 
 def main() -> None:
-    a = cast(EngineRequest, json.loads(sys.argv[1]))
-    a.update(cast(EngineRequest, first_line_of_stdin(1 << 20)))  # the pip args: never on this step's command line
+    a = cast("EngineRequest", json.loads(sys.argv[1]))
+    a.update(cast("EngineRequest", first_line_of_stdin(1 << 20)))  # the pip args: never on this step's command line
     try:
         {"install": install, "use": use}[a["action"]](a)
     except Exception as exc:  # the step always answers in its own words

@@ -6,6 +6,8 @@ forgetting is a read-modify-write of it under the host's guard, as that merge is
 other's change. A match is exact: a signature id, and optionally the model path the key names.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
@@ -28,7 +30,7 @@ def matches(key: str, entry: Any, a: FixesRequest) -> bool:
 
 
 def main() -> Dict[str, Any]:
-    a = cast(FixesRequest, json.loads(sys.argv[1]))
+    a = cast("FixesRequest", json.loads(sys.argv[1]))
     root = os.path.expanduser(a["state_dir"])
     forgotten: List[Dict[str, Any]] = []
     if not os.path.isdir(root):

@@ -6,6 +6,8 @@ fleet that stopped reading.
 Host code: standard library only, Python 3.8.
 """
 
+from __future__ import annotations
+
 import fcntl
 import json
 import os
@@ -17,7 +19,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 try:  # fleet.protocol is prepended when this script is sent to a host
     CUT_NOTE  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.protocol import CUT_NOTE
+    from fleet.host.words import CUT_NOTE
 
 LINE_LIMIT = 16 << 10  # bytes of one log line sent (a 300 MB line of a config dump is cut, not carried)
 OUT_LIMIT = 4 << 20  # bytes of log lines waiting for fleet to read them: past it, lines are dropped and counted

@@ -6,6 +6,8 @@ Host code: standard library only (plus `pynvml` when the engine's environment ha
 policy itself (whose process is whose) is host_common.kill_verdict, tested on its own.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import shutil

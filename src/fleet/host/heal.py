@@ -6,6 +6,8 @@ stamps and the client's clock (2 h apart, say), or a record written by a `python
 never applied. When the record cannot be written, the step fails and nothing is healed.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys

@@ -7,6 +7,8 @@ check), its new server-log lines; and for the host: new `NVRM: Xid` and OOM-kill
 kernel log. Keeps its own bookkeeping (offsets, counters) in state_dir/health.json.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import subprocess
@@ -23,7 +25,8 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.procs import alive, argv_at, boot_id, start_ticks
     from fleet.host.records import HEALTH_FILE, RecordTooNew, read_record, write_record
     from fleet.host.smoke import smoke_request
-    from fleet.protocol import LIVE, STOPPED, HealthRequest, SmokeSpec
+    from fleet.host.words import LIVE, STOPPED
+    from fleet.protocol import HealthRequest, SmokeSpec
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
@@ -119,7 +122,7 @@ def check_server(
         served = _metric_total(body) if code == 200 else None
         http["metrics"] = {"status": code, "requests_total": served}
         traffic = served is not None and book.get("requests_total") is not None and served > book["requests_total"]
-        smoke = cast(SmokeSpec, st.get("smoke") or {})
+        smoke = cast("SmokeSpec", st.get("smoke") or {})
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
         elif traffic and _proved_recently(book.get("generation_proved_at")):
@@ -151,7 +154,7 @@ def _proved_recently(proved_at: Any) -> bool:
 
 
 def health_main() -> None:
-    args = cast(HealthRequest, json.loads(sys.argv[1]))
+    args = cast("HealthRequest", json.loads(sys.argv[1]))
     if args.get("keys_on_stdin"):  # engines' API keys fleet was asked for: never on a command line
         args["_keys"] = first_line_of_stdin().get("keys") or {}
     facts = collect(args)

@@ -1,5 +1,7 @@
 """On the host, in the act step: a server launched under fleet's launcher (or in its container), recorded."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -19,7 +21,8 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host.procs import boot_id, start_ticks
     from fleet.host.records import STATE_FILE, read_record, write_record
-    from fleet.protocol import SECRET_WORD, UNVERIFIED, ActRequest, ActResult, Launched, LaunchRequest
+    from fleet.host.words import SECRET_WORD, UNVERIFIED
+    from fleet.protocol import ActRequest, ActResult, Launched, LaunchRequest
 
 
 def launcher_source(mode: str) -> str:

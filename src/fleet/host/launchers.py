@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 try:  # launcher_source defines it before this text
     SECRET_WORD  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
-    from fleet.protocol import SECRET_WORD
+    from fleet.host.words import SECRET_WORD
 
 
 def secret_argv(words: Sequence[str], env: Dict[str, str]) -> Optional[List[str]]:

@@ -9,6 +9,8 @@ the first time a lock is taken (host_records.migrate_legacy).
 Host code: standard library only, Python 3.8.
 """
 
+from __future__ import annotations
+
 import fcntl
 import os
 import re
@@ -35,7 +37,8 @@ except NameError:  # imported as a module (fleet's own tests)
         release_lock,
         write_record,
     )
-    from fleet.protocol import STOPPED, ForgetResult, LockRequest, LockResult
+    from fleet.host.words import STOPPED
+    from fleet.protocol import ForgetResult, LockRequest, LockResult
 
 
 def take_lock(a: LockRequest) -> LockResult:

@@ -9,6 +9,8 @@ marker: {"e": "log"|"switch", "d", "log"}, {"e": "line", "d", "text"}, {"e": "mi
 Host code: standard library only, Python 3.8; runs after host/follow.py (LogFollower, OUT).
 """
 
+from __future__ import annotations
+
 import glob
 import json
 import os
@@ -22,7 +24,8 @@ try:
 except NameError:  # imported as a module (tests), not concatenated into the step
     from fleet.host.common import stdin_closed
     from fleet.host.follow import OUT, ClientGone, LogFollower, cut_line, emit
-    from fleet.protocol import DEPLOYMENT_NAME_RE, LogsRequest
+    from fleet.host.words import DEPLOYMENT_NAME_RE
+    from fleet.protocol import LogsRequest
 
 LOG_END_BYTES = 16 << 20  # of a log's end, at most this much is read for its last lines
 FOLLOW_POLL_S = 0.25  # how often new lines and the links are looked at while following
@@ -119,7 +122,7 @@ def show_logs(a: LogsRequest) -> None:
 
 
 def run_logs() -> None:
-    a = cast(LogsRequest, json.loads(sys.argv[1]))
+    a = cast("LogsRequest", json.loads(sys.argv[1]))
     if not a["follow"]:  # the last lines are bounded already: all of them, however slowly fleet reads
         OUT.keep_every_line()
     try:

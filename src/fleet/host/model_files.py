@@ -2,6 +2,8 @@
 from its own files (config.json, the safetensors index and each file's header) without reading the
 weights. Standard library only, Python >= 3.8: shipped as text with the shared host code."""
 
+from __future__ import annotations
+
 import json
 import os
 from typing import Any, List, Optional, Tuple

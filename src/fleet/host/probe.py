@@ -5,6 +5,8 @@ nothing from fleet. Whatever is missing on the host (NVML, nvidia-smi, fuser, a 
 reported in the output instead of raising. Argument: one JSON object (see `main`).
 """
 
+from __future__ import annotations
+
 import glob
 import hashlib
 import json
@@ -483,7 +485,7 @@ def _engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> Li
 
 
 def main() -> None:
-    sys.stdout.write(json.dumps(collect(cast(ProbeRequest, json.loads(sys.argv[1])))))
+    sys.stdout.write(json.dumps(collect(cast("ProbeRequest", json.loads(sys.argv[1])))))
 
 
 # `fleet health` prepends FLEET_PROBE_AS_LIBRARY = True and appends its own checks to this text.

@@ -2,6 +2,8 @@
 which processes hold the GPU device files. Runs ON the host with fleet.host.probe: standard library only,
 Python 3.8; prepended before probe.py when the probe step is sent (fleet.hostscripts)."""
 
+from __future__ import annotations
+
 import os
 import re
 import shutil

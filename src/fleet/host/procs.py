@@ -5,6 +5,8 @@ Prepended after fleet.host.common when a step is sent (fleet.hostscripts), so it
 own Python: standard library only, Python 3.8. Imported as a module by fleet's tests.
 """
 
+from __future__ import annotations
+
 import os
 import pwd
 import re

@@ -19,6 +19,8 @@ The next pull keeps every file already whole and fetches the rest (a cut connect
 resumed by the client itself, from the bytes it has).
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import hashlib
@@ -426,7 +428,7 @@ def gone_now() -> None:
 
 def run() -> None:
     try:
-        main(cast(PullRequest, json.loads(sys.argv[1])))
+        main(cast("PullRequest", json.loads(sys.argv[1])))
     except Exception as exc:  # the step always answers in its own words
         emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, str(exc)[:600])})
 

@@ -26,6 +26,8 @@ pushed on from this host is known as the same. A Hub commit the source's marker 
 word only, never as this model's commit.
 """
 
+from __future__ import annotations
+
 import errno
 import hashlib
 import json
@@ -373,7 +375,7 @@ def main_receive(a: CopyRequest) -> None:
 
 if __name__ == "__main__":
     try:
-        main_receive(cast(CopyRequest, json.loads(sys.argv[1])))
+        main_receive(cast("CopyRequest", json.loads(sys.argv[1])))
     except Cut:  # fleet went before it sent its listing
         os._exit(3)
     except Exception as exc:  # the step always answers in its own words

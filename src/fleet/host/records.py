@@ -10,17 +10,21 @@ fleet's tests. Each record is one JSON object carrying the version of its shape 
 A deployment's status changes only along TRANSITIONS (change_status); a new attempt starts a new record.
 """
 
+from __future__ import annotations
+
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     STARTING  # noqa: B018
 except NameError:  # imported as a module (fleet itself, its tests)
-    from fleet.protocol import DEPLOYMENT_NAME_RE, FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
+    from fleet.host.words import DEPLOYMENT_NAME_RE, FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
 
 # fleet's record files on a host, named here only: every other module uses these names
 LEARNED_FILE = "learned.json"  # the host's learned fixes, shared by its deployments
@@ -99,16 +103,37 @@ def _current(path: str, data: Any) -> Dict[str, Any]:
     return record
 
 
+RECORD_LIMIT = 4 << 20  # bytes: fleet's largest record (a start-up history) is a few hundred KiB
+
+
+def _read_json(path: str) -> Any:
+    """A record file's JSON. Only a regular file is read, never through a link and never waiting (a FIFO
+    planted in its place would hang every step), and at most RECORD_LIMIT bytes: FileNotFoundError when
+    there is none, OSError when it cannot be read, ValueError when it is not JSON or too large."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        data = f.read(RECORD_LIMIT + 1)
+    if len(data) > RECORD_LIMIT:
+        raise ValueError("%s: larger than %d MiB, not a record of fleet's" % (path, RECORD_LIMIT >> 20))
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError("%s: %s" % (path, exc)) from exc
+
+
 def load_record(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """A record for reading only (facts: nothing is changed or set aside): (record, None), (None, None) when
     there is none, or (None, why it cannot be read)."""
     try:
-        with open(path) as f:
-            return _current(path, json.load(f)), None
+        return _current(path, _read_json(path)), None
     except FileNotFoundError:
         return None, None
-    except (OSError, ValueError) as exc:
-        return None, "%s: %s" % (path, exc) if isinstance(exc, json.JSONDecodeError) else str(exc)
+    except OSError as exc:
+        return None, "%s: %s" % (path, exc.strerror or exc)
+    except ValueError as exc:
+        return None, str(exc)
 
 
 def read_record(path: str) -> Optional[Dict[str, Any]]:
@@ -116,9 +141,8 @@ def read_record(path: str) -> Optional[Dict[str, Any]]:
     renamed `NAME.corrupt-STAMP`, so the next write starts a good record and nothing is lost; a newer
     fleet's record raises RecordTooNew and stays as it is."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError:
+        data = _read_json(path)
+    except OSError:  # none, or not a file fleet reads (a link, a FIFO): the next write replaces it
         return None
     except ValueError:
         data = None

@@ -12,6 +12,8 @@ The router is recognised only by that exact identity: a process that merely has 
 signalled. Host code: standard library only, Python 3.8.
 """
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import json
@@ -81,7 +83,7 @@ def running_router(a: RouterRequest) -> Optional[RouterRecord]:
     pid = rec.get("pid")
     if not isinstance(pid, int) or not alive(pid) or start_ticks(pid) != rec.get("start_ticks"):
         return None
-    return cast(RouterRecord, rec)
+    return cast("RouterRecord", rec)
 
 
 def _stop(rec: RouterRecord, grace_s: float = 10.0) -> None:
@@ -342,14 +344,14 @@ ACTIONS = {
 
 
 def main() -> None:
-    common = cast(RouterRequest, json.loads(sys.argv[1]))
+    common = cast("RouterRequest", json.loads(sys.argv[1]))
     results = []  # type: List[Dict[str, Any]]
     foreign = _foreign(read_record(os.path.join(_dir(common, create=False), ROUTER_FILE)), common)
     if foreign:  # another service file of the same name runs here: none of its records are touched
         sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
         return
     for action in common.pop("actions"):
-        a = cast(RouterRequest, dict(common, **action))
+        a = cast("RouterRequest", dict(common, **action))
         try:
             result = ACTIONS[a["do"]](a)
         except Exception as exc:  # the router not answering, a record that cannot be written

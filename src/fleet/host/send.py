@@ -24,6 +24,8 @@ directory is not followed (it could lead anywhere, or to itself), and fleet's ow
 directory (its marker, the client's `.cache/`) are not sent.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -162,7 +164,7 @@ def main_send(a: CopyRequest) -> None:
 
 if __name__ == "__main__":
     try:
-        main_send(cast(CopyRequest, json.loads(sys.argv[1])))
+        main_send(cast("CopyRequest", json.loads(sys.argv[1])))
     except BrokenPipeError:  # the receiver or fleet went away: nothing to tell
         os._exit(3)
     except Exception as exc:  # noqa: BLE001 - never on stdout: it may be in the middle of a file's bytes

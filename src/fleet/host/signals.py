@@ -12,6 +12,8 @@ groups are never signalled with killpg: a group can hold another user's process 
 one there), so each member is held and checked on its own.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os

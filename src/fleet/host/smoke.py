@@ -6,6 +6,8 @@ Sent with those three steps only, after the shared host code (fleet.hostscripts)
 host's own Python: standard library only, Python 3.8. Imported as a module by fleet's tests.
 """
 
+from __future__ import annotations
+
 import json
 from typing import Any, Dict, List, Optional, Tuple
 

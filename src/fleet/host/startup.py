@@ -5,6 +5,8 @@ history (STARTUP_FILE) so the next start on this host has an ETA and bounds of i
 Host code: standard library only, Python 3.8. The reading of lines and the arithmetic are fleet.startup's.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple

@@ -17,6 +17,8 @@ fleet keeps this command's stdin open while it listens: when it ends (fleet kill
 connection cut) the watcher records the server as unverified, releases the lock and exits.
 """
 
+from __future__ import annotations
+
 import contextlib
 import json
 import os
@@ -49,7 +51,8 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.signals import hold_group, release
     from fleet.host.smoke import smoke_request
     from fleet.host.startup import StartupWatch
-    from fleet.protocol import FAILED, READY, STARTING, UNVERIFIED, WatchRequest
+    from fleet.host.words import FAILED, READY, STARTING, UNVERIFIED
+    from fleet.protocol import WatchRequest
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
@@ -393,7 +396,7 @@ def stop_attempt_group(pgid: int) -> str:
 
 
 def run() -> None:
-    a = cast(WatchRequest, json.loads(sys.argv[1]))
+    a = cast("WatchRequest", json.loads(sys.argv[1]))
     try:
         main(a)
         if not OUT.drain(float(a.get("stalled_s", STALLED_S))) and OUT.pending:  # never read: fleet is frozen

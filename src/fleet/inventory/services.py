@@ -3,8 +3,7 @@ validated with file:line errors like playbooks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Annotated, Literal
 
