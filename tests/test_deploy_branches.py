@@ -126,5 +126,8 @@ def test_picks_the_engine_makes_otherwise_plan_the_same_attempt_again() -> None:
     assert asked == [{"MoE runner": "triton"}]
     assert result.ok and len(result.attempts) == 1 and len(scripted.acts) == 2
     assert [e.attempt for e in seen if isinstance(e, events.AttemptStarted)] == [1]  # announced once
-    assert any(isinstance(e, events.Replanned) for e in seen)
+    said = next(e for e in seen if isinstance(e, events.Replanned))
+    assert said.picks == {"MoE runner": "triton"}
+    learned = [e for e in scripted.watched[-1]["learned"] if e["signature"] == "engine-picks"]
+    assert [e["picks"] for e in learned] == [{"MoE runner": "triton"}]  # remembered once proven
     assert "picks" in scripted.acts[0]["check"] and "picks" not in scripted.acts[1]["check"]  # asked once

@@ -24,9 +24,8 @@ UNKNOWN = diagnose(["RuntimeError: something nobody has seen before"], SM120)
 @pytest.mark.parametrize("group", [False, True])
 def test_a_proven_attempt_is_done_and_picks_that_differ_are_planned_again(group: bool) -> None:
     assert next_action(Proven(), [], 1, 3, group=group) == Ready()
-    assert next_action(PicksDiffer({"--attention-backend": "fa3"}), [], 1, 3, group=group) == Replan(
-        {"--attention-backend": "fa3"}
-    )
+    picks, differ = {"attention": "fa3", "MoE runner": "triton"}, {"attention": "fa3"}
+    assert next_action(PicksDiffer(picks, differ), [], 1, 3, group=group) == Replan(picks, differ)
 
 
 @pytest.mark.parametrize("group", [False, True])

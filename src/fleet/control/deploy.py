@@ -12,7 +12,7 @@ import contextlib
 import copy
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from fleet import events
@@ -303,7 +303,7 @@ class Deployer:
             action = next_action(ended, applied, attempt, self.max_attempts, group=False)
             if isinstance(action, Replan) and replan is not None:  # nothing was stopped: the same attempt again
                 result.attempts.pop()
-                result.plan = plan = self._replanned(plan, action.picks, replan, new_learned)
+                result.plan = plan = self._replanned(plan, action, replan, new_learned)
                 attempt -= 1
                 continue
             if isinstance(action, Ready):
@@ -349,8 +349,8 @@ class Deployer:
             self.progress(events.EngineChecked(check["verdict"], engine_resolved(check)))
         differ = out.get("picks_differ")
         if premises and isinstance(differ, dict) and differ:
-            told = told_picks((check or {}).get("picks"))
-            return PicksDiffer({k: v for k, v in told.items() if k in premises["expect"]})
+            told = {k: v for k, v in told_picks((check or {}).get("picks")).items() if k in premises["expect"]}
+            return PicksDiffer(told, {k: told[k] for k in differ if k in told})
         if check and check["verdict"] == "rejected":
             lines = redact(check["output"], self.secrets).splitlines()
             rec.outcome = "rejected"
@@ -374,16 +374,17 @@ class Deployer:
     def _replanned(
         self,
         plan: LaunchPlan,
-        told: Mapping[str, str],
+        action: Replan,
         replan: Callable[[dict[str, str]], LaunchPlan],
         new_learned: list[dict[str, Any]],
     ) -> LaunchPlan:
-        """The plan made again on what the engine picks itself (only what was asked), said and remembered
-        with the learned fixes (the same model, engine version and GPU model): the next plan stands on these
-        picks, and a server running it is adopted, not relaunched."""
-        again = replan(dict(told))
-        self.progress(events.Replanned(dict(told), plan.engine_args(), again.engine_args()))
-        new_learned.append({"signature": ENGINE_PICKS, "picks": dict(told), "learned_at": _now()})
+        """The plan made again on what the engine picks itself (only what was asked). Where that changes
+        the plan, it is said and remembered with the learned fixes (the same model, engine version and GPU
+        model): the next plan stands on these picks, and a server running it is adopted, not relaunched."""
+        again = replan(dict(action.picks))
+        if action.differ:
+            self.progress(events.Replanned(dict(action.differ), plan.engine_args(), again.engine_args()))
+            new_learned.append({"signature": ENGINE_PICKS, "picks": dict(action.picks), "learned_at": _now()})
         return again
 
     def _watched_lines(self, plan: LaunchPlan, out: ActResult, rec: Attempt, learned: WatchRequest) -> list[str]:

@@ -18,9 +18,11 @@ class Proven:
 
 @dataclass(frozen=True)
 class PicksDiffer:
-    """The engine's own check says it picks otherwise than the plan stood on; nothing was stopped yet."""
+    """The engine's own check says it picks otherwise than the plan stood on; nothing was stopped yet.
+    `picks`: what it picks for each setting fleet asked about; `differ`: those the plan did not stand on."""
 
     picks: Mapping[str, str]
+    differ: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,11 @@ class Ready:
 
 @dataclass(frozen=True)
 class Replan:
-    """Plan again on the engine's own picks and make the same attempt on that plan (it costs no attempt)."""
+    """Plan again on the engine's own picks and make the same attempt on that plan (it costs no attempt);
+    `differ`: what changes, said and remembered with the learned fixes."""
 
     picks: Mapping[str, str]
+    differ: Mapping[str, str]
 
 
 Action = Ready | Replan | Relaunch | GiveUp
@@ -56,7 +60,7 @@ def next_action(ended: Ended, applied: Sequence[str], attempt: int, max_attempts
     if isinstance(ended, Proven):
         return Ready()
     if isinstance(ended, PicksDiffer):
-        return Replan(ended.picks)
+        return Replan(ended.picks, ended.differ)
     if group:
         return group_decision(ended.diagnosis, applied, attempt, max_attempts, ended.lines)
     return decide(ended.diagnosis, applied, attempt, max_attempts)
