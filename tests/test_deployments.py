@@ -385,3 +385,36 @@ def test_a_record_written_by_a_newer_fleet_is_refused_and_its_server_left_runnin
     assert not (path.parent / "lock.json").exists()
     rows = status_rows(box.host, ops.read_facts(box.transport(), box.host))
     assert [r["status"] for r in rows if r["deployment"] == "big"] == ["unreadable"]
+
+
+def test_a_newer_fleets_learned_fixes_neither_stop_a_deploy_nor_are_written_over(box: nshost.NamespaceHost) -> None:
+    """The host's learned fixes are shared by every fleet using it: a newer one's are left to it."""
+    assert deploy(box, "big", (0, 1))[0].ok
+    learned = box.dir / "state" / "learned.json"
+    learned.write_text(json.dumps({"schema": 99, "fixes": {"a key": "a shape this fleet cannot know"}}))
+    before = learned.read_bytes()
+    assert deploy(box, "small", (6, 7))[0].ok
+    health = check_host(box.transport(), box.host, HealthOptions())
+    assert not [c for c in health.checks if "learned.json" in c.detail], health.checks
+    assert learned.read_bytes() == before
+
+
+def test_an_operators_stop_is_not_healed_even_after_a_late_run_marked_it_failed(box: nshost.NamespaceHost) -> None:
+    """A run that gives up late merges "failed" into a record an operator stopped meanwhile: the stop
+    still stands, and `fleet health --heal` does not start the server again."""
+    from fleet.host.records import change_status
+
+    assert deploy(box, "qwen36-27b", None)[0].ok
+    ops.stop(box.transport(), box.host, force=False, name="qwen36-27b")
+    path = simhost.record(box.dir, "state.json", "qwen36-27b")
+    assert change_status(str(path), "failed", {"reason": "the deploy gave up after the stop"})
+    options = HealthOptions(heal=True)
+    down = check_host(box.transport(), box.host, options)
+
+    def restart(name: str) -> Any:
+        return ops.restart(box.transport(), box.host, force=False, progress=events.ignore, name=name, heal=True)
+
+    healed = heal_host(box.transport(), box.host, down, options, restart)
+    assert "restarted: server ready" not in (healed.heal or ""), healed.heal
+    assert record(box, "qwen36-27b")["status"] == "failed" and record(box, "qwen36-27b")["stopped_by"]
+    assert box.shell("pgrep -f '[s]glang.launch_server' || true").strip() == ""  # no server started

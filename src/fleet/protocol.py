@@ -82,6 +82,7 @@ class StateRecord(LaunchedProcess, total=False):
     check_address: str
     status: str  # STARTING, READY, UNVERIFIED, FAILED or STOPPED
     reason: str
+    stopped_by: str  # an operator's `fleet stop` (who): no heal restarts it until a deploy or restart
     attempt: int
     attempts: int
     applied_fixes: List[str]
@@ -136,6 +137,7 @@ class ForgetResult(TypedDict, total=False):
     forgotten: bool
     running: int  # its server's process group still runs
     left: List[str]  # files in its directory fleet did not write
+    newer: List[str]  # records a newer fleet wrote: its to keep
 
 
 class ActResult(TypedDict, total=False):

@@ -14,6 +14,7 @@ from fleet.errors import ConfigError, PreflightError
 from fleet.hostscripts import run_json, step_python
 from fleet.inventory import Host
 from fleet.protocol import FixesRequest
+from fleet.terminal import safe_line
 from fleet.transport import Transport
 
 
@@ -50,6 +51,12 @@ def forget(t: Transport, host: Host, name: str) -> None:
         raise PreflightError(
             f"{host.name}: deployment {name} is running (process group {said['running']}); nothing was forgotten.",
             f"Stop it first: fleet stop --host {host.name}/{name}.",
+        )
+    if said.get("newer"):
+        raise PreflightError(
+            f"{host.name}: deployment {name}'s records were written by a newer fleet "
+            f"({', '.join(safe_line(str(n)) for n in said['newer'][:5])}); nothing was forgotten.",
+            "Forget it with that fleet, or upgrade this one.",
         )
     if said.get("left"):
         raise PreflightError(

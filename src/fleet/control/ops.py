@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from fleet import events
+from fleet.control.act_request import owner
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import act_answer, refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
@@ -415,7 +416,8 @@ def _stop_one(
     args = {
         "lock": deployer.lock_args("stop"),
         "free": deployer.free_args(state.get("port")),
-        "state_update": {**state, "status": STOPPED, "updated": time.time()} if state else None,
+        # stopped_by: an operator's stop, kept by whatever the record says later, so no heal undoes it
+        "state_update": {**state, "status": STOPPED, "updated": time.time(), "stopped_by": owner()} if state else None,
         "release_lock": True,
     }
     out = act_answer(run_json(t, step_python(host), "act", args))

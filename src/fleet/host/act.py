@@ -15,6 +15,7 @@ Secrets arrive on stdin as JSON and reach the engine through its launcher's stdi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,9 +58,11 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.records import (
         LEARNED_FILE,
         STATE_FILE,
+        RecordTooNew,
         change_status,
         deployment_dir,
         mark_unverified,
+        peek_record,
         read_record,
         release_lock,
     )
@@ -127,12 +130,12 @@ def main() -> ActResult:
 def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str, state_dir: str) -> bool:
     """The work once the lock is taken; whether the lock goes now (False: the run holds it on, or forget
     released it)."""
-    for path in (os.path.join(state_dir, STATE_FILE), os.path.join(root, LEARNED_FILE)):
-        read_record(path)  # a damaged record is set aside before it is written over
-    if (
-        a["lock"].get("command") == "heal"
-        and (read_record(os.path.join(state_dir, STATE_FILE)) or {}).get("status") == STOPPED
-    ):  # stopped by an operator after the health check saw it down: a heal must not undo that
+    recorded = read_record(os.path.join(state_dir, STATE_FILE)) or {}  # a damaged record is set aside now
+    with contextlib.suppress(RecordTooNew):  # the host's fixes, a newer fleet's: left to it (see watch.learn)
+        read_record(os.path.join(root, LEARNED_FILE))
+    if a["lock"].get("command") == "heal" and (recorded.get("status") == STOPPED or recorded.get("stopped_by")):
+        # stopped by an operator after the health check saw it down (and maybe failed since, by a run that
+        # ended late): a heal must not undo that
         out["stopped_since"] = True
         return True
     if a.get("forget"):  # fleet forget: the records of a deployment that no longer runs, nothing else
@@ -220,7 +223,7 @@ def in_the_way(
     replaced_names = list(a["lock"].get("replace") or [])
     clis = [(container or {}).get("cli"), recorded_cli(previous)]
     for other in replaced_names:
-        clis.append(recorded_cli(read_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
+        clis.append(recorded_cli(peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
     named = [str(c) for c in clis if c]
     ours: List[Dict[str, Any]] = []
     refused_containers: List[Dict[str, Any]] = []

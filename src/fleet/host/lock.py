@@ -24,18 +24,20 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.free import expand, recorded_group_is_ours
     from fleet.host.procs import alive, live_process_groups
     from fleet.host.records import (
-        GUARD_FILE,
         LOCK_FILE,
         STATE_FILE,
         change_status,
         deployment_dir,
         deployment_names,
         migrate_legacy,
+        open_guard,
+        peek_record,
         read_record,
         record_gpus,
         record_ports,
         release_lock,
         write_record,
+        written_by_newer,
     )
     from fleet.host.words import STOPPED
     from fleet.protocol import ForgetResult, LockRequest, LockResult
@@ -47,7 +49,7 @@ def take_lock(a: LockRequest) -> LockResult:
     root = expand(a["state_dir"])
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
-        guard = open(os.path.join(root, GUARD_FILE), "a")  # noqa: SIM115 - closed by the with below
+        guard = open_guard(root)
     except OSError as exc:  # the first write of a run: nothing has been changed yet
         return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}
     with guard:
@@ -123,7 +125,7 @@ def overlapping(root: str, a: LockRequest) -> List[Dict[str, Any]]:
         if name == a["deployment"] or name in (a.get("replace") or []):
             continue
         directory = deployment_dir(root, name)
-        st = read_record(os.path.join(directory, STATE_FILE)) or {}
+        st = peek_record(os.path.join(directory, STATE_FILE))
         pgid = st.get("pgid")
         running = (
             type(pgid) is int
@@ -134,7 +136,7 @@ def overlapping(root: str, a: LockRequest) -> List[Dict[str, Any]]:
         )
         if not running and held_by_another(os.path.join(directory, LOCK_FILE), a) is None:
             continue
-        claim = st if running else (read_record(os.path.join(directory, LOCK_FILE)) or {})
+        claim = st if running else peek_record(os.path.join(directory, LOCK_FILE))
         theirs = record_gpus(claim)
         shared_gpus = mine is None or theirs is None or bool(set(mine) & set(theirs))
         shared_ports = sorted(my_ports & set(record_ports(claim)))
@@ -163,7 +165,7 @@ def sibling_groups(
     for name in deployment_names(root):
         if name == me:
             continue
-        st = read_record(os.path.join(deployment_dir(root, name), STATE_FILE)) or {}
+        st = peek_record(os.path.join(deployment_dir(root, name), STATE_FILE))
         pgid = st.get("pgid")
         if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st):
             (replaced if name in replace else siblings)[pgid] = name
@@ -216,6 +218,10 @@ def forget(directory: str, run_id: str) -> ForgetResult:
     if foreign:
         release_lock(directory, run_id)
         return {"forgotten": False, "left": foreign}
+    newer = [n for n in names if written_by_newer(os.path.join(directory, n))]
+    if newer:  # a newer fleet's records: its to keep or remove
+        release_lock(directory, run_id)
+        return {"forgotten": False, "newer": newer}
     for n in names:  # the lock last: until the directory goes, this run holds it
         if n != LOCK_FILE:
             os.unlink(os.path.join(directory, n))

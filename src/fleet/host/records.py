@@ -19,7 +19,7 @@ import json
 import os
 import stat
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     STARTING  # noqa: B018
@@ -38,6 +38,9 @@ ROUTER_FILE = "router.json"  # a service's router process, as fleet started it
 SERVICE_FILE = "service.json"  # a service's record: its replicas, as its last deploy or roll left them
 GUARD_FILE = "lock.guard"  # the host's guard: the flock every change of its shared records is made under
 
+# The host's own records, shared by every deployment and every fleet that uses the host: one written by a
+# newer fleet is read as absent and left as it is (a deployment's own records refuse instead).
+HOST_WIDE = (LEARNED_FILE, STARTUP_FILE, HEALTH_FILE)
 SCHEMA_KEY = "schema"
 # The shape of each record this fleet writes. A record without SCHEMA_KEY was written by a fleet from
 # before versions: the state record's shape then was version 1, every other record's version 0.
@@ -62,7 +65,7 @@ class RecordTooNew(ValueError):
         ValueError.__init__(
             self,
             "%s was written by a newer fleet (record version %d; this fleet knows up to %d): run that "
-            "fleet, or upgrade this one, to change this deployment" % (path, found, known),
+            "fleet, or upgrade this one" % (path, found, known),
         )
         self.path = path
 
@@ -119,8 +122,8 @@ def _read_json(path: str) -> Any:
         raise ValueError("%s: larger than %d MiB, not a record of fleet's" % (path, RECORD_LIMIT >> 20))
     try:
         return json.loads(data.decode("utf-8"))
-    except ValueError as exc:
-        raise ValueError("%s: %s" % (path, exc)) from exc
+    except (ValueError, RecursionError) as exc:  # nested past Python's stack: no record of fleet's is
+        raise ValueError("%s: not JSON fleet reads (%s)" % (path, type(exc).__name__)) from exc
 
 
 def load_record(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
@@ -130,10 +133,34 @@ def load_record(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         return _current(path, _read_json(path)), None
     except FileNotFoundError:
         return None, None
+    except RecordTooNew as exc:  # the host's own files a newer fleet keeps are its: absent here, no fault
+        return None, None if os.path.basename(path) in HOST_WIDE else str(exc)
     except OSError as exc:
         return None, "%s: %s" % (path, exc.strerror or exc)
     except ValueError as exc:
         return None, str(exc)
+
+
+def peek_record(path: str) -> Dict[str, Any]:
+    """Another deployment's record, read to leave its server alone (its process group, GPUs and ports):
+    nothing is set aside, and one a newer fleet wrote is read as it is, since its server is still not
+    this run's to stop; {} when there is none or it is no record."""
+    try:
+        data = _read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def written_by_newer(path: str) -> bool:
+    """Whether `path` is a record a newer fleet wrote (nothing is read into this fleet, nothing changed)."""
+    try:
+        _current(path, _read_json(path))
+    except RecordTooNew:
+        return True
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def read_record(path: str) -> Optional[Dict[str, Any]]:
@@ -192,7 +219,9 @@ TRANSITIONS = {
 def may_become(current: object, status: str) -> bool:
     """Whether a record whose status is `current` may say `status` next (no record, or a status this fleet
     does not know: the change is the record's first word)."""
-    return current == status or current not in TRANSITIONS or status in TRANSITIONS[str(current)]
+    if not isinstance(current, str) or current not in TRANSITIONS:
+        return True
+    return current == status or status in TRANSITIONS[current]
 
 
 def change_status(
@@ -240,9 +269,20 @@ LEGACY_FILES = (STATE_FILE, HEALS_FILE)  # health.json stays: it is the host's b
 def host_guard(state_dir: str) -> Iterator[None]:
     """Hold the host's guard (an exclusive flock on state_dir/lock.guard) for a read-modify-write of a
     record another run may be changing at the same moment. state_dir must exist."""
-    with open(os.path.join(os.path.expanduser(state_dir), GUARD_FILE), "a") as guard:
+    with open_guard(os.path.expanduser(state_dir)) as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         yield
+
+
+def open_guard(root: str) -> IO[bytes]:
+    """The host's guard file, opened to be flocked: a regular file of its own, never through a link and
+    never waiting (a FIFO in its place would hang every step). OSError when it is anything else."""
+    path = os.path.join(root, GUARD_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, "ab")
 
 
 def deployment_dir(state_dir: str, name: str) -> str:
