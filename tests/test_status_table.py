@@ -1,4 +1,4 @@
-"""How `fleet status` and `fleet stop` put what they found into lines (pure: rows in, text out)."""
+"""How `fleet status`, `fleet stop` and `fleet fixes list` put what they found into lines (pure: rows in, text out)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,19 @@ def test_stopped_deployments_are_left_out_unless_asked_and_every_host_still_answ
     ]
     ct129 = status_lines(kept)[2]
     assert ct129.startswith("ct129 ") and ct129.endswith("2 stopped (--all shows them)")
+
+
+def test_a_field_from_a_host_record_cannot_start_a_row_of_its_own() -> None:
+    """A record on a host is anyone's to edit: a newline in its status or playbook stays in its cell."""
+    forged = row(status="ready\nblackwell/fake  ready", playbook="qwen\r\n36", engine_version="0.5\t11")
+    lines = status_lines([forged, row(deployment="other")])
+    assert len(lines) == 3 and lines[1].startswith("blackwell/small  ready\\nblackwell/fake")
+    assert "\r" not in "".join(lines) and "\t" not in "".join(lines)
+
+
+def test_a_learned_fix_is_one_line_whatever_its_record_on_the_host_says() -> None:
+    from fleet.cli.fixes import fix_line
+
+    fix = {"model": "Qwen3.6-27B", "engine": "sglang 0.5.11", "gpu": "RTX A6000", "learned_at": "2026-12-05"}
+    line = fix_line("ct129", {**fix, "signature": "oom\nct129  fake-fix  learned now", "applied": False, "fix": ""})
+    assert "\n" not in line and line.startswith("ct129  Qwen3.6-27B  sglang 0.5.11  RTX A6000  oom\\nct129")

@@ -3,6 +3,7 @@ same model, engine version and GPU model there), listed and forgotten."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -10,6 +11,7 @@ import click
 from fleet.cli.base import Invocation, cli, each_host, emit_json, exit_for_failures, say
 from fleet.cli.complete import host_option
 from fleet.errors import ConfigError
+from fleet.terminal import safe_line
 
 
 @cli.group()
@@ -75,10 +77,16 @@ def fixes_list(ctx: Invocation, host_name: str | None, all_hosts: bool, as_json:
         if not rows:
             say(f"{name}: no learned fixes")
         for row in rows:
-            fix = row["fix"] if row["applied"] else "not applied: today's knowledge has no fix for it"
-            where = f"{row['model']}  {row['engine']}  {row['gpu']}"
-            say(f"{name}  {where}  {row['signature']}  learned {row['learned_at']}  {fix}")
+            say(fix_line(name, row))
     exit_for_failures(failed)
+
+
+def fix_line(host: str, row: Mapping[str, object]) -> str:
+    """One learned fix as `fleet fixes list` shows it; every field one line (the host's learned record is
+    anyone's to edit there: a newline in a signature cannot forge a row of its own)."""
+    fix = row["fix"] if row["applied"] else "not applied: today's knowledge has no fix for it"
+    fields = (row["model"], row["engine"], row["gpu"], row["signature"], f"learned {row['learned_at']}", fix)
+    return "  ".join([host, *(safe_line(str(f)) for f in fields)])
 
 
 @fixes.command("forget")

@@ -7,6 +7,7 @@ from typing import Any
 
 from fleet.cli.report import starting_text
 from fleet.protocol import STOPPED
+from fleet.terminal import safe_line
 
 COLUMNS = ("DEPLOYMENT", "STATUS", "GPUS", "PLAYBOOK", "ENGINE", "PID", "PORT", "UP", "ATTEMPTS", "NOTES")
 
@@ -39,7 +40,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 def status_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The table's lines; a starting deployment's phase and ETA follow its row, indented."""
-    cells = [_cells(r) for r in rows]
+    # every cell one line: a field of a record on a host (a status, a playbook) cannot start a row of its own
+    cells = [tuple(safe_line(c) for c in _cells(r)) for r in rows]
     widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
 
     def line(values: tuple[str, ...]) -> str:
