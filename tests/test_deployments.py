@@ -418,3 +418,17 @@ def test_an_operators_stop_is_not_healed_even_after_a_late_run_marked_it_failed(
     assert "restarted: server ready" not in (healed.heal or ""), healed.heal
     assert record(box, "qwen36-27b")["status"] == "failed" and record(box, "qwen36-27b")["stopped_by"]
     assert box.shell("pgrep -f '[s]glang.launch_server' || true").strip() == ""  # no server started
+
+
+def test_a_directory_in_place_of_the_record_refuses_the_deploy_before_the_server_is_stopped(
+    box: nshost.NamespaceHost,
+) -> None:
+    """No record could be written over it after the stop: the host would be left with no server."""
+    assert deploy(box, "big", (0, 1))[0].ok
+    path = simhost.record(box.dir, "state.json", "big")
+    pid = json.loads(path.read_text())["pid"]
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(PreflightError, match=r"state\.json cannot be written \(a directory is in its place\)"):
+        deploy(box, "big", (0, 1))
+    assert alive(box, pid) and path.is_dir() and not (path.parent / "lock.json").exists()

@@ -154,6 +154,7 @@ class ActResult(TypedDict, total=False):
     memory: Dict[str, Any]
     launched: Launched
     log_dir_unwritable: Dict[str, Any]
+    record_unwritable: Dict[str, Any]  # the deployment's record path holds what no record replaces
     short_of_space: Dict[str, Any]
     write_failed: Dict[str, Any]
     rolled_back: Launched

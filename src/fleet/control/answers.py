@@ -136,6 +136,12 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
         return overlap_refused(host_name, deployment, lock)
     if unwritable := out.get("log_dir_unwritable"):
         return unwritable_host_dir(host_name, "the log directory", "log_dir", unwritable)
+    if unwritable := out.get("record_unwritable"):
+        return PreflightError(
+            f"{host_name}: deployment {deployment}'s record {unwritable.get('path')} cannot be written "
+            f"({unwritable.get('error')}). Nothing on the host was changed.",
+            "Move it out of fleet's state directory, then run again.",
+        )
     if short := out.get("short_of_space"):
         return PreflightError(
             f"{host_name}: {short['short']} in {short['path']} ({short['setting']}); fleet needs "

@@ -199,6 +199,10 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
         if short:
             out["short_of_space"] = short
             return True
+        record = os.path.join(deployment_dir(expand(a["lock"]["state_dir"]), a["lock"]["deployment"]), STATE_FILE)
+        if os.path.isdir(record) and not os.path.islink(record):  # no record could be written over it
+            out["record_unwritable"] = {"path": record, "error": "a directory is in its place"}
+            return True
     return None
 
 
