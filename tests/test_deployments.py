@@ -373,16 +373,17 @@ def test_a_deployment_directory_holding_what_fleet_did_not_write_is_not_forgotte
 def test_a_record_written_by_a_newer_fleet_is_refused_and_its_server_left_running(box: nshost.NamespaceHost) -> None:
     """Another fleet on this host (newer, with record shapes this one cannot read) keeps what it wrote:
     this fleet's deploy is refused before anything is stopped, leaves no lock, and status says unreadable."""
-    from fleet.errors import HostStepError
-
     assert deploy(box, "big", (0, 1))[0].ok
     path = simhost.record(box.dir, "state.json", "big")
     path.write_text(json.dumps({**json.loads(path.read_text()), "schema": 99}))
     before, pid = path.read_bytes(), json.loads(path.read_text())["pid"]
-    with pytest.raises(HostStepError, match=r"state\.json was written by a newer fleet \(record version 99"):
+    with pytest.raises(PreflightError, match=r"state\.json was written by a newer fleet \(record version 99.*Nothing"):
         deploy(box, "big", (0, 1))
     assert path.read_bytes() == before and alive(box, pid)
     assert not (path.parent / "lock.json").exists()
+    with pytest.raises(PreflightError, match=r"newer fleet .*Nothing on the host was changed"):  # no false success
+        ops.stop(box.transport(), box.host, force=False, name="big")
+    assert path.read_bytes() == before and alive(box, pid)
     rows = status_rows(box.host, ops.read_facts(box.transport(), box.host))
     assert [r["status"] for r in rows if r["deployment"] == "big"] == ["unreadable"]
 

@@ -155,6 +155,7 @@ class ActResult(TypedDict, total=False):
     launched: Launched
     log_dir_unwritable: Dict[str, Any]
     record_unwritable: Dict[str, Any]  # the deployment's record path holds what no record replaces
+    record_too_new: str  # a record this run needed was written by a newer fleet: why, and what to do
     short_of_space: Dict[str, Any]
     write_failed: Dict[str, Any]
     rolled_back: Launched

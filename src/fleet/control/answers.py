@@ -54,6 +54,14 @@ def unwritable_state_dir(host_name: str, lock: LockResult) -> PreflightError:
     return unwritable_host_dir(host_name, "fleet's state directory", "state_dir", lock)
 
 
+def newer_record(host_name: str, out: ActResult) -> PreflightError | None:
+    """The act step refused as a record a newer fleet wrote asks (any mode: deploy, stop, forget)."""
+    if not (newer := out.get("record_too_new")):
+        return None
+    changed = "Nothing on the host was changed." if not out.get("ended") else "Its server was stopped first."
+    return PreflightError(f"{host_name}: {newer}. {changed}", "Run that fleet there, or upgrade this one.")
+
+
 def refuse_unless_taken(host_name: str, deployment: str, lock: LockResult) -> None:
     """A stop's or a forget's lock that was not taken: the state directory cannot be written, or another
     run holds the deployment."""
@@ -128,6 +136,8 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
             f"Start it again yourself: fleet restart --host {host_name}/{deployment}.",
         )
     lock = out["lock"]
+    if newer := newer_record(host_name, out):
+        return newer
     if lock["status"] == "unwritable":
         return unwritable_state_dir(host_name, lock)
     if lock["status"] == "held":

@@ -10,7 +10,7 @@ from typing import Any, TypeGuard
 from fleet import events
 from fleet.control.act_request import owner
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
-from fleet.control.answers import act_answer, refuse_unless_taken
+from fleet.control.answers import act_answer, newer_record, refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.control.outcomes import DeployResult
@@ -422,4 +422,6 @@ def _stop_one(
     }
     out = act_answer(run_json(t, step_python(host), "act", args))
     refuse_unless_taken(host.name, deployment, out["lock"])
+    if newer := newer_record(host.name, out):
+        raise newer
     return out  # holders that are not fleet's are in out["refused"]: reported, left running

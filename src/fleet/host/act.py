@@ -121,6 +121,8 @@ def main() -> ActResult:
     release = True  # also when it fails (a newer fleet's record, a full disk): no lock is left behind
     try:
         release = under_lock(a, secrets, out, root, state_dir)
+    except RecordTooNew as exc:  # refused, as the record asks: fleet says so, and whether it stopped anything
+        out["record_too_new"] = str(exc)
     finally:
         if release:
             release_lock(state_dir, a["lock"]["run_id"])

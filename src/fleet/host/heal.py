@@ -24,21 +24,22 @@ def main() -> HealDecision:
     a = json.loads(sys.argv[1])
     root = os.path.expanduser(a["state_dir"])
     os.makedirs(root, mode=0o700, exist_ok=True)
-    with host_guard(root):  # the host's guard, as the act step takes it
+    # under the host's guard, as the act step takes it: two heals at the same instant count each other
+    with host_guard(root):
         migrate_legacy(root)  # an older fleet's record first, so its deployment's heals go beside it
-    state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
-    path = os.path.join(state_dir, HEALS_FILE)
-    kept = (read_record(path) or {}).get("times")
-    heals = [x for x in kept if isinstance(x, (int, float))] if isinstance(kept, list) else []
-    now = time.time()
-    # A stamp after now means the clock was stepped back since: it is counted as a heal just made (it was
-    # dropped, and 6 heals ran in 30 s against a limit of 3 an hour), and written back as now, so it ages.
-    heals = [min(x, now) for x in heals if x > now - 86400]
-    recent = len([x for x in heals if x > now - 3600])
-    allowed = recent < a["limit"]
-    if allowed:
-        os.makedirs(state_dir, exist_ok=True)
-        write_record(path, {"times": heals + [now]})
+        state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
+        path = os.path.join(state_dir, HEALS_FILE)
+        kept = (read_record(path) or {}).get("times")
+        heals = [x for x in kept if isinstance(x, (int, float))] if isinstance(kept, list) else []
+        now = time.time()
+        # A stamp after now means the clock was stepped back since: it is counted as a heal just made (it
+        # was dropped, and 6 heals ran in 30 s against a limit of 3 an hour), and written back as now.
+        heals = [min(x, now) for x in heals if x > now - 86400]
+        recent = len([x for x in heals if x > now - 3600])
+        allowed = recent < a["limit"]
+        if allowed:
+            os.makedirs(state_dir, exist_ok=True)
+            write_record(path, {"times": heals + [now]})
     return {"allowed": allowed, "recent": recent}
 
 
