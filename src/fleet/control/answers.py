@@ -62,13 +62,16 @@ def newer_record(host_name: str, out: ActResult) -> PreflightError | None:
     return PreflightError(f"{host_name}: {newer}. {changed}", "Run that fleet there, or upgrade this one.")
 
 
-def refuse_unless_taken(host_name: str, deployment: str, lock: LockResult) -> None:
-    """A stop's or a forget's lock that was not taken: the state directory cannot be written, or another
-    run holds the deployment."""
+def refuse_unless_taken(host_name: str, deployment: str, out: ActResult) -> None:
+    """A stop's or a forget's act step that did nothing: its lock was not taken (the state directory
+    cannot be written, or another run holds the deployment), or a record a newer fleet wrote refused it."""
+    lock = out["lock"]
     if lock["status"] == "unwritable":
         raise unwritable_state_dir(host_name, lock)
     if lock["status"] == "held":
         raise locked(f"{host_name} (deployment {deployment})", lock)
+    if newer := newer_record(host_name, out):
+        raise newer
 
 
 def rollback_said(out: ActResult) -> str:

@@ -19,7 +19,7 @@ from fleet import events
 from fleet.control.act_request import check_args, launch_args, owner, planned_ports, run_id
 from fleet.control.answers import LOCK_GRACE_S, act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
-from fleet.control.host_steps import HostSteps, SshSteps
+from fleet.control.host_steps import HostSteps, steps_of
 from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
 from fleet.crashes import GiveUp, LogContext, Relaunch, Signature, diagnose, traceback_of
 from fleet.errors import (
@@ -95,7 +95,7 @@ class Deployer:
         group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no smoke prompt (`smoke`
         empty): it is ready when its /health answers. `command`: what the lock says this run is ("heal":
         the host refuses it once an operator stopped the deployment)."""
-        self.steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
+        self.steps = steps_of(transport)
         self.host = host
         self.playbook_name = playbook_name
         self.deployment = deployment or playbook_name
@@ -121,7 +121,7 @@ class Deployer:
     def over(self, transport: Transport | HostSteps) -> Deployer:
         """This run over another connection to its host (a group stops a rank its watcher still streams)."""
         other = copy.copy(self)
-        other.steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
+        other.steps = steps_of(transport)
         return other
 
     # -- remote steps ---------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ class Deployer:
                 return Proven()
         rec.diagnosis = diagnose(lines, context, self.signatures)
         self.progress(events.Diagnosed(rec.number, rec.outcome, rec.diagnosis.to_json()))
-        return Failed(rec.diagnosis, [redact(x, self.secrets) for x in lines])
+        return Failed(rec.diagnosis, lines)  # redacted already: as they arrived, and the check's output
 
     def _given_up(self, result: DeployResult, plan: LaunchPlan, rec: Attempt, reason: str) -> DeployResult:
         result.reason = reason

@@ -7,7 +7,7 @@ start-up timelines (per model, engine version and GPUs) and the logs are kept.""
 
 from __future__ import annotations
 
-from fleet.control.answers import act_answer, newer_record, refuse_unless_taken
+from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import Deployer
 from fleet.control.gather import read_facts
 from fleet.errors import ConfigError, PreflightError
@@ -44,10 +44,8 @@ def forget(t: Transport, host: Host, name: str) -> None:
         secrets={},
         deployment=name,
     )
-    out = act_answer(run_json(t, step_python(host), "act", {"lock": deployer.lock_args("forget"), "forget": True}))
-    refuse_unless_taken(host.name, name, out["lock"])
-    if newer := newer_record(host.name, out):
-        raise newer
+    out = deployer.steps.act(step_python(host), {"lock": deployer.lock_args("forget"), "forget": True}, timeout_s=300)
+    refuse_unless_taken(host.name, name, out)
     said = out.get("forget") or {}
     if said.get("running"):
         raise PreflightError(

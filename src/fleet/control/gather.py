@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.control.host_steps import HostSteps, SshSteps
+from fleet.control.host_steps import HostSteps, steps_of
 from fleet.facts import HostFacts
 from fleet.inventory import Host
 from fleet.inventory.runtime import Container
@@ -49,5 +49,4 @@ def read_facts(
             "state_dir": s.state_dir,
             "mounts": list(runtime.mounts),
         }
-    steps = transport if isinstance(transport, HostSteps) else SshSteps(transport)
-    return steps.facts(args, pythons)
+    return steps_of(transport).facts(args, pythons)

@@ -49,6 +49,11 @@ class HostSteps(Protocol):
         ...
 
 
+def steps_of(transport: Transport | HostSteps) -> HostSteps:
+    """A host's steps: given as they are (a scripted host in tests), or run over its connection."""
+    return transport if isinstance(transport, HostSteps) else SshSteps(transport)
+
+
 class SshSteps:
     """The steps as fleet's host scripts, run over `transport`."""
 

@@ -10,7 +10,7 @@ from typing import Any, TypeGuard
 from fleet import events
 from fleet.control.act_request import owner
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
-from fleet.control.answers import act_answer, newer_record, refuse_unless_taken
+from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
 from fleet.control.gather import model_path, read_facts
 from fleet.control.outcomes import DeployResult
@@ -19,7 +19,7 @@ from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.facts import DeploymentRecord, HostFacts
-from fleet.hostscripts import run_json, step_python
+from fleet.hostscripts import step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
 from fleet.inventory.runtime import Container, chosen_runtime
@@ -27,7 +27,7 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.protocol import DEPLOYMENT_NAME_RE, READY, STOPPED, ActResult, SmokeSpec, StateRecord
+from fleet.protocol import DEPLOYMENT_NAME_RE, READY, STOPPED, ActRequest, ActResult, SmokeSpec, StateRecord
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -413,15 +413,13 @@ def _stop_one(
         deployment=deployment,
         gpus=None if everything else placed,
     )
-    args = {
+    args: ActRequest = {
         "lock": deployer.lock_args("stop"),
         "free": deployer.free_args(state.get("port")),
         # stopped_by: an operator's stop, kept by whatever the record says later, so no heal undoes it
         "state_update": {**state, "status": STOPPED, "updated": time.time(), "stopped_by": owner()} if state else None,
         "release_lock": True,
     }
-    out = act_answer(run_json(t, step_python(host), "act", args))
-    refuse_unless_taken(host.name, deployment, out["lock"])
-    if newer := newer_record(host.name, out):
-        raise newer
+    out = deployer.steps.act(step_python(host), args, timeout_s=300)
+    refuse_unless_taken(host.name, deployment, out)
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
