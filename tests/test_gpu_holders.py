@@ -139,3 +139,38 @@ def test_a_process_in_a_container_or_a_kubernetes_pod_is_seen_as_one(cgroup: str
     m = CONTAINER_ID_RE.search(cgroup.format(id=cid))
     assert m and m.group(1) == cid
     assert not CONTAINER_ID_RE.search("0::/user.slice/user-1000.slice/session-3.scope")
+
+
+def test_which_gpu_each_holder_holds_is_read_from_its_own_descriptors(tmp_path: Path) -> None:
+    """The probe finds the holders of any GPU once (fuser), then which GPU each holds from those processes'
+    descriptors only: the same answer as a scan of every process, without one `fuser` per GPU."""
+    import subprocess
+    import sys
+
+    from fleet.host.common import SIMULATED_GPUS_MARK
+    from fleet.host.probe_gpus import gpu_holders
+    from fleet.host.procs import holders_by_file
+
+    (tmp_path / SIMULATED_GPUS_MARK).write_text("")
+    files = [str(tmp_path / f"nvidia{i}") for i in range(3)]
+    for f in files:
+        Path(f).write_text("")
+    hold = "import sys, time; fs = [open(f) for f in sys.argv[1:]]; print(flush=True); time.sleep(60)"
+    first = subprocess.Popen([sys.executable, "-c", hold, files[0]], stdout=subprocess.PIPE)
+    both = subprocess.Popen([sys.executable, "-c", hold, files[0], files[2]], stdout=subprocess.PIPE)
+    try:
+        for p in (first, both):
+            assert p.stdout is not None and p.stdout.readline()  # its files are open
+        among = {first.pid, both.pid}
+        expected = {files[0]: sorted(among), files[1]: [], files[2]: [both.pid]}
+        assert holders_by_file(files, among=among) == expected
+        assert holders_by_file(files) == expected  # every process looked at: the same
+        found = gpu_holders(str(tmp_path / "nvidia*"))
+        assert found["by_file"] == {"nvidia0": sorted(among), "nvidia1": [], "nvidia2": [both.pid]}
+        assert sorted(h["pid"] for h in found["holders"]) == sorted(among)
+    finally:
+        for p in (first, both):
+            p.kill()
+            p.wait()
+            assert p.stdout is not None
+            p.stdout.close()

@@ -466,3 +466,31 @@ def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_c
         assert st["status"] == "failed" and "(container fleet-x stopped; " in st["reason"], st
     finally:
         subprocess.run(["pkill", "-9", "-s", str(engine.pid)], capture_output=True)
+
+
+@pytest.mark.parametrize("pidfds", [True, False])
+def test_a_wait_for_stopped_processes_ends_when_the_last_one_has_exited(
+    monkeypatch: pytest.MonkeyPatch, pidfds: bool
+) -> None:
+    """The drain after SIGTERM waits for the held processes, with a pidfd or without one (an older kernel):
+    it ends at the deadline while one still runs, and as soon as the last has exited."""
+    from fleet.host import signals
+    from fleet.host.procs import start_ticks
+
+    if not pidfds:
+        monkeypatch.setattr(signals, "_pidfd_open", lambda pid: None)
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        held = {p.pid: signals.hold_process(p.pid, start_ticks(p.pid)) for p in procs}
+        assert all(h is not None and (h.fd is not None) == pidfds for h in held.values())
+        procs[0].send_signal(signal.SIGTERM)
+        signals.wait_ended(held, time.time() + 0.3)  # the deadline: one still runs
+        assert [h.alive() for h in held.values() if h] == [False, True]
+        procs[1].send_signal(signal.SIGTERM)
+        signals.wait_ended(held, time.time() + 60)
+        assert not any(h.alive() for h in held.values() if h)
+        signals.release(held)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -28,7 +28,7 @@ except NameError:  # imported as a module (fleet's own tests)
         port_holders,
         start_ticks,
     )
-    from fleet.host.signals import foreign_members, hold_group, hold_process, release
+    from fleet.host.signals import foreign_members, hold_group, hold_process, release, wait_ended
     from fleet.protocol import FreeRequest, ProcessInfo
 
 
@@ -277,9 +277,7 @@ def stop_targets(
             if held[pid] is None:
                 targets[pid]["stop"] = "gone before it was signalled"
         send(pgid, whole, signal.SIGKILL if idle else signal.SIGTERM)
-    deadline = time.time() + drain_s
-    while time.time() < deadline and any(h.alive() for h in held.values() if h is not None):
-        time.sleep(0.05)
+    wait_ended(held, time.time() + drain_s)
     forced: List[int] = []
     after_drain = "SIGKILL after the %g s drain window" % drain_s
     for pgid, whole, idle in signalled:
@@ -289,9 +287,7 @@ def stop_targets(
             for pid in groups[pgid]:
                 if whole or pid in killed:
                     targets[pid]["stop"] = after_drain
-    deadline = time.time() + 5
-    while time.time() < deadline and any(h.alive() for h in held.values() if h is not None):
-        time.sleep(0.05)
+    wait_ended(held, time.time() + 5)
     release(held)
     left = []  # another user's processes in a stopped group: named, never signalled
     for pgid, whole, _ in signalled:

@@ -28,7 +28,7 @@ def gpu_holders(device_glob: str) -> Dict[str, Any]:
         p.pop("argv", None)  # the command line says it once
         p["container"] = container_of(p["pid"])
     per_gpu = [f for f in files if re.match(r"^nvidia\d+$", os.path.basename(f))]
-    by_file = dict((os.path.basename(f), h) for f, h in holders_by_file(per_gpu).items()) if pids else {}
+    by_file = dict((os.path.basename(f), h) for f, h in holders_by_file(per_gpu, among=pids).items()) if pids else {}
     return {"device_files": files, "method": method, "holders": holders, "by_file": by_file}
 
 

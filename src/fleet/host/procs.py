@@ -310,9 +310,11 @@ def device_holders(files: List[str]) -> Tuple[Set[int], str]:
     return found, "proc"
 
 
-def holders_by_file(files: List[str]) -> Dict[str, List[int]]:
-    """Pids holding each of these device files (which GPU a process holds, not only that it holds one)."""
-    if shutil.which("fuser"):
+def holders_by_file(files: List[str], among: Optional[Set[int]] = None) -> Dict[str, List[int]]:
+    """Pids holding each of these device files (which GPU a process holds, not only that it holds one).
+    `among`: the only pids that can (the holders of any of them, found already): only their descriptors
+    are read, where `fuser` would scan every process on the host once per file."""
+    if among is None and shutil.which("fuser"):
         out: Dict[str, List[int]] = {}
         try:
             for f in files:
@@ -323,7 +325,7 @@ def holders_by_file(files: List[str]) -> Dict[str, List[int]]:
             pass
     real = dict((os.path.realpath(f), f) for f in files)
     scanned: Dict[str, List[int]] = dict((f, []) for f in files)
-    for pid in pids():
+    for pid in sorted(among) if among is not None else pids():
         try:
             fds = os.listdir("/proc/%d/fd" % pid)
         except OSError:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import select
+import time
 from typing import Any, Dict, List, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
@@ -142,6 +144,25 @@ def hold_group(pgid: int, uid: int, skip: Any = None) -> Dict[int, Held]:
 def foreign_members(pgid: int, uid: int) -> List[int]:
     """Pids in group `pgid` of another user than `uid`: left running, and named."""
     return sorted(p["pid"] for p in process_table().values() if p["pgid"] == pgid and p["uid"] != uid)
+
+
+def wait_ended(held: Any, until: float) -> None:
+    """Until every held process has exited, or `until` (a time.time()). A pidfd becomes readable the
+    moment its process ends, so the wait ends then too, not at the next tick of a poll loop; a process
+    held without a pidfd is looked at every 10 ms."""
+    waiting = [h for h in (held.values() if isinstance(held, dict) else held) if h is not None]
+    while True:
+        waiting = [h for h in waiting if h.alive()]
+        left = until - time.time()
+        if not waiting or left <= 0:
+            return
+        if any(h.fd is None for h in waiting):
+            time.sleep(min(0.01, left))
+            continue
+        poller = select.poll()  # not select: a stop may hold pidfds past descriptor 1023
+        for h in waiting:
+            poller.register(h.fd, select.POLLIN)
+        poller.poll(max(1, int(left * 1000)))
 
 
 def release(held: Any) -> None:
