@@ -131,3 +131,47 @@ def test_picks_the_engine_makes_otherwise_plan_the_same_attempt_again() -> None:
     learned = [e for e in scripted.watched[-1]["learned"] if e["signature"] == "engine-picks"]
     assert [e["picks"] for e in learned] == [{"MoE runner": "triton"}]  # remembered once proven
     assert "picks" in scripted.acts[0]["check"] and "picks" not in scripted.acts[1]["check"]  # asked once
+
+
+class CountedProbe(ScriptedHost):
+    """A scripted host that records what each probe was asked, and fails each with `error` if given."""
+
+    def __init__(self, error: Exception | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.asked: list[Any] = []
+        self.error = error
+
+    def facts(self, request: Any, pythons: Any) -> Any:
+        self.asked.append((request, list(pythons)))
+        if self.error is not None:
+            raise self.error
+        return super().facts(request, pythons)
+
+
+def test_facts_read_ahead_are_the_deploys_own_read_and_its_only_probe() -> None:
+    """The CLI starts reading a deploy's facts while it imports the deploy loop: the deploy then takes that
+    answer instead of probing again; a read that asks something else probes for itself."""
+    from fleet.control.gather import asked_for, read_facts, read_facts_ahead
+
+    pb = playbook("qwen35-nvfp4-handwritten")
+    scripted = CountedProbe(facts_found=facts("blackwell", RTX_PRO_6000, 8, model=pb.spec.model))
+    read_facts_ahead(scripted, host("blackwell"), pb)
+    found = read_facts(scripted, host("blackwell"), **asked_for(host("blackwell"), pb))
+    assert found.host == "scripted" and len(scripted.asked) == 1
+    read_facts_ahead(scripted, host("blackwell"), pb)
+    read_facts(scripted, host("blackwell"), model="/elsewhere", engine="sglang")
+    assert len(scripted.asked) == 3 and scripted.asked[2][0]["model_path"] == "/elsewhere"
+    read_facts(scripted, host("blackwell"), **asked_for(host("blackwell"), pb))  # nothing ahead now: probes
+    assert len(scripted.asked) == 4
+
+
+def test_a_failure_while_reading_ahead_is_the_deploys_own_error() -> None:
+    from fleet.control.gather import asked_for, read_facts, read_facts_ahead
+    from fleet.errors import HostUnreachable
+
+    pb = playbook("qwen35-nvfp4-handwritten")
+    scripted = CountedProbe(error=HostUnreachable("blackwell: cannot connect", "Check the address."))
+    read_facts_ahead(scripted, host("blackwell"), pb)
+    with pytest.raises(HostUnreachable, match="cannot connect"):
+        read_facts(scripted, host("blackwell"), **asked_for(host("blackwell"), pb))
+    assert len(scripted.asked) == 1

@@ -121,9 +121,6 @@ def deploy(
       fleet deploy qwen36-27b --host blackwell --gpus 6,7 --name small
       fleet deploy qwen35-two-nodes
     """
-    from fleet.control import ops
-    from fleet.control.pull import HubAccess
-
     host_name, deployment = split_deployment(host_name, deployment)
     placement = parse_gpus(gpus)
     pb = ctx.playbook(playbook)
@@ -135,6 +132,12 @@ def deploy(
         return
     host = ctx.host(host_name, pb)
     with transport_for(ctx, host) as t:
+        from fleet.control.gather import read_facts_ahead
+
+        read_facts_ahead(t, host, pb)  # the host probes while the deploy loop is imported
+        from fleet.control import ops
+        from fleet.control.pull import HubAccess
+
         result = ops.deploy(
             t,
             host,

@@ -12,7 +12,7 @@ from fleet.control.act_request import owner
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
-from fleet.control.gather import model_path, read_facts
+from fleet.control.gather import asked_for, read_facts
 from fleet.control.outcomes import DeployResult
 from fleet.control.placing import Placed, place_and_plan
 from fleet.control.pull import HubAccess, pull_model
@@ -22,7 +22,7 @@ from fleet.facts import DeploymentRecord, HostFacts
 from fleet.hostscripts import step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
-from fleet.inventory.runtime import Container, chosen_runtime
+from fleet.inventory.runtime import Container
 from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
@@ -167,14 +167,14 @@ def _facts_with_what_is_missing(
 ) -> HostFacts:
     """The host's facts for this playbook, read again after pulling a container image it lacks and, with
     `hub`, a model it lacks (refused, nothing stopped, when that cannot be done)."""
-    path = model_path(host, playbook.spec.model)
-    runtime = chosen_runtime(playbook.spec.runtime, host.settings.runtime)
-    facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+    asked = asked_for(host, playbook)
+    facts = read_facts(t, host, **asked)
+    runtime = asked["runtime"]
     if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
-        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+        facts = read_facts(t, host, **asked)
     if hub is not None and playbook.spec.hf_repo and (facts.model is None or not facts.model.exists):
         pull_model(t, host, playbook, hub=hub, progress=progress)
-        facts = read_facts(t, host, model=path, engine=playbook.spec.engine, runtime=runtime)
+        facts = read_facts(t, host, **asked)
     return facts
 
 
