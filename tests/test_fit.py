@@ -102,7 +102,7 @@ def test_found_by_review_fit_agrees_with_the_planners_tp_and_budget() -> None:
     unknown = fit_gpus(replace(q36, weights_bytes=None), H100, 8, 4096)
     assert not unknown.fits and "size is unknown" in unknown.why
     too_long = fit_gpus(q36, H100, 6, 10_000_000)
-    assert not too_long.fits and too_long.gpus == 4 and "shorter context_length" in too_long.why
+    assert not too_long.fits and too_long.gpus == 4 and "a context_length: of at most " in too_long.why
 
 
 def test_found_by_review_sliding_window_layers_hold_their_window_and_head_size_defaults() -> None:

@@ -135,3 +135,23 @@ def test_fit_never_picks_a_tp_pre_flight_then_refuses() -> None:
     mixtral = model(MIXTRAL_8X22B, 262.0)
     assert not fit_gpus(mixtral, H100_MIB, 4, 512, version=(0, 5, 23)).fits
     assert fit_gpus(mixtral, H100_MIB, 8, 512, version=(0, 5, 23)).gpus == 8
+
+
+def test_a_shorter_context_is_advised_only_where_it_would_fit() -> None:
+    """Both of issue 42's cases were told "a shorter context_length: would" fit: the context does not move
+    SGLang's budget, and their weights with one prefill step's cache do not fit whatever the context. Where
+    a context would, the advice names the longest, and that one fits."""
+    awq, mixtral = model(QWEN3_32B_AWQ, 18.0), model(MIXTRAL_8X22B, 262.0)
+    for refused in (
+        fit_gpus(awq, RTX4090_MIB, 1, None, version=(0, 5, 23)),
+        fit_gpus(mixtral, H100_MIB, 4, None, version=(0, 5, 23)),
+    ):
+        assert not refused.fits and refused.why.endswith(
+            "more or bigger GPUs would, a shorter context_length: would not"
+        ), refused.why
+    long = fit_gpus(awq, A6000_GIB_MIB, 1, 262144, version=(0, 5, 23))
+    assert not long.fits and "a context_length: of at most " in long.why
+    tokens = int(long.why.split("a context_length: of at most ")[1].split()[0])
+    assert 40960 < tokens < 262144
+    assert fit_gpus(awq, A6000_GIB_MIB, 1, tokens, version=(0, 5, 23)).fits
+    assert not fit_gpus(awq, A6000_GIB_MIB, 1, tokens + 1, version=(0, 5, 23)).fits

@@ -131,10 +131,28 @@ def fit_gpus(
     return Fit(
         n,
         f"no TP up to {n} holds the weights and the KV cache of {context} tokens: at TP {n} they need "
-        f"{need / GIB:.2f} GiB per GPU, more than {room.bytes / GIB:.2f} GiB ({room.rule}): TP {n}; a shorter "
-        "context_length: or bigger GPUs would",
+        f"{need / GIB:.2f} GiB per GPU, more than {room.bytes / GIB:.2f} GiB ({room.rule}): TP {n}; "
+        + what_would_fit(weights, per_token, room),
         fits=False,
     )
+
+
+def what_would_fit(weights: float, per_token: int | None, room: Budget) -> str:
+    """What to change when the largest TP does not hold the model. A shorter context only where the weights
+    leave room for more than the cache the engine needs whatever the context (one prefill step under
+    SGLang's own budget): the context does not change SGLang's mem_fraction_static."""
+    least = weights + (per_token or 0) * room.prefill_tokens
+    if least > room.bytes:
+        step = (
+            f" and one prefill step's cache ({room.prefill_tokens} tokens)" if per_token and room.prefill_tokens else ""
+        )
+        return (
+            f"the weights{step} alone need {least / GIB:.2f} GiB: more or bigger GPUs would, a shorter "
+            "context_length: would not"
+        )
+    if per_token:
+        return f"a context_length: of at most {int((room.bytes - weights) // per_token)} tokens would, or bigger GPUs"
+    return "bigger GPUs would"
 
 
 def _why(
