@@ -437,6 +437,26 @@ def test_speculative_decoding_is_skipped_for_the_true_reason_sglang_has_no_draft
     assert said.startswith(f"SGLang {'.'.join(map(str, version))} has no NEXTN draft model for MiniMaxM2ForCausalLM")
 
 
+@pytest.mark.parametrize("mtp_keys", [{}, {"num_nextn_predict_layers": 1}])
+def test_on_vllm_speculative_decoding_is_skipped_for_the_true_reason_too(mtp_keys: dict[str, int]) -> None:
+    """vLLM turns a target into its MTP draft only for the model types and architectures its speculative
+    config names (fleet.plan.drafts); for MiniMax-M2 it names none, and `method: mtp` would be refused at
+    start ("Unsupported speculative method"). Said so, not "has no MTP heads"."""
+    from fleet.model import parse_model_spec
+    from fleet.plan import GpuSummary, Wishes, plan_launch
+
+    model = parse_model_spec("/m", {**MINIMAX_M2, **mtp_keys}, None, 230 << 30)
+    gpus = GpuSummary("NVIDIA H100", 8, 90, 81559, True)
+    wishes = Wishes(engine="vllm", served_name="m", port=30000, speculative=True)
+    p = plan_launch(model=model, gpus=gpus, engine_version=(0, 32, 0), python="python3", wishes=wishes)
+    assert "--speculative-config" not in p.engine_args()
+    [said] = [v.message for v in p.verdicts if v.rule == "speculative-mtp"]
+    assert said.startswith("vLLM has no MTP draft for MiniMaxM2ForCausalLM (minimax_m2"), said
+    qwen_next = parse_model_spec("/m", {**MINIMAX_M2, **mtp_keys, "model_type": "qwen3_next"}, None, 230 << 30)
+    p = plan_launch(model=qwen_next, gpus=gpus, engine_version=(0, 32, 0), python="python3", wishes=wishes)
+    assert ("--speculative-config" in p.engine_args()) == bool(mtp_keys)  # a draft type, and heads to draft with
+
+
 def test_speculative_decoding_runs_where_the_version_has_the_draft_and_the_model_its_heads() -> None:
     """Qwen3-Next's MTP head: SGLang maps Qwen3NextForCausalLM to Qwen3NextForCausalLMMTP in both versions;
     Qwen3-30B-A3B (Qwen3MoeForCausalLM) gets a draft class only in 0.5.23, and has no heads anyway."""

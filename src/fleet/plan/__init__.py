@@ -199,7 +199,10 @@ def _model_verdicts(i: PlanInput) -> list[Verdict]:
                 "warning",
                 "speculative-mtp",
                 f"SGLang {show_version(i.version)} has no NEXTN draft model for {model.architecture} (its "
-                "ModelConfig maps none): speculative decoding skipped",
+                "ModelConfig maps none): speculative decoding skipped"
+                if wishes.engine == "sglang"
+                else f"vLLM has no MTP draft for {model.architecture} ({model.model_type}: its speculative "
+                "config maps none, and refuses method mtp): speculative decoding skipped",
             )
         )
     elif wishes.speculative and model.generates and model.mtp_layers == 0:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fleet.model import EMBED, RERANK, ModelSpec
-from fleet.plan.drafts import sglang_draft
+from fleet.plan.drafts import sglang_draft, vllm_draft
 from fleet.plan.parsers import ParserChoice, parsers_for
 from fleet.plan.picks import ATTENTION, FP4_GEMM, MAMBA, MOE_RUNNER, engine_pick, failing
 from fleet.plan.types import GpuSummary, Version, Wishes, show_version
@@ -69,8 +69,10 @@ class PlanInput:
 
     @property
     def has_draft(self) -> bool:
-        """Whether the engine drafts for this architecture (SGLang's own table per version; vLLM: the heads)."""
-        return self.wishes.engine != "sglang" or sglang_draft(self.model.architecture, self.version) is not None
+        """Whether the engine drafts for this model with its MTP heads (the engines' own tables: drafts.py)."""
+        if self.wishes.engine == "vllm":
+            return vllm_draft(self.model.model_type, self.model.architecture) is not None
+        return sglang_draft(self.model.architecture, self.version) is not None
 
     def v_in(self, lo: Version, hi: Version) -> bool:
         """lo <= version <= hi (an unknown version matches nothing)."""
