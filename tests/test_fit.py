@@ -406,15 +406,27 @@ def test_chunked_attention_is_a_window_to_vllm_and_a_sliding_pool_to_sglang() ->
     assert kv_bytes_per_token(scout, 4, 131072, engine="vllm") == round(per_layer * (12 + 36 * 8192 / 131072))
 
 
-def test_sglang_pools_apart_only_the_architectures_it_names() -> None:
-    """Gemma 3 alternates sliding and global layers, but SGLang (0.5.11, 0.5.23) gives it no sliding
-    pool: every layer holds the whole context there, as many as vLLM keeps for a window."""
-    import json
+# Gemma 3 4B's text config as published (google/gemma-3-4b-it, as public config fixtures reproduce it, e.g.
+# a Rust model loader's test_gemma3_4b_config_from_json): a sliding_window_pattern, no layer_types.
+GEMMA3_4B_TEXT = {
+    "model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 34, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 1024, "sliding_window_pattern": 6,
+    "max_position_embeddings": 131072,
+}  # fmt: skip
 
+
+@pytest.mark.parametrize("pattern_given", [True, False])
+def test_sglang_pools_apart_only_the_architectures_it_names(pattern_given: bool) -> None:
+    """Gemma 3 has one global layer in six and sliding ones between, though its config lists no layer
+    types (transformers fills them in from sliding_window_pattern, else 6 for the model type, and vLLM
+    reads that list: found by review, when fleet counted every layer full for vLLM). SGLang (0.5.11,
+    0.5.23) gives it no sliding pool: every layer holds the whole context there."""
     from fleet.model import parse_model_spec
 
-    cfg = json.loads((Path(__file__).parent / "data" / "matrix" / "gpt-oss-120b" / "config.json").read_text())
-    other = parse_model_spec("/m", {**cfg, "architectures": ["Gemma3ForCausalLM"]}, None, 65_248_815_744)
-    assert (other.sliding_window_layers, other.sglang_swa_layers) == (18, 0)
-    assert kv_bytes_per_token(other, 1, 131072) == 2 * 8 * 64 * 2 * 36
-    assert kv_bytes_per_token(other, 1, 131072, engine="vllm") < kv_bytes_per_token(other, 1, 131072) / 1.9
+    text = dict(GEMMA3_4B_TEXT) if pattern_given else {k: v for k, v in GEMMA3_4B_TEXT.items() if "pattern" not in k}
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text}
+    gemma = parse_model_spec("/m", cfg, None, 8_600_000_000)
+    assert (gemma.sliding_window_layers, gemma.sliding_window, gemma.sglang_swa_layers) == (29, 1024, 0)
+    per_layer = 2 * 4 * 256 * 2
+    assert kv_bytes_per_token(gemma, 1, 131072) == per_layer * 34
+    assert kv_bytes_per_token(gemma, 1, 131072, engine="vllm") == round(per_layer * (5 + 29 * 1024 / 131072))

@@ -42,6 +42,26 @@ def _sglang_swa_layers(arch: str, layers: int, layer_types: Any) -> int:
     return 0
 
 
+# transformers fills in the layer types a config leaves out: one full-attention layer in every N, the rest
+# sliding (configuration_gemma2.py: 2; configuration_gemma3.py: sliding_window_pattern, else 6;
+# configuration_cohere2.py: sliding_window_pattern, else 4). The engines read the filled-in list.
+SLIDING_PATTERN_DEFAULTS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
+def _layer_types(tc: Mapping[str, object], model_type: str, layers: int) -> Any:
+    """The config's `layer_types`, or the list transformers makes when it leaves them out (Gemma 2 and 3,
+    Cohere 2: Gemma 3's published configs name a `sliding_window_pattern` and no list)."""
+    given = tc.get("layer_types")
+    if isinstance(given, list) and given:
+        return given
+    pattern = _int(tc, "sliding_window_pattern") or SLIDING_PATTERN_DEFAULTS.get(
+        str(tc.get("model_type") or model_type)
+    )
+    if pattern and layers and tc.get("sliding_window"):
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    return given
+
+
 def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, int | None]:
     """(layers holding only a window of tokens, that window), as vLLM's hybrid KV cache keeps them:
     `layer_types`' sliding layers, or Llama 4's chunked-attention layers (those with RoPE: every layer
@@ -239,7 +259,7 @@ def parse_model_spec(
     tc = _text_config(config)
     model_type = str(config.get("model_type") or tc.get("model_type") or "?")
     layers = _int(tc, "num_hidden_layers", "n_layer", "num_layers")
-    layer_types = tc.get("layer_types")
+    layer_types = _layer_types(tc, model_type, layers)
     if isinstance(layer_types, list) and layer_types:
         linear = tuple(i for i, t in enumerate(layer_types) if t in ("linear_attention", "mamba"))
     elif tc.get("full_attention_interval") and (
