@@ -83,3 +83,16 @@ def test_a_run_of_every_tier_fails_when_a_test_could_not_run(tmp_path: Path) -> 
     assert _pytest_here(tmp_path).returncode == 0  # make unit: skipping is allowed while iterating
     (tmp_path / "test_tier.py").write_text("def test_runs():\n    pass\n")
     assert _pytest_here(tmp_path, **{EVERY_TIER: "1"}).returncode == 0
+
+
+def test_the_ssh_libraries_load_without_invokes_test_helper_and_leave_it_importable() -> None:
+    """fleet.transport.sshlib keeps unittest.mock (and asyncio under it) out of a command's start, and a
+    later import of it still gets the real module; paramiko keeps invoke for ssh_config's `Match exec`."""
+    probe = (
+        "import sys; import fleet.transport.ssh as s; "
+        "assert 'unittest.mock' not in sys.modules and 'asyncio' not in sys.modules, 'loaded'; "
+        "import paramiko.config; assert paramiko.config.invoke is not None, 'no invoke'; "
+        "import unittest.mock; m = unittest.mock.Mock(); m.x(1); m.x.assert_called_once_with(1); print('ok')"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

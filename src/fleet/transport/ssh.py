@@ -24,9 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import paramiko
-from fabric import Config, Connection
-
 from fleet.errors import (
     AuthError,
     ConfigError,
@@ -40,6 +37,7 @@ from fleet.inventory import Host
 from fleet.transport.base import CommandResult, OnChunk, Stdin, feed, sh_command
 from fleet.transport.ssh_keys import SHARED_PARSE_LOCK, UnknownKey, harden
 from fleet.transport.ssh_socket import READ_BYTES, fast_transport, tcp_connect
+from fleet.transport.sshlib import Config, Connection, paramiko
 
 
 @functools.lru_cache(maxsize=4)

@@ -9,10 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import paramiko
-from fabric import Connection
-
 from fleet.errors import ConfigError
+from fleet.transport.sshlib import Connection, paramiko
 
 
 class RecordNewKey(paramiko.MissingHostKeyPolicy):

@@ -7,7 +7,7 @@ import contextlib
 import socket
 from typing import Any
 
-import paramiko
+from fleet.transport.sshlib import paramiko
 
 # Linux only; elsewhere the socket is only NODELAY (the wait at authentication goes, the one at the
 # first channel stays).
