@@ -94,6 +94,36 @@ def test_an_upgrade_audited_over_the_simulated_fleet_with_the_real_parser(
 
 
 @pytest.mark.ssh
+def test_a_groups_ranks_and_a_host_without_the_engine_have_rows_of_their_own(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A playbook over several hosts is audited rank by rank on its own hosts (it was left out without a
+    word), and a host that has no environment of the engine says so instead of having no row."""
+    books = tmp_path / "playbooks"
+    books.mkdir()
+    single = (ROOT / "playbooks" / "qwen36-27b.yaml").read_text().replace("default_host: ct129\n", "")
+    group = single + "hosts: [blackwell, ct129]\ndist_port: 50000\n"
+    (books / "pair.yaml").write_text(group)
+    (books / "far.yaml").write_text(group.replace("hosts: [blackwell, ct129]", "hosts: [far-a, far-b]"))
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        fleet_env.inventory.read_text().replace(
+            "\ngroups:", "\n  cpubox:\n    address: 127.0.0.3\n    engines: {vllm: /usr/bin/python3}\ngroups:", 1
+        )
+    )
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(books))
+    monkeypatch.setenv("FLEET_INVENTORY", str(inventory))
+    r = run_cli("engine", "audit", "sglang==0.5.23", "--json")
+    rows = {(x["host"], x["playbook"]): x for x in map(json.loads, r.out.splitlines())}
+    far = ("far-a,far-b", "far[group]")
+    assert set(rows) == {("blackwell", "pair[rank 0]"), ("ct129", "pair[rank 1]"), ("cpubox", "-"), far}, r.out
+    assert rows[far]["verdict"] == "skipped" and "far-a, far-b are not in the inventory" in rows[far]["skipped"]
+    assert rows[("cpubox", "-")]["verdict"] == "skipped" and "no sglang" in rows[("cpubox", "-")]["skipped"]
+    assert all(rows[k]["parser"] == "not checked: a rank of a group" for k in rows if k[1].startswith("pair["))
+    assert "went through sglang 0.5.23's own parser" in r.err  # said: nothing was checked by it
+
+
+@pytest.mark.ssh
 def test_a_parser_of_another_version_is_refused_before_any_host_is_asked(fleet_env: simhost.Sandbox) -> None:
     sglang_oracle.require_oracle()
     wrong = f"env PYTHONPATH={LAYERS_0511} {ORACLE_PYTHON}"

@@ -51,10 +51,10 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
         raise ConfigError(f"no playbook in {ctx.playbooks_dir} runs {name}.", "Nothing to audit.")
 
     def on_host(t: Any, host: Any) -> list[audit.Audit]:
-        if name not in host.settings.engines:  # the host has no environment of this engine
-            return []
+        if name not in host.settings.engines:
+            return [audit.Audit(host.name, "-", "-", skipped=f"no {name} in its engines: nothing here to upgrade")]
         rows = []
-        for pb in playbooks:
+        for pb in (p for p in playbooks if not p.spec.hosts):
             facts = read_facts(t, host, model=model_path(host, pb.spec.model), engine=name)
             now, then = (
                 placing.place_and_plan(
@@ -71,6 +71,12 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
     rows: list[audit.Audit] = []
     for host, found, error in each_host(ctx, host_name, True, on_host):
         rows += found if error is None else [audit.Audit(host, "-", "-", error=error.message)]
+    chosen = {h.name for h in ctx.inventory.select([host_name])} if host_name else None
+    for pb in playbooks:
+        if pb.spec.hosts and (chosen is None or chosen & set(pb.spec.hosts)):
+            rows += _group_rows(ctx, pb, name, version)
+    if command is None:
+        say(f"warning: no command line went through {name} {version}'s own parser: give --parser PYTHON", err=True)
     if as_json:
         for r in rows:
             emit_json({"verdict": r.verdict, **asdict(r)})
@@ -81,6 +87,25 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
         raise click.exceptions.Exit(4)
     if "unknown" in verdicts:  # a host not reached, or a command line its parser could not check: not "same"
         raise click.exceptions.Exit(1)
+
+
+def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str) -> list[Any]:
+    """A group playbook's ranks on its own hosts; one row with the error where they cannot be planned."""
+    from fleet.cli.groups import group_run
+    from fleet.control import audit
+    from fleet.errors import FleetError, PreflightError
+
+    missing = [h for h in pb.spec.hosts if h not in ctx.inventory.hosts]
+    if missing:  # a group for other boxes than this inventory's: nothing of it runs here
+        why = f"its hosts {', '.join(missing)} are not in the inventory: nothing here to upgrade"
+        return [audit.Audit(",".join(pb.spec.hosts), f"{pb.name}[group]", "-", skipped=why)]
+    where = (",".join(pb.spec.hosts), f"{pb.name}[group]", "-")
+    try:
+        return audit.audit_group(group_run(ctx, pb), engine, version, ctx.signatures or [])
+    except PreflightError as exc:  # the group cannot be placed on its hosts as they are
+        return [audit.Audit(*where, refusals=(exc.message,))]
+    except FleetError as exc:
+        return [audit.Audit(*where, error=exc.message)]
 
 
 def _parser(parser: str, engine: str, version: str) -> list[str]:
@@ -112,8 +137,8 @@ def _table(rows: list[Any], engine: str, version: str, checked: bool) -> None:
     for r in rows:
         parser = r.parser if checked else "not checked (--parser)"
         say(f"{f'{r.host}/{r.playbook}'.ljust(width)}  {r.now:<8}  {r.verdict:<8}  {parser}")
-        if r.error:
-            say(f"    {r.error}")
+        if r.error or r.skipped:
+            say(f"    {r.error or r.skipped}")
         for field in DETAILS:
             for line in getattr(r, field):
                 say(f"    {field}: {line}")

@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from fleet.crashes import Signature
 from fleet.crashes.signatures import knowledge_diff
@@ -26,6 +27,9 @@ from fleet.plan.build import PlanResult
 from fleet.plan.container import PLACEMENT_ENV
 from fleet.plan.defaults import default_changes
 from fleet.protocol import CheckRequest
+
+if TYPE_CHECKING:
+    from fleet.control.group import GroupRun
 
 CHECK_TIMEOUT_S = 300
 
@@ -46,9 +50,12 @@ class Audit:
     refusals: tuple[str, ...] = ()  # what pre-flight refuses with the new version
     parser: str = "not checked"  # the new version's own verdict on the new command line
     error: str = ""  # the host could not be audited (unreachable, no model...)
+    skipped: str = ""  # nothing to audit, and why (the host has no environment of the engine)
 
     @property
     def verdict(self) -> str:
+        if self.skipped:
+            return "skipped"
         if self.error or self.parser.startswith("could_not_check"):
             return "unknown"
         if self.refusals or self.parser.startswith("rejected"):
@@ -200,5 +207,19 @@ def local_version(parser: Sequence[str], engine: str) -> str | None:
 
 
 def playbooks_of(playbooks: Sequence[NamedPlaybook], engine: str) -> list[NamedPlaybook]:
-    """The single-host playbooks of `engine` (a group's ranks are audited by `fleet plan --engine`)."""
-    return [pb for pb in playbooks if pb.spec.engine == engine and not pb.spec.hosts]
+    """The playbooks of `engine`: single-host ones are audited on every host, a group's on its own hosts."""
+    return [pb for pb in playbooks if pb.spec.engine == engine]
+
+
+def audit_group(run: GroupRun, engine: str, version: str, signatures: Sequence[Signature]) -> list[Audit]:
+    """A group's ranks, each planned today and with `version`, the group's pre-flight on the new plans
+    refusing for all of them. The new version's parser is not run on a rank: a rank's command line is
+    resolved against the other hosts of its group, which the stand-in GPU does not know."""
+    now, _ = run.plan()
+    then, problems = run.plan(lambda f: with_version(f, engine, version))
+    rows = []
+    for i, (host, today, upgraded) in enumerate(zip(run.hosts, now, then, strict=True)):
+        row = compare(host.name, f"{run.playbook.name}[rank {i}]", today, upgraded, signatures)
+        extra = tuple(p for p in problems if p not in row.refusals)
+        rows.append(replace(row, refusals=row.refusals + extra, parser="not checked: a rank of a group"))
+    return rows

@@ -102,12 +102,12 @@ class GroupRun:
 
     # -- plan ------------------------------------------------------------------------------------------
 
-    def plan(self) -> tuple[list[PlanResult], list[str]]:
+    def plan(self, upgrade: Callable[[HostFacts], HostFacts] | None = None) -> tuple[list[PlanResult], list[str]]:
         """`fleet plan` of a group: each rank's plan (its rank flags in) and what the group's pre-flight
-        refuses; changes nothing."""
+        refuses; changes nothing. `upgrade`: each host's facts as an engine upgrade would leave them."""
         with ExitStack() as stack:
             transports = [stack.enter_context(self.connect(h)) for h in self.hosts]
-            _, placed, problems = self._gather(transports)
+            _, placed, problems = self._gather(transports, upgrade)
         pb = self.playbook.spec
         ranked = [
             replace(r, plan=rank_plan(r.plan, self.nodes, i, pb.dist_port)) if r.plan is not None else r
@@ -115,7 +115,9 @@ class GroupRun:
         ]
         return ranked, problems
 
-    def _gather(self, transports: list[Transport]) -> tuple[list[HostFacts], list[PlanResult], list[str]]:
+    def _gather(
+        self, transports: list[Transport], upgrade: Callable[[HostFacts], HostFacts] | None = None
+    ) -> tuple[list[HostFacts], list[PlanResult], list[str]]:
         """Every node's facts (in parallel), its plan of the group, and what the group's pre-flight refuses."""
         pb = self.playbook.spec
         if any(chosen_runtime(pb.runtime, h.settings.runtime) is not None for h in self.hosts):
@@ -132,7 +134,7 @@ class GroupRun:
             return read_facts(transports[i], host, model=model_path(host, pb.model), engine=pb.engine, reach=reach)
 
         with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
-            all_facts = list(pool.map(facts, range(len(self.hosts))))
+            all_facts = [(upgrade or (lambda f: f))(f) for f in pool.map(facts, range(len(self.hosts)))]
         self.nodes = [n.with_found_interface(f.reach_interface) for n, f in zip(self.nodes, all_facts, strict=True)]
         placed = [
             placing.place_and_plan(
