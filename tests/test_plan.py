@@ -43,10 +43,12 @@ def plan(
 
 
 def golden(name: str, result: PlanResult) -> None:
-    """Compare the whole command line with tests/golden/NAME.txt (UPDATE_GOLDEN=1 rewrites it)."""
+    """Compare the whole command line, each flag's rule and reason, and the environment with
+    tests/golden/NAME.txt (UPDATE_GOLDEN=1 rewrites it)."""
     assert result.plan is not None
     lines = [shlex.join(result.plan.argv()[:3]), *(shlex.join(f.words()) for f in result.plan.flags)]
     text = " \\\n  ".join(lines) + "\n# env: " + " ".join(f"{e.name}={e.value}" for e in result.plan.env) + "\n"
+    text += "".join(f"# {f.name}: {f.rule}: {f.reason}\n" for f in result.plan.flags)
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)

@@ -1,4 +1,4 @@
-"""fleet's plans for 12 model families x 6 GPU architectures x both pinned SGLang versions, as golden files
+"""fleet's plans for 12 model families x 7 GPUs (six architectures) x both pinned SGLang versions, as golden files
 (tests/golden/matrix/FAMILY.txt: every command line, or the pre-flight refusal, with the verdicts), each
 accepted plan validated by the REAL SGLang parser and argument resolution of its version on a fake GPU of
 that architecture and memory (../shared/tools/sglang-oracle, built by `make oracle`).
@@ -42,6 +42,7 @@ FAMILIES = {
 GPUS = {
     "A100": (("NVIDIA A100-SXM4-80GB", "8.0", 81920), True, "sm80"),
     "A6000": (("NVIDIA RTX A6000", "8.6", 49140), False, "sm86"),
+    "RTX-4090": (("NVIDIA GeForce RTX 4090", "8.9", 24564), False, "sm89"),  # SGLang's budget on a 24 GB card
     "L40S": (("NVIDIA L40S", "8.9", 46068), False, "sm89"),
     "H100": (("NVIDIA H100 80GB HBM3", "9.0", 81559), True, "sm90"),
     "B200": (("NVIDIA B200", "10.0", 183359), True, "sm100"),
@@ -71,7 +72,7 @@ CELLS = [Cell(f, g, v) for f in FAMILIES for g in GPUS for v in VERSIONS]
 
 def plan_cell(cell: Cell) -> PlanResult:
     """The plan `fleet plan` shows for the playbook on an idle 8-GPU box: placed where fleet places it (no
-    gpus: in the playbook, so as many GPUs as the model needs)."""
+    gpus: in the playbook, so the host's free GPUs: fleet.plan.whole_box)."""
     inv = parse_inventory(parse_yaml(INVENTORY, Path("matrix-inventory.yaml")))
     pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=cell.family), Path(f"{cell.family}.yaml")), cell.family)
     gpu, nvlink, _ = GPUS[cell.gpu]
@@ -79,18 +80,24 @@ def plan_cell(cell: Cell) -> PlanResult:
     return placing.place_and_plan(inv.hosts["box"], pb, f, cell.family, None, replace=False).result
 
 
+IDENTITY_RULES = ("model", "served-name", "bind-address", "port")  # the playbook's and inventory's own words
+
+
 def describe(cell: Cell, r: PlanResult) -> str:
+    """A cell's golden text: the command line, each flag fleet's rules set with the rule and its reason, and
+    the verdicts."""
     head = f"## {cell.gpu} x8, SGLang {cell.version}\n"
     head += "".join(f"# {v.message}\n" for v in r.verdicts if v.rule == "gpus-fit")  # how many GPUs, and why
     notes = "".join(f"# {v.level}: {v.rule}: {v.message}\n" for v in r.verdicts if v.level in ("error", "warning"))
     if r.plan is None or r.errors:
         return head + "refused\n" + notes
-    return head + shlex.join(r.plan.engine_args()) + "\n" + notes
+    why = "".join(f"#   {f.name}: {f.rule}: {f.reason}\n" for f in r.plan.flags if f.rule not in IDENTITY_RULES)
+    return head + shlex.join(r.plan.engine_args()) + "\n" + why + notes
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_golden_plans_of_each_family(family: str) -> None:
-    """Every plan of the family on the six GPU architectures and both versions (UPDATE_GOLDEN=1 rewrites)."""
+    """Every plan of the family on the seven GPUs and both versions (UPDATE_GOLDEN=1 rewrites)."""
     text = f"# {family}: fleet's plans (tests/test_plan_matrix.py)\n" + "\n".join(
         describe(c, plan_cell(c)) for c in CELLS if c.family == family
     )
