@@ -1,7 +1,9 @@
 """Runs under the SGLang oracle's own Python (../shared/tools/sglang-oracle): which draft class the real
-SGLang of one version loads for NEXTN on each architecture its `ModelConfig._config_draft_model` names.
+SGLang of one version loads for NEXTN on each architecture its `ModelConfig._config_draft_model` names, and
+which architectures its `is_hybrid_swa_model` gives a sliding-window KV pool of their own.
 
-    sglang_drafts.py ORACLE_DIR VERSION > {"version": ..., "drafts": {target: draft or "error: ..."}}
+    sglang_drafts.py ORACLE_DIR VERSION > {"version": ..., "drafts": {target: draft or "error: ..."},
+                                           "swa": [architecture, ...]}
 
 The method is run on a stand-in for the config (every attribute it does not set reads as None): an
 architecture it leaves as it was has no draft class. A branch that needs more of a real config than the
@@ -9,6 +11,7 @@ stand-in has answers "error: ..." (fleet's table takes those from the source). S
 besides the oracle itself.
 """
 
+import inspect
 import json
 import os
 import re
@@ -35,7 +38,6 @@ def main() -> None:
         sys.path.insert(0, os.path.join(oracle.VENV, rel))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     oracle.install_stubs()
-    import inspect  # noqa: PLC0415
 
     from sglang.srt.configs import model_config  # noqa: PLC0415
 
@@ -59,7 +61,17 @@ def main() -> None:
             drafted = f"error: {type(exc).__name__}"
         if drafted != architecture:
             drafts[architecture] = drafted
-    print(json.dumps({"version": version, "drafts": drafts}))
+    print(json.dumps({"version": version, "drafts": drafts, "swa": sorted(hybrid_swa(model_config))}))
+
+
+def hybrid_swa(model_config: Any) -> set[str]:
+    """The architectures `is_hybrid_swa_model` gives a sliding-window pool of their own: every name its
+    source lists (a set of names, and the module's tuples it unpacks), each asked of the function itself."""
+    source = inspect.getsource(model_config.is_hybrid_swa_model)
+    names = set(re.findall(r'"([A-Z][A-Za-z0-9_]*)"', source))
+    for listed in re.findall(r"\*([A-Z][A-Z0-9_]+)\b", source):
+        names |= set(getattr(model_config, listed, ()) or ())
+    return {arch for arch in names if model_config.is_hybrid_swa_model([arch])}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from fleet.facts import HostFacts
 from fleet.inventory import load_playbook
 from fleet.plan import args_dict
 from fleet.plan.fit import GIB, fit_gpus, kv_bytes_per_token
+from fleet.plan.memory import sglang_pools_sliding
 from fleet.plan.placement import place
 from test_model_spec import spec_of
 from test_plan import playbook
@@ -112,7 +113,7 @@ def test_found_by_review_sliding_window_layers_hold_their_window_and_head_size_d
 
     cfg = json.loads((Path(__file__).parent / "data" / "matrix" / "gpt-oss-120b" / "config.json").read_text())
     oss = parse_model_spec("/m", cfg, None, 65_248_815_744)
-    assert (oss.sliding_window_layers, oss.sliding_window, oss.sglang_swa_layers) == (18, 128, 18)
+    assert (oss.sliding_window_layers, oss.sliding_window) == (18, 128) and sglang_pools_sliding(oss.architecture, None)
     per_layer = 2 * 8 * 64 * 2  # keys and values of 8 KV heads of 64, in BF16
     # vLLM keeps a sliding layer's 128 tokens; SGLang its SWA pool at 0.8 of the full layers' tokens
     assert kv_bytes_per_token(oss, 1, 131072, engine="vllm") == round(per_layer * (18 + 18 * 128 / 131072))
@@ -400,7 +401,7 @@ def test_chunked_attention_is_a_window_to_vllm_and_a_sliding_pool_to_sglang() ->
     from fleet.model import parse_model_spec
 
     scout = parse_model_spec("/m", config("llama-4-scout-17b-16e"), None, 217_000_000_000)
-    assert (scout.sliding_window_layers, scout.sliding_window, scout.sglang_swa_layers) == (36, 8192, 36)
+    assert (scout.sliding_window_layers, scout.sliding_window) == (36, 8192)
     per_layer = 2 * 2 * 128 * 2  # TP 4: 2 of the 8 KV heads per rank
     assert kv_bytes_per_token(scout, 4, 131072) == round(per_layer * (12 + 0.8 * 36))  # SGLang: 41.8 of 48
     assert kv_bytes_per_token(scout, 4, 131072, engine="vllm") == round(per_layer * (12 + 36 * 8192 / 131072))
@@ -426,7 +427,32 @@ def test_sglang_pools_apart_only_the_architectures_it_names(pattern_given: bool)
     text = dict(GEMMA3_4B_TEXT) if pattern_given else {k: v for k, v in GEMMA3_4B_TEXT.items() if "pattern" not in k}
     cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text}
     gemma = parse_model_spec("/m", cfg, None, 8_600_000_000)
-    assert (gemma.sliding_window_layers, gemma.sliding_window, gemma.sglang_swa_layers) == (29, 1024, 0)
+    assert (gemma.sliding_window_layers, gemma.sliding_window) == (29, 1024)
+    assert not sglang_pools_sliding(gemma.architecture, (0, 5, 11)) and not sglang_pools_sliding(
+        gemma.architecture, None
+    )
     per_layer = 2 * 4 * 256 * 2
     assert kv_bytes_per_token(gemma, 1, 131072) == per_layer * 34
     assert kv_bytes_per_token(gemma, 1, 131072, engine="vllm") == round(per_layer * (5 + 29 * 1024 / 131072))
+
+
+def test_sglang_pools_a_models_sliding_layers_apart_only_from_the_version_that_names_it() -> None:
+    """MiMo-V2-Flash says its sliding layers with hybrid_layer_pattern (1: sliding), not layer_types; SGLang
+    0.5.11 already pools them apart. Granite's SWA model is pooled apart only from 0.5.23 on: before, its
+    sliding layers hold the whole context too (found by review: fleet named neither)."""
+    from fleet.model import parse_model_spec
+
+    base = {"num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128}
+    mimo = parse_model_spec(
+        "/m",
+        {**base, "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
+         "sliding_window": 128, "hybrid_layer_pattern": [0, 1, 1, 1, 1, 1, 1, 0]},
+        None, 10 << 30,
+    )  # fmt: skip
+    per_layer = 2 * 4 * 128 * 2
+    assert mimo.sliding_window_layers == 6
+    for version in ((0, 5, 11), (0, 5, 23)):
+        assert kv_bytes_per_token(mimo, 1, 65536, version=version) == round(per_layer * (2 + 0.8 * 6))
+    granite = replace(mimo, architecture="GraniteSWAForCausalLM")
+    assert kv_bytes_per_token(granite, 1, 65536, version=(0, 5, 11)) == per_layer * 8
+    assert kv_bytes_per_token(granite, 1, 65536, version=(0, 5, 23)) == round(per_layer * (2 + 0.8 * 6))

@@ -373,3 +373,9 @@ def test_fleets_table_of_draft_models_is_the_real_sglangs(version: str) -> None:
 
     [table] = [rows for (lo, hi), rows in SGLANG_DRAFTS if lo <= v <= hi]
     assert set(table) == set(real)  # nothing in fleet's table that SGLang does not map
+    # and the architectures SGLang pools sliding layers apart for (fit's KV count): exactly fleet's
+    from fleet.plan.memory import SGLANG_SWA_0511, SGLANG_SWA_0523, sglang_pools_sliding
+
+    swa = set(json.loads(p.stdout.strip().splitlines()[-1])["swa"])
+    assert swa == (SGLANG_SWA_0511 if version == "0.5.11" else SGLANG_SWA_0523)
+    assert "GptOssForCausalLM" in swa and all(sglang_pools_sliding(a, v) for a in swa)

@@ -27,21 +27,6 @@ HYBRID_ARCHS = {
 }
 
 
-# The architectures SGLang gives a sliding-window KV pool of their own, and how it finds their sliding
-# layers (configs/model_config.py is_hybrid_swa_model / get_hybrid_layer_ids, the same in 0.5.11 and
-# 0.5.23 for these). Any other model's sliding layers get a full-context cache from SGLang (Gemma 3).
-SGLANG_SWA_BY_LAYER_TYPES = {"GptOssForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"}
-SGLANG_SWA_EVERY_FOURTH_FULL = {"Llama4ForConditionalGeneration"}  # layer i is full iff (i + 1) % 4 == 0
-
-
-def _sglang_swa_layers(arch: str, layers: int, layer_types: Any) -> int:
-    if arch in SGLANG_SWA_EVERY_FOURTH_FULL:
-        return sum(1 for i in range(layers) if (i + 1) % 4)
-    if arch in SGLANG_SWA_BY_LAYER_TYPES and isinstance(layer_types, list):
-        return sum(1 for t in layer_types[:layers] if t == "sliding_attention")
-    return 0
-
-
 # transformers fills in the layer types a config leaves out: one full-attention layer in every N, the rest
 # sliding (configuration_gemma2.py: 2; configuration_gemma3.py: sliding_window_pattern, else 6;
 # configuration_cohere2.py: sliding_window_pattern, else 4). The engines read the filled-in list.
@@ -64,8 +49,9 @@ def _layer_types(tc: Mapping[str, object], model_type: str, layers: int) -> Any:
 
 def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, int | None]:
     """(layers holding only a window of tokens, that window), as vLLM's hybrid KV cache keeps them:
-    `layer_types`' sliding layers, or Llama 4's chunked-attention layers (those with RoPE: every layer
-    but each `no_rope_layer_interval`th) holding their chunk."""
+    `layer_types`' sliding layers (MiMo-V2: `hybrid_layer_pattern`'s), or Llama 4's chunked-attention
+    layers (those with RoPE: every layer but each `no_rope_layer_interval`th) holding their chunk. SGLang
+    pools the same layers apart for the architectures it names (fleet.plan.memory.sglang_pools_sliding)."""
     chunk = _int(tc, "attention_chunk_size")
     if chunk:
         no_rope = tc.get("no_rope_layers")
@@ -74,6 +60,9 @@ def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, in
         interval = _int(tc, "no_rope_layer_interval", default=4)
         return sum(1 for i in range(layers) if (i + 1) % interval), chunk
     sliding = sum(1 for t in layer_types if t == "sliding_attention") if isinstance(layer_types, list) else 0
+    pattern = tc.get("hybrid_layer_pattern")  # MiMo-V2: 1 for a sliding layer, 0 for a full one
+    if not sliding and isinstance(pattern, list):
+        sliding = sum(1 for x in pattern[:layers] if x == 1)
     return sliding, _int(tc, "sliding_window") or None
 
 
@@ -134,7 +123,6 @@ class ModelSpec:
     sliding_window: int | None = None
     mla: bool = False  # multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3, Kimi K2): its own backends
     mla_kv_dim: int = 0  # what MLA caches per token and layer: kv_lora_rank + qk_rope_head_dim
-    sglang_swa_layers: int = 0  # the layers SGLang keeps in its sliding-window pool (SGLANG_SWA_ARCHS)
     # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
     vision: tuple[int, int] | None = None
     task: str = GENERATE  # GENERATE, EMBED or RERANK (serving_task)
@@ -303,7 +291,6 @@ def parse_model_spec(
         sliding_window=window,
         mla=tc.get("kv_lora_rank") is not None,
         mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
-        sglang_swa_layers=_sglang_swa_layers(str(archs[0]), layers, layer_types),
         vision=_vision(config.get("vision_config")),
         task=serving_task(str(archs[0]), sentence_transformers),
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.model import ModelSpec
-from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill, sglang_mem_fraction
+from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill, sglang_mem_fraction, sglang_pools_sliding
 from fleet.plan.rules import tp_splits
 
 WEIGHTS_AND_KV_MAX_SHARE = 0.85  # when no fraction is known (vLLM): the rest is activations and CUDA graphs
@@ -36,16 +36,22 @@ class Fit:
 
 
 def kv_bytes_per_token(
-    model: ModelSpec, tp: int, context: int | None = None, draft_layers: int = 0, engine: str = "sglang"
+    model: ModelSpec,
+    tp: int,
+    context: int | None = None,
+    draft_layers: int = 0,
+    engine: str = "sglang",
+    version: tuple[int, ...] | None = None,
 ) -> int | None:
     """One token's keys and values on one of `tp` ranks, as `engine` sizes its cache, averaged over
     `context` tokens, with `draft_layers` layers of a speculative draft; None when the config does not
     say enough.
 
     - MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per token and layer, whole on every rank.
-    - SGLang keeps the sliding layers of the architectures it pools apart at swa_full_tokens_ratio of
-      the full layers' tokens, and every other layer for the whole context (model_executor/
-      pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a sliding or chunked layer's window only."""
+    - SGLang `version` keeps the sliding layers of the architectures it pools apart at
+      swa_full_tokens_ratio of the full layers' tokens, and every other layer for the whole context
+      (model_executor/pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a sliding or chunked layer's
+      window only."""
     dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
     attention_layers = model.num_layers - len(model.linear_attention_layers)
     if model.mla_kv_dim and model.num_layers:
@@ -58,7 +64,8 @@ def kv_bytes_per_token(
     heads_per_rank = -(-heads // tp)  # replicated when fewer heads than ranks
     per_layer = 2 * heads_per_rank * model.head_dim * dtype_bytes
     if engine == "sglang":
-        sliding, held = model.sglang_swa_layers, SWA_FULL_TOKENS_RATIO * model.sglang_swa_layers
+        sliding = model.sliding_window_layers if sglang_pools_sliding(model.architecture, version) else 0
+        held = SWA_FULL_TOKENS_RATIO * sliding
     else:
         sliding = model.sliding_window_layers if model.sliding_window else 0
         share = min(1.0, (model.sliding_window or 0) / context) if context else 1.0
@@ -122,7 +129,7 @@ def fit_gpus(
         return Fit(usable[-1], f"the weights' size is unknown (no safetensors index): TP {usable[-1]}", fits=False)
     for n in usable:
         weights = model.weights_bytes / n
-        per_token = kv_bytes_per_token(model, n, context, draft, engine)
+        per_token = kv_bytes_per_token(model, n, context, draft, engine, version)
         room = at(n)  # with SGLang's own budget, one prefill step's cache too, as pre-flight asks
         kv = per_token * max(context or 0, room.prefill_tokens) if per_token is not None else 0
         if weights + kv <= room.bytes:

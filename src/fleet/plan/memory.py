@@ -25,6 +25,33 @@ PIECEWISE_OFF_ARCHS = frozenset(
 )
 FIRST_HEURISTIC_REWRITE = (0, 5, 23)  # the first version read with memory_hook.py's rules
 
+# The architectures SGLang gives a sliding-window KV pool of their own (configs/model_config.py
+# is_hybrid_swa_model), as 0.5.11 and as 0.5.23 name them (tests/test_real_parser.py asks both of the real
+# function): their sliding layers hold a share of the full layers' tokens. Any other model's sliding
+# layers get a full-context cache from SGLang (Gemma 3). Which layers slide is the config's (its
+# layer_types, MiMo-V2's hybrid_layer_pattern, Llama 4's every fourth layer full: fleet.model).
+SGLANG_SWA_0511 = frozenset(
+    {
+        "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "GptOssForCausalLM", "Llama4ForConditionalGeneration",
+        "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiMoV2MTP", "Step3p5ForCausalLM", "Step3p5MTP",
+    }
+)  # fmt: skip
+SGLANG_SWA_0523 = SGLANG_SWA_0511 | {
+    "BeamForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMDSpark", "DeepseekV4ForCausalLMNextN",
+    "DiffusionGemmaForBlockDiffusion", "EmbeddingGemma2Model", "Gemma4UnifiedForConditionalGeneration",
+    "GraniteMoeSWAForCausalLM", "GraniteSWAForCausalLM", "IQuestQ1ForCausalLM", "IQuestQ1MTP",
+    "InklingForConditionalGeneration", "InklingForConditionalGenerationMTP", "LagunaForCausalLM",
+    "MellumForCausalLM", "MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration",
+    "Step3p7ForConditionalGeneration", "UnlimitedOCRForCausalLM",
+}  # fmt: skip
+
+
+def sglang_pools_sliding(architecture: str, version: tuple[int, ...] | None) -> bool:
+    """Whether SGLang `version` keeps this architecture's sliding layers in a pool of their own (None: the
+    newest read; a version between the two read is taken as the older)."""
+    table = SGLANG_SWA_0523 if version is None or version >= FIRST_HEURISTIC_REWRITE else SGLANG_SWA_0511
+    return architecture in table
+
 
 @dataclass(frozen=True)
 class MemoryWishes:

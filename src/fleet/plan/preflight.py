@@ -105,7 +105,8 @@ def _fit_refusal(where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummar
         fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
         wished = memory_wishes(plan, tp)
         room = budget(model, gpus.memory_mib, fraction, plan.engine, plan.engine_version, wished)
-        per_token = kv_bytes_per_token(model, tp, None, model.mtp_layers if wished.speculative else 0) or 0
+        draft = model.mtp_layers if wished.speculative else 0
+        per_token = kv_bytes_per_token(model, tp, None, draft, plan.engine, plan.engine_version) or 0
         step = room.prefill_tokens  # SGLang's own budget stops the engine without room for one prefill step
         needed = per_gpu_mib * (1 << 20) + step * per_token
         if needed > room.bytes:
