@@ -174,3 +174,46 @@ def test_which_gpu_each_holder_holds_is_read_from_its_own_descriptors(tmp_path: 
             p.wait()
             assert p.stdout is not None
             p.stdout.close()
+
+
+def test_a_holder_by_another_path_or_by_a_mapping_alone_is_tied_to_its_gpu(tmp_path: Path) -> None:
+    """Found by an adversarial pass: which GPU a holder holds was read from its descriptors' paths, so a
+    process that opened the device by another name (a bind mount in a container; here a hard link) or
+    mapped it and closed the descriptor held "no GPU", and a placement took that GPU. The device and
+    inode are compared now, mappings included, as `fuser` does."""
+    import subprocess
+    import sys
+
+    from fleet.host.common import SIMULATED_GPUS_MARK
+    from fleet.host.probe_gpus import gpu_holders
+    from fleet.host.procs import holders_by_file
+
+    (tmp_path / SIMULATED_GPUS_MARK).write_text("")
+    files = [str(tmp_path / f"nvidia{i}") for i in range(3)]
+    for f in files:
+        Path(f).write_bytes(b"\0" * 4096)
+    (tmp_path / "elsewhere").mkdir()
+    os.link(files[1], tmp_path / "elsewhere" / "gpu")  # the same file by another path
+    by_link = "import sys, time; f = open(sys.argv[1]); print(flush=True); time.sleep(60)"
+    mapped = (
+        "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close(); "
+        "print(flush=True); time.sleep(60)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", by_link, str(tmp_path / "elsewhere" / "gpu")], stdout=subprocess.PIPE),
+        subprocess.Popen([sys.executable, "-c", mapped, files[2]], stdout=subprocess.PIPE),
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline()
+        linked, mapper = (p.pid for p in procs)
+        expected = {files[0]: [], files[1]: [linked], files[2]: [mapper]}
+        assert holders_by_file(files, among={linked, mapper}) == expected
+        found = gpu_holders(str(tmp_path / "nvidia*"))
+        assert found["by_file"] == {"nvidia0": [], "nvidia1": [linked], "nvidia2": [mapper]}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            assert p.stdout is not None
+            p.stdout.close()

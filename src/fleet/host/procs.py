@@ -12,7 +12,7 @@ import pwd
 import re
 import shutil
 import subprocess
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     argv_of  # noqa: B018
@@ -312,9 +312,15 @@ def device_holders(files: List[str]) -> Tuple[Set[int], str]:
 
 def holders_by_file(files: List[str], among: Optional[Set[int]] = None) -> Dict[str, List[int]]:
     """Pids holding each of these device files (which GPU a process holds, not only that it holds one).
-    `among`: the only pids that can (the holders of any of them, found already): only their descriptors
-    are read, where `fuser` would scan every process on the host once per file."""
-    if among is None and shutil.which("fuser"):
+    `among`: the pids that hold any of them, found already. Their descriptors and mappings are read first,
+    matched by device and inode as `fuser` matches them (a bind mount or another mount namespace names
+    the same file by another path); only where one of them is left unplaced (a process fleet may not
+    read) does `fuser` scan every process of the host once per file."""
+    if among is not None:
+        placed = _by_inode(files, sorted(among))
+        if set(pid for held in placed.values() for pid in held) >= among:
+            return placed
+    if shutil.which("fuser"):
         out: Dict[str, List[int]] = {}
         try:
             for f in files:
@@ -323,21 +329,39 @@ def holders_by_file(files: List[str], among: Optional[Set[int]] = None) -> Dict[
             return out
         except OSError:
             pass
-    real = dict((os.path.realpath(f), f) for f in files)
+    return _by_inode(files, pids())
+
+
+def _by_inode(files: List[str], candidates: Iterable[int]) -> Dict[str, List[int]]:
+    """Which of `candidates` hold each file: an open descriptor or a mapping of the same inode."""
+    by_key: Dict[Tuple[int, int], str] = {}
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        by_key[(st.st_dev, st.st_ino)] = f
     scanned: Dict[str, List[int]] = dict((f, []) for f in files)
-    for pid in sorted(among) if among is not None else pids():
+    for pid in candidates:
+        held = set()
         try:
             fds = os.listdir("/proc/%d/fd" % pid)
         except OSError:
-            continue
-        held = set()
+            fds = []
         for fd in fds:
             try:
-                target = os.path.realpath("/proc/%d/fd/%s" % (pid, fd))
+                st = os.stat("/proc/%d/fd/%s" % (pid, fd))
             except OSError:
                 continue
-            if target in real:
-                held.add(real[target])
+            if (st.st_dev, st.st_ino) in by_key:
+                held.add(by_key[(st.st_dev, st.st_ino)])
+        for line in (read_text("/proc/%d/maps" % pid) or "").splitlines():  # mapped, descriptor closed
+            fields = line.split()
+            if len(fields) >= 5 and ":" in fields[3] and fields[4].isdigit() and fields[4] != "0":
+                major, minor = (int(x, 16) for x in fields[3].split(":", 1))
+                mapped = by_key.get((os.makedev(major, minor), int(fields[4])))
+                if mapped is not None:
+                    held.add(mapped)
         for f in held:
             scanned[f].append(pid)
     return scanned
