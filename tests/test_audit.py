@@ -105,6 +105,7 @@ def test_a_groups_ranks_and_a_host_without_the_engine_have_rows_of_their_own(
     group = single + "hosts: [blackwell, ct129]\ndist_port: 50000\n"
     (books / "pair.yaml").write_text(group)
     (books / "far.yaml").write_text(group.replace("hosts: [blackwell, ct129]", "hosts: [far-a, far-b]"))
+    (books / "typo.yaml").write_text(group.replace("hosts: [blackwell, ct129]", "hosts: [blackwell, blackwel]"))
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
         fleet_env.inventory.read_text().replace(
@@ -115,9 +116,13 @@ def test_a_groups_ranks_and_a_host_without_the_engine_have_rows_of_their_own(
     monkeypatch.setenv("FLEET_INVENTORY", str(inventory))
     r = run_cli("engine", "audit", "sglang==0.5.23", "--json")
     rows = {(x["host"], x["playbook"]): x for x in map(json.loads, r.out.splitlines())}
-    far = ("far-a,far-b", "far[group]")
-    assert set(rows) == {("blackwell", "pair[rank 0]"), ("ct129", "pair[rank 1]"), ("cpubox", "-"), far}, r.out
-    assert rows[far]["verdict"] == "skipped" and "far-a, far-b are not in the inventory" in rows[far]["skipped"]
+    far, typo = ("far-a,far-b", "far[group]"), ("blackwell,blackwel", "typo[group]")
+    expected = {("blackwell", "pair[rank 0]"), ("ct129", "pair[rank 1]"), ("cpubox", "-"), far, typo}
+    assert set(rows) == expected, r.out
+    assert rows[far]["verdict"] == "skipped" and "none of its hosts (far-a, far-b)" in rows[far]["skipped"]
+    # a group some of whose hosts are known is a mistake to fix, not a group for other boxes
+    assert rows[typo]["verdict"] == "unknown" and 'names "blackwel"' in rows[typo]["error"]
+    assert r.code == (4 if any(x["verdict"] == "refused" for x in rows.values()) else 1)  # never 0 with it
     assert rows[("cpubox", "-")]["verdict"] == "skipped" and "no sglang" in rows[("cpubox", "-")]["skipped"]
     assert all(rows[k]["parser"] == "not checked: a rank of a group" for k in rows if k[1].startswith("pair["))
     assert "went through sglang 0.5.23's own parser" in r.err  # said: nothing was checked by it
@@ -187,3 +192,15 @@ def test_a_parser_that_is_not_a_python_command_is_refused(parser: str) -> None:
 
     with pytest.raises(ConfigError, match="--parser"):
         _parser(parser, "sglang", "0.5.23")
+
+
+def test_an_audit_row_is_one_line_whatever_a_playbooks_name_or_a_hosts_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found by an adversarial pass: a newline in a playbook's file name forged a row of the table."""
+    from fleet.cli.audit import _table
+
+    forged = audit.Audit("box", "evil\nbox/ok  0.5.11  same", "0.5.11", refusals=("a\nrefusals: forged",))
+    _table([forged], "sglang", "0.5.23", checked=False)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[2].startswith("box/evil\\nbox/ok") and out[3] == "    refusals: a\\nrefusals: forged"

@@ -12,6 +12,7 @@ import click
 from fleet.cli.base import Invocation, each_host, emit_json, say
 from fleet.cli.provision import engine
 from fleet.errors import ConfigError
+from fleet.terminal import safe_line
 
 DETAILS = ("refusals", "removed", "renamed", "added", "changed", "defaults", "crashes")
 
@@ -95,9 +96,8 @@ def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str) -> list[Any
     from fleet.control import audit
     from fleet.errors import FleetError, PreflightError
 
-    missing = [h for h in pb.spec.hosts if h not in ctx.inventory.hosts]
-    if missing:  # a group for other boxes than this inventory's: nothing of it runs here
-        why = f"its hosts {', '.join(missing)} are not in the inventory: nothing here to upgrade"
+    if not any(h in ctx.inventory.hosts for h in pb.spec.hosts):  # a group for other boxes: none runs here
+        why = f"none of its hosts ({', '.join(pb.spec.hosts)}) is in the inventory: nothing here to upgrade"
         return [audit.Audit(",".join(pb.spec.hosts), f"{pb.name}[group]", "-", skipped=why)]
     where = (",".join(pb.spec.hosts), f"{pb.name}[group]", "-")
     try:
@@ -134,11 +134,11 @@ def _table(rows: list[Any], engine: str, version: str, checked: bool) -> None:
     say(f"{engine} -> {version}: {len(rows)} deployment(s) planned; nothing on any host was changed")
     width = max([len(f"{r.host}/{r.playbook}") for r in rows] + [10])
     say(f"{'DEPLOYMENT'.ljust(width)}  {'FROM':<8}  {'VERDICT':<8}  PARSER")
-    for r in rows:
-        parser = r.parser if checked else "not checked (--parser)"
-        say(f"{f'{r.host}/{r.playbook}'.ljust(width)}  {r.now:<8}  {r.verdict:<8}  {parser}")
+    for r in rows:  # every cell one line: a playbook's file name or a host's answer cannot forge a row
+        parser = safe_line(r.parser) if checked else "not checked (--parser)"
+        say(f"{safe_line(f'{r.host}/{r.playbook}').ljust(width)}  {r.now:<8}  {r.verdict:<8}  {parser}")
         if r.error or r.skipped:
-            say(f"    {r.error or r.skipped}")
+            say(f"    {safe_line(r.error or r.skipped)}")
         for field in DETAILS:
             for line in getattr(r, field):
-                say(f"    {field}: {line}")
+                say(f"    {field}: {safe_line(line)}")
