@@ -575,3 +575,20 @@ def test_settings_sent_to_the_pool_are_checked_as_the_inventorys_are() -> None:
     with pytest.raises(ConfigError) as err:
         settings_from(tampered, "a fleet run")
     assert err.value.message.startswith('a fleet run: host setting "address" must be a host name')
+
+
+def test_a_playbook_whose_name_is_no_deployment_name_is_refused_before_any_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an adversarial pass: once a deploy read the host's facts ahead, such a playbook reached the
+    host (a probe, nothing changed) before it was refused."""
+    import fleet.transport as transport
+
+    def no_connections(*a: object, **k: object) -> None:
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(transport, "connect", no_connections)
+    odd = tmp_path / "my qwen!.yaml"
+    odd.write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text())
+    r = run_cli("-i", str(ROOT / "inventory" / "hosts.yaml"), "deploy", str(odd), "--host", "ct129")
+    assert r.code == 2 and "is not a deployment name" in r.err, r.err

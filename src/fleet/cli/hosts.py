@@ -131,6 +131,9 @@ def deploy(
         deploy_group(ctx, pb, force=force, engine_check=not no_engine_check, as_json=as_json, show_log=show_log)
         return
     host = ctx.host(host_name, pb)
+    from fleet.control.naming import deployment_name
+
+    deployment_name(deployment, pb)  # refused before the host is asked anything
     with transport_for(ctx, host) as t:
         from fleet.control.gather import read_facts_ahead
 

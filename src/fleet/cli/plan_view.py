@@ -64,8 +64,9 @@ def plan(
       fleet plan qwen36-27b --host ct129 --engine sglang==0.5.23 --diff
       fleet plan qwen36-27b --host ct129 --check
     """
-    from fleet.control import ops, placing
+    from fleet.control import placing
     from fleet.control.gather import model_path, read_facts
+    from fleet.control.naming import deployment_name
     from fleet.inventory.runtime import chosen_runtime
 
     host_name, deployment = split_deployment(host_name, deployment)
@@ -82,7 +83,7 @@ def plan(
         plan_group(ctx, pb, as_json)
         return
     host = ctx.host(host_name, pb)
-    name = ops.deployment_name(deployment, pb)
+    name = deployment_name(deployment, pb)
     path = model_path(host, pb.spec.model)
     with transport_for(ctx, host) as t:
         f = read_facts(

@@ -13,6 +13,7 @@ from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
 from fleet.control.gather import asked_for, read_facts
+from fleet.control.naming import deployment_name
 from fleet.control.outcomes import DeployResult
 from fleet.control.placing import Placed, place_and_plan
 from fleet.control.pull import HubAccess, pull_model
@@ -27,7 +28,7 @@ from fleet.model import GENERATE
 from fleet.plan import Flag, LaunchPlan, Wishes, parse_version, show_version
 from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
-from fleet.protocol import DEPLOYMENT_NAME_RE, READY, STOPPED, ActRequest, ActResult, SmokeSpec, StateRecord
+from fleet.protocol import READY, STOPPED, ActRequest, ActResult, SmokeSpec, StateRecord
 from fleet.secrets import read_secrets
 from fleet.transport import Transport
 
@@ -56,19 +57,6 @@ def smoke_of(playbook: NamedPlaybook, task: str) -> SmokeSpec:
     s = playbook.spec.smoke
     smoke: SmokeSpec = {"prompt": s.prompt, "expect": s.expect, "max_tokens": s.max_tokens}
     return smoke if task == GENERATE else {**smoke, "kind": task, "any_answer": s.any_answer}
-
-
-def deployment_name(name: str | None, playbook: NamedPlaybook) -> str:
-    """A deployment's name: `--name`, else its playbook's. It names a directory on the host."""
-    chosen = name if name is not None else playbook.name
-    if not DEPLOYMENT_NAME_RE.match(chosen):
-        said = "--name" if name is not None else f"the playbook's name (from {playbook.path})"
-        raise ConfigError(
-            f"{said}: {chosen!r} is not a deployment name (letters, digits and ._-, at most 63, starting "
-            "with a letter or digit).",
-            "Give one with --name NAME.",
-        )
-    return chosen
 
 
 def deploy(
