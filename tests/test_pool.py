@@ -350,3 +350,18 @@ def test_relative_paths_mean_what_they_mean_where_fleet_runs(
     assert r.code == 0 and first_row(r.out).startswith("ct129"), r.err
     (held,) = pool_state()["connections"]
     assert held["host"] == "ct129" and held["commands"] == 1
+
+
+def test_ctrl_c_before_the_warm_run_answers_says_aborted_not_a_traceback() -> None:
+    """Found by an adversarial pass: Ctrl-C within the first milliseconds under `fleet pool` (before the
+    pool's forked run said its pid) printed a KeyboardInterrupt traceback. The forked run itself ends
+    with the launcher (`_end_with_the_launcher`)."""
+    code = (
+        "import sys, fleet.launch as launch\n"
+        "def interrupted(argv): raise KeyboardInterrupt\n"
+        "launch.run_warm = interrupted\n"
+        "sys.argv = ['fleet', 'status']\n"
+        "launch.main()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 130 and run.stderr.strip() == "aborted", run.stderr

@@ -74,7 +74,11 @@ def main() -> None:
     pool = command_word(argv) == "pool"
     if not pool:
         gc.set_threshold(*COMMAND_GC_THRESHOLDS)
-    code = None if pool else run_warm(argv)  # the pool's own commands always run here
+    try:
+        code = None if pool else run_warm(argv)  # the pool's own commands always run here
+    except KeyboardInterrupt:  # before the warm run's pid was known: it ends with this process (SIGTERM)
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
     if code is None:
         from fleet.cli import main as run_here
 
