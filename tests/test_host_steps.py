@@ -13,7 +13,8 @@ import yaml
 
 from conftest import run_cli
 from fleet.errors import HostStepError
-from fleet.hostscripts import SHARED as SHARED_FILES, STEPS, TEXTS, run_json
+from fleet.hostscripts import SHARED as SHARED_FILES, STEPS, TEXTS, run_step
+from fleet.step_answers import ACT, FIXES
 from fleet.transport.local import LocalTransport
 from fleet_testbed import simhost
 
@@ -21,7 +22,7 @@ from fleet_testbed import simhost
 def test_a_host_without_python_is_named_as_such(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no python3 on it
     with pytest.raises(HostStepError) as caught:
-        run_json(LocalTransport("h"), "/opt/engine/bin/python", "act", {})
+        run_step(LocalTransport("h"), "/opt/engine/bin/python", ACT, {})
     assert caught.value.exit_code == 8
     assert caught.value.message == (
         "h: fleet's act step failed on the host (no Python to run it: tried /opt/engine/bin/python, python3)."
@@ -41,18 +42,18 @@ def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug(tmp_path: Pa
         {"error": "ZeroDivisionError: division by zero", "traceback": "Traceback (most recent call last):"}
     )
     with pytest.raises(HostStepError) as caught:
-        run_json(LocalTransport("h"), fake_python(tmp_path, crashed), "act", {})
+        run_step(LocalTransport("h"), fake_python(tmp_path, crashed), ACT, {})
     assert "fleet's act step failed on the host (ZeroDivisionError" in caught.value.message
     assert caught.value.remote_traceback == "Traceback (most recent call last):"
     with pytest.raises(HostStepError) as garbage:
-        run_json(LocalTransport("h"), fake_python(tmp_path, "Segmentation fault"), "act", {})
+        run_step(LocalTransport("h"), fake_python(tmp_path, "Segmentation fault"), ACT, {})
     assert "said no result (exit 0: 'Segmentation fault')" in garbage.value.message
 
 
 def test_a_host_traceback_names_fleets_file_and_line(tmp_path: Path) -> None:
     """Each host file is compiled under its own name: the traceback under --debug points at the line."""
     with pytest.raises(HostStepError) as caught:
-        run_json(LocalTransport("h"), sys.executable, "act", {})  # no lock path: the step's main fails
+        run_step(LocalTransport("h"), sys.executable, ACT, {})  # no lock path: the step's main fails
     assert "(KeyError: 'lock')" in caught.value.message
     assert 'File "fleet/host/act.py", line' in caught.value.remote_traceback
     assert "<string>" not in caught.value.remote_traceback
@@ -164,7 +165,7 @@ def fixes_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "state").mkdir()
     args = {"state_dir": str(tmp_path / "state"), "signature": "x", "model": None}
-    return lambda: run_json(LocalTransport("h"), sys.executable, "fixes", args)
+    return lambda: run_step(LocalTransport("h"), sys.executable, FIXES, args)
 
 
 def test_a_steps_code_is_compiled_once_and_kept_private_in_the_hosts_cache(tmp_path: Path, fixes_step: Any) -> None:

@@ -56,7 +56,7 @@ def test_the_cli_reaches_hosts_only_through_control_code(path: Path) -> None:
 
 def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from fleet.hostscripts import run_json\n    import fleet.transport.ssh\n")
+    sample.write_text("def f():\n    from fleet.hostscripts import run_step\n    import fleet.transport.ssh\n")
     assert imported(sample) >= {"fleet.hostscripts", "fleet.transport.ssh"}
 
 

@@ -1,6 +1,7 @@
-"""The one place a host script is built and sent: what fleet runs for one step on a host (`run_json`).
+"""The one place a host script is built and sent: what fleet runs for one step on a host (`run_step`, typed
+by fleet.step_answers; the streamed steps' events through `EventLines`).
 
-A step's source is the shared host code (fleet.protocol's types, fleet.host.common, fleet.host.procs)
+A step's source is the shared host code (`SHARED`: the words, records, common, procs and signals files)
 followed by the step's own file(s), each compiled under its own file name; the shell wrapper around it
 finds a Python on the host (the engine's, then `python3`) and says so in JSON when there is none.
 Scripts are sent as one `sh -c` command: one round trip; each file's text travels compressed
@@ -25,6 +26,7 @@ from fleet.transport.base import CommandResult
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
+    from fleet.step_answers import Answer, Request, Step
     from fleet.transport import Transport
 
 SHARED = ("host/words.py", "host/records.py", "host/common.py", "host/procs.py", "host/signals.py")
@@ -198,7 +200,25 @@ def script_for(step: str, args: Mapping[str, object], pythons: Sequence[str]) ->
     )
 
 
-def run_json(
+def run_step(
+    transport: Transport,
+    python: str,
+    step: Step[Request, Answer],
+    request: Request,
+    *,
+    stdin: bytes = b"",
+    timeout_s: float = 300.0,
+    hold_stdin: bool = False,
+) -> Answer:
+    """Run a host step (fleet.step_answers: ACT, FIXES, ROUTER, SEND_LIST) on `request`, under `python`;
+    its answer, as the step's declared type."""
+    answer = _run_json(
+        transport, python, step.name, cast(Mapping[str, object], request), stdin, timeout_s, hold_stdin=hold_stdin
+    )
+    return cast("Answer", answer)
+
+
+def _run_json(
     transport: Transport,
     python: str,
     step: str,

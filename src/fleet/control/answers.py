@@ -118,13 +118,14 @@ def engine_resolved(check: Mapping[str, object]) -> dict[str, Any]:
     return dict(said) if isinstance(said, dict) else {}
 
 
-def act_answer(raw: dict[str, Any]) -> ActResult:
+def act_answer(answer: ActResult) -> ActResult:
     """The act step's answer as fleet keeps and shows it: the processes it stopped, left or refused, with
     credentials on their command lines masked (a server started by hand with `--api-key ...`)."""
+    raw = cast(dict[str, Any], answer)
     for key in ("ended", "left", "refused"):
         if isinstance(raw.get(key), list):
             raw[key] = shown_processes(raw[key])
-    return cast(ActResult, raw)
+    return answer
 
 
 def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError | None:

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 from fleet.control.act_request import check_args
 from fleet.control.answers import engine_resolved
 from fleet.host.check import picks_differ
-from fleet.hostscripts import run_json
+from fleet.hostscripts import run_step
 from fleet.plan.picks import told_picks
+from fleet.step_answers import ACT
 from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleet.plan import LaunchPlan
-    from fleet.protocol import Premises
+    from fleet.protocol import ActRequest, Premises
     from fleet.transport import Transport
 
 
@@ -25,7 +26,8 @@ def engine_verdict(t: Transport, plan: LaunchPlan, premises: Premises | None = N
     (fleet.plan.keyed_premises), what it picks itself and where the plan did not stand on it."""
     name = f"{plan.container.name if plan.container else ''}-check-{uuid.uuid4().hex[:12]}"
     check = check_args(plan, name, ["--pull=never"], premises=premises)  # a preview pulls nothing
-    out = run_json(t, plan.python, "act", {"check_only": True, "check": check}, stdin=b"{}\n", timeout_s=300)
+    request: ActRequest = {"check_only": True, "check": check}
+    out = run_step(t, plan.python, ACT, request, stdin=b"{}\n", timeout_s=300)
     said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
     errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text
     expect = (premises or {}).get("expect") or {}

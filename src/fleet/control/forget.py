@@ -11,9 +11,10 @@ from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import Deployer
 from fleet.control.gather import read_facts
 from fleet.errors import ConfigError, PreflightError
-from fleet.hostscripts import run_json, step_python
+from fleet.hostscripts import run_step, step_python
 from fleet.inventory import Host
 from fleet.protocol import FixesRequest
+from fleet.step_answers import FIXES
 from fleet.terminal import safe_line
 from fleet.transport import Transport
 
@@ -22,8 +23,7 @@ def forget_fixes(t: Transport, host: Host, signature: str | None, model: str | N
     """`fleet fixes forget`: the host's learned fixes with this signature (every one: None), for this model
     path only if given, forgotten under the host's guard; what was forgotten."""
     args: FixesRequest = {"state_dir": host.settings.state_dir, "signature": signature, "model": model}
-    forgotten: list[dict[str, object]] = run_json(t, step_python(host), "fixes", args, timeout_s=30)["forgotten"]
-    return forgotten
+    return run_step(t, step_python(host), FIXES, args, timeout_s=30)["forgotten"]
 
 
 def forget(t: Transport, host: Host, name: str) -> None:

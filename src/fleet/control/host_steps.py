@@ -11,8 +11,9 @@ from typing import Protocol, runtime_checkable
 
 from fleet.control.answers import act_answer
 from fleet.facts import HostFacts, parse_facts
-from fleet.hostscripts import EventLines, StepEvent, run_json, script_for
+from fleet.hostscripts import EventLines, StepEvent, run_step, script_for
 from fleet.protocol import ActRequest, ActResult, ProbeRequest, WatchRequest
+from fleet.step_answers import ACT
 from fleet.transport import Transport
 
 
@@ -72,7 +73,7 @@ class SshSteps:
         self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
     ) -> ActResult:
         return act_answer(
-            run_json(self.t, python, "act", request, stdin=stdin, timeout_s=timeout_s, hold_stdin=hold_stdin)
+            run_step(self.t, python, ACT, request, stdin=stdin, timeout_s=timeout_s, hold_stdin=hold_stdin)
         )
 
     def watch(

@@ -22,7 +22,8 @@ from fleet import events
 from fleet.control.gather import model_path
 from fleet.control.pull import HINTS, PullResult, StepEvents
 from fleet.errors import DeployFailed, FleetError, HostStepError, PreflightError
-from fleet.hostscripts import StepEvent, json_lines, run_json, script_for
+from fleet.hostscripts import StepEvent, json_lines, run_step, script_for
+from fleet.step_answers import SEND_LIST, SendListing, SendListRequest
 from fleet.terminal import safe_line
 
 if TYPE_CHECKING:
@@ -58,9 +59,10 @@ def directory_here(path: str) -> Source:
     return Source(path, LocalTransport("this machine"), sys.executable, os.path.abspath(path))
 
 
-def list_source(source: Source) -> dict[str, Any]:
+def list_source(source: Source) -> SendListing:
     """The source's files, refused before anything is sent when there are none or they are not whole."""
-    data = run_json(source.transport, source.python, "send", {"op": "list", "path": source.path}, timeout_s=600)
+    request: SendListRequest = {"op": "list", "path": source.path}
+    data = run_step(source.transport, source.python, SEND_LIST, request, timeout_s=600)
     here = source.label == source.path or "/" in source.label  # a directory on this machine
     where = safe_line(source.path) if here else f"{safe_line(source.label)}: {safe_line(source.path)}"
     if data.get("missing"):
@@ -81,7 +83,7 @@ def list_source(source: Source) -> dict[str, Any]:
 
 def push_model(
     source: Source,
-    listing: dict[str, Any],
+    listing: SendListing,
     t: Transport,
     host: Host,
     playbook: NamedPlaybook,

@@ -30,7 +30,7 @@ from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
 from fleet.host.common import base_url
-from fleet.hostscripts import run_json
+from fleet.hostscripts import run_step
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
 from fleet.plan.service import (
@@ -43,6 +43,7 @@ from fleet.plan.service import (
     with_router,
 )
 from fleet.protocol import READY, RouterAction, RouterRequest, StateRecord
+from fleet.step_answers import ROUTER, RouterResult
 from fleet.transport import Transport
 
 Connect = Callable[[Host], AbstractContextManager[Transport]]
@@ -162,10 +163,9 @@ class ServiceRun:
 
     # --- the router ---------------------------------------------------------------------------------
 
-    def router(self, t: Transport, *actions: RouterAction, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+    def router(self, t: Transport, *actions: RouterAction, timeout_s: float = 300.0) -> list[RouterResult]:
         request: RouterRequest = {**self.common, "actions": list(actions)}
-        out = run_json(t, self.python, "router", dict(request), timeout_s=timeout_s)
-        results: list[dict[str, Any]] = out.get("results") or []
+        results = run_step(t, self.python, ROUTER, request, timeout_s=timeout_s).get("results") or []
         failed = next((r for r in results if "error" in r), None)
         if failed is None:
             return results
@@ -192,7 +192,7 @@ class ServiceRun:
         )
         raise DeployFailed(f"{where}: {failed.get('do')}: {failed['error']}" + (f"\n{tail}" if tail else ""), hint)
 
-    def ensure_router(self, t: Transport, *, replace: bool) -> dict[str, Any]:
+    def ensure_router(self, t: Transport, *, replace: bool) -> RouterResult:
         """The router running; `replace`: also when it runs with other options (only `fleet up` does: a new
         router starts with no workers, so requests fail until they are registered again)."""
         result = self.router(t, {"do": "ensure", "argv": self.argv, "wait_s": 60, "replace": replace})[0]
