@@ -96,10 +96,10 @@ def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str) -> list[Any
     from fleet.control import audit
     from fleet.errors import FleetError, PreflightError
 
+    where = (",".join(pb.spec.hosts), f"{pb.name}[group]", "-")
     if not any(h in ctx.inventory.hosts for h in pb.spec.hosts):  # a group for other boxes: none runs here
         why = f"none of its hosts ({', '.join(pb.spec.hosts)}) is in the inventory: nothing here to upgrade"
-        return [audit.Audit(",".join(pb.spec.hosts), f"{pb.name}[group]", "-", skipped=why)]
-    where = (",".join(pb.spec.hosts), f"{pb.name}[group]", "-")
+        return [audit.Audit(*where, skipped=why)]
     try:
         return audit.audit_group(group_run(ctx, pb), engine, version, ctx.signatures or [])
     except PreflightError as exc:  # the group cannot be placed on its hosts as they are

@@ -66,8 +66,8 @@ def read_facts(
     """`runtime`: the container a deployment runs in (its image's engine version replaces the host's);
     `reach`: an address and port this host must reach (a group's rank 0), tried in the same round trip."""
     asked = probe_request(host, model=model, engine=engine, runtime=runtime, reach=reach)
-    ahead = _AHEAD.pop(id(transport), None)
-    if ahead is not None and ahead.transport is transport and ahead.asked == asked:
+    ahead = _AHEAD.pop(id(transport), None)  # the entry holds its transport: an id is never reused under it
+    if ahead is not None and ahead.asked == asked:
         facts = ahead.result()
         assert facts is not None
         return facts

@@ -134,7 +134,7 @@ class GroupRun:
             return read_facts(transports[i], host, model=model_path(host, pb.model), engine=pb.engine, reach=reach)
 
         with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
-            all_facts = [(upgrade or (lambda f: f))(f) for f in pool.map(facts, range(len(self.hosts)))]
+            all_facts = [upgrade(f) if upgrade else f for f in pool.map(facts, range(len(self.hosts)))]
         self.nodes = [n.with_found_interface(f.reach_interface) for n, f in zip(self.nodes, all_facts, strict=True)]
         placed = [
             placing.place_and_plan(
