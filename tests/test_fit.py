@@ -209,7 +209,7 @@ def test_gpus_left_out_a_dense_model_on_pcie_runs_data_parallel_replicas_and_on_
     assert (a["--tp-size"], a["--dp-size"]) == ("1", "8")
     assert pcie.result.plan.flag("--dp-size").rule == "data-parallel"  # type: ignore[union-attr]
     said = next(v.message for v in pcie.result.verdicts if v.rule == "gpus-fit")
-    assert "PCIe only: TP 1 x 8 data-parallel replicas" in said
+    assert "TP 1 x 8 data-parallel replicas (PCIe only" in said
     job = {g: [{"pid": 900 + g, "used_mib": 90000}] for g in (5, 6, 7)}
     busy = placed("qwen36-27b", facts("blackwell", RTX_PRO_6000, 8, model=llama, gpu_processes=job), model=llama.name)
     assert busy.placement.gpus == (0, 1, 2, 3, 4) and args_dict(busy.result.plan.engine_args())["--dp-size"] == "5"  # type: ignore[union-attr]

@@ -93,11 +93,34 @@ def test_sglang_serves_an_embedding_model_in_embedding_mode_without_parsers_or_d
 
 
 def test_sglang_runs_a_cross_encoder_on_the_attention_backend_its_rerank_models_support() -> None:
+    """And as SGLang's documented reranker launch does: each pair prefilled whole, no prefix cache. SGLang
+    turns neither off itself for a sequence classifier (0.5.23 configs/embedding_model_spec.py); the real
+    parser and resolution of both versions accept the plan (tests/test_plan_matrix.py)."""
     for version in ("0.5.11", "0.5.23"):
         r = plan(RERANKER, version=version)
         assert r.plan is not None and not r.errors and r.plan.task == RERANK
         a = args_dict(r.plan.engine_args())
         assert "--is-embedding" in a and a["--attention-backend"] == "triton"
+        assert "--disable-radix-cache" in a and a["--chunked-prefill-size"] == "-1"
+        assert r.plan.flag("--chunked-prefill-size").rule == "cross-encoder-whole-pair"  # type: ignore[union-attr]
+    embedding = args_dict(plan(EMBEDDING).plan.engine_args())  # type: ignore[union-attr]
+    assert "--disable-radix-cache" not in embedding and "--chunked-prefill-size" not in embedding
+
+
+def test_an_embedding_model_or_a_reranker_runs_as_replicas_even_on_nvlink() -> None:
+    """Found by review: on an 8x H100 NVLink box a reranker of 2 GiB took all eight GPUs as one TP group.
+    A pooling server only prefills and keeps no KV cache between requests: replicas of the smallest TP
+    that holds it serve side by side; a chat model of the same size keeps one TP group there."""
+    from test_fit import H100_GPU, placed
+
+    for model in (RERANKER, EMBEDDING):
+        f = facts("box", H100_GPU, 8, model=model, nvlink=True, version="0.5.23")
+        p = placed("qwen36-27b", f, model=model.name, speculative=None)
+        assert p.result.plan is not None and p.placement.gpus == tuple(range(8))
+        a = args_dict(p.result.plan.engine_args())
+        assert (a["--tp-size"], a["--dp-size"]) == ("1", "8")
+        said = next(v.message for v in p.result.verdicts if v.rule == "gpus-fit")
+        assert "TP 1 x 8 data-parallel replicas (an embedding or reranker server only prefills" in said
 
 
 def test_a_chat_models_plan_and_record_are_unchanged() -> None:

@@ -213,6 +213,18 @@ SGLANG_CROSS_ENCODER_ATTENTION = Rule(
     "attention-backend triton and torch_native')",
     replaces="SGLang's own attention pick for the GPU, which its rerank models do not support",
 )
+SGLANG_CROSS_ENCODER_WHOLE_PAIR = Rule(
+    "cross-encoder-whole-pair",
+    lambda i: i.model.task == RERANK,
+    lambda i: [("--disable-radix-cache", None), ("--chunked-prefill-size", "-1")],
+    "a cross-encoder reads each query-document pair in one prefill and keeps nothing to decode from: a "
+    "prefix cache holds nothing it reuses, and a chunk of a long pair is not the whole pair its attention "
+    "sees. SGLang turns neither off itself for a sequence classifier (its spec's safe_disable_radix_cache "
+    "and safe_disable_chunked_prefill are False), so its documented reranker launch passes both",
+    "docs.sglang.io supported_models/rerank_models (bge-reranker-v2-m3's launch command); sglang 0.5.23 "
+    "configs/embedding_model_spec.py (sequence_classification) and arg_groups/model_hook.py",
+    replaces="SGLang's defaults: the radix cache on and prefills chunked at its size for the GPU",
+)
 
 SGLANG_RULES: tuple[Rule, ...] = (
     Rule(
@@ -227,8 +239,8 @@ SGLANG_RULES: tuple[Rule, ...] = (
         "data-parallel",
         lambda i: i.wishes.dp > 1,
         lambda i: [("--dp-size", str(i.wishes.dp))],
-        "gpus: left out on a PCIe-only box: replicas of a TP group that holds the model, one port (fleet.plan."
-        "whole_box); SGLang's data-parallel controller starts each on its own GPUs",
+        "gpus: left out on a PCIe-only box, or an embedding or reranker model: replicas of a TP group that holds "
+        "the model, one port (fleet.plan.whole_box); SGLang's data-parallel controller starts each on its own GPUs",
         "docs.sglang.io advanced_features/dp_dpa_smg_guide; sglang managers/data_parallel_controller.py "
         "(base_gpu_id advances by tp_size per DP rank)",
         replaces="SGLang's default --dp-size 1: one TP group, the box's other GPUs idle",
@@ -323,6 +335,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
     ),
     SGLANG_EMBEDDING,
     SGLANG_CROSS_ENCODER_ATTENTION,
+    SGLANG_CROSS_ENCODER_WHOLE_PAIR,
     TRUST_REMOTE_CODE,
     PARSERS,
 )
@@ -360,8 +373,8 @@ VLLM_RULES: tuple[Rule, ...] = (
         "data-parallel",
         lambda i: i.wishes.dp > 1,
         lambda i: [("--data-parallel-size", str(i.wishes.dp))],
-        "gpus: left out on a PCIe-only box: replicas of a TP group that holds the model, one port (fleet.plan."
-        "whole_box)",
+        "gpus: left out on a PCIe-only box, or an embedding or reranker model: replicas of a TP group that holds "
+        "the model, one port (fleet.plan.whole_box)",
         "docs.vllm.ai serving/data_parallel_deployment",
         replaces="vLLM's default --data-parallel-size 1: one TP group, the box's other GPUs idle",
     ),

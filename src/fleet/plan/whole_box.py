@@ -12,6 +12,10 @@ packing several deployments on one host (fleet.plan.fit).
   turn custom all-reduce off) and the replicas answer requests side by side: SGLang's DP "replicates the
   entire model across multiple GPU sets ... throughput could be multiplied nearly linearly"
   (docs.sglang.io advanced_features/dp_dpa_smg_guide); vLLM's --data-parallel-size does the same.
+- An embedding model or a cross-encoder, on any interconnect: the smallest TP that holds it, times as many
+  data-parallel replicas as the free GPUs take. Such a server decodes nothing and keeps no KV cache
+  between requests (each is one prefill), so a larger TP buys it no room, only an all-reduce per layer of
+  every request; replicas multiply its throughput (the same SGLang guide, vLLM's pooling models likewise).
 - PCIe only, a MoE or hybrid (Gated-DeltaNet/mamba) model: one TP group, as the engines' recipes run them
   (the motivating Qwen3.5-397B-NVFP4 at TP 8 on the 8x RTX PRO 6000 box). A replica per group would copy
   every expert, and expert-parallel or DP-attention layouts are the operator's call (extra_args).
@@ -45,15 +49,20 @@ def whole_box(model: ModelSpec, free: int, nvlink: bool, fit: Fit) -> Shape:
     if not fit.fits:
         return Shape(whole, 1, f"TP {whole} over the free GPUs: {fit.why}{left}", fits=False)
     smallest = fit.gpus
-    if not nvlink and smallest < whole and not model.moe and not model.hybrid:
+    pooling = not model.generates
+    if (pooling or not nvlink) and smallest < whole and not model.moe and not model.hybrid:
         dp = free // smallest
         unused = free - dp * smallest
         rest = f"; {unused} GPU{'s' if unused > 1 else ''} stay free" if unused else ""
+        kind = (
+            "an embedding or reranker server only prefills, so replicas answer side by side"
+            if pooling
+            else f"PCIe only: each replica's all-reduce stays on {smallest} GPU{'s' if smallest > 1 else ''}"
+        )
         return Shape(
             smallest,
             dp,
-            f"the host's {free} free GPUs, PCIe only: TP {smallest} x {dp} data-parallel replicas (each replica's "
-            f"all-reduce stays on {smallest} GPU{'s' if smallest > 1 else ''}; {fit.why}){rest}",
+            f"the host's {free} free GPUs as TP {smallest} x {dp} data-parallel replicas ({kind}; {fit.why}){rest}",
         )
     if nvlink:
         kind = "NVLink"
