@@ -42,6 +42,31 @@ def test_the_motivating_deployment_sees_its_renamed_flag_and_the_crashes_it_lose
     assert row.crashes and row.defaults  # signatures and defaults kept to version ranges that change
 
 
+def test_an_upgrade_says_what_sglang_decides_differently_for_this_plan_on_its_gpu() -> None:
+    """Llama-3.1-8B (published config) on one 24 GB RTX 4090: 0.5.23 doubled the prefill chunk and the
+    CUDA-graph batch SGLang picks on such a card and changed its memory budget; the command line sets none
+    of them, so only the audit's defaults say so. The real resolution of both versions is held to these
+    lines on every cell of the planner matrix (tests/test_plan_matrix.py)."""
+    from factsdata import CONFIGS
+
+    llama = CONFIGS.parent / "matrix" / "Llama-3.1-8B-Instruct"
+    pb = playbook("qwen36-27b", model=llama.name, speculative=None)
+    f = facts("blackwell", ("NVIDIA GeForce RTX 4090", "8.9", 24564), 1, model=llama)
+    now = placing.place_and_plan(host("blackwell"), pb, f, pb.name, None, replace=False, show_refusal=True).result
+    then_facts = audit.with_version(f, "sglang", "0.5.23")
+    then = placing.place_and_plan(
+        host("blackwell"), pb, then_facts, pb.name, None, replace=False, show_refusal=True
+    ).result
+    row = audit.compare("box", pb.name, now, then, builtin_signatures())
+    assert "~ default chunked prefill: 2048 -> 4096" in "\n".join(row.defaults)
+    assert "~ default CUDA graph max batch: 24 -> 48" in "\n".join(row.defaults)
+    fraction = next(line for line in row.defaults if "memory fraction" in line)
+    assert fraction.startswith("~ default memory fraction: 0.8") and "-> 0.7" in fraction
+    assert all("\n" not in line for line in row.defaults)
+    same = audit.compare("box", pb.name, now, now, builtin_signatures())
+    assert not same.defaults  # the same version decides nothing differently
+
+
 def test_a_plan_the_new_version_refuses_is_a_refusal_row() -> None:
     row = upgrade("qwen35-nvfp4", "ct129", RTX_A6000, 2)
     assert row.verdict == "refused" and any("weights need" in r for r in row.refusals)

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -280,3 +280,71 @@ def test_every_quantisation_verdict_agrees_with_sglangs_own_capability_gate(vers
             if cc >= minimum and "fails at load" not in message:
                 wrong.append(f"{cell.name}: refused on {cc} >= SGLang's minimum {minimum} without a reason: {message}")
     assert not wrong, "\n".join(wrong)
+
+
+# what the real resolution reports (the oracle's names) -> the name fleet's upgrade lines give it, and the
+# flags that set it (a setting a command line sets is the plans' own change, not a default's)
+DEFAULTED = {
+    "chunked_prefill_size": ("chunked prefill", ("--chunked-prefill-size",)),
+    "cuda_graph_max_bs": ("CUDA graph max batch", ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")),
+    "mem_fraction_static": ("memory fraction", ("--mem-fraction-static",)),
+    "mamba_strategy": ("mamba strategy", picks.FLAGS[picks.MAMBA]),
+    "moe_runner_backend": ("MoE runner", picks.FLAGS[picks.MOE_RUNNER]),
+    "fp4_gemm_backend": ("FP4 GEMM", picks.FLAGS[picks.FP4_GEMM]),
+    "attention_backend": ("attention", picks.FLAGS[picks.ATTENTION]),
+    "kv_cache_dtype": ("KV cache dtype", ("--kv-cache-dtype",)),
+    "page_size": ("page size", ("--page-size",)),
+    "disable_radix_cache": ("radix cache", ("--disable-radix-cache",)),
+    "disable_overlap_schedule": ("overlap scheduler", ("--disable-overlap-schedule",)),
+    "max_running_requests": ("max running requests", ("--max-running-requests",)),
+}
+
+
+@pytest.mark.realparser
+def test_every_default_the_real_sglang_changes_between_the_versions_is_in_the_upgrade_audit() -> None:
+    """`fleet engine audit` and `fleet plan --engine` say which defaults change with an upgrade
+    (fleet.plan.defaults.plan_default_changes). Every setting the real 0.5.11 and 0.5.23 resolve differently
+    for the same cell, where neither command line sets it, is among the audit's lines for that cell, with the
+    new version's value: the table and the per-version models are held to the engine, not trusted."""
+    from fleet.control.audit import compare
+
+    sglang_oracle.require_oracle()
+    planned = {c: plan_cell(c) for c in CELLS}
+    both: dict[tuple[str, str], dict[str, tuple[PlanResult, list[str], dict]]] = {}
+    for version in VERSIONS:
+        todo = [
+            (c, r.plan.engine_args()) for c, r in planned.items() if c.version == version and r.plan and not r.errors
+        ]
+        for (cell, argv), v in zip(todo, real_verdicts(todo), strict=True):
+            if v["verdict"] == "accepted":
+                both.setdefault((cell.family, cell.gpu), {})[version] = (planned[cell], argv, v["resolved"])
+    old, new = VERSIONS
+    missing, compared = [], 0
+    for (family, gpu), by_version in both.items():
+        if len(by_version) < 2:
+            continue
+        (r_old, argv_old, real_old), (r_new, argv_new, real_new) = by_version[old], by_version[new]
+        assert r_new.model is not None and r_new.gpus is not None
+        oracle = replace(r_new.gpus, memory_mib=GPUS[gpu][0][2] // 1024 * 1024)  # the oracle's GPU: whole GiB
+        lines = compare("box", family, r_old, replace(r_new, gpus=oracle), ()).defaults
+        for field in real_old.keys() | real_new.keys():
+            was, will = real_old.get(field), real_new.get(field)
+            if was == will or field not in DEFAULTED and field in ("model_path", "tp_size", "device"):
+                continue
+            if field.startswith("speculative_"):  # set by the plan's own speculative flags
+                continue
+            name, flags = DEFAULTED.get(field, (field, ()))
+            if any(f in argv for f in flags for argv in (argv_old, argv_new)):
+                continue
+            if field == "mamba_strategy" and not r_new.model.hybrid:
+                continue  # no mamba layers: the strategy means nothing to this model
+            compared += 1
+            said = [line for line in lines if name in line]
+            if field == "mem_fraction_static":
+                told = [float(m) for line in said for m in re.findall(r"-> (\d\.\d+)", line)]
+                if not told or abs(told[0] - float(will)) > 0.01:
+                    missing.append(f"{family} on {gpu}: {field} {was} -> {will}; the audit says {said or 'nothing'}")
+            elif not any(str(will) in line for line in said):
+                missing.append(f"{family} on {gpu}: {field} {was} -> {will}; the audit says {said or 'nothing'}")
+    assert compared >= 20  # the versions differ in many cells: the check is not vacuous
+    assert not missing, "\n".join(missing)

@@ -25,7 +25,7 @@ from fleet.inventory import NamedPlaybook
 from fleet.plan import GpuSummary, LaunchPlan, args_dict, parse_version, show_version, spell
 from fleet.plan.build import PlanResult
 from fleet.plan.container import PLACEMENT_ENV
-from fleet.plan.defaults import default_changes
+from fleet.plan.defaults import default_changes, plan_default_changes
 from fleet.protocol import CheckRequest
 
 if TYPE_CHECKING:
@@ -114,7 +114,11 @@ def compare(
                 if env_old.get(n) != env_new.get(n)
             ]
         ),
-        defaults=tuple(default_changes(engine, before.engine_version, then.plan.engine_version)),
+        defaults=tuple(
+            plan_default_changes(then.model, then.gpus, before, then.plan)
+            if then.model and then.gpus
+            else default_changes(engine, before.engine_version, then.plan.engine_version)
+        ),
         crashes=tuple(knowledge_diff(signatures, engine, before.engine_version, then.plan.engine_version))
         + tuple(f"+ {m}" for m in sorted(lint_new - lint_old))
         + tuple(f"- {m}" for m in sorted(lint_old - lint_new)),

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.plan.types import Version
+from fleet.model import ModelSpec
+from fleet.plan import picks
+from fleet.plan.memory import FIRST_HEURISTIC_REWRITE, gpu_defaults, sglang_mem_fraction
+from fleet.plan.preflight import memory_wishes, tp_of
+from fleet.plan.types import GpuSummary, LaunchPlan, Version, show_version
 
 OPEN = (9, 9, 9)  # no upper end known
 
@@ -138,4 +142,49 @@ def default_changes(engine: str, now: Version | None, then: Version | None) -> l
         a, b = _held(engine, setting, now), _held(engine, setting, then)
         if a is not None and b is not None and a.does != b.does:
             out.append(f"~ default {setting}: {a.does} -> {b.does}  ({b.source})")
+    return out
+
+
+def plan_default_changes(model: ModelSpec, gpus: GpuSummary, now: LaunchPlan, then: LaunchPlan) -> list[str]:
+    """`default_changes`, and what changes for this plan on its GPU among the settings both command lines
+    leave to SGLang: its memory fraction, prefill chunk and CUDA-graph batch, and its backend picks."""
+    out = default_changes(then.engine, now.engine_version, then.engine_version)
+    a, b = now.engine_version, then.engine_version
+    if then.engine != "sglang" or a is None or b is None or a == b:
+        return out
+
+    def left(*flags: str) -> bool:
+        return all(p.flag(f) is None for p in (now, then) for f in flags)
+
+    source = f"SGLang {show_version(a)} -> {show_version(b)} on {gpus.name}, fleet.plan.memory"
+    if left("--mem-fraction-static"):
+        was, will = (
+            sglang_mem_fraction(v, gpus.memory_mib, model, memory_wishes(p, tp_of(p))) for v, p in ((a, now), (b, then))
+        )
+        if round(was, 3) != round(will, 3):
+            out.append(f"~ default memory fraction: {was:.3f} -> {will:.3f} of each GPU  ({source})")
+    sizes = [gpu_defaults(gpus.memory_mib, tp_of(p), v >= FIRST_HEURISTIC_REWRITE) for v, p in ((a, now), (b, then))]
+    for i, (name, flags) in enumerate(
+        (
+            ("chunked prefill", ("--chunked-prefill-size",)),
+            ("CUDA graph max batch", ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")),
+        )
+    ):
+        if left(*flags) and sizes[0][i] != sizes[1][i]:
+            out.append(f"~ default {name}: {sizes[0][i]} -> {sizes[1][i]}  ({source})")
+    spec = then.flag("--speculative-algorithm") is not None
+    for setting in picks.SETTINGS:
+        if not picks.relevant(setting, model) or not left(*picks.FLAGS[setting]):
+            continue
+        # followed to what `auto` becomes at load where fleet knows that, else as resolution leaves it
+        was_pick, pick = (
+            picks.engine_pick(setting, model, gpus, v, spec, {}) or picks.resolved_pick(setting, model, gpus, v, spec)
+            for v in (a, b)
+        )
+        if (
+            was_pick is not None
+            and pick is not None
+            and (was_pick.value, was_pick.effective) != (pick.value, pick.effective)
+        ):
+            out.append(f"~ SGLang picks {setting}: {was_pick.describe()} -> {pick.describe()}")
     return out

@@ -66,7 +66,7 @@ class MemoryWishes:
     dp_attention_size: int = 0  # --enable-dp-attention's --dp-size (0: off)
 
 
-def _defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
+def gpu_defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks from the GPU's memory."""
     if gpu_mib < 20 * MIB_PER_GIB:
         return 2048, 8
@@ -82,7 +82,7 @@ def _defaults(gpu_mib: int, tp: int, new: bool) -> tuple[int, int]:
 def sglang_chunked_prefill(version: tuple[int, ...], gpu_mib: int, wishes: MemoryWishes) -> int:
     """The tokens SGLang prefills in one step (--chunked-prefill-size, else its pick for this GPU; with
     chunking off, --max-prefill-tokens)."""
-    chunked = wishes.chunked_prefill_size or _defaults(gpu_mib, wishes.tp, version >= FIRST_HEURISTIC_REWRITE)[0]
+    chunked = wishes.chunked_prefill_size or gpu_defaults(gpu_mib, wishes.tp, version >= FIRST_HEURISTIC_REWRITE)[0]
     return chunked if chunked > 0 else wishes.max_prefill_tokens
 
 
@@ -110,7 +110,7 @@ def vlm_factor(vision: tuple[int, int]) -> float:
 def sglang_mem_fraction(version: tuple[int, ...], gpu_mib: int, model: ModelSpec, wishes: MemoryWishes) -> float:
     """The mem_fraction_static SGLang `version` resolves on a GPU of `gpu_mib` for this model and command line."""
     new = version >= FIRST_HEURISTIC_REWRITE
-    chunked, max_bs = _defaults(gpu_mib, wishes.tp, new)
+    chunked, max_bs = gpu_defaults(gpu_mib, wishes.tp, new)
     chunked = wishes.chunked_prefill_size or chunked
     activation_tokens = max(chunked if chunked > 0 else wishes.max_prefill_tokens, 2048)
     if wishes.cuda_graph_max_bs is not None:

@@ -119,6 +119,24 @@ PICKS: tuple[PickRow, ...] = (
     # an NVFP4 checkpoint's MoE runner and FP4 GEMM backend on SM120: `auto` survives resolution (AT_LOAD)
     *_measured(MOE_RUNNER, BOTH, SM120, lambda m, spec: m.nvfp4 and m.moe, "auto"),
     *_measured(FP4_GEMM, BOTH, SM120, lambda m, spec: m.nvfp4, "auto"),
+    # MoE runners an upgrade changes (fleet.plan.defaults): GLM-4.5's bf16 experts on SM100, gpt-oss's MXFP4
+    # experts on SM120
+    *_measured(
+        MOE_RUNNER,
+        (V11,),
+        SM100,
+        lambda m, spec: m.architecture == "Glm4MoeForCausalLM" and m.quantization == "bf16",
+        "auto",
+    ),
+    *_measured(
+        MOE_RUNNER,
+        (V23,),
+        SM100,
+        lambda m, spec: m.architecture == "Glm4MoeForCausalLM" and m.quantization == "bf16",
+        "flashinfer_trtllm",
+    ),
+    *_measured(MOE_RUNNER, (V11,), SM120, lambda m, spec: m.quantization == "mxfp4" and m.moe, "triton_kernel"),
+    *_measured(MOE_RUNNER, (V23,), SM120, lambda m, spec: m.quantization == "mxfp4" and m.moe, "flashinfer_mxfp4"),
 )
 
 
@@ -192,6 +210,20 @@ FAILING: tuple[Failing, ...] = (
 )
 
 
+def resolved_pick(setting: str, model: ModelSpec, gpus: GpuSummary, version: Version | None, spec: bool) -> Pick | None:
+    """What the engine's resolution leaves in its record for `setting` (an `auto` not followed), by the table."""
+    row = next(
+        (
+            r
+            for r in PICKS
+            if version is not None and r.setting == setting and r.first <= version <= r.last
+            and r.sm[0] <= gpus.sm <= r.sm[1] and r.when(model, spec)
+        ),
+        None,
+    )  # fmt: skip
+    return None if row is None else Pick(setting, row.value, row.source)
+
+
 def engine_pick(
     setting: str, model: ModelSpec, gpus: GpuSummary, version: Version | None, spec: bool, told: Mapping[str, str]
 ) -> Pick | None:
@@ -199,21 +231,10 @@ def engine_pick(
     host), else the table's row for this version and GPU, else None (not known). An `auto` is followed to
     what the engine's code picks at model load; where fleet does not know that, the pick is not known."""
     if setting in told:
-        pick = Pick(setting, told[setting], f"told by SGLang {show_version(version)}'s check on this host")
+        pick: Pick | None = Pick(setting, told[setting], f"told by SGLang {show_version(version)}'s check on this host")
     else:
-        row = next(
-            (
-                r
-                for r in PICKS
-                if version is not None and r.setting == setting and r.first <= version <= r.last
-                and r.sm[0] <= gpus.sm <= r.sm[1] and r.when(model, spec)
-            ),
-            None,
-        )  # fmt: skip
-        if row is None:
-            return None
-        pick = Pick(setting, row.value, row.source)
-    if pick.value != "auto":
+        pick = resolved_pick(setting, model, gpus, version, spec)
+    if pick is None or pick.value != "auto":
         return pick
     load = next(
         (

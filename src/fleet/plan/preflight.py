@@ -35,7 +35,7 @@ def _dp_of(plan: LaunchPlan) -> int:
     return _count_of(plan, "--dp-size", "--data-parallel-size") or 1
 
 
-def _tp_of(plan: LaunchPlan) -> int:
+def tp_of(plan: LaunchPlan) -> int:
     return _count_of(plan, "--tp-size", "--tensor-parallel-size")
 
 
@@ -71,7 +71,7 @@ def preflight(
         out.append(
             _err("quant-capability", said) if row.verdict == "refused" else Verdict("warning", "quant-capability", said)
         )
-    tp, dp = _tp_of(plan), _dp_of(plan)
+    tp, dp = tp_of(plan), _dp_of(plan)
     if tp * dp > gpus.count:
         replicas = f" x {dp} data-parallel replicas" if dp > 1 else ""
         out.append(
