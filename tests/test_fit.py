@@ -373,11 +373,15 @@ def test_fleet_plan_says_why_fit_chose_a_count_once_and_a_deploy_in_its_one_erro
 
 
 # --- KV cache as each engine sizes it (issue 42, item 3) ---------------------------------------------------
-# Kimi-K2-Instruct-0905: DeepSeek-V3's layout (tests/data/matrix/DeepSeek-V3) with Kimi's values as its
-# config.json states them (61 layers, 64 heads and KV heads, 384 experts, yarn x64 of 4096 positions; summed
-# up in ParagEkbote/hf-model-inspector's model_inspection_report.md). Llama-4-Scout-17B-16E: transformers'
-# Llama4TextConfig defaults, which are Scout's (48 layers, 40 heads, 8 KV heads of 128, chunks of 8192, every
-# fourth layer without RoPE; mirrored in Shameerisb/llama-4-scout_Implementation_Pytorch configs/text_config.py).
+# tests/data/configs, each config.json as published, copied verbatim from a public copy (the Hub's own
+# repositories are not reachable from here):
+# - kimi-k2-instruct, deepseek-v3.2, deepseek-v4-flash: the raw config.json of local snapshots of
+#   moonshotai/Kimi-K2-Instruct, deepseek-ai/DeepSeek-V3.2 and deepseek-ai/DeepSeek-V4-Flash, dumped by a
+#   model-inspection report on GitHub (its "original config.json" sections; the V4 copy matches another one
+#   embedded in a Rust test field for field);
+# - llama-4-scout-17b-16e-instruct: ai-dynamo/aiconfigurator's copy of meta-llama/Llama-4-Scout-17B-16E-
+#   Instruct's config.json (aic-core/src/aiconfigurator_core/model_configs/, commit 64c5ddb6), which drops
+#   keys fleet does not read (token ids, no_rope_layers: every fourth layer, the default, is global).
 
 
 def config(name: str) -> dict[str, object]:
@@ -389,7 +393,7 @@ def config(name: str) -> dict[str, object]:
 def test_mla_caches_one_latent_per_token_and_layer_on_every_rank() -> None:
     from fleet.model import parse_model_spec
 
-    kimi = parse_model_spec("/m", config("kimi-k2-instruct-0905"), None, 1_029_000_000_000)
+    kimi = parse_model_spec("/m", config("kimi-k2-instruct"), None, 1_029_000_000_000)
     assert (kimi.mla, kimi.mla_kv_dim) == (True, 512 + 64)
     per_token = 61 * 576 * 2  # SGLang pool_configurator: (kv_lora_rank + qk_rope_head_dim) x layers x BF16
     assert kv_bytes_per_token(kimi, 8) == kv_bytes_per_token(kimi, 1) == per_token  # not split over ranks
@@ -400,11 +404,102 @@ def test_mla_caches_one_latent_per_token_and_layer_on_every_rank() -> None:
 def test_chunked_attention_is_a_window_to_vllm_and_a_sliding_pool_to_sglang() -> None:
     from fleet.model import parse_model_spec
 
-    scout = parse_model_spec("/m", config("llama-4-scout-17b-16e"), None, 217_000_000_000)
+    scout = parse_model_spec("/m", config("llama-4-scout-17b-16e-instruct"), None, 217_000_000_000)
     assert (scout.sliding_window_layers, scout.sliding_window) == (36, 8192)
     per_layer = 2 * 2 * 128 * 2  # TP 4: 2 of the 8 KV heads per rank
     assert kv_bytes_per_token(scout, 4, 131072) == round(per_layer * (12 + 0.8 * 36))  # SGLang: 41.8 of 48
     assert kv_bytes_per_token(scout, 4, 131072, engine="vllm") == round(per_layer * (12 + 36 * 8192 / 131072))
+
+
+def test_deepseek_sparse_attention_caches_an_indexer_key_beside_each_latent_in_the_gpus_dtype() -> None:
+    """DeepSeek-V3.2 (DSA): SGLang keeps, per token and layer, the MLA latent and the indexer's FP8 key with
+    its scale (128 + 4 bytes); the latent is BF16 on Hopper and FP8 from SM100 up, which is what both real
+    versions resolve --kv-cache-dtype to there (test_real_parser.py). An FP8 latent outside the trtllm
+    backend keeps a scale per 128 values and its rope part in BF16: 656 bytes, which 0.5.23 counts and
+    0.5.11 sizes as the raw 576."""
+    from dataclasses import replace
+
+    from fleet.model import parse_model_spec
+
+    v32 = parse_model_spec("/m", config("deepseek-v3.2"), None, 689_000_000_000)
+    assert (v32.dsa_index_dim, v32.mla_kv_dim, v32.rope_dim) == (128, 576, 64)
+    hopper, blackwell = (kv_bytes_per_token(v32, 8, version=(0, 5, 23), sm=sm) for sm in (90, 100))
+    assert (hopper, blackwell) == (61 * (1152 + 132), 61 * (576 + 132))
+    assert kv_bytes_per_token(v32, 8, version=(0, 5, 11), sm=90) == hopper  # the same in 0.5.11
+    assert kv_bytes_per_token(v32, 8, draft_layers=1, version=(0, 5, 23), sm=100) == 62 * (576 + 132)
+    fp8 = replace(v32, kv_cache_quant="FP8")  # an FP8 KV cache on Hopper: flashmla_kv's scaled rows
+    assert kv_bytes_per_token(fp8, 8, version=(0, 5, 23), sm=90) == 61 * (656 + 132)
+    assert kv_bytes_per_token(fp8, 8, version=(0, 5, 11), sm=90) == 61 * (576 + 132)
+    assert kv_bytes_per_token(v32, 8, engine="vllm") == 61 * 576 * 2  # vLLM's latent alone, as before
+    v3 = parse_model_spec("/m", config("kimi-k2-instruct"), None, 1_029_000_000_000)  # DeepseekV3, no index_topk
+    assert v3.dsa_index_dim == 0 and kv_bytes_per_token(v3, 8, sm=100) == 61 * 576 * 2
+
+
+def test_deepseek_v4_is_counted_as_sglang_sizes_its_compressed_cache() -> None:
+    """DeepSeek-V4-Flash: 43 layers, each keeping a 128-token window of FlashMLA-layout latents (584 bytes,
+    padded to 576-byte rows per 256-token page), 21 compressing 4 tokens into one (with an indexer key and a
+    per-slot fp32 compression state) and 20 compressing 128 into one. SGLang 0.5.23 sizes the window's pool
+    at 0.1 of the full tokens (its model override): 7,086.75 bytes per token on every rank, where counting
+    every layer as full attention of 512 dimensions gave 88,064."""
+    from fleet.model import parse_model_spec
+
+    flash = parse_model_spec("/m", config("deepseek-v4-flash"), None, 160_000_000_000)
+    assert (len(flash.compress_ratios), flash.compress_ratios.count(4), flash.compress_ratios.count(128)) == (
+        43,
+        21,
+        20,
+    )
+    per_token = kv_bytes_per_token(flash, 4, version=(0, 5, 23), sm=90)
+    assert per_token == round(0.1 * (43 * 585 + 21 * 320) + 21 * (585 + 132) / 4 + 20 * 864 / 128) == 7087
+    assert kv_bytes_per_token(flash, 8, version=(0, 5, 23), sm=100) == per_token  # one latent: no TP split
+    assert kv_bytes_per_token(flash, 4, draft_layers=1, version=(0, 5, 23)) > per_token  # a draft widens both
+    assert kv_bytes_per_token(flash, 4, version=(0, 5, 11)) == 43 * 2 * 1 * 512 * 2  # 0.5.11 has no V4
+
+
+def test_deepseek_v4_drafts_with_its_mtp_head_under_the_name_its_hook_accepts(tmp_path: Path) -> None:
+    """Found by the real 0.5.23 resolving fleet's plan (tests/test_plan_matrix.py): DeepSeek V4's hook
+    refuses NEXTN by name ("Only EAGLE and DSPARK speculative algorithms are supported") and any topk but
+    1, so its draft runs as EAGLE, topk 1."""
+    import json
+
+    d = tmp_path / "DeepSeek-V4-Flash"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config("deepseek-v4-flash")))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 160 * 10**9}}))
+    p = placed("qwen36-27b", facts("box", H100_GPU, 8, model=d, nvlink=True, version="0.5.23"), model=d.name)
+    assert p.result.plan is not None and not p.result.errors
+    a = args_dict(p.result.plan.engine_args())
+    assert (a["--speculative-algorithm"], a["--speculative-eagle-topk"]) == ("EAGLE", "1")
+    assert p.result.plan.flag("--speculative-algorithm").rule == "speculative-mtp-eagle"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "extra", "sliding", "share"),
+    [
+        # Inkling: its config's local_layer_ids slide (configs/inkling.py; window 512 by default), in a
+        # pool 0.1 of the full tokens (0.5.23 model_overrides/inkling.py), with heads of their own
+        (
+            "InklingForConditionalGeneration",
+            {"local_layer_ids": [0, 1, 2, 4, 5, 6, 99], "swa_num_key_value_heads": 2},
+            6,
+            0.1,
+        ),
+        # Beam without layer_types: every sixth layer full, and the last (configs/beam.py)
+        ("BeamForCausalLM", {"sliding_window": 512}, 10, 0.8),
+        # UnlimitedOCR: every layer slides, so its one pool holds every token (no ratio without full layers)
+        ("UnlimitedOCRForCausalLM", {"sliding_window_size": 1024}, 12, 1.0),
+    ],
+)
+def test_sglangs_own_rules_for_which_layers_slide(architecture: str, extra: dict, sliding: int, share: float) -> None:
+    from fleet.model import parse_model_spec
+
+    cfg = {"architectures": [architecture], "num_hidden_layers": 12, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "head_dim": 128, **extra}  # fmt: skip
+    spec = parse_model_spec("/m", cfg, None, 10 * GIB)
+    assert spec.sliding_window_layers == sliding
+    full, swa = 2 * 4 * 128 * 2, 2 * (extra.get("swa_num_key_value_heads") or 4) * 128 * 2
+    assert kv_bytes_per_token(spec, 1, version=(0, 5, 23)) == round(full * (12 - sliding) + swa * sliding * share)
+    assert kv_bytes_per_token(spec, 1, version=(0, 5, 11)) == full * 12  # 0.5.11 pools none of them apart
 
 
 # Gemma 3 4B's text config as published (google/gemma-3-4b-it, as public config fixtures reproduce it, e.g.

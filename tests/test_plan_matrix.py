@@ -348,3 +348,59 @@ def test_every_default_the_real_sglang_changes_between_the_versions_is_in_the_up
                 missing.append(f"{family} on {gpu}: {field} {was} -> {will}; the audit says {said or 'nothing'}")
     assert compared >= 20  # the versions differ in many cells: the check is not vacuous
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.realparser
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_kv_cache_fleet_counts_for_deepseek_sparse_attention_is_the_one_sglang_resolves(
+    version: str, tmp_path: Path
+) -> None:
+    """DeepSeek-V3.2 and V4-Flash (published configs, tests/test_fit.py) planned on 8 H200s (SM90) and 8
+    B200s (SM100): the real SGLang accepts fleet's command lines and resolves the KV dtype fleet's count
+    assumes (BF16 latents on Hopper, FP8 from SM100 up; V4 always FP8), V4's 256-token pages, and the
+    memory fraction fleet plans with. The weights' size is a stand-in: fit is not what this checks."""
+    from fleet.plan.memory import DSV4_PAGE, sglang_dsa_fp8
+
+    h200 = (("NVIDIA H200", "9.0", 143771), True, "sm90")
+    models = {"deepseek-v3.2": 689_000_000_000, "deepseek-v4-flash": 160_000_000_000}
+    todo, expected = [], []
+    for name, size in models.items():
+        if name == "deepseek-v4-flash" and version == "0.5.11":
+            continue  # 0.5.11 has no DeepseekV4 (fleet's engine check refuses the architecture there)
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text((ROOT / "tests" / "data" / "configs" / f"{name}.json").read_text())
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": size}, "weight_map": {}})
+        )
+        for gpu, nvlink, oracle_gpu in (h200, GPUS["B200"]):
+            inv = parse_inventory(parse_yaml(INVENTORY, Path("inventory.yaml")))
+            pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=name), Path(f"{name}.yaml")), name)
+            f = facts("box", gpu, 8, version=version, model=d, nvlink=nvlink)
+            r = placing.place_and_plan(inv.hosts["box"], pb, f, name, None, replace=False).result
+            assert r.plan is not None and not r.errors and r.model is not None, (name, gpu, r.errors)
+            argv = r.plan.engine_args()
+            tp = int(argv[argv.index("--tp-size") + 1])
+            mib = gpu[2] // 1024 * 1024
+            todo.append(["--resolve", "--gpu", oracle_gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp),
+                         "--model-dir", str(d), "--", *argv])  # fmt: skip
+            sm = round(float(gpu[1]) * 10)
+            v4 = name == "deepseek-v4-flash"
+            fraction = sglang_mem_fraction(parse_version(version), mib, r.model, memory_wishes(r.plan, tp))
+            expected.append((name, oracle_gpu, v4, sglang_dsa_fp8(r.model, sm), fraction))
+    wrong = []
+    for said, (name, gpu, v4, fp8, fraction) in zip(sglang_oracle.answers(version, todo), expected, strict=True):
+        if said["verdict"] != "accepted":
+            wrong.append(f"{name} on {gpu}: {said['verdict']}: {said.get('message')}")
+            continue
+        got = said["resolved"]
+        if got["kv_cache_dtype"] != ("fp8_e4m3" if fp8 or v4 else "bfloat16"):
+            wrong.append(
+                f"{name} on {gpu}: fleet counts {'FP8' if fp8 else 'BF16'}, SGLang resolved {got['kv_cache_dtype']}"
+            )
+        if v4 and got["page_size"] != DSV4_PAGE:
+            wrong.append(f"{name} on {gpu}: fleet counts pages of {DSV4_PAGE}, SGLang resolved {got['page_size']}")
+        if abs(float(got["mem_fraction_static"]) - fraction) > 1e-9:
+            wrong.append(f"{name} on {gpu}: fleet counts {fraction}, SGLang resolved {got['mem_fraction_static']}")
+    assert len(expected) == (4 if version == "0.5.23" else 2)
+    assert not wrong, "\n".join(wrong)

@@ -124,7 +124,15 @@ def _asked(
 
     def fit_on(available: int) -> Fit:
         return fit_gpus(
-            model, gpus.memory_mib, available, spec.context_length, spec.mem_fraction, speculative, spec.engine, version
+            model,
+            gpus.memory_mib,
+            available,
+            spec.context_length,
+            spec.mem_fraction,
+            speculative,
+            spec.engine,
+            version,
+            gpus.sm,
         )
 
     fit = fit_on(gpus.count)

@@ -47,11 +47,22 @@ def _layer_types(tc: Mapping[str, object], model_type: str, layers: int) -> Any:
     return given
 
 
-def _sliding(tc: dict[str, Any], layers: int, layer_types: Any) -> tuple[int, int | None]:
+def _sliding(tc: dict[str, Any], layers: int, layer_types: Any, architecture: str) -> tuple[int, int | None]:
     """(layers holding only a window of tokens, that window), as vLLM's hybrid KV cache keeps them:
     `layer_types`' sliding layers (MiMo-V2: `hybrid_layer_pattern`'s), or Llama 4's chunked-attention
     layers (those with RoPE: every layer but each `no_rope_layer_interval`th) holding their chunk. SGLang
-    pools the same layers apart for the architectures it names (fleet.plan.memory.sglang_pools_sliding)."""
+    pools the same layers apart for the architectures it names (fleet.plan.memory.sglang_pools_sliding),
+    and names some by rules of its own (0.5.23 configs/model_config.py get_hybrid_layer_ids): Inkling's
+    `local_layer_ids`, every layer of UnlimitedOCR, Beam's default of every sixth layer full (and the last,
+    configs/beam.py) when its config lists none."""
+    if architecture in ("InklingForConditionalGeneration", "InklingForConditionalGenerationMTP"):
+        ids = tc.get("local_layer_ids")
+        local = {i for i in ids if isinstance(i, int) and 0 <= i < layers} if isinstance(ids, list) else set()
+        return len(local), _int(tc, "sliding_window_size", default=512)  # configs/inkling.py's default
+    if architecture == "UnlimitedOCRForCausalLM":
+        return layers, _int(tc, "sliding_window_size", "sliding_window") or None
+    if architecture == "BeamForCausalLM" and not isinstance(layer_types, list):
+        return sum(1 for i in range(layers - 1) if (i + 1) % 6), _int(tc, "sliding_window", default=512)
     chunk = _int(tc, "attention_chunk_size")
     if chunk:
         no_rope = tc.get("no_rope_layers")
@@ -123,6 +134,11 @@ class ModelSpec:
     sliding_window: int | None = None
     mla: bool = False  # multi-head latent attention (kv_lora_rank: DeepSeek-V2/V3, Kimi K2): its own backends
     mla_kv_dim: int = 0  # what MLA caches per token and layer: kv_lora_rank + qk_rope_head_dim
+    rope_dim: int = 0  # qk_rope_head_dim: the part of an MLA latent FP8 caches keep in BF16
+    dsa_index_dim: int = 0  # DeepSeek sparse attention (V3.2): the indexer's key per token and layer
+    swa_kv_heads: int = 0  # sliding layers' own KV heads and head size where they differ (Inkling); 0: the same
+    swa_head_dim: int = 0
+    compress_ratios: tuple[int, ...] = ()  # DeepSeek V4: each layer's KV compression (0: sliding only)
     # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
     vision: tuple[int, int] | None = None
     task: str = GENERATE  # GENERATE, EMBED or RERANK (serving_task)
@@ -267,7 +283,8 @@ def parse_model_spec(
     family, sglang_quant, kv = _quantization(config, quant_config)
     experts = _int(tc, "num_experts", "n_routed_experts", "num_local_experts")
     heads = _int(tc, "num_attention_heads", "n_head")
-    sliding, window = _sliding(tc, layers, layer_types)
+    sliding, window = _sliding(tc, layers, layer_types, str(archs[0]))
+    ratios = tc.get("compress_ratios")
     return ModelSpec(
         path=path,
         architecture=str(archs[0]),
@@ -291,6 +308,12 @@ def parse_model_spec(
         sliding_window=window,
         mla=tc.get("kv_lora_rank") is not None,
         mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
+        rope_dim=_int(tc, "qk_rope_head_dim"),
+        # DeepSeek sparse attention's indexer: a key of index_head_dim per token and layer (SGLang is_deepseek_dsa)
+        dsa_index_dim=_int(tc, "index_head_dim", default=128) if tc.get("index_topk") is not None else 0,
+        swa_kv_heads=_int(tc, "swa_num_key_value_heads"),
+        swa_head_dim=_int(tc, "swa_head_dim"),
+        compress_ratios=tuple(r for r in ratios[:layers] if isinstance(r, int)) if isinstance(ratios, list) else (),
         vision=_vision(config.get("vision_config")),
         task=serving_task(str(archs[0]), sentence_transformers),
     )

@@ -20,11 +20,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.model import ModelSpec
-from fleet.plan.memory import MemoryWishes, sglang_chunked_prefill, sglang_mem_fraction, sglang_pools_sliding
+from fleet.plan.memory import (
+    FIRST_HEURISTIC_REWRITE,
+    MemoryWishes,
+    sglang_chunked_prefill,
+    sglang_dsa_bytes,
+    sglang_dsa_fp8,
+    sglang_dsv4_bytes,
+    sglang_mem_fraction,
+    sglang_pools_sliding,
+    sglang_swa_ratio,
+)
 from fleet.plan.rules import tp_splits
 
 WEIGHTS_AND_KV_MAX_SHARE = 0.85  # when no fraction is known (vLLM): the rest is activations and CUDA graphs
-SWA_FULL_TOKENS_RATIO = 0.8  # SGLang's --swa-full-tokens-ratio (0.5.11's default; 0.5.23's fallback)
 GIB = 1 << 30
 
 
@@ -42,35 +51,46 @@ def kv_bytes_per_token(
     draft_layers: int = 0,
     engine: str = "sglang",
     version: tuple[int, ...] | None = None,
+    sm: int | None = None,
 ) -> int | None:
     """One token's keys and values on one of `tp` ranks, as `engine` sizes its cache, averaged over
-    `context` tokens, with `draft_layers` layers of a speculative draft; None when the config does not
-    say enough.
+    `context` tokens, with `draft_layers` layers of a speculative draft, on GPUs of compute capability `sm`;
+    None when the config does not say enough.
 
-    - MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per token and layer, whole on every rank.
+    - MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per token and layer, whole on every rank;
+      SGLang adds DeepSeek sparse attention's indexer key and picks the KV dtype by GPU for those models
+      (fleet.plan.memory.sglang_dsa_bytes), and sizes DeepSeek V4's compressed cache its own way.
     - SGLang `version` keeps the sliding layers of the architectures it pools apart at
-      swa_full_tokens_ratio of the full layers' tokens, and every other layer for the whole context
-      (model_executor/pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a sliding or chunked layer's
-      window only."""
+      swa_full_tokens_ratio of the full layers' tokens (all of them when no layer is full), and every other
+      layer for the whole context (model_executor/pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a
+      sliding or chunked layer's window only."""
     dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
     attention_layers = model.num_layers - len(model.linear_attention_layers)
+    new = engine == "sglang" and (version is None or version >= FIRST_HEURISTIC_REWRITE)
+    if new and model.compress_ratios and model.architecture.startswith("DeepseekV4"):
+        return round(sglang_dsv4_bytes(model, draft_layers > 0))
     if model.mla_kv_dim and model.num_layers:
-        return (attention_layers + draft_layers) * model.mla_kv_dim * dtype_bytes
+        dsa = sglang_dsa_bytes(model, version, sm, sglang_dsa_fp8(model, sm)) if engine == "sglang" else 0
+        return (attention_layers + draft_layers) * (dsa or model.mla_kv_dim * dtype_bytes)
     if not model.head_dim or not model.num_layers:
         return None
     heads = model.num_kv_heads or model.num_attention_heads
     if not heads:
         return None
-    heads_per_rank = -(-heads // tp)  # replicated when fewer heads than ranks
-    per_layer = 2 * heads_per_rank * model.head_dim * dtype_bytes
+
+    def layer(kv_heads: int, head_dim: int) -> int:
+        return 2 * -(-kv_heads // tp) * head_dim * dtype_bytes  # heads replicated when fewer than ranks
+
+    per_layer = layer(heads, model.head_dim)
+    sliding_layer = layer(model.swa_kv_heads or heads, model.swa_head_dim or model.head_dim)
     if engine == "sglang":
         sliding = model.sliding_window_layers if sglang_pools_sliding(model.architecture, version) else 0
-        held = SWA_FULL_TOKENS_RATIO * sliding
+        # with no full layer there is one sliding pool, of the full token count (pool_configurator.py)
+        share = sglang_swa_ratio(model.architecture, version) if sliding < attention_layers else 1.0
     else:
         sliding = model.sliding_window_layers if model.sliding_window else 0
         share = min(1.0, (model.sliding_window or 0) / context) if context else 1.0
-        held = sliding * share
-    return round(per_layer * (attention_layers - sliding + draft_layers + held))
+    return round(per_layer * (attention_layers - sliding + draft_layers) + sliding_layer * sliding * share)
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,7 @@ def fit_gpus(
     speculative: bool = False,
     engine: str = "sglang",
     version: tuple[int, ...] | None = None,
+    sm: int | None = None,
 ) -> Fit:
     """The smallest power-of-two GPU count up to `available` that holds the model at a TP the planner
     would choose; else the largest such TP, marked as not fitting (the plan warns). `speculative`: the
@@ -129,7 +150,7 @@ def fit_gpus(
         return Fit(usable[-1], f"the weights' size is unknown (no safetensors index): TP {usable[-1]}", fits=False)
     for n in usable:
         weights = model.weights_bytes / n
-        per_token = kv_bytes_per_token(model, n, context, draft, engine, version)
+        per_token = kv_bytes_per_token(model, n, context, draft, engine, version, sm)
         room = at(n)  # with SGLang's own budget, one prefill step's cache too, as pre-flight asks
         kv = per_token * max(context or 0, room.prefill_tokens) if per_token is not None else 0
         if weights + kv <= room.bytes:

@@ -46,11 +46,104 @@ SGLANG_SWA_0523 = SGLANG_SWA_0511 | {
 }  # fmt: skip
 
 
+# DeepSeek sparse attention (configs/model_config.py is_deepseek_nsa in 0.5.11, is_deepseek_dsa in 0.5.23,
+# each with index_topk in the config): beside each layer's MLA latent, an indexer key per token and layer
+SGLANG_DSA_0511 = frozenset(
+    {
+        "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLMNextN", "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    }
+)  # fmt: skip
+SGLANG_DSA_0523 = SGLANG_DSA_0511 | {
+    "GlmMoeDsaForCausalLMNextN", "Glm5NextForConditionalGenerationNextN", "Glm5NextForConditionalGeneration",
+    "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN",
+    "HYV4ForCausalLM", "HYV4ForCausalLMNextN",
+}  # fmt: skip
+SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio left alone (0.5.11's default; 0.5.23's fallback)
+# 0.5.23's per-model override of that ratio when left alone (arg_groups/model_overrides/inkling.py)
+SWA_RATIO_0523 = {"InklingForConditionalGeneration": 0.1, "InklingForConditionalGenerationMTP": 0.1}
+FP8_SCALE_BLOCK = 128  # an FP8 MLA or indexer row keeps one fp32 scale per 128 values (memory_pool.py)
+
+
+def _table(version: tuple[int, ...] | None, old: frozenset[str], new: frozenset[str]) -> frozenset[str]:
+    return new if version is None or version >= FIRST_HEURISTIC_REWRITE else old
+
+
+def sglang_swa_ratio(architecture: str, version: tuple[int, ...] | None) -> float:
+    """The share of the full layers' tokens SGLang's sliding-window pool holds for this architecture."""
+    new = version is None or version >= FIRST_HEURISTIC_REWRITE
+    return SWA_RATIO_0523.get(architecture, SWA_FULL_TOKENS_RATIO) if new else SWA_FULL_TOKENS_RATIO
+
+
+def sglang_dsa_bytes(model: ModelSpec, version: tuple[int, ...] | None, sm: int | None, fp8: bool) -> int:
+    """One token's cache in one layer of a DeepSeek-sparse-attention model, as SGLang `version` sizes its
+    pool (0 for any other model), with an FP8 KV cache or BF16:
+
+    - the MLA latent: BF16 whole; FP8 raw (kv_lora_rank + rope, 576 B) on SM100 and later, where the DSA
+      backend is trtllm, else with a scale per 128 values and the rope part in BF16 (656 B: 0.5.23
+      kv_cache_configurator.py calculate_mla_kv_cache_dim). 0.5.11 allocates the same but sizes its pool
+      with the raw 576 B (pool_configurator.py L122-127), so its count is the smaller one;
+    - the indexer's FP8 key with its scale: index_head_dim + index_head_dim / 128 * 4 (132 B), whatever
+      the KV dtype (0.5.23 `_compute_dsa_indexer_cell_size`, 0.5.11 pool_configurator.py L140-150)."""
+    if not model.dsa_index_dim or model.architecture not in _table(version, SGLANG_DSA_0511, SGLANG_DSA_0523):
+        return 0
+    indexer = model.dsa_index_dim + model.dsa_index_dim // FP8_SCALE_BLOCK * 4
+    if not fp8:
+        return model.mla_kv_dim * 2 + indexer
+    rank = model.mla_kv_dim - model.rope_dim
+    scaled = version is None or version >= FIRST_HEURISTIC_REWRITE
+    if scaled and (sm is None or sm < 100):
+        return rank + rank // FP8_SCALE_BLOCK * 4 + model.rope_dim * 2 + indexer
+    return model.mla_kv_dim + indexer
+
+
+def sglang_dsa_fp8(model: ModelSpec, sm: int | None) -> bool:
+    """Whether SGLang keeps a DSA model's KV cache in FP8 when --kv-cache-dtype is left alone: on SM100 and
+    later, without attention sinks; BF16 elsewhere (0.5.11 server_args.py L1583-1590, 0.5.23
+    arg_groups/overrides.py `_dsa_kv_cache_dtype_default`). A checkpoint that quantises it says FP8 itself."""
+    if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper():
+        return True
+    return sm is not None and sm >= 100 and not model.attention_sinks
+
+
+# DeepSeek V4 (0.5.23 model_executor/pool_configurator.py DSV4PoolConfigurator; its model override sets
+# --swa-full-tokens-ratio 0.1 and --page-size 256 when left alone, model_overrides/deepseek_v4.py): every
+# layer keeps a window of FlashMLA-layout latents, padded to 576-byte rows per page; a layer compressing 4
+# tokens into one also keeps an FP8 indexer key and, per window slot, an fp32 compression state.
+DSV4_SWA_RATIO, DSV4_PAGE, DSV4_C4_PAGE, DSV4_C128_PAGE, DSV4_ROW = 0.1, 256, 64, 2, 576
+
+
+def _dsv4_paged(kv: int, page: int) -> float:
+    """Bytes per token of a page of `page` latents of `kv` bytes, rounded up to whole rows (kv_layout.py)."""
+    return -(-page * kv // DSV4_ROW) * DSV4_ROW / page
+
+
+def sglang_dsv4_bytes(model: ModelSpec, speculative: bool) -> float:
+    """One token's cache over every layer of a DeepSeek V4 model on one rank, as SGLang 0.5.23 sizes it with
+    its defaults (`_get_bytes_per_full_token`): the window's share of every layer's latents and of the
+    4-to-1 layers' compression state, and each compressed layer's share of a latent (and indexer key)."""
+    if not model.compress_ratios or not model.head_dim:
+        return 0.0
+    head, rope, index = model.head_dim, model.rope_dim, model.dsa_index_dim or 128
+    kv = head - rope + rope * 2 + 8  # nope in FP8, rope in BF16, the scales
+    c4 = [r for r in model.compress_ratios if r == 4]
+    c128 = [r for r in model.compress_ratios if r == 128]
+    ring = 16 if speculative else 8  # window slots per compression state (pool_configurator.py L1250-1256)
+    state = ring / DSV4_PAGE * (2 * 2 * head * 4 + 2 * 2 * index * 4)  # fp32 states of the latent and indexer
+    per_window_token = len(model.compress_ratios) * _dsv4_paged(kv, DSV4_PAGE) + len(c4) * state
+    indexer = index + index // FP8_SCALE_BLOCK * 4
+    compressed = (
+        len(c4) * (_dsv4_paged(kv, DSV4_C4_PAGE) + indexer) / 4 + len(c128) * _dsv4_paged(kv, DSV4_C128_PAGE) / 128
+    )
+    total = DSV4_SWA_RATIO * per_window_token + compressed
+    # with a draft, both shares grow by the draft's layer (pool_configurator.py L1250-1256)
+    return total * (len(model.compress_ratios) + 1) / len(model.compress_ratios) if speculative else total
+
+
 def sglang_pools_sliding(architecture: str, version: tuple[int, ...] | None) -> bool:
     """Whether SGLang `version` keeps this architecture's sliding layers in a pool of their own (None: the
     newest read; a version between the two read is taken as the older)."""
-    table = SGLANG_SWA_0523 if version is None or version >= FIRST_HEURISTIC_REWRITE else SGLANG_SWA_0511
-    return architecture in table
+    return architecture in _table(version, SGLANG_SWA_0511, SGLANG_SWA_0523)
 
 
 @dataclass(frozen=True)

@@ -137,11 +137,17 @@ def keyed_flags(rule: Rule, i: PlanInput) -> tuple[list[tuple[str, str | None]],
     return None
 
 
+# architectures whose SGLang hook refuses NEXTN by name, before it becomes EAGLE: "Only EAGLE and DSPARK
+# speculative algorithms are supported", EAGLE with topk 1 only (0.5.23 arg_groups/deepseek_v4_hook.py)
+EAGLE_BY_NAME = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMDSpark")
+
+
 def _spec_flags(i: PlanInput) -> list[tuple[str, str | None]]:
-    steps, topk = i.wishes.speculative_steps, i.wishes.speculative_topk
+    eagle = i.model.architecture in EAGLE_BY_NAME
+    steps, topk = i.wishes.speculative_steps, 1 if eagle else i.wishes.speculative_topk
     draft = steps + 1 if topk == 1 else max(steps + 1, topk * steps)
     return [
-        ("--speculative-algorithm", "NEXTN"),
+        ("--speculative-algorithm", "EAGLE" if eagle else "NEXTN"),
         ("--speculative-num-steps", str(steps)),
         ("--speculative-eagle-topk", str(topk)),
         ("--speculative-num-draft-tokens", str(draft)),
@@ -247,11 +253,20 @@ SGLANG_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "speculative-mtp",
-        lambda i: i.spec_wanted,
+        lambda i: i.spec_wanted and i.model.architecture not in EAGLE_BY_NAME,
         _spec_flags,
         "NEXTN with the model's own MTP head; all three of steps/topk/draft-tokens or none (a subset is a bare "
         "AssertionError in every version; draft = steps + 1 when topk = 1)",
         "engines.md §1.3, §2.1",
+        replaces="SGLang's default: no speculative decoding (the playbook asked for it)",
+    ),
+    Rule(
+        "speculative-mtp-eagle",
+        lambda i: i.spec_wanted and i.model.architecture in EAGLE_BY_NAME,
+        _spec_flags,
+        "the model's own MTP head under NEXTN's other name, EAGLE, with topk 1: DeepSeek V4's hook refuses "
+        "NEXTN ('Only EAGLE and DSPARK speculative algorithms are supported') and any other topk",
+        "sglang 0.5.23 arg_groups/deepseek_v4_hook.py",
         replaces="SGLang's default: no speculative decoding (the playbook asked for it)",
     ),
     Rule(
@@ -380,7 +395,7 @@ VLLM_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "speculative-mtp",
-        lambda i: i.spec_wanted,
+        lambda i: i.spec_wanted and i.model.architecture not in EAGLE_BY_NAME,
         lambda i: [
             (
                 "--speculative-config",
