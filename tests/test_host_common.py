@@ -457,7 +457,7 @@ def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_c
     monkeypatch.setattr(remote_watch, "ATTEMPT_TERM_S", 1.0)
     time.sleep(0.2)  # the trap is set
     try:
-        remote_watch.frozen_client(a, "fleet read nothing")
+        remote_watch.frozen_client(a, "fleet read nothing", remote_watch.run_lock(a))  # type: ignore[arg-type]
         engine.wait(5)
         late = int((tmp_path / "late.pid").read_text())
         assert not alive(late)

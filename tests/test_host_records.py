@@ -138,7 +138,7 @@ def test_a_newer_fleets_host_wide_records_never_fail_a_deploy_and_are_left_as_th
     written by a newer fleet is read as empty here and left alone, and the server this run proved is
     still recorded ready and its lock released (a state or lock record is this run's own: those refuse)."""
     from fleet.host.startup import remember_startup, startup_history
-    from fleet.host.watch import on_success
+    from fleet.host.watch import on_success, run_lock
 
     directory = tmp_path / "deployments" / "small"
     directory.mkdir(parents=True)
@@ -156,7 +156,7 @@ def test_a_newer_fleets_host_wide_records_never_fail_a_deploy_and_are_left_as_th
         "learned_key": "k",
         "learned": [{"signature": "cuda-graph-capture-failed"}],
     }
-    on_success(request)  # type: ignore[arg-type]
+    on_success(request, run_lock(request))  # type: ignore[arg-type]
     assert (read_record(str(directory / STATE_FILE)) or {})["status"] == READY
     assert not (directory / LOCK_FILE).exists()
     assert startup_history(str(tmp_path), "k") == []
@@ -232,5 +232,35 @@ def test_forget_leaves_a_deployment_a_newer_fleet_wrote_records_for(tmp_path: Pa
     write_record(str(directory / STATE_FILE), {"status": STOPPED})
     write_record(str(directory / LOCK_FILE), {"run_id": "r1"})
     put(directory, HEALS_FILE, {SCHEMA_KEY: 99, "times": [1.0]})
-    assert lock.forget(str(directory), "r1") == {"forgotten": False, "newer": [HEALS_FILE]}
-    assert sorted(p.name for p in directory.iterdir()) == [HEALS_FILE, STATE_FILE]  # the lock released
+    assert lock.forget(str(directory)) == {"forgotten": False, "newer": [HEALS_FILE]}
+    # nothing removed; the lock is the act step's to release (RunLock), as for every refusal
+    assert sorted(p.name for p in directory.iterdir()) == [HEALS_FILE, LOCK_FILE, STATE_FILE]
+
+
+def test_a_step_lets_its_runs_lock_go_only_through_run_lock(tmp_path: Path) -> None:
+    """RunLock: released when the step ends if it says so (an exception too), at once with release_now
+    (before the step says it is done), once; never another run's lock."""
+    from fleet.host.records import RunLock
+
+    lock_file = tmp_path / LOCK_FILE
+
+    def held_by(run_id: str) -> None:
+        write_record(str(lock_file), {"run_id": run_id})
+
+    held_by("r1")
+    with pytest.raises(RuntimeError), RunLock(str(tmp_path), "r1", release=True):
+        raise RuntimeError("the step failed")
+    assert not lock_file.exists()  # a failed step leaves no lock behind
+    held_by("r1")
+    with RunLock(str(tmp_path), "r1", release=False):
+        pass
+    assert lock_file.exists()  # a watch that ends with a failed attempt keeps it for the relaunch
+    with RunLock(str(tmp_path), "r1", release=False) as lock:
+        lock.release_now()
+        assert not lock_file.exists()  # before the step's last word
+        held_by("r2")  # another run takes the deployment at once
+        lock.release_now()
+    assert (read_record(str(lock_file)) or {})["run_id"] == "r2"  # released once: r2's is never touched
+    with RunLock(str(tmp_path), "r1", release=True):
+        pass
+    assert (read_record(str(lock_file)) or {})["run_id"] == "r2"

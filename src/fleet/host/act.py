@@ -59,12 +59,12 @@ except NameError:  # imported as a module (fleet's own tests)
         LEARNED_FILE,
         STATE_FILE,
         RecordTooNew,
+        RunLock,
         change_status,
         deployment_dir,
         mark_unverified,
         peek_record,
         read_record,
-        release_lock,
     )
     from fleet.host.signals import hold_process
     from fleet.host.words import STOPPED
@@ -118,14 +118,12 @@ def main() -> ActResult:
         return out
     root = expand(a["lock"]["state_dir"])
     state_dir = deployment_dir(root, a["lock"]["deployment"])
-    release = True  # also when it fails (a newer fleet's record, a full disk): no lock is left behind
-    try:
-        release = under_lock(a, secrets, out, root, state_dir)
-    except RecordTooNew as exc:  # refused, as the record asks: fleet says so, and whether it stopped anything
-        out["record_too_new"] = str(exc)
-    finally:
-        if release:
-            release_lock(state_dir, a["lock"]["run_id"])
+    # released also when the work fails (a newer fleet's record, a full disk): no lock is left behind
+    with RunLock(state_dir, a["lock"]["run_id"], release=True) as lock:
+        try:
+            lock.release = under_lock(a, secrets, out, root, state_dir)
+        except RecordTooNew as exc:  # refused, as the record asks: fleet says so, and whether it stopped anything
+            out["record_too_new"] = str(exc)
     return out
 
 
@@ -141,8 +139,8 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
         out["stopped_since"] = True
         return True
     if a.get("forget"):  # fleet forget: the records of a deployment that no longer runs, nothing else
-        out["forget"] = forget(state_dir, a["lock"]["run_id"])
-        return False
+        out["forget"] = forget(state_dir)
+        return not out["forget"]["forgotten"]  # forgotten: the lock went with the directory
     if a.get("release_lock_only"):
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
             mark_unverified(state_dir, a["lock"]["run_id"])

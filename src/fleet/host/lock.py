@@ -199,15 +199,15 @@ def wait_for_steps_of_this_run(a: LockRequest, wait_s: float) -> None:
 FLEET_RECORD_RE = re.compile(r"^[a-z]+\.json(\.corrupt-[0-9]+)?\Z")
 
 
-def forget(directory: str, run_id: str) -> ForgetResult:
-    """`fleet forget`: a deployment's records, once nothing of it runs, under its lock (this run's). A
-    server still running refuses; so does a directory holding anything fleet did not write there (it is
-    somebody's: nothing is removed). Files are removed by name, never through a link."""
+def forget(directory: str) -> ForgetResult:
+    """`fleet forget`: a deployment's records, once nothing of it runs, under its lock (this run's, which
+    goes with the directory; the act step releases it when anything refuses). A server still running
+    refuses; so does a directory holding anything fleet did not write there (it is somebody's: nothing is
+    removed). Files are removed by name, never through a link."""
     st = read_record(os.path.join(directory, STATE_FILE)) or {}
     pgid = st.get("pgid")
     # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not)
     if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) and pgid in live_process_groups():
-        release_lock(directory, run_id)
         return {"forgotten": False, "running": pgid}
     names = sorted(os.listdir(directory))
     foreign = [
@@ -216,11 +216,9 @@ def forget(directory: str, run_id: str) -> ForgetResult:
         if not FLEET_RECORD_RE.match(n) or not stat.S_ISREG(os.lstat(os.path.join(directory, n)).st_mode)
     ]
     if foreign:
-        release_lock(directory, run_id)
         return {"forgotten": False, "left": foreign}
     newer = [n for n in names if written_by_newer(os.path.join(directory, n))]
     if newer:  # a newer fleet's records: its to keep or remove
-        release_lock(directory, run_id)
         return {"forgotten": False, "newer": newer}
     for n in names:  # the lock last: until the directory goes, this run holds it
         if n != LOCK_FILE:

@@ -249,6 +249,29 @@ def release_lock(state_dir: str, run_id: str) -> None:
             os.unlink(path)
 
 
+class RunLock:
+    """A run's hold on a deployment's lock for the length of one host step, and the one way a step lets it
+    go: `with RunLock(directory, run_id, release) as lock:` frees it when the step ends if `lock.release`
+    then says so (whatever ended it: an exception too), and `lock.release_now()` frees it at once, before
+    the step says it is done, so fleet's next command finds the deployment free. Releasing twice is once."""
+
+    def __init__(self, state_dir: str, run_id: str, release: bool) -> None:
+        self.state_dir, self.run_id, self.release = state_dir, run_id, release
+        self.released = False
+
+    def release_now(self) -> None:
+        if not self.released:
+            release_lock(self.state_dir, self.run_id)
+            self.released = True
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.release:
+            self.release_now()
+
+
 def mark_unverified(state_dir: str, run_id: str) -> None:
     """fleet went away after this run launched its server and before it was proven: the record says so
     (a record another run wrote since, or one past "starting", is left alone)."""

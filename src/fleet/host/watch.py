@@ -40,12 +40,12 @@ except NameError:  # imported as a module (fleet's own tests)
         LOCK_FILE,
         STATE_FILE,
         RecordTooNew,
+        RunLock,
         change_status,
         deployment_dir,
         host_guard,
         mark_unverified,
         read_record,
-        release_lock,
         write_record,
     )
     from fleet.host.signals import hold_group, release
@@ -94,7 +94,13 @@ def touch_lock(a: WatchRequest) -> None:
         pass
 
 
-def on_success(a: WatchRequest) -> None:
+def run_lock(a: WatchRequest) -> RunLock:
+    """The lock this run took in its act step: kept across the watch (a failed attempt's relaunch needs it)
+    unless the run ends here."""
+    return RunLock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"], release=False)
+
+
+def on_success(a: WatchRequest, lock: RunLock) -> None:
     state_dir = deployment_dir(a["state_dir"], a["deployment"])
     st_path = os.path.join(state_dir, STATE_FILE)
     proven = dict(a["success_state"])
@@ -104,7 +110,7 @@ def on_success(a: WatchRequest) -> None:
         with contextlib.suppress(RecordTooNew):  # a newer fleet keeps the host's fixes: they stay its own
             learn(a)
     if not a.get("hold"):  # a group's rank keeps its lock until the whole group is proven (see hold)
-        release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+        lock.release_now()
 
 
 def learn(a: WatchRequest) -> None:
@@ -126,7 +132,7 @@ def learn(a: WatchRequest) -> None:
         write_record(lpath, {"fixes": learned})
 
 
-def hold(a: WatchRequest, client_gone: threading.Event) -> None:
+def hold(a: WatchRequest, client_gone: threading.Event, lock: RunLock) -> None:
     """A group's rank, proven: keep its lock (touched, so it stays live) until fleet, having proven every
     rank, closes this command's stdin; say so every second, which is when fleet can end the stream."""
     try:
@@ -135,7 +141,7 @@ def hold(a: WatchRequest, client_gone: threading.Event) -> None:
             emit({"e": "held"})
     except ClientGone:
         pass
-    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+    lock.release_now()
 
 
 def reclaim(a: WatchRequest) -> Optional[str]:
@@ -159,13 +165,13 @@ def reclaim(a: WatchRequest) -> Optional[str]:
     return None
 
 
-def on_client_gone(a: WatchRequest) -> None:
+def on_client_gone(a: WatchRequest, lock: RunLock) -> None:
     """fleet stopped listening before the server was proven: say so in the record, free the host."""
     try:
         mark_unverified(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
     except OSError:
         pass
-    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+    lock.release_now()
 
 
 def watch_client(a: WatchRequest) -> threading.Event:
@@ -186,8 +192,8 @@ def watch_client(a: WatchRequest) -> threading.Event:
     return gone
 
 
-def main(a: WatchRequest) -> None:
-    AttemptWatch(a).run()
+def main(a: WatchRequest, lock: RunLock) -> None:
+    AttemptWatch(a, lock).run()
 
 
 class AttemptWatch:
@@ -195,8 +201,8 @@ class AttemptWatch:
     (ready timeout, no progress, health), its server proved; each way it can end says its last event and
     keeps its start in the host's history (`end`)."""
 
-    def __init__(self, a: WatchRequest) -> None:
-        self.a = a
+    def __init__(self, a: WatchRequest, lock: RunLock) -> None:
+        self.a, self.lock = a, lock
         self.ready_re = re.compile(a["ready_regex"])
         self.log = LogFollower(a["log"], a["offset"])
         self.start = time.time()
@@ -232,7 +238,7 @@ class AttemptWatch:
         """One round of the watch; True when it is over."""
         a = self.a
         if self.client_gone.is_set():
-            on_client_gone(a)
+            on_client_gone(a, self.lock)
             return True
         if now - self.last_touch > 2:
             touch_lock(a)
@@ -240,7 +246,7 @@ class AttemptWatch:
         OUT.flush()
         stalled_s = float(a.get("stalled_s", STALLED_S))
         if OUT.stalled(stalled_s):  # connected, but reading nothing: fleet is frozen; the watcher keeps bounds
-            frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s)
+            frozen_client(a, "fleet read nothing of this watcher's output for %gs" % stalled_s, self.lock)
             return True
         if self.phase == STARTING and now - self.start > a["ready_timeout_s"]:  # also while a log floods
             return self.end({"e": "timeout", "what": READY, "after_s": now - self.start}, "timeout", now)
@@ -338,14 +344,14 @@ class AttemptWatch:
                 return self.end(result, None, now)
             emit(result)
         a["success_state"]["startup"] = self.startup.record(READY, now)
-        on_success(a)
+        on_success(a, self.lock)
         emit({"e": "done"})
         if a.get("hold"):
-            hold(a, self.client_gone)
+            hold(a, self.client_gone, self.lock)
         return True
 
 
-def frozen_client(a: WatchRequest, why: str) -> None:
+def frozen_client(a: WatchRequest, why: str, lock: RunLock) -> None:
     """fleet is connected but reads nothing (stopped with SIGSTOP, swapped out): waiting for it would hold
     the host's lock and leave an engine running that nobody proves. The attempt's server is stopped (its
     container through its runtime: a rootful engine is not fleet's user's to signal; its group, held member
@@ -359,7 +365,7 @@ def frozen_client(a: WatchRequest, why: str) -> None:
             change_status(st_path, FAILED, {"reason": reason}, recorded)
     except OSError:
         pass
-    release_lock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"])
+    lock.release_now()
 
 
 def stop_container(box: Any) -> str:
@@ -397,19 +403,20 @@ def stop_attempt_group(pgid: int) -> str:
 
 def run() -> None:
     a = cast("WatchRequest", json.loads(sys.argv[1]))
-    try:
-        main(a)
-        if not OUT.drain(float(a.get("stalled_s", STALLED_S))) and OUT.pending:  # never read: fleet is frozen
-            last = OUT.pending.decode("utf-8", "replace").rstrip().rsplit("\n", 1)[-1]
-            if '"e": "timeout"' in last or '"e": "exit"' in last:
-                frozen_client(a, "the attempt ended (%s) while fleet read nothing" % last[:80])
-    except ClientGone:  # found by writing before the stdin watch saw it (a busy log)
-        on_client_gone(a)
-    except Exception as exc:
+    with run_lock(a) as lock:
         try:
-            emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, exc)})
-        except ClientGone:
-            on_client_gone(a)
+            main(a, lock)
+            if not OUT.drain(float(a.get("stalled_s", STALLED_S))) and OUT.pending:  # never read: fleet is frozen
+                last = OUT.pending.decode("utf-8", "replace").rstrip().rsplit("\n", 1)[-1]
+                if '"e": "timeout"' in last or '"e": "exit"' in last:
+                    frozen_client(a, "the attempt ended (%s) while fleet read nothing" % last[:80], lock)
+        except ClientGone:  # found by writing before the stdin watch saw it (a busy log)
+            on_client_gone(a, lock)
+        except Exception as exc:
+            try:
+                emit({"e": "error", "error": "%s: %s" % (type(exc).__name__, exc)})
+            except ClientGone:
+                on_client_gone(a, lock)
 
 
 if __name__ == "__main__":
