@@ -149,7 +149,7 @@ def test_a_groups_ranks_and_a_host_without_the_engine_have_rows_of_their_own(
     assert rows[typo]["verdict"] == "unknown" and 'names "blackwel"' in rows[typo]["error"]
     assert r.code == (4 if any(x["verdict"] == "refused" for x in rows.values()) else 1)  # never 0 with it
     assert rows[("cpubox", "-")]["verdict"] == "skipped" and "no sglang" in rows[("cpubox", "-")]["skipped"]
-    assert all(rows[k]["parser"] == "not checked: a rank of a group" for k in rows if k[1].startswith("pair["))
+    assert all(rows[k]["parser"] == "not checked" for k in rows if k[1].startswith("pair["))  # none asked for
     assert "went through sglang 0.5.23's own parser" in r.err  # said: nothing was checked by it
 
 
@@ -191,6 +191,10 @@ def test_a_command_line_not_checked_is_unknown_not_the_same() -> None:
     assert audit.Audit("h", "p", "0.5.11", parser="could_not_check: ImportError: x").verdict == "unknown"
     assert audit.Audit("h", "p", "-", error="unreachable").verdict == "unknown"
     assert audit.Audit("h", "p", "0.5.11", parser="accepted").verdict == "same"
+    # found by review: asked for, and not run on this one (the model ships its own code, a group's rank)
+    why = "not checked: the model ships its own code (auto_map), which fleet never runs on this machine"
+    assert audit.Audit("h", "p", "0.5.11", parser=why).verdict == "unknown"
+    assert audit.Audit("h", "p", "0.5.11").verdict == "same"  # no parser asked for: the plans alone
 
 
 def test_a_host_never_names_code_for_this_machine_to_run() -> None:

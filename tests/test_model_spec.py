@@ -181,3 +181,66 @@ def test_a_damaged_model_is_refused_by_preflight_naming_the_files() -> None:
     r = build_plan(inv.hosts["ct129"], pb, f, f"/models/{pb.spec.model}")
     (err,) = [v for v in r.verdicts if v.rule == "model-damaged"]
     assert err.level == "error" and "model-00001-of-00094.safetensors: truncated" in err.message
+
+
+LLAMA_LIKE = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 8, "head_dim": 64}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"architectures": {"a": 1}}, "architectures must be a list of class names"),
+        ({"architectures": 7}, "architectures must be a list of class names"),
+        ({"architectures": "LlamaForCausalLM"}, "architectures must be a list of class names"),
+        ({"num_hidden_layers": 10**8, "model_type": "gemma2", "sliding_window": 4096}, "is no model's"),
+    ],
+)
+def test_a_config_no_model_has_is_a_clear_error_not_a_crash(changes: dict, said: str) -> None:
+    """Found by review: a host's config.json with a dict or a string for architectures raised KeyError or
+    read as architecture "L"; a hundred million layers built a list for ten seconds. The deploy now says
+    what is wrong with the file (fleet.plan.build reports a ModelConfigError with its path)."""
+    with pytest.raises(ModelConfigError, match=said):
+        parse_model_spec("/m", {**LLAMA_LIKE, **changes}, None, 10**9)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {
+            "architectures": ["Llama4ForConditionalGeneration"],
+            "attention_chunk_size": 8192,
+            "no_rope_layer_interval": 0,
+        },
+        {"model_type": "qwen3_next", "full_attention_interval": 0.5},
+        {"model_type": "qwen3_next", "full_attention_interval": "abc"},
+        {"model_type": "qwen3_next", "full_attention_interval": [4]},
+        {"layer_types": ["linear_attention"] * 10},  # longer than the model
+        {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": "512", "qk_rope_head_dim": 64},
+        {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 0, "qk_rope_head_dim": 64},
+        {"architectures": ["DeepseekV4ForCausalLM"], "compress_ratios": [4, "x", 128.0, None]},
+        {"quantization_config": {}},
+    ],
+)
+def test_odd_values_read_as_unsaid_and_never_give_a_negative_or_crashing_count(changes: dict) -> None:
+    """Found by review: each raised ZeroDivisionError, ValueError or TypeError, counted a negative KV cache
+    (a layer_types list longer than the model made every layer linear and then some), read "512" as an MLA
+    rank of 0, or took an empty quantization_config for modelopt. A value fleet cannot read is unsaid: the
+    count falls back to full attention, which never makes fit accept too much."""
+    from fleet.plan.fit import kv_bytes_per_token
+
+    spec = parse_model_spec("/m", {**LLAMA_LIKE, **changes}, None, 10**9)
+    assert spec.quantization == "bf16" and not spec.mla
+    for engine in ("sglang", "vllm"):
+        per_token = kv_bytes_per_token(spec, 1, 1000, engine=engine, version=(0, 5, 23))
+        assert per_token is not None and per_token >= 0
+
+
+def test_a_negative_size_or_a_v4_without_head_size_says_too_little_for_a_kv_count() -> None:
+    from fleet.plan.fit import kv_bytes_per_token
+
+    for changes in ({"num_hidden_layers": -4}, {"head_dim": -64}):
+        assert kv_bytes_per_token(parse_model_spec("/m", {**LLAMA_LIKE, **changes}, None, 10**9), 1) is None
+    v4 = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 8,
+          "num_key_value_heads": 1, "compress_ratios": [0, 4, 128, 4]}  # fmt: skip
+    assert kv_bytes_per_token(parse_model_spec("/m", v4, None, 10**9), 1, version=(0, 5, 23)) is None

@@ -75,7 +75,7 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
     chosen = {h.name for h in ctx.inventory.select([host_name])} if host_name else None
     for pb in playbooks:
         if pb.spec.hosts and (chosen is None or chosen & set(pb.spec.hosts)):
-            rows += _group_rows(ctx, pb, name, version)
+            rows += _group_rows(ctx, pb, name, version, command is not None)
     if command is None:
         say(f"warning: no command line went through {name} {version}'s own parser: give --parser PYTHON", err=True)
     if as_json:
@@ -90,7 +90,7 @@ def engine_audit(ctx: Invocation, spec: str, host_name: str | None, parser: str 
         raise click.exceptions.Exit(1)
 
 
-def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str) -> list[Any]:
+def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str, parser_asked: bool) -> list[Any]:
     """A group playbook's ranks on its own hosts; one row with the error where they cannot be planned."""
     from fleet.cli.groups import group_run
     from fleet.control import audit
@@ -101,7 +101,7 @@ def _group_rows(ctx: Invocation, pb: Any, engine: str, version: str) -> list[Any
         why = f"none of its hosts ({', '.join(pb.spec.hosts)}) is in the inventory: nothing here to upgrade"
         return [audit.Audit(*where, skipped=why)]
     try:
-        return audit.audit_group(group_run(ctx, pb), engine, version, ctx.signatures or [])
+        return audit.audit_group(group_run(ctx, pb), engine, version, ctx.signatures or [], parser_asked)
     except PreflightError as exc:  # the group cannot be placed on its hosts as they are
         return [audit.Audit(*where, refusals=(exc.message,))]
     except FleetError as exc:

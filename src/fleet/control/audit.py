@@ -48,7 +48,9 @@ class Audit:
     defaults: tuple[str, ...] = ()  # defaults that differ between the versions (fleet.plan.defaults)
     crashes: tuple[str, ...] = ()  # known crashes gained or lost (signatures' ranges, the plan's lint)
     refusals: tuple[str, ...] = ()  # what pre-flight refuses with the new version
-    parser: str = "not checked"  # the new version's own verdict on the new command line
+    # the new version's own verdict on the new command line: "not checked" (no parser was asked for), "not
+    # checked: why" (asked for, and this one could not be: unknown), accepted, rejected: ..., could_not_check
+    parser: str = "not checked"
     error: str = ""  # the host could not be audited (unreachable, no model...)
     skipped: str = ""  # nothing to audit, and why (the host has no environment of the engine)
 
@@ -56,7 +58,7 @@ class Audit:
     def verdict(self) -> str:
         if self.skipped:
             return "skipped"
-        if self.error or self.parser.startswith("could_not_check"):
+        if self.error or self.parser.startswith(("could_not_check", "not checked:")):
             return "unknown"
         if self.refusals or self.parser.startswith("rejected"):
             return "refused"
@@ -215,15 +217,20 @@ def playbooks_of(playbooks: Sequence[NamedPlaybook], engine: str) -> list[NamedP
     return [pb for pb in playbooks if pb.spec.engine == engine]
 
 
-def audit_group(run: GroupRun, engine: str, version: str, signatures: Sequence[Signature]) -> list[Audit]:
+def audit_group(
+    run: GroupRun, engine: str, version: str, signatures: Sequence[Signature], parser_asked: bool = False
+) -> list[Audit]:
     """A group's ranks, each planned today and with `version`, the group's pre-flight on the new plans
     refusing for all of them. The new version's parser is not run on a rank: a rank's command line is
-    resolved against the other hosts of its group, which the stand-in GPU does not know."""
+    resolved against the other hosts of its group, which the stand-in GPU does not know; where a parser
+    was asked for, the rank says so (and is unknown, not the same)."""
     now, _ = run.plan()
     then, problems = run.plan(lambda f: with_version(f, engine, version))
     rows = []
     for i, (host, today, upgraded) in enumerate(zip(run.hosts, now, then, strict=True)):
         row = compare(host.name, f"{run.playbook.name}[rank {i}]", today, upgraded, signatures)
         extra = tuple(p for p in problems if p not in row.refusals)
-        rows.append(replace(row, refusals=row.refusals + extra, parser="not checked: a rank of a group"))
+        rows.append(replace(row, refusals=row.refusals + extra))
+        if parser_asked:
+            rows[-1] = replace(rows[-1], parser="not checked: a rank of a group")
     return rows

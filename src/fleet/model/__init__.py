@@ -6,6 +6,7 @@ read (engines.md §4): Qwen3.5/3.6 nest the language model under `text_config`, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +39,13 @@ def _layer_types(tc: Mapping[str, object], model_type: str, layers: int) -> Any:
     Cohere 2: Gemma 3's published configs name a `sliding_window_pattern` and no list)."""
     given = tc.get("layer_types")
     if isinstance(given, list) and given:
-        return given
+        return given[:layers]  # one per layer: a longer list's tail names no layer
     pattern = _int(tc, "sliding_window_pattern") or SLIDING_PATTERN_DEFAULTS.get(
         str(tc.get("model_type") or model_type)
     )
     if pattern and layers and tc.get("sliding_window"):
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-    return given
+    return given[:layers] if isinstance(given, list) else given
 
 
 def _sliding(tc: dict[str, Any], layers: int, layer_types: Any, architecture: str) -> tuple[int, int | None]:
@@ -68,7 +69,7 @@ def _sliding(tc: dict[str, Any], layers: int, layer_types: Any, architecture: st
         no_rope = tc.get("no_rope_layers")
         if isinstance(no_rope, list) and len(no_rope) >= layers:
             return sum(1 for x in no_rope[:layers] if x), chunk  # 1: RoPE, chunked; 0: global
-        interval = _int(tc, "no_rope_layer_interval", default=4)
+        interval = _int(tc, "no_rope_layer_interval") or 4
         return sum(1 for i in range(layers) if (i + 1) % interval), chunk
     sliding = sum(1 for t in layer_types if t == "sliding_attention") if isinstance(layer_types, list) else 0
     pattern = tc.get("hybrid_layer_pattern")  # MiMo-V2: 1 for a sliding layer, 0 for a full one
@@ -195,11 +196,15 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int(d: Mapping[str, object], *keys: str, default: int = 0) -> int:
+    """The first of `keys` the config gives as a count (a whole number, not negative), else `default`."""
     for k in keys:
         v = d.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return v
     return default
+
+
+MAX_LAYERS = 10_000  # far above any model's; a host's config asking for more is not read as one (lists of it)
 
 
 def _fp8_weights(qc: Mapping[str, object]) -> list[dict[str, Any]] | None:
@@ -217,7 +222,7 @@ def _fp8_weights(qc: Mapping[str, object]) -> list[dict[str, Any]] | None:
 def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tuple[str, str | None, str | None]:
     """(family, SGLang method, KV-cache quant) — 0.5.11 model_config.py L779-908."""
     qc = cfg.get("quantization_config")
-    if isinstance(qc, dict):
+    if isinstance(qc, dict) and qc:
         method = str(qc.get("quant_method") or "modelopt").lower()
         algo = str(qc.get("quant_algo") or "").upper()
         kv = qc.get("kv_cache_quant_algo")
@@ -235,7 +240,8 @@ def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tupl
             return method.replace("-", "_"), method, kv
         return method, method, kv
     if isinstance(quant_cfg, dict):
-        q = quant_cfg.get("quantization") or {}
+        q = quant_cfg.get("quantization")
+        q = q if isinstance(q, dict) else {}
         algo = str(q.get("quant_algo") or "").upper()
         kv = q.get("kv_cache_quant_algo")
         if "FP4" in algo:
@@ -260,17 +266,24 @@ def parse_model_spec(
     if not isinstance(config, dict):
         raise ModelConfigError(f"{path}/config.json is missing or not a JSON object")
     archs = config.get("architectures") or ["?"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) and a for a in archs):
+        raise ModelConfigError(
+            f"{path}/config.json: architectures must be a list of class names (as transformers writes it, e.g. "
+            f'["LlamaForCausalLM"]), not {json.dumps(archs)[:80]}'
+        )
     tc = _text_config(config)
     model_type = str(config.get("model_type") or tc.get("model_type") or "?")
     layers = _int(tc, "num_hidden_layers", "n_layer", "num_layers")
+    if layers > MAX_LAYERS:
+        raise ModelConfigError(f"{path}/config.json: num_hidden_layers {layers} is no model's (at most {MAX_LAYERS})")
     layer_types = _layer_types(tc, model_type, layers)
     if isinstance(layer_types, list) and layer_types:
         linear = tuple(i for i, t in enumerate(layer_types) if t in ("linear_attention", "mamba"))
-    elif tc.get("full_attention_interval") and (
+    elif _int(tc, "full_attention_interval") and (
         model_type in HYBRID_MODEL_TYPES or archs[0] in HYBRID_ARCHS or tc.get("linear_num_value_heads")
     ):
         # Qwen3-Next: layer i is full attention iff (i+1) % interval == 0 (sglang configs/qwen3_next.py L254)
-        interval = int(tc["full_attention_interval"])
+        interval = _int(tc, "full_attention_interval")
         linear = tuple(i for i in range(layers) if (i + 1) % interval != 0)
     else:
         linear = ()
@@ -285,6 +298,8 @@ def parse_model_spec(
     heads = _int(tc, "num_attention_heads", "n_head")
     sliding, window = _sliding(tc, layers, layer_types, str(archs[0]))
     ratios = tc.get("compress_ratios")
+    if not isinstance(ratios, list) or not all(type(r) is int and r >= 0 for r in ratios):
+        ratios = []  # a list fleet cannot read is no list: every layer is counted as a full one
     return ModelSpec(
         path=path,
         architecture=str(archs[0]),
@@ -306,14 +321,14 @@ def parse_model_spec(
         custom_code=isinstance(config.get("auto_map"), dict) and bool(config["auto_map"]),
         sliding_window_layers=sliding,
         sliding_window=window,
-        mla=tc.get("kv_lora_rank") is not None,
-        mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if tc.get("kv_lora_rank") else 0,
+        mla=_int(tc, "kv_lora_rank") > 0,
+        mla_kv_dim=_int(tc, "kv_lora_rank") + _int(tc, "qk_rope_head_dim") if _int(tc, "kv_lora_rank") else 0,
         rope_dim=_int(tc, "qk_rope_head_dim"),
         # DeepSeek sparse attention's indexer: a key of index_head_dim per token and layer (SGLang is_deepseek_dsa)
         dsa_index_dim=_int(tc, "index_head_dim", default=128) if tc.get("index_topk") is not None else 0,
         swa_kv_heads=_int(tc, "swa_num_key_value_heads"),
         swa_head_dim=_int(tc, "swa_head_dim"),
-        compress_ratios=tuple(r for r in ratios[:layers] if isinstance(r, int)) if isinstance(ratios, list) else (),
+        compress_ratios=tuple(ratios[:layers]),
         vision=_vision(config.get("vision_config")),
         task=serving_task(str(archs[0]), sentence_transformers),
     )

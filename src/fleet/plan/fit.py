@@ -68,7 +68,8 @@ def kv_bytes_per_token(
     attention_layers = model.num_layers - len(model.linear_attention_layers)
     new = engine == "sglang" and (version is None or version >= FIRST_HEURISTIC_REWRITE)
     if new and model.compress_ratios and model.architecture.startswith("DeepseekV4"):
-        return round(sglang_dsv4_bytes(model, draft_layers > 0))
+        v4 = sglang_dsv4_bytes(model, draft_layers > 0)
+        return round(v4) if v4 else None  # without a head size the config does not say enough
     if model.mla_kv_dim and model.num_layers:
         dsa = sglang_dsa_bytes(model, version, sm, sglang_dsa_fp8(model, sm)) if engine == "sglang" else 0
         return (attention_layers + draft_layers) * (dsa or model.mla_kv_dim * dtype_bytes)
@@ -99,8 +100,10 @@ class Budget:
 
     bytes: float
     rule: str
-    # tokens whose KV cache must fit beside the weights whatever the context: SGLang's own budget stops the
-    # engine at load without room for one prefill step ("Not enough memory"); 0 for a budget given outright
+    # tokens whose KV cache must fit beside the weights whatever the context: fleet's margin, one prefill
+    # step. SGLang itself stops at load only when no token fits ("Not enough memory"), and counts its
+    # fraction of the memory free after its CUDA context and NCCL buffers, which fleet does not know: the
+    # step stands for what that leaves out. 0 for a budget given outright
     prefill_tokens: int = 0
 
 

@@ -107,7 +107,7 @@ def _fit_refusal(where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummar
         room = budget(model, gpus.memory_mib, fraction, plan.engine, plan.engine_version, wished)
         draft = model.mtp_layers if wished.speculative else 0
         per_token = kv_bytes_per_token(model, tp, None, draft, plan.engine, plan.engine_version, gpus.sm) or 0
-        step = room.prefill_tokens  # SGLang's own budget stops the engine without room for one prefill step
+        step = room.prefill_tokens  # fleet's margin under SGLang's budget: room for one prefill step (fit.Budget)
         needed = per_gpu_mib * (1 << 20) + step * per_token
         if needed > room.bytes:
             cache = f" and the KV cache of one {step}-token prefill step" if step else ""
