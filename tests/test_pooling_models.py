@@ -107,6 +107,21 @@ def test_sglang_runs_a_cross_encoder_on_the_attention_backend_its_rerank_models_
     assert "--disable-radix-cache" not in embedding and "--chunked-prefill-size" not in embedding
 
 
+def test_a_sequence_classifier_of_several_labels_is_refused_not_planned_as_a_reranker(tmp_path: Path) -> None:
+    """Found by review: every *ForSequenceClassification was planned as a cross-encoder, a sentiment or
+    reward classifier too, whose /v1/rerank would rank by its first label alone: the smoke check would fail
+    after the old server was stopped. It is refused before anything is stopped; one label plans as before."""
+    three = tmp_path / "three-labels"
+    shutil.copytree(RERANKER, three)
+    cfg = config(three)
+    cfg["id2label"] = {"0": "negative", "1": "neutral", "2": "positive"}
+    (three / "config.json").write_text(json.dumps(cfg))
+    r = plan(three)
+    [said] = [v.message for v in r.errors if v.rule == "sequence-classifier"]
+    assert said.startswith("XLMRobertaForSequenceClassification with 3 labels is a classifier, not a cross-encoder")
+    assert not [v for v in plan(RERANKER).errors]
+
+
 def test_an_embedding_model_or_a_reranker_runs_as_replicas_even_on_nvlink() -> None:
     """Found by review: on an 8x H100 NVLink box a reranker of 2 GiB took all eight GPUs as one TP group.
     A pooling server only prefills and keeps no KV cache between requests: replicas of the smallest TP

@@ -143,6 +143,7 @@ class ModelSpec:
     # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
     vision: tuple[int, int] | None = None
     task: str = GENERATE  # GENERATE, EMBED or RERANK (serving_task)
+    labels: int = 0  # a sequence classifier's output labels (id2label, else num_labels); a cross-encoder has one
 
     @property
     def generates(self) -> bool:
@@ -331,4 +332,5 @@ def parse_model_spec(
         compress_ratios=tuple(ratios[:layers]),
         vision=_vision(config.get("vision_config")),
         task=serving_task(str(archs[0]), sentence_transformers),
+        labels=len(config["id2label"]) if isinstance(config.get("id2label"), dict) else _int(config, "num_labels"),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from fleet.model import ModelSpec
+from fleet.model import RERANK, ModelSpec
 from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
 from fleet.plan.known_crashes import KNOWN_CRASHES, KnownCrash, lint
 from fleet.plan.parsers import parsers_for
@@ -183,6 +183,17 @@ def _model_verdicts(i: PlanInput) -> list[Verdict]:
                 f"config.json's auto_map names code shipped with the model: the engine runs {model.architecture} "
                 "without it only if it has its own class; set trust_remote_code: true in the playbook if you "
                 "trust this model's code (fleet never does on its own)",
+            )
+        )
+    if model.task == RERANK and model.labels > 1:
+        verdicts.append(
+            Verdict(
+                "error",
+                "sequence-classifier",
+                f"{model.architecture} with {model.labels} labels is a classifier, not a cross-encoder reranker "
+                "(one relevance score per pair): /v1/rerank would rank by its first label alone (SGLang "
+                "serving_rerank.py takes embedding[0] as the score), so no answer could prove it serves; fleet "
+                "deploys only one-label cross-encoders",
             )
         )
     if not model.generates and (wishes.speculative or wishes.parsers is not None):
