@@ -458,6 +458,22 @@ def test_deepseek_v4_is_counted_as_sglang_sizes_its_compressed_cache() -> None:
     assert kv_bytes_per_token(flash, 4, version=(0, 5, 11)) == 43 * 2 * 1 * 512 * 2  # 0.5.11 has no V4
 
 
+def test_counting_v4s_compressed_cache_as_sglang_does_flips_whether_its_whole_context_fits() -> None:
+    """The decision issue 42 said a KV count would flip: DeepSeek-V4-Flash's whole context (1,048,576
+    tokens) on 8 H100s. Counted as full attention (88,064 bytes a token, 86 GiB on every rank) it could
+    not fit on any number of 80 GB GPUs, whatever the weights; as SGLang 0.5.23 sizes it (7,087 bytes,
+    6.9 GiB) four of them hold it beside the weights (a stand-in size: the flip is the cache's)."""
+    from fleet.model import parse_model_spec
+
+    flash = parse_model_spec("/m", config("deepseek-v4-flash"), None, 160 * 10**9)
+    assert flash.context_length == 1_048_576
+    as_full = 43 * 2 * 1 * 512 * 2  # what fleet counted before: every layer a full-attention one
+    assert as_full * flash.context_length > H100 * (1 << 20)  # more than the whole GPU, on every rank
+    fit = fit_gpus(flash, H100, 8, None, version=(0, 5, 23), sm=90)
+    assert fit.fits and fit.gpus == 4, fit.why
+    assert "the KV cache for 1048576 tokens 6.9 GiB" in fit.why
+
+
 def test_deepseek_v4_drafts_with_its_mtp_head_under_the_name_its_hook_accepts(tmp_path: Path) -> None:
     """Found by the real 0.5.23 resolving fleet's plan (tests/test_plan_matrix.py): DeepSeek V4's hook
     refuses NEXTN by name ("Only EAGLE and DSPARK speculative algorithms are supported") and any topk but
