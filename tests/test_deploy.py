@@ -123,6 +123,22 @@ def test_the_deploy_shows_what_the_engine_resolved_for_the_settings_the_plan_lef
     assert r.err.index("the engine resolved:") < r.err.index("launched")
 
 
+def test_a_memory_fraction_the_engine_resolves_too_small_refuses_before_the_running_server_is_stopped(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """Issue 42 item 1 on a real act step: the engine's own check resolves mem_fraction_static on the host
+    (here a version whose heuristic leaves 0.2 of each 48 GB GPU), less than the weights need: refused
+    before the running server is stopped, with the engine's number and what to do."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    before = state(fleet_env, "ct129")
+    simhost.set_host(fleet_env.host_dir("ct129"), resolved_mem_fraction=0.2)
+    plan = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--name", "second", "--gpus", "0,1", "--replace")
+    assert plan.code == 4, plan.err
+    assert "the engine's own check resolved mem_fraction_static 0.2 on this host: 9.6 GiB" in plan.err
+    after = state(fleet_env, "ct129")
+    assert (after["status"], after["pid"]) == ("ready", before["pid"])  # the old server serves on
+
+
 def test_an_engine_whose_own_pick_fails_here_gets_fleets_flag_before_anything_is_stopped(
     fleet_env: simhost.Sandbox, playbooks: Path
 ) -> None:

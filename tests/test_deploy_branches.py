@@ -175,3 +175,23 @@ def test_a_failure_while_reading_ahead_is_the_deploys_own_error() -> None:
     with pytest.raises(HostUnreachable, match="cannot connect"):
         read_facts(scripted, host("blackwell"), **asked_for(host("blackwell"), pb))
     assert len(scripted.asked) == 1
+
+
+def test_a_memory_fraction_the_engine_resolves_smaller_than_the_plan_counted_stops_nothing() -> None:
+    """Issue 42 item 1: the engine's check resolves mem_fraction_static on the host itself. Where it leaves
+    each GPU less than the weights and one prefill step's cache (a version whose budget fleet's formula
+    does not know), the deploy is refused before anything is stopped, saying whose number it was; a
+    fraction that leaves enough goes ahead."""
+    from fleet.errors import PreflightError
+
+    r = planned()
+    assert r.plan is not None and r.plan.need_mib and r.plan.memory_mib == RTX_PRO_6000[2]
+    small = {"verdict": "accepted", "output": "", "resolved": {"memory fraction": "0.2"}}
+    scripted = ScriptedHost(checks=[small])
+    with pytest.raises(PreflightError, match=r"resolved mem_fraction_static 0.2 on this host: 19.1 GiB"):
+        deploy(scripted, r)
+    assert len(scripted.acts) == 1 and not scripted.watched  # one act, answered before it stopped anything
+    assert scripted.acts[0]["check"]["budget"] == {"need_mib": r.plan.need_mib, "gpu_mib": RTX_PRO_6000[2]}
+    enough = {"verdict": "accepted", "output": "", "resolved": {"memory fraction": "0.85"}}
+    result, _ = deploy(ScriptedHost(checks=[enough], watches=[ready()]), planned())
+    assert result.ok

@@ -494,3 +494,19 @@ def test_a_wait_for_stopped_processes_ends_when_the_last_one_has_exited(
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_engines_own_memory_fraction_is_held_to_what_the_plan_needs() -> None:
+    """The act step's budget check (host/check.py budget_short): short only where the fraction the engine
+    resolved leaves each GPU less than the plan's need; nothing said when the engine or fleet says nothing."""
+    from fleet.host.check import budget_short
+
+    budget = {"need_mib": 30000, "gpu_mib": 80000}
+    accepted = {"verdict": "accepted", "output": ""}
+    assert budget_short({**accepted, "resolved": {"memory fraction": "0.3"}}, budget) == {
+        "fraction": 0.3, "room_mib": 24000, "need_mib": 30000, "gpu_mib": 80000
+    }  # fmt: skip
+    assert budget_short({**accepted, "resolved": {"memory fraction": "0.5"}}, budget) is None
+    for said in ({}, {"memory fraction": "auto"}, {"memory fraction": "7"}):
+        assert budget_short({**accepted, "resolved": said}, budget) is None  # type: ignore[typeddict-item]
+    assert budget_short({**accepted, "resolved": {"memory fraction": "0.3"}}, None) is None

@@ -147,6 +147,7 @@ class ActResult(TypedDict, total=False):
     lock: LockResult
     check: CheckResult
     picks_differ: Dict[str, str]  # the engine's own picks the plan did not stand on: nothing was stopped
+    budget_short: Dict[str, Any]  # the engine's own memory fraction leaves too little: nothing was stopped
     refused: List[Dict[str, Any]]
     left: List[Dict[str, Any]]
     ended: List[Dict[str, Any]]  # the processes it stopped
@@ -344,6 +345,9 @@ class CheckRequest(TypedDict, total=False):
     container: Dict[str, Any]
     prelude: str  # code run first (a stand-in GPU for a check off a GPU host: fleet engine audit)
     timeout_s: float
+    # what each GPU must hold beside the cache's growth (weights and one prefill step's KV cache), and each
+    # GPU's memory: held to the memory fraction the engine resolved, before anything is stopped
+    budget: Dict[str, int]
 
 
 class LaunchRequest(TypedDict, total=False):

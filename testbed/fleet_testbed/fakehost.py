@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.facts import HostFacts
+from fleet.host.check import budget_short
 from fleet.hostscripts import StepEvent
 from fleet.protocol import ActRequest, ActResult, CheckResult, ProbeRequest, WatchRequest
 
@@ -89,6 +90,10 @@ class ScriptedHost:
                 out["picks_differ"], self.picks_differ = dict(self.picks_differ), None
                 return out  # nothing stopped, nothing launched: fleet plans again
             if out["check"]["verdict"] == "rejected":
+                return out
+            short = budget_short(out["check"], request["check"].get("budget"))
+            if short:  # as the real step: the engine's own budget is smaller than the plan counted
+                out["budget_short"] = short
                 return out
         out["ended"], out["left"], out["memory"] = [], [], {}
         if request.get("launch") and not request.get("prepare_only"):

@@ -39,6 +39,8 @@ def check_args(
     }
     if premises:
         args["picks"] = premises
+    if plan.need_mib is not None and plan.memory_mib:
+        args["budget"] = {"need_mib": plan.need_mib, "gpu_mib": plan.memory_mib}
     cont = plan.container
     if cont is not None:  # run in the image, as the server will be
         args["container"] = {

@@ -169,6 +169,14 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
             f"({failed['error']}); {rollback_said(out)}",
             "Free disk space on the host, then run again.",
         )
+    if short := out.get("budget_short"):
+        return PreflightError(
+            f"{host_name}: the engine's own check resolved mem_fraction_static {short['fraction']:g} on this host: "
+            f"{short['room_mib'] / 1024:.1f} GiB of each GPU's {short['gpu_mib'] / 1024:.1f} GiB, less than the "
+            f"{short['need_mib'] / 1024:.1f} GiB the weights and one prefill step's KV cache need: it would stop at "
+            "load. Nothing on the host was changed.",
+            "Use more GPUs (gpus: or tp:), a smaller or quantized checkpoint, or set mem_fraction: in the playbook.",
+        )
     if out.get("refused"):
         who = "; ".join(
             f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}" for p in out["refused"]

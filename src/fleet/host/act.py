@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, cas
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.check import client_gone, engine_check, picks_differ
+    from fleet.host.check import budget_short, client_gone, engine_check, picks_differ
     from fleet.host.common import container_owner
     from fleet.host.container import (
         container_of,
@@ -189,6 +189,10 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
         differ = picks_differ(out["check"].get("picks") or {}, (a["check"].get("picks") or {}).get("expect") or {})
         if differ:  # the plan stood on picks the engine does not make here: fleet plans again, nothing stopped
             out["picks_differ"] = differ
+            return True
+        short = budget_short(out["check"], a["check"].get("budget"))
+        if short:  # the engine's own budget on this host is smaller than the plan counted: refused now
+            out["budget_short"] = short
             return True
     if a.get("launch"):
         unwritable = unwritable_dir(expand(a["launch"]["log_dir"]))

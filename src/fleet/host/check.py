@@ -9,7 +9,7 @@ import select
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
     run_cli  # noqa: B018
@@ -81,6 +81,23 @@ def picks_differ(told: Dict[str, str], expect: Dict[str, List[str]]) -> Dict[str
     """The engine's picks the plan does not stand on (empty: it stands). An engine that refuses the command
     line without fleet's flags for a setting ("refused: ...") confirms that they are needed."""
     return dict((k, v) for k, v in told.items() if k in expect and v not in expect[k] and not v.startswith("refused"))
+
+
+def budget_short(check: CheckResult, budget: Optional[Dict[str, int]]) -> Optional[Dict[str, Any]]:
+    """Whether the memory fraction the engine resolved on this host leaves each GPU less than the plan needs
+    (weights and one prefill step's cache): then it would stop at load, after the old server was stopped.
+    None when it leaves enough, or when the engine or the request does not say."""
+    said = (check.get("resolved") or {}).get("memory fraction")
+    if not budget or not said:
+        return None
+    try:
+        fraction = float(said)
+    except ValueError:
+        return None
+    room = fraction * budget["gpu_mib"]
+    if not 0 < fraction < 1 or room >= budget["need_mib"]:
+        return None
+    return {"fraction": fraction, "room_mib": int(room), "need_mib": budget["need_mib"], "gpu_mib": budget["gpu_mib"]}
 
 
 def engine_check(c: CheckRequest, gone: Callable[[], bool]) -> CheckResult:

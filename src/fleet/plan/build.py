@@ -31,7 +31,7 @@ from fleet.plan import (
 )
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 from fleet.plan.picks import told_picks
-from fleet.plan.preflight import _err, preflight
+from fleet.plan.preflight import _err, memory_need_mib, preflight
 
 
 def gpu_summary(facts: HostFacts, indices: Sequence[int] | None = None) -> GpuSummary | None:
@@ -266,6 +266,7 @@ def build_plan(
     )
     plan = replace(plan, container=container)
     verdicts += preflight(where, plan, model, gpus, facts, host)
+    plan = replace(plan, memory_mib=gpus.memory_mib, need_mib=memory_need_mib(plan, model, gpus))
     plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))
     return PlanResult(plan, model, gpus, wishes, key, plan.verdicts)
 

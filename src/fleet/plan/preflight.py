@@ -14,7 +14,7 @@ from fleet.inventory import Host
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Verdict, show_version
 from fleet.plan.capabilities import capability
-from fleet.plan.fit import GIB, budget, kv_bytes_per_token
+from fleet.plan.fit import GIB, Budget, budget, kv_bytes_per_token
 from fleet.plan.memory import MemoryWishes
 
 MIN_LOG_DISK_BYTES = 200 << 20
@@ -96,19 +96,34 @@ def preflight(
     return out
 
 
+def _room_and_need(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, tp: int) -> tuple[Budget, float, int]:
+    """What the engine gives itself of each GPU, what the weights and one prefill step's KV cache need of
+    it (bytes), and that step's tokens."""
+    frac_flag = plan.flag("--mem-fraction-static") or plan.flag("--gpu-memory-utilization")
+    fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
+    wished = memory_wishes(plan, tp)
+    room = budget(model, gpus.memory_mib, fraction, plan.engine, plan.engine_version, wished)
+    draft = model.mtp_layers if wished.speculative else 0
+    per_token = kv_bytes_per_token(model, tp, None, draft, plan.engine, plan.engine_version, gpus.sm) or 0
+    step = room.prefill_tokens  # fleet's margin under SGLang's budget: room for one prefill step (fit.Budget)
+    return room, (model.weights_bytes or 0) / tp + step * per_token, step
+
+
+def memory_need_mib(plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary) -> int | None:
+    """What each GPU must hold for the plan beside the cache's growth, in MiB, for the act step to hold to
+    the memory fraction the engine itself resolves there (SGLang; None: not known, or another engine)."""
+    tp = tp_of(plan)
+    if plan.engine != "sglang" or not model.weights_bytes or tp > gpus.count:
+        return None
+    return int(_room_and_need(plan, model, gpus, tp)[1]) >> 20
+
+
 def _fit_refusal(where: str, plan: LaunchPlan, model: ModelSpec, gpus: GpuSummary, tp: int) -> list[Verdict]:
     """Weights and one prefill step's KV cache within what the engine gives itself of each GPU."""
     out: list[Verdict] = []
     if model.weights_bytes and tp <= gpus.count:
         per_gpu_mib = model.weights_bytes / tp / (1 << 20)
-        frac_flag = plan.flag("--mem-fraction-static") or plan.flag("--gpu-memory-utilization")
-        fraction = float(frac_flag.value) if frac_flag and frac_flag.value else None
-        wished = memory_wishes(plan, tp)
-        room = budget(model, gpus.memory_mib, fraction, plan.engine, plan.engine_version, wished)
-        draft = model.mtp_layers if wished.speculative else 0
-        per_token = kv_bytes_per_token(model, tp, None, draft, plan.engine, plan.engine_version, gpus.sm) or 0
-        step = room.prefill_tokens  # fleet's margin under SGLang's budget: room for one prefill step (fit.Budget)
-        needed = per_gpu_mib * (1 << 20) + step * per_token
+        room, needed, step = _room_and_need(plan, model, gpus, tp)
         if needed > room.bytes:
             cache = f" and the KV cache of one {step}-token prefill step" if step else ""
             out.append(

@@ -181,6 +181,10 @@ class LaunchPlan:
     left_to_engine: tuple[Pick, ...] = ()  # the engine's own picks for the keyed settings no flag sets
     told: tuple[tuple[str, str], ...] = ()  # the engine's own picks its check on the host said, planned on
     task: str = GENERATE  # what the server answers (fleet.model.serving_task): generate, embed or rerank
+    # each GPU's memory, and what the weights and one prefill step's KV cache need of it (MiB; None: not
+    # known): the act step holds them to the memory fraction the engine resolves on the host
+    memory_mib: int | None = None
+    need_mib: int | None = None
 
     def module(self) -> str:
         return "sglang.launch_server" if self.engine == "sglang" else "vllm.entrypoints.openai.api_server"
