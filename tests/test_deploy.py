@@ -131,7 +131,8 @@ def test_a_memory_fraction_the_engine_resolves_too_small_refuses_before_the_runn
     before the running server is stopped, with the engine's number and what to do."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     before = state(fleet_env, "ct129")
-    simhost.set_host(fleet_env.host_dir("ct129"), resolved_mem_fraction=0.2)
+    # a build whose own heuristic leaves less than fleet's formula counted (the simulator's engine_picks)
+    simhost.set_host(fleet_env.host_dir("ct129"), engine_picks={"--mem-fraction-static": "0.2"})
     plan = run_cli("deploy", "qwen36-27b", "--host", "ct129", "--name", "second", "--gpus", "0,1", "--replace")
     assert plan.code == 4, plan.err
     assert "the engine's own check resolved mem_fraction_static 0.2 on this host: 9.6 GiB" in plan.err

@@ -322,7 +322,8 @@ def resolve(
     # test hook: an engine build that picks otherwise than the released versions (resolution's record fields)
     for flag, value in (picks or {}).items():  # {"--attention-backend": "trtllm_mha"}
         if not any(w == flag or w.startswith(flag + "=") for w in argv):
-            setattr(args, build_parser(version)._option_string_actions[flag].dest, value)
+            action = build_parser(version)._option_string_actions[flag]
+            setattr(args, action.dest, action.type(value) if callable(action.type) else value)
     if model.hybrid and r.sm >= 100 and args.attention_backend:
         allowed = (
             {"triton", "trtllm_mha", "flashinfer"}
@@ -339,9 +340,7 @@ def resolve(
                 [(f"{SITE}/srt/layers/attention/attention_registry.py", 233, "attn_backend_wrapper", "assert (")],
             )
     if args.mem_fraction_static is None:  # engines.md §1.8: 0.745 on 96 GB, 0.717 on 48 GB
-        # test hook: a version whose own heuristic leaves less than fleet's formula counted
-        hook = gpustate.load_host().get("resolved_mem_fraction")
-        args.mem_fraction_static = float(hook) if hook else 0.745 if gpus[0]["memory_total_mib"] > 60000 else 0.717
+        args.mem_fraction_static = 0.745 if gpus[0]["memory_total_mib"] > 60000 else 0.717
     if args.served_model_name is None:
         args.served_model_name = args.model_path
     return r
