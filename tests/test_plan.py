@@ -492,3 +492,12 @@ def test_a_gguf_checkpoint_is_refused_for_what_it_is_not_for_a_missing_config(tm
         [refusal] = [v for v in result.errors if v.rule.startswith("model")]
         assert refusal.rule == "model-gguf" and "GGUF checkpoint (Qwen3-8B-Q4_K_M.gguf)" in refusal.message
         assert "config.json is missing" not in refusal.message and result.plan is None
+    # found by review: a quantisation in a folder of its own (the Hub's layout) was not found, and a broken
+    # config.json beside .gguf files was said to be missing
+    nested = tmp_path / "Qwen3-8B-GGUF-nested"
+    (nested / "Q4_K_M").mkdir(parents=True)
+    (nested / "Q4_K_M" / "Qwen3-8B-Q4_K_M-00001-of-00002.gguf").write_bytes(b"GGUF" + bytes(60))
+    assert probe._model(str(nested))["gguf"] == ["Q4_K_M/Qwen3-8B-Q4_K_M-00001-of-00002.gguf"]
+    (d / "config.json").write_text("{not json")
+    broken = probe._model(str(d))
+    assert broken["config_error"] and not broken.get("gguf")  # a broken config.json is said as that

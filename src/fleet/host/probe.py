@@ -207,8 +207,11 @@ def _model(path: Optional[str]) -> Optional[Dict[str, Any]]:
             out.update(exists=True, config=None, config_error="a GGUF file", gguf=[os.path.basename(path)])
         return out
     out["config"], out["config_error"] = _json_file(os.path.join(path, "config.json"))
-    if out["config"] is None:  # a GGUF checkpoint keeps its configuration inside: say that it is one
-        out["gguf"] = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.gguf")))[:8]
+    if out["config"] is None and out["config_error"] is None:  # no config.json: a GGUF checkpoint keeps its
+        # configuration inside; say that it is one (the Hub's GGUF repositories often put each quantisation
+        # in a folder of its own). A config.json that is there but broken is said as that instead.
+        found = glob.glob(os.path.join(path, "*.gguf")) + glob.glob(os.path.join(path, "*", "*.gguf"))
+        out["gguf"] = sorted(os.path.relpath(f, path) for f in found)[:8]
     out["quant_config"], _ = _json_file(os.path.join(path, "hf_quant_config.json"))
     out["sentence_transformers"] = os.path.isfile(os.path.join(path, "modules.json"))
     index, _ = _json_file(os.path.join(path, "model.safetensors.index.json"), 64 << 20)
