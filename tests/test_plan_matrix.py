@@ -115,18 +115,36 @@ def test_the_matrix_is_wide_and_fleet_both_plans_and_refuses() -> None:
     assert len(planned) > len(CELLS) // 3 and len(planned) < len(CELLS)  # some do not fit or cannot run
 
 
+def oracle_args(gpu: tuple, argv: list[str], model_dir: Path) -> list[str]:
+    """The oracle's check of `argv` resolved on a fake GPU of `gpu` (a GPUS entry: whole GiB), for every
+    rank of the plan."""
+    (_, _, mib), _, oracle_gpu = gpu
+    tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
+    dp = int(argv[argv.index("--dp-size") + 1]) if "--dp-size" in argv else 1
+    return ["--resolve", "--gpu", oracle_gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp * dp),
+            "--model-dir", str(model_dir), "--", *argv]  # fmt: skip
+
+
 def real_verdicts(todo: list[tuple[Cell, list[str]]]) -> list[dict]:
     """The real SGLang's verdict on each command line in its cell's version, on a fake GPU of the cell's."""
-
-    def oracle_args(cell: Cell, argv: list[str]) -> list[str]:
-        (_, _, mib), _, gpu = GPUS[cell.gpu]
-        tp = int(argv[argv.index("--tp-size") + 1]) if "--tp-size" in argv else 1
-        dp = int(argv[argv.index("--dp-size") + 1]) if "--dp-size" in argv else 1
-        return ["--resolve", "--gpu", gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp * dp),
-                "--model-dir", str(FAMILIES[cell.family]), "--", *argv]  # fmt: skip
-
     (version,) = {cell.version for cell, _ in todo}
-    return sglang_oracle.answers(version, [oracle_args(cell, argv) for cell, argv in todo])
+    return sglang_oracle.answers(version, [oracle_args(GPUS[c.gpu], argv, FAMILIES[c.family]) for c, argv in todo])
+
+
+def plan_model(d: Path, config: str, size: int, gpu: tuple, count: int, version: str) -> tuple[PlanResult, int]:
+    """A model directory made at `d` from `config` (text) and a weights' size, planned as a playbook of it
+    on an idle box of `count` GPUs of `gpu` (a GPUS entry); with the plan's TP."""
+    d.mkdir()
+    (d / "config.json").write_text(config)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": {}}))
+    inv = parse_inventory(parse_yaml(INVENTORY, Path("inventory.yaml")))
+    pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=d.name), Path(f"{d.name}.yaml")), d.name)
+    (summary, nvlink, _) = gpu
+    f = facts("box", summary, count, version=version, model=d, nvlink=nvlink)
+    r = placing.place_and_plan(inv.hosts["box"], pb, f, d.name, None, replace=False).result
+    assert r.plan is not None and r.model is not None and r.gpus is not None, (d.name, r.verdicts)
+    argv = r.plan.engine_args()
+    return r, int(argv[argv.index("--tp-size") + 1])
 
 
 @pytest.mark.realparser
@@ -367,27 +385,16 @@ def test_the_kv_cache_fleet_counts_for_deepseek_sparse_attention_is_the_one_sgla
     for name, size in models.items():
         if name == "deepseek-v4-flash" and version == "0.5.11":
             continue  # 0.5.11 has no DeepseekV4 (fleet's engine check refuses the architecture there)
-        d = tmp_path / name
-        d.mkdir()
-        (d / "config.json").write_text((ROOT / "tests" / "data" / "configs" / f"{name}.json").read_text())
-        (d / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": size}, "weight_map": {}})
-        )
-        for gpu, nvlink, oracle_gpu in (h200, GPUS["B200"]):
-            inv = parse_inventory(parse_yaml(INVENTORY, Path("inventory.yaml")))
-            pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=name), Path(f"{name}.yaml")), name)
-            f = facts("box", gpu, 8, version=version, model=d, nvlink=nvlink)
-            r = placing.place_and_plan(inv.hosts["box"], pb, f, name, None, replace=False).result
-            assert r.plan is not None and not r.errors and r.model is not None, (name, gpu, r.errors)
-            argv = r.plan.engine_args()
-            tp = int(argv[argv.index("--tp-size") + 1])
-            mib = gpu[2] // 1024 * 1024
-            todo.append(["--resolve", "--gpu", oracle_gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp),
-                         "--model-dir", str(d), "--", *argv])  # fmt: skip
-            sm = round(float(gpu[1]) * 10)
+        config = (ROOT / "tests" / "data" / "configs" / f"{name}.json").read_text()
+        for gpu in (h200, GPUS["B200"]):
+            d = tmp_path / f"{name}-{gpu[2]}"
+            r, tp = plan_model(d, config, size, gpu, 8, version)
+            assert r.plan is not None and r.model is not None and not r.errors, (name, gpu, r.errors)
+            todo.append(oracle_args(gpu, r.plan.engine_args(), d))
+            (summary, _, oracle_gpu), mib = gpu, gpu[0][2] // 1024 * 1024  # the oracle's GPU: whole GiB
             v4 = name == "deepseek-v4-flash"
             fraction = sglang_mem_fraction(parse_version(version), mib, r.model, memory_wishes(r.plan, tp))
-            expected.append((name, oracle_gpu, v4, sglang_dsa_fp8(r.model, sm), fraction))
+            expected.append((name, oracle_gpu, v4, sglang_dsa_fp8(r.model, round(float(summary[1]) * 10)), fraction))
     wrong = []
     for said, (name, gpu, v4, fp8, fraction) in zip(sglang_oracle.answers(version, todo), expected, strict=True):
         if said["verdict"] != "accepted":
@@ -421,22 +428,12 @@ def test_the_issues_two_misfits_are_refused_on_the_budget_the_real_sglang_resolv
     h100, rtx4090 = GPUS["H100"], GPUS["RTX-4090"]
     cases = {"Mixtral-8x22B": (MIXTRAL_8X22B, 262, h100, 4), "Qwen3-32B-AWQ": (QWEN3_32B_AWQ, 18, rtx4090, 1)}
     todo, expected = [], []
-    for name, (cfg, gib, (gpu, nvlink, oracle_gpu), count) in cases.items():
-        d = tmp_path / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(cfg))
-        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": gib << 30}}))
-        inv = parse_inventory(parse_yaml(INVENTORY, Path("inventory.yaml")))
-        pb = parse_playbook(parse_yaml(PLAYBOOK.format(model=name), Path(f"{name}.yaml")), name)
-        f = facts("box", gpu, count, version=version, model=d, nvlink=nvlink)
-        r = placing.place_and_plan(inv.hosts["box"], pb, f, name, None, replace=False).result
+    for name, (cfg, gib, gpu, count) in cases.items():
+        r, tp = plan_model(tmp_path / name, json.dumps(cfg), gib << 30, gpu, count, version)
         assert r.plan is not None and r.model is not None and r.gpus is not None
         assert {v.rule for v in r.errors} <= {"fit"}, (name, r.errors)  # refused, if at all, for the fit alone
-        argv = r.plan.engine_args()
-        tp = int(argv[argv.index("--tp-size") + 1])
-        mib = gpu[2] // 1024 * 1024
-        todo.append(["--resolve", "--gpu", oracle_gpu, "--gpu-mem-gb", str(mib // 1024), "--tp", str(tp),
-                     "--model-dir", str(d), "--", *argv])  # fmt: skip
+        todo.append(oracle_args(gpu, r.plan.engine_args(), tmp_path / name))
+        mib = gpu[0][2] // 1024 * 1024  # the oracle's GPU: whole GiB
         fraction = sglang_mem_fraction(parse_version(version), mib, r.model, memory_wishes(r.plan, tp))
         need = memory_need_mib(r.plan, r.model, replace(r.gpus, memory_mib=mib))
         expected.append((name, fraction, mib, need, bool(r.errors)))

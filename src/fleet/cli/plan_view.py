@@ -203,7 +203,7 @@ def _upgrade_preview(
     from fleet.crashes.signatures import knowledge_diff
     from fleet.errors import ConfigError
     from fleet.facts.parse import EngineInstall
-    from fleet.plan.defaults import default_changes, plan_default_changes
+    from fleet.plan.defaults import plan_default_changes
     from fleet.plan.diff import plan_diff, versions
 
     engine, version = parse_spec(spec)
@@ -229,11 +229,7 @@ def _upgrade_preview(
         "versions": versions(now, then.plan),
         "installed": installed,
         "diff": plan_diff(now, then.plan)
-        + (
-            plan_default_changes(then.model, then.gpus, now, then.plan)
-            if then.model and then.gpus
-            else default_changes(engine, now.engine_version, then.plan.engine_version)
-        )
+        + plan_default_changes(then.model, then.gpus, now, then.plan)
         + knowledge_diff(ctx.signatures, engine, now.engine_version, then.plan.engine_version),
         "plan": then.plan.to_json(),
         "engine_check": check,

@@ -25,7 +25,7 @@ from fleet.inventory import NamedPlaybook
 from fleet.plan import GpuSummary, LaunchPlan, args_dict, parse_version, show_version, spell
 from fleet.plan.build import PlanResult
 from fleet.plan.container import PLACEMENT_ENV
-from fleet.plan.defaults import default_changes, plan_default_changes
+from fleet.plan.defaults import plan_default_changes
 from fleet.protocol import CheckRequest
 
 if TYPE_CHECKING:
@@ -116,11 +116,7 @@ def compare(
                 if env_old.get(n) != env_new.get(n)
             ]
         ),
-        defaults=tuple(
-            plan_default_changes(then.model, then.gpus, before, then.plan)
-            if then.model and then.gpus
-            else default_changes(engine, before.engine_version, then.plan.engine_version)
-        ),
+        defaults=tuple(plan_default_changes(then.model, then.gpus, before, then.plan)),
         crashes=tuple(knowledge_diff(signatures, engine, before.engine_version, then.plan.engine_version))
         + tuple(f"+ {m}" for m in sorted(lint_new - lint_old))
         + tuple(f"- {m}" for m in sorted(lint_old - lint_new)),
@@ -230,7 +226,6 @@ def audit_group(
     for i, (host, today, upgraded) in enumerate(zip(run.hosts, now, then, strict=True)):
         row = compare(host.name, f"{run.playbook.name}[rank {i}]", today, upgraded, signatures)
         extra = tuple(p for p in problems if p not in row.refusals)
-        rows.append(replace(row, refusals=row.refusals + extra))
-        if parser_asked:
-            rows[-1] = replace(rows[-1], parser="not checked: a rank of a group")
+        parser = "not checked: a rank of a group" if parser_asked else row.parser
+        rows.append(replace(row, refusals=row.refusals + extra, parser=parser))
     return rows

@@ -160,6 +160,11 @@ class ModelSpec:
         return self.architecture == "GptOssForCausalLM"
 
     @property
+    def kv_cache_fp8(self) -> bool:
+        """The checkpoint quantises the KV cache to FP8 (its kv_cache_quant_algo)."""
+        return bool(self.kv_cache_quant and "FP8" in self.kv_cache_quant.upper())
+
+    @property
     def moe(self) -> bool:
         return self.num_experts > 0
 

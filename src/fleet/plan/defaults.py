@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fleet.model import ModelSpec
 from fleet.plan import picks
-from fleet.plan.memory import FIRST_HEURISTIC_REWRITE, gpu_defaults, sglang_mem_fraction
+from fleet.plan.memory import gpu_defaults, read_as_newest, sglang_mem_fraction
 from fleet.plan.preflight import memory_wishes, tp_of
 from fleet.plan.types import GpuSummary, LaunchPlan, Version, show_version
 
@@ -145,12 +145,15 @@ def default_changes(engine: str, now: Version | None, then: Version | None) -> l
     return out
 
 
-def plan_default_changes(model: ModelSpec, gpus: GpuSummary, now: LaunchPlan, then: LaunchPlan) -> list[str]:
-    """`default_changes`, and what changes for this plan on its GPU among the settings both command lines
-    leave to SGLang: its memory fraction, prefill chunk and CUDA-graph batch, and its backend picks."""
+def plan_default_changes(
+    model: ModelSpec | None, gpus: GpuSummary | None, now: LaunchPlan, then: LaunchPlan
+) -> list[str]:
+    """`default_changes`, and what changes for this plan on its GPU (where the model and GPUs are known)
+    among the settings both command lines leave to SGLang: its memory fraction, prefill chunk and CUDA-graph
+    batch, and its backend picks."""
     out = default_changes(then.engine, now.engine_version, then.engine_version)
     a, b = now.engine_version, then.engine_version
-    if then.engine != "sglang" or a is None or b is None or a == b:
+    if then.engine != "sglang" or a is None or b is None or a == b or model is None or gpus is None:
         return out
 
     def left(*flags: str) -> bool:
@@ -163,7 +166,7 @@ def plan_default_changes(model: ModelSpec, gpus: GpuSummary, now: LaunchPlan, th
         )
         if round(was, 3) != round(will, 3):
             out.append(f"~ default memory fraction: {was:.3f} -> {will:.3f} of each GPU  ({source})")
-    sizes = [gpu_defaults(gpus.memory_mib, tp_of(p), v >= FIRST_HEURISTIC_REWRITE) for v, p in ((a, now), (b, then))]
+    sizes = [gpu_defaults(gpus.memory_mib, tp_of(p), read_as_newest(v)) for v, p in ((a, now), (b, then))]
     for i, (name, flags) in enumerate(
         (
             ("chunked prefill", ("--chunked-prefill-size",)),

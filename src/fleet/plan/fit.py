@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from fleet.model import ModelSpec
 from fleet.plan.memory import (
-    FIRST_HEURISTIC_REWRITE,
     MemoryWishes,
+    read_as_newest,
     sglang_chunked_prefill,
     sglang_dsa_bytes,
     sglang_dsa_fp8,
@@ -64,10 +64,14 @@ def kv_bytes_per_token(
       swa_full_tokens_ratio of the full layers' tokens (all of them when no layer is full), and every other
       layer for the whole context (model_executor/pool_configurator.py, 0.5.11 and 0.5.23); vLLM keeps a
       sliding or chunked layer's window only."""
-    dtype_bytes = 1 if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper() else 2
+    dtype_bytes = 1 if model.kv_cache_fp8 else 2
     attention_layers = model.num_layers - len(model.linear_attention_layers)
-    new = engine == "sglang" and (version is None or version >= FIRST_HEURISTIC_REWRITE)
-    if new and model.compress_ratios and model.architecture.startswith("DeepseekV4"):
+    if (
+        engine == "sglang"
+        and read_as_newest(version)
+        and model.compress_ratios
+        and model.architecture.startswith("DeepseekV4")
+    ):
         v4 = sglang_dsv4_bytes(model, draft_layers > 0)
         return round(v4) if v4 else None  # without a head size the config does not say enough
     if model.mla_kv_dim and model.num_layers:

@@ -65,14 +65,20 @@ SWA_RATIO_0523 = {"InklingForConditionalGeneration": 0.1, "InklingForConditional
 FP8_SCALE_BLOCK = 128  # an FP8 MLA or indexer row keeps one fp32 scale per 128 values (memory_pool.py)
 
 
+def read_as_newest(version: tuple[int, ...] | None) -> bool:
+    """Whether SGLang `version` is counted with 0.5.23's rules (None: the newest read); a version between the
+    two read is taken as the older."""
+    return version is None or version >= FIRST_HEURISTIC_REWRITE
+
+
 def _table(version: tuple[int, ...] | None, old: frozenset[str], new: frozenset[str]) -> frozenset[str]:
-    return new if version is None or version >= FIRST_HEURISTIC_REWRITE else old
+    return new if read_as_newest(version) else old
 
 
 def sglang_swa_ratio(architecture: str, version: tuple[int, ...] | None) -> float:
     """The share of the full layers' tokens SGLang's sliding-window pool holds for this architecture."""
-    new = version is None or version >= FIRST_HEURISTIC_REWRITE
-    return SWA_RATIO_0523.get(architecture, SWA_FULL_TOKENS_RATIO) if new else SWA_FULL_TOKENS_RATIO
+    newest = read_as_newest(version)
+    return SWA_RATIO_0523.get(architecture, SWA_FULL_TOKENS_RATIO) if newest else SWA_FULL_TOKENS_RATIO
 
 
 def sglang_dsa_bytes(model: ModelSpec, version: tuple[int, ...] | None, sm: int | None, fp8: bool) -> int:
@@ -91,8 +97,7 @@ def sglang_dsa_bytes(model: ModelSpec, version: tuple[int, ...] | None, sm: int 
     if not fp8:
         return model.mla_kv_dim * 2 + indexer
     rank = model.mla_kv_dim - model.rope_dim
-    scaled = version is None or version >= FIRST_HEURISTIC_REWRITE
-    if scaled and (sm is None or sm < 100):
+    if read_as_newest(version) and (sm is None or sm < 100):  # scaled rows, counted as such
         return rank + rank // FP8_SCALE_BLOCK * 4 + model.rope_dim * 2 + indexer
     return model.mla_kv_dim + indexer
 
@@ -101,9 +106,7 @@ def sglang_dsa_fp8(model: ModelSpec, sm: int | None) -> bool:
     """Whether SGLang keeps a DSA model's KV cache in FP8 when --kv-cache-dtype is left alone: on SM100 and
     later, without attention sinks; BF16 elsewhere (0.5.11 server_args.py L1583-1590, 0.5.23
     arg_groups/overrides.py `_dsa_kv_cache_dtype_default`). A checkpoint that quantises it says FP8 itself."""
-    if model.kv_cache_quant and "FP8" in model.kv_cache_quant.upper():
-        return True
-    return sm is not None and sm >= 100 and not model.attention_sinks
+    return model.kv_cache_fp8 or (sm is not None and sm >= 100 and not model.attention_sinks)
 
 
 # DeepSeek V4 (0.5.23 model_executor/pool_configurator.py DSV4PoolConfigurator; its model override sets

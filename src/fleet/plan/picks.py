@@ -100,6 +100,16 @@ def _measured(
 
 
 BOTH = (V11, V23)
+
+
+def _bf16_glm4_moe(m: ModelSpec, spec: bool) -> bool:
+    return m.architecture == "Glm4MoeForCausalLM" and m.quantization == "bf16"
+
+
+def _mxfp4_moe(m: ModelSpec, spec: bool) -> bool:
+    return m.quantization == "mxfp4" and m.moe
+
+
 PICKS: tuple[PickRow, ...] = (
     # attention: FA3 on Hopper and trtllm_mha on SM100 (0.5.11 server_args.py `_get_default_attn_backend`),
     # FlashInfer elsewhere, but triton for gpt-oss's attention sinks, which FlashInfer lacks; MLA models
@@ -121,22 +131,10 @@ PICKS: tuple[PickRow, ...] = (
     *_measured(FP4_GEMM, BOTH, SM120, lambda m, spec: m.nvfp4, "auto"),
     # MoE runners an upgrade changes (fleet.plan.defaults): GLM-4.5's bf16 experts on SM100, gpt-oss's MXFP4
     # experts on SM120
-    *_measured(
-        MOE_RUNNER,
-        (V11,),
-        SM100,
-        lambda m, spec: m.architecture == "Glm4MoeForCausalLM" and m.quantization == "bf16",
-        "auto",
-    ),
-    *_measured(
-        MOE_RUNNER,
-        (V23,),
-        SM100,
-        lambda m, spec: m.architecture == "Glm4MoeForCausalLM" and m.quantization == "bf16",
-        "flashinfer_trtllm",
-    ),
-    *_measured(MOE_RUNNER, (V11,), SM120, lambda m, spec: m.quantization == "mxfp4" and m.moe, "triton_kernel"),
-    *_measured(MOE_RUNNER, (V23,), SM120, lambda m, spec: m.quantization == "mxfp4" and m.moe, "flashinfer_mxfp4"),
+    *_measured(MOE_RUNNER, (V11,), SM100, _bf16_glm4_moe, "auto"),
+    *_measured(MOE_RUNNER, (V23,), SM100, _bf16_glm4_moe, "flashinfer_trtllm"),
+    *_measured(MOE_RUNNER, (V11,), SM120, _mxfp4_moe, "triton_kernel"),
+    *_measured(MOE_RUNNER, (V23,), SM120, _mxfp4_moe, "flashinfer_mxfp4"),
 )
 
 
