@@ -498,6 +498,11 @@ def test_a_gguf_checkpoint_is_refused_for_what_it_is_not_for_a_missing_config(tm
     (nested / "Q4_K_M").mkdir(parents=True)
     (nested / "Q4_K_M" / "Qwen3-8B-Q4_K_M-00001-of-00002.gguf").write_bytes(b"GGUF" + bytes(60))
     assert probe._model(str(nested))["gguf"] == ["Q4_K_M/Qwen3-8B-Q4_K_M-00001-of-00002.gguf"]
+    # a name is the host's: one line in the refusal, no terminal controls, whatever it holds
+    odd = ModelFiles(str(nested), True, None, None, None, None, gguf=("Q4\n\x1b]0;pwned\x07x.gguf",))
+    f = replace(facts("ct129", RTX_A6000, 2), model=odd)
+    said = build_plan(host("ct129"), playbook("qwen36-27b", model=str(nested)), f, str(nested)).errors[0].message
+    assert "GGUF checkpoint (Q4\\nx.gguf)" in said and "\n" not in said and "\x1b" not in said
     (d / "config.json").write_text("{not json")
     broken = probe._model(str(d))
     assert broken["config_error"] and not broken.get("gguf")  # a broken config.json is said as that

@@ -32,6 +32,7 @@ from fleet.plan import (
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 from fleet.plan.picks import told_picks
 from fleet.plan.preflight import _err, memory_need_mib, preflight
+from fleet.terminal import safe_line
 
 
 def gpu_summary(facts: HostFacts, indices: Sequence[int] | None = None) -> GpuSummary | None:
@@ -187,8 +188,8 @@ def _read_model(where: str, model_path: str, m: ModelFiles | None) -> tuple[Mode
         verdicts.append(
             _err(
                 "model-damaged",
-                f"{where}: the model in {model_path} is not whole: {'; '.join(m.damage)}. Download or copy "
-                "those files again; nothing on the host was changed.",
+                f"{where}: the model in {model_path} is not whole: {'; '.join(map(safe_line, m.damage))}. "
+                "Download or copy those files again; nothing on the host was changed.",
             )
         )
     try:
@@ -197,10 +198,10 @@ def _read_model(where: str, model_path: str, m: ModelFiles | None) -> tuple[Mode
         verdicts.append(
             _err(
                 "model-gguf",
-                f"{where}: {model_path} is a GGUF checkpoint ({', '.join(m.gguf)}), with no config.json: fleet "
-                "plans from a Hugging Face checkpoint (config.json and safetensors) and does not plan GGUF yet "
-                "(SGLang loads one with --load-format gguf, on CUDA only). Point model: at the original "
-                "checkpoint; nothing on the host was changed.",
+                f"{where}: {model_path} is a GGUF checkpoint ({', '.join(map(safe_line, m.gguf))}), with no "
+                "config.json: fleet plans from a Hugging Face checkpoint (config.json and safetensors) and does "
+                "not plan GGUF yet (SGLang loads one with --load-format gguf, on CUDA only). Point model: at the "
+                "original checkpoint; nothing on the host was changed.",
             )
             if m.gguf
             else _err("model-config", f"{where}: {exc}{' (' + m.config_error + ')' if m.config_error else ''}.")
