@@ -43,6 +43,7 @@ STEPS: dict[str, tuple[str, ...]] = {
         "host/free.py",
         "host/lock.py",
         "host/check.py",
+        "host/weight_cache.py",
         "host/launch.py",
         "host/act.py",
     ),
@@ -140,27 +141,23 @@ def _fleet_compiled(key, text, name):
 """
 
 
-def _files(paths: Sequence[str]) -> str:
+def _files(paths: Sequence[str], carried: Sequence[str] = ()) -> str:
     """The statements that run `paths` on the host, in order: their texts travel as one compressed block
-    (smaller than each alone), each compiled under its own file name (a traceback names
-    fleet/host/act.py and its line) or its code taken from the host's cache. zlib's default level:
-    its best took 7-9 ms of every step for half a percent less."""
+    (smaller than each alone: the whole script is one argument of one command, which Linux caps at 128
+    KiB, and the act step's plain text came to 112 KiB), each compiled under its own file name (a traceback
+    names fleet/host/act.py and its line) or its code taken from the host's cache. `carried`: files in the
+    same block kept as text (FLEET_TEXTS), for programs the step runs under another Python. zlib's default
+    level: its best took 7-9 ms of every step for half a percent less."""
     texts = [_shipped(p) for p in paths]
-    data = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"))).decode("ascii")
+    block = "\0".join([*texts, *(_shipped(p) for p in carried)])
+    data = base64.b64encode(zlib.compress(block.encode("utf-8"))).decode("ascii")
     out = f"_fleet_texts = _z.decompress(_b.b64decode({data!r})).decode('utf-8').split('\\0')\n"
+    if carried:
+        out += f"FLEET_TEXTS = dict(zip({list(carried)!r}, _fleet_texts[{len(texts)}:]))\n"
     for i, (path, text) in enumerate(zip(paths, texts, strict=True)):
         key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
         out += f"exec(_fleet_compiled({key!r}, _fleet_texts[{i}], {'fleet/' + path!r}))\n"
     return out
-
-
-@functools.cache
-def _packed(path: str) -> str:
-    """A file's text as sent (without comment lines), compressed and as an expression that gives it back on
-    the host: the whole script is one argument of one command, which Linux caps at 128 KiB (the act step's
-    plain text came to 112 KiB)."""
-    data = base64.b64encode(zlib.compress(_shipped(path).encode("utf-8"))).decode("ascii")
-    return f"_z.decompress(_b.b64decode({data!r})).decode('utf-8')"
 
 
 @functools.cache
@@ -172,11 +169,9 @@ def source_for(step: str) -> str:
         "send": "FLEET_PULL_AS_LIBRARY = True\n",
         "receive": "FLEET_PULL_AS_LIBRARY = True\n",
     }.get(step, "")
-    if step in TEXTS:
-        prelude += "FLEET_TEXTS = {" + ", ".join(f"{p!r}: {_packed(p)}" for p in TEXTS[step]) + "}\n"
     # Each file is compiled under its own name, into one namespace: a traceback from the host names
     # fleet/host/act.py and its line, not line 2345 of "<string>" (and coverage can follow it).
-    return prelude + COMPILED_PRELUDE + _files((*SHARED, *STEPS[step]))
+    return prelude + COMPILED_PRELUDE + _files((*SHARED, *STEPS[step]), TEXTS.get(step, ()))
 
 
 def step_python(host: Host) -> str:

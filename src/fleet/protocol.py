@@ -378,30 +378,6 @@ class ActRequest(TypedDict, total=False):
     prepare_only: bool
 
 
-class ListedFile(TypedDict, total=False):
-    """One file of a model directory as a listing gives it (the Hub's for a pull, the source host's for a
-    push), by its name under the directory: its size, and a checksum where one is known."""
-
-    size: int
-    sha256: Optional[str]  # an LFS file's, from the Hub
-    git_sha1: Optional[str]  # a file kept in git itself: its blob id
-    mtime_ns: int  # the source host's, for a push
-    mode: int
-
-
-class EngineRequest(TypedDict, total=False):
-    """The engine step's request: install or use (`action`) an engine version in fleet's own environment
-    under `state_dir`. The pip arguments come on stdin (an index URL may carry a password)."""
-
-    action: str  # install | use
-    engine: str
-    version: str
-    state_dir: str
-    python: Optional[str]
-    pip_args: List[str]
-    _installer: str  # set on the host: what installed it (uv or pip), for its marker
-
-
 class ProbeRequest(TypedDict, total=False):
     """The probe's request: the facts of one host in one round trip. `container`: the image a deployment
     runs in (its engine version read from it); `reach`: an address and port to try (a group's rank 0)."""
@@ -427,17 +403,6 @@ class HealthRequest(ProbeRequest, total=False):
     kernel_log: str  # dmesg, or a file
     keys_on_stdin: bool
     _keys: Dict[str, str]
-
-
-class PullRequest(TypedDict, total=False):
-    path: str
-    repo: str
-    revision: Optional[str]
-    endpoint: Optional[str]
-
-
-# The push's two steps: the source lists (op "list") and sends its files; the target receives them.
-CopyRequest = TypedDict("CopyRequest", {"path": str, "op": str, "from": str}, total=False)
 
 
 class LogsRequest(TypedDict, total=False):

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generic, TypedDict, TypeVar
 
-from fleet.protocol import ActRequest, ActResult, FixesRequest, ListedFile, RouterRequest
+from fleet.protocol import ActRequest, ActResult, FixesRequest, RouterRequest
+from fleet.transfer_protocol import ListedFile
 
 Request = TypeVar("Request")
 Answer = TypeVar("Answer")

@@ -16,8 +16,8 @@ from fleet import events
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import StepEvent, json_lines, script_for
 from fleet.inventory.hosts import VERSION_RE, canonical_version
-from fleet.protocol import EngineRequest
 from fleet.terminal import safe_line
+from fleet.transfer_protocol import EngineRequest
 
 if TYPE_CHECKING:
     from fleet.inventory import Host

@@ -19,9 +19,9 @@ from fleet import events
 from fleet.control.gather import model_path
 from fleet.errors import ConfigError, DeployFailed, HostStepError, PreflightError
 from fleet.hostscripts import StepEvent, json_lines, script_for
-from fleet.protocol import PullRequest
 from fleet.secrets import redact
 from fleet.terminal import safe_line
+from fleet.transfer_protocol import PullRequest
 
 if TYPE_CHECKING:
     from fleet.inventory import Host, NamedPlaybook

@@ -29,7 +29,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import first_line_of_stdin, readable, stdin_closed
-    from fleet.protocol import EngineRequest
+    from fleet.transfer_protocol import EngineRequest
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
 PENDING = ".fleet-engine-pending"  # written first: fleet's own, unfinished (the next install may remove it)

@@ -37,7 +37,7 @@ try:  # the model-file checks are prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import stdin_closed
     from fleet.host.model_files import _damage, _json_file
-    from fleet.protocol import ListedFile, PullRequest
+    from fleet.transfer_protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
 PARTIAL = ".fleet-partial"

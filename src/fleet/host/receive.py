@@ -61,7 +61,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         swap_in,
         unsafe_names,
     )
-    from fleet.protocol import CopyRequest, ListedFile
+    from fleet.transfer_protocol import CopyRequest, ListedFile
 
 BLOCK = 1 << 20
 

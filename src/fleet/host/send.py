@@ -37,7 +37,7 @@ try:  # host/pull.py (as a library) is prepended when this script is sent to a h
     FLEET_FILES  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.pull import FLEET_FILES, ours, problems_in
-    from fleet.protocol import CopyRequest, ListedFile
+    from fleet.transfer_protocol import CopyRequest, ListedFile
 
 SKIPPED = FLEET_FILES  # fleet's own files in a model directory: never sent
 BLOCK = 1 << 20
