@@ -30,6 +30,7 @@ SECTIONS = [
     "### 7. Pulling a model onto a host",
     "### 8. Pushing a model to a host without internet",
     "### 9. What watching the start-up costs",
+    "### 10. Relaunching without reloading the weights",
 ]
 
 

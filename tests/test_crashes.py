@@ -332,6 +332,33 @@ TEXT_CASES = [
         "bf16-needs-ampere",
     ),
     ("ready-timeout", "[fleet] ready timeout after 900 s", LogContext(), "fleet-ready-timeout"),
+    # SGLang 0.5.23's weight cache (ipc_loader.py, protocol.py) and fleet's launcher waiting for it
+    (
+        "weight-cache-not-ready",
+        "fleet launcher: the weight cache daemon (pid 12) ended before it was ready: see /l/wc.log",
+        LogContext(engine="sglang"),
+        "weight-cache-not-ready",
+    ),
+    (
+        "weight-cache-mismatch",
+        "RuntimeError: [IpcModelLoader] Daemon config mismatch!\n  Engine config: {'tp_size': 2}",
+        LogContext(engine="sglang"),
+        "weight-cache-config-mismatch",
+    ),
+    (
+        "weight-cache-daemon-died",
+        "[2026-12-05 16:00:01 TP0] [IpcModelLoader] Weight cache daemon (pid=33) died while this engine holds its "
+        "weights via CUDA IPC. The mapped weight pointers are now dangling; continuing would read freed GPU memory.",
+        LogContext(engine="sglang"),
+        "weight-cache-daemon-died",
+    ),
+    (
+        "weight-cache-quantization",
+        "sglang.srt.weight_cache.protocol.UnsupportedQuantForIPCError: [weight_cache:daemon] quantization method "
+        "'modelopt_fp4' is not verified for CUDA IPC zero-copy weight sharing.",
+        LogContext(engine="sglang"),
+        "weight-cache-quantization",
+    ),
     (
         "startup-stall",
         "[fleet] start-up stalled in graphs: no progress for 88 s (bound 87 s; it usually takes 29 s here)",

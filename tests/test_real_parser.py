@@ -20,7 +20,7 @@ import sglang_oracle
 from conftest import ROOT
 from factsdata import RTX_A6000, RTX_PRO_6000, facts
 from fleet.inventory import load_inventory, load_playbook
-from fleet.plan import Fix, apply_fix
+from fleet.plan import Fix, apply_fix, weight_cache
 from fleet.plan.build import build_plan
 from fleet_testbed import simhost
 from fleet_testbed.sglang_flags import build_parser, parse_version
@@ -76,6 +76,19 @@ def _fleet_plan(
     return tuple(plan.engine_args())
 
 
+def _cached_plan(part: str) -> tuple[str, ...]:
+    """Qwen3.6-27B on the 2x A6000 box with weight_cache: on 0.5.23: the engine's command line, or the one
+    fleet starts the weight cache daemon with (its server flags: the daemon hands them to
+    prepare_server_args, weight_cache/daemon.py __main__)."""
+    inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
+    pb = load_playbook("qwen36-27b", ROOT / "playbooks")
+    pb = replace(pb, spec=msgspec.structs.replace(pb.spec, speculative=None, weight_cache=True))
+    f = facts("ct129", RTX_A6000, 2, version="0.5.23", model=pb.spec.model)
+    r = build_plan(inv.hosts["ct129"], pb, f, f"/models/{pb.spec.model}")
+    assert r.plan is not None and not r.errors, r.verdicts
+    return tuple(r.plan.engine_args() if part == "engine" else weight_cache.daemon_argv(r.plan)[3:])
+
+
 def _group_rank_plan(version: str, rank: int) -> tuple[str, ...]:
     """qwen35-nvfp4 spread over two 8-GPU Blackwell boxes (tp 16), as rank `rank` runs it."""
     from fleet.plan.group import Node, rank_plan
@@ -90,7 +103,20 @@ def _group_rank_plan(version: str, rank: int) -> tuple[str, ...]:
     return tuple(rank_plan(r.plan, nodes, rank, 50000).engine_args())
 
 
+SPEC_ONE_STEP = "--speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2"
 CASES = [
+    # issue 41: what fleet starts for a weight cache, and what the real 0.5.23 refuses of it
+    Case("weight-cache-engine-0523", "0.5.23", True, _cached_plan("engine"), gpu="sm86"),
+    Case("weight-cache-daemon-0523", "0.5.23", True, _cached_plan("daemon"), gpu="sm86"),
+    Case(
+        "weight-cache-with-speculative-0523",
+        "0.5.23",
+        True,
+        (*_cached_plan("engine"), *shlex.split(f"--speculative-algorithm NEXTN {SPEC_ONE_STEP}")),
+        gpu="sm86",
+        expect="rejected",
+    ),
+    Case("weight-cache-on-0511", "0.5.11", False, _cached_plan("engine"), expect="rejected"),
     Case("motivating-parse-0511", "0.5.11", False, tuple(shlex.split(HAND))),
     Case(
         "new-flag-on-0511",

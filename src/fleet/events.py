@@ -87,6 +87,17 @@ class Stopped(msgspec.Struct, frozen=True):
     memory: dict[str, Any] | None = None
 
 
+class WeightCache(msgspec.Struct, frozen=True):
+    """What became of the deployment's weight cache daemon before the engine launched (fleet.plan.weight_cache):
+    kept for this engine (its weights are reused), or started (pid, log), and why."""
+
+    kind: ClassVar[str] = "weight_cache"
+    kept: bool
+    why: str
+    pid: int | None = None
+    log: str | None = None
+
+
 class Launched(msgspec.Struct, frozen=True):
     kind: ClassVar[str] = "launched"
     pid: int
@@ -235,6 +246,7 @@ Event = (
     | EngineChecked
     | Replanned
     | Stopped
+    | WeightCache
     | Launched
     | LogLine
     | Pulling

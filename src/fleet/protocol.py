@@ -165,6 +165,7 @@ class ActResult(TypedDict, total=False):
     client_gone: bool  # fleet went away mid-step (never read by fleet: recorded for the host's own logs)
     stopped_since: bool  # a heal found the deployment stopped by an operator under the lock: nothing done
     forget: ForgetResult
+    weight_cache: Dict[str, Any]  # what became of the deployment's weight cache daemon (kept, why, pid)
     error: str
     traceback: str
 
@@ -323,6 +324,8 @@ class FreeRequest(TypedDict, total=False):
     replaced: List[int]
     replaced_names: Dict[int, str]
     own_containers: List[str]
+    cache_pgid: Optional[int]  # its weight cache daemon to stop, or the one kept (neither stopped nor waited for)
+    kept_cache_pgid: Optional[int]
 
 
 class Premises(TypedDict, total=False):
@@ -350,6 +353,26 @@ class CheckRequest(TypedDict, total=False):
     budget: Dict[str, int]
 
 
+class WeightCacheRequest(TypedDict):
+    """SGLang's weight cache daemon for the engine (fleet.plan.weight_cache): the running one if its `key`
+    is the same, else one started with `argv`; `ranks`: its processes, one per GPU."""
+
+    argv: List[str]
+    key: str
+    ranks: int
+
+
+class WeightCacheEntry(LaunchedProcess, total=False):
+    """A deployment's weight cache daemon in its record, exactly as its server is (`relay_from` 0: started
+    by this step, its log copied into the attempt's)."""
+
+    pgid: int
+    exit_file: str
+    key: str
+    ranks: int
+    relay_from: int
+
+
 class LaunchRequest(TypedDict, total=False):
     name: str
     attempt: int
@@ -357,6 +380,7 @@ class LaunchRequest(TypedDict, total=False):
     env: Dict[str, str]
     log_dir: str
     container: Dict[str, Any]
+    weight_cache: WeightCacheRequest
 
 
 class ActRequest(TypedDict, total=False):

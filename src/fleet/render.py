@@ -134,6 +134,9 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
             console().print(shlex.join(c.run_argv(plan)), markup=False)
         else:
             env = " ".join(f"{e.name}={shlex.quote(e.value)}" for e in plan.env)
+            if plan.flag("--weight-cache-mode") is not None:  # started first, kept while its settings hold
+                console().print("\n[bold]weight cache daemon (fleet.plan.weight_cache):[/]")
+                console().print(f"{env} {shlex.join(weight_cache.daemon_argv(plan))}", markup=False)
             console().print("\n[bold]command:[/]")
             console().print(f"{env} {shlex.join(plan.argv())}", markup=False)
     style = {"error": "red", "crash": "red", "warning": "yellow", "info": "cyan"}
@@ -141,4 +144,5 @@ def render_plan(result: "PlanResult", host: str, playbook: str) -> None:  # noqa
         console().print(f"{v.level} [{v.rule}] {v.message}", style=style.get(v.level), markup=False)
 
 
+from fleet.plan import weight_cache  # noqa: E402
 from fleet.plan.build import PlanResult  # noqa: E402 - only for the annotation above

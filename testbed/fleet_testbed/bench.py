@@ -45,6 +45,7 @@ from fleet_testbed import simhost
 from fleet_testbed.bench_pull import bench_pull, bench_push
 from fleet_testbed.bench_service import bench_rolling
 from fleet_testbed.bench_startup import bench_startup
+from fleet_testbed.bench_weight_cache import bench_weight_cache
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = str(Path(sys.executable).parent / "fleet")
@@ -575,6 +576,9 @@ def main() -> int:
             sb, env, fleet, row, a.runs, "### 8. Pushing a model to a host without internet (seconds, whole process)"
         )
         rolling += bench_startup(a.runs, "### 9. What watching the start-up costs the host's watcher")
+        rolling += bench_weight_cache(
+            sb, env, fleet, a.runs, "### 10. Relaunching without reloading the weights (seconds, whole process)"
+        )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:

@@ -278,4 +278,8 @@ def build_parser(version: Version) -> argparse.ArgumentParser:
     a("--tool-call-parser")
     a("--api-key")
     a("--enable-dp-attention", action="store_true")
+    if version >= (0, 5, 23):  # arg_groups/fields/model.py: the weight cache daemon's client side
+        a("--weight-cache-mode", default="off", choices=["off", "daemon", "client"])
+        a("--weight-cache-socket")
+        a("--weight-cache-timeout", type=int, default=1800)
     return p

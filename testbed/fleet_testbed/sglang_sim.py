@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from fleet_testbed import gpustate, sim_pooling
+from fleet_testbed import gpustate, sim_pooling, sim_weight_cache
 from fleet_testbed.sglang_flags import RENAMED, Version, build_parser, parse_version
 
 SITE = "/opt/sglang/.venv/lib/python3.12/site-packages/sglang"
@@ -208,6 +208,14 @@ def resolve(
         )
     r = Resolved(args, version, model, gpus, env)
     algo = (args.speculative_algorithm or "").upper()
+    if getattr(args, "weight_cache_mode", "off") != "off" and args.speculative_algorithm:
+        raise SimError(  # 0.5.23 arg_groups/model_path_hook.py
+            "ValueError",
+            "--weight-cache-mode is not supported together with speculative decoding (--speculative-algorithm): the "
+            "weight cache daemon does not export the draft model's weights. Disable one of them (--weight-cache-mode "
+            "off) for this configuration.",
+            [(f"{SITE}/srt/arg_groups/model_path_hook.py", 282, "validate_weight_cache", "raise ValueError(")],
+        )
     strategy_attr = _strategy_attr(version)
     strategy = getattr(args, strategy_attr, None) or "auto"
 
@@ -799,11 +807,22 @@ def serve(argv: list[str]) -> None:
     if new_lines:
         log(f"Init parallel ends. elapsed={0.2 * scale:.2f} s", first)
     log(f"Load weight begin. avail mem={free_mib / 1024:.2f} GB", first)
-    # test hook: a slow disk, each shard read for this many seconds, the bar moving all the while
-    _shards_bar(server, max(1, min(8, weights_mib // 4096)), float(host.get("slow_weights_s") or 0))
 
     def scheduler_error(err: SimError) -> None:
         server.child_failed(err, tp=first)
+
+    preloaded = 0  # the weights a weight cache daemon holds (model_runner.py adds them back to the budget)
+    if getattr(a, "weight_cache_mode", "off") == "client":
+        try:
+            if sim_weight_cache.weights_over_ipc(server, [(first + n, g) for n, g in enumerate(gpus[:local])]):
+                preloaded = weights_mib
+        except SimError as refused:
+            scheduler_error(refused)
+    free_mib += preloaded
+    if not preloaded:
+        # test hook: a slow disk, each shard read for this many seconds, the bar moving all the while
+        _shards_bar(server, max(1, min(8, weights_mib // 4096)), float(host.get("slow_weights_s") or 0))
+        time.sleep(sim_weight_cache.load_seconds(weights_mib))  # host.json load_s_per_gib: a modelled disk
 
     if m.arch not in registered_architectures():  # no transformers here to fall back on
         scheduler_error(
@@ -922,7 +941,7 @@ def serve(argv: list[str]) -> None:
                 [(f"{SITE}/srt/model_executor/pool_configurator.py", 41, "configure", "raise RuntimeError(")],
             )
         )
-    _register_pool(server, [g["index"] for g in gpus[:local]], want_mib)  # the KV pool, on every rank's GPU
+    _register_pool(server, [g["index"] for g in gpus[:local]], want_mib - preloaded)  # the KV pool, on every rank's GPU
     tokens = kv_mib * 1024 // 64
     avail_gb = (free_mib - want_mib) / 1024
     if not new_lines:
@@ -944,6 +963,24 @@ def serve(argv: list[str]) -> None:
             log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail_gb:.2f} GB", first)
         # test hook: a capture that hangs part way, its bar standing still
         _capture_bar(server, sizes, avail_gb, len(sizes) // 2 if host.get("hang_graph_capture") else None)
+        # host.json graph_mib_per_bs: what capturing takes per request of the largest batch, out of what the
+        # pool left; more is the capture's OOM (engines.md §5.6; 0.5.23 decode_cuda_graph_runner.py L603)
+        graph_mib = bs * int(host.get("graph_mib_per_bs") or 0)
+        if graph_mib > free_mib - want_mib:
+            hint = "--cuda-graph-max-bs-decode" if version >= (0, 5, 20) else "--cuda-graph-max-bs"
+            scheduler_error(
+                SimError(
+                    "Exception",
+                    (
+                        f"Capture cuda graph failed: CUDA out of memory. Tried to allocate {graph_mib / 1024:.2f} "
+                        f"GiB. GPU 0 has a total capacity of {total_mib / 1024:.2f} GiB of which "
+                        f"{(free_mib - want_mib) / 1024:.2f} GiB is free.\nPossible solutions:\n1. set "
+                        f"--mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n2. set {hint} to a smaller "
+                        "value (e.g., 16)"
+                    ),
+                    [(f"{SITE}/srt/model_executor/runner/decode_cuda_graph_runner.py", 603, "__init__", "")],
+                )
+            )
         if new_lines:
             log(
                 f"Capture target {kind} CUDA graph end. bs={sorted(sizes)}, elapsed={0.2 * scale:.2f} s, mem usage=0.50 GB, avail mem={avail_gb:.2f} GB.",

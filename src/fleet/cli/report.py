@@ -120,14 +120,10 @@ class Reporter:
         elif isinstance(event, events.EngineCheckSkipped):
             self.say(f"{h}: engine's own argument check: not needed (this command line ran with {event.version} here)")
         elif isinstance(event, events.Stopped):
-            for line in describe_stopped(event.stopped):
-                self.say(f"{h}: stopped {line}")
-            for line in describe_left(event.left):
-                self.say(f"{h}: {line}")
-            mem = event.memory or {}
-            if event.stopped and mem.get("before_mib") is not None:
-                freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
-                self.say(f"{h}: GPU memory released: {freed / 1024:.1f} GiB in {mem['waited_s']:.1f}s")
+            self._stopped(event)
+        elif isinstance(event, events.WeightCache):
+            said = "kept" if event.kept else f"started pid {event.pid}, log {event.log}"
+            self.say(f"{h}: weight cache daemon {said}: {event.why}")
         elif isinstance(event, events.Launched):
             self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
             if self.board and self.row:
@@ -175,6 +171,17 @@ class Reporter:
             self.say(f"{h}: {event.replica + ': ' if event.replica else ''}{event.what}")
         elif isinstance(event, events.NotAdopted):
             self.say(f"{h}: the running server has this plan but fails: {'; '.join(event.problems)}; redeploying")
+
+    def _stopped(self, event: events.Stopped) -> None:
+        h = self.host
+        for line in describe_stopped(event.stopped):
+            self.say(f"{h}: stopped {line}")
+        for line in describe_left(event.left):
+            self.say(f"{h}: {line}")
+        mem = event.memory or {}
+        if event.stopped and mem.get("before_mib") is not None:
+            freed = sum(mem["before_mib"]) - sum(mem["after_mib"] or [])
+            self.say(f"{h}: GPU memory released: {freed / 1024:.1f} GiB in {mem['waited_s']:.1f}s")
 
     def _pull(self, event: events.ModelPullPlanned | events.ModelPullProgress) -> None:
         """A model's transfer: a bar on the live line, on a terminal; lines for logs and pipes."""

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 
 from fleet.inventory.mounts import SECRETS_MOUNT
-from fleet.plan import LaunchPlan
+from fleet.plan import LaunchPlan, weight_cache
 from fleet.plan.container import CONTAINER_PYTHON
 from fleet.protocol import CheckRequest, LaunchRequest, Premises
 
@@ -77,6 +77,12 @@ def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -
         "env": {e.name: e.value for e in plan.env},
         "log_dir": log_dir,
     }
+    if plan.flag("--weight-cache-mode") is not None:
+        launch["weight_cache"] = {
+            "argv": weight_cache.daemon_argv(plan),
+            "key": weight_cache.daemon_key(plan),
+            "ranks": weight_cache.ranks(plan),
+        }
     cont = plan.container
     if cont is not None:
         launch["container"] = {

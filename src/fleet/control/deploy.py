@@ -429,6 +429,10 @@ class Deployer:
         self.progress(events.Stopped(list(out.get("ended", [])), list(out.get("left", [])), out.get("memory")))
         launched = out["launched"]
         rec.log = launched["log"]
+        if (cache := out.get("weight_cache")) and "launched" in out:
+            self.progress(
+                events.WeightCache(bool(cache.get("kept")), str(cache.get("why")), cache.get("pid"), cache.get("log"))
+            )
         self.progress(events.Launched(launched["pid"], launched["log"]))
         kept = LogTail()
 

@@ -67,6 +67,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
     )
     from fleet.host.signals import hold_process
+    from fleet.host.weight_cache import keep_or_stop
     from fleet.host.words import STOPPED
     from fleet.protocol import ActRequest, ActResult, FreeRequest, ProcessInfo
 
@@ -243,6 +244,11 @@ def in_the_way(
             named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
         )
     free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
+    want = (a.get("launch") or {}).get("weight_cache")
+    kept, free["cache_pgid"], why = keep_or_stop(want, previous)
+    free["kept_cache_pgid"] = kept["pgid"] if kept else None
+    if why:  # what becomes of the deployment's weight cache daemon, said in the answer
+        out["weight_cache"] = {"kept": kept is not None, "why": why}
     free["own_containers"] = [c["id"] for c in ours]
     out["refused"] = refused_containers
     return free, ours, sibling_gpus
@@ -268,7 +274,11 @@ def stop_in_the_way(
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
-    before, after, waited = wait_memory_released(before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus)
+    kept = free.get("kept_cache_pgid")  # a weight cache daemon kept holds its weights: not waited for
+    kept_pids = set(p["pid"] for p in procs.values() if kept is not None and p["pgid"] == kept)
+    before, after, waited = wait_memory_released(
+        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, kept_pids
+    )
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), free["siblings"])

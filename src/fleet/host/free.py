@@ -52,24 +52,32 @@ def is_engine(p: ProcessInfo) -> bool:
     return engine_kind(p["argv"]) is not None
 
 
-def smi_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
-    """As nvml_pids_and_memory, from `nvidia-smi`: the Python running a step may have no NVML binding (the
-    host's own python3, running the steps of a deployment in a container, usually has none)."""
+def smi_queries(*queries: str) -> Optional[List[str]]:
+    """What `nvidia-smi` answers to each query, as CSV rows without units (None: no nvidia-smi answered)."""
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return set(), None
+        return None
     try:
-        gpus, apps = [
+        return [
             subprocess.run(
                 [smi, query, "--format=csv,noheader,nounits"],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 timeout=20,
             ).stdout.decode()
-            for query in ("--query-gpu=index,uuid,memory.used", "--query-compute-apps=gpu_uuid,pid")
+            for query in queries
         ]
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def smi_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
+    """As nvml_pids_and_memory, from `nvidia-smi`: the Python running a step may have no NVML binding (the
+    host's own python3, running the steps of a deployment in a container, usually has none)."""
+    answers = smi_queries("--query-gpu=index,uuid,memory.used", "--query-compute-apps=gpu_uuid,pid")
+    if answers is None:
         return set(), None
+    gpus, apps = answers
     chosen, used = set(), []
     for row in gpus.splitlines():
         cells = [c.strip() for c in row.split(",")]
@@ -181,8 +189,9 @@ def classify(
     # outside containers, that holds these GPUs. Only those: a process group is not a server's identity
     # (one script or ssh line starts many things), so another user's group, or a GPU tool's, adds nothing.
     holding = stale_groups(gpu_holders, procs, me)
+    cache, kept = a.get("cache_pgid"), a.get("kept_cache_pgid")  # the deployment's weight cache daemon
     for pid, proc in procs.items():
-        if proc["pgid"] in (recorded, *replaced) and proc["uid"] == me:
+        if proc["pgid"] in (recorded, cache, *replaced) and proc["uid"] == me:
             candidates.add(pid)  # fleet's own server, every process of it (a worker, a resource tracker)
             continue
         if not is_engine(proc):
@@ -197,6 +206,8 @@ def classify(
         if pid not in procs or procs[pid].get("state") == "Z":  # exited, not yet reaped: nothing to stop
             continue
         info = procs[pid]
+        if kept is not None and info["pgid"] == kept and info["uid"] == me:  # kept for this launch
+            continue
         container = container_of(pid)
         if container in (a.get("own_containers") or []):  # fleet's own: stopped by name (stop_containers)
             continue
@@ -212,7 +223,7 @@ def classify(
             info,
             me=me,
             own=(os.getpid(), own_pgid),
-            recorded_pgid=recorded if info["pgid"] not in replaced else info["pgid"],
+            recorded_pgid=info["pgid"] if info["pgid"] in (cache, *replaced) else recorded,
             port=a.get("port") if pid in owners else None,
             force=a["kill_policy"] == "force",
         )
@@ -224,6 +235,8 @@ def classify(
             replacing = (a.get("replaced_names") or {}).get(info["pgid"])
             if info["pgid"] in replaced and replacing:  # say which deployment --replace stopped
                 why = "deployment %s's server (--replace)" % replacing
+            elif cache is not None and info["pgid"] == cache and info["uid"] == me:
+                why = "fleet's weight cache daemon"
             targets[pid] = dict(info, why=why)
     if invisible and port:
         refused.append({"pid": None, "user": "?", "cmdline": "?", "why": "port %d held by an invisible process" % port})
@@ -312,15 +325,60 @@ def stop_targets(
     )
 
 
+def process_mib(pids: Set[int], indices: Optional[List[int]] = None) -> List[int]:
+    """What the processes `pids` hold on each of the GPUs `indices` (None: all), in MiB (NVML counts memory
+    shared over CUDA IPC once, under the process that allocated it: docs/real-gpu.md)."""
+    try:
+        import pynvml as n
+
+        n.nvmlInit()
+    except Exception:
+        return _smi_process_mib(pids, indices)
+    try:
+        out = []
+        for i in range(n.nvmlDeviceGetCount()):
+            if indices is None or i in indices:
+                listed = n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))
+                out.append(sum((p.usedGpuMemory or 0) >> 20 for p in listed if p.pid in pids))
+        return out
+    finally:
+        n.nvmlShutdown()
+
+
+def _smi_process_mib(pids: Set[int], indices: Optional[List[int]]) -> List[int]:
+    answers = smi_queries("--query-gpu=index,uuid", "--query-compute-apps=gpu_uuid,pid,used_memory")
+    if answers is None:
+        return []
+    gpus, apps = answers
+    order = [c[1] for c in (r.replace(" ", "").split(",") for r in gpus.splitlines()) if len(c) == 2 and c[0].isdigit()]
+    held = dict((uuid, 0) for n, uuid in enumerate(order) if indices is None or n in indices)
+    for row in apps.splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) == 3 and cells[0] in held and cells[1].isdigit() and int(cells[1]) in pids and cells[2].isdigit():
+            held[cells[0]] += int(cells[2])
+    return list(held.values())
+
+
 def wait_memory_released(
-    before: Optional[List[int]], timeout_s: float, ignore_mib: int, indices: Optional[List[int]] = None
+    before: Optional[List[int]],
+    timeout_s: float,
+    ignore_mib: int,
+    indices: Optional[List[int]] = None,
+    kept_pids: Optional[Set[int]] = None,
 ) -> Tuple[Optional[List[int]], Optional[List[int]], float]:
-    """Until the GPUs `indices` (None: all) are idle: a sibling deployment's memory is not waited for."""
+    """Until the GPUs `indices` (None: all) are idle but for what `kept_pids` hold (a weight cache daemon
+    kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`)."""
     start = time.time()
-    used = nvml_pids_and_memory(indices)[1]
+
+    def used_now() -> Optional[List[int]]:
+        used = nvml_pids_and_memory(indices)[1]
+        kept = process_mib(kept_pids, indices) if kept_pids and used is not None else []
+        return [used[i] - kept[i] for i in range(len(used))] if used is not None and len(kept) == len(used) else used
+
+    used = used_now()
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break
         time.sleep(0.1)
-        used = nvml_pids_and_memory(indices)[1]
+        used = used_now()
     return before, used, time.time() - start

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
@@ -21,8 +21,9 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host.procs import boot_id, start_ticks
     from fleet.host.records import STATE_FILE, read_record, write_record
+    from fleet.host.weight_cache import WAIT_ENV, daemon_entry, running_daemon, wait_spec
     from fleet.host.words import SECRET_WORD, UNVERIFIED
-    from fleet.protocol import ActRequest, ActResult, Launched, LaunchRequest
+    from fleet.protocol import ActRequest, ActResult, Launched, LaunchRequest, WeightCacheEntry
 
 
 def launcher_source(mode: str) -> str:
@@ -95,11 +96,14 @@ def launch_and_record(
     """Record the new attempt, launch it, record its process. A write that fails here (the disk filled up
     after the check) must not leave the host without a server: the previous one is relaunched."""
     st_path = os.path.join(state_dir, STATE_FILE)
+    daemon: Optional[WeightCacheEntry] = None
     try:
         if a["state_update"]:
             write_record(st_path, a["state_update"])
+        daemon = weight_cache_for(a["launch"], secrets, previous, out)
         out["launched"] = launch(a["launch"], secrets)
         st = read_record(st_path) or {}
+        st["weight_cache"] = {k: v for k, v in daemon.items() if k != "relay_from"} if daemon else None
         st.update(
             {
                 "pid": out["launched"]["pid"],
@@ -116,11 +120,13 @@ def launch_and_record(
     except OSError as exc:
         out["write_failed"] = {"path": exc.filename or state_dir, "error": exc.strerror or str(exc)}
         launched = out.pop("launched", None)
-        if launched and launched["pgid"] > 1:  # launched but unrecorded: fleet could not stop it safely later
-            try:
-                os.killpg(launched["pgid"], signal.SIGKILL)
-            except OSError:
-                pass
+        new_daemon = daemon if daemon and daemon.get("relay_from") == 0 else None
+        for unrecorded in (launched, new_daemon):  # launched but unrecorded: fleet could not stop it safely later
+            if unrecorded and unrecorded["pgid"] > 1:
+                try:
+                    os.killpg(unrecorded["pgid"], signal.SIGKILL)
+                except OSError:
+                    pass
         if not out.get("ended"):
             return
         back = previous_launch(previous, a["launch"]["log_dir"], secrets)
@@ -144,6 +150,31 @@ def launch_and_record(
                     f.truncate()
             except OSError:
                 out["rollback_unrecorded"] = True
+
+
+def weight_cache_for(
+    req: LaunchRequest, secrets: Dict[str, str], previous: Optional[Mapping[str, object]], out: ActResult
+) -> Optional[WeightCacheEntry]:
+    """The weight cache daemon the engine of `req` maps its weights from (None: it loads them itself): the
+    one kept (host/weight_cache.py keep_or_stop), else one started now, under fleet's launcher with the
+    engine's environment and a log of its own. The engine's launcher is told to wait for it."""
+    want = req.get("weight_cache")
+    if not want:
+        return None
+    said = out.setdefault("weight_cache", {"kept": False, "why": "no daemon of this deployment runs"})
+    daemon = running_daemon(previous) if said.get("kept") else None
+    if daemon is None:
+        cache_req: LaunchRequest = {
+            "name": req["name"] + ".weight-cache",
+            "attempt": req["attempt"],
+            "argv": want["argv"],
+            "env": req["env"],
+            "log_dir": req["log_dir"],
+        }
+        daemon = daemon_entry(launch(cache_req, secrets), want)
+        said.update(started=True, pid=daemon["pid"], log=daemon["log"])
+    req["env"] = dict(req["env"], **{WAIT_ENV: wait_spec(daemon)})
+    return daemon
 
 
 def new_log(log_dir: str, name: str, attempt: int) -> Tuple[int, str, str]:

@@ -19,11 +19,12 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 try:  # launcher_source defines it before this text
     SECRET_WORD  # noqa: B018
@@ -116,14 +117,70 @@ def stop_what_the_engine_left() -> None:
         sys.stderr.write("fleet launcher: left running, another user's: pids %s\n" % [p for p, _ in others])
 
 
+LISTENING = re.compile(rb"\[WeightCacheDaemon gpu=(\d+)\] Listening on ")
+RELAY_LIMIT = 16 << 20  # of a weight cache daemon's log copied into the attempt's log
+
+
+def process_alive(pid: int, ticks: object) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            st = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return st[0] not in "ZX" and (ticks is None or st[19] == str(ticks))
+
+
+def await_weight_cache(spec: Dict[str, object]) -> Optional[str]:
+    # Until every rank of the deployment's weight cache daemon listens (each logs "[WeightCacheDaemon gpu=G]
+    # Listening on SOCKET" once its weights are loaded and its .ready file written: weight_cache/daemon.py
+    # serve), copying the daemon's new lines into this attempt's log; None then, else why the engine is not
+    # started (the daemon ended, or never got ready).
+    log, ranks = str(spec["log"]), int(str(spec["ranks"]))
+    relay_from, deadline = int(str(spec["relay_from"])), time.monotonic() + float(str(spec["timeout_s"]))
+    listening: Set[bytes] = set()
+    offset, tail, relayed = 0, b"", 0
+    while True:
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(1 << 20)
+        except OSError:
+            chunk = b""
+        if relayed < RELAY_LIMIT and offset + len(chunk) > relay_from:
+            shown = chunk[max(0, relay_from - offset) :][: RELAY_LIMIT - relayed]
+            os.write(1, shown)
+            relayed += len(shown)
+        offset += len(chunk)
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()[-65536:]
+        listening.update(m.group(1) for m in (LISTENING.search(x) for x in lines) if m)
+        if len(listening) >= ranks:
+            return None
+        if chunk:
+            continue
+        if not process_alive(int(str(spec["pid"])), spec.get("start_ticks")) or os.path.exists(str(spec["exit_file"])):
+            return "the weight cache daemon (pid %s) ended before it was ready: see %s" % (spec["pid"], log)
+        if time.monotonic() > deadline:
+            return "the weight cache daemon was not ready within %s s: see %s" % (spec["timeout_s"], log)
+        time.sleep(0.2)
+
+
 def process_main(args: List[str]) -> None:
     # args: [-c, fleet-launch, EXIT_FILE, ENGINE ARGV...]; the environment is stdin's first line.
     env = json.loads(sys.stdin.readline())
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     exit_file = args[2]
     argv = secret_argv(args[3:], env)
+    wait = env.pop("FLEET_WEIGHT_CACHE_WAIT", None)  # host/weight_cache.py wait_spec
+    not_ready = await_weight_cache(json.loads(wait)) if wait and argv is not None else None
+    if not_ready:
+        sys.stderr.write("fleet launcher: %s\n" % not_ready)
+        sys.stderr.flush()
     try:
-        code = 127 if argv is None else subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
+        if not_ready:
+            code = 1
+        else:
+            code = 127 if argv is None else subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
     except OSError as exc:
         sys.stderr.write("fleet launcher: cannot run %s: %s\n" % (args[3], exc))
         code = 127

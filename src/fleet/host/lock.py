@@ -166,11 +166,13 @@ def sibling_groups(
         if name == me:
             continue
         st = peek_record(os.path.join(deployment_dir(root, name), STATE_FILE))
-        pgid = st.get("pgid")
-        if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st):
-            (replaced if name in replace else siblings)[pgid] = name
-            if name not in replace:
-                gpus |= set(record_gpus(st) or every or [])
+        cache = st.get("weight_cache")  # its weight cache daemon: the deployment's too, even with no server
+        for group in (st, cache if isinstance(cache, dict) else {}):
+            pgid = group.get("pgid")
+            if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, group):
+                (replaced if name in replace else siblings)[pgid] = name
+                if name not in replace:
+                    gpus |= set(record_gpus(st) or every or [])
     return siblings, replaced, gpus
 
 

@@ -322,6 +322,9 @@ class Playbook(_Strict, frozen=True, kw_only=True):
     # meet at rank 0's dist_port
     hosts: list[str] | None = None
     dist_port: Annotated[int, Meta(ge=1024, le=65535)] = 50000
+    # SGLang's weight cache daemon holds the weights between the engine's starts (fleet.plan.weight_cache):
+    # a relaunch with a fix, a restart or a heal gets them over CUDA IPC instead of reloading them from disk
+    weight_cache: bool = False
 
     @property
     def secret_names(self) -> list[str]:
@@ -362,6 +365,15 @@ class Playbook(_Strict, frozen=True, kw_only=True):
                     else "tp:; fit picks the TP, so leave tp: out or give a count: gpus: N"
                 ),
             )
+        if self.weight_cache and self.speculative and self.speculative.enabled:
+            raise _Invalid(
+                ("weight_cache",),
+                "value",
+                "is set with speculative:; SGLang refuses the two together (the weight cache daemon does not "
+                "export the draft model's weights): drop one of them",
+            )
+        if self.weight_cache and self.engine != "sglang":
+            raise _Invalid(("weight_cache",), "value", f"is SGLang's daemon; {self.engine} has none: leave it out")
         if self.hosts and self.dist_port == self.port:
             raise _Invalid(("dist_port",), "value", "is the HTTP port too; the ranks meet on a port of its own")
         allowed = set(self.allow_runtime_env)

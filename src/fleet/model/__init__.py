@@ -143,6 +143,9 @@ class ModelSpec:
     # a vision tower (multimodal): its layers and hidden size as SGLang reads them, 24 and 1024 when unsaid
     vision: tuple[int, int] | None = None
     task: str = GENERATE  # GENERATE, EMBED or RERANK (serving_task)
+    # native FP8 with block-wise scales (quantization_config.weight_block_size): the one quantised form SGLang's
+    # weight cache shares over CUDA IPC (weight_cache/protocol.py IPC_QUANT_ALLOWLIST)
+    fp8_blocks: bool = False
     labels: int = 0  # a sequence classifier's output labels (id2label, else num_labels); a cross-encoder has one
 
     @property
@@ -259,6 +262,18 @@ def _quantization(cfg: dict[str, Any], quant_cfg: dict[str, Any] | None) -> tupl
     return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype), None, None
 
 
+def _compress_ratios(tc: dict[str, Any], layers: int) -> tuple[int, ...]:
+    ratios = tc.get("compress_ratios")
+    if not isinstance(ratios, list) or not all(type(r) is int and r >= 0 for r in ratios):
+        return ()  # a list fleet cannot read is no list: every layer is counted as a full one
+    return tuple(ratios[:layers])
+
+
+def _fp8_blocks(cfg: dict[str, Any]) -> bool:
+    qc = cfg.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "fp8" and qc.get("weight_block_size") is not None
+
+
 def parse_model_spec(
     path: str,
     config: dict[str, Any] | None,
@@ -303,9 +318,6 @@ def parse_model_spec(
     experts = _int(tc, "num_experts", "n_routed_experts", "num_local_experts")
     heads = _int(tc, "num_attention_heads", "n_head")
     sliding, window = _sliding(tc, layers, layer_types, str(archs[0]))
-    ratios = tc.get("compress_ratios")
-    if not isinstance(ratios, list) or not all(type(r) is int and r >= 0 for r in ratios):
-        ratios = []  # a list fleet cannot read is no list: every layer is counted as a full one
     return ModelSpec(
         path=path,
         architecture=str(archs[0]),
@@ -334,8 +346,9 @@ def parse_model_spec(
         dsa_index_dim=_int(tc, "index_head_dim", default=128) if tc.get("index_topk") is not None else 0,
         swa_kv_heads=_int(tc, "swa_num_key_value_heads"),
         swa_head_dim=_int(tc, "swa_head_dim"),
-        compress_ratios=tuple(ratios[:layers]),
+        compress_ratios=_compress_ratios(tc, layers),
         vision=_vision(config.get("vision_config")),
         task=serving_task(str(archs[0]), sentence_transformers),
+        fp8_blocks=_fp8_blocks(config),
         labels=len(config["id2label"]) if isinstance(config.get("id2label"), dict) else _int(config, "num_labels"),
     )

@@ -28,6 +28,7 @@ from fleet.plan import (
     parse_version,
     plan_launch,
     show_version,
+    weight_cache,
 )
 from fleet.plan.container import CONTAINER_PYTHON, ContainerPlan, container_plan, model_mount_path
 from fleet.plan.picks import told_picks
@@ -118,6 +119,7 @@ def wishes_for(host: Host, playbook: NamedPlaybook) -> Wishes:
         literal=pb.literal,
         trust_remote_code=pb.trust_remote_code,
         parsers=pb.parsers if isinstance(pb.parsers, str | None) else (pb.parsers.reasoning, pb.parsers.tool_call),
+        weight_cache=pb.weight_cache,
     )
 
 
@@ -267,6 +269,8 @@ def build_plan(
     )
     plan = replace(plan, container=container)
     verdicts += preflight(where, plan, model, gpus, facts, host)
+    if wishes.weight_cache:
+        verdicts += weight_cache.refusals(where, model, plan)
     plan = replace(plan, memory_mib=gpus.memory_mib, need_mib=memory_need_mib(plan, model, gpus))
     plan = replace(plan, verdicts=(*plan.verdicts, *verdicts))
     return PlanResult(plan, model, gpus, wishes, key, plan.verdicts)

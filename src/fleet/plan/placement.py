@@ -8,7 +8,7 @@ the host's guard, so two deploys placing themselves at once cannot both take a G
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.errors import PreflightError
@@ -38,6 +38,13 @@ class Placement:
     replaces: tuple[Occupant, ...] = ()  # other deployments on these GPUs that --replace stops first
 
 
+def cache_group(state: Mapping[str, object]) -> int | None:
+    """The process group of the weight cache daemon a deployment's record names (fleet.plan.weight_cache)."""
+    entry = state.get("weight_cache")
+    pgid = entry.get("pgid") if isinstance(entry, dict) else None
+    return pgid if type(pgid) is int and pgid > 1 else None
+
+
 def occupants(facts: HostFacts, me: str) -> list[Occupant]:
     """The host's other deployments that hold GPUs now: a live recorded server, or a run under way."""
     every = tuple(g.index for g in facts.gpus)
@@ -48,6 +55,9 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
             continue
         pid = rec.state.get("pid")
         running = isinstance(pid, int) and pid in live and rec.state.get("status") != STOPPED
+        cache = cache_group(rec.state)  # its weight cache daemon holds the GPUs too, with no server running
+        if not running and cache is not None and any(p.pgid == cache for p in facts.holders):
+            running, pid = True, cache
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
         elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
@@ -60,8 +70,10 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     """GPU index -> pids using it (in NVML's list, or holding its /dev/nvidiaN) that are not deployment
     `me`'s own server nor a GPU daemon or tool: a count is never placed there. The servers of other
     deployments are among them, and so is a server started by hand, or one whose record was lost."""
-    mine = facts.remote.deployment(me).state.get("pgid")
+    state = facts.remote.deployment(me).state
+    mine, cache = state.get("pgid"), cache_group(state)
     own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine}
+    own |= {p.pid for p in facts.holders if cache is not None and p.pgid == cache}  # its weight cache daemon
     tools = {p.pid for p in facts.holders if safelisted({"comm": p.comm, "cmdline": p.cmdline})}
     out: dict[int, list[int]] = {}
     for g in facts.gpus:

@@ -232,6 +232,17 @@ SGLANG_CROSS_ENCODER_WHOLE_PAIR = Rule(
     replaces="SGLang's defaults: the radix cache on and prefills chunked at its size for the GPU",
 )
 
+SGLANG_WEIGHT_CACHE = Rule(
+    "weight-cache",
+    lambda i: i.wishes.weight_cache,
+    lambda i: [("--weight-cache-mode", "client")],
+    "weight_cache: the engine maps the weights fleet's weight cache daemon holds (started first, with the "
+    "settings of its CacheConfig only: fleet.plan.weight_cache) instead of loading them from disk; a relaunch "
+    "whose fix leaves those settings alone reuses them",
+    "sglang 0.5.23 weight_cache/daemon.py, model_loader ipc_loader.py, arg_groups/fields/model.py",
+    replaces="SGLang's default --weight-cache-mode off: every start reloads the weights from disk",
+)
+
 SGLANG_RULES: tuple[Rule, ...] = (
     Rule(
         "tensor-parallel",
@@ -351,6 +362,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
     SGLANG_EMBEDDING,
     SGLANG_CROSS_ENCODER_ATTENTION,
     SGLANG_CROSS_ENCODER_WHOLE_PAIR,
+    SGLANG_WEIGHT_CACHE,
     TRUST_REMOTE_CODE,
     PARSERS,
 )

@@ -77,6 +77,7 @@ class Wishes:
     literal: bool = False
     trust_remote_code: bool = False
     parsers: str | tuple[str | None, str | None] | None = None  # "auto", or (reasoning, tool_call) names
+    weight_cache: bool = False  # run against SGLang's weight cache daemon (fleet.plan.weight_cache)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,215 @@
+"""SGLang's weight cache daemon under fleet (issue 41), in the fast tier: which plans may use it and the
+daemon's command line (fleet.plan.weight_cache), what the act step keeps or stops (fleet.host.weight_cache),
+and fleet's launcher holding the engine back until the daemon's ranks listen (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from fleet.errors import ConfigError
+from fleet.host.launch import LAUNCHER
+from fleet.host.procs import boot_id, start_ticks
+from fleet.host.weight_cache import WAIT_ENV, keep_or_stop, running_daemon, wait_spec
+from fleet.inventory import load_playbook
+from fleet.model import parse_model_spec
+from fleet.plan import Flag, weight_cache
+from test_plan import BLACKWELL_GPUS, CT129_GPUS, plan, playbook
+
+MATRIX = ROOT / "tests" / "data" / "matrix"
+
+
+def cached(**changes: object):  # type: ignore[no-untyped-def]
+    """Qwen3.6-27B on the 2x A6000 box with weight_cache: (no MTP: SGLang refuses the two together)."""
+    return playbook("qwen36-27b", speculative=None, weight_cache=True, **changes)
+
+
+def test_a_cached_plan_runs_the_engine_as_the_daemons_client_and_the_daemon_with_its_cache_settings_only() -> None:
+    r = plan(cached(), "ct129", CT129_GPUS, version="0.5.23")
+    assert not r.errors and r.plan is not None
+    argv = r.plan.argv()
+    assert argv[argv.index("--weight-cache-mode") + 1] == "client"
+    daemon = weight_cache.daemon_argv(r.plan)
+    assert daemon[1:3] == ["-m", "sglang.srt.weight_cache.daemon"]
+    assert daemon[3:] == ["--model-path", "/models/Qwen3.6-27B", "--tp-size", "2"]
+    assert weight_cache.ranks(r.plan) == 2
+
+
+def test_the_daemons_key_ignores_what_a_fix_changes_and_follows_what_its_cache_config_holds() -> None:
+    """A graph-batch or memory-fraction fix relaunches against the same daemon; another GPU set, TP size,
+    engine version or checkpoint needs a new one."""
+    base = plan(cached(), "ct129", CT129_GPUS, version="0.5.23").plan
+    assert base is not None
+    key = weight_cache.daemon_key(base)
+    fixed = plan(cached(mem_fraction=0.7, extra_args=["--cuda-graph-max-bs-decode", "16"]), "ct129", CT129_GPUS,
+                 version="0.5.23").plan  # fmt: skip
+    assert fixed is not None and weight_cache.daemon_key(fixed) == key
+    other_tp = plan(cached(tp=1, gpus=1), "ct129", CT129_GPUS, version="0.5.23").plan
+    assert other_tp is not None and weight_cache.daemon_key(other_tp) != key
+    trusted = plan(cached(trust_remote_code=True), "ct129", CT129_GPUS, version="0.5.23").plan
+    assert trusted is not None and weight_cache.daemon_key(trusted) != key
+
+
+@pytest.mark.parametrize(
+    ("changes", "version", "why"),
+    [
+        ({}, "0.5.11", "SGLang 0.5.11 has no weight cache daemon"),
+        ({"tp": 1, "extra_args": ["--dp-size", "2"]}, "0.5.23", "runs data-parallel replicas"),
+    ],
+)
+def test_a_cached_plan_the_daemon_cannot_serve_is_refused_before_anything_is_stopped(
+    changes: dict, version: str, why: str
+) -> None:
+    r = plan(cached(**changes), "ct129", CT129_GPUS, version=version)
+    errors = [v.message for v in r.errors if v.rule == "weight-cache"]
+    assert errors and why in errors[0] and "Leave weight_cache: out" in errors[0], r.errors
+
+
+def test_a_group_and_a_container_are_refused_for_now() -> None:
+    """The daemon of a group would need its own rendezvous, and one in a container the image's: fleet runs
+    it beside a server process on one host only, and says so."""
+    base = plan(cached(), "ct129", CT129_GPUS, version="0.5.23").plan
+    assert base is not None
+    model = parse_model_spec("/m", json.loads((MATRIX / "Qwen3-8B" / "config.json").read_text()), None, None)
+    group = replace(base, flags=(*base.flags, Flag("--nnodes", "2", "group", "")))
+    assert "spans several" in weight_cache.refusals("ct129", model, group)[0].message
+    boxed = replace(base, container=object())  # type: ignore[arg-type]
+    assert "not in a container" in weight_cache.refusals("ct129", model, boxed)[0].message
+    assert weight_cache.refusals("ct129", model, base) == []
+
+
+def test_nvfp4_weights_are_refused_as_sglang_refuses_them_for_ipc() -> None:
+    """protocol.py IPC_QUANT_ALLOWLIST: unquantised and block-wise FP8 only; the NVFP4 story model is not."""
+    r = plan(playbook("qwen35-nvfp4", speculative=None, weight_cache=True), "blackwell", BLACKWELL_GPUS, "0.5.23")
+    assert any("'modelopt_fp4'" in v.message for v in r.errors if v.rule == "weight-cache"), r.errors
+
+
+def test_block_fp8_is_shared_and_per_tensor_fp8_is_not() -> None:
+    cfg = json.loads((MATRIX / "DeepSeek-V3" / "config.json").read_text())
+    assert parse_model_spec("/m", cfg, None, None).fp8_blocks  # weight_block_size [128, 128]
+    per_tensor = dict(cfg, quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic"})
+    assert not parse_model_spec("/m", per_tensor, None, None).fp8_blocks
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ("speculative: {steps: 1}", "SGLang refuses the two together"),
+        ("engine: vllm", "vllm has none"),
+    ],
+)
+def test_a_playbook_asking_for_what_sglang_refuses_is_an_error_at_its_line(
+    tmp_path: Path, extra: str, said: str
+) -> None:
+    text = "engine: sglang\nmodel: Qwen3.6-27B\nserved_name: q\nweight_cache: true\n"
+    text += "smoke: {prompt: Capital of France?, expect: Paris}\n"
+    text += extra + "\n"
+    if extra.startswith("engine:"):
+        text = text.replace("engine: sglang\n", "")
+    (tmp_path / "pb.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_playbook("pb", tmp_path)
+    assert said in str(err.value) and "pb.yaml" in str(err.value)
+
+
+def detached(*argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(argv), start_new_session=True, stdin=subprocess.DEVNULL)
+
+
+def entry_for(proc: subprocess.Popen[bytes], tmp_path: Path, key: str = "k1") -> dict:
+    return {
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "start_ticks": start_ticks(proc.pid),
+        "boot_id": boot_id(),
+        "log": str(tmp_path / "daemon.log"),
+        "exit_file": str(tmp_path / "daemon.exit"),
+        "key": key,
+        "ranks": 1,
+    }
+
+
+def test_the_recorded_daemon_is_kept_for_the_same_key_and_stopped_otherwise(tmp_path: Path) -> None:
+    daemon = detached("sleep", "60")
+    try:
+        record = {"weight_cache": entry_for(daemon, tmp_path)}
+        want = {"argv": ["python"], "key": "k1", "ranks": 1}
+        kept, stop, why = keep_or_stop(want, record)
+        assert kept is not None and stop is None and "reused" in why
+        kept, stop, why = keep_or_stop(dict(want, key="k2"), record)
+        assert kept is None and stop == daemon.pid and "settings changed" in why
+        kept, stop, why = keep_or_stop(None, record)  # a stop, or a deploy without weight_cache:
+        assert kept is None and stop == daemon.pid
+        # a pid reused by another process is not the daemon: its start time differs
+        stale = {"weight_cache": dict(entry_for(daemon, tmp_path), start_ticks=1)}
+        assert running_daemon(stale) is None and keep_or_stop(want, stale)[:2] == (None, None)
+        (tmp_path / "daemon.exit").write_text("0\n")  # its launcher saw it end
+        assert running_daemon(record) is None
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def launch_with_daemon(
+    tmp_path: Path, daemon: subprocess.Popen[bytes], relay_from: int = 0
+) -> subprocess.CompletedProcess[str]:
+    entry = dict(entry_for(daemon, tmp_path), ranks=2, relay_from=relay_from)
+    env = {"PATH": os.environ["PATH"], WAIT_ENV: wait_spec(entry)}
+    engine = [
+        sys.executable,
+        "-c",
+        "import os; print('engine env has the wait:', 'FLEET_WEIGHT_CACHE_WAIT' in os.environ)",
+    ]
+    argv = [sys.executable, "-c", LAUNCHER, "fleet-launch", str(tmp_path / "engine.exit"), *engine]
+    return subprocess.run(argv, input=json.dumps(env) + "\n", text=True, capture_output=True, timeout=60)
+
+
+DAEMON_LINES = [
+    "2026-12-05 10:00:00,001 [Daemon gpu=0 tp_rank=0] INFO [WeightCacheDaemon gpu=0] Loading model from disk: /m",
+    "2026-12-05 10:00:01,001 [Daemon gpu=0 tp_rank=0] INFO [WeightCacheDaemon gpu=0] Listening on /tmp/s0.sock",
+    "2026-12-05 10:00:01,201 [Daemon gpu=1 tp_rank=1] INFO [WeightCacheDaemon gpu=1] Listening on /tmp/s1.sock",
+]
+
+
+def test_the_engine_starts_once_every_rank_listens_with_the_daemons_lines_in_its_log(tmp_path: Path) -> None:
+    script = "import sys, time\nfor line in sys.argv[2:]:\n    time.sleep(0.3)\n"
+    script += "    open(sys.argv[1], 'a').write(line + '\\n')\ntime.sleep(60)\n"
+    daemon = detached(sys.executable, "-c", script, str(tmp_path / "daemon.log"), *DAEMON_LINES)
+    try:
+        run = launch_with_daemon(tmp_path, daemon)  # the engine's line after the second rank's: it waited
+        assert run.stdout.splitlines() == [*DAEMON_LINES, "engine env has the wait: False"], run
+        assert (tmp_path / "engine.exit").read_text() == "0\n"
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def test_a_daemon_that_ends_before_it_is_ready_starts_no_engine_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "daemon.log").write_text(DAEMON_LINES[0] + "\nRuntimeError: CUDA out of memory\n")
+    daemon = detached("sleep", "0.5")
+    try:
+        run = launch_with_daemon(tmp_path, daemon)
+    finally:
+        daemon.wait()
+    assert "engine env" not in run.stdout
+    assert f"weight cache daemon (pid {daemon.pid}) ended before it was ready" in run.stderr, run
+    assert (tmp_path / "engine.exit").read_text() == "1\n"
+
+
+def test_a_kept_daemon_is_not_relayed_again(tmp_path: Path) -> None:
+    log = tmp_path / "daemon.log"
+    log.write_text("\n".join(DAEMON_LINES) + "\n")
+    daemon = detached("sleep", "60")
+    try:
+        run = launch_with_daemon(tmp_path, daemon, relay_from=-1)  # wait_spec: a kept daemon's log from its end
+        assert run.stdout.splitlines() == ["engine env has the wait: False"], run
+    finally:
+        daemon.kill()
+        daemon.wait()

@@ -1,0 +1,113 @@
+"""SGLang's weight cache daemon under fleet, end to end over real sshd (issue 41): the simulated 0.5.23
+daemon holds a model's weights in the simulated GPU memory and loads them in a time proportional to their
+size; an engine started with --weight-cache-mode client maps them, or refuses as the real loader does.
+
+What is counted is the number of loads from disk (the daemon's "Loading model from disk" line, once per
+rank, and the engine's own load), never a time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import CT129, run_cli
+from fleet_testbed import bench_weight_cache, simhost
+from fleet_testbed.bench_weight_cache import PLAYBOOK
+
+pytestmark = pytest.mark.ssh
+
+
+def graphs_need_memory(sb: simhost.Sandbox) -> None:
+    """CUDA graphs that take 64 MiB per batch row: at the playbooks' fraction 0.59 the capture of 512 rows
+    runs out of memory (SGLang's fix: 16 rows and 0.05 less), and 0.54 leaves no KV pool (SGLang's fix:
+    0.04 more)."""
+    simhost.set_host(sb.host_dir("ct129"), graph_mib_per_bs=64)
+
+
+@pytest.fixture
+def cached(fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ct129 on SGLang 0.5.23, loading 0.02 s per GiB. Playbooks: wc (cached), disk (not)."""
+    simhost.set_host(fleet_env.host_dir("ct129"), sglang_version="0.5.23", load_s_per_gib=0.02)
+    d = tmp_path / "playbooks"
+    d.mkdir()
+    (d / "wc.yaml").write_text(PLAYBOOK.format(cache="true"))
+    (d / "disk.yaml").write_text(PLAYBOOK.format(cache="false"))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(d))
+    return d
+
+
+def disk_loads(sb: simhost.Sandbox) -> int:
+    return bench_weight_cache.disk_loads(sb.host_dir("ct129") / "logs")
+
+
+def daemon_pids(sb: simhost.Sandbox) -> list[int]:
+    """The daemon processes running on ct129 (main and ranks), by what they run."""
+    ps = [*simhost.ssh_argv(sb, CT129), "ps -eo pid=,args="]
+    rows = subprocess.run(ps, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    return [int(r.split()[0]) for r in rows if "weight_cache.daemon" in r or "sim_weight_cache rank" in r]
+
+
+def record(sb: simhost.Sandbox, name: str) -> dict:
+    return json.loads(simhost.record(sb.host_dir("ct129"), "state.json", name).read_text())
+
+
+def test_two_fixes_a_restart_and_a_heal_load_the_weights_once(fleet_env: simhost.Sandbox, cached: Path) -> None:
+    """The issue's loop: a graph-capture OOM fixed by a smaller capture, then a KV pool too small fixed by a
+    larger fraction. Without the cache each attempt loads from disk (3 loads); with it the daemon loads
+    once and every attempt, the restart and the heal map its weights."""
+    graphs_need_memory(fleet_env)
+    r = run_cli("deploy", "wc", "--host", "ct129")
+    out = r.out + r.err
+    assert r.code == 0, out
+    assert "fixed on the way: cuda-graph-capture-failed, sglang-kv-not-enough-memory" in out
+    assert out.count("weight cache daemon started pid") == 1 and out.count("weight cache daemon kept") == 2, out
+    assert disk_loads(fleet_env) == 1
+    daemon = record(fleet_env, "wc")["weight_cache"]
+    assert run_cli("restart", "--host", "ct129/wc").code == 0
+    engine = record(fleet_env, "wc")["pgid"]
+    subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 -- -{engine}"], check=True)
+    healed = run_cli("health", "--host", "ct129", "--heal")
+    assert "wc: restarted: server ready" in healed.out, healed.out + healed.err
+    assert disk_loads(fleet_env) == 1 and record(fleet_env, "wc")["weight_cache"]["pid"] == daemon["pid"]
+    stopped = run_cli("stop", "--host", "ct129/wc")
+    assert stopped.code == 0 and "fleet's weight cache daemon pid" in stopped.out + stopped.err
+    assert daemon_pids(fleet_env) == []
+
+
+def test_without_the_cache_the_same_loop_loads_once_per_attempt(fleet_env: simhost.Sandbox, cached: Path) -> None:
+    graphs_need_memory(fleet_env)
+    r = run_cli("deploy", "disk", "--host", "ct129")
+    assert r.code == 0, r.out + r.err
+    assert "weight cache" not in r.out + r.err and disk_loads(fleet_env) == 3 and daemon_pids(fleet_env) == []
+
+
+def test_a_new_shape_restarts_the_daemon_and_a_deploy_without_it_stops_it(
+    fleet_env: simhost.Sandbox, cached: Path
+) -> None:
+    """The daemon's settings follow the plan: trusting the model's code is part of how it loads, so the
+    daemon is started again and says why; a deploy of the same deployment without weight_cache: stops it as
+    fleet's own (not as a foreign GPU holder) and the engine loads from disk."""
+    assert run_cli("deploy", "wc", "--host", "ct129").code == 0
+    first = record(fleet_env, "wc")["weight_cache"]["pid"]
+    (cached / "wc.yaml").write_text(PLAYBOOK.format(cache="true") + "trust_remote_code: true\n")
+    r = run_cli("deploy", "wc", "--host", "ct129")
+    assert r.code == 0 and "started again: its settings changed" in r.out + r.err, r.out + r.err
+    assert record(fleet_env, "wc")["weight_cache"]["pid"] != first and first not in daemon_pids(fleet_env)
+    (cached / "wc.yaml").write_text(PLAYBOOK.format(cache="false"))
+    loads = disk_loads(fleet_env)
+    r = run_cli("deploy", "wc", "--host", "ct129")
+    assert r.code == 0, r.out + r.err
+    assert "fleet's weight cache daemon pid" in r.out + r.err and daemon_pids(fleet_env) == []
+    assert disk_loads(fleet_env) == loads + 1
+
+
+def test_replacing_a_deployment_stops_its_daemon_too(fleet_env: simhost.Sandbox, cached: Path) -> None:
+    """Another deployment on the same GPUs replaces wc (--replace): wc's daemon goes with wc's server, named
+    as wc's; the new server loads from disk with the whole GPUs."""
+    assert run_cli("deploy", "wc", "--host", "ct129").code == 0
+    r = run_cli("deploy", "disk", "--host", "ct129", "--replace")
+    assert r.code == 0, r.out + r.err
+    assert "deployment wc's server (--replace)" in r.out + r.err and daemon_pids(fleet_env) == []
