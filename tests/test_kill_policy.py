@@ -113,6 +113,30 @@ CASES = [
         False,
         ("refuse", "process of user alice"),
     ),
+    # issue 41: SGLang's weight cache daemon is no server; only the group its deployment's record names is
+    # fleet's (classify then keeps it for a launch with the same settings, or stops it as the daemon)
+    (
+        "a weight cache daemon no record names",
+        proc(["python3", "-m", "sglang.srt.weight_cache.daemon", "--model-path", "/m", "--tp-size", "2"]),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "a rank of the weight cache daemon fleet recorded",
+        proc(
+            [
+                "python3",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+                "--multiprocessing-fork",
+            ],
+            pgid=FLEETS_GROUP,
+        ),
+        None,
+        False,
+        ("stop", "fleet's server"),
+    ),  # fmt: skip
     ("sshd", proc(["sshd: root@notty"], comm="sshd"), None, True, ("skip", "init, sshd or fleet's own command")),
     ("init", proc(["/sbin/init"], pid=1, pgid=1), None, True, ("skip", "init, sshd or fleet's own command")),
     (

@@ -213,3 +213,52 @@ def test_a_kept_daemon_is_not_relayed_again(tmp_path: Path) -> None:
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def classified(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **free: object) -> tuple[dict, list]:
+    """fleet.host.free.classify with the host's probes answering from `on_gpus` (pid -> GPU 0): (stopped
+    pid -> why, refused)."""
+    from fleet.host import free as rf
+
+    monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
+    monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
+    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: (set(on_gpus), []))
+    monkeypatch.setattr(rf, "container_of", lambda pid: None)
+    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": [0], "siblings": {}, "kill_policy": "safe", **free}
+    targets, refused, _ = rf.classify(a, procs)  # type: ignore[arg-type]
+    return {pid: t["why"] for pid, t in targets.items()}, refused
+
+
+def proc(pid: int, pgid: int, *argv: str) -> dict:
+    return {"pid": pid, "ppid": 1, "pgid": pgid, "uid": os.getuid(), "user": "me", "comm": argv[0][:15],
+            "state": "S", "start_ticks": 1, "cmdline": " ".join(argv), "argv": list(argv)}  # fmt: skip
+
+
+DAEMON = {
+    600: proc(600, 600, "python3", "-c", "launcher", "fleet-launch", "/l/wc.exit", "python3"),
+    601: proc(601, 600, "python3", "-m", "sglang.srt.weight_cache.daemon", "--model-path", "/m", "--tp-size", "1"),
+    602: proc(602, 600, "python3", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"),
+}
+
+
+def test_the_act_step_keeps_stops_or_refuses_a_daemon_by_what_the_record_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's rank holds GPU 0. Kept for a launch with the same settings: neither stopped nor refused.
+    Named by the record but not kept: stopped whole, as fleet's daemon. Named by no record: a non-engine GPU
+    holder, refused (started by hand, or another deployment's: never stopped unasked)."""
+    stopped, refused = classified(monkeypatch, DAEMON, {602: 0}, recorded_pgid=None, kept_cache_pgid=600)
+    assert stopped == {} and refused == []
+    stopped, refused = classified(monkeypatch, DAEMON, {602: 0}, recorded_pgid=None, cache_pgid=600)
+    assert stopped == dict.fromkeys((600, 601, 602), "fleet's weight cache daemon") and refused == []
+    stopped, refused = classified(monkeypatch, DAEMON, {602: 0}, recorded_pgid=None)
+    assert stopped == {} and [r["pid"] for r in refused] == [602] and refused[0]["why"] == "not an inference server"
+
+
+def test_the_memory_a_kept_daemon_holds_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the old engine is stopped, the GPU still holds the daemon's 29.5 GiB of weights: the act step
+    waits for the rest only (NVML counts memory shared over CUDA IPC under the daemon: docs/real-gpu.md)."""
+    from fleet.host import free as rf
+
+    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: (set(), [30_000]))
+    monkeypatch.setattr(rf, "process_mib", lambda pids, idx=None: [29_500] if pids == {602} else [0])
+    assert rf.wait_memory_released([50_000], 0.5, 600, [0], {602})[1] == [500]
+    assert rf.wait_memory_released([50_000], 0.2, 600, [0])[1] == [30_000]  # without it: still "in use"

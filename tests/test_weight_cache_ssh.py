@@ -111,3 +111,47 @@ def test_replacing_a_deployment_stops_its_daemon_too(fleet_env: simhost.Sandbox,
     r = run_cli("deploy", "disk", "--host", "ct129", "--replace")
     assert r.code == 0, r.out + r.err
     assert "deployment wc's server (--replace)" in r.out + r.err and daemon_pids(fleet_env) == []
+
+
+SERVICE = """playbook: wc
+replicas:
+  - host: ct129
+  - host: blackwell
+    gpus: [6, 7]
+router: {host: ct129, port: 30080, policy: cache_aware}
+min_healthy: 1
+drain_s: 2
+"""
+
+
+def test_a_rolling_restart_of_two_cached_replicas_loads_nothing_and_fails_no_request(
+    fleet_env: simhost.Sandbox, cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service of two replicas, each with its own daemon (ct129, blackwell's GPUs 6 and 7): the roll
+    relaunches each replica against its daemon under a steady stream of requests through the real router,
+    and `fleet down` stops both daemons with their servers."""
+    pytest.importorskip("sglang_router", reason="the real router: pip install sglang-router")
+    from simengine import RequestLoop, chat
+
+    simhost.set_host(fleet_env.host_dir("blackwell"), sglang_version="0.5.23", load_s_per_gib=0.02)
+    services = tmp_path / "services"
+    services.mkdir()
+    (services / "wcs.yaml").write_text(SERVICE)
+    monkeypatch.setenv("FLEET_SERVICES", str(services))
+    up = run_cli("up", "wcs")
+    assert up.code == 0, up.out + up.err
+    loads = {h: bench_weight_cache.disk_loads(fleet_env.host_dir(h) / "logs") for h in ("ct129", "blackwell")}
+    assert loads == {"ct129": 1, "blackwell": 1}
+
+    def routed_failure() -> object:
+        code, body = chat(CT129.address, 30080, "What is the capital of France?", served="qwen36")
+        return None if code == 200 and "Paris" in str(body) else (code, body)
+
+    with RequestLoop(routed_failure) as loop:
+        rolled = run_cli("restart", "wcs")
+    assert rolled.code == 0, rolled.out + rolled.err
+    assert loop.failures == [] and loop.answered > 0, (loop.failures[:5], loop.answered)
+    assert (rolled.out + rolled.err).count("weight cache daemon kept") == 2, rolled.out + rolled.err
+    assert {h: bench_weight_cache.disk_loads(fleet_env.host_dir(h) / "logs") for h in loads} == loads
+    assert run_cli("down", "wcs").code == 0
+    assert daemon_pids(fleet_env) == []

@@ -202,10 +202,11 @@ def rank_main(gpu: dict[str, Any], spec: dict[str, Any], weights_mib: int, quant
     from fleet_testbed.sglang_sim import set_pdeathsig
 
     set_pdeathsig()  # run_weight_cache_daemon: kill_itself_when_parent_died
-    tag = f"[WeightCacheDaemon gpu={gpu['index']}]"
+    local = spec["tp_rank"]  # its CUDA device in the visible set (daemon.py compute_local_gpu_id), not nvidia-smi's
+    tag = f"[WeightCacheDaemon gpu={local}]"
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s [Daemon gpu={gpu['index']} tp_rank={spec['tp_rank']}] %(levelname)s %(message)s",
+        format=f"%(asctime)s [Daemon gpu={local} tp_rank={spec['tp_rank']}] %(levelname)s %(message)s",
     )
     root = gpustate.host_dir()
     held = [open(root / "dev" / n, "rb") for n in (f"nvidia{gpu['index']}", "nvidiactl", "nvidia-uvm")]  # noqa: SIM115
