@@ -72,6 +72,11 @@ def test_two_fixes_a_restart_and_a_heal_load_the_weights_once(fleet_env: simhost
     healed = run_cli("health", "--host", "ct129", "--heal")
     assert "wc: restarted: server ready" in healed.out, healed.out + healed.err
     assert disk_loads(fleet_env) == 1 and record(fleet_env, "wc")["weight_cache"]["pid"] == daemon["pid"]
+    assert f"weight cache {daemon['pgid']}" in run_cli("status", "--host", "ct129").out
+    # its server gone, the daemon still holds the weights: forgetting the deployment would orphan it
+    subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 -- -{record(fleet_env, 'wc')['pgid']}"], check=True)
+    forgot = run_cli("forget", "ct129/wc")
+    assert forgot.code != 0 and f"(process group {daemon['pgid']})" in forgot.err, forgot.out + forgot.err
     stopped = run_cli("stop", "--host", "ct129/wc")
     assert stopped.code == 0 and "fleet's weight cache daemon pid" in stopped.out + stopped.err
     assert daemon_pids(fleet_env) == []

@@ -22,6 +22,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         f"{r['stopped_left_out']} stopped (--all shows them)" if r.get("stopped_left_out") else "",
         f"container {r['container']}" if r.get("container") else "",
         str(r["group"]) if r.get("group") else "",
+        f"weight cache {r['weight_cache']}" if r.get("weight_cache") else "",
         "fixes: " + ",".join(r["applied_fixes"]) if r.get("applied_fixes") else "",
     ]
     return (

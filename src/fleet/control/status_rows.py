@@ -8,6 +8,7 @@ from typing import Any
 from fleet.control.ops import recorded_names
 from fleet.facts import HostFacts
 from fleet.inventory import Host
+from fleet.plan.placement import cache_group
 from fleet.protocol import DEAD, READY, STARTING, UNVERIFIED
 from fleet.startup import phase_now
 
@@ -47,6 +48,7 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
         "container": container.get("name") if isinstance(container := st.get("container"), dict) else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
         "group": _group_said(st),
+        "weight_cache": _cache_running(facts, st),
         # while it starts: its phase and ETA, as its watcher on the host last said them
         "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == STARTING else None,
     }
@@ -57,6 +59,12 @@ def engine_pid(facts: HostFacts, launcher: int) -> int:
     the launcher's when it has none (yet)."""
     child = next((p for p in facts.servers if p.ppid == launcher and p.engine), None)
     return child.pid if child else launcher
+
+
+def _cache_running(facts: HostFacts, st: Mapping[str, object]) -> int | None:
+    """The process group of the deployment's weight cache daemon, while a process of it holds a GPU."""
+    cache = cache_group(st)
+    return cache if cache is not None and any(p.pgid == cache for p in facts.holders) else None
 
 
 def _group_said(st: Mapping[str, object]) -> str | None:

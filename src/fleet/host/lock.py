@@ -207,10 +207,13 @@ def forget(directory: str) -> ForgetResult:
     refuses; so does a directory holding anything fleet did not write there (it is somebody's: nothing is
     removed). Files are removed by name, never through a link."""
     st = read_record(os.path.join(directory, STATE_FILE)) or {}
-    pgid = st.get("pgid")
-    # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not)
-    if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) and pgid in live_process_groups():
-        return {"forgotten": False, "running": pgid}
+    cache = st.get("weight_cache")
+    # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not); its
+    # weight cache daemon's the same way: forgotten, nothing would ever stop it
+    for group in (st, cache if isinstance(cache, dict) else {}):
+        pgid = group.get("pgid")
+        if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, group) and pgid in live_process_groups():
+            return {"forgotten": False, "running": pgid}
     names = sorted(os.listdir(directory))
     foreign = [
         n
