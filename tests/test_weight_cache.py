@@ -55,6 +55,10 @@ def test_the_daemons_key_ignores_what_a_fix_changes_and_follows_what_its_cache_c
     assert other_tp is not None and weight_cache.daemon_key(other_tp) != key
     trusted = plan(cached(trust_remote_code=True), "ct129", CT129_GPUS, version="0.5.23").plan
     assert trusted is not None and weight_cache.daemon_key(trusted) != key
+    # a backend can change how the weights are prepared (DeepGEMM requantises block-FP8 MoE scales)
+    runner = plan(cached(extra_args=["--moe-runner-backend", "triton"]), "ct129", CT129_GPUS, version="0.5.23").plan
+    assert runner is not None and weight_cache.daemon_key(runner) != key
+    assert "--moe-runner-backend" in weight_cache.daemon_argv(runner)
 
 
 @pytest.mark.parametrize(
@@ -103,6 +107,8 @@ def test_block_fp8_is_shared_and_per_tensor_fp8_is_not() -> None:
     [
         ("speculative: {steps: 1}", "SGLang refuses the two together"),
         ("engine: vllm", "vllm has none"),
+        ("env: {FLEET_WEIGHT_CACHE_WAIT: '{}'}", "a variable fleet sets itself"),
+        ("extra_args: [--weight-cache-mode, 'off']", "which fleet sets itself; use weight_cache: true"),
     ],
 )
 def test_a_playbook_asking_for_what_sglang_refuses_is_an_error_at_its_line(
@@ -132,14 +138,13 @@ def entry_for(proc: subprocess.Popen[bytes], tmp_path: Path, key: str = "k1") ->
         "log": str(tmp_path / "daemon.log"),
         "exit_file": str(tmp_path / "daemon.exit"),
         "key": key,
-        "ranks": 1,
     }
 
 
 def test_the_recorded_daemon_is_kept_for_the_same_key_and_stopped_otherwise(tmp_path: Path) -> None:
     daemon = detached("sleep", "60")
     try:
-        record = {"weight_cache": entry_for(daemon, tmp_path)}
+        record = {"pgid": 77, "weight_cache": entry_for(daemon, tmp_path)}
         want = {"argv": ["python"], "key": "k1", "ranks": 1}
         kept, stop, why = keep_or_stop(want, record)
         assert kept is not None and stop is None and "reused" in why
@@ -147,9 +152,6 @@ def test_the_recorded_daemon_is_kept_for_the_same_key_and_stopped_otherwise(tmp_
         assert kept is None and stop == daemon.pid and "settings changed" in why
         kept, stop, why = keep_or_stop(None, record)  # a stop, or a deploy without weight_cache:
         assert kept is None and stop == daemon.pid
-        # a pid reused by another process is not the daemon: its start time differs
-        stale = {"weight_cache": dict(entry_for(daemon, tmp_path), start_ticks=1)}
-        assert running_daemon(stale) is None and keep_or_stop(want, stale)[:2] == (None, None)
         (tmp_path / "daemon.exit").write_text("0\n")  # its launcher saw it end
         assert running_daemon(record) is None
     finally:
@@ -157,15 +159,39 @@ def test_the_recorded_daemon_is_kept_for_the_same_key_and_stopped_otherwise(tmp_
         daemon.wait()
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"start_ticks": 1},  # a pid reused by another process: its start differs
+        {"pgid": "77"},
+        {"pid": None},
+        {"key": ["k1"]},
+        {"exit_file": None},
+        {"same_as_server": True},  # the server's own group is never "the daemon" to keep
+    ],
+)
+def test_a_damaged_record_names_no_daemon_to_keep_or_stop(tmp_path: Path, damage: dict) -> None:
+    daemon = detached("sleep", "60")
+    try:
+        entry = dict(entry_for(daemon, tmp_path), **{k: v for k, v in damage.items() if k != "same_as_server"})
+        record = {"pgid": daemon.pid if damage.get("same_as_server") else 77, "weight_cache": entry}
+        assert running_daemon(record) is None
+        assert keep_or_stop({"argv": ["python"], "key": "k1", "ranks": 1}, record)[:2] == (None, None)
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
 def launch_with_daemon(
-    tmp_path: Path, daemon: subprocess.Popen[bytes], relay_from: int = 0
+    tmp_path: Path, daemon: subprocess.Popen[bytes], started_now: bool = True, ranks: int = 2
 ) -> subprocess.CompletedProcess[str]:
-    entry = dict(entry_for(daemon, tmp_path), ranks=2, relay_from=relay_from)
-    env = {"PATH": os.environ["PATH"], WAIT_ENV: wait_spec(entry)}
+    (tmp_path / "wc").mkdir(exist_ok=True)
+    spec = wait_spec(entry_for(daemon, tmp_path), str(tmp_path / "wc"), ranks, started_now)  # type: ignore[arg-type]
+    env = {"PATH": os.environ["PATH"], WAIT_ENV: spec}
     engine = [
         sys.executable,
         "-c",
-        "import os; print('engine env has the wait:', 'FLEET_WEIGHT_CACHE_WAIT' in os.environ)",
+        "import os; print('engine; the wait passed on:', 'FLEET_WEIGHT_CACHE_WAIT' in os.environ)",
     ]
     argv = [sys.executable, "-c", LAUNCHER, "fleet-launch", str(tmp_path / "engine.exit"), *engine]
     return subprocess.run(argv, input=json.dumps(env) + "\n", text=True, capture_output=True, timeout=60)
@@ -173,18 +199,31 @@ def launch_with_daemon(
 
 DAEMON_LINES = [
     "2026-12-05 10:00:00,001 [Daemon gpu=0 tp_rank=0] INFO [WeightCacheDaemon gpu=0] Loading model from disk: /m",
-    "2026-12-05 10:00:01,001 [Daemon gpu=0 tp_rank=0] INFO [WeightCacheDaemon gpu=0] Listening on /tmp/s0.sock",
-    "2026-12-05 10:00:01,201 [Daemon gpu=1 tp_rank=1] INFO [WeightCacheDaemon gpu=1] Listening on /tmp/s1.sock",
+    "2026-12-05 10:00:01,001 [Daemon gpu=0 tp_rank=0] INFO [WeightCacheDaemon gpu=0] Listening on /w/a.sock",
+    "2026-12-05 10:00:01,201 [Daemon gpu=1 tp_rank=1] INFO [WeightCacheDaemon gpu=1] Listening on /w/b.sock",
 ]
+# A stand-in daemon: its log lines, then each rank's .ready file (pid=its own) as SGLang writes it after the
+# socket is bound, then it serves on
+FAKE_DAEMON = """import os, sys, time
+log, ready = sys.argv[1], sys.argv[2]
+for i, line in enumerate(sys.argv[3:]):
+    time.sleep(0.3)
+    open(log, 'a').write(line + '\\n')
+    if i:
+        open(os.path.join(ready, 'GPU-%d.ready' % i), 'w').write('pid=%d\\nconfig={}\\n' % os.getpid())
+time.sleep(60)
+"""
 
 
-def test_the_engine_starts_once_every_rank_listens_with_the_daemons_lines_in_its_log(tmp_path: Path) -> None:
-    script = "import sys, time\nfor line in sys.argv[2:]:\n    time.sleep(0.3)\n"
-    script += "    open(sys.argv[1], 'a').write(line + '\\n')\ntime.sleep(60)\n"
-    daemon = detached(sys.executable, "-c", script, str(tmp_path / "daemon.log"), *DAEMON_LINES)
+def test_the_engine_starts_once_every_rank_is_ready_with_the_daemons_lines_in_its_log(tmp_path: Path) -> None:
+    (tmp_path / "wc").mkdir()
+    (tmp_path / "wc" / "GPU-9.ready").write_text("pid=999999999\n")  # a dead rank's file: not ready
+    daemon = detached(
+        sys.executable, "-c", FAKE_DAEMON, str(tmp_path / "daemon.log"), str(tmp_path / "wc"), *DAEMON_LINES
+    )
     try:
         run = launch_with_daemon(tmp_path, daemon)  # the engine's line after the second rank's: it waited
-        assert run.stdout.splitlines() == [*DAEMON_LINES, "engine env has the wait: False"], run
+        assert run.stdout.splitlines() == [*DAEMON_LINES, "engine; the wait passed on: False"], run
         assert (tmp_path / "engine.exit").read_text() == "0\n"
     finally:
         daemon.kill()
@@ -192,27 +231,39 @@ def test_the_engine_starts_once_every_rank_listens_with_the_daemons_lines_in_its
 
 
 def test_a_daemon_that_ends_before_it_is_ready_starts_no_engine_and_says_why(tmp_path: Path) -> None:
-    (tmp_path / "daemon.log").write_text(DAEMON_LINES[0] + "\nRuntimeError: CUDA out of memory\n")
+    (tmp_path / "daemon.log").write_text(DAEMON_LINES[0] + "\ntorch.OutOfMemoryError: CUDA out of memory\n")
     daemon = detached("sleep", "0.5")
     try:
         run = launch_with_daemon(tmp_path, daemon)
     finally:
         daemon.wait()
-    assert "engine env" not in run.stdout
+    assert "engine" not in run.stdout and "CUDA out of memory" in run.stdout  # its last words, in the attempt's log
     assert f"weight cache daemon (pid {daemon.pid}) ended before it was ready" in run.stderr, run
     assert (tmp_path / "engine.exit").read_text() == "1\n"
 
 
-def test_a_kept_daemon_is_not_relayed_again(tmp_path: Path) -> None:
-    log = tmp_path / "daemon.log"
-    log.write_text("\n".join(DAEMON_LINES) + "\n")
+def test_a_kept_daemon_is_not_relayed_again_and_its_log_is_never_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "daemon.log")  # a log that would block a reader: never opened but as a regular file
+    (tmp_path / "wc").mkdir()
     daemon = detached("sleep", "60")
     try:
-        run = launch_with_daemon(tmp_path, daemon, relay_from=-1)  # wait_spec: a kept daemon's log from its end
-        assert run.stdout.splitlines() == ["engine env has the wait: False"], run
+        for i in range(2):
+            (tmp_path / "wc" / f"GPU-{i}.ready").write_text(f"pid={daemon.pid}\n")
+        run = launch_with_daemon(tmp_path, daemon, started_now=False)
+        assert run.stdout.splitlines() == ["engine; the wait passed on: False"], run
+        run = launch_with_daemon(tmp_path, daemon, started_now=True)  # the FIFO: skipped, not read
+        assert run.stdout.splitlines() == ["engine; the wait passed on: False"], run
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_a_wait_that_cannot_be_read_starts_no_engine(tmp_path: Path) -> None:
+    """A damaged request (here: no rank count) must not start the engine beside an unready daemon."""
+    env = {"PATH": os.environ["PATH"], WAIT_ENV: json.dumps({"dir": str(tmp_path), "ranks": None})}
+    argv = [sys.executable, "-c", LAUNCHER, "fleet-launch", str(tmp_path / "engine.exit"), "true"]
+    run = subprocess.run(argv, input=json.dumps(env) + "\n", text=True, capture_output=True, timeout=60)
+    assert "could not be waited for" in run.stderr and (tmp_path / "engine.exit").read_text() == "1\n"
 
 
 def classified(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **free: object) -> tuple[dict, list]:

@@ -88,21 +88,50 @@ def _read(path: str) -> str:
 
 @functools.cache
 def _shipped(path: str) -> str:
-    """A host file as it is sent: without its comment lines, which are for the people reading it here (a
-    step is one argument of one command, and a fifth of its text was comments). A line inside a
-    triple-quoted string is text, and kept; every line stays where it is, so a traceback from the host
-    names the line in fleet's own file. (tokenize would also take trailing comments, at ~70 ms a deploy.)
-    A test holds each file's shipped code to the same syntax tree as its source."""
+    """A host file as it is sent: without its comment lines and its docstrings, which are for the people
+    reading it here (a step is one argument of one command, and a fifth of its text was comments, another
+    fifth docstrings). A line inside any other triple-quoted string is text, and kept; every line stays
+    where it is, so a traceback from the host names the line in fleet's own file. (tokenize or ast would
+    also take trailing comments, at ~70-110 ms a deploy.) A test holds each file's shipped code to the
+    syntax tree of its source without its docstrings."""
     lines = _read(path).split("\n")
     in_string = ""
+    opened_by = -1  # the line that opened the string being read, when it is a docstring
+    code_before = ""  # the last code line: a docstring follows `def ...:` or `class ...:`, or opens the file
     for i, line in enumerate(lines):
-        if not in_string and line.lstrip().startswith("#"):
+        text = line.strip()
+        if not in_string and text.startswith("#"):
             lines[i] = ""
             continue
-        for quote in ('"""', "'''"):
+        opens = not in_string and text.startswith(QUOTES)
+        for quote in QUOTES:
             if (not in_string or in_string == quote) and line.count(quote) % 2:
                 in_string = "" if in_string else quote
+        if opens and (code_before.endswith(":") or not code_before) and _block_goes_on(lines, i, line):
+            opened_by = i
+        if opened_by >= 0 and not in_string:
+            lines[opened_by : i + 1] = [""] * (i + 1 - opened_by)
+            opened_by = -1
+            continue
+        if text and not in_string:
+            code_before = text
     return "\n".join(lines)
+
+
+QUOTES = ('"""', "'" * 3)
+
+
+def _block_goes_on(lines: list[str], start: int, line: str) -> bool:
+    """Whether code at the string's own indentation follows the string that opens at line `start` (else it
+    is its block's only statement, and stays)."""
+    indent = len(line) - len(line.lstrip())
+    quote = line.strip()[:3]
+    if line.count(quote) >= 2:
+        end = start
+    else:
+        end = next((j for j in range(start + 1, len(lines)) if quote in lines[j]), len(lines))
+    after = next((x for x in lines[end + 1 :] if x.strip() and not x.lstrip().startswith("#")), "")
+    return bool(after) and len(after) - len(after.lstrip()) == indent
 
 
 # Runs on the host before a step's files: each file's code, compiled once per content and Python and kept

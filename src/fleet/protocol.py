@@ -166,6 +166,7 @@ class ActResult(TypedDict, total=False):
     stopped_since: bool  # a heal found the deployment stopped by an operator under the lock: nothing done
     forget: ForgetResult
     weight_cache: Dict[str, Any]  # what became of the deployment's weight cache daemon (kept, why, pid)
+    weight_cache_dir: Dict[str, Any]  # its sockets' directory is not fleet's user's alone: nothing was stopped
     error: str
     traceback: str
 

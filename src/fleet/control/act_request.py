@@ -77,7 +77,8 @@ def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -
         "env": {e.name: e.value for e in plan.env},
         "log_dir": log_dir,
     }
-    if plan.flag("--weight-cache-mode") is not None:
+    cache = plan.flag("--weight-cache-mode")
+    if cache is not None and cache.value == "client" and cache.rule == weight_cache.RULE:
         launch["weight_cache"] = {
             "argv": weight_cache.daemon_argv(plan),
             "key": weight_cache.daemon_key(plan),

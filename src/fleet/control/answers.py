@@ -156,6 +156,12 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
             f"({unwritable.get('error')}). Nothing on the host was changed.",
             "Move it out of fleet's state directory, then run again.",
         )
+    if unsafe := out.get("weight_cache_dir"):
+        return PreflightError(
+            f"{host_name}: the weight cache daemon's directory cannot be used ({unsafe.get('error')}). Nothing "
+            "on the host was changed.",
+            f"Remove {unsafe.get('path')} if it is not this user's, then run again.",
+        )
     if short := out.get("short_of_space"):
         return PreflightError(
             f"{host_name}: {short['short']} in {short['path']} ({short['setting']}); fleet needs "

@@ -64,7 +64,7 @@ def engine_pid(facts: HostFacts, launcher: int) -> int:
 def _cache_running(facts: HostFacts, st: Mapping[str, object]) -> int | None:
     """The process group of the deployment's weight cache daemon, while a process of it holds a GPU."""
     cache = cache_group(st)
-    return cache if cache is not None and any(p.pgid == cache for p in facts.holders) else None
+    return cache if cache is not None and any(p.pgid == cache and p.uid == facts.uid for p in facts.holders) else None
 
 
 def _group_said(st: Mapping[str, object]) -> str | None:

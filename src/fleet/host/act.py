@@ -40,6 +40,7 @@ except NameError:  # imported as a module (fleet's own tests)
         all_gpu_indices,
         classify,
         expand,
+        held_but,
         is_engine,
         nvml_pids_and_memory,
         recorded_group_is_ours,
@@ -67,7 +68,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
     )
     from fleet.host.signals import hold_process
-    from fleet.host.weight_cache import keep_or_stop
+    from fleet.host.weight_cache import cache_dir, keep_or_stop, unsafe_dir
     from fleet.host.words import STOPPED
     from fleet.protocol import ActRequest, ActResult, FreeRequest, ProcessInfo
 
@@ -176,6 +177,8 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
             return True
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
         change = dict(a.get("state_update") or {})
+        if free.get("cache_pgid"):  # its weight cache daemon was stopped: the record names it no more
+            change["weight_cache"] = None
         if "status" in change:  # said only where the record's status may go (see TRANSITIONS)
             change_status(os.path.join(state_dir, STATE_FILE), str(change.pop("status")), change)
     return bool(a.get("release_lock"))
@@ -204,9 +207,14 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
         if short:
             out["short_of_space"] = short
             return True
-        record = os.path.join(deployment_dir(expand(a["lock"]["state_dir"]), a["lock"]["deployment"]), STATE_FILE)
+        here = deployment_dir(expand(a["lock"]["state_dir"]), a["lock"]["deployment"])
+        record = os.path.join(here, STATE_FILE)
         if os.path.isdir(record) and not os.path.islink(record):  # no record could be written over it
             out["record_unwritable"] = {"path": record, "error": "a directory is in its place"}
+            return True
+        unsafe = unsafe_dir(cache_dir(here)) if a["launch"].get("weight_cache") else None
+        if unsafe:  # another user's directory where the daemon's sockets go: nothing of it is trusted
+            out["weight_cache_dir"] = {"path": cache_dir(here), "error": unsafe}
             return True
     return None
 
@@ -267,15 +275,15 @@ def stop_in_the_way(
     gpus = free.get("gpus")
     # the memory waited for is this deployment's: never that of a sibling left running on the same GPUs
     wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
-    before = nvml_pids_and_memory(wait_gpus)[1]
+    kept = free.get("kept_cache_pgid")  # a weight cache daemon kept holds its weights: not waited for
+    kept_pids = set(p["pid"] for p in procs.values() if kept is not None and p["pgid"] == kept)
+    before = held_but(nvml_pids_and_memory(wait_gpus)[1], kept_pids, wait_gpus)
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
-    kept = free.get("kept_cache_pgid")  # a weight cache daemon kept holds its weights: not waited for
-    kept_pids = set(p["pid"] for p in procs.values() if kept is not None and p["pgid"] == kept)
     before, after, waited = wait_memory_released(
         before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, kept_pids
     )

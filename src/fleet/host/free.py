@@ -341,6 +341,8 @@ def process_mib(pids: Set[int], indices: Optional[List[int]] = None) -> List[int
                 listed = n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))
                 out.append(sum((p.usedGpuMemory or 0) >> 20 for p in listed if p.pid in pids))
         return out
+    except Exception:  # an older driver's binding, vGPU or MIG: nvidia-smi may still say
+        return _smi_process_mib(pids, indices)
     finally:
         n.nvmlShutdown()
 
@@ -369,16 +371,18 @@ def wait_memory_released(
     """Until the GPUs `indices` (None: all) are idle but for what `kept_pids` hold (a weight cache daemon
     kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`)."""
     start = time.time()
-
-    def used_now() -> Optional[List[int]]:
-        used = nvml_pids_and_memory(indices)[1]
-        kept = process_mib(kept_pids, indices) if kept_pids and used is not None else []
-        return [used[i] - kept[i] for i in range(len(used))] if used is not None and len(kept) == len(used) else used
-
-    used = used_now()
+    used = held_but(nvml_pids_and_memory(indices)[1], kept_pids, indices)
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break
         time.sleep(0.1)
-        used = used_now()
+        used = held_but(nvml_pids_and_memory(indices)[1], kept_pids, indices)
     return before, used, time.time() - start
+
+
+def held_but(
+    used: Optional[List[int]], kept_pids: Optional[Set[int]], indices: Optional[List[int]]
+) -> Optional[List[int]]:
+    """Each GPU's used MiB less what `kept_pids` hold there (a weight cache daemon kept for the next engine)."""
+    kept = process_mib(kept_pids, indices) if kept_pids and used is not None else []
+    return [used[i] - kept[i] for i in range(len(used))] if used is not None and len(kept) == len(used) else used

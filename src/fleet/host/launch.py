@@ -21,7 +21,16 @@ except NameError:  # imported as a module (fleet's own tests)
     )
     from fleet.host.procs import boot_id, start_ticks
     from fleet.host.records import STATE_FILE, read_record, write_record
-    from fleet.host.weight_cache import WAIT_ENV, daemon_entry, running_daemon, wait_spec
+    from fleet.host.weight_cache import (
+        WAIT_ENV,
+        cache_dir,
+        clear_dir,
+        daemon_entry,
+        daemon_secrets,
+        running_daemon,
+        template_env,
+        wait_spec,
+    )
     from fleet.host.words import SECRET_WORD, UNVERIFIED
     from fleet.protocol import ActRequest, ActResult, Launched, LaunchRequest, WeightCacheEntry
 
@@ -97,13 +106,15 @@ def launch_and_record(
     after the check) must not leave the host without a server: the previous one is relaunched."""
     st_path = os.path.join(state_dir, STATE_FILE)
     daemon: Optional[WeightCacheEntry] = None
+    fresh = False
     try:
+        # the daemon first, and in the record before the engine starts: one never runs unrecorded
+        daemon, fresh = weight_cache_for(a["launch"], secrets, state_dir, previous, out)
         if a["state_update"]:
-            write_record(st_path, a["state_update"])
-        daemon = weight_cache_for(a["launch"], secrets, previous, out)
+            write_record(st_path, dict(a["state_update"], weight_cache=daemon))
         out["launched"] = launch(a["launch"], secrets)
         st = read_record(st_path) or {}
-        st["weight_cache"] = {k: v for k, v in daemon.items() if k != "relay_from"} if daemon else None
+        st["weight_cache"] = daemon
         st.update(
             {
                 "pid": out["launched"]["pid"],
@@ -120,8 +131,8 @@ def launch_and_record(
     except OSError as exc:
         out["write_failed"] = {"path": exc.filename or state_dir, "error": exc.strerror or str(exc)}
         launched = out.pop("launched", None)
-        new_daemon = daemon if daemon and daemon.get("relay_from") == 0 else None
-        for unrecorded in (launched, new_daemon):  # launched but unrecorded: fleet could not stop it safely later
+        # launched but unrecorded (or its server is not): fleet could not stop it safely later
+        for unrecorded in (launched, daemon if fresh else None):
             if unrecorded and unrecorded["pgid"] > 1:
                 try:
                     os.killpg(unrecorded["pgid"], signal.SIGKILL)
@@ -153,28 +164,38 @@ def launch_and_record(
 
 
 def weight_cache_for(
-    req: LaunchRequest, secrets: Dict[str, str], previous: Optional[Mapping[str, object]], out: ActResult
-) -> Optional[WeightCacheEntry]:
-    """The weight cache daemon the engine of `req` maps its weights from (None: it loads them itself): the
-    one kept (host/weight_cache.py keep_or_stop), else one started now, under fleet's launcher with the
-    engine's environment and a log of its own. The engine's launcher is told to wait for it."""
+    req: LaunchRequest,
+    secrets: Dict[str, str],
+    state_dir: str,
+    previous: Optional[Mapping[str, object]],
+    out: ActResult,
+) -> Tuple[Optional[WeightCacheEntry], bool]:
+    """The weight cache daemon the engine of `req` maps its weights from (None: it loads them itself), and
+    whether it was started now: the one kept (host/weight_cache.py keep_or_stop), else one started under
+    fleet's launcher with the engine's environment and a log of its own. The engine's launcher is told to
+    wait for it; both find its sockets in the deployment's own directory."""
     want = req.get("weight_cache")
     if not want:
-        return None
+        return None, False
     said = out.setdefault("weight_cache", {"kept": False, "why": "no daemon of this deployment runs"})
+    directory = cache_dir(state_dir)
+    templates = template_env(directory)
     daemon = running_daemon(previous) if said.get("kept") else None
+    fresh = daemon is None
     if daemon is None:
+        clear_dir(directory)
         cache_req: LaunchRequest = {
             "name": req["name"] + ".weight-cache",
             "attempt": req["attempt"],
             "argv": want["argv"],
-            "env": req["env"],
+            "env": dict(req["env"], **templates),
             "log_dir": req["log_dir"],
         }
-        daemon = daemon_entry(launch(cache_req, secrets), want)
+        daemon = daemon_entry(launch(cache_req, daemon_secrets(secrets, req["argv"])), want)
         said.update(started=True, pid=daemon["pid"], log=daemon["log"])
-    req["env"] = dict(req["env"], **{WAIT_ENV: wait_spec(daemon)})
-    return daemon
+    wait = wait_spec(daemon, directory, want["ranks"], fresh)
+    req["env"] = dict(req["env"], **templates, **{WAIT_ENV: wait})
+    return daemon, fresh
 
 
 def new_log(log_dir: str, name: str, attempt: int) -> Tuple[int, str, str]:

@@ -19,12 +19,12 @@
 
 import json
 import os
-import re
 import signal
+import stat
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 try:  # launcher_source defines it before this text
     SECRET_WORD  # noqa: B018
@@ -117,11 +117,10 @@ def stop_what_the_engine_left() -> None:
         sys.stderr.write("fleet launcher: left running, another user's: pids %s\n" % [p for p, _ in others])
 
 
-LISTENING = re.compile(rb"\[WeightCacheDaemon gpu=(\d+)\] Listening on ")
 RELAY_LIMIT = 16 << 20  # of a weight cache daemon's log copied into the attempt's log
 
 
-def process_alive(pid: int, ticks: object) -> bool:
+def process_alive(pid: int, ticks: object = None) -> bool:
     try:
         with open("/proc/%d/stat" % pid) as f:
             st = f.read().rsplit(")", 1)[1].split()
@@ -130,38 +129,64 @@ def process_alive(pid: int, ticks: object) -> bool:
     return st[0] not in "ZX" and (ticks is None or st[19] == str(ticks))
 
 
+def ready_ranks(directory: str) -> int:
+    # The daemon's ranks that wrote their .ready file ("pid=N" first, after binding the socket:
+    # weight_cache/daemon.py serve) and still run.
+    count = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if name.endswith(".ready"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    first = f.readline(64).strip()
+            except OSError:
+                continue
+            pid = first[4:] if first.startswith("pid=") else ""
+            count += pid.isdigit() and process_alive(int(pid))
+    return count
+
+
+def relay(log: object, offset: int, budget: int) -> int:
+    # New bytes of the daemon's log (a regular file only: never a FIFO, a device or a link) to this
+    # attempt's log, at most `budget` in all; the new offset.
+    if not isinstance(log, str) or budget <= 0:
+        return offset
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return offset
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return offset
+        os.lseek(fd, offset, 0)
+        chunk = os.read(fd, min(1 << 20, budget))
+    finally:
+        os.close(fd)
+    if chunk:
+        os.write(1, chunk)
+    return offset + len(chunk)
+
+
 def await_weight_cache(spec: Dict[str, object]) -> Optional[str]:
-    # Until every rank of the deployment's weight cache daemon listens (each logs "[WeightCacheDaemon gpu=G]
-    # Listening on SOCKET" once its weights are loaded and its .ready file written: weight_cache/daemon.py
-    # serve), copying the daemon's new lines into this attempt's log; None then, else why the engine is not
-    # started (the daemon ended, or never got ready).
-    log, ranks = str(spec["log"]), int(str(spec["ranks"]))
-    relay_from, deadline = int(str(spec["relay_from"])), time.monotonic() + float(str(spec["timeout_s"]))
-    listening: Set[bytes] = set()
-    offset, tail, relayed = 0, b"", 0
+    # Until every rank of the deployment's weight cache daemon is ready, copying a daemon started for this
+    # attempt's new lines into the attempt's log; None then, else why the engine is not started (the
+    # daemon ended, or never got ready).
+    directory, ranks = str(spec["dir"]), int(str(spec["ranks"]))
+    pid, ticks, exit_file = int(str(spec["pid"])), spec.get("start_ticks"), str(spec["exit_file"])
+    deadline = time.monotonic() + float(str(spec["timeout_s"]))
+    offset = 0
     while True:
-        try:
-            with open(log, "rb") as f:
-                f.seek(offset)
-                chunk = f.read(1 << 20)
-        except OSError:
-            chunk = b""
-        if relayed < RELAY_LIMIT and offset + len(chunk) > relay_from:
-            shown = chunk[max(0, relay_from - offset) :][: RELAY_LIMIT - relayed]
-            os.write(1, shown)
-            relayed += len(shown)
-        offset += len(chunk)
-        lines = (tail + chunk).split(b"\n")
-        tail = lines.pop()[-65536:]
-        listening.update(m.group(1) for m in (LISTENING.search(x) for x in lines) if m)
-        if len(listening) >= ranks:
+        offset = relay(spec.get("log"), offset, RELAY_LIMIT - offset)
+        if ready_ranks(directory) >= max(1, ranks):
             return None
-        if chunk:
-            continue
-        if not process_alive(int(str(spec["pid"])), spec.get("start_ticks")) or os.path.exists(str(spec["exit_file"])):
-            return "the weight cache daemon (pid %s) ended before it was ready: see %s" % (spec["pid"], log)
+        if not process_alive(pid, ticks) or os.path.exists(exit_file):
+            relay(spec.get("log"), offset, RELAY_LIMIT - offset)  # its last words
+            return "the weight cache daemon (pid %d) ended before it was ready: see %s" % (pid, spec.get("log"))
         if time.monotonic() > deadline:
-            return "the weight cache daemon was not ready within %s s: see %s" % (spec["timeout_s"], log)
+            return "the weight cache daemon was not ready within %s s" % spec["timeout_s"]
         time.sleep(0.2)
 
 
@@ -172,7 +197,10 @@ def process_main(args: List[str]) -> None:
     exit_file = args[2]
     argv = secret_argv(args[3:], env)
     wait = env.pop("FLEET_WEIGHT_CACHE_WAIT", None)  # host/weight_cache.py wait_spec
-    not_ready = await_weight_cache(json.loads(wait)) if wait and argv is not None else None
+    try:
+        not_ready = await_weight_cache(json.loads(wait)) if wait and argv is not None else None
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # never an engine without the daemon it needs
+        not_ready = "the weight cache daemon could not be waited for (%s)" % exc
     if not_ready:
         sys.stderr.write("fleet launcher: %s\n" % not_ready)
         sys.stderr.flush()

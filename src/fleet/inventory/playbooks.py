@@ -188,6 +188,9 @@ FLEET_OWNED_FLAGS = {
     "--headless": "hosts:",
     # a key here is in every plan, record and output: api_key_env keeps it to the engine and fleet's requests
     "--api-key": "api_key_env: (the variable that holds the key)",
+    # fleet starts, keeps and stops the daemon these name (fleet.plan.weight_cache)
+    "--weight-cache-mode": "weight_cache: true",
+    "--weight-cache-socket": "weight_cache: true",
 }
 
 
@@ -274,6 +277,11 @@ def _check_env(value: dict[str, str]) -> None:
     for name in PLACEMENT_ENV:
         if name in value:
             raise ValueError(f"sets {name}, which fleet sets from gpus:; place the deployment with gpus: instead")
+    for name in value:  # fleet's own words to its launcher, and where the weight cache daemon's sockets go
+        if name.startswith("FLEET_") or name.startswith("SGLANG_WEIGHT_CACHE_"):
+            raise ValueError(
+                f"sets {name}, a variable fleet sets itself; leave it out (weight_cache: true for the daemon)"
+            )
     _check_env_names(value)
     _check_args(list(value.values()))
 

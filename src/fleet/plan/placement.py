@@ -56,7 +56,7 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
         pid = rec.state.get("pid")
         running = isinstance(pid, int) and pid in live and rec.state.get("status") != STOPPED
         cache = cache_group(rec.state)  # its weight cache daemon holds the GPUs too, with no server running
-        if not running and cache is not None and any(p.pgid == cache for p in facts.holders):
+        if not running and cache is not None and any(p.pgid == cache and p.uid == facts.uid for p in facts.holders):
             running, pid = True, cache
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
@@ -73,7 +73,8 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     state = facts.remote.deployment(me).state
     mine, cache = state.get("pgid"), cache_group(state)
     own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine}
-    own |= {p.pid for p in facts.holders if cache is not None and p.pgid == cache}  # its weight cache daemon
+    # its weight cache daemon: of fleet's user (a group id the record keeps may be reused by another's job)
+    own |= {p.pid for p in facts.holders if cache is not None and p.pgid == cache and p.uid == facts.uid}
     tools = {p.pid for p in facts.holders if safelisted({"comm": p.comm, "cmdline": p.cmdline})}
     out: dict[int, list[int]] = {}
     for g in facts.gpus:

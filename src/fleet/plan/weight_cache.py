@@ -5,9 +5,9 @@ The daemon (`python -m sglang.srt.weight_cache.daemon`, SGLang 0.5.23) loads the
 per TP rank, and hands the loaded, sharded weights to each engine started with `--weight-cache-mode
 client` over CUDA IPC, after checking that the engine's configuration equals its own (its CacheConfig:
 model, TP/PP/EP sizes, quantisation, dtype, revision, GPU capability, torch version). fleet starts it
-with only the engine flags that CacheConfig depends on, so that a fix touching anything else (the
-CUDA-graph batch, the memory fraction, a backend) relaunches the engine against the same daemon; its
-`key` says when it must be started again.
+with the engine's flags but those that only decide how the engine serves (RUNTIME_ONLY), so that a fix
+to one of those (the CUDA-graph batch, the memory fraction) relaunches the engine against the same
+daemon; its `key` says when it must be started again.
 """
 
 from __future__ import annotations
@@ -21,36 +21,65 @@ from fleet.plan.types import LaunchPlan, Verdict, Version, show_version
 DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
 FIRST_VERSION: Version = (0, 5, 23)
 RULE = "weight-cache"
-# The engine flags the daemon's loader and CacheConfig read (weight_cache/daemon.py, protocol.py CacheConfig)
-# among those fleet's plans set: the rest of the command line is the engine's alone.
-DAEMON_FLAGS = (
-    "--model-path",
-    "--tp-size",
-    "--pp-size",
-    "--ep-size",
-    "--dtype",
-    "--quantization",
-    "--revision",
-    "--load-format",
-    "--trust-remote-code",
-    "--moe-a2a-backend",
+# The engine flags that only decide how the engine serves, never how the weights are loaded and prepared:
+# left out of the daemon's command line and its key, so a fix to one of them (the CUDA-graph batch, the
+# memory fraction, a mamba strategy, NCCL's all-reduce) relaunches against the same daemon. Every other
+# flag goes to the daemon as SGLang's own daemon mode passes the whole ServerArgs: a backend can change
+# how the weights are post-processed (DeepGEMM's MoE runner requantises block-FP8 scales, aiter shuffles).
+RUNTIME_ONLY = frozenset(
+    {
+        "--host",
+        "--port",
+        "--nccl-port",
+        "--served-model-name",
+        "--api-key",
+        "--mem-fraction-static",
+        "--max-running-requests",
+        "--max-total-tokens",
+        "--max-prefill-tokens",
+        "--chunked-prefill-size",
+        "--context-length",
+        "--cuda-graph-max-bs",
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-max-bs-prefill",
+        "--disable-cuda-graph",
+        "--disable-piecewise-cuda-graph",
+        "--disable-radix-cache",
+        "--disable-overlap-schedule",
+        "--disable-custom-all-reduce",
+        "--mamba-scheduler-strategy",
+        "--mamba-radix-cache-strategy",
+        "--mamba-track-interval",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--enable-metrics",
+        "--skip-server-warmup",
+        "--watchdog-timeout",
+        "--log-level",
+        "--random-seed",
+        "--weight-cache-mode",
+        "--weight-cache-socket",
+        "--weight-cache-timeout",
+    }
 )
-# The environment that decides which GPUs the daemon loads on and what it reads
+# The environment that decides which GPUs the daemon loads on, and SGLang's own switches
 DAEMON_ENV = ("CUDA_VISIBLE_DEVICES",)
+DAEMON_ENV_PREFIX = "SGLANG_"
 
 
 def daemon_argv(plan: LaunchPlan) -> list[str]:
     words = [plan.python, "-m", DAEMON_MODULE]
     for f in plan.flags:
-        if f.name in DAEMON_FLAGS:
+        if f.name not in RUNTIME_ONLY:
             words += f.words()
     return words
 
 
 def daemon_key(plan: LaunchPlan) -> str:
     """What a running daemon must have been started with for an engine of `plan` to use it: its command
-    line, its GPUs and the engine's version (a new torch or SGLang is a CacheConfig mismatch)."""
-    env = {e.name: e.value for e in plan.env if e.name in DAEMON_ENV}
+    line, its GPUs and SGLang's variables, and the engine's version (a new torch or SGLang is a
+    CacheConfig mismatch)."""
+    env = {e.name: e.value for e in plan.env if e.name in DAEMON_ENV or e.name.startswith(DAEMON_ENV_PREFIX)}
     text = json.dumps([daemon_argv(plan), env, show_version(plan.engine_version)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
