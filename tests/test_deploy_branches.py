@@ -82,7 +82,7 @@ def test_a_command_line_the_engine_refuses_stops_nothing() -> None:
     assert not result.ok and [a.outcome for a in result.attempts] == ["rejected"]
     assert scripted.watched == []  # nothing was launched, so nothing watched
     release = scripted.acts[-1]
-    assert release.get("release_lock_only") and not release.get("state_update")  # the old server serves on
+    assert release["op"] == "release" and not release.get("state_update")  # the old server serves on
     assert not any(isinstance(e, events.Launched) for e in seen)
 
 
@@ -110,7 +110,7 @@ def test_ctrl_c_while_watching_frees_the_host_for_the_next_run() -> None:
     scripted.watch = interrupted  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         deploy(scripted, planned())
-    assert scripted.acts[-1].get("abandon") and scripted.acts[-1]["release_lock_only"]
+    assert scripted.acts[-1].get("abandon") and scripted.acts[-1]["op"] == "release"
 
 
 def test_picks_the_engine_makes_otherwise_plan_the_same_attempt_again() -> None:

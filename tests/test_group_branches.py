@@ -82,9 +82,9 @@ def test_every_rank_is_prepared_then_launched_then_proven_together(tmp_path: Pat
     assert result.ok, result.reason
     for name in g.hosts:
         prepare, launch, release = g.acts(name)
-        assert prepare["prepare_only"] and "check" in prepare  # locked and checked before anything stops
-        assert launch.get("launch") and not launch["prepare_only"]
-        assert release.get("release_lock_only")  # the ranks' locks, held until all were proven, go together
+        assert prepare["op"] == "prepare" and "check" in prepare  # locked and checked before anything stops
+        assert launch["op"] == "launch" and launch.get("launch")
+        assert release["op"] == "release"  # the ranks' locks, held until all were proven, go together
     watched = [g.hosts[n].watched[0] for n in g.hosts]
     assert all(w["hold"] for w in watched)
     assert [w["smoke"] != {} for w in watched] == [True, False]  # only rank 0 answers a prompt
@@ -127,7 +127,7 @@ def test_a_rank_the_engine_refuses_stops_nothing_on_any_host(tmp_path: Path) -> 
     assert not result.ok and [a.outcome for a in result.attempts] == ["rejected"]
     for name in g.hosts:
         assert g.hosts[name].launches == [] and g.hosts[name].watched == []
-        assert g.acts(name)[-1].get("release_lock_only")  # prepared, then let go: nothing was stopped
+        assert g.acts(name)[-1]["op"] == "release"  # prepared, then let go: nothing was stopped
 
 
 def test_a_rank_whose_host_is_locked_by_another_run_refuses_the_group_before_anything_stops(tmp_path: Path) -> None:
@@ -135,6 +135,5 @@ def test_a_rank_whose_host_is_locked_by_another_run_refuses_the_group_before_any
     g.hosts["node-b"].lock = "held"
     with pytest.raises(LockedError):
         g.deploy()
-    assert [a.get("prepare_only") for a in g.acts("node-a")] == [True, None]  # prepared, then released
-    assert g.acts("node-a")[-1].get("release_lock_only")
+    assert [a["op"] for a in g.acts("node-a")] == ["prepare", "release"]  # prepared, then released
     assert all(not h.watched for h in g.hosts.values())

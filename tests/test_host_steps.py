@@ -50,10 +50,16 @@ def test_a_crashing_host_script_keeps_the_hosts_traceback_for_debug(tmp_path: Pa
     assert "said no result (exit 0: 'Segmentation fault')" in garbage.value.message
 
 
+def test_an_operation_the_act_step_does_not_know_does_nothing_and_says_so() -> None:
+    with pytest.raises(HostStepError) as caught:
+        run_step(LocalTransport("h"), sys.executable, ACT, {"op": "launch-everything", "lock": {}})
+    assert "unknown operation 'launch-everything'" in caught.value.message
+
+
 def test_a_host_traceback_names_fleets_file_and_line(tmp_path: Path) -> None:
     """Each host file is compiled under its own name: the traceback under --debug points at the line."""
     with pytest.raises(HostStepError) as caught:
-        run_step(LocalTransport("h"), sys.executable, ACT, {})  # no lock path: the step's main fails
+        run_step(LocalTransport("h"), sys.executable, ACT, {"op": "stop"})  # no lock: the step's main fails
     assert "(KeyError: 'lock')" in caught.value.message
     assert 'File "fleet/host/act.py", line' in caught.value.remote_traceback
     assert "<string>" not in caught.value.remote_traceback

@@ -385,11 +385,13 @@ class LaunchRequest(TypedDict, total=False):
 
 
 class ActRequest(TypedDict, total=False):
-    """The act step's request. Its modes: `check_only` (the engine's verdict, nothing locked), `forget`,
-    `release_lock_only` (with `abandon`: a run interrupted between steps), `prepare_only` (a group's host,
-    locked and checked), a launch (`launch`), or a stop (`state_update`, `release_lock`)."""
+    """The act step's request; `op` says which operation (fleet.host.act OPS): `check` (the engine's
+    verdict, nothing locked), `forget` (a stopped deployment's records), `release` (its lock; with
+    `abandon`: a run interrupted between steps), `prepare` (a group's host, locked, checked and its GPU
+    holders sorted, nothing stopped), `launch` (`launch`: stop what is in the way, start, record) or `stop`
+    (what is fleet's is stopped; `state_update`, and the lock goes with `release_lock`)."""
 
-    check_only: bool
+    op: str
     lock: LockRequest
     free: FreeRequest
     check: CheckRequest
@@ -397,10 +399,7 @@ class ActRequest(TypedDict, total=False):
     space: List[Any]  # (setting, path, bytes needed) before anything is stopped
     state_update: Optional[StateRecord]
     release_lock: bool
-    release_lock_only: bool
     abandon: Dict[str, float]
-    forget: bool
-    prepare_only: bool
 
 
 class ProbeRequest(TypedDict, total=False):

@@ -72,7 +72,7 @@ class ScriptedHost:
     @property
     def launches(self) -> list[list[str]]:
         """The command line of each launch, in order (a group's prepare step launches nothing)."""
-        return [list(a["launch"]["argv"]) for a in self.acts if a.get("launch") and not a.get("prepare_only")]
+        return [list(a["launch"]["argv"]) for a in self.acts if a.get("op") == "launch"]
 
     def act(
         self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
@@ -96,7 +96,7 @@ class ScriptedHost:
                 out["budget_short"] = short
                 return out
         out["ended"], out["left"], out["memory"] = [], [], {}
-        if request.get("launch") and not request.get("prepare_only"):
+        if request.get("op") == "launch":
             n = len(self.launches) - 1
             out["launched"] = {
                 "pid": 1000 + n,

@@ -187,24 +187,25 @@ class Deployer:
         self,
         plan: LaunchPlan,
         *,
+        op: str,
         attempt: int,
-        launch: bool,
         check: bool,
         state: StateRecord | None,
         release_lock: bool = False,
         command: str | None = None,
-        prepare_only: bool = False,
         premises: Premises | None = None,
     ) -> ActResult:
-        """`prepare_only`: lock, check and sort what holds the GPUs, and stop there (the lock kept): a group
-        prepares every host before it stops anything on any."""
+        """`op`: `launch`, `stop` (what is fleet's, and the record), or `prepare`: lock, check and sort what
+        holds the GPUs, and stop there (the lock kept): a group prepares every host before it stops anything
+        on any."""
+        launch = op in ("launch", "prepare")
         args: ActRequest = {
-            "prepare_only": prepare_only,
+            "op": op,
             "lock": {
                 **self.lock_args(command or self.command, places=launch),
                 "ports": planned_ports(plan),
                 # held until the slowest host is prepared and the launch takes it again (or fleet died)
-                "hold_s": PREPARED_HOLD_S if prepare_only else 0,
+                "hold_s": PREPARED_HOLD_S if op == "prepare" else 0,
             },
             "free": self.free_args(plan.port),
             "state_update": state,
@@ -295,7 +296,7 @@ class Deployer:
             # asked once, on the plan as fleet made it (no fix applied yet); one made again stands on the answer
             premises = keyed_premises(plan, model, gpus, wishes) if replan is not None and not asked else None
             asked = True
-            out = self.act(plan, attempt=attempt, launch=True, check=self.engine_check, state=state, premises=premises)
+            out = self.act(plan, op="launch", attempt=attempt, check=self.engine_check, state=state, premises=premises)
             self.stop_if_locked_or_unsafe(out)
             learned: WatchRequest = {"learned_key": learned_key, "learned": [*learned_existing, *new_learned]}
             ended = self._ended(plan, out, rec, premises, learned, log_context(plan, model, gpus))
@@ -446,7 +447,7 @@ class Deployer:
 
     def release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale
-            self.steps.act("python3", {"lock": self.lock_args("release"), "release_lock_only": True}, timeout_s=300)
+            self.steps.act("python3", {"op": "release", "lock": self.lock_args("release")}, timeout_s=300)
 
     def abandon(self) -> None:
         """The run was interrupted. A step in flight saw its stdin close and finishes on its own; between
@@ -454,11 +455,7 @@ class Deployer:
         records a launched server as unverified and frees the lock. Best effort and bounded: the lock also
         goes stale by itself."""
         with contextlib.suppress(TransportError, HostStepError, KeyboardInterrupt):
-            request: ActRequest = {
-                "lock": self.lock_args("abandon"),
-                "release_lock_only": True,
-                "abandon": {"wait_s": 10.0},
-            }
+            request: ActRequest = {"op": "release", "lock": self.lock_args("abandon"), "abandon": {"wait_s": 10.0}}
             self.steps.act("python3", request, timeout_s=20)
 
     def _give_up(self, plan: LaunchPlan, rec: Attempt, reason: str) -> str:
@@ -473,8 +470,8 @@ class Deployer:
         try:
             out = self.act(
                 plan,
+                op="stop",
                 attempt=rec.number,
-                launch=False,
                 check=False,
                 state=state,
                 release_lock=True,

@@ -26,7 +26,7 @@ def engine_verdict(t: Transport, plan: LaunchPlan, premises: Premises | None = N
     (fleet.plan.keyed_premises), what it picks itself and where the plan did not stand on it."""
     name = f"{plan.container.name if plan.container else ''}-check-{uuid.uuid4().hex[:12]}"
     check = check_args(plan, name, ["--pull=never"], premises=premises)  # a preview pulls nothing
-    request: ActRequest = {"check_only": True, "check": check}
+    request: ActRequest = {"op": "check", "check": check}
     out = run_step(t, plan.python, ACT, request, stdin=b"{}\n", timeout_s=300)
     said = [safe_line(line) for line in str(out["check"].get("output") or "").splitlines() if line.strip()]
     errors = [line for line in said if "error" in line.lower()]  # the parser's verdict, not its usage text

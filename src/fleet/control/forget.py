@@ -44,7 +44,7 @@ def forget(t: Transport, host: Host, name: str) -> None:
         secrets={},
         deployment=name,
     )
-    out = deployer.steps.act(step_python(host), {"lock": deployer.lock_args("forget"), "forget": True}, timeout_s=300)
+    out = deployer.steps.act(step_python(host), {"op": "forget", "lock": deployer.lock_args("forget")}, timeout_s=300)
     refuse_unless_taken(host.name, name, out)
     said = out.get("forget") or {}
     if said.get("running"):

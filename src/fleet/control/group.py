@@ -286,14 +286,7 @@ class GroupRun:
         def prepare(i: int) -> ActResult:
             d = deployers[i]
             check = d.engine_check  # every attempt: a fixed command line may be rejected in a new way
-            return d.act(
-                plans[i],
-                attempt=attempt,
-                launch=True,
-                check=check,
-                state=None,
-                prepare_only=True,
-            )
+            return d.act(plans[i], op="prepare", attempt=attempt, check=check, state=None)
 
         answers = in_parallel(prepare, range(len(deployers)))
         error: FleetError | None = None
@@ -335,7 +328,7 @@ class GroupRun:
             d = deployers[i]
             state = d.record(plans[i], STARTING, attempt=attempt)
             state["run_id"], state["deployed_by"] = d.run_id, d.owner
-            out = d.act(plans[i], attempt=attempt, launch=True, check=False, state=state)
+            out = d.act(plans[i], op="launch", attempt=attempt, check=False, state=state)
             d.stop_if_locked_or_unsafe(out)
             return out
 
@@ -483,8 +476,8 @@ class GroupRun:
         with self.connect(d.host) as t:
             return d.over(t).act(
                 plan,
+                op="stop",
                 attempt=attempt,
-                launch=False,
                 check=False,
                 state=state,
                 release_lock=release,

@@ -402,6 +402,7 @@ def _stop_one(
         gpus=None if everything else placed,
     )
     args: ActRequest = {
+        "op": "stop",
         "lock": deployer.lock_args("stop"),
         "free": deployer.free_args(state.get("port")),
         # stopped_by: an operator's stop, kept by whatever the record says later, so no heal undoes it

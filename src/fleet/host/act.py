@@ -105,12 +105,19 @@ def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> 
         time.sleep(0.1)
 
 
+OPS = ("check", "forget", "release", "prepare", "launch", "stop")  # protocol.ActRequest says what each is
+LAUNCHING = ("prepare", "launch")  # the operations that free the GPUs for a launch
+
+
 def main() -> ActResult:
     a = cast("ActRequest", json.loads(sys.argv[1]))
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}
-    if a.get("check_only"):  # an upgrade preview: the engine's own verdict; nothing locked, nothing changed
+    if a.get("op") not in OPS:  # a request this step does not know: nothing is guessed, nothing done
+        out["error"] = "unknown operation %r (this step knows %s)" % (a.get("op"), ", ".join(OPS))
+        return out
+    if a["op"] == "check":  # an upgrade preview: the engine's own verdict; nothing locked, nothing changed
         out["check"] = engine_check(a["check"], lambda: client_gone(a))
         return out
     if a.get("abandon"):
@@ -140,10 +147,10 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
         # ended late): a heal must not undo that
         out["stopped_since"] = True
         return True
-    if a.get("forget"):  # fleet forget: the records of a deployment that no longer runs, nothing else
+    if a["op"] == "forget":  # fleet forget: the records of a deployment that no longer runs, nothing else
         out["forget"] = forget(state_dir)
         return not out["forget"]["forgotten"]  # forgotten: the lock went with the directory
-    if a.get("release_lock_only"):
+    if a["op"] == "release":
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
             mark_unverified(state_dir, a["lock"]["run_id"])
         return True
@@ -159,15 +166,15 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     free, ours, sibling_gpus = in_the_way(a, out, root, previous, procs)
     targets, refused, out["left"] = classify(free, procs)
     out["refused"] = out.get("refused", []) + refused
-    if out["refused"] and a.get("launch"):  # a launch needs the GPUs free; a stop still stops what is fleet's
+    if out["refused"] and a["op"] in LAUNCHING:  # a launch needs the GPUs free; a stop still stops what is fleet's
         return False
-    if a.get("prepare_only"):  # a group's first step on each host: locked and checked, nothing stopped yet
+    if a["op"] == "prepare":  # a group's first step on each host: locked and checked, nothing stopped yet
         return False
     if gone():  # nobody would watch what happens next: change nothing, free the host
         out["client_gone"] = True
         return True
     stop_in_the_way(a, out, free, ours, targets, procs, sibling_gpus)
-    if a.get("launch"):
+    if a["op"] == "launch":
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:
             return True
@@ -198,7 +205,7 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
         if short:  # the engine's own budget on this host is smaller than the plan counted: refused now
             out["budget_short"] = short
             return True
-    if a.get("launch"):
+    if a["op"] in LAUNCHING:
         unwritable = unwritable_dir(expand(a["launch"]["log_dir"]))
         if unwritable:  # found out after stopping the old server, the host would be left with none
             out["log_dir_unwritable"] = unwritable
@@ -236,7 +243,7 @@ def in_the_way(
     if free.get("gpus") is None and sibling_gpus and every is not None:  # all GPUs, but the siblings'
         free["gpus"] = [i for i in every if i not in sibling_gpus]
     # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
-    free["launching"] = bool(a.get("launch"))
+    free["launching"] = a["op"] in LAUNCHING
     replaced_names = list(a["lock"].get("replace") or [])
     clis = [(container or {}).get("cli"), recorded_cli(previous)]
     for other in replaced_names:
