@@ -23,7 +23,15 @@ PACKAGES = "python3,libnuma1"
 BASE = "localhost/fleet-testbed-base:bookworm-2"  # a new tag (and tar) when PACKAGES change
 SIM_SGLANG = "localhost/fleet-sim-sglang"
 MIRROR = "http://deb.debian.org/debian"
-SIM_FILES = ("__init__.py", "gpustate.py", "sglang_sim.py", "sglang_flags.py", "sim_child.py", "sim_pooling.py")
+SIM_FILES = (
+    "__init__.py",
+    "gpustate.py",
+    "sglang_sim.py",
+    "sglang_flags.py",
+    "sim_child.py",
+    "sim_pooling.py",
+    "sim_weight_cache.py",
+)
 
 
 def podman(*args: str, check: bool = True, input_file: Path | None = None) -> subprocess.CompletedProcess[str]:
