@@ -39,7 +39,8 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     # a short root: the benchmark's pool socket lives under it, and a unix socket's path has 107 bytes
     root = Path(tempfile.mkdtemp(prefix="fb-", dir="/tmp"))
     env = dict(os.environ, FLEET_BENCH_ROOT=str(root), PYTHONPATH=str(ROOT / "testbed"))
-    argv = ["--runs", "1", "--crashes", "3", "--sizes", "1,2", "--rtt-ms", "5", "--out", str(out)]
+    argv = ["--runs", "1", "--crashes", "3", "--sizes", "1,2", "--rtt-ms", "5", "--load-s-per-gib", "0.01"]
+    argv += ["--out", str(out)]
     try:
         r = subprocess.run(
             [sys.executable, "-m", "fleet_testbed.bench", *argv], env=env, capture_output=True, text=True, timeout=900

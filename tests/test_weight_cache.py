@@ -313,3 +313,23 @@ def test_the_memory_a_kept_daemon_holds_is_not_waited_for(monkeypatch: pytest.Mo
     monkeypatch.setattr(rf, "process_mib", lambda pids, idx=None: [29_500] if pids == {602} else [0])
     assert rf.wait_memory_released([50_000], 0.5, 600, [0], {602})[1] == [500]
     assert rf.wait_memory_released([50_000], 0.2, 600, [0])[1] == [30_000]  # without it: still "in use"
+
+
+def test_the_daemons_directory_must_be_this_users_alone(tmp_path: Path) -> None:
+    """Where the daemon's sockets and .ready files go: made 0700 when missing; one another user could write
+    (or a link to one) is refused, before anything is stopped (host/act.py refusal_before_stopping)."""
+    from fleet.host.weight_cache import cache_dir, template_env, unsafe_dir
+
+    path = cache_dir(str(tmp_path / "state" / "deployments" / "wc"))
+    assert path.startswith(f"/tmp/fleet-wc-{os.getuid()}/") and len(path) + 50 < 107  # a socket path's limit
+    assert "{device_uuid}" in template_env(path)["SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"]
+    mine = tmp_path / "base" / "wc"
+    assert unsafe_dir(str(mine)) is None and (mine.stat().st_mode & 0o777) == 0o700
+    mine.chmod(0o755)
+    assert "alone" in str(unsafe_dir(str(mine)))
+    mine.chmod(0o700)
+    other = tmp_path / "elsewhere"
+    other.mkdir(mode=0o700)
+    (tmp_path / "linked").mkdir(mode=0o700)
+    (tmp_path / "linked" / "wc").symlink_to(other)
+    assert "alone" in str(unsafe_dir(str(tmp_path / "linked" / "wc")))  # a link is not the directory

@@ -530,6 +530,7 @@ def main() -> int:
     ap.add_argument("--crashes", type=int, default=20)
     ap.add_argument("--sizes", default="1,10,50")
     ap.add_argument("--rtt-ms", type=float, default=20.0)
+    ap.add_argument("--load-s-per-gib", type=float, default=0.1, help="section 10's modelled disk")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "latest.md", help="where the table goes")
     a = ap.parse_args()
     os.environ["SIM_SPEED"] = "0"
@@ -577,7 +578,12 @@ def main() -> int:
         )
         rolling += bench_startup(a.runs, "### 9. What watching the start-up costs the host's watcher")
         rolling += bench_weight_cache(
-            sb, env, fleet, a.runs, "### 10. Relaunching without reloading the weights (seconds, whole process)"
+            sb,
+            env,
+            fleet,
+            a.runs,
+            "### 10. Relaunching without reloading the weights (seconds, whole process)",
+            a.load_s_per_gib,
         )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)

@@ -54,12 +54,13 @@ def bench_weight_cache(
     fleet: Callable[..., subprocess.CompletedProcess[str]],
     runs: int,
     title: str,
+    load_s_per_gib: float = LOAD_S_PER_GIB,
 ) -> list[str]:
     hosts = [sb.host_dir(spec.name) for spec in sb.specs]  # blackwell, ct129
     ct129 = sb.specs[1].name
     before = [gpustate.load_host(h) for h in hosts]
     for h in hosts:
-        simhost.set_host(h, sglang_version="0.5.23", load_s_per_gib=LOAD_S_PER_GIB)
+        simhost.set_host(h, sglang_version="0.5.23", load_s_per_gib=load_s_per_gib)
     books = sb.root / "bench-weight-cache"
     books.mkdir(exist_ok=True)
     for name, cache in (("cached", "true"), ("disk", "false")):
@@ -97,7 +98,7 @@ def bench_weight_cache(
     out = [
         title,
         "",
-        f"Modelled disk: {LOAD_S_PER_GIB:g} s per GiB (25.9 GiB per rank, the 2 ranks in parallel); median of {runs}.",
+        f"Modelled disk: {load_s_per_gib:g} s per GiB (25.9 GiB per rank, the 2 ranks in parallel); median of {runs}.",
         "",
         "| run | without the cache (s) | loads | with the cache (s) | loads | ratio |",
         "| --- | --- | --- | --- | --- | --- |",
