@@ -306,11 +306,24 @@ def test_the_act_step_keeps_stops_or_refuses_a_daemon_by_what_the_record_says(mo
 
 def test_the_memory_a_kept_daemon_holds_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """After the old engine is stopped, the GPU still holds the daemon's 29.5 GiB of weights: the act step
-    waits for the rest only (NVML counts memory shared over CUDA IPC under the daemon: docs/real-gpu.md)."""
+    waits for the rest only (NVML counts memory shared over CUDA IPC under the daemon: docs/real-gpu.md),
+    read in the same NVML pass as the GPU's use."""
+    import types
+
     from fleet.host import free as rf
 
-    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: (set(), [30_000]))
-    monkeypatch.setattr(rf, "process_mib", lambda pids, idx=None: [29_500] if pids == {602} else [0])
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=30_000 << 20),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            types.SimpleNamespace(pid=602, usedGpuMemory=29_500 << 20),
+            types.SimpleNamespace(pid=700, usedGpuMemory=None),  # a process NVML cannot size
+        ],
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
     assert rf.wait_memory_released([50_000], 0.5, 600, [0], {602})[1] == [500]
     assert rf.wait_memory_released([50_000], 0.2, 600, [0])[1] == [30_000]  # without it: still "in use"
 
@@ -333,3 +346,23 @@ def test_the_daemons_directory_must_be_this_users_alone(tmp_path: Path) -> None:
     (tmp_path / "linked").mkdir(mode=0o700)
     (tmp_path / "linked" / "wc").symlink_to(other)
     assert "alone" in str(unsafe_dir(str(tmp_path / "linked" / "wc")))  # a link is not the directory
+
+
+def test_without_nvml_nvidia_smi_says_what_the_kept_daemon_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's own python3 (no NVML binding) asks nvidia-smi, in the same two queries as ever."""
+    from fleet.host import free as rf
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        '  --query-gpu=*) printf "0, GPU-a, 30000\\n1, GPU-b, 100\\n" ;;\n'
+        '  --query-compute-apps=*) printf "GPU-a, 602, 29500\\nGPU-a, 700, [N/A]\\nGPU-b, 9, 90\\n" ;;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
+    assert rf.nvml_pids_and_memory([0], {602}) == ({602, 700}, [500])
+    assert rf.nvml_pids_and_memory(None) == ({602, 700, 9}, [30_000, 100])

@@ -40,7 +40,6 @@ except NameError:  # imported as a module (fleet's own tests)
         all_gpu_indices,
         classify,
         expand,
-        held_but,
         is_engine,
         nvml_pids_and_memory,
         recorded_group_is_ours,
@@ -284,7 +283,7 @@ def stop_in_the_way(
     wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
     kept = free.get("kept_cache_pgid")  # a weight cache daemon kept holds its weights: not waited for
     kept_pids = set(p["pid"] for p in procs.values() if kept is not None and p["pgid"] == kept)
-    before = held_but(nvml_pids_and_memory(wait_gpus)[1], kept_pids, wait_gpus)
+    before = nvml_pids_and_memory(wait_gpus, kept_pids)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )

@@ -71,35 +71,44 @@ def smi_queries(*queries: str) -> Optional[List[str]]:
         return None
 
 
-def smi_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
+def smi_pids_and_memory(
+    indices: Optional[List[int]] = None, kept_pids: Optional[Set[int]] = None
+) -> Tuple[Set[int], Optional[List[int]]]:
     """As nvml_pids_and_memory, from `nvidia-smi`: the Python running a step may have no NVML binding (the
     host's own python3, running the steps of a deployment in a container, usually has none)."""
-    answers = smi_queries("--query-gpu=index,uuid,memory.used", "--query-compute-apps=gpu_uuid,pid")
+    answers = smi_queries("--query-gpu=index,uuid,memory.used", "--query-compute-apps=gpu_uuid,pid,used_memory")
     if answers is None:
         return set(), None
     gpus, apps = answers
-    chosen, used = set(), []
+    chosen: Dict[str, int] = {}  # uuid -> its place in `used`
+    used: List[int] = []
     for row in gpus.splitlines():
         cells = [c.strip() for c in row.split(",")]
         if len(cells) == 3 and cells[0].isdigit() and (indices is None or int(cells[0]) in indices):
-            chosen.add(cells[1])
+            chosen[cells[1]] = len(used)
             used.append(int(cells[2]) if cells[2].isdigit() else 0)
     pids = set()
     for row in apps.splitlines():
         cells = [c.strip() for c in row.split(",")]
-        if len(cells) == 2 and cells[0] in chosen and cells[1].isdigit():
+        if len(cells) == 3 and cells[0] in chosen and cells[1].isdigit():
             pids.add(int(cells[1]))
+            if kept_pids and int(cells[1]) in kept_pids and cells[2].isdigit():
+                used[chosen[cells[0]]] -= int(cells[2])
     return pids, used if chosen else None
 
 
-def nvml_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int], Optional[List[int]]]:
-    """Processes on, and MiB used of, the GPUs `indices` (None: every GPU); nvidia-smi without NVML."""
+def nvml_pids_and_memory(
+    indices: Optional[List[int]] = None, kept_pids: Optional[Set[int]] = None
+) -> Tuple[Set[int], Optional[List[int]]]:
+    """Processes on, and MiB used of, the GPUs `indices` (None: every GPU), less what `kept_pids` hold (a
+    weight cache daemon kept for the next engine: NVML counts memory shared over CUDA IPC once, under the
+    process that allocated it, docs/real-gpu.md); nvidia-smi without NVML."""
     try:
         import pynvml as n
 
         n.nvmlInit()
     except Exception:
-        return smi_pids_and_memory(indices)
+        return smi_pids_and_memory(indices, kept_pids)
     try:
         pids, used = set(), []
         for i in range(n.nvmlDeviceGetCount()):
@@ -108,9 +117,13 @@ def nvml_pids_and_memory(indices: Optional[List[int]] = None) -> Tuple[Set[int],
             h = n.nvmlDeviceGetHandleByIndex(i)
             used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
             try:
-                pids |= set(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h))
+                listed = n.nvmlDeviceGetComputeRunningProcesses(h)
             except Exception:
-                pass
+                if kept_pids:  # an older driver's binding, vGPU or MIG: nvidia-smi may still say what they hold
+                    return smi_pids_and_memory(indices, kept_pids)
+                continue
+            pids |= set(p.pid for p in listed)
+            used[-1] -= sum((p.usedGpuMemory or 0) >> 20 for p in listed if kept_pids and p.pid in kept_pids)
         return pids, used
     finally:
         n.nvmlShutdown()
@@ -325,42 +338,6 @@ def stop_targets(
     )
 
 
-def process_mib(pids: Set[int], indices: Optional[List[int]] = None) -> List[int]:
-    """What the processes `pids` hold on each of the GPUs `indices` (None: all), in MiB (NVML counts memory
-    shared over CUDA IPC once, under the process that allocated it: docs/real-gpu.md)."""
-    try:
-        import pynvml as n
-
-        n.nvmlInit()
-    except Exception:
-        return _smi_process_mib(pids, indices)
-    try:
-        out = []
-        for i in range(n.nvmlDeviceGetCount()):
-            if indices is None or i in indices:
-                listed = n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))
-                out.append(sum((p.usedGpuMemory or 0) >> 20 for p in listed if p.pid in pids))
-        return out
-    except Exception:  # an older driver's binding, vGPU or MIG: nvidia-smi may still say
-        return _smi_process_mib(pids, indices)
-    finally:
-        n.nvmlShutdown()
-
-
-def _smi_process_mib(pids: Set[int], indices: Optional[List[int]]) -> List[int]:
-    answers = smi_queries("--query-gpu=index,uuid", "--query-compute-apps=gpu_uuid,pid,used_memory")
-    if answers is None:
-        return []
-    gpus, apps = answers
-    order = [c[1] for c in (r.replace(" ", "").split(",") for r in gpus.splitlines()) if len(c) == 2 and c[0].isdigit()]
-    held = dict((uuid, 0) for n, uuid in enumerate(order) if indices is None or n in indices)
-    for row in apps.splitlines():
-        cells = [c.strip() for c in row.split(",")]
-        if len(cells) == 3 and cells[0] in held and cells[1].isdigit() and int(cells[1]) in pids and cells[2].isdigit():
-            held[cells[0]] += int(cells[2])
-    return list(held.values())
-
-
 def wait_memory_released(
     before: Optional[List[int]],
     timeout_s: float,
@@ -371,18 +348,10 @@ def wait_memory_released(
     """Until the GPUs `indices` (None: all) are idle but for what `kept_pids` hold (a weight cache daemon
     kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`)."""
     start = time.time()
-    used = held_but(nvml_pids_and_memory(indices)[1], kept_pids, indices)
+    used = nvml_pids_and_memory(indices, kept_pids)[1]
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break
         time.sleep(0.1)
-        used = held_but(nvml_pids_and_memory(indices)[1], kept_pids, indices)
+        used = nvml_pids_and_memory(indices, kept_pids)[1]
     return before, used, time.time() - start
-
-
-def held_but(
-    used: Optional[List[int]], kept_pids: Optional[Set[int]], indices: Optional[List[int]]
-) -> Optional[List[int]]:
-    """Each GPU's used MiB less what `kept_pids` hold there (a weight cache daemon kept for the next engine)."""
-    kept = process_mib(kept_pids, indices) if kept_pids and used is not None else []
-    return [used[i] - kept[i] for i in range(len(used))] if used is not None and len(kept) == len(used) else used
