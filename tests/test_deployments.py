@@ -318,12 +318,13 @@ def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_r
 
 
 def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fleet.host.free as free
     import fleet.host.lock as lock
 
     d = tmp_path / "deployments" / "whole"
     d.mkdir(parents=True)
     (d / "state.json").write_text(json.dumps({"status": "ready", "pgid": os.getpgid(0)}))  # no "gpus": all
-    monkeypatch.setattr(lock, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
+    monkeypatch.setattr(free, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
     siblings, _, gpus = lock.sibling_groups(str(tmp_path), "small", [], every=[0, 1, 2, 3])
     assert siblings == {os.getpgid(0): "whole"} and gpus == {0, 1, 2, 3}
 

@@ -213,12 +213,13 @@ def test_another_deployments_newer_record_still_protects_its_server_and_blocks_n
     """A stop of this deployment goes on; the newer fleet's server is still a sibling, left running."""
     import os
 
+    import fleet.host.free as free
     import fleet.host.lock as lock
 
     theirs = tmp_path / "deployments" / "theirs"
     theirs.mkdir(parents=True)
     put(theirs, STATE_FILE, {SCHEMA_KEY: 99, "status": READY, "pgid": os.getpgid(0), "gpus": [2, 3]})
-    monkeypatch.setattr(lock, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
+    monkeypatch.setattr(free, "recorded_group_is_ours", lambda pgid, st: True)  # identity is tested elsewhere
     siblings, _, gpus = lock.sibling_groups(str(tmp_path), "mine", [], every=[0, 1, 2, 3])
     assert siblings == {os.getpgid(0): "theirs"} and gpus == {2, 3}
     assert json.loads((theirs / STATE_FILE).read_text())[SCHEMA_KEY] == 99

@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
@@ -42,7 +42,7 @@ except NameError:  # imported as a module (fleet's own tests)
         expand,
         is_engine,
         nvml_pids_and_memory,
-        recorded_group_is_ours,
+        recorded_group,
         stop_targets,
         wait_memory_released,
     )
@@ -70,13 +70,6 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.weight_cache import cache_dir, keep_or_stop, unsafe_dir
     from fleet.host.words import STOPPED
     from fleet.protocol import ActRequest, ActResult, FreeRequest, ProcessInfo
-
-
-def recorded_group(st: Mapping[str, object]) -> Optional[int]:
-    """The process group a deployment's record names, when it is exactly the one fleet launched (a group
-    id is a pid, and pids are reused)."""
-    pgid = st.get("pgid")
-    return pgid if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) else None
 
 
 def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> None:

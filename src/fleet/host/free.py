@@ -47,6 +47,20 @@ def recorded_group_is_ours(pgid: int, st: Mapping[str, object]) -> bool:
     return isinstance(recorded, int) and start_ticks(pgid) == recorded
 
 
+def recorded_group(st: Mapping[str, object]) -> Optional[int]:
+    """The process group a record (a deployment's, or its weight cache daemon's entry) names, when it is
+    exactly the one fleet launched (a group id is a pid, and pids are reused)."""
+    pgid = st.get("pgid")
+    return pgid if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, st) else None
+
+
+def recorded_groups(st: Mapping[str, object]) -> List[int]:
+    """Every process group of a deployment its record names exactly: its server's, its weight cache daemon's."""
+    cache = st.get("weight_cache")
+    groups = (recorded_group(st), recorded_group(cache) if isinstance(cache, dict) else None)
+    return [g for g in groups if g is not None]
+
+
 def is_engine(p: ProcessInfo) -> bool:
     """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
     return engine_kind(p["argv"]) is not None

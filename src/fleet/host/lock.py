@@ -19,9 +19,9 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
-    recorded_group_is_ours  # noqa: B018
+    recorded_groups  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.free import expand, recorded_group_is_ours
+    from fleet.host.free import expand, recorded_group, recorded_groups
     from fleet.host.procs import alive, live_process_groups
     from fleet.host.records import (
         LOCK_FILE,
@@ -126,14 +126,9 @@ def overlapping(root: str, a: LockRequest) -> List[Dict[str, Any]]:
             continue
         directory = deployment_dir(root, name)
         st = peek_record(os.path.join(directory, STATE_FILE))
-        pgid = st.get("pgid")
-        running = (
-            type(pgid) is int
-            and pgid > 1
-            and recorded_group_is_ours(pgid, st)
-            and alive(pgid)  # a leader nobody reaped (no init in a container) is a crashed server
-            and st.get("status") != STOPPED
-        )
+        pgid = recorded_group(st)
+        # a leader nobody reaped (no init in a container) is a crashed server
+        running = pgid is not None and alive(pgid) and st.get("status") != STOPPED
         if not running and held_by_another(os.path.join(directory, LOCK_FILE), a) is None:
             continue
         claim = st if running else peek_record(os.path.join(directory, LOCK_FILE))
@@ -166,13 +161,10 @@ def sibling_groups(
         if name == me:
             continue
         st = peek_record(os.path.join(deployment_dir(root, name), STATE_FILE))
-        cache = st.get("weight_cache")  # its weight cache daemon: the deployment's too, even with no server
-        for group in (st, cache if isinstance(cache, dict) else {}):
-            pgid = group.get("pgid")
-            if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, group):
-                (replaced if name in replace else siblings)[pgid] = name
-                if name not in replace:
-                    gpus |= set(record_gpus(st) or every or [])
+        for pgid in recorded_groups(st):  # its weight cache daemon is the deployment's too, even with no server
+            (replaced if name in replace else siblings)[pgid] = name
+            if name not in replace:
+                gpus |= set(record_gpus(st) or every or [])
     return siblings, replaced, gpus
 
 
@@ -207,12 +199,10 @@ def forget(directory: str) -> ForgetResult:
     refuses; so does a directory holding anything fleet did not write there (it is somebody's: nothing is
     removed). Files are removed by name, never through a link."""
     st = read_record(os.path.join(directory, STATE_FILE)) or {}
-    cache = st.get("weight_cache")
     # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not); its
     # weight cache daemon's the same way: forgotten, nothing would ever stop it
-    for group in (st, cache if isinstance(cache, dict) else {}):
-        pgid = group.get("pgid")
-        if type(pgid) is int and pgid > 1 and recorded_group_is_ours(pgid, group) and pgid in live_process_groups():
+    for pgid in recorded_groups(st):
+        if pgid in live_process_groups():
             return {"forgotten": False, "running": pgid}
     names = sorted(os.listdir(directory))
     foreign = [

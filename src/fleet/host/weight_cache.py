@@ -20,9 +20,9 @@ import stat
 from typing import Dict, List, Mapping, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
-    recorded_group_is_ours  # noqa: B018
+    recorded_group  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.free import recorded_group_is_ours
+    from fleet.host.free import recorded_group
     from fleet.host.procs import boot_id
     from fleet.host.words import SECRET_WORD
     from fleet.protocol import Launched, WeightCacheEntry, WeightCacheRequest
@@ -89,7 +89,7 @@ def running_daemon(record: Optional[Mapping[str, object]]) -> Optional[WeightCac
         return None
     if pgid == (record or {}).get("pgid") or not isinstance(exit_file, str) or os.path.exists(exit_file):
         return None  # its server's own group is no daemon; an exit file: its launcher saw it end
-    if not recorded_group_is_ours(pgid, entry):
+    if recorded_group(entry) is None:
         return None
     kept: WeightCacheEntry = {"pid": pid, "pgid": pgid, "key": key, "exit_file": exit_file}
     for name in ("start_ticks", "boot_id", "started", "log"):
