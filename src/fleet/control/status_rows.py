@@ -8,7 +8,7 @@ from typing import Any
 from fleet.control.ops import recorded_names
 from fleet.facts import HostFacts
 from fleet.inventory import Host
-from fleet.plan.placement import cache_group
+from fleet.plan.placement import cache_group, daemon_pids
 from fleet.protocol import DEAD, READY, STARTING, UNVERIFIED
 from fleet.startup import phase_now
 
@@ -63,8 +63,7 @@ def engine_pid(facts: HostFacts, launcher: int) -> int:
 
 def _cache_running(facts: HostFacts, st: Mapping[str, object]) -> int | None:
     """The process group of the deployment's weight cache daemon, while a process of it holds a GPU."""
-    cache = cache_group(st)
-    return cache if cache is not None and any(p.pgid == cache and p.uid == facts.uid for p in facts.holders) else None
+    return cache_group(st) if daemon_pids(facts, st) else None
 
 
 def _group_said(st: Mapping[str, object]) -> str | None:

@@ -211,9 +211,10 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
         if os.path.isdir(record) and not os.path.islink(record):  # no record could be written over it
             out["record_unwritable"] = {"path": record, "error": "a directory is in its place"}
             return True
-        unsafe = unsafe_dir(cache_dir(here)) if a["launch"].get("weight_cache") else None
+        sockets = cache_dir(here)
+        unsafe = unsafe_dir(sockets) if a["launch"].get("weight_cache") else None
         if unsafe:  # another user's directory where the daemon's sockets go: nothing of it is trusted
-            out["weight_cache_dir"] = {"path": cache_dir(here), "error": unsafe}
+            out["weight_cache_dir"] = {"path": sockets, "error": unsafe}
             return True
     return None
 

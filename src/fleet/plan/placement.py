@@ -45,6 +45,13 @@ def cache_group(state: Mapping[str, object]) -> int | None:
     return pgid if type(pgid) is int and pgid > 1 else None
 
 
+def daemon_pids(facts: HostFacts, state: Mapping[str, object]) -> set[int]:
+    """The GPU holders of the weight cache daemon a deployment's record names: of fleet's user only (a group
+    id the record keeps may be reused by another user's job)."""
+    cache = cache_group(state)
+    return {p.pid for p in facts.holders if cache is not None and p.pgid == cache and p.uid == facts.uid}
+
+
 def occupants(facts: HostFacts, me: str) -> list[Occupant]:
     """The host's other deployments that hold GPUs now: a live recorded server, or a run under way."""
     every = tuple(g.index for g in facts.gpus)
@@ -55,9 +62,8 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
             continue
         pid = rec.state.get("pid")
         running = isinstance(pid, int) and pid in live and rec.state.get("status") != STOPPED
-        cache = cache_group(rec.state)  # its weight cache daemon holds the GPUs too, with no server running
-        if not running and cache is not None and any(p.pgid == cache and p.uid == facts.uid for p in facts.holders):
-            running, pid = True, cache
+        if not running and daemon_pids(facts, rec.state):  # its weight cache daemon holds the GPUs, no server
+            running, pid = True, cache_group(rec.state)
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
         elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
@@ -71,10 +77,8 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     `me`'s own server nor a GPU daemon or tool: a count is never placed there. The servers of other
     deployments are among them, and so is a server started by hand, or one whose record was lost."""
     state = facts.remote.deployment(me).state
-    mine, cache = state.get("pgid"), cache_group(state)
-    own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine}
-    # its weight cache daemon: of fleet's user (a group id the record keeps may be reused by another's job)
-    own |= {p.pid for p in facts.holders if cache is not None and p.pgid == cache and p.uid == facts.uid}
+    mine = state.get("pgid")
+    own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine} | daemon_pids(facts, state)
     tools = {p.pid for p in facts.holders if safelisted({"comm": p.comm, "cmdline": p.cmdline})}
     out: dict[int, list[int]] = {}
     for g in facts.gpus:

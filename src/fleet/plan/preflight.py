@@ -16,7 +16,7 @@ from fleet.plan import GpuSummary, LaunchPlan, Verdict, show_version
 from fleet.plan.capabilities import capability
 from fleet.plan.fit import GIB, Budget, budget, kv_bytes_per_token
 from fleet.plan.memory import MemoryWishes
-from fleet.plan.placement import cache_group
+from fleet.plan.placement import daemon_pids
 
 MIN_LOG_DISK_BYTES = 200 << 20
 MIN_STATE_DISK_BYTES = 16 << 20  # state, lock and learned fixes: kilobytes, with room to spare
@@ -184,8 +184,8 @@ def _foreign_gpu_memory(where: str, gpus: GpuSummary, facts: HostFacts, host: Ho
     out: list[Verdict] = []
     # memory on the deployment's GPUs that no engine of fleet's user holds: the fit above assumed it free
     engines = {p.pid for p in facts.servers if p.uid == facts.uid}
-    caches = {cache_group(r.state) for r in facts.remote.deployments.values()} - {None}
-    engines |= {p.pid for p in facts.holders if p.uid == facts.uid and p.pgid in caches}  # fleet's daemons too
+    for r in facts.remote.deployments.values():  # fleet's weight cache daemons too
+        engines |= daemon_pids(facts, r.state)
     for g in facts.gpus:
         if gpus.indices and g.index not in gpus.indices:
             continue
