@@ -237,8 +237,8 @@ SGLANG_WEIGHT_CACHE = Rule(
     lambda i: i.wishes.weight_cache,
     lambda i: [("--weight-cache-mode", "client")],
     "weight_cache: the engine maps the weights fleet's weight cache daemon holds (started first, with the "
-    "settings of its CacheConfig only: fleet.plan.weight_cache) instead of loading them from disk; a relaunch "
-    "whose fix leaves those settings alone reuses them",
+    "engine's flags but those that only decide how it serves: fleet.plan.weight_cache) instead of loading them "
+    "from disk; a relaunch whose fix touches only those reuses them",
     "sglang 0.5.23 weight_cache/daemon.py, model_loader ipc_loader.py, arg_groups/fields/model.py",
     replaces="SGLang's default --weight-cache-mode off: every start reloads the weights from disk",
 )
