@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CT129, run_cli
+from conftest import CT129, Background, run_cli
 from fleet_testbed import bench_weight_cache, simhost
 from fleet_testbed.bench_weight_cache import PLAYBOOK
+from simengine import wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -160,3 +161,28 @@ def test_a_rolling_restart_of_two_cached_replicas_loads_nothing_and_fails_no_req
     assert {h: bench_weight_cache.disk_loads(fleet_env.host_dir(h) / "logs") for h in loads} == loads
     assert run_cli("down", "wcs").code == 0
     assert daemon_pids(fleet_env) == []
+
+
+def test_a_lookalike_daemon_and_a_dead_daemons_files_are_never_taken_for_fleets(
+    fleet_env: simhost.Sandbox, cached: Path
+) -> None:
+    """wc's daemon and server are killed outright (their .ready files stay behind, naming dead pids), and a
+    process of fleet's own user that merely names the daemon's module holds GPU 0. A deploy on those GPUs
+    refuses it (not fleet's: no record names its group) and leaves it running; once it is gone, the deploy
+    starts a new daemon and waits for its own ranks, not the stale files."""
+    assert run_cli("deploy", "wc", "--host", "ct129").code == 0
+    st = record(fleet_env, "wc")
+    for group in (st["pgid"], st["weight_cache"]["pgid"]):
+        subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 -- -{group}"], check=True)
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia0"
+    lookalike = f"exec 3<{dev}; exec python3 -c 'import time; time.sleep(60)' sglang.srt.weight_cache.daemon"
+    with Background([*simhost.ssh_argv(fleet_env, CT129), lookalike]) as bg:
+        assert wait_until(lambda: bool(daemon_pids(fleet_env)))
+        r = run_cli("deploy", "wc", "--host", "ct129", "--gpus", "0,1")
+        assert r.code == 6 and "not an inference server" in r.err, r.out + r.err
+        left = daemon_pids(fleet_env)
+        assert left and bg.proc.poll() is None  # still running
+        subprocess.run([*simhost.ssh_argv(fleet_env, CT129), f"kill -9 {' '.join(map(str, left))}"], check=True)
+    r = run_cli("deploy", "wc", "--host", "ct129", "--gpus", "0,1")
+    assert r.code == 0 and "weight cache daemon started pid" in r.out + r.err, r.out + r.err
+    assert "Loaded model via IPC" in (fleet_env.host_dir("ct129") / "logs" / "wc.latest.log").read_text()
