@@ -31,6 +31,7 @@ SECTIONS = [
     "### 8. Pushing a model to a host without internet",
     "### 9. What watching the start-up costs",
     "### 10. Relaunching without reloading the weights",
+    "### 11. A deployment in a container against the same container by hand",
 ]
 
 

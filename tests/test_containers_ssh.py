@@ -15,9 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -301,38 +299,15 @@ def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
 
 @pytest.fixture
 def dockerd(container_host: Path, fleet_env: simhost.Sandbox, images: dict[str, str]) -> Iterator[str]:
-    """Debian's dockerd on the simulated blackwell (started over SSH, so it and its containers are that
-    host's processes), the simulated SGLang image loaded into it, and the host's `docker` pointed at it."""
-    real = shutil.which("docker")
-    if shutil.which("dockerd") is None or real is None:
-        pytest.fail("dockerd is needed: run `make test` (it installs Debian's docker.io)")
-    root = Path(tempfile.mkdtemp(prefix="fdk", dir="/tmp"))  # short: containerd's sockets live under it
-    sock = f"unix://{root}/docker.sock"
-    on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
-    start = (
-        f"nohup dockerd --host {sock} --data-root {root}/data --exec-root {root}/exec --pidfile {root}/docker.pid"
-        f" --iptables=false --bridge=none > {root}/dockerd.log 2>&1 < /dev/null &"
-    )
-    subprocess.run([*on_host, start], check=True, timeout=30)
-    wrapper = container_host / "bin" / "docker"  # first on the host's PATH
-    wrapper.write_text(f'#!/bin/sh\nexec {real} -H {sock} "$@"\n')
-    wrapper.chmod(0o755)
-    deadline = time.monotonic() + 60
-    while subprocess.run([real, "-H", sock, "info"], capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, (root / "dockerd.log").read_text()[-2000:]
-        time.sleep(0.5)
-    saved = subprocess.Popen(["podman", "save", "--format", "docker-archive", images["0.5.23"]], stdout=subprocess.PIPE)
-    assert saved.stdout is not None
-    with saved.stdout:
-        subprocess.run([real, "-H", sock, "load"], stdin=saved.stdout, check=True, capture_output=True)
-    saved.wait()
+    """Debian's dockerd on the simulated blackwell (fleet_testbed.dockerd), the simulated SGLang image
+    loaded into it, and the host's `docker` pointed at it."""
+    from fleet_testbed import dockerd as daemon
+
     try:
-        yield sock
-    finally:
-        stop = f"{wrapper} rm -f $({wrapper} ps -aq) >/dev/null 2>&1; kill $(cat {root}/docker.pid); sleep 2"
-        subprocess.run([*on_host, stop], capture_output=True, timeout=60)
-        wrapper.unlink(missing_ok=True)
-        subprocess.run(["rm", "-rf", str(root)], capture_output=True)  # its mounts were the host's own
+        with daemon.on_host(fleet_env, BLACKWELL, images["0.5.23"]) as sock:
+            yield sock
+    except daemon.DockerdMissing as exc:
+        pytest.fail(str(exc))
 
 
 def test_docker_runs_a_deployment_the_same_way(dockerd: str, container_host: Path, images: dict[str, str]) -> None:

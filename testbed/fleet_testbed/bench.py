@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet_testbed import simhost
+from fleet_testbed.bench_containers import bench_containers
 from fleet_testbed.bench_pull import bench_pull, bench_push
 from fleet_testbed.bench_service import bench_rolling
 from fleet_testbed.bench_startup import bench_startup
@@ -584,6 +585,9 @@ def main() -> int:
             a.runs,
             "### 10. Relaunching without reloading the weights (seconds, whole process)",
             a.load_s_per_gib,
+        )
+        rolling += bench_containers(
+            sb, env, fleet, timed, row, a.runs, "### 11. A deployment in a container against the same container by hand"
         )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)

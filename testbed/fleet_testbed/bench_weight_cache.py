@@ -115,7 +115,7 @@ def bench_weight_cache(
     out += [
         "",
         "A deploy with the cache loads once, in the daemon; its restart and the roll load nothing (each "
-        "replica's daemon is kept). Not measured yet: the container overhead issue 41 also asks for.",
+        "replica's daemon is kept).",
         "",
     ]
     return out

@@ -156,7 +156,9 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     previous = read_record(os.path.join(state_dir, STATE_FILE))
     procs = process_table()
     free, ours, sibling_gpus = in_the_way(a, out, root, previous, procs)
-    targets, refused, out["left"] = classify(free, procs)
+    kept_pids = set(p["pid"] for p in procs.values() if p["pgid"] == free.get("kept_cache_pgid"))
+    on_gpus, used = nvml_pids_and_memory(free.get("gpus"), kept_pids)  # read once, unless something stops
+    targets, refused, out["left"] = classify(free, procs, on_gpus)
     out["refused"] = out.get("refused", []) + refused
     if out["refused"] and a["op"] in LAUNCHING:  # a launch needs the GPUs free; a stop still stops what is fleet's
         return False
@@ -165,7 +167,7 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     if gone():  # nobody would watch what happens next: change nothing, free the host
         out["client_gone"] = True
         return True
-    stop_in_the_way(a, out, free, ours, targets, procs, sibling_gpus)
+    stop_in_the_way(a, out, free, ours, targets, procs, kept_pids, sibling_gpus, used)
     if a["op"] == "launch":
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:
@@ -269,15 +271,17 @@ def stop_in_the_way(
     ours: List[Dict[str, Any]],
     targets: Dict[int, Dict[str, Any]],
     procs: Dict[int, ProcessInfo],
+    kept_pids: Set[int],
     sibling_gpus: Set[int],
+    used: Optional[List[int]],
 ) -> None:
-    """Stop what `classify` chose and wait for this deployment's GPU memory to come back."""
+    """Stop what `classify` chose and wait for this deployment's GPU memory to come back. `kept_pids`: a
+    weight cache daemon kept for the launch (its memory is not waited for); `used`: the MiB in use on the
+    deployment's GPUs, less the daemon's, read before anything was stopped."""
     gpus = free.get("gpus")
     # the memory waited for is this deployment's: never that of a sibling left running on the same GPUs
     wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
-    kept = free.get("kept_cache_pgid")  # a weight cache daemon kept holds its weights: not waited for
-    kept_pids = set(p["pid"] for p in procs.values() if kept is not None and p["pgid"] == kept)
-    before = nvml_pids_and_memory(wait_gpus, kept_pids)[1]
+    before = used if wait_gpus == gpus else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
@@ -285,7 +289,7 @@ def stop_in_the_way(
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
     before, after, waited = wait_memory_released(
-        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, kept_pids
+        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, kept_pids, still=not (ours or targets)
     )
     out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])

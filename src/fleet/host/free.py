@@ -71,18 +71,25 @@ def smi_queries(*queries: str) -> Optional[List[str]]:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
-    try:
-        return [
-            subprocess.run(
-                [smi, query, "--format=csv,noheader,nounits"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                timeout=20,
-            ).stdout.decode()
-            for query in queries
-        ]
+    asked: List[subprocess.Popen[bytes]] = []
+    try:  # at once: each start of nvidia-smi costs tens of milliseconds
+        for query in queries:
+            asked.append(
+                subprocess.Popen(
+                    [smi, query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+                )
+            )
+        deadline = time.time() + 20
+        return [p.communicate(timeout=max(0.0, deadline - time.time()))[0].decode() for p in asked]
     except (OSError, subprocess.TimeoutExpired):
         return None
+    finally:
+        for p in asked:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if p.stdout:
+                p.stdout.close()
 
 
 def smi_pids_and_memory(
@@ -193,14 +200,15 @@ def stale_groups(gpu_holders: Set[int], procs: Dict[int, ProcessInfo], me: int) 
 
 
 def classify(
-    a: FreeRequest, procs: Dict[int, ProcessInfo]
+    a: FreeRequest, procs: Dict[int, ProcessInfo], on_gpus: Optional[Set[int]] = None
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """Split GPU holders and stale servers into what fleet stops, what it must not touch (refused: no
     launch unless forced) and what it leaves running (GPU daemons and tools).
 
     A deployment on some GPUs looks only at those GPUs, its port and its own recorded server; the
     servers of the host's other deployments (`siblings`: process group -> deployment) are never touched,
-    those it was told to replace (`replaced`) are stopped like its own."""
+    those it was told to replace (`replaced`) are stopped like its own. `on_gpus`: the processes NVML
+    lists on the deployment's GPUs, where the caller has read them already."""
     me = os.getuid()
     own_pgid = os.getpgid(0)
     recorded = a.get("recorded_pgid")
@@ -210,7 +218,8 @@ def classify(
     targets, refused, left = {}, [], []
     port = a.get("port")
     owners, invisible = port_holders(port, a.get("bind_address", "0.0.0.0")) if port else (set(), False)
-    gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | nvml_pids_and_memory(gpus)[0]
+    listed = nvml_pids_and_memory(gpus)[0] if on_gpus is None else on_gpus
+    gpu_holders = device_holders(device_files_of(expand(a["gpu_devices"]), gpus))[0] | listed
     candidates = owners | gpu_holders
     # A stale server is stopped whole: the other engines of the group of an engine of fleet's own user,
     # outside containers, that holds these GPUs. Only those: a process group is not a server's identity
@@ -358,11 +367,13 @@ def wait_memory_released(
     ignore_mib: int,
     indices: Optional[List[int]] = None,
     kept_pids: Optional[Set[int]] = None,
+    still: bool = False,
 ) -> Tuple[Optional[List[int]], Optional[List[int]], float]:
     """Until the GPUs `indices` (None: all) are idle but for what `kept_pids` hold (a weight cache daemon
-    kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`)."""
+    kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`).
+    `still`: nothing was stopped since `before` was read, so it is the first reading."""
     start = time.time()
-    used = nvml_pids_and_memory(indices, kept_pids)[1]
+    used = before if still else nvml_pids_and_memory(indices, kept_pids)[1]
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break

@@ -24,7 +24,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import engine_kind, gpu_device_files
-    from fleet.host.container import cli_path, container_of, containers, gpu_access, image_facts
+    from fleet.host.container import cli_path, container_of, each_runtime, gpu_access, image_facts
     from fleet.host.procs import (
         argv_at,
         listening_sockets,
@@ -478,11 +478,8 @@ def _engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> Li
     if not running and not recorded:
         return []
     out = []
-    for name in ("podman", "docker"):
-        cli = cli_path(name)
-        if cli is None:
-            continue
-        listed, _ = containers(cli)  # a runtime that cannot list (docker without its daemon) has none to show
+    # a runtime that cannot list (docker without its daemon) has none to show
+    for name, listed, _ in each_runtime(["podman", "docker"]):
         out += [dict(c, cli=name) for c in listed if c["id"] in running or "fleet.deployment" in c["labels"]]
     return out
 
