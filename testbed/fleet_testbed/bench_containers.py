@@ -96,7 +96,7 @@ def measure(
         )
         planned = fleet(env, "plan", "boxed", "--host", spec.name, "--json")
         if planned.returncode != 0:
-            raise RuntimeError(f"fleet plan failed: {planned.stderr[-2000:]}")
+            raise RuntimeError(f"fleet plan failed: {planned.stdout[-2000:]}{planned.stderr[-2000:]}")
         plan = json.loads(planned.stdout)["plan"]
         argv = plan["argv"]
         url = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}/health"
@@ -117,6 +117,8 @@ def measure(
         for into in (new, again):
             into += timed(deploy, 1)
             fleet(env, "stop", "--host", f"{spec.name}/boxed")
+    # its record names the runtime: a later deploy would want to ask it for the deployment's containers
+    fleet(env, "forget", f"{spec.name}/boxed")
     return by_hand, new, again
 
 

@@ -22,13 +22,13 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     classify  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.check import budget_short, client_gone, engine_check, picks_differ
-    from fleet.host.common import container_owner
+    from fleet.host.common import at_once, container_owner
     from fleet.host.container import (
         container_of,
         fleet_containers,
@@ -155,10 +155,8 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
         return refused_now
     previous = read_record(os.path.join(state_dir, STATE_FILE))
     procs = process_table()
-    free, ours, sibling_gpus = in_the_way(a, out, root, previous, procs)
-    kept_pids = set(p["pid"] for p in procs.values() if p["pgid"] == free.get("kept_cache_pgid"))
-    on_gpus, used = nvml_pids_and_memory(free.get("gpus"), kept_pids)  # read once, unless something stops
-    targets, refused, out["left"] = classify(free, procs, on_gpus)
+    way = in_the_way(a, out, root, previous, procs)
+    targets, refused, out["left"] = classify(way.free, procs, way.on_gpus)
     out["refused"] = out.get("refused", []) + refused
     if out["refused"] and a["op"] in LAUNCHING:  # a launch needs the GPUs free; a stop still stops what is fleet's
         return False
@@ -167,7 +165,7 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     if gone():  # nobody would watch what happens next: change nothing, free the host
         out["client_gone"] = True
         return True
-    stop_in_the_way(a, out, free, ours, targets, procs, kept_pids, sibling_gpus, used)
+    stop_in_the_way(a, out, way, targets, procs)
     if a["op"] == "launch":
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:
@@ -178,7 +176,7 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
             return True
     elif a.get("state_update") is not None:  # a status change (failed, stopped) keeps what the record knew
         change = dict(a.get("state_update") or {})
-        if free.get("cache_pgid"):  # its weight cache daemon was stopped: the record names it no more
+        if way.free.get("cache_pgid"):  # its weight cache daemon was stopped: the record names it no more
             change["weight_cache"] = None
         if "status" in change:  # said only where the record's status may go (see TRANSITIONS)
             change_status(os.path.join(state_dir, STATE_FILE), str(change.pop("status")), change)
@@ -221,11 +219,22 @@ def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bo
     return None
 
 
+class Way(NamedTuple):
+    """What is in a launch's way, read before anything is stopped."""
+
+    free: FreeRequest  # with the deployments beside this one (left running) and those it replaces
+    ours: List[Dict[str, Any]]  # fleet's own containers of them
+    sibling_gpus: Set[int]
+    kept_pids: Set[int]  # a weight cache daemon kept for the launch: its memory is not waited for
+    on_gpus: Set[int]  # the processes NVML lists on the deployment's GPUs
+    used: Optional[List[int]]  # MiB in use on them, less the kept daemon's
+
+
 def in_the_way(
     a: ActRequest, out: ActResult, root: str, previous: Optional[Dict[str, Any]], procs: Dict[int, ProcessInfo]
-) -> Tuple[FreeRequest, List[Dict[str, Any]], Set[int]]:
-    """The free request with the deployments beside this one (left running) and those it replaces, and
-    fleet's own containers of them; others' containers go to out["refused"]."""
+) -> Way:
+    """What is in the launch's way (others' containers go to out["refused"]). The runtimes and the GPUs are
+    asked at once."""
     container = (a.get("launch") or {}).get("container")
     # the group this deployment's record names is fleet's own: the server of an earlier run, or of this
     # run's last attempt (crashed, timed out or answering garbage), whatever it holds or not
@@ -244,44 +253,38 @@ def in_the_way(
     for other in replaced_names:
         clis.append(recorded_cli(peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
     named = [str(c) for c in clis if c]
-    ours: List[Dict[str, Any]] = []
-    refused_containers: List[Dict[str, Any]] = []
-    # Asking the runtimes (~70 ms for `podman ps`) is needed only when a record or this launch names one, or
-    # some process runs in a container: with neither, no container of fleet's can hold anything.
-    if named or any(container_of(pid) for pid in procs):
-        owner = container_owner(os.getuid(), root)
-        ours, refused_containers = fleet_containers(
-            named, [a["lock"]["deployment"]] + replaced_names, container["name"] if container else None, owner
-        )
     free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
     want = (a.get("launch") or {}).get("weight_cache")
     kept, free["cache_pgid"], why = keep_or_stop(want, previous)
     free["kept_cache_pgid"] = kept["pgid"] if kept else None
     if why:  # what becomes of the deployment's weight cache daemon, said in the answer
         out["weight_cache"] = {"kept": kept is not None, "why": why}
+    kept_pids = set(p["pid"] for p in procs.values() if kept and p["pgid"] == kept["pgid"])
+
+    def listed() -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+        # Asking the runtimes (~70 ms for `podman ps`) is needed only when a record or this launch names one,
+        # or some process runs in a container: with neither, no container of fleet's can hold anything.
+        if not named and not any(container_of(pid) for pid in procs):
+            return [], []
+        owner = container_owner(os.getuid(), root)
+        name = container["name"] if container else None
+        return fleet_containers(named, [a["lock"]["deployment"]] + replaced_names, name, owner)
+
+    # the GPUs are read once, unless something is stopped (stop_in_the_way)
+    (ours, out["refused"]), (on_gpus, used) = at_once(listed, lambda: nvml_pids_and_memory(free.get("gpus"), kept_pids))
     free["own_containers"] = [c["id"] for c in ours]
-    out["refused"] = refused_containers
-    return free, ours, sibling_gpus
+    return Way(free, ours, sibling_gpus, kept_pids, on_gpus, used)
 
 
 def stop_in_the_way(
-    a: ActRequest,
-    out: ActResult,
-    free: FreeRequest,
-    ours: List[Dict[str, Any]],
-    targets: Dict[int, Dict[str, Any]],
-    procs: Dict[int, ProcessInfo],
-    kept_pids: Set[int],
-    sibling_gpus: Set[int],
-    used: Optional[List[int]],
+    a: ActRequest, out: ActResult, way: Way, targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo]
 ) -> None:
-    """Stop what `classify` chose and wait for this deployment's GPU memory to come back. `kept_pids`: a
-    weight cache daemon kept for the launch (its memory is not waited for); `used`: the MiB in use on the
-    deployment's GPUs, less the daemon's, read before anything was stopped."""
+    """Stop what `classify` chose and wait for this deployment's GPU memory to come back."""
+    free, ours, sibling_gpus, kept_pids = way.free, way.ours, way.sibling_gpus, way.kept_pids
     gpus = free.get("gpus")
     # the memory waited for is this deployment's: never that of a sibling left running on the same GPUs
     wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
-    before = used if wait_gpus == gpus else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
+    before = way.used if wait_gpus == gpus else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )

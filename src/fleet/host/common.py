@@ -15,8 +15,9 @@ import os
 import re
 import select
 import signal
+import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 try:  # fleet.protocol is prepended before this file when a step is sent to a host
     SECRET_WORD  # noqa: B018
@@ -298,3 +299,29 @@ def container_owner(uid: int, state_dir: str) -> str:
     import hashlib
 
     return hashlib.sha256(("%d:%s" % (uid, os.path.normpath(state_dir))).encode()).hexdigest()[:16]
+
+
+def at_once(*calls: Callable[[], Any]) -> List[Any]:
+    """What each of `calls` returns, in order, the calls run at the same time: each waits on a command of
+    its own (docker, podman, nvidia-smi: tens of milliseconds a start), and a deploy waits on them all. An
+    exception in one is raised here, after all of them ended."""
+    if not calls:
+        return []
+    results: List[Any] = [None] * len(calls)
+    errors: List[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:  # raised in the caller's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(1, len(calls))]
+    for t in threads:
+        t.start()
+    run(0)  # the first in this thread: one start fewer
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -13,13 +13,13 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
+    from fleet.host.common import at_once
     from fleet.host.records import read_record, write_record
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
@@ -103,20 +103,11 @@ def containers(cli: str, label: Optional[str] = None) -> Tuple[List[Dict[str, An
 
 
 def each_runtime(clis: List[str]) -> List[Tuple[str, List[Dict[str, Any]], Optional[str]]]:
-    """`containers` of each of `clis` the host has, in that order: (cli, containers, error). The runtimes
-    are asked at once (a `ps` takes 20-70 ms, and a deploy asks docker and podman twice)."""
+    """`containers` of each of `clis` the host has, in that order: (cli, containers, error), the runtimes
+    asked at once."""
     present = [c for c in clis if cli_path(c)]
-    answers: Dict[str, Tuple[List[Dict[str, Any]], Optional[str]]] = {}
-
-    def ask(cli: str) -> None:
-        answers[cli] = containers(cli)
-
-    threads = [threading.Thread(target=ask, args=(c,)) for c in present]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [(c,) + answers[c] for c in present]
+    listed = at_once(*[lambda c=c: containers(c) for c in present])
+    return [(c,) + listed[i] for i, c in enumerate(present)]
 
 
 def _inspected_labels(cli: str, ident: str) -> Optional[Dict[str, str]]:

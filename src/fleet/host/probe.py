@@ -1,8 +1,7 @@
 """Host probe: runs ON the GPU host (sent as `python -c`), prints one JSON document, never fails.
 
-Stand-alone on purpose (standard library only, Python >= 3.8): it is shipped as text, it imports
-nothing from fleet. Whatever is missing on the host (NVML, nvidia-smi, fuser, a model file) is
-reported in the output instead of raising. Argument: one JSON object (see `main`).
+Standard library only, Python >= 3.8, shipped as text with the shared host code. Whatever is missing on
+the host (NVML, nvidia-smi, fuser, a model file) is reported in the output instead of raising.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.common import engine_kind, gpu_device_files
+    from fleet.host.common import at_once, engine_kind, gpu_device_files
     from fleet.host.container import cli_path, container_of, each_runtime, gpu_access, image_facts
     from fleet.host.procs import (
         argv_at,
@@ -436,9 +435,14 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
     if args.get("reach"):
         facts["reach"] = _reach(args["reach"])
         facts["reach_interface"] = _route_interface(str(args["reach"]["address"]))
-    facts["containers"] = _engine_containers(servers + facts["devices"]["holders"], state)
-    if args.get("container"):
-        facts["container"] = _container(args["container"], args.get("gpu_devices", "/dev/nvidia*"), facts)
+    wanted, glob = args.get("container"), args.get("gpu_devices", "/dev/nvidia*")
+    # the runtimes' containers and the image are asked at once (each a docker/podman start)
+    facts["containers"], facts["container"] = at_once(
+        lambda: _engine_containers(servers + facts["devices"]["holders"], state),
+        lambda: _container(wanted, glob, facts) if wanted else None,
+    )
+    if facts["container"] is None:
+        del facts["container"]
     return facts
 
 
