@@ -581,6 +581,11 @@ NEAR_MISSES = [
         LogContext(engine="sglang", version=(0, 5, 23)),
         "sglang-no-buffer-overlap",
     ),
+    (  # a request or a path echoed in the log that quotes the loader's message is not the loader's error
+        'INFO:     127.0.0.1:51234 - "POST /generate?q=[IpcModelLoader] Daemon config mismatch HTTP/1.1" 200 OK',
+        LogContext(engine="sglang", version=(0, 5, 23)),
+        "weight-cache-config-mismatch",
+    ),
 ]
 
 

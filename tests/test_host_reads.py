@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,18 @@ while [ ! -e "{dir}/{other}.asked" ]; do
 done
 {answer}
 """
+
+
+def fake_nvml(count: int, used_mib: int, listing: Callable[[int], list[object]]) -> object:
+    """A pynvml module: `count` GPUs, each with `used_mib` in use, and `listing(handle)` its processes."""
+    return types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: count,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=used_mib << 20),
+        nvmlDeviceGetComputeRunningProcesses=listing,
+    )
 
 
 def fake_runtimes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,3 +111,20 @@ def test_nvidia_smi_is_asked_both_questions_at_once(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
     assert free.nvml_pids_and_memory([0]) == ({602}, [30_000])
+
+
+def test_a_kept_daemon_never_hides_what_nvml_lists_on_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a weight cache daemon kept, a GPU whose processes NVML cannot list (an older binding, vGPU, MIG)
+    sends the memory reading to nvidia-smi; where there is none, the other GPUs' holders NVML did list are
+    still holders (another user's job on GPU 0 is refused, not missed)."""
+
+    def listing(h: int) -> list[object]:
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return [types.SimpleNamespace(pid=4242, usedGpuMemory=9_000 << 20)]
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(2, 9_500, listing))
+    monkeypatch.setattr(free.shutil, "which", lambda name: None)  # no nvidia-smi either
+    on_gpus, _ = free.holders_and_memory([0, 1], {602})
+    assert on_gpus == {4242}
+    assert free.holders_and_memory([0, 1], set()) == ({4242}, [9_500, 9_500])

@@ -152,6 +152,9 @@ def test_the_recorded_daemon_is_kept_for_the_same_key_and_stopped_otherwise(tmp_
         assert kept is None and stop == daemon.pid and "settings changed" in why
         kept, stop, why = keep_or_stop(None, record)  # a stop, or a deploy without weight_cache:
         assert kept is None and stop == daemon.pid
+        # it refused the last engine (a new torch under it): started again whatever its key says
+        kept, stop, why = keep_or_stop(dict(want, restart="it refused"), record)
+        assert kept is None and stop == daemon.pid and why == "started again: it refused"
         (tmp_path / "daemon.exit").write_text("0\n")  # its launcher saw it end
         assert running_daemon(record) is None
     finally:
@@ -311,19 +314,13 @@ def test_the_memory_a_kept_daemon_holds_is_not_waited_for(monkeypatch: pytest.Mo
     import types
 
     from fleet.host import free as rf
+    from test_host_reads import fake_nvml
 
-    nvml = types.SimpleNamespace(
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetCount=lambda: 1,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=30_000 << 20),
-        nvmlDeviceGetComputeRunningProcesses=lambda h: [
-            types.SimpleNamespace(pid=602, usedGpuMemory=29_500 << 20),
-            types.SimpleNamespace(pid=700, usedGpuMemory=None),  # a process NVML cannot size
-        ],
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    listed = [
+        types.SimpleNamespace(pid=602, usedGpuMemory=29_500 << 20),
+        types.SimpleNamespace(pid=700, usedGpuMemory=None),  # a process NVML cannot size
+    ]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(1, 30_000, lambda h: listed))
     assert rf.wait_memory_released([50_000], 0.5, 600, [0], {602})[1] == [500]
     assert rf.wait_memory_released([50_000], 0.2, 600, [0])[1] == [30_000]  # without it: still "in use"
 
@@ -366,3 +363,32 @@ def test_without_nvml_nvidia_smi_says_what_the_kept_daemon_holds(
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
     assert rf.nvml_pids_and_memory([0], {602}) == ({602, 700}, [500])
     assert rf.nvml_pids_and_memory(None) == ({602, 700, 9}, [30_000, 100])
+
+
+def test_a_daemon_that_refuses_the_engine_is_started_again_on_the_next_launch_only() -> None:
+    """SGLang's loader refusing the daemon's configuration is known, and its fix changes no flag: the
+    relaunch asks the act step to start the daemon again (control/deploy.py), once."""
+    from fleet.control.act_request import launch_args
+    from fleet.crashes import decide, diagnose
+    from fleet.plan import apply_fix
+
+    line = "RuntimeError: [IpcModelLoader] Daemon config mismatch!"
+    d = diagnose(["Traceback (most recent call last):", line])
+    assert d.signature == "weight-cache-config-mismatch" and d.fix is not None
+    action = decide(d, [], 1, 4)
+    assert action.fix.describe() == "the weight cache daemon started again with this engine's settings"
+    r = plan(cached(), "ct129", CT129_GPUS, version="0.5.23")
+    assert r.plan is not None
+    planned = r.plan
+    assert apply_fix(planned, action.fix, d.signature, d.explanation).argv() == planned.argv()
+    from fleet.control.act_request import cache_restart
+
+    # a daemon kept from before may hold another torch: started again; one started for this engine: given up
+    why, refused = cache_restart({"weight_cache": {"kept": True, "why": "reused"}}, d.signature)
+    assert why == "it refused the last engine's configuration (weight-cache-config-mismatch)" and refused is None
+    why, refused = cache_restart({"weight_cache": {"kept": False, "why": "no daemon"}}, d.signature)
+    assert why is None and "started for this engine refused" in str(refused)
+    asked = launch_args(planned, "wc", 2, "/logs", "it refused the last engine's configuration")
+    assert asked["weight_cache"]["restart"] == "it refused the last engine's configuration"
+    assert "restart" not in launch_args(planned, "wc", 3, "/logs")["weight_cache"]
+    assert decide(d, [d.signature], 2, 4).reason.endswith("came back after its fix was applied")

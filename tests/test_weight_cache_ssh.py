@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,51 @@ def test_a_lookalike_daemon_and_a_dead_daemons_files_are_never_taken_for_fleets(
     r = run_cli("deploy", "wc", "--host", "ct129", "--gpus", "0,1")
     assert r.code == 0 and "weight cache daemon started pid" in r.out + r.err, r.out + r.err
     assert "Loaded model via IPC" in (fleet_env.host_dir("ct129") / "logs" / "wc.latest.log").read_text()
+
+
+def test_a_daemon_that_refuses_the_engine_is_started_again_once(fleet_env: simhost.Sandbox, cached: Path) -> None:
+    """The engine's environment gets a new torch under a running daemon (host.json `torch_version`; the
+    daemon keeps the torch it started with), which no key of fleet's can see: the engine's loader refuses the
+    daemon's weights as SGLang's does, fleet starts the daemon again with this engine's settings and says
+    why, and the relaunch maps the new daemon's weights."""
+    assert run_cli("deploy", "wc", "--host", "ct129").code == 0
+    first = record(fleet_env, "wc")["weight_cache"]["pid"]
+    simhost.set_host(fleet_env.host_dir("ct129"), torch_version="2.12.0+upgraded")
+    r = run_cli("restart", "--host", "ct129/wc")
+    out = r.out + r.err
+    assert r.code == 0, out
+    assert "weight-cache-config-mismatch" in out and "Daemon config mismatch" in out, out
+    assert "started again: it refused the last engine's configuration" in out, out
+    assert record(fleet_env, "wc")["weight_cache"]["pid"] != first and first not in daemon_pids(fleet_env)
+    assert "Loaded model via IPC" in (fleet_env.host_dir("ct129") / "logs" / "wc.latest.log").read_text()
+    # the restart that follows keeps the daemon started again: it holds this torch's weights
+    kept = run_cli("restart", "--host", "ct129/wc")
+    assert kept.code == 0 and "weight cache daemon kept" in kept.out + kept.err, kept.out + kept.err
+    assert run_cli("stop", "--host", "ct129/wc").code == 0 and daemon_pids(fleet_env) == []
+
+
+def test_the_daemon_of_a_fleet_killed_mid_deploy_is_known_by_its_record(
+    fleet_env: simhost.Sandbox, cached: Path
+) -> None:
+    """fleet is killed (SIGKILL) while its daemon loads: the daemon, recorded before the engine started, is
+    this deployment's, not a foreign GPU holder; the next deploy keeps it and maps its weights (one load
+    from disk in all), and `fleet stop` ends it."""
+    simhost.set_host(fleet_env.host_dir("ct129"), load_s_per_gib=0.2)  # about 5 s: time to be killed in
+    state = simhost.record(fleet_env.host_dir("ct129"), "state.json", "wc")
+    with Background([str(Path(sys.executable).parent / "fleet"), "deploy", "wc", "--host", "ct129"]) as fleet:
+        assert wait_until(
+            lambda: state.exists() and (json.loads(state.read_text()).get("weight_cache") or {}).get("pid"), timeout=30
+        )
+        fleet.proc.kill()
+    daemon = record(fleet_env, "wc")["weight_cache"]["pid"]
+    assert daemon in daemon_pids(fleet_env)
+    # the killed run's step on the host finishes its launch, then lets the lock go (exit 5 until then)
+    deploys: list = []
+    assert wait_until(lambda: deploys.append(run_cli("deploy", "wc", "--host", "ct129")) or deploys[-1].code != 5, 60)
+    r = deploys[-1]
+    out = r.out + r.err
+    assert r.code == 0 and "weight cache daemon kept" in out and "will not kill" not in out, out
+    assert record(fleet_env, "wc")["weight_cache"]["pid"] == daemon and disk_loads(fleet_env) <= 2
+    daemon_logs = list((fleet_env.host_dir("ct129") / "logs").glob("*.weight-cache-*.log"))
+    assert sum("Loading model from disk" in p.read_text() for p in daemon_logs) == 1
+    assert run_cli("stop", "--host", "ct129/wc").code == 0 and daemon_pids(fleet_env) == []

@@ -354,13 +354,18 @@ class CheckRequest(TypedDict, total=False):
     budget: Dict[str, int]
 
 
-class WeightCacheRequest(TypedDict):
-    """SGLang's weight cache daemon for the engine (fleet.plan.weight_cache): the running one if its `key`
-    is the same, else one started with `argv`; `ranks`: its processes, one per GPU."""
-
+class _WeightCacheRequired(TypedDict):
     argv: List[str]
     key: str
     ranks: int
+
+
+class WeightCacheRequest(_WeightCacheRequired, total=False):
+    """SGLang's weight cache daemon for the engine (fleet.plan.weight_cache): the running one if its `key`
+    is the same, else one started with `argv`; `ranks`: its processes, one per GPU. `restart`: why the
+    running one is started again whatever its key (it refused the last engine's configuration)."""
+
+    restart: str
 
 
 class WeightCacheEntry(LaunchedProcess, total=False):

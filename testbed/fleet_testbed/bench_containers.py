@@ -30,7 +30,7 @@ Row = Callable[..., str]
 
 def by_hand_argv(run: list[str]) -> list[str]:
     """fleet's planned `CLI run` as an operator would type it: no labels, no launcher, the engine's own
-    command line in the image; fleet's secrets and log mounts left out (they exist once fleet ran)."""
+    command line in the image; fleet's secrets mount left out (it exists once fleet ran)."""
     out: list[str] = []
     words = iter(run)
     for word in words:

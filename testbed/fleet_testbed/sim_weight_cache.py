@@ -53,7 +53,9 @@ def cache_config(args: Any, model: Any, version: Version, tp_rank: int, gpu: dic
         "quant_method": args.quantization or model_quant(model)[0],
         "dtype": args.dtype,
         "device_capability": gpu["compute_capability"],
-        "torch_version": "2.11.0+sim-sglang-{}.{}.{}".format(*version),
+        # the host's torch as each process finds it at its start (host.json `torch_version`: an upgrade of the
+        # engine's environment under a running daemon, which keeps the torch it started with)
+        "torch_version": gpustate.load_host().get("torch_version") or "2.11.0+sim-sglang-{}.{}.{}".format(*version),
     }
 
 

@@ -8,10 +8,12 @@ import socket
 import uuid
 from collections.abc import Sequence
 
+from fleet.control.answers import LOCK_GRACE_S
+from fleet.inventory import HostSettings
 from fleet.inventory.mounts import SECRETS_MOUNT
 from fleet.plan import LaunchPlan, weight_cache
 from fleet.plan.container import CONTAINER_PYTHON
-from fleet.protocol import CheckRequest, LaunchRequest, Premises
+from fleet.protocol import ActResult, CheckRequest, FreeRequest, LaunchRequest, LockRequest, Premises
 
 
 def run_id() -> str:
@@ -68,8 +70,11 @@ def planned_ports(plan: LaunchPlan) -> list[int]:
     return ports
 
 
-def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -> LaunchRequest:
-    """The act step's `launch`: the plan's command line and environment, in its container when it has one."""
+def launch_args(
+    plan: LaunchPlan, deployment: str, attempt: int, log_dir: str, restart_cache: str | None = None
+) -> LaunchRequest:
+    """The act step's `launch`: the plan's command line and environment, in its container when it has one.
+    `restart_cache`: why its weight cache daemon is started again whatever it was started with."""
     launch: LaunchRequest = {
         "name": deployment,
         "attempt": attempt,
@@ -84,6 +89,8 @@ def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -
             "key": weight_cache.daemon_key(plan),
             "ranks": weight_cache.ranks(plan),
         }
+        if restart_cache:
+            launch["weight_cache"]["restart"] = restart_cache
     cont = plan.container
     if cont is not None:
         launch["container"] = {
@@ -96,3 +103,50 @@ def launch_args(plan: LaunchPlan, deployment: str, attempt: int, log_dir: str) -
             "secrets_mount": SECRETS_MOUNT,
         }
     return launch
+
+
+def free_request(
+    settings: HostSettings, kill_policy: str, gpus: Sequence[int] | None, drain_s: float, port: int | None
+) -> FreeRequest:
+    """The act step's `free`: what may be stopped for a deployment on `gpus` (None: all) and `port`."""
+    return {
+        "port": port,
+        "bind_address": settings.bind_address,
+        "gpu_devices": settings.gpu_devices,
+        "kill_policy": kill_policy,
+        "gpus": list(gpus) if gpus is not None else None,
+        "drain_s": drain_s,
+        "memory_wait_s": 30.0,
+        "idle_mib": 1024,
+    }
+
+
+def cache_restart(failed: ActResult, signature: str) -> tuple[str | None, str | None]:
+    """After the weight cache daemon refused an engine (`signature`; `failed`: the act answer of that
+    attempt): (why the next launch starts the daemon again, or why fleet gives up instead). A daemon kept
+    from before may hold another torch or driver than the engine now has; one started for this very engine
+    that refuses it would refuse a second engine too."""
+    if (failed.get("weight_cache") or {}).get("kept"):
+        return f"it refused the last engine's configuration ({signature})", None
+    return None, (
+        "the weight cache daemon started for this engine refused its configuration (a setting the daemon "
+        "checks is missing from what fleet starts it with); deploy without weight_cache: and report it"
+    )
+
+
+def lock_request(
+    settings: HostSettings, deployment: str, gpus: Sequence[int] | None, replace: Sequence[str], run: tuple[str, str]
+) -> LockRequest:
+    """The act step's `lock` for a deployment on `gpus` (None: all) replacing `replace`, taken by the run
+    `run` (its id, its owner); the caller says what the run is (`command`) and whether it `places`."""
+    return {
+        "state_dir": settings.state_dir,
+        "deployment": deployment,
+        "places": False,
+        "gpus": list(gpus) if gpus is not None else None,
+        "replace": list(replace),
+        "run_id": run[0],
+        "owner": run[1],
+        "grace_s": LOCK_GRACE_S,
+        "command": "",
+    }

@@ -1,9 +1,8 @@
 """The deploy loop: facts → plan → pre-flight → (lock, engine check, stop, free, launch) → watch →
 diagnose → relaunch with the known fix or give up.
 
-Round trips after connect, for a deploy that works the first time: facts (1), act (1), watch (1).
-Each relaunch costs act + watch. What follows an attempt is decided by `fleet.plan.relaunch.next_action`
-(pure, shared with groups); this module acts on it.
+Round trips after connect, for a deploy that works the first time: facts, act, watch; a relaunch costs act
+and watch. What follows an attempt is `fleet.plan.relaunch.next_action` (pure, shared with groups).
 """
 
 from __future__ import annotations
@@ -16,8 +15,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from fleet import events
-from fleet.control.act_request import check_args, launch_args, owner, planned_ports, run_id
-from fleet.control.answers import LOCK_GRACE_S, act_refusal, engine_resolved, synthetic_line
+from fleet.control.act_request import (
+    cache_restart,
+    check_args,
+    free_request,
+    launch_args,
+    lock_request,
+    owner,
+    planned_ports,
+    run_id,
+)
+from fleet.control.answers import act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
 from fleet.control.host_steps import HostSteps, steps_of
 from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
@@ -37,6 +45,7 @@ from fleet.plan.build import ENGINE_PICKS
 from fleet.plan.picks import told_picks
 from fleet.plan.preflight import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
 from fleet.plan.relaunch import Ended, Failed, PicksDiffer, Proven, Ready, Replan, next_action
+from fleet.plan.types import RESTART_WEIGHT_CACHE
 from fleet.protocol import (
     CRASHED,
     FAILED,
@@ -106,6 +115,7 @@ class Deployer:
         self.secrets = secrets
         self.progress = progress
         self.engine_check = engine_check
+        self.restart_cache: str | None = None  # why the next launch starts the weight cache daemon again
         self.max_attempts = max_attempts
         self.ready_timeout_s = ready_timeout_s
         self.on_stall = on_stall
@@ -159,29 +169,15 @@ class Deployer:
 
     def lock_args(self, command: str, *, places: bool = False) -> LockRequest:
         """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
+        run = (self.run_id, self.owner)
         return {
-            "state_dir": self.host.settings.state_dir,
-            "deployment": self.deployment,
-            "places": places,
-            "gpus": list(self.gpus) if self.gpus is not None else None,
-            "replace": list(self.replace),
-            "run_id": self.run_id,
-            "owner": self.owner,
-            "grace_s": LOCK_GRACE_S,
+            **lock_request(self.host.settings, self.deployment, self.gpus, self.replace, run),
             "command": command,
+            "places": places,
         }
 
     def free_args(self, port: int | None) -> FreeRequest:
-        return {
-            "port": port,
-            "bind_address": self.host.settings.bind_address,
-            "gpu_devices": self.host.settings.gpu_devices,
-            "kill_policy": self.kill_policy,
-            "gpus": list(self.gpus) if self.gpus is not None else None,
-            "drain_s": self.drain_s,
-            "memory_wait_s": 30.0,
-            "idle_mib": 1024,
-        }
+        return free_request(self.host.settings, self.kill_policy, self.gpus, self.drain_s, port)
 
     def act(
         self,
@@ -219,8 +215,8 @@ class Deployer:
         if check:
             args["check"] = check_args(plan, f"{cont.name if cont else ''}-check-{self.run_id}", premises=premises)
         if launch:
-            args["launch"] = launch_args(plan, self.deployment, attempt, self.host.settings.log_dir)
-        return self.steps.act(
+            args["launch"] = launch_args(plan, self.deployment, attempt, self.host.settings.log_dir, self.restart_cache)
+        out = self.steps.act(
             plan.python,
             args,
             stdin=json.dumps(self.secrets).encode(),
@@ -228,6 +224,9 @@ class Deployer:
             timeout_s=self.drain_s + 240 + (2 * self.drain_s + 600 if cont is not None else 0),
             hold_stdin=True,
         )
+        if "launched" in out:  # the daemon started again holds this engine's configuration: asked once
+            self.restart_cache = None
+        return out
 
     def api_key(self, plan: LaunchPlan) -> str | None:
         """The engine's API key when its plan takes one (api_key_env: --api-key fleet-secret:NAME)."""
@@ -319,9 +318,14 @@ class Deployer:
             if not isinstance(action, Relaunch):
                 return self._given_up(result, plan, rec, action.reason if isinstance(action, GiveUp) else "")
             plan = relint(apply_fix(plan, action.fix, action.signature, action.reason), model, gpus, wishes)
+            if action.fix.derive == RESTART_WEIGHT_CACHE:  # asked of the next launch (act), not learned
+                self.restart_cache, refused = cache_restart(out, action.signature)
+                if refused:
+                    return self._given_up(result, plan, rec, refused)
+            else:
+                new_learned.append({"signature": action.signature, "fix": action.fix.to_json(), "learned_at": _now()})
             applied.append(action.signature)
             rec.fix = action.fix.describe()
-            new_learned.append({"signature": action.signature, "fix": action.fix.to_json(), "learned_at": _now()})
             self.progress(
                 events.Relaunching(
                     attempt=attempt + 1,

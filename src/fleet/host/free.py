@@ -150,6 +150,14 @@ def nvml_pids_and_memory(
         n.nvmlShutdown()
 
 
+def holders_and_memory(indices: Optional[List[int]], kept_pids: Set[int]) -> Tuple[Set[int], Optional[List[int]]]:
+    """The processes NVML lists on the GPUs `indices` and the MiB in use there, less what `kept_pids` hold.
+    The processes come from a reading that subtracts nothing: one that must (a daemon kept) falls back to
+    nvidia-smi for a GPU whose processes NVML cannot list, and without nvidia-smi would list none."""
+    on_gpus, used = nvml_pids_and_memory(indices)
+    return on_gpus, nvml_pids_and_memory(indices, kept_pids)[1] if kept_pids else used
+
+
 def all_gpu_indices(device_glob: str) -> Optional[List[int]]:
     """Every GPU of the host by NVML index (from the /dev/nvidiaN files when NVML cannot be asked)."""
     try:

@@ -106,6 +106,8 @@ def keep_or_stop(
     running = running_daemon(record)
     if running is None:
         return None, None, "no daemon of this deployment runs" if want else ""
+    if want is not None and want.get("restart"):
+        return None, running["pgid"], "started again: %s" % want["restart"]
     if want is not None and running.get("key") == want["key"]:
         return running, None, "its weights are reused: the daemon runs with the same settings"
     if want is None:

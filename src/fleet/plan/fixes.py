@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from fleet.plan.rules import ALIASES, args_dict, spell
-from fleet.plan.types import EnvVar, Fix, Flag, LaunchPlan, Version
+from fleet.plan.types import RESTART_WEIGHT_CACHE, EnvVar, Fix, Flag, LaunchPlan, Version
 
 Derived = tuple[list[tuple[str, str | None]], list[str]]  # (flags to set, flags to remove)
 
@@ -65,6 +65,8 @@ DERIVED_FIXES: dict[str, Callable[[list[Flag], Version | None], Derived]] = {
     "raise_mem_fraction": _raise_mem_fraction,
     "lower_mem_fraction": _lower_mem_fraction,
     "sweep_port": _no_change,  # the relaunch itself stops stale engine servers holding the port first
+    # the plan stays; the relaunch asks the act step to start the deployment's daemon again (control/deploy.py)
+    RESTART_WEIGHT_CACHE: _no_change,
 }
 
 

@@ -115,7 +115,9 @@ DERIVED_FIX_TEXT = {
     "raise_mem_fraction": "memory fraction +0.04",
     "lower_mem_fraction": "memory fraction -0.05",
     "sweep_port": "stop stale engine servers on the port, then relaunch",
+    "restart_weight_cache": "the weight cache daemon started again with this engine's settings",
 }
+RESTART_WEIGHT_CACHE = "restart_weight_cache"
 
 
 @dataclass(frozen=True)
