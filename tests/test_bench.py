@@ -41,6 +41,8 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="fb-", dir="/tmp"))
     env = dict(os.environ, FLEET_BENCH_ROOT=str(root), PYTHONPATH=str(ROOT / "testbed"))
     argv = ["--runs", "1", "--crashes", "3", "--sizes", "1,2", "--rtt-ms", "5", "--load-s-per-gib", "0.01"]
+    # section 11 in podman, at the suite's engine speed: docker runs a deployment in tests/test_containers_ssh.py
+    argv += ["--runtimes", "podman", "--startup-scale", "0.3"]
     argv += ["--out", str(out)]
     try:
         r = subprocess.run(
@@ -56,3 +58,5 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     floor = re.search(r"\(floor\) \| ([\d.]+) ", deploy)
     assert floor and float(floor.group(1)) > 0  # a measured floor, in the same run
     assert re.search(r"\| fleet deploy --no-engine-check \| [\d.]+ .*\| [\d.]+x \|", deploy)
+    boxed = text.split("### 11.")[1].split("###")[0]
+    assert re.search(r"\| fleet deploy in podman, a plan new to the host .*\| [\d.]+x \|", boxed)

@@ -532,6 +532,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,10,50")
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--load-s-per-gib", type=float, default=0.1, help="section 10's modelled disk")
+    ap.add_argument("--runtimes", default="podman,docker", help="the container runtimes section 11 measures")
+    ap.add_argument("--startup-scale", type=float, default=1.0, help="section 11's engine speed (1: a sandbox's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "latest.md", help="where the table goes")
     a = ap.parse_args()
     os.environ["SIM_SPEED"] = "0"
@@ -587,7 +589,15 @@ def main() -> int:
             a.load_s_per_gib,
         )
         rolling += bench_containers(
-            sb, env, fleet, timed, row, a.runs, "### 11. A deployment in a container against the same container by hand"
+            sb,
+            env,
+            fleet,
+            timed,
+            row,
+            a.runs,
+            "### 11. A deployment in a container against the same container by hand",
+            tuple(a.runtimes.split(",")),
+            a.startup_scale,
         )
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)

@@ -123,8 +123,18 @@ def measure(
 
 
 def bench_containers(
-    sb: simhost.Sandbox, env: dict[str, str], fleet: Fleet, timed: Timed, row: Row, runs: int, title: str
+    sb: simhost.Sandbox,
+    env: dict[str, str],
+    fleet: Fleet,
+    timed: Timed,
+    row: Row,
+    runs: int,
+    title: str,
+    runtimes: tuple[str, ...] = ("podman", "docker"),
+    startup_scale: float = 1.0,
 ) -> list[str]:
+    """`runtimes`: those measured; `startup_scale`: the simulated engine's speed (1.0: a new user's
+    sandbox; the test of the benchmark runs it faster)."""
     out = [
         title,
         "",
@@ -139,10 +149,10 @@ def bench_containers(
     books = sb.root / "bench-containers"
     books.mkdir(exist_ok=True)
     env = {**env, "FLEET_PLAYBOOKS": str(books)}
-    simhost.set_host(hdir, startup_scale=1.0)
+    simhost.set_host(hdir, startup_scale=startup_scale)
     try:
         with character_devices(hdir):
-            for cli in ("podman", "docker"):
+            for cli in runtimes:
                 with ExitStack() as runtime:
                     if cli == "docker":
                         runtime.enter_context(dockerd.on_host(sb, sb.specs[0], image))
