@@ -39,6 +39,21 @@ def fake_nvml(count: int, used_mib: int, listing: Callable[[int], list[object]])
     )
 
 
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: str, apps: str, first: str = "") -> None:
+    """An `nvidia-smi` first on PATH answering fleet's two queries with these CSV rows (`\\n` between rows),
+    after running the shell lines `first`, and no NVML binding (the host's own python3)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        f'#!/bin/sh\n{first}case "$1" in\n'
+        f'  --query-gpu=*) printf "{gpus}\\n" ;;\n'
+        f'  --query-compute-apps=*) printf "{apps}\\n" ;;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
+
+
 def fake_runtimes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     answers = {
         "podman": """echo '[{"Id": "aa", "Names": ["fleet-a"], "Image": "i", "State": "running", "Labels": {}}]'""",
@@ -94,22 +109,14 @@ def test_a_launch_that_stopped_nothing_takes_the_reading_before_as_the_first(mon
 def test_nvidia_smi_is_asked_both_questions_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without an NVML binding (the host's own python3), the GPUs' use and their processes come from two
     `nvidia-smi` runs that overlap."""
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(
-        "#!/bin/sh\n"
+    waits = (
         f'touch "{tmp_path}/$1.asked"\n'
         "i=0\n"
         f'while [ $(ls "{tmp_path}" | grep -c asked) -lt 2 ]; do\n'
         "  i=$((i + 1)); [ $i -gt 200 ] && exit 3; sleep 0.05\n"
         "done\n"
-        'case "$1" in\n'
-        '  --query-gpu=*) printf "0, GPU-a, 30000\\n" ;;\n'
-        '  --query-compute-apps=*) printf "GPU-a, 602, 29500\\n" ;;\n'
-        "esac\n"
     )
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
+    fake_smi(tmp_path, monkeypatch, "0, GPU-a, 30000", "GPU-a, 602, 29500", first=waits)
     assert free.nvml_pids_and_memory([0]) == ({602}, [30_000])
 
 
@@ -125,6 +132,6 @@ def test_a_kept_daemon_never_hides_what_nvml_lists_on_the_gpus(monkeypatch: pyte
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(2, 9_500, listing))
     monkeypatch.setattr(free.shutil, "which", lambda name: None)  # no nvidia-smi either
-    on_gpus, _ = free.holders_and_memory([0, 1], {602})
+    on_gpus, _ = free.nvml_pids_and_memory([0, 1], {602})
     assert on_gpus == {4242}
-    assert free.holders_and_memory([0, 1], set()) == ({4242}, [9_500, 9_500])
+    assert free.nvml_pids_and_memory([0, 1], set()) == ({4242}, [9_500, 9_500])

@@ -350,17 +350,11 @@ def test_without_nvml_nvidia_smi_says_what_the_kept_daemon_holds(
 ) -> None:
     """The host's own python3 (no NVML binding) asks nvidia-smi, in the same two queries as ever."""
     from fleet.host import free as rf
+    from test_host_reads import fake_smi
 
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(
-        '#!/bin/sh\ncase "$1" in\n'
-        '  --query-gpu=*) printf "0, GPU-a, 30000\\n1, GPU-b, 100\\n" ;;\n'
-        '  --query-compute-apps=*) printf "GPU-a, 602, 29500\\nGPU-a, 700, [N/A]\\nGPU-b, 9, 90\\n" ;;\n'
-        "esac\n"
+    fake_smi(
+        tmp_path, monkeypatch, "0, GPU-a, 30000\\n1, GPU-b, 100", "GPU-a, 602, 29500\\nGPU-a, 700, [N/A]\\nGPU-b, 9, 90"
     )
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: no binding
     assert rf.nvml_pids_and_memory([0], {602}) == ({602, 700}, [500])
     assert rf.nvml_pids_and_memory(None) == ({602, 700, 9}, [30_000, 100])
 

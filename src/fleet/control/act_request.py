@@ -135,18 +135,24 @@ def cache_restart(failed: ActResult, signature: str) -> tuple[str | None, str | 
 
 
 def lock_request(
-    settings: HostSettings, deployment: str, gpus: Sequence[int] | None, replace: Sequence[str], run: tuple[str, str]
+    settings: HostSettings,
+    deployment: str,
+    gpus: Sequence[int] | None,
+    replace: Sequence[str],
+    run: tuple[str, str],
+    command: str,
+    places: bool,
 ) -> LockRequest:
     """The act step's `lock` for a deployment on `gpus` (None: all) replacing `replace`, taken by the run
-    `run` (its id, its owner); the caller says what the run is (`command`) and whether it `places`."""
+    `run` (its id, its owner) doing `command`; `places`: it may launch on those GPUs."""
     return {
         "state_dir": settings.state_dir,
         "deployment": deployment,
-        "places": False,
+        "places": places,
         "gpus": list(gpus) if gpus is not None else None,
         "replace": list(replace),
         "run_id": run[0],
         "owner": run[1],
         "grace_s": LOCK_GRACE_S,
-        "command": "",
+        "command": command,
     }

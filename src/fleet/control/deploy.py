@@ -170,11 +170,7 @@ class Deployer:
     def lock_args(self, command: str, *, places: bool = False) -> LockRequest:
         """`places`: this step may launch on the deployment's GPUs (checked against the others there)."""
         run = (self.run_id, self.owner)
-        return {
-            **lock_request(self.host.settings, self.deployment, self.gpus, self.replace, run),
-            "command": command,
-            "places": places,
-        }
+        return lock_request(self.host.settings, self.deployment, self.gpus, self.replace, run, command, places)
 
     def free_args(self, port: int | None) -> FreeRequest:
         return free_request(self.host.settings, self.kill_policy, self.gpus, self.drain_s, port)

@@ -40,7 +40,6 @@ except NameError:  # imported as a module (fleet's own tests)
         all_gpu_indices,
         classify,
         expand,
-        holders_and_memory,
         is_engine,
         nvml_pids_and_memory,
         recorded_group,
@@ -272,7 +271,7 @@ def in_the_way(
         return fleet_containers(named, [a["lock"]["deployment"]] + replaced_names, name, owner)
 
     # the GPUs are read once, unless something is stopped (stop_in_the_way)
-    (ours, out["refused"]), (on_gpus, used) = at_once(listed, lambda: holders_and_memory(free.get("gpus"), kept_pids))
+    (ours, out["refused"]), (on_gpus, used) = at_once(listed, lambda: nvml_pids_and_memory(free.get("gpus"), kept_pids))
     free["own_containers"] = [c["id"] for c in ours]
     return Way(free, ours, sibling_gpus, kept_pids, on_gpus, used)
 

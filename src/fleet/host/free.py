@@ -131,7 +131,7 @@ def nvml_pids_and_memory(
     except Exception:
         return smi_pids_and_memory(indices, kept_pids)
     try:
-        pids, used = set(), []
+        pids, used, unsized = set(), [], False
         for i in range(n.nvmlDeviceGetCount()):
             if indices is not None and i not in indices:
                 continue
@@ -139,23 +139,17 @@ def nvml_pids_and_memory(
             used.append(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20))
             try:
                 listed = n.nvmlDeviceGetComputeRunningProcesses(h)
-            except Exception:
-                if kept_pids:  # an older driver's binding, vGPU or MIG: nvidia-smi may still say what they hold
-                    return smi_pids_and_memory(indices, kept_pids)
+            except Exception:  # an older driver's binding, vGPU or MIG
+                unsized = unsized or bool(kept_pids)
                 continue
             pids |= set(p.pid for p in listed)
             used[-1] -= sum((p.usedGpuMemory or 0) >> 20 for p in listed if kept_pids and p.pid in kept_pids)
+        if unsized:  # what the kept daemon holds there: nvidia-smi may say; the processes NVML listed stay
+            smi_pids, smi_used = smi_pids_and_memory(indices, kept_pids)
+            return pids | smi_pids, smi_used
         return pids, used
     finally:
         n.nvmlShutdown()
-
-
-def holders_and_memory(indices: Optional[List[int]], kept_pids: Set[int]) -> Tuple[Set[int], Optional[List[int]]]:
-    """The processes NVML lists on the GPUs `indices` and the MiB in use there, less what `kept_pids` hold.
-    The processes come from a reading that subtracts nothing: one that must (a daemon kept) falls back to
-    nvidia-smi for a GPU whose processes NVML cannot list, and without nvidia-smi would list none."""
-    on_gpus, used = nvml_pids_and_memory(indices)
-    return on_gpus, nvml_pids_and_memory(indices, kept_pids)[1] if kept_pids else used
 
 
 def all_gpu_indices(device_glob: str) -> Optional[List[int]]:
