@@ -297,6 +297,51 @@ def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
     assert not list((hdir / "logs").glob("*.log"))
 
 
+def test_a_check_that_refuses_a_launch_already_started_takes_it_back(
+    container_host: Path, images: dict[str, str]
+) -> None:
+    """With nothing in its way, the engine's check in the image (it holds no GPU) runs while the engine
+    starts, so a new command line costs no container start before the launch. A refusal then removes the
+    container, puts the record back as it was and says so in the attempt's log. With a server in the way
+    the check comes first, and the server serves on."""
+    hdir = container_host
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    good = "gpus: [6, 7]\n"
+    bad = good + "extra_args: ['--watchdog-timeout', 'soon']\n"
+    write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra=bad)
+    refused = run_cli("deploy", "small", "--host", "blackwell")
+    assert refused.code == 4, refused.err
+    assert "invalid float value: 'soon'" in refused.err and "before anything on the host was stopped" in refused.err
+    assert podman_json("ps", "-a", "--filter", "label=fleet.deployment=small") == []
+    assert not simhost.record(hdir, "state.json", "small").exists()
+    attempt = (hdir / "logs" / "small.latest.log").read_text().splitlines()
+    assert attempt[-1].startswith("[fleet] withdrawn: the engine's check refused this command line"), attempt[-3:]
+    facts = json.loads(run_cli("facts", "--host", "blackwell", "--json").out)
+    assert all(not g["processes"] for g in facts["gpu"]["gpus"])
+
+    write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra=good)
+    served = run_cli("deploy", "small", "--host", "blackwell")
+    assert served.code == 0, served.err
+    record = simhost.record(hdir, "state.json", "small").read_text()
+    write_playbook(playbooks, hdir, "small", images["0.5.23"], base="qwen36-27b", extra=bad)
+    again = run_cli("deploy", "small", "--host", "blackwell")
+    assert again.code == 4 and "invalid float value: 'soon'" in again.err, again.err
+    running = podman_json("ps", "-a", "--filter", "label=fleet.deployment=small")
+    assert [(c["Names"], c["State"]) for c in running] == [(["fleet-small"], "running")]
+    assert simhost.record(hdir, "state.json", "small").read_text() == record
+    assert "withdrawn" not in (hdir / "logs" / "small.latest.log").read_text()
+    # stopped: nothing in the way again, and the stopped record is the one put back
+    assert run_cli("stop", "--host", "blackwell/small").code == 0
+    stopped = simhost.record(hdir, "state.json", "small").read_text()
+    assert run_cli("deploy", "small", "--host", "blackwell").code == 4
+    assert "withdrawn" in (hdir / "logs" / "small.latest.log").read_text()
+    assert simhost.record(hdir, "state.json", "small").read_text() == stopped
+    assert podman_json("ps", "-a", "--filter", "label=fleet.deployment=small") == []
+    forgotten = run_cli("forget", "blackwell/small")  # its secrets directory is fleet's too
+    assert forgotten.code == 0, forgotten.err
+    assert not simhost.record(hdir, "state.json", "small").parent.exists()
+
+
 @pytest.fixture
 def dockerd(container_host: Path, fleet_env: simhost.Sandbox, images: dict[str, str]) -> Iterator[str]:
     """Debian's dockerd on the simulated blackwell (fleet_testbed.dockerd), the simulated SGLang image

@@ -238,6 +238,36 @@ def test_forget_leaves_a_deployment_a_newer_fleet_wrote_records_for(tmp_path: Pa
     assert sorted(p.name for p in directory.iterdir()) == [HEALS_FILE, LOCK_FILE, STATE_FILE]
 
 
+def test_forget_takes_the_secrets_directory_of_a_container_deployment_with_it(tmp_path: Path) -> None:
+    """The directory a container's launcher reads its secrets from is fleet's: forgotten with the records
+    (and what a killed step left in it); anything else in it, or a link in its place, is somebody's."""
+    import os
+
+    import fleet.host.lock as lock
+
+    directory = tmp_path / "deployments" / "boxed"
+    secrets = directory / "secrets"
+    secrets.mkdir(parents=True)
+    write_record(str(directory / STATE_FILE), {"status": STOPPED})
+    write_record(str(directory / LOCK_FILE), {"run_id": "r1"})
+    (secrets / "notes.txt").write_text("mine")
+    assert lock.forget(str(directory)) == {"forgotten": False, "left": ["secrets"]}
+    assert (secrets / "notes.txt").exists()
+    (secrets / "notes.txt").unlink()
+    os.symlink(tmp_path, secrets / "env-boxed-1.json")  # a link by the name fleet writes
+    assert lock.forget(str(directory)) == {"forgotten": False, "left": ["secrets"]}
+    (secrets / "env-boxed-1.json").unlink()
+    (secrets / "env-boxed-1.json").write_text("{}")  # left by a step killed before its launcher read it
+    assert lock.forget(str(directory)) == {"forgotten": True}
+    assert not directory.exists() and tmp_path.exists()
+
+    linked = tmp_path / "deployments" / "linked"
+    linked.mkdir()
+    write_record(str(linked / LOCK_FILE), {"run_id": "r2"})
+    os.symlink(tmp_path, linked / "secrets")
+    assert lock.forget(str(linked)) == {"forgotten": False, "left": ["secrets"]}
+
+
 def test_a_step_lets_its_runs_lock_go_only_through_run_lock(tmp_path: Path) -> None:
     """RunLock: released when the step ends if it says so (an exception too), at once with release_now
     (before the step says it is done), once; never another run's lock."""

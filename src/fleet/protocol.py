@@ -154,6 +154,8 @@ class ActResult(TypedDict, total=False):
     forced: List[int]
     memory: Dict[str, Any]
     launched: Launched
+    withdrawn: str  # the log of a launch the engine's check, run beside it, refused: taken back
+    withdraw_failed: str  # ... and why its container could not be removed (it runs, recorded)
     log_dir_unwritable: Dict[str, Any]
     record_unwritable: Dict[str, Any]  # the deployment's record path holds what no record replaces
     record_too_new: str  # a record this run needed was written by a newer fleet: why, and what to do

@@ -169,6 +169,12 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
             "host was changed.",
             "Free disk space there first.",
         )
+    if stuck := out.get("withdraw_failed"):
+        return DeployFailed(
+            f"{host_name}: the engine's check refused the command line after the launch beside it had started, "
+            f"and its container could not be removed ({stuck}); it runs, and its record names it.",
+            f"Remove it with: fleet stop --host {host_name}/{deployment}.",
+        )
     if failed := out.get("write_failed"):
         return DeployFailed(
             f"{host_name}: writing {failed['path']} failed after the old server was stopped "

@@ -33,6 +33,7 @@ except NameError:  # imported as a module (fleet's own tests)
         container_of,
         fleet_containers,
         recorded_cli,
+        run_cli,
         stop_containers,
         stop_foreign_containers,
     )
@@ -65,11 +66,12 @@ except NameError:  # imported as a module (fleet's own tests)
         mark_unverified,
         peek_record,
         read_record,
+        write_record,
     )
     from fleet.host.signals import hold_process
     from fleet.host.weight_cache import cache_dir, keep_or_stop, unsafe_dir
     from fleet.host.words import STOPPED
-    from fleet.protocol import ActRequest, ActResult, FreeRequest, ProcessInfo
+    from fleet.protocol import ActRequest, ActResult, CheckResult, FreeRequest, ProcessInfo
 
 
 def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> None:
@@ -150,14 +152,25 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     def gone() -> bool:
         return client_gone(a)
 
-    refused_now = refusal_before_stopping(a, out, gone)
+    # the engine's check comes before anything is stopped; a container's check (it holds no GPU) runs
+    # while the engine starts when nothing is in its way: a container start is not paid twice
+    race = bool(a.get("check")) and may_race(a)
+    if a.get("check") and not race:
+        refused_now = check_refusal(a, out, engine_check(a["check"], gone))
+        if refused_now is not None:
+            return refused_now
+    refused_now = refusal_before_stopping(a, out)
     if refused_now is not None:
-        return refused_now
+        checked = checked_first(a, out, gone, BEFORE_STOPPING) if race else None
+        return refused_now if checked is None else checked
     previous = read_record(os.path.join(state_dir, STATE_FILE))
-    procs = process_table()
-    way = in_the_way(a, out, root, previous, procs)
-    targets, refused, out["left"] = classify(way.free, procs, way.on_gpus)
-    out["refused"] = out.get("refused", []) + refused
+    way, targets, procs = what_is_in_the_way(a, out, root, previous)
+    if race and (out["refused"] or targets or way.ours):  # something to stop or refuse: checked first
+        race = False
+        refused_now = checked_first(a, out, gone, IN_THE_WAY)
+        if refused_now is not None:
+            return refused_now
+        way, targets, procs = what_is_in_the_way(a, out, root, previous)  # the check took its time
     if out["refused"] and a["op"] in LAUNCHING:  # a launch needs the GPUs free; a stop still stops what is fleet's
         return False
     if a["op"] == "prepare":  # a group's first step on each host: locked and checked, nothing stopped yet
@@ -170,6 +183,13 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
         launch_and_record(a, secrets, state_dir, previous, out)
         if "write_failed" in out:
             return True
+        if race:  # checked while the engine starts: a refusal, or fleet gone meanwhile, takes it back
+            refused_now = check_refusal(a, out, engine_check(a["check"], gone, yielding=True))
+            if refused_now is None and gone():
+                out["client_gone"] = refused_now = True
+            if refused_now is not None:
+                withdraw_launch(a, out, state_dir, previous, way)
+                return refused_now
         if gone():  # gone after the stop: the launch stands, recorded as never checked
             mark_unverified(state_dir, a["lock"]["run_id"])
             out["client_gone"] = True
@@ -183,20 +203,93 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
     return bool(a.get("release_lock"))
 
 
-def refusal_before_stopping(a: ActRequest, out: ActResult, gone: Callable[[], bool]) -> Optional[bool]:
-    """A refusal before anything is stopped (None: go on), and whether the lock goes now."""
-    if a.get("check"):
-        out["check"] = engine_check(a["check"], gone)
-        if out["check"]["verdict"] == "rejected":
-            return False
-        differ = picks_differ(out["check"].get("picks") or {}, (a["check"].get("picks") or {}).get("expect") or {})
-        if differ:  # the plan stood on picks the engine does not make here: fleet plans again, nothing stopped
-            out["picks_differ"] = differ
-            return True
-        short = budget_short(out["check"], a["check"].get("budget"))
-        if short:  # the engine's own budget on this host is smaller than the plan counted: refused now
-            out["budget_short"] = short
-            return True
+def may_race(a: ActRequest) -> bool:
+    """Whether the engine's check may run while the launched engine starts, when nothing is in the way:
+    in a container (it holds no GPU), for a launch with no weight cache daemon to start first and no other
+    deployment to replace (whose record a launch changes)."""
+    launch = a.get("launch") or {}
+    plain = not launch.get("weight_cache") and not a["lock"].get("replace")
+    return a["op"] == "launch" and bool(a["check"].get("container")) and plain
+
+
+# What an answer says before the engine's check, when the check is put off to run beside the launch: the
+# refusals it would have come before (the client reads those first), dropped when it refuses itself.
+BEFORE_STOPPING = ("log_dir_unwritable", "short_of_space", "record_unwritable")
+IN_THE_WAY = ("refused", "left", "weight_cache")
+
+
+def checked_first(
+    a: ActRequest, out: ActResult, gone: Callable[[], bool], said_before: Tuple[str, ...]
+) -> Optional[bool]:
+    """The engine's check, run where it would have run first, as a refusal (check_refusal); what was said
+    since is dropped when it refuses, as if it had not been found."""
+    refused_now = check_refusal(a, out, engine_check(a["check"], gone))
+    if refused_now is None:
+        return None
+    for key in said_before:
+        out.pop(key, None)  # type: ignore[misc]
+    return refused_now
+
+
+def what_is_in_the_way(
+    a: ActRequest, out: ActResult, root: str, previous: Optional[Dict[str, Any]]
+) -> Tuple[Way, Dict[int, Dict[str, Any]], Dict[int, ProcessInfo]]:
+    """The launch's way (others' containers and holders it will not stop go to out["refused"]), what
+    `classify` chose to stop in it, and the process table it was read from."""
+    procs = process_table()
+    way = in_the_way(a, out, root, previous, procs)
+    targets, refused, out["left"] = classify(way.free, procs, way.on_gpus)
+    out["refused"] = out.get("refused", []) + refused
+    return way, targets, procs
+
+
+def check_refusal(a: ActRequest, out: ActResult, said: CheckResult) -> Optional[bool]:
+    """The engine's check as a refusal (None: it stands on the plan), and whether the lock goes now."""
+    out["check"] = said
+    if said["verdict"] == "rejected":
+        return False
+    differ = picks_differ(said.get("picks") or {}, (a["check"].get("picks") or {}).get("expect") or {})
+    if differ:  # the plan stood on picks the engine does not make here: fleet plans again, nothing stopped
+        out["picks_differ"] = differ
+        return True
+    short = budget_short(said, a["check"].get("budget"))
+    if short:  # the engine's own budget on this host is smaller than the plan counted: refused now
+        out["budget_short"] = short
+        return True
+    return None
+
+
+def withdraw_launch(
+    a: ActRequest, out: ActResult, state_dir: str, previous: Optional[Dict[str, Any]], way: Way
+) -> None:
+    """Take back a launch the engine's check refused after it started: its container removed, its GPUs'
+    memory waited for, the record as it was; its log says why. Nothing else was stopped for it. A
+    container that cannot be removed keeps the record that names it (`fleet stop` removes it)."""
+    launched = out.pop("launched", None)
+    if launched is None:
+        return
+    container = launched["container"] or {}
+    if container.get("id"):  # none: its `run` failed, and launch_container removed what it had made
+        code, _, err = run_cli([container["cli"], "rm", "-f", container["id"]], 60)
+        if code != 0:
+            out["launched"] = launched
+            out["withdraw_failed"] = err.strip()[-300:] or "%s rm exited %d" % (container["cli"], code)
+            return
+    record = os.path.join(state_dir, STATE_FILE)
+    with contextlib.suppress(OSError):  # a full disk: the record names a server that is gone, as a crash would
+        if previous is None:
+            os.unlink(record)
+        else:
+            write_record(record, previous)
+    with contextlib.suppress(OSError), open(launched["log"], "a") as log:
+        log.write("[fleet] withdrawn: the engine's check refused this command line (it ran beside the launch)\n")
+    wait_memory_released(None, a["free"]["memory_wait_s"], a["free"]["idle_mib"], own_gpus(way), way.kept_pids)
+    out["withdrawn"] = launched["log"]
+
+
+def refusal_before_stopping(a: ActRequest, out: ActResult) -> Optional[bool]:
+    """A refusal before anything is stopped but the engine's check's (None: go on), and whether the lock
+    goes now."""
     if a["op"] in LAUNCHING:
         unwritable = unwritable_dir(expand(a["launch"]["log_dir"]))
         if unwritable:  # found out after stopping the old server, the host would be left with none
@@ -276,15 +369,19 @@ def in_the_way(
     return Way(free, ours, sibling_gpus, kept_pids, on_gpus, used)
 
 
+def own_gpus(way: Way) -> Optional[List[int]]:
+    """The GPUs whose memory a launch waits for (None: all): never a sibling's, left running beside it."""
+    gpus = way.free.get("gpus")
+    return gpus if gpus is None or not way.sibling_gpus else [i for i in gpus if i not in way.sibling_gpus]
+
+
 def stop_in_the_way(
     a: ActRequest, out: ActResult, way: Way, targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo]
 ) -> None:
     """Stop what `classify` chose and wait for this deployment's GPU memory to come back."""
-    free, ours, sibling_gpus, kept_pids = way.free, way.ours, way.sibling_gpus, way.kept_pids
-    gpus = free.get("gpus")
-    # the memory waited for is this deployment's: never that of a sibling left running on the same GPUs
-    wait_gpus = gpus if gpus is None or not sibling_gpus else [i for i in gpus if i not in sibling_gpus]
-    before = way.used if wait_gpus == gpus else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
+    free, ours, kept_pids = way.free, way.ours, way.kept_pids
+    wait_gpus = own_gpus(way)
+    before = way.used if wait_gpus == free.get("gpus") else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )

@@ -100,7 +100,13 @@ def budget_short(check: CheckResult, budget: Optional[Dict[str, int]]) -> Option
     return {"fraction": fraction, "room_mib": int(room), "need_mib": budget["need_mib"], "gpu_mib": budget["gpu_mib"]}
 
 
-def engine_check(c: CheckRequest, gone: Callable[[], bool]) -> CheckResult:
+def nicer() -> None:
+    os.nice(10)
+
+
+def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = False) -> CheckResult:
+    """`yielding`: the check runs while the launched engine starts, and gives it the CPU first (niced: a
+    podman container inherits it, through conmon and runc)."""
     code = CHECKS.get(c["engine"])
     if not code:
         return {"verdict": "could_not_check", "output": "no check for engine %s" % c["engine"]}
@@ -119,7 +125,9 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool]) -> CheckResult:
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
         try:
-            p = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, env=env)
+            p = subprocess.Popen(
+                argv, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=nicer if yielding else None
+            )
         except OSError as exc:
             return {"verdict": "could_not_check", "output": str(exc)}
         while p.poll() is None:

@@ -189,8 +189,42 @@ def wait_for_steps_of_this_run(a: LockRequest, wait_s: float) -> None:
         time.sleep(0.1)
 
 
-# What fleet writes in a deployment's directory: its JSON records, and those set aside as corrupt.
+# What fleet writes in a deployment's directory: its JSON records, and those set aside as corrupt; and the
+# directory a container's launcher reads its secrets from, with only what a killed step left there.
 FLEET_RECORD_RE = re.compile(r"^[a-z]+\.json(\.corrupt-[0-9]+)?\Z")
+SECRETS_DIR = "secrets"
+LEFT_SECRETS_RE = re.compile(r"^env-.+\.json\Z")
+
+
+def fleets_own(directory: str, name: str) -> bool:
+    """Whether `name` in a deployment's directory is what fleet writes there (never through a link)."""
+    mode = os.lstat(os.path.join(directory, name)).st_mode
+    if name == SECRETS_DIR and stat.S_ISDIR(mode):
+        return removed_secrets(os.path.join(directory, name), only_look=True)
+    return bool(FLEET_RECORD_RE.match(name)) and stat.S_ISREG(mode)
+
+
+def removed_secrets(path: str, only_look: bool = False) -> bool:
+    """Remove the secrets directory at `path` if it holds nothing but the files a container's launcher
+    reads (`only_look`: just say whether it does). Read and emptied through one descriptor of the directory
+    itself, never a link: what is removed is what was looked at."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        names = os.listdir(fd)
+        for n in names:
+            if not LEFT_SECRETS_RE.match(n) or not stat.S_ISREG(os.stat(n, dir_fd=fd, follow_symlinks=False).st_mode):
+                return False
+        if only_look:
+            return True
+        for n in names:
+            os.unlink(n, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)
+    return True
 
 
 def forget(directory: str) -> ForgetResult:
@@ -205,18 +239,16 @@ def forget(directory: str) -> ForgetResult:
         if pgid in live_process_groups():
             return {"forgotten": False, "running": pgid}
     names = sorted(os.listdir(directory))
-    foreign = [
-        n
-        for n in names
-        if not FLEET_RECORD_RE.match(n) or not stat.S_ISREG(os.lstat(os.path.join(directory, n)).st_mode)
-    ]
+    foreign = [n for n in names if not fleets_own(directory, n)]
     if foreign:
         return {"forgotten": False, "left": foreign}
-    newer = [n for n in names if written_by_newer(os.path.join(directory, n))]
+    newer = [n for n in names if n != SECRETS_DIR and written_by_newer(os.path.join(directory, n))]
     if newer:  # a newer fleet's records: its to keep or remove
         return {"forgotten": False, "newer": newer}
+    if SECRETS_DIR in names and not removed_secrets(os.path.join(directory, SECRETS_DIR)):
+        return {"forgotten": False, "left": [SECRETS_DIR]}  # changed since it was looked at: left as it is
     for n in names:  # the lock last: until the directory goes, this run holds it
-        if n != LOCK_FILE:
+        if n not in (LOCK_FILE, SECRETS_DIR):
             os.unlink(os.path.join(directory, n))
     os.unlink(os.path.join(directory, LOCK_FILE))
     os.rmdir(directory)
