@@ -26,7 +26,7 @@ SAMPLES: list[events.Event] = [
         [{"pid": 9, "why": "GPU daemon nvidia-persistenced", "user": "root"}],
         {"before_mib": [1024], "after_mib": [0], "waited_s": 0.5},
     ),
-    events.WeightCache(False, "no daemon of this deployment runs", 4242, "/var/log/fleet/a.weight-cache.log"),
+    events.WeightCache(False, "no daemon of this deployment runs", 4242, "/var/log/fleet/a~weight-cache-1.log"),
     events.Launched(4243, "/var/log/fleet/a.log"),
     events.LogLine("Load weight begin"),
     events.Pulling("lmsysorg/sglang:v0.5.11-cu129", "Copying blob sha256:4f4fb700ef54 done"),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CT129, Background, run_cli
+from fleet.host.launch import DAEMON_LOG_SUFFIX
 from fleet_testbed import bench_weight_cache, simhost
 from fleet_testbed.bench_weight_cache import PLAYBOOK
 from simengine import wait_until
@@ -232,6 +233,6 @@ def test_the_daemon_of_a_fleet_killed_mid_deploy_is_known_by_its_record(
     out = r.out + r.err
     assert r.code == 0 and "weight cache daemon kept" in out and "will not kill" not in out, out
     assert record(fleet_env, "wc")["weight_cache"]["pid"] == daemon and disk_loads(fleet_env) <= 2
-    daemon_logs = list((fleet_env.host_dir("ct129") / "logs").glob("*.weight-cache-*.log"))
+    daemon_logs = list((fleet_env.host_dir("ct129") / "logs").glob(f"*{DAEMON_LOG_SUFFIX}-*.log"))
     assert sum("Loading model from disk" in p.read_text() for p in daemon_logs) == 1
     assert run_cli("stop", "--host", "ct129/wc").code == 0 and daemon_pids(fleet_env) == []

@@ -41,6 +41,8 @@ def launcher_source(mode: str) -> str:
     return "SECRET_WORD = %r\n%s\n%s_main(sys.argv)\n" % (SECRET_WORD, fleet_text("host/launchers.py"), mode)
 
 
+# A daemon's logs are NAME~weight-cache-*: `~` is in no deployment's name, so none shares them or its link
+DAEMON_LOG_SUFFIX = "~weight-cache"
 LAUNCHER = launcher_source("process")
 CONTAINER_LAUNCHER = launcher_source("container")
 
@@ -185,7 +187,7 @@ def weight_cache_for(
     if daemon is None:
         clear_dir(directory)
         cache_req: LaunchRequest = {
-            "name": req["name"] + ".weight-cache",
+            "name": req["name"] + DAEMON_LOG_SUFFIX,
             "attempt": req["attempt"],
             "argv": want["argv"],
             "env": dict(req["env"], **templates),
