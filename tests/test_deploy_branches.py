@@ -66,6 +66,15 @@ def test_a_known_crash_is_fixed_and_the_fixed_plan_relaunched() -> None:
     assert [e["signature"] for e in learned] == result.new_fixes  # remembered on the host once proven
 
 
+def test_a_port_swept_on_the_way_is_not_learned_as_a_fix() -> None:
+    """The sweep is the relaunch's own (it stops stale engine servers on the port first) and changes no
+    flag: learned, `fleet fixes` would list a fix that does nothing."""
+    scripted = ScriptedHost(watches=[crashes("OSError: [Errno 98] Address already in use"), ready()])
+    result, _ = deploy(scripted, planned())
+    assert result.ok and result.new_fixes == ["port-in-use"]
+    assert scripted.watched[-1]["learned"] == []
+
+
 def test_what_fleet_cannot_explain_is_given_up_and_the_attempt_stopped() -> None:
     scripted = ScriptedHost(watches=[crashes("RuntimeError: a failure nobody has seen before")])
     result, _ = deploy(scripted, planned())

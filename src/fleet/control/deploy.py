@@ -40,7 +40,7 @@ from fleet.facts import HostFacts
 from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.model import ModelSpec
-from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, relint, show_version
+from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, learnable, relint, show_version
 from fleet.plan.build import ENGINE_PICKS
 from fleet.plan.picks import told_picks
 from fleet.plan.preflight import MIN_LOG_DISK_BYTES, MIN_STATE_DISK_BYTES
@@ -318,7 +318,7 @@ class Deployer:
                 self.restart_cache, refused = cache_restart(out, action.signature)
                 if refused:
                     return self._given_up(result, plan, rec, refused)
-            else:
+            elif learnable(action.fix):
                 new_learned.append({"signature": action.signature, "fix": action.fix.to_json(), "learned_at": _now()})
             applied.append(action.signature)
             rec.fix = action.fix.describe()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from fleet.model import RERANK, ModelSpec
-from fleet.plan.fixes import DERIVED_FIXES, apply_fix, set_flag
+from fleet.plan.fixes import DERIVED_FIXES, apply_fix, learnable, set_flag
 from fleet.plan.known_crashes import KNOWN_CRASHES, KnownCrash, lint
 from fleet.plan.parsers import parsers_for
 from fleet.plan.picks import FLAGS, SETTINGS, Pick, engine_pick, relevant
@@ -66,6 +66,7 @@ __all__ = [
     "Version",
     "Wishes",
     "apply_fix",
+    "learnable",
     "args_dict",
     "choose_tp",
     "keyed_premises",

@@ -70,6 +70,14 @@ DERIVED_FIXES: dict[str, Callable[[list[Flag], Version | None], Derived]] = {
 }
 
 
+def learnable(fix: Fix) -> bool:
+    """Whether a fix is worth applying before the crash the next time: one that changes the plan. A port
+    swept or a daemon started again is asked of the relaunch itself; learned, it would be listed by `fleet
+    fixes` as a fix that does nothing."""
+    changes = fix.set_flags or fix.remove_flags or fix.set_env
+    return bool(changes) or DERIVED_FIXES.get(fix.derive or "") not in (None, _no_change)
+
+
 def set_flag(
     flags: list[Flag], name: str, value: str | None, rule: str, reason: str, source: str = "", replaces: str = ""
 ) -> list[Flag]:
