@@ -209,3 +209,25 @@ def test_a_process_check_still_comes_before_anything(tmp_path: Path, monkeypatch
     host = Host(tmp_path, monkeypatch, check=ACCEPTED)
     run(tmp_path, request(tmp_path, container=False))
     assert host.done == ["check", "read the way", "stop", "launch"]
+
+
+def test_a_containers_check_is_given_no_gpu_whatever_the_runtime_would_give(tmp_path: Path) -> None:
+    """Racing the engine's start, a check holding a GPU would be in its way (SGLang refuses GPUs whose free
+    memory differs across ranks): NVIDIA's runtime and hooks give a container none with `void`, after the
+    operator's options and whatever the image says."""
+    from fleet.host.check import engine_check
+
+    said = tmp_path / "argv"
+    cli = tmp_path / "podman"
+    cli.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {said}\n')
+    cli.chmod(0o755)
+    request = {
+        "engine": "sglang",
+        "python": "python3",
+        "args": ["--model-path", "/models/m"],
+        "container": {"cli": str(cli), "name": "fleet-boxed-check-1", "image": "img", "options": ["-e", "A=1"]},
+    }
+    assert engine_check(request, lambda: False, yielding=True)["verdict"] == "accepted"
+    argv = said.read_text().splitlines()
+    void = argv.index("NVIDIA_VISIBLE_DEVICES=void")
+    assert argv[void - 1] == "-e" and argv.index("A=1") < void < argv.index("--entrypoint")

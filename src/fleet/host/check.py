@@ -120,6 +120,9 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
     argv = [expand(c["python"]), "-c", code] + c["args"]
     if cont:  # the check runs in the same image as the server, with its mounts and environment
         argv = [cont["cli"], "run", "--rm", "--name", cont["name"], "--network", "host"] + cont["options"]
+        # no GPU, whatever the runtime's defaults (docker's default runtime set to nvidia, a podman hook, and
+        # an image saying NVIDIA_VISIBLE_DEVICES=all): it starts no server, and it may run while one starts
+        argv += ["-e", "NVIDIA_VISIBLE_DEVICES=void"]
         if asked is not None:
             argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
