@@ -378,20 +378,31 @@ def own_gpus(way: Way) -> Optional[List[int]]:
 def stop_in_the_way(
     a: ActRequest, out: ActResult, way: Way, targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo]
 ) -> None:
-    """Stop what `classify` chose and wait for this deployment's GPU memory to come back."""
+    """Stop what `classify` chose and wait for this deployment's GPU memory to come back. A stop waits only
+    for what it stopped: what it leaves running (another user's process, a GPU tool) keeps its memory."""
     free, ours, kept_pids = way.free, way.ours, way.kept_pids
     wait_gpus = own_gpus(way)
-    before = way.used if wait_gpus == free.get("gpus") else nvml_pids_and_memory(wait_gpus, kept_pids)[1]
+    held = set(kept_pids)  # memory not waited for
+    if a["op"] == "stop":
+        held |= set(p["pid"] for p in out["left"] + out.get("refused", []) if isinstance(p.get("pid"), int))
+    if wait_gpus == free.get("gpus") and held == kept_pids:
+        before = way.used
+    else:
+        before = nvml_pids_and_memory(wait_gpus, held)[1]
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
-    before, after, waited = wait_memory_released(
-        before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, kept_pids, still=not (ours or targets)
-    )
-    out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
+    if a["op"] == "stop" and not (ours or targets):  # nothing stopped: no memory is coming back
+        out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0}
+    else:
+        held |= set(p["pid"] for p in left_in_groups if a["op"] == "stop" and isinstance(p.get("pid"), int))
+        before, after, waited = wait_memory_released(
+            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, still=not (ours or targets)
+        )
+        out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), free["siblings"])
 

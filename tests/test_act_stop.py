@@ -1,0 +1,71 @@
+"""What the act step waits for once it stopped what was in the way (fleet.host.act.stop_in_the_way).
+
+The stops and the GPU readings are replaced by recorders; the real stops are proven over sshd
+(tests/test_deploy.py, tests/test_containers_ssh.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fleet.host.act as act
+
+FOREIGN = {"pid": 7, "user": "bob", "cmdline": "python train.py", "why": "another user's"}
+OURS = {9: {"pid": 9, "pgid": 9}}
+
+
+class Gpus:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waits: list[dict[str, Any]] = []
+        self.reads: list[set[int]] = []
+        monkeypatch.setattr(act, "stop_containers", lambda ours, drain: [])
+        monkeypatch.setattr(act, "stop_foreign_containers", lambda targets, drain: [])
+        stopped = [{"pid": 9}]
+        monkeypatch.setattr(act, "stop_targets", lambda t, procs, drain: (stopped if t else [], [], []))
+        monkeypatch.setattr(act, "record_replaced", lambda *a: None)
+        monkeypatch.setattr(act, "sweep_stopped_groups", lambda *a: None)
+        monkeypatch.setattr(act, "nvml_pids_and_memory", self.read)
+        monkeypatch.setattr(act, "wait_memory_released", self.wait)
+
+    def read(self, gpus: Any, held: set[int]) -> tuple[set[int], list[int]]:
+        self.reads.append(set(held))
+        return set(), [30000]
+
+    def wait(self, before: Any, timeout_s: float, idle: int, gpus: Any, held: set[int], still: bool) -> Any:
+        self.waits.append({"held": set(held), "still": still})
+        return before, [0], 0.2
+
+
+def stop(tmp: Path, op: str, targets: dict[int, Any], refused: list[dict[str, Any]]) -> dict[str, Any]:
+    a = {"op": op, "lock": {"state_dir": str(tmp), "deployment": "d"}, "free": {"drain_s": 1, "memory_wait_s": 30,
+         "idle_mib": 0}}  # fmt: skip
+    free = {"gpus": [7], "replaced_names": [], "siblings": {}}
+    way = act.Way(free, [], set(), {4242}, {7}, [30000])
+    out: dict[str, Any] = {"left": [], "refused": refused}
+    act.stop_in_the_way(a, out, way, targets, {})
+    return out
+
+
+def test_a_stop_that_stops_nothing_waits_for_no_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's job holds the GPU: `fleet stop` said so and waited 30 s for memory nothing freed."""
+    gpus = Gpus(monkeypatch)
+    out = stop(tmp_path, "stop", {}, [FOREIGN])
+    assert gpus.waits == [] and out["memory"]["waited_s"] == 0.0 and out["ended"] == []
+
+
+def test_a_stop_waits_for_what_it_stopped_not_for_what_it_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = Gpus(monkeypatch)
+    out = stop(tmp_path, "stop", OURS, [FOREIGN])
+    assert gpus.reads == [{4242, 7}]  # the memory before, less the kept daemon's and the foreign job's
+    assert gpus.waits == [{"held": {4242, 7}, "still": False}] and out["ended"] == [{"pid": 9}]
+
+
+def test_a_launch_waits_for_its_gpus_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch runs only on GPUs with no holder left: the reading it already has stands for the first."""
+    gpus = Gpus(monkeypatch)
+    stop(tmp_path, "launch", OURS, [])
+    assert gpus.reads == [] and gpus.waits == [{"held": {4242}, "still": False}]
+    stop(tmp_path, "launch", {}, [])
+    assert gpus.waits[-1] == {"held": {4242}, "still": True}
