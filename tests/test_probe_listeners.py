@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,29 @@ def test_without_netlink_the_proc_tables_are_read(many_listeners: list[tuple[str
     seen = json.loads(r.stdout)
     assert seen["refused"] == 1
     assert {port for _, port in many_listeners} <= {v[1] for v in seen["listeners"].values()}
+
+
+def test_an_engine_process_started_after_the_scan_is_still_a_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The probe scans /proc for engines, then reads the GPUs. A rank an engine starts in between (a
+    deploy's probe while the last run's server comes up) was on a GPU but no server: placement counted
+    it as a process fleet did not start and refused its own deployment's GPU."""
+    import fleet.host.probe as probe
+
+    argvs = {100: ["python3", "-m", "sglang.launch_server"], 101: ["sglang::scheduler_TP1"], 102: ["sleep"]}
+
+    def found(pid: int, argv: list[str] | None = None) -> dict[str, object]:
+        return {"pid": pid, "ppid": 100, "pgid": 100, "uid": 0, "user": "root", "argv": argv, "start_ticks": 1}
+
+    monkeypatch.setattr(probe, "pids", lambda: [100])  # the scan: the rank has not started yet
+    monkeypatch.setattr(probe, "argv_at", argvs.get)
+    monkeypatch.setattr(probe, "process", found)
+    monkeypatch.setattr(probe, "container_of", lambda pid: None)
+    monkeypatch.setattr(probe, "_engine_containers", lambda procs, state: [])
+    on_gpu = [{"pid": 101, "used_mib": 2048}, {"pid": 102, "used_mib": 10}]  # the rank, and no engine
+    monkeypatch.setattr(probe, "gpu_facts", lambda: {"source": "nvml", "gpus": [{"index": 1, "processes": on_gpu}]})
+    held = {"device_files": [], "method": "fuser", "holders": [found(101)], "by_file": {}}
+    monkeypatch.setattr(probe, "gpu_holders", lambda glob: held)
+    facts = probe.collect({"state_dir": str(tmp_path)})
+    assert [s["pid"] for s in facts["servers"]] == [100, 101]

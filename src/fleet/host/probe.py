@@ -41,7 +41,7 @@ except NameError:  # imported as a module (fleet's own tests)
         legacy_name,
         load_record,
     )
-    from fleet.protocol import ProbeRequest
+    from fleet.protocol import ProbeRequest, ProcessInfo
 try:  # the model-file checks and the GPU facts are prepended too
     gpu_facts  # noqa: B018
 except NameError:
@@ -385,17 +385,19 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
     for inode, (addr, port) in listeners.items():
         pid = owners.get(inode)
         ports_by_pid.setdefault(pid, []).append({"address": addr, "port": port})
-    servers = []
-    for pid in pids():
+
+    def server(pid: int) -> Optional[ProcessInfo]:
         argv = argv_at(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
         if not argv or engine_kind(argv) is None or pid == os.getpid():  # fleet's launcher shell included
-            continue
+            return None
         info = process(pid, argv)
         if info:
             info.pop("argv", None)  # the command line says it once
             info["ports"] = sorted(ports_by_pid.get(pid, []), key=lambda p: p["port"])
             info["container"] = container_of(pid)
-            servers.append(info)
+        return info
+
+    servers = [info for info in map(server, pids()) if info]
     load = (read_text("/proc/loadavg") or "0 0 0").split()[:3]
     mem = dict(
         (k, int(v.split()[0]))
@@ -432,6 +434,12 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
         "disk": [_disk(p) for p in args.get("disk_paths", [])],
         "state": state,
     }
+    # an engine that started a process on a GPU after the scan (a rank starting) is its server too: placed
+    # by its group, never counted as a foreign holder of that GPU
+    seen = set(info["pid"] for info in servers)
+    late = set(h["pid"] for h in facts["devices"]["holders"])
+    late |= set(p["pid"] for g in (facts["gpu"].get("gpus") or []) for p in g.get("processes") or [])
+    servers += [info for info in map(server, sorted(late - seen)) if info]
     if args.get("reach"):
         facts["reach"] = _reach(args["reach"])
         facts["reach_interface"] = _route_interface(str(args["reach"]["address"]))
