@@ -102,7 +102,7 @@ def test_an_engine_process_started_after_the_scan_is_still_a_server(
     monkeypatch.setattr(probe, "argv_at", argvs.get)
     monkeypatch.setattr(probe, "process", found)
     monkeypatch.setattr(probe, "container_of", lambda pid: None)
-    monkeypatch.setattr(probe, "_engine_containers", lambda procs, state: [])
+    monkeypatch.setattr(probe, "engine_containers", lambda procs, state: [])
     on_gpu = [{"pid": 101, "used_mib": 2048}, {"pid": 102, "used_mib": 10}]  # the rank, and no engine
     monkeypatch.setattr(probe, "gpu_facts", lambda: {"source": "nvml", "gpus": [{"index": 1, "processes": on_gpu}]})
     held = {"device_files": [], "method": "fuser", "holders": [found(101)], "by_file": {}}

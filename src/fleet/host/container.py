@@ -332,3 +332,19 @@ def stop_foreign_containers(targets: Dict[int, Dict[str, Any]], drain_s: float) 
                 }
             )
     return stopped
+
+
+def engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Containers that run an engine or hold a GPU here (`procs`), or that fleet recorded a deployment in:
+    asked of docker/podman only when there are any (a podman `ps` costs more than the rest of the probe)."""
+    running = set(s["container"] for s in procs if s.get("container"))
+    recorded = any(
+        isinstance((d.get("state") or {}).get("container"), dict) for d in (state.get("deployments") or {}).values()
+    )
+    if not running and not recorded:
+        return []
+    out = []
+    # a runtime that cannot list (docker without its daemon) has none to show
+    for name, listed, _ in each_runtime(["podman", "docker"]):
+        out += [dict(c, cli=name) for c in listed if c["id"] in running or "fleet.deployment" in c["labels"]]
+    return out

@@ -23,7 +23,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     engine_kind  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import at_once, engine_kind, gpu_device_files
-    from fleet.host.container import cli_path, container_of, each_runtime, gpu_access, image_facts
+    from fleet.host.container import cli_path, container_of, engine_containers, gpu_access, image_facts
     from fleet.host.procs import (
         argv_at,
         listening_sockets,
@@ -446,7 +446,7 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
     wanted, glob = args.get("container"), args.get("gpu_devices", "/dev/nvidia*")
     # the runtimes' containers and the image are asked at once (each a docker/podman start)
     facts["containers"], facts["container"] = at_once(
-        lambda: _engine_containers(servers + facts["devices"]["holders"], state),
+        lambda: engine_containers(servers + facts["devices"]["holders"], state),
         lambda: _container(wanted, glob, facts) if wanted else None,
     )
     if facts["container"] is None:
@@ -478,22 +478,6 @@ def _container(c: Dict[str, Any], device_glob: str, facts: Dict[str, Any]) -> Di
         "image": image,
         "hf_cache": hf if os.path.isdir(hf) else None,
     }
-
-
-def _engine_containers(procs: List[Dict[str, Any]], state: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Containers that run an engine or hold a GPU here (`procs`), or that fleet recorded a deployment in:
-    asked of docker/podman only when there are any (a podman `ps` costs more than the rest of the probe)."""
-    running = set(s["container"] for s in procs if s.get("container"))
-    recorded = any(
-        isinstance((d.get("state") or {}).get("container"), dict) for d in (state.get("deployments") or {}).values()
-    )
-    if not running and not recorded:
-        return []
-    out = []
-    # a runtime that cannot list (docker without its daemon) has none to show
-    for name, listed, _ in each_runtime(["podman", "docker"]):
-        out += [dict(c, cli=name) for c in listed if c["id"] in running or "fleet.deployment" in c["labels"]]
-    return out
 
 
 def main() -> None:
