@@ -375,16 +375,21 @@ def own_gpus(way: Way) -> Optional[List[int]]:
     return gpus if gpus is None or not way.sibling_gpus else [i for i in gpus if i not in way.sibling_gpus]
 
 
+def pids_of(processes: List[Dict[str, Any]]) -> Set[int]:
+    """The pids of processes as steps report them (a runtime that could not list says pid None)."""
+    return set(p["pid"] for p in processes if isinstance(p.get("pid"), int))
+
+
 def stop_in_the_way(
     a: ActRequest, out: ActResult, way: Way, targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo]
 ) -> None:
     """Stop what `classify` chose and wait for this deployment's GPU memory to come back. A stop waits only
     for what it stopped: what it leaves running (another user's process, a GPU tool) keeps its memory."""
     free, ours, kept_pids = way.free, way.ours, way.kept_pids
+    stop_only = a["op"] == "stop"
     wait_gpus = own_gpus(way)
-    held = set(kept_pids)  # memory not waited for
-    if a["op"] == "stop":
-        held |= set(p["pid"] for p in out["left"] + out.get("refused", []) if isinstance(p.get("pid"), int))
+    # memory not waited for: a kept daemon's, and for a stop, what it leaves running
+    held = kept_pids | (pids_of(out["left"] + out.get("refused", [])) if stop_only else set())
     if wait_gpus == free.get("gpus") and held == kept_pids:
         before = way.used
     else:
@@ -395,10 +400,10 @@ def stop_in_the_way(
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
-    if a["op"] == "stop" and not (ours or targets):  # nothing stopped: no memory is coming back
+    if stop_only and not (ours or targets):  # nothing stopped: no memory is coming back
         out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0}
     else:
-        held |= set(p["pid"] for p in left_in_groups if a["op"] == "stop" and isinstance(p.get("pid"), int))
+        held |= pids_of(left_in_groups) if stop_only else set()
         before, after, waited = wait_memory_released(
             before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, still=not (ours or targets)
         )
