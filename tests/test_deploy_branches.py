@@ -5,6 +5,7 @@ test_deploy_loop.py; the decision after each attempt alone is in test_relaunch.p
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from factsdata import RTX_PRO_6000, facts
 from fleet import events
 from fleet.control import placing
 from fleet.control.deploy import Deployer
+from fleet.control.ops import plan_from_state
 from fleet.errors import LockedError
 from fleet.plan.build import PlanResult
 from fleet.protocol import FAILED
@@ -204,3 +206,13 @@ def test_a_memory_fraction_the_engine_resolves_smaller_than_the_plan_counted_sto
     enough = {"verdict": "accepted", "output": "", "resolved": {"memory fraction": "0.85"}}
     result, _ = deploy(ScriptedHost(checks=[enough], watches=[ready()]), planned())
     assert result.ok
+
+
+def test_a_recorded_plan_reads_back_whole_so_a_restart_records_it_as_it_was() -> None:
+    """`fleet restart` runs the plan its record holds; the record it writes keeps the plan's reasons and
+    the engine's picks it stood on (a rollback's record compared equal to the one it rolled back to)."""
+    plan = planned().plan
+    assert plan is not None and plan.left_to_engine and plan.verdicts
+    told = dataclasses.replace(plan, told=(("attention", "flashinfer"),))
+    again = plan_from_state({"plan": told.to_json(), "check_address": plan.check_address})
+    assert again.to_json() == told.to_json()

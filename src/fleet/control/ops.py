@@ -224,14 +224,20 @@ def recorded_pgid(st: StateRecord) -> int | None:
 
 
 def plan_from_state(state: StateRecord) -> LaunchPlan:
-    """The plan a host recorded when it was last deployed (what `restart` runs again)."""
+    """The plan a host recorded when it was last deployed (what `restart` runs again), whole: the record
+    a restart writes keeps its reasons and the engine's picks it stood on."""
     p = state["plan"]
     flags = tuple(
         Flag(f["flag"], f["value"], f["rule"], f["reason"], f.get("source", ""), f.get("replaces", ""))
         for f in p["flags"]
     )
-    from fleet.plan import EnvVar
+    from fleet.plan import EnvVar, Verdict
+    from fleet.plan.picks import Pick
 
+    picks = tuple(
+        Pick(q["setting"], q["resolved"], q["source"], q["value"] if q["value"] != q["resolved"] else "")
+        for q in p.get("left_to_engine", [])
+    )
     return LaunchPlan(
         engine=p["engine"],
         engine_version=parse_version(p.get("engine_version")),
@@ -243,8 +249,10 @@ def plan_from_state(state: StateRecord) -> LaunchPlan:
         flags=flags,
         env=tuple(EnvVar(e["name"], e["value"], e["rule"], e["reason"]) for e in p["env"]),
         secret_env=tuple(p.get("secret_env", [])),
-        verdicts=(),
+        verdicts=tuple(Verdict(v["level"], v["rule"], v["message"]) for v in p.get("verdicts", [])),
         applied_fixes=tuple(p.get("applied_fixes", [])),
+        left_to_engine=picks,
+        told=tuple((str(k), str(v)) for k, v in (p.get("told") or {}).items()),
         container=ContainerPlan.from_json(p["container"]) if p.get("container") else None,
         task=str(p.get("task") or GENERATE),
     )
