@@ -65,7 +65,7 @@ class RouterResult(TypedDict, total=False):
     workers: list[dict[str, Any]]
     added: str
     id: Any
-    refused: list[Any]
+    refused: str  # remove: why the router may not lose this worker now (keep_one_healthy)
     removed: str
     was_listed: bool
     answer: dict[str, Any]  # ask: the smoke request's answer through the router

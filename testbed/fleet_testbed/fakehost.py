@@ -1,8 +1,11 @@
-"""A scripted host for the deploy loop's branches (fleet.control.host_steps.HostSteps), in memory: each
-act answers as the real step does for the case scripted (the lock taken or held, the engine's check
-accepting, rejecting or picking otherwise, a launch), and each watch plays the next attempt's log and
-ending as the real watch step's events. What fleet does on a host is proven elsewhere, over real sshd
-and in simulated hosts; this proves what the loop does with each answer, in milliseconds."""
+"""A scripted host for the deploy, group and service loops' branches (fleet.control.host_steps.HostSteps),
+in memory: each act answers as the real step does for the case scripted (the lock taken or held, the
+engine's check accepting, rejecting or picking otherwise, a launch), and each watch plays the next
+attempt's log and ending as the real watch step's events. The host keeps its deployments' records and
+servers as the real steps leave them (a launch records and starts one, a proven attempt is recorded
+ready, a crash ends its server, a stop ends it), so a later probe reads them; a service's router step is
+answered by a scripted router (fleet_testbed.fakerouter). What fleet does on a host is proven elsewhere,
+over real sshd and in simulated hosts; this proves what the loops do with each answer, in milliseconds."""
 
 from __future__ import annotations
 
@@ -11,10 +14,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleet.facts import HostFacts
+from fleet.facts import DeploymentRecord, HostFacts
+from fleet.facts.parse import Proc
 from fleet.host.check import budget_short
 from fleet.hostscripts import StepEvent
-from fleet.protocol import ActRequest, ActResult, CheckResult, ProbeRequest, WatchRequest
+from fleet.protocol import (
+    ActRequest,
+    ActResult,
+    CheckResult,
+    ProbeRequest,
+    RouterRequest,
+    StateRecord,
+    WatchRequest,
+)
+from fleet.step_answers import RouterAnswer
+from fleet_testbed.fakerouter import ScriptedRouter
 
 HELD_FOR_AT_MOST_S = 30.0  # a group's proven rank says "held" until fleet lets go; a test never waits longer
 
@@ -50,7 +64,9 @@ class ScriptedHost:
     """`facts`: what the probe finds (factsdata builds them); `watches`: each watch step in turn (a resumed
     watch takes the next one); `checks`: the engine's verdict on each launch's command line in turn
     (accepted when none is left); `picks_differ`: the engine picks otherwise than the plan stood on, once,
-    when asked; `lock`: the lock step's answer."""
+    when asked; `lock`: the lock step's answer; `router`: the router a service runs here. `records` and
+    `servers` are what the host keeps now: each deployment's record, and which deployment each running
+    server (by pid) is."""
 
     facts_found: HostFacts | None = None
     watches: list[Watch] = field(default_factory=list)
@@ -60,6 +76,9 @@ class ScriptedHost:
     host_name: str = "scripted"
     acts: list[ActRequest] = field(default_factory=list)  # every act request fleet sent, in order
     watched: list[WatchRequest] = field(default_factory=list)  # every watch request
+    records: dict[str, StateRecord] = field(default_factory=dict)
+    servers: dict[int, str] = field(default_factory=dict)
+    router_step: ScriptedRouter = field(default_factory=ScriptedRouter)
 
     @property
     def commands_run(self) -> int:
@@ -67,7 +86,14 @@ class ScriptedHost:
 
     def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
         assert self.facts_found is not None, "a scripted host probed without facts to answer with"
-        return replace(self.facts_found, host=self.host_name)
+        found = self.facts_found
+        kept = {n: DeploymentRecord(n, dict(r)) for n, r in self.records.items()}  # type: ignore[misc]
+        running = tuple(
+            Proc(pid, 1, pid, 1000, "ops", "python3", f"python3 -m sglang.launch_server # {name}", 1)
+            for pid, name in self.servers.items()
+        )
+        remote = replace(found.remote, deployments={**found.remote.deployments, **kept})
+        return replace(found, host=self.host_name, remote=remote, servers=found.servers + running)
 
     @property
     def launches(self) -> list[list[str]]:
@@ -96,6 +122,9 @@ class ScriptedHost:
                 out["budget_short"] = short
                 return out
         out["ended"], out["left"], out["memory"] = [], [], {}
+        name = request["lock"]["deployment"]
+        if request.get("op") in ("launch", "stop"):  # what is fleet's of this deployment is stopped first
+            out["ended"] = [{"pid": pid} for pid in self._end(name)]
         if request.get("op") == "launch":
             n = len(self.launches) - 1
             out["launched"] = {
@@ -107,7 +136,21 @@ class ScriptedHost:
                 "start_ticks": 1,
                 "container": None,
             }
+            self.servers[1000 + n] = name
+        update = request.get("state_update")
+        if update:  # as the real step: a launch's record carries its process; a stop's says STOPPED
+            launched = out.get("launched") or {}
+            self.records[name] = {**update, **{k: launched[k] for k in ("pid", "pgid") if k in launched}}
         return out
+
+    def _end(self, name: str) -> list[int]:
+        ended = [pid for pid, of in self.servers.items() if of == name]
+        for pid in ended:
+            del self.servers[pid]
+        return ended
+
+    def router(self, python: str, request: RouterRequest, *, timeout_s: float) -> RouterAnswer:
+        return self.router_step.answer(request)
 
     def watch(
         self,
@@ -122,6 +165,7 @@ class ScriptedHost:
         attempt = self.watches.pop(0)
         offset = request["offset"]
         said: list[dict[str, Any]] = [{"e": "line", "t": t, "o": offset + i + 1} for i, t in enumerate(attempt.lines)]
+        self._ended_as(request, attempt)
         for event in [*said, *attempt.end]:
             if not on_event(event):  # type: ignore[arg-type]
                 return 0
@@ -131,3 +175,11 @@ class ScriptedHost:
             while on_event({"e": "held"}) and time.monotonic() < deadline:
                 time.sleep(0.005)
         return 0
+
+    def _ended_as(self, request: WatchRequest, attempt: Watch) -> None:
+        """What the attempt leaves on the host: a proven one its success recorded, one that ended its server gone."""
+        name, last = request.get("deployment", ""), (attempt.end[-1]["e"] if attempt.end else "")
+        if last == "done" and name in self.records and request.get("success_state"):
+            self.records[name] = {**self.records[name], **request["success_state"]}  # type: ignore[typeddict-item]
+        elif last == "exit":
+            self.servers.pop(request.get("pgid", -1), None)

@@ -7,13 +7,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleet import events
+from fleet.control.host_steps import HostLink, connection_of
 from fleet.control.outcomes import DeployResult
 from fleet.facts import HostFacts
 from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.plan import LaunchPlan, show_version
 from fleet.protocol import READY, STOPPED, StateRecord
-from fleet.transport import Transport
 
 if TYPE_CHECKING:
     from fleet.health import HostHealth
@@ -75,7 +75,7 @@ def adoption_problems(health: HostHealth, deployment: str) -> list[str]:
 
 
 def adopt(
-    t: Transport,
+    link: HostLink,
     host: Host,
     deployment: str,
     playbook_name: str,
@@ -89,6 +89,7 @@ def adopt(
     from fleet.control.sweep import HealthOptions, check_host
 
     started = time.monotonic()
+    t = connection_of(link, "adopt a running server")  # by a health sweep, which no step covers
     key = api_key_name(plan.argv())
     health = check_host(t, host, HealthOptions(secrets=secrets, api_keys={playbook_name: key} if key else {}))
     problems = adoption_problems(health, deployment)

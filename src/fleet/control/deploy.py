@@ -27,7 +27,7 @@ from fleet.control.act_request import (
 )
 from fleet.control.answers import act_refusal, engine_resolved, synthetic_line
 from fleet.control.attempt_watch import Hold, watch_attempt
-from fleet.control.host_steps import HostSteps, steps_of
+from fleet.control.host_steps import HostLink, steps_of
 from fleet.control.outcomes import Attempt, DeployResult, LogTail, log_context
 from fleet.crashes import GiveUp, LogContext, Relaunch, Signature, diagnose, traceback_of
 from fleet.errors import (
@@ -64,7 +64,6 @@ from fleet.protocol import (
 )
 from fleet.secrets import redact
 from fleet.startup import STALL_FLOOR_S, history_key
-from fleet.transport import Transport
 
 PREPARED_HOLD_S = 120.0  # a group's prepared host keeps its lock this long without a process holding it
 
@@ -77,7 +76,7 @@ class Deployer:
 
     def __init__(
         self,
-        transport: Transport | HostSteps,
+        transport: HostLink,
         host: Host,
         *,
         playbook_name: str,
@@ -128,7 +127,7 @@ class Deployer:
         self.owner = owner()
         self.stall_floor_s = STALL_FLOOR_S  # a phase is never called stalled sooner (tests lower it)
 
-    def over(self, transport: Transport | HostSteps) -> Deployer:
+    def over(self, transport: HostLink) -> Deployer:
         """This run over another connection to its host (a group stops a rank its watcher still streams)."""
         other = copy.copy(self)
         other.steps = steps_of(transport)

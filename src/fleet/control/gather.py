@@ -6,12 +6,11 @@ import sys
 import threading
 from typing import TypedDict
 
-from fleet.control.host_steps import HostSteps, steps_of
+from fleet.control.host_steps import HostLink, steps_of
 from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.protocol import ProbeRequest
-from fleet.transport import Transport
 
 
 def model_path(host: Host, model: str) -> str:
@@ -55,7 +54,7 @@ def probe_request(
 
 
 def read_facts(
-    transport: Transport | HostSteps,
+    transport: HostLink,
     host: Host,
     *,
     model: str | None = None,
@@ -79,7 +78,7 @@ def read_facts(
 class _Ahead(threading.Thread):
     """A read of a host's facts started before the caller needs them."""
 
-    def __init__(self, transport: Transport | HostSteps, asked: tuple[ProbeRequest, list[str]]) -> None:
+    def __init__(self, transport: HostLink, asked: tuple[ProbeRequest, list[str]]) -> None:
         super().__init__(name=f"facts-{transport.host_name}", daemon=True)  # never keeps a failed run alive
         self.transport, self.asked = transport, asked
         self.facts: HostFacts | None = None
@@ -119,7 +118,7 @@ def asked_for(host: Host, playbook: NamedPlaybook) -> PlaybookProbe:
     }
 
 
-def read_facts_ahead(transport: Transport | HostSteps, host: Host, playbook: NamedPlaybook) -> None:
+def read_facts_ahead(transport: HostLink, host: Host, playbook: NamedPlaybook) -> None:
     """Start reading the facts a deploy of `playbook` asks for, in a thread: the host's ~0.1 s of probing
     then overlaps the caller's imports of the deploy loop. The `read_facts` that asks the same of
     `transport` takes its answer (or its error); one that asks anything else waits for it first.

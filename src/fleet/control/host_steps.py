@@ -1,5 +1,6 @@
-"""What the deploy loop asks of its host, step by step (`HostSteps`): its facts (the probe), the act step
-(lock, check, stop, launch, record; or a release) and the watch step's events. `SshSteps` runs fleet's
+"""What the deploy and service loops ask of a host, step by step (`HostSteps`): its facts (the probe), the
+act step (lock, check, stop, launch, record; or a release), the watch step's events and a service's
+router step. `SshSteps` runs fleet's
 host scripts over a transport, each answer typed where it crosses. Tests hand the loop a scripted host
 instead (fleet_testbed.fakehost), so every branch of it runs in milliseconds without root or sshd; what
 fleet does on hosts is proven over real sshd and in simulated hosts."""
@@ -12,8 +13,8 @@ from typing import Protocol, runtime_checkable
 from fleet.control.answers import act_answer
 from fleet.facts import HostFacts, parse_facts
 from fleet.hostscripts import EventLines, StepEvent, run_step, script_for
-from fleet.protocol import ActRequest, ActResult, ProbeRequest, WatchRequest
-from fleet.step_answers import ACT
+from fleet.protocol import ActRequest, ActResult, ProbeRequest, RouterRequest, WatchRequest
+from fleet.step_answers import ACT, ROUTER, RouterAnswer
 from fleet.transport import Transport
 
 
@@ -49,10 +50,25 @@ class HostSteps(Protocol):
         """Stream the watch step's events to `on_event` (False: stop reading); the step's exit code."""
         ...
 
+    def router(self, python: str, request: RouterRequest, *, timeout_s: float) -> RouterAnswer:
+        """A service's router step: each of `request`'s actions answered in order, up to the first that failed."""
+        ...
 
-def steps_of(transport: Transport | HostSteps) -> HostSteps:
+
+HostLink = Transport | HostSteps  # a host's connection, or a scripted host (tests)
+
+
+def steps_of(transport: HostLink) -> HostSteps:
     """A host's steps: given as they are (a scripted host in tests), or run over its connection."""
     return transport if isinstance(transport, HostSteps) else SshSteps(transport)
+
+
+def connection_of(link: HostLink, what: str) -> Transport:
+    """The connection itself, for what the steps do not cover (`what`: adopting a server by a health
+    sweep, pulling an image or a model); a scripted host has none, and says which test went there."""
+    if isinstance(link, HostSteps):
+        raise TypeError(f"{link.host_name}: a scripted host cannot {what}")
+    return link
 
 
 class SshSteps:
@@ -91,3 +107,6 @@ class SshSteps:
             return all(on_event(event) for event in reader.feed(chunk))
 
         return self.t.stream(script_for("watch", request, [python]), on_chunk, stdin=stdin, timeout_s=timeout_s)
+
+    def router(self, python: str, request: RouterRequest, *, timeout_s: float) -> RouterAnswer:
+        return run_step(self.t, python, ROUTER, request, timeout_s=timeout_s)

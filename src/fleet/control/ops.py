@@ -13,6 +13,7 @@ from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import refuse_unless_taken
 from fleet.control.deploy import DRAIN_S, Deployer, recorded
 from fleet.control.gather import asked_for, read_facts
+from fleet.control.host_steps import HostLink, connection_of
 from fleet.control.naming import deployment_name
 from fleet.control.outcomes import DeployResult
 from fleet.control.placing import Placed, place_and_plan
@@ -60,7 +61,7 @@ def smoke_of(playbook: NamedPlaybook, task: str) -> SmokeSpec:
 
 
 def deploy(
-    t: Transport,
+    t: HostLink,
     host: Host,
     playbook: NamedPlaybook,
     *,
@@ -151,17 +152,18 @@ def _refuse_a_group(playbook: NamedPlaybook, host: Host) -> None:
 
 
 def _facts_with_what_is_missing(
-    t: Transport, host: Host, playbook: NamedPlaybook, progress: events.Sink, hub: HubAccess | None
+    t: HostLink, host: Host, playbook: NamedPlaybook, progress: events.Sink, hub: HubAccess | None
 ) -> HostFacts:
     """The host's facts for this playbook, read again after pulling a container image it lacks and, with
     `hub`, a model it lacks (refused, nothing stopped, when that cannot be done)."""
     asked = asked_for(host, playbook)
     facts = read_facts(t, host, **asked)
     runtime = asked["runtime"]
-    if _wants_pull(runtime, facts) and pull_image(t, str(facts.container and facts.container.cli), runtime, progress):
+    cli = str(facts.container and facts.container.cli)
+    if _wants_pull(runtime, facts) and pull_image(connection_of(t, "pull an image"), cli, runtime, progress):
         facts = read_facts(t, host, **asked)
     if hub is not None and playbook.spec.hf_repo and (facts.model is None or not facts.model.exists):
-        pull_model(t, host, playbook, hub=hub, progress=progress)
+        pull_model(connection_of(t, "pull a model"), host, playbook, hub=hub, progress=progress)
         facts = read_facts(t, host, **asked)
     return facts
 
@@ -290,7 +292,7 @@ def recorded_names(facts: HostFacts) -> list[str]:
 
 
 def restart(
-    t: Transport,
+    t: HostLink,
     host: Host,
     *,
     force: bool,
@@ -362,7 +364,7 @@ def restart(
     return deployer.run(plan, model, gpus, wishes, learned_key=key, learned_existing=existing)
 
 
-def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> ActResult:
+def stop(t: HostLink, host: Host, *, force: bool, name: str | None = None) -> ActResult:
     """Stop one deployment (`name`), or every deployment on the host and any stale engine (None)."""
     facts = read_facts(t, host)
     if name is not None and name not in facts.remote.deployments:
@@ -395,7 +397,7 @@ def stop(t: Transport, host: Host, *, force: bool, name: str | None = None) -> A
 
 
 def _stop_one(
-    t: Transport, host: Host, facts: HostFacts, deployment: str, *, force: bool, everything: bool
+    t: HostLink, host: Host, facts: HostFacts, deployment: str, *, force: bool, everything: bool
 ) -> ActResult:
     state = recorded(facts, deployment)
     placed = facts.remote.deployment(deployment).gpus

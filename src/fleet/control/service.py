@@ -25,12 +25,12 @@ from fleet import events
 from fleet.control import ops, placing
 from fleet.control.act_request import owner, run_id
 from fleet.control.gather import read_facts
+from fleet.control.host_steps import HostLink, steps_of
 from fleet.control.outcomes import ReplicaOutcome, ServiceResult
 from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
 from fleet.host.common import base_url
-from fleet.hostscripts import run_step
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
 from fleet.plan.service import (
@@ -43,10 +43,9 @@ from fleet.plan.service import (
     with_router,
 )
 from fleet.protocol import READY, RouterAction, RouterRequest, StateRecord
-from fleet.step_answers import ROUTER, RouterResult
-from fleet.transport import Transport
+from fleet.step_answers import RouterResult
 
-Connect = Callable[[Host], AbstractContextManager[Transport]]
+Connect = Callable[[Host], AbstractContextManager[HostLink]]
 REGISTER_WAIT_S = 60.0
 LEASE_TTL_S = 60.0  # a service's lease untouched this long was left by a run that died
 
@@ -91,13 +90,13 @@ class ServiceRun:
         self.endpoint = base_url(reachable_address(s.bind_address, s.address, self.router_host.name), spec.port)
         self.progress = progress_for(f"service/{service.name}")
         self._stack: ExitStack | None = None
-        self._open: dict[str, Transport] = {}
+        self._open: dict[str, HostLink] = {}
         self._lock = threading.Lock()
         self._refusal = ""  # why the roll stopped before a replica (set by _roll_one)
         self.circuit_wait_s = 90.0  # how long a roll waits for an open circuit to close (the router's is 60 s)
 
     @contextmanager
-    def session(self) -> Iterator[Transport]:
+    def session(self) -> Iterator[HostLink]:
         """One connection per host for a whole command (a roll talks to each host several times), closed
         at its end; yields the router host's."""
         with ExitStack() as stack:
@@ -107,7 +106,7 @@ class ServiceRun:
             finally:
                 self._stack, self._open = None, {}
 
-    def on(self, host: Host) -> Transport:
+    def on(self, host: Host) -> HostLink:
         """The session's connection to `host` (hosts are reached from several threads, each host from one)."""
         with self._lock:
             if host.name not in self._open:
@@ -118,7 +117,7 @@ class ServiceRun:
     # --- the service's own lock ---------------------------------------------------------------------
 
     @contextmanager
-    def exclusive(self, rt: Transport, command: str) -> Iterator[None]:
+    def exclusive(self, rt: HostLink, command: str) -> Iterator[None]:
         """Holds the service's lease (on the router's host) while `command` changes the service: a second
         up, roll or down at once is refused, not interleaved. The lease is touched from a thread of its
         own over its own connection; one left by a run that died expires after LEASE_TTL_S."""
@@ -156,16 +155,16 @@ class ServiceRun:
             with contextlib.suppress(FleetError):
                 self.router(rt, release)
 
-    def busy(self, rt: Transport) -> str | None:
+    def busy(self, rt: HostLink) -> str | None:
         """Who holds the service's lease now, in words; None when nobody does."""
         got = self.router(rt, {"do": "lease", "run_id": "", "ttl_s": LEASE_TTL_S, "peek": True})[0]
         return f"`{got.get('command')}` by {got.get('owner')} is under way" if got.get("held") else None
 
     # --- the router ---------------------------------------------------------------------------------
 
-    def router(self, t: Transport, *actions: RouterAction, timeout_s: float = 300.0) -> list[RouterResult]:
+    def router(self, t: HostLink, *actions: RouterAction, timeout_s: float = 300.0) -> list[RouterResult]:
         request: RouterRequest = {**self.common, "actions": list(actions)}
-        results = run_step(t, self.python, ROUTER, request, timeout_s=timeout_s).get("results") or []
+        results = steps_of(t).router(self.python, request, timeout_s=timeout_s).get("results") or []
         failed = next((r for r in results if "error" in r), None)
         if failed is None:
             return results
@@ -192,7 +191,7 @@ class ServiceRun:
         )
         raise DeployFailed(f"{where}: {failed.get('do')}: {failed['error']}" + (f"\n{tail}" if tail else ""), hint)
 
-    def ensure_router(self, t: Transport, *, replace: bool) -> RouterResult:
+    def ensure_router(self, t: HostLink, *, replace: bool) -> RouterResult:
         """The router running; `replace`: also when it runs with other options (only `fleet up` does: a new
         router starts with no workers, so requests fail until they are registered again)."""
         result = self.router(t, {"do": "ensure", "argv": self.argv, "wait_s": 60, "replace": replace})[0]
@@ -206,7 +205,7 @@ class ServiceRun:
         )
         return result
 
-    def ask(self, t: Transport, task: str) -> dict[str, Any]:
+    def ask(self, t: HostLink, task: str) -> dict[str, Any]:
         """The smoke check through the router; `task`: what the replicas' model serves (fleet.model)."""
         smoke = ops.smoke_of(self.playbook, task)
         answer: dict[str, Any] = self.router(
@@ -226,7 +225,7 @@ class ServiceRun:
     def url_of(self, replica: PlacedReplica, port: Any) -> str | None:
         return base_url(self.reachable(replica), port) if isinstance(port, int) else None
 
-    def by_host(self, fn: Callable[[Transport, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
+    def by_host(self, fn: Callable[[HostLink, PlacedReplica], ReplicaOutcome]) -> list[ReplicaOutcome]:
         """fn for every replica: hosts in parallel, one host's replicas in turn (placement is decided per host)."""
         hosts: dict[str, list[PlacedReplica]] = {}
         for r in self.replicas:
@@ -244,7 +243,7 @@ class ServiceRun:
         order = {r.deployment: i for i, r in enumerate(self.replicas)}
         return sorted(done, key=lambda o: order[o.replica.deployment])
 
-    def _deploy(self, t: Transport, r: PlacedReplica, *, relaunch: bool) -> ReplicaOutcome:
+    def _deploy(self, t: HostLink, r: PlacedReplica, *, relaunch: bool) -> ReplicaOutcome:
         """`relaunch`: the roll's redeploy; else `up`'s, which leaves a replica serving another plan alone."""
         try:
             result = ops.deploy(
@@ -265,17 +264,17 @@ class ServiceRun:
             return ReplicaOutcome(r, error=exc)
         return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
 
-    def _record(self, t: Transport, r: PlacedReplica) -> dict[str, Any]:
+    def _record(self, t: HostLink, r: PlacedReplica) -> dict[str, Any]:
         return dict(read_facts(t, self.host(r)).remote.deployment(r.deployment).state)
 
     def states(
-        self, t: Transport, *, router_up: bool = True
+        self, t: HostLink, *, router_up: bool = True
     ) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """Each replica's state (its host's record and the router's view, unless the router is down), the
         router's workers, and each replica's record (by deployment)."""
         records: dict[str, dict[str, Any]] = {}
 
-        def look(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
+        def look(t: HostLink, r: PlacedReplica) -> ReplicaOutcome:
             facts = read_facts(t, self.host(r))
             row = status_row(self.host(r), facts, r.deployment)
             records[r.deployment] = dict(facts.remote.deployment(r.deployment).state)
@@ -390,7 +389,7 @@ class ServiceRun:
 
     def _roll_one(
         self,
-        rt: Transport,
+        rt: HostLink,
         r: PlacedReplica,
         state: ReplicaState,
         states: list[ReplicaState],
@@ -425,7 +424,7 @@ class ServiceRun:
             if not registered:
                 self._put_back_if_serving(rt, r)
 
-    def _take_out(self, rt: Transport, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
+    def _take_out(self, rt: HostLink, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
         """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
         router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
         if state.url is None:  # never deployed: the router cannot list it
@@ -468,7 +467,7 @@ class ServiceRun:
         except FleetError as exc:
             return ReplicaOutcome(r, error=exc)
 
-    def _put_back_if_serving(self, rt: Transport, r: PlacedReplica) -> None:
+    def _put_back_if_serving(self, rt: HostLink, r: PlacedReplica) -> None:
         """A replica whose new plan was refused before its old server stopped still serves: back it goes."""
         try:
             row = status_row(self.host(r), read_facts(self.on(self.host(r)), self.host(r)), r.deployment)

@@ -8,13 +8,13 @@ from typing import Any
 
 from fleet.control import ops
 from fleet.control.gather import read_facts
+from fleet.control.host_steps import HostLink
 from fleet.control.outcomes import ReplicaOutcome
 from fleet.control.service import REGISTER_WAIT_S, ServiceRun
 from fleet.errors import DeployFailed, FleetError, HostStepError
 from fleet.inventory.services import PlacedReplica
 from fleet.plan.service import ReplicaState, recorded_task, service_checks, strangers
 from fleet.protocol import READY, RouterAction
-from fleet.transport import Transport
 
 
 @dataclass
@@ -87,7 +87,7 @@ def service_down(run: ServiceRun) -> tuple[list[str], list[FleetError]]:
             except (DeployFailed, HostStepError) as exc:  # a router answering nonsense is still stopped
                 done.append(f"workers not deregistered ({exc.message}); the replicas and router are stopped")
 
-        def stop_one(t: Transport, r: PlacedReplica) -> ReplicaOutcome:
+        def stop_one(t: HostLink, r: PlacedReplica) -> ReplicaOutcome:
             facts = read_facts(t, run.host(r))
             if r.deployment not in facts.remote.deployments:
                 return ReplicaOutcome(r, note="not deployed")
