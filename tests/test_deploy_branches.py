@@ -14,8 +14,9 @@ from factsdata import RTX_PRO_6000, facts
 from fleet import events
 from fleet.control import placing
 from fleet.control.deploy import Deployer
-from fleet.control.ops import plan_from_state
+from fleet.control.ops import plan_from_record
 from fleet.errors import LockedError
+from fleet.facts.recorded import parse_recorded
 from fleet.plan.build import PlanResult
 from fleet.protocol import FAILED
 from fleet_testbed.fakehost import ScriptedHost, crashes, cut, ready
@@ -214,5 +215,5 @@ def test_a_recorded_plan_reads_back_whole_so_a_restart_records_it_as_it_was() ->
     plan = planned().plan
     assert plan is not None and plan.left_to_engine and plan.verdicts
     told = dataclasses.replace(plan, told=(("attention", "flashinfer"),))
-    again = plan_from_state({"plan": told.to_json(), "check_address": plan.check_address})
+    again = plan_from_record(parse_recorded({"plan": told.to_json(), "check_address": plan.check_address}))
     assert again.to_json() == told.to_json()

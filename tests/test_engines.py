@@ -339,6 +339,7 @@ def test_the_facts_name_the_versions_own_environment_and_a_switch_is_not_the_sam
     box: Path, tmp_path: Path
 ) -> None:
     from fleet.control.adopt import runs_this_plan
+    from fleet.facts.recorded import parse_recorded
 
     for v in ("0.5.11", "0.5.23"):
         assert run_cli("-i", str(box), "engine", "install", f"sglang=={v}", "--host", "box").code == 0
@@ -357,7 +358,7 @@ def test_the_facts_name_the_versions_own_environment_and_a_switch_is_not_the_sam
         "Plan", (), {"to_json": lambda self: {"argv": ["x"], "env": [], "secret_env": [], "engine_version": "0.5.11"}}
     )()
     record["plan"]["engine_version"] = "0.5.23"  # type: ignore[index]
-    assert not runs_this_plan(record, Facts(), plan, "p")  # type: ignore[arg-type]
+    assert not runs_this_plan(parse_recorded(record), Facts(), plan, "p")  # type: ignore[arg-type]
 
 
 def test_use_leaves_a_current_link_fleet_did_not_make(box: Path, tmp_path: Path) -> None:

@@ -142,3 +142,47 @@ def test_credentials_on_command_lines_the_probe_reports_are_masked() -> None:
     facts = parse_facts("h", json.dumps(raw))
     shown = json.dumps(facts.raw) + repr(facts)
     assert "sk-bob-secret" not in shown and "--api-key ***" in shown
+
+
+def test_a_deployment_record_is_read_once_into_typed_fields_and_a_damaged_field_reads_as_not_recorded() -> None:
+    """fleet.facts.recorded: the one place a record's fields are read by name. A record is text on the
+    host (edited, cut short, an older fleet's): a field of another type is "not recorded", never a crash
+    in status, placement or a restart."""
+    from fleet.facts.recorded import Recorded, parse_recorded
+
+    good = {
+        "status": "ready",
+        "pid": 41,
+        "pgid": 41,
+        "port": 30000,
+        "ports": [30000, 30100],
+        "gpus": [2, 3],
+        "playbook": "qwen36-27b",
+        "plan": {"argv": ["python3", "-m", "sglang.launch_server"]},
+        "attempt": 2,
+        "applied_fixes": ["graph-oom"],
+        "weight_cache": {"pgid": 77},
+        "ready_timeout_s": 1800,
+    }
+    r = parse_recorded(good)
+    assert (r.status, r.pid, r.port, r.ports, r.gpus, r.attempts) == ("ready", 41, 30000, (30000, 30100), (2, 3), 2)
+    assert r.argv == ["python3", "-m", "sglang.launch_server"] and r.cache_group == 77
+    assert r.applied_fixes == ("graph-oom",) and r.ready_timeout_s == 1800.0
+    assert r.raw == good and r.raw is not good, "what fleet sends back whole is the record as read"
+    damaged = {
+        "status": ["ready"],
+        "pid": True,
+        "pgid": "41",
+        "port": 30000.5,
+        "gpus": "all",
+        "plan": "argv",
+        "group": [1],
+        "weight_cache": {"pgid": 1},
+        "applied_fixes": "graph-oom",
+        "ready_timeout_s": False,
+    }
+    bad = parse_recorded(damaged)
+    assert bad == Recorded(weight_cache={"pgid": 1}), bad  # a group id of 1 (init) names no daemon
+    assert bad.argv == [] and bad.cache_group is None and bad.ports == ()
+    # an empty record and no record read alike
+    assert parse_recorded({}) == Recorded()

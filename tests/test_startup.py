@@ -332,11 +332,12 @@ def test_a_timeline_shows_each_kept_start_safely_and_counts_what_it_cannot_show(
 
 def test_a_restart_or_heal_keeps_the_playbooks_start_up_bounds_from_the_record() -> None:
     from fleet.control.ops import recorded_bounds
+    from fleet.facts.recorded import parse_recorded
 
-    assert recorded_bounds({"ready_timeout_s": 1800, "on_stall": "wait"}) == {
-        "ready_timeout_s": 1800.0,
-        "on_stall": "wait",
-    }
-    assert recorded_bounds({}) == {}  # a record from before they were kept: the defaults
+    def bounds(record: dict[str, object]) -> dict[str, object]:
+        return recorded_bounds(parse_recorded(record))
+
+    assert bounds({"ready_timeout_s": 1800, "on_stall": "wait"}) == {"ready_timeout_s": 1800.0, "on_stall": "wait"}
+    assert bounds({}) == {}  # a record from before they were kept: the defaults
     for bad in ({"ready_timeout_s": True}, {"ready_timeout_s": -5}, {"ready_timeout_s": 1e9}, {"on_stall": "rm -rf"}):
-        assert recorded_bounds(bad) == {}
+        assert bounds(bad) == {}

@@ -46,7 +46,7 @@ def timeline(ctx: Invocation, target: str, as_json: bool) -> None:
         )
     for name in [deployment] if deployment else known:
         record = facts.remote.deployment(name)
-        own = record.state.get("startup_key")
+        own = record.recorded.startup_key
         if not record.starts:
             if not as_json:
                 say(f"{host.name}/{name}: no start recorded on this host yet")

@@ -4,16 +4,18 @@ models, the smoke prompt) instead of restarting it, since a big model takes minu
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleet import events
 from fleet.control.host_steps import HostLink, connection_of
 from fleet.control.outcomes import DeployResult
 from fleet.facts import HostFacts
+from fleet.facts.recorded import Recorded
 from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.plan import LaunchPlan, show_version
-from fleet.protocol import READY, STOPPED, StateRecord
+from fleet.protocol import READY, STOPPED
 
 if TYPE_CHECKING:
     from fleet.health import HostHealth
@@ -26,35 +28,35 @@ SERVER_CHECKS = frozenset({"server", "container", "drift", "port", "http_health"
 ADOPTION_PROOF = frozenset({"server", "http_health", "generation"})
 
 
-def runs_this_plan(st: StateRecord, facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
-    """The deployment's recorded server (`st`) was started from exactly this plan (argv, environment,
+def runs_this_plan(r: Recorded, facts: HostFacts, plan: LaunchPlan, playbook_name: str) -> bool:
+    """The deployment's recorded server (`r`) was started from exactly this plan (argv, environment,
     secret names), was last seen ready, and its process is still there."""
-    old, new = st.get("plan") or {}, plan.to_json()
+    old, new = r.plan, plan.to_json()
 
-    def env(p: dict[str, Any]) -> list[tuple[Any, Any]]:
+    def env(p: Mapping[str, Any]) -> list[tuple[Any, Any]]:
         return sorted((e.get("name"), e.get("value")) for e in p.get("env", []))
 
     return (
-        st.get("status") == READY
-        and st.get("playbook") == playbook_name
+        r.status == READY
+        and r.playbook == playbook_name
         and old.get("argv") == new["argv"]
         and old.get("engine_version") == new.get("engine_version")  # the same argv may run another version
         and env(old) == env(new)
         and old.get("secret_env", []) == new["secret_env"]
         and old.get("container") == new.get("container")  # the same image (by id), options and run
-        and any(p.pid == st.get("pid") for p in facts.servers)
+        and r.pid is not None
+        and any(p.pid == r.pid for p in facts.servers)
     )
 
 
-def ran_before(st: StateRecord, plan: LaunchPlan) -> bool:
+def ran_before(r: Recorded, plan: LaunchPlan) -> bool:
     """This exact command line already ran to readiness on this host with this engine version: the
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
-    recorded = st.get("plan") or {}
     return (
-        st.get("status") in (READY, STOPPED)
-        and recorded.get("argv") == plan.argv()
-        and st.get("engine_version") == show_version(plan.engine_version)
-        and recorded.get("container") == (plan.to_json().get("container"))  # not another image of that version
+        r.status in (READY, STOPPED)
+        and r.argv == plan.argv()
+        and r.engine_version == show_version(plan.engine_version)
+        and r.plan.get("container") == (plan.to_json().get("container"))  # not another image of that version
     )
 
 

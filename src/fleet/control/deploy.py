@@ -12,7 +12,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from fleet import events
 from fleet.control.act_request import (
@@ -36,7 +36,6 @@ from fleet.errors import (
     TransportError,
     UnsafeToKill,
 )
-from fleet.facts import HostFacts
 from fleet.host.common import api_key_name, base_url
 from fleet.inventory import Host
 from fleet.model import ModelSpec
@@ -484,11 +483,6 @@ class Deployer:
         if out.get("client_gone"):
             return "the connection closed before the host acted"
         return ""
-
-
-def recorded(facts: HostFacts, deployment: str) -> StateRecord:
-    """The host's record of `deployment` (empty when there is none)."""
-    return cast(StateRecord, dict(facts.remote.deployment(deployment).state))
 
 
 def _now() -> str:

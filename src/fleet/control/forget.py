@@ -34,11 +34,10 @@ def forget(t: Transport, host: Host, name: str) -> None:
             f"{host.name}: no deployment named {name} (deployments there: {known}); nothing was forgotten.",
             f"`fleet status --host {host.name}` lists them.",
         )
-    state = facts.remote.deployments[name].state
     deployer = Deployer(
         t,
         host,
-        playbook_name=str(state.get("playbook", "-")),
+        playbook_name=facts.remote.deployments[name].recorded.playbook or "-",
         smoke={},
         kill_policy=host.settings.kill_policy,
         secrets={},

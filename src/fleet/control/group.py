@@ -23,7 +23,7 @@ from fleet import events
 from fleet.control import ops, placing
 from fleet.control.answers import synthetic_line
 from fleet.control.attempt_watch import Hold
-from fleet.control.deploy import Deployer, recorded
+from fleet.control.deploy import Deployer
 from fleet.control.gather import model_path, read_facts
 from fleet.control.outcomes import Attempt, log_context, refused_before_stopping
 from fleet.control.parallel import in_parallel
@@ -154,7 +154,7 @@ class GroupRun:
         if not problems and all(p is not None for p in plans):
             ready = [p for p in plans if p is not None]
             counts = [r.gpus.count // len(self.hosts) if r.gpus else 0 for r in placed]
-            mine = ops.recorded_pgid(recorded(all_facts[0], self.playbook.name))
+            mine = all_facts[0].remote.deployment(self.playbook.name).recorded.pgid
             own = {p.pid for p in all_facts[0].servers if mine is not None and p.pgid == mine}
             verdicts = group_preflight(self.nodes, all_facts, ready, counts, pb.dist_port, pb.engine, own)
             problems = [v.message for v in verdicts]

@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fleet.control import ops
-from fleet.control.deploy import recorded
 from fleet.control.gather import read_facts
 from fleet.control.group import GroupRun
 from fleet.errors import DeployFailed, FleetError
@@ -44,24 +43,24 @@ def group_health(run: GroupRun, *, heal: bool, rank0_problems: Sequence[str] = (
             checks.append(Check(f"rank{i}", UNKNOWN, f"{host.name}: {exc.message}"))
             broken = True
             continue
-        st = recorded(f, name)
-        group = st.get("group") if isinstance(st.get("group"), dict) else None
+        r = f.remote.deployment(name).recorded
+        group = r.group
         if group is None or group.get("hosts") != [h.name for h in run.hosts]:
             checks.append(Check(f"rank{i}", CRITICAL, f"{host.name}: no record of rank {i} of this group"))
             broken = True
             continue
-        recorded_any = recorded_any or st.get("status") != STOPPED
-        given_up = given_up or st.get("status") == FAILED
-        alive = any(p.pid == st.get("pid") for p in f.servers)
-        if st.get("status") == READY and alive:
-            checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {st.get('pid')} alive, ready"))
+        recorded_any = recorded_any or r.status != STOPPED
+        given_up = given_up or r.status == FAILED
+        alive = any(p.pid == r.pid for p in f.servers)
+        if r.status == READY and alive:
+            checks.append(Check(f"rank{i}", OK, f"{host.name}: pid {r.pid} alive, ready"))
         else:
-            why = "gone" if not alive else st.get("status")
+            why = "gone" if not alive else r.status
             checks.append(
                 Check(
                     f"rank{i}",
                     CRITICAL,
-                    f"{host.name}: rank {i} {why} ({st.get('reason') or 'no reason recorded'})",
+                    f"{host.name}: rank {i} {why} ({r.reason or 'no reason recorded'})",
                 )
             )
             broken = True

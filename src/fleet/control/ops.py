@@ -11,7 +11,7 @@ from fleet import events
 from fleet.control.act_request import owner
 from fleet.control.adopt import adopt, ran_before, runs_this_plan
 from fleet.control.answers import refuse_unless_taken
-from fleet.control.deploy import DRAIN_S, Deployer, recorded
+from fleet.control.deploy import DRAIN_S, Deployer
 from fleet.control.gather import asked_for, read_facts
 from fleet.control.host_steps import HostLink, connection_of
 from fleet.control.naming import deployment_name
@@ -20,7 +20,8 @@ from fleet.control.placing import Placed, place_and_plan
 from fleet.control.pull import HubAccess, pull_model
 from fleet.crashes import Signature
 from fleet.errors import ConfigError, LockedError, PreflightError
-from fleet.facts import DeploymentRecord, HostFacts
+from fleet.facts import HostFacts
+from fleet.facts.recorded import Recorded, parse_recorded
 from fleet.hostscripts import step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.playbooks import READY_TIMEOUT_MAX_S, Playbook
@@ -39,15 +40,14 @@ def startup_bounds(spec: Playbook) -> dict[str, Any]:
     return {"ready_timeout_s": spec.ready_timeout_s, "on_stall": spec.on_stall}
 
 
-def recorded_bounds(state: StateRecord) -> dict[str, Any]:
+def recorded_bounds(r: Recorded) -> dict[str, Any]:
     """A restart's or heal's start-up bounds: the playbook's, as the deployment's record kept them (a
     record from before they were kept, or edited out of shape: the defaults)."""
     bounds: dict[str, Any] = {}
-    timeout = state.get("ready_timeout_s")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout <= READY_TIMEOUT_MAX_S:
-        bounds["ready_timeout_s"] = float(timeout)
-    if state.get("on_stall") in ("fail", "wait"):
-        bounds["on_stall"] = state["on_stall"]
+    if r.ready_timeout_s is not None and 0 < r.ready_timeout_s <= READY_TIMEOUT_MAX_S:
+        bounds["ready_timeout_s"] = r.ready_timeout_s
+    if r.on_stall in ("fail", "wait"):
+        bounds["on_stall"] = r.on_stall
     return bounds
 
 
@@ -89,8 +89,8 @@ def deploy(
     result = _announced(host, placed, deployment, progress)
     assert result.plan and result.model and result.gpus
     secrets = read_secrets(playbook.spec.secret_names, playbook.name)
-    mine = recorded(facts, deployment)
-    serving = mine.get("status") == READY and any(p.pid == mine.get("pid") for p in facts.servers)
+    mine = facts.remote.deployment(deployment).recorded
+    serving = mine.status == READY and any(p.pid == mine.pid for p in facts.servers)
     if keep_other_plan and serving and not runs_this_plan(mine, facts, result.plan, playbook.name):
         raise PreflightError(
             f"{host.name}: deployment {deployment} serves another plan than {playbook.name} gives now; "
@@ -98,7 +98,7 @@ def deploy(
             "A service's replicas change plan one at a time: fleet restart SERVICE.",
         )
     if not relaunch and runs_this_plan(mine, facts, result.plan, playbook.name) and not placed.placement.replaces:
-        adopted = adopt(t, host, deployment, playbook.name, result.plan, mine.get("pid"), progress, secrets)
+        adopted = adopt(t, host, deployment, playbook.name, result.plan, mine.pid, progress, secrets)
         if adopted is not None:
             return adopted
     if engine_check and ran_before(mine, result.plan):
@@ -220,15 +220,10 @@ def _kill_policy(host: Host, force: bool) -> str:
     return "force" if force else host.settings.kill_policy
 
 
-def recorded_pgid(st: StateRecord) -> int | None:
-    pgid = st.get("pgid")
-    return int(pgid) if isinstance(pgid, int) else None
-
-
-def plan_from_state(state: StateRecord) -> LaunchPlan:
+def plan_from_record(r: Recorded) -> LaunchPlan:
     """The plan a host recorded when it was last deployed (what `restart` runs again), whole: the record
     a restart writes keeps its reasons and the engine's picks it stood on."""
-    p = state["plan"]
+    p = r.plan
     flags = tuple(
         Flag(f["flag"], f["value"], f["rule"], f["reason"], f.get("source", ""), f.get("replaces", ""))
         for f in p["flags"]
@@ -247,7 +242,7 @@ def plan_from_state(state: StateRecord) -> LaunchPlan:
         model_path=str(next((f.value for f in flags if f.name in ("--model-path", "--model")), "")),
         served_name=p["served_name"],
         port=int(p["port"]),
-        check_address=state.get("check_address", "127.0.0.1"),
+        check_address=r.check_address or "127.0.0.1",
         flags=flags,
         env=tuple(EnvVar(e["name"], e["value"], e["rule"], e["reason"]) for e in p["env"]),
         secret_env=tuple(p.get("secret_env", [])),
@@ -262,7 +257,7 @@ def plan_from_state(state: StateRecord) -> LaunchPlan:
 
 def chosen_deployment(facts: HostFacts, name: str | None, *, verb: str) -> str:
     """The deployment a one-deployment command acts on: `name`, or the host's only one."""
-    names = sorted(n for n, d in facts.remote.deployments.items() if d.state.get("plan"))
+    names = sorted(n for n, d in facts.remote.deployments.items() if d.recorded.plan)
     if name is not None:
         return name
     if len(names) == 1:
@@ -281,8 +276,8 @@ def chosen_deployment(facts: HostFacts, name: str | None, *, verb: str) -> str:
 def restartable(facts: HostFacts) -> list[str]:
     """What `fleet restart --host H` restarts: every deployment with a plan, but those an operator
     stopped (or another deployment replaced) when there are several."""
-    planned = sorted(n for n, d in facts.remote.deployments.items() if d.state.get("plan"))
-    running = [n for n in planned if facts.remote.deployments[n].state.get("status") != STOPPED]
+    planned = sorted(n for n, d in facts.remote.deployments.items() if d.recorded.plan)
+    running = [n for n in planned if facts.remote.deployments[n].recorded.status != STOPPED]
     return running if len(planned) > 1 else planned
 
 
@@ -309,28 +304,27 @@ def restart(
     stop lands after the check (the host decides that under its lock)."""
     state_facts = read_facts(t, host)
     deployment = chosen_deployment(state_facts, name, verb="restart")
-    state = state if state is not None else recorded(state_facts, deployment)
-    group = state.get("group")
-    if isinstance(group, dict):  # one rank alone cannot rejoin the others: the group restarts as a whole
+    r = parse_recorded(state) if state is not None else state_facts.remote.deployment(deployment).recorded
+    if r.group is not None:  # one rank alone cannot rejoin the others: the group restarts as a whole
         raise ConfigError(
-            f"{host.name}: deployment {deployment} is rank {group.get('rank')} of a group over "
-            f"{', '.join(map(str, group.get('hosts') or []))}; a rank is never restarted alone.",
-            f"Relaunch the whole group: fleet deploy {state.get('playbook') or 'PLAYBOOK'}.",
+            f"{host.name}: deployment {deployment} is rank {r.group.get('rank')} of a group over "
+            f"{', '.join(map(str, r.group.get('hosts') or []))}; a rank is never restarted alone.",
+            f"Relaunch the whole group: fleet deploy {r.playbook or 'PLAYBOOK'}.",
         )
-    if not state.get("plan"):
+    if not r.plan:
         raise ConfigError(
             f"{host.name}: nothing recorded to restart for deployment {deployment}.",
             "Run `fleet deploy PLAYBOOK --host HOST` first (fleet status lists the deployments).",
         )
     try:
-        plan = plan_from_state(state)
-        smoke = SmokeSpec(**state["smoke"])
+        plan = plan_from_record(r)
+        smoke = SmokeSpec(**(r.smoke or {}))  # type: ignore[typeddict-item]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a record edited or cut short
         raise ConfigError(
             f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",
             f"Deploy again: fleet deploy PLAYBOOK --host {host.name}.",
         ) from exc
-    placed = DeploymentRecord(deployment, state).gpus  # where that record's server ran
+    placed = r.gpus  # where that record's server ran
     on_host = plan.container.model_host_path if plan.container else plan.model_path  # mounted in a container
     facts = read_facts(t, host, model=on_host, engine=plan.engine)
     if facts.model is None or not facts.model.exists or not facts.gpus:
@@ -342,11 +336,11 @@ def restart(
         raise ConfigError(
             f"{host.name}: the GPUs {placed} deployment {deployment} was placed on are gone.", "Redeploy."
         )
-    secrets = read_secrets(plan.secret_env, str(state.get("playbook")))
+    secrets = read_secrets(plan.secret_env, str(r.playbook))
     deployer = Deployer(
         t,
         host,
-        playbook_name=str(state.get("playbook", "recorded")),
+        playbook_name=r.playbook or "recorded",
         smoke=smoke,
         kill_policy=_kill_policy(host, force),
         secrets=secrets,
@@ -356,9 +350,9 @@ def restart(
         gpus=placed,
         drain_s=drain_s,
         command="heal" if heal else "deploy",
-        **recorded_bounds(state),
+        **recorded_bounds(r),
     )
-    key = str(state.get("learned_key", ""))
+    key = r.learned_key
     existing = _learned_as_json(facts, key, signatures)
     wishes = Wishes(engine=plan.engine, served_name=plan.served_name, port=plan.port)
     return deployer.run(plan, model, gpus, wishes, learned_key=key, learned_existing=existing)
@@ -399,12 +393,12 @@ def stop(t: HostLink, host: Host, *, force: bool, name: str | None = None) -> Ac
 def _stop_one(
     t: HostLink, host: Host, facts: HostFacts, deployment: str, *, force: bool, everything: bool
 ) -> ActResult:
-    state = recorded(facts, deployment)
-    placed = facts.remote.deployment(deployment).gpus
+    r = facts.remote.deployment(deployment).recorded
+    placed = r.gpus
     deployer = Deployer(
         t,
         host,
-        playbook_name=str(state.get("playbook", "-")),
+        playbook_name=r.playbook or "-",
         smoke={},
         kill_policy=_kill_policy(host, force),
         secrets={},
@@ -414,9 +408,9 @@ def _stop_one(
     args: ActRequest = {
         "op": "stop",
         "lock": deployer.lock_args("stop"),
-        "free": deployer.free_args(state.get("port")),
+        "free": deployer.free_args(r.port),
         # stopped_by: an operator's stop, kept by whatever the record says later, so no heal undoes it
-        "state_update": {**state, "status": STOPPED, "updated": time.time(), "stopped_by": owner()} if state else None,
+        "state_update": {**r.raw, "status": STOPPED, "updated": time.time(), "stopped_by": owner()} if r.raw else None,
         "release_lock": True,
     }
     out = deployer.steps.act(step_python(host), args, timeout_s=300)

@@ -30,6 +30,7 @@ from fleet.control.outcomes import ReplicaOutcome, ServiceResult
 from fleet.control.status_rows import status_row
 from fleet.crashes import Signature
 from fleet.errors import DeployFailed, FleetError, LockedError, PreflightError
+from fleet.facts.recorded import Recorded
 from fleet.host.common import base_url
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
@@ -264,20 +265,20 @@ class ServiceRun:
             return ReplicaOutcome(r, error=exc)
         return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))
 
-    def _record(self, t: HostLink, r: PlacedReplica) -> dict[str, Any]:
-        return dict(read_facts(t, self.host(r)).remote.deployment(r.deployment).state)
+    def _record(self, t: HostLink, r: PlacedReplica) -> Recorded:
+        return read_facts(t, self.host(r)).remote.deployment(r.deployment).recorded
 
     def states(
         self, t: HostLink, *, router_up: bool = True
-    ) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    ) -> tuple[list[ReplicaState], list[dict[str, Any]], dict[str, Recorded]]:
         """Each replica's state (its host's record and the router's view, unless the router is down), the
         router's workers, and each replica's record (by deployment)."""
-        records: dict[str, dict[str, Any]] = {}
+        records: dict[str, Recorded] = {}
 
         def look(t: HostLink, r: PlacedReplica) -> ReplicaOutcome:
             facts = read_facts(t, self.host(r))
             row = status_row(self.host(r), facts, r.deployment)
-            records[r.deployment] = dict(facts.remote.deployment(r.deployment).state)
+            records[r.deployment] = facts.remote.deployment(r.deployment).recorded
             return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
 
         looked = self.by_host(look)
@@ -317,7 +318,7 @@ class ServiceRun:
         good = {
             o.replica.deployment: {
                 "host": o.replica.host,
-                "good": self._record(self.on(self.host(o.replica)), o.replica),
+                "good": self._record(self.on(self.host(o.replica)), o.replica).raw,  # sent back whole on rollback
             }
             for o in done
         }
@@ -393,7 +394,7 @@ class ServiceRun:
         r: PlacedReplica,
         state: ReplicaState,
         states: list[ReplicaState],
-        record: dict[str, Any] | None,
+        record: Recorded | None,
         back: dict[str, Any] | None,
     ) -> ReplicaOutcome | None:
         """One replica out of the router, redeployed, proved and back in; None when it may not leave now
@@ -424,15 +425,15 @@ class ServiceRun:
             if not registered:
                 self._put_back_if_serving(rt, r)
 
-    def _take_out(self, rt: HostLink, state: ReplicaState, record: dict[str, Any] | None) -> str | None:
+    def _take_out(self, rt: HostLink, state: ReplicaState, record: Recorded | None) -> str | None:
         """Deregister a replica (its serving record kept as its last good one, should the roll fail); the
         router itself refuses when no other worker it lists is healthy (its view, this moment). None: done."""
         if state.url is None:  # never deployed: the router cannot list it
             return None
         actions: list[RouterAction] = []
-        if record and record.get("status") == READY:
+        if record and record.status == READY:
             host, deployment = state.replica.split("/", 1)
-            actions.append({"do": "remember", "replicas": {deployment: {"host": host, "good": record}}})
+            actions.append({"do": "remember", "replicas": {deployment: {"host": host, "good": record.raw}}})
         actions.append(
             {
                 "do": "remove",

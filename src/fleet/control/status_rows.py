@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from fleet.control.ops import recorded_names
 from fleet.facts import HostFacts
+from fleet.facts.recorded import Recorded
 from fleet.inventory import Host
-from fleet.plan.placement import cache_group, daemon_pids
+from fleet.plan.placement import daemon_pids
 from fleet.protocol import DEAD, READY, STARTING, UNVERIFIED
 from fleet.startup import phase_now
 
@@ -21,36 +21,36 @@ def status_rows(host: Host, facts: HostFacts) -> list[dict[str, Any]]:
 
 def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str, Any]:
     record = facts.remote.deployment(deployment) if deployment else None
-    st = dict(record.state) if record else {}
-    pid = st.get("pid")
-    alive = any(p.pid == pid for p in facts.servers) if isinstance(pid, int) else False
+    r = record.recorded if record else Recorded()
+    pid = r.pid
+    alive = any(p.pid == pid for p in facts.servers) if pid is not None else False
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
-    status = st.get("status", "unreadable" if record and record.state_error else "none")
-    if (status == READY or (status in (STARTING, UNVERIFIED) and isinstance(pid, int))) and not alive:
+    status = r.status or ("unreadable" if record and record.state_error else "none")
+    if (status == READY or (status in (STARTING, UNVERIFIED) and pid is not None)) and not alive:
         status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
     gpus = record.gpus if record else None
     return {
         "host": host.name,
         "deployment": deployment,
-        "gpus": list(gpus) if gpus is not None else ("all" if st else None),
-        "playbook": st.get("playbook"),
-        "engine": st.get("engine"),
-        "engine_version": st.get("engine_version"),
+        "gpus": list(gpus) if gpus is not None else ("all" if record and record.state else None),
+        "playbook": r.playbook,
+        "engine": r.engine,
+        "engine_version": r.engine_version,
         "pid": pid if alive else None,  # fleet's launcher: the process group it records and stops
-        "engine_pid": engine_pid(facts, pid) if alive and isinstance(pid, int) else None,
-        "port": st.get("port"),
+        "engine_pid": engine_pid(facts, pid) if alive and pid is not None else None,
+        "port": r.port,
         "uptime_s": round(uptime) if uptime is not None else None,
         "status": status,
-        "attempts": st.get("attempts") or st.get("attempt"),
-        "last_outcome": st.get("reason") or status,
-        "applied_fixes": st.get("applied_fixes", []),
-        "container": container.get("name") if isinstance(container := st.get("container"), dict) else None,
+        "attempts": r.attempts,
+        "last_outcome": r.reason or status,
+        "applied_fixes": list(r.applied_fixes),
+        "container": str(r.container.get("name")) if r.container and r.container.get("name") else None,
         "other_servers": len([p for p in facts.servers if p.pgid not in _recorded_groups(facts)]),
-        "group": _group_said(st),
-        "weight_cache": _cache_running(facts, st),
+        "group": _group_said(r),
+        "weight_cache": r.cache_group if daemon_pids(facts, r) else None,
         # while it starts: its phase and ETA, as its watcher on the host last said them
-        "startup": phase_now(record.phase, st.get("run_id"), facts.time) if record and status == STARTING else None,
+        "startup": phase_now(record.phase, r.run_id, facts.time) if record and status == STARTING else None,
     }
 
 
@@ -61,18 +61,13 @@ def engine_pid(facts: HostFacts, launcher: int) -> int:
     return child.pid if child else launcher
 
 
-def _cache_running(facts: HostFacts, st: Mapping[str, object]) -> int | None:
-    """The process group of the deployment's weight cache daemon, while a process of it holds a GPU."""
-    return cache_group(st) if daemon_pids(facts, st) else None
-
-
-def _group_said(st: Mapping[str, object]) -> str | None:
+def _group_said(r: Recorded) -> str | None:
     """`rank 1 of 2 (node-a, node-b)` for a rank of a group (one model over several hosts)."""
-    g = st.get("group")
-    if not isinstance(g, dict) or not isinstance(g.get("hosts"), list):
+    g = r.group
+    if g is None or not isinstance(g.get("hosts"), list):
         return None
     return f"rank {g.get('rank')} of {len(g['hosts'])} ({', '.join(map(str, g['hosts']))})"
 
 
 def _recorded_groups(facts: HostFacts) -> set[int]:
-    return {d.state["pgid"] for d in facts.remote.deployments.values() if isinstance(d.state.get("pgid"), int)}
+    return {d.recorded.pgid for d in facts.remote.deployments.values() if d.recorded.pgid is not None}

@@ -64,7 +64,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
     _ask_again_with_keys(t, host, args, python, options, facts, answers)
     diagnoses = {}
     for name, answer in answers.items():
-        engine = facts.remote.deployment(name).state.get("engine")
+        engine = facts.remote.deployment(name).recorded.engine
         lines = [redact(x, options.secrets) for x in answer.get("log_lines") or []]  # an engine may echo a secret
         diagnoses[name] = diagnose(lines, LogContext(engine=engine), options.signatures) if lines else None
     return evaluate(host.name, raw, facts, diagnoses, time.monotonic() - started, s.expected_gpus)
@@ -89,7 +89,7 @@ def _ask_again_with_keys(
     for name, answer in sorted(answers.items()):
         if not (g := _generation(answer)):
             continue
-        playbook = str(facts.remote.deployment(name).state.get("playbook") or name)
+        playbook = facts.remote.deployment(name).recorded.playbook or name
         wanted = str(g["needs_key"])
         if options.api_keys.get(playbook) != wanted:
             why[name] = f"the server wants the key {wanted}, which no playbook {playbook} here gives it (api_key_env)"

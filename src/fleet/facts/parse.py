@@ -5,12 +5,14 @@ Pure: builds strings and parses data; never touches the network (pyinfra's "fact
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import HostStepError
+from fleet.facts.recorded import Recorded, parse_recorded
 from fleet.host.procs import ip_literal
 from fleet.protocol import StateRecord
 from fleet.secrets import shown_processes
@@ -120,13 +122,15 @@ class DeploymentRecord:
     # (fleet.startup.history_key; its own: state["startup_key"])
     starts: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
 
+    @functools.cached_property
+    def recorded(self) -> Recorded:
+        """The record's fields, typed (fleet.facts.recorded): how fleet reads them."""
+        return parse_recorded(self.state)
+
     @property
     def gpus(self) -> tuple[int, ...] | None:
         """The GPUs the deployment was placed on; None: all of the host's (records before placement)."""
-        from fleet.host.records import record_gpus
-
-        value = record_gpus(self.state)
-        return tuple(value) if value is not None else None
+        return self.recorded.gpus
 
 
 @dataclass(frozen=True)

@@ -175,16 +175,16 @@ def evaluate(
         answer = answers.get(name) or {}
         mine = _deployment_checks(record, answer, (diagnoses or {}).get(name))
         checks += mine
-        st = record.state
+        r = record.recorded
         server = answer.get("server") or {}
-        if server.get("alive") and st.get("status") in LIVE:
+        if server.get("alive") and r.status in LIVE:
             every = tuple(g.index for g in facts.gpus)
-            argv = (st.get("plan") or {}).get("argv") or []
+            argv = r.argv
             tp = _tp(argv) // max(1, _flag_int(argv, "--nnodes"))  # a group's rank holds its share of the TP ranks
             alive_groups[name] = (set(server.get("group_pids", [])), record.gpus or every, tp)
         # a rank of a group is healed with its group, as a whole (`group/NAME`), never alone
-        broken = worst([c.status for c in mine]) == CRITICAL and st.get("status") != STOPPED
-        if broken and st.get("plan") and not st.get("group"):
+        broken = worst([c.status for c in mine]) == CRITICAL and r.status != STOPPED
+        if broken and r.plan and not r.group:
             healable.append(name)
     if not facts.remote.deployments:
         checks.append(Check("server", OK, "no fleet deployment recorded"))
@@ -221,7 +221,7 @@ def evaluate(
 
 
 def _expected_up(facts: HostFacts) -> list[str]:
-    return [n for n, d in facts.remote.deployments.items() if d.state.get("status") in LIVE]
+    return [n for n, d in facts.remote.deployments.items() if d.recorded.status in LIVE]
 
 
 def _host_checks(raw: HealthAnswer, facts: HostFacts) -> list[Check]:
@@ -268,10 +268,10 @@ def _container_check(box: Mapping[str, object]) -> tuple[str, str, str]:
 
 
 def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis: Diagnosis | None) -> list[Check]:
-    st = record.state
+    st, r = record.state, record.recorded
     server = answer.get("server")
     http = answer.get("http") or {}
-    status = st.get("status")
+    status = r.status
     checks: list[Check] = []
 
     def add(name: str, level: str, detail: str) -> None:
@@ -282,14 +282,14 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
     elif not st:
         add("server", OK, "nothing recorded (a deploy under way, or a stop with nothing to stop)")
     elif status == STOPPED:
-        add("server", OK, "stopped by an operator" if not st.get("reason") else f"stopped: {st['reason']}")
+        add("server", OK, f"stopped: {r.reason}" if r.reason else "stopped by an operator")
     elif status == FAILED:
-        add("server", CRITICAL, f"last deploy failed: {st.get('reason', '?')}")
+        add("server", CRITICAL, f"last deploy failed: {r.reason or '?'}")
     elif server is None or not server.get("alive"):
-        add("server", CRITICAL, f"server process {st.get('pid')} is gone")
+        add("server", CRITICAL, f"server process {r.pid} is gone")
     else:
         if status == UNVERIFIED:  # launched, then fleet's run ended before it proved the server
-            add("server", WARNING, f"pid {server['pid']} alive, unverified: {st.get('reason', '?')}")
+            add("server", WARNING, f"pid {server['pid']} alive, unverified: {r.reason or '?'}")
         else:
             add("server", OK, f"pid {server['pid']} alive")
         if server.get("drift"):
@@ -304,8 +304,8 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
             f"/health {h.get('status')} in {h.get('seconds', 0):.2f}s",
         )
         m = http.get("models") or {}
-        served = st.get("served_name")
-        group: dict[str, Any] = st["group"] if isinstance(st.get("group"), dict) else {}
+        served = r.served_name
+        group = r.group or {}
         if group.get("rank"):  # SGLang's other ranks answer /health only; rank 0 serves the API
             add("models", OK, f"rank {group['rank']} of a group: rank 0 ({(group.get('hosts') or ['?'])[0]}) serves")
         else:
@@ -346,7 +346,7 @@ def _gpu_checks(
     holding none of its GPU's memory, memory used on a GPU no deployment runs on, someone else's
     process on a deployment's GPU). Then GPUs unread or missing, and the kernel's Xid lines."""
     checks: list[Check] = []
-    starting = any(d.state.get("status") == STARTING for d in facts.remote.deployments.values())
+    starting = any(d.recorded.status == STARTING for d in facts.remote.deployments.values())
     owner = {i: name for name, (_, gpus, _) in alive_groups.items() for i in gpus}
     for g in facts.gpus:
         checks += _gpu_faults(g)

@@ -8,11 +8,12 @@ the host's guard, so two deploys placing themselves at once cannot both take a G
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from fleet.errors import PreflightError
 from fleet.facts import HostFacts, Listener
+from fleet.facts.recorded import Recorded
 from fleet.host.common import safelisted
 from fleet.host.records import record_gpus, record_ports
 from fleet.plan.rules import nccl_port_for
@@ -38,17 +39,10 @@ class Placement:
     replaces: tuple[Occupant, ...] = ()  # other deployments on these GPUs that --replace stops first
 
 
-def cache_group(state: Mapping[str, object]) -> int | None:
-    """The process group of the weight cache daemon a deployment's record names (fleet.plan.weight_cache)."""
-    entry = state.get("weight_cache")
-    pgid = entry.get("pgid") if isinstance(entry, dict) else None
-    return pgid if type(pgid) is int and pgid > 1 else None
-
-
-def daemon_pids(facts: HostFacts, state: Mapping[str, object]) -> set[int]:
+def daemon_pids(facts: HostFacts, record: Recorded) -> set[int]:
     """The GPU holders of the weight cache daemon a deployment's record names: of fleet's user only (a group
     id the record keeps may be reused by another user's job)."""
-    cache = cache_group(state)
+    cache = record.cache_group
     return {p.pid for p in facts.holders if cache is not None and p.pgid == cache and p.uid == facts.uid}
 
 
@@ -60,10 +54,10 @@ def occupants(facts: HostFacts, me: str) -> list[Occupant]:
     for rec in facts.remote.deployments.values():
         if rec.name == me:
             continue
-        pid = rec.state.get("pid")
-        running = isinstance(pid, int) and pid in live and rec.state.get("status") != STOPPED
-        if not running and daemon_pids(facts, rec.state):  # its weight cache daemon holds the GPUs, no server
-            running, pid = True, cache_group(rec.state)
+        pid = rec.recorded.pid
+        running = pid is not None and pid in live and rec.recorded.status != STOPPED
+        if not running and daemon_pids(facts, rec.recorded):  # its weight cache daemon holds the GPUs, no server
+            running, pid = True, rec.recorded.cache_group
         if running:
             out.append(Occupant(rec.name, rec.gpus if rec.gpus is not None else every, pid))
         elif rec.lock_live:  # a run under way: its lock names the GPUs it is placing itself on
@@ -76,9 +70,9 @@ def busy_gpus(facts: HostFacts, me: str) -> dict[int, list[int]]:
     """GPU index -> pids using it (in NVML's list, or holding its /dev/nvidiaN) that are not deployment
     `me`'s own server nor a GPU daemon or tool: a count is never placed there. The servers of other
     deployments are among them, and so is a server started by hand, or one whose record was lost."""
-    state = facts.remote.deployment(me).state
-    mine = state.get("pgid")
-    own = {p.pid for p in facts.servers if isinstance(mine, int) and p.pgid == mine} | daemon_pids(facts, state)
+    record = facts.remote.deployment(me).recorded
+    mine = record.pgid
+    own = {p.pid for p in facts.servers if mine is not None and p.pgid == mine} | daemon_pids(facts, record)
     tools = {p.pid for p in facts.holders if safelisted({"comm": p.comm, "cmdline": p.cmdline})}
     out: dict[int, list[int]] = {}
     for g in facts.gpus:
@@ -96,7 +90,7 @@ def _stale_servers(facts: HostFacts, me: str) -> dict[int, int]:
     Nothing while another deployment's record is unreadable: its server would look stale."""
     if any(r.state_error for r in facts.remote.deployments.values() if r.name != me):
         return {}
-    recorded = {r.state.get("pgid") for r in facts.remote.deployments.values()}
+    recorded = {r.recorded.pgid for r in facts.remote.deployments.values()}
     return {
         p.pid: p.pgid for p in facts.servers if p.uid == facts.uid and p.container is None and p.pgid not in recorded
     }
@@ -144,7 +138,7 @@ def free_gpus(facts: HostFacts, me: str, reach: str = FREE) -> list[int]:
     also other deployments', which --replace stops (WITH_REPLACED). Another user's process never."""
     taken = set() if reach == WITH_REPLACED else {i for o in occupants(facts, me) for i in o.gpus}
     stale = _stale_servers(facts, me) if reach != FREE else {}
-    replaced = {r.state.get("pgid") for r in facts.remote.deployments.values() if r.name != me}
+    replaced = {r.recorded.pgid for r in facts.remote.deployments.values() if r.name != me}
     theirs = {p.pid for p in facts.servers if p.pgid in replaced} if reach == WITH_REPLACED else set()
     busy = {i for i, pids in busy_gpus(facts, me).items() if not all(p in stale or p in theirs for p in pids)}
     return [g.index for g in facts.gpus if g.index not in taken and g.index not in busy]
@@ -296,13 +290,13 @@ def port_for(
     replaced = set()
     for rec in facts.remote.deployments.values():
         if rec.name in replacing:
-            replaced.add(rec.state.get("pgid"))
-        elif rec.name != name and rec.state.get("status") != STOPPED:
-            taken.update((p, rec.name) for p in record_ports(rec.state))
+            replaced.add(rec.recorded.pgid)
+        elif rec.name != name and rec.recorded.status != STOPPED:
+            taken.update((p, rec.name) for p in rec.recorded.ports)
         if rec.name != name and rec.lock_live and rec.lock:  # a run under way claims the ports it plans
             taken.update((p, rec.name) for p in record_ports(rec.lock))
-    own = facts.remote.deployment(name).state.get("port")
-    own_group = facts.remote.deployment(name).state.get("pgid")
+    own = facts.remote.deployment(name).recorded.port
+    own_group = facts.remote.deployment(name).recorded.pgid
     # what a port's listener belongs to: its server's process group; one that is stopped first counts only
     # when it is fleet's user's own, outside containers (another user's process in that group is refused)
     groups = {p.pid: p.pgid for p in facts.servers}

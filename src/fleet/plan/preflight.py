@@ -185,7 +185,7 @@ def _foreign_gpu_memory(where: str, gpus: GpuSummary, facts: HostFacts, host: Ho
     # memory on the deployment's GPUs that no engine of fleet's user holds: the fit above assumed it free
     engines = {p.pid for p in facts.servers if p.uid == facts.uid}
     for r in facts.remote.deployments.values():  # fleet's weight cache daemons too
-        engines |= daemon_pids(facts, r.state)
+        engines |= daemon_pids(facts, r.recorded)
     for g in facts.gpus:
         if gpus.indices and g.index not in gpus.indices:
             continue

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.facts.recorded import Recorded
 from fleet.health.checks import CRITICAL, OK, WARNING, Check, worst
 from fleet.model import GENERATE
 from fleet.protocol import READY
@@ -155,7 +156,7 @@ def overall(checks: Sequence[Check]) -> str:
     return worst([c.status for c in checks])
 
 
-def recorded_task(records: dict[str, dict[str, Any]]) -> str:
+def recorded_task(records: Mapping[str, Recorded]) -> str:
     """What the replicas' model serves, as their records' plans say (a replica's plan is its service's)."""
-    tasks = [str((r.get("plan") or {}).get("task") or GENERATE) for r in records.values() if r.get("plan")]
+    tasks = [str(r.plan.get("task") or GENERATE) for r in records.values() if r.plan]
     return tasks[0] if tasks else GENERATE
