@@ -4,6 +4,7 @@ Run through real transports: `connection: local` (its own PATH) and real sshd.""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,20 @@ def _inside_a_string(text: str, lineno: int) -> bool:
         isinstance(n, ast.Constant) and isinstance(n.value, str) and n.lineno <= lineno <= (n.end_lineno or n.lineno)
         for n in ast.walk(ast.parse(text))
     )
+
+
+def test_down_forgets_a_router_that_died_before_it(tmp_path: Path) -> None:
+    """`fleet down` with the router already dead: the router step's stop had nothing to stop and kept
+    the router's record, so `fleet health` went on reporting a service that was taken down."""
+    from fleet.host.records import ROUTER_FILE
+    from fleet.host.router import health, stop
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    asked = {"state_dir": str(tmp_path), "service": "qwen36", "bind": "127.0.0.1", "port": 9, "source": "/s.yaml"}
+    recorded = tmp_path / "services" / "qwen36" / ROUTER_FILE
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text(json.dumps({"pid": dead.pid, "start_ticks": 1, "boot_id": "gone", "source": "/s.yaml"}))
+    assert health(asked)["up"] is True  # a service brought up whose router died: still the operator's
+    assert stop(asked) == {"ended_pid": None}
+    assert not recorded.exists() and health(asked)["up"] is False

@@ -54,6 +54,8 @@ class ScriptedRouter:
         return [a for a in self.asked if a.get("do") == do]
 
     def _do(self, a: RouterAction) -> RouterResult:
+        if not self.running and a["do"] in ("workers", "add", "remove"):  # nothing answers on its port
+            return {"error": "the router's /workers answered None: connection refused"}
         act: Callable[[RouterAction], RouterResult] = getattr(self, f"_{a['do']}")
         return act(a)
 
@@ -71,10 +73,10 @@ class ScriptedRouter:
         return {"workers": self._listed()}
 
     def _add(self, a: RouterAction) -> RouterResult:
+        if all(w["url"] != a["url"] for w in self.workers):  # registered first, then waited for
+            self.workers.append({"id": f"w{len(self.asked)}", "url": a["url"], "load": 0})
         if a["url"] in self.unhealthy:
             return {"error": f"the router did not list {a['url']} as healthy within {a.get('wait_s', 60)}s"}
-        if all(w["url"] != a["url"] for w in self.workers):
-            self.workers.append({"id": f"w{len(self.asked)}", "url": a["url"], "load": 0})
         return {"added": a["url"]}
 
     def _remove(self, a: RouterAction) -> RouterResult:
@@ -90,6 +92,8 @@ class ScriptedRouter:
         return {"removed": url, "was_listed": was}
 
     def _ask(self, a: RouterAction) -> RouterResult:
+        if not self.running:
+            return {"answer": {"ok": False, "status": None, "text": "connection refused"}}
         good = {"ok": True, "status": 200, "text": str(a["smoke"].get("expect", ""))}
         return {"answer": self.answers.pop(0) if self.answers else good}
 
@@ -97,6 +101,7 @@ class ScriptedRouter:
         return {"router_running": self.running, "health": 200 if self.running else None, "up": self.up}
 
     def _stop(self, a: RouterAction) -> RouterResult:
+        """Stopped and forgotten, also when it had died (fleet.host.router.stop)."""
         was, self.running, self.up, self.workers = self.running, False, False, []
         return {"ended_pid": ROUTER_PID if was else None}
 

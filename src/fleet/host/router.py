@@ -263,13 +263,14 @@ def health(a: RouterRequest) -> Dict[str, Any]:
 
 
 def stop(a: RouterRequest) -> Dict[str, Any]:
+    """Stop the recorded router, and forget it whether or not it still ran: the service is down (a router
+    that died before `fleet down` left its record, and health went on reporting the service as up)."""
     rec = running_router(a)
-    if rec is None:
-        return {"ended_pid": None}
-    _stop(rec)
+    if rec is not None:
+        _stop(rec)
     with contextlib.suppress(OSError):
         os.unlink(os.path.join(_dir(a, create=False), ROUTER_FILE))
-    return {"ended_pid": rec["pid"]}
+    return {"ended_pid": rec["pid"] if rec is not None else None}
 
 
 def remember(a: RouterRequest) -> Dict[str, Any]:
