@@ -19,6 +19,7 @@ from factsdata import RTX_A6000, facts
 from fleet import events
 from fleet.control.service import ServiceRun
 from fleet.control.service_health import service_down, service_health
+from fleet.control.status_rows import status_row
 from fleet.errors import DeployFailed, HostUnreachable, LockedError, PreflightError
 from fleet.health import CRITICAL, OK, WARNING
 from fleet.inventory import Host, load_inventory, load_playbook
@@ -184,6 +185,7 @@ def test_a_roll_takes_each_replica_out_redeploys_it_and_puts_it_back_in_turn(svc
 
 def test_a_roll_stops_at_the_first_replica_that_fails_and_the_others_keep_serving(svc: Service) -> None:
     assert svc.up().ok
+    svc.router.kept.clear()  # what `up` kept: the roll keeps the serving record itself as it takes it out
     svc.script("node-a", crashes(UNKNOWN_CRASH))
     result = svc.run().roll()
     assert not result.ok and "node-a/qwen36-1 failed; the roll stopped" in result.reason
@@ -233,15 +235,40 @@ def test_a_rollback_with_every_replica_serving_changes_nothing(svc: Service) -> 
 
 def test_a_rollback_redeploys_a_failed_replica_from_its_last_good_record(svc: Service) -> None:
     assert svc.up().ok
-    good = dict(svc.hosts["node-a"].records["qwen36-1"])
     svc.script("node-a", crashes(UNKNOWN_CRASH))
     assert not svc.run().roll().ok
+    # the last good record ran another plan than the playbook gives now: the rollback runs that one
+    good = svc.router.kept["qwen36-1"]["good"]
+    steps = next(f for f in good["plan"]["flags"] if f["flag"] == "--speculative-num-steps")
+    steps["value"] = "3"
     svc.script("node-a", ready())
     result = svc.run().roll(rollback=True)
     assert result.ok, result.reason
     assert svc.urls() == [B, A]
+    launched = svc.hosts["node-a"].launches[-1]
+    assert launched[launched.index("--speculative-num-steps") + 1] == "3"
     redeployed = svc.hosts["node-a"].records["qwen36-1"]
-    assert redeployed["status"] == READY and redeployed["plan"] == good["plan"]
+    assert redeployed["status"] == READY and redeployed["plan"]["flags"] == good["plan"]["flags"]
+
+
+def test_a_rollback_to_a_record_without_its_smoke_check_is_refused_as_damaged(svc: Service) -> None:
+    """A record fleet cannot prove a server with is damaged: never relaunched and recorded ready on /health."""
+    assert svc.up().ok
+    svc.script("node-a", crashes(UNKNOWN_CRASH))
+    assert not svc.run().roll().ok
+    del svc.router.kept["qwen36-1"]["good"]["smoke"]
+    launched = len(svc.hosts["node-a"].launches)
+    result = svc.run().roll(rollback=True)
+    assert not result.ok and "the recorded deployment is damaged" in str(result.replicas[0].error)
+    assert len(svc.hosts["node-a"].launches) == launched
+
+
+def test_a_record_whose_status_is_damaged_reads_unreadable_not_none(svc: Service) -> None:
+    assert svc.up().ok
+    svc.hosts["node-a"].records["qwen36-1"]["status"] = ["ready"]  # type: ignore[typeddict-item]
+    host = svc.inventory.hosts["node-a"]
+    row = status_row(host, svc.hosts["node-a"].facts({}, []), "qwen36-1")
+    assert row["status"] == "unreadable" and row["last_outcome"] == "unreadable"
 
 
 def test_a_rollback_refuses_a_record_kept_from_another_host(svc: Service) -> None:

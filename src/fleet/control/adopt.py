@@ -54,7 +54,7 @@ def ran_before(r: Recorded, plan: LaunchPlan) -> bool:
     engine's own argument check (a cold import of the engine, seconds on a real box) cannot say anything new."""
     return (
         r.status in (READY, STOPPED)
-        and r.argv == plan.argv()
+        and r.plan.get("argv") == plan.argv()  # as recorded: a hand-edited 30000 is not "30000"
         and r.engine_version == show_version(plan.engine_version)
         and r.plan.get("container") == (plan.to_json().get("container"))  # not another image of that version
     )

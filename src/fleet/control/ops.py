@@ -318,7 +318,9 @@ def restart(
         )
     try:
         plan = plan_from_record(r)
-        smoke = SmokeSpec(**(r.smoke or {}))  # type: ignore[typeddict-item]
+        if r.smoke is None:  # nothing to prove the server with: never recorded ready on /health alone
+            raise KeyError("smoke")
+        smoke = SmokeSpec(**r.smoke)  # type: ignore[typeddict-item]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a record edited or cut short
         raise ConfigError(
             f"{host.name}: the recorded deployment is damaged ({type(exc).__name__}: {exc}); nothing was changed.",

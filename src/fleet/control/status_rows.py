@@ -26,7 +26,7 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
     alive = any(p.pid == pid for p in facts.servers) if pid is not None else False
     main = next((p for p in facts.servers if p.pid == pid), None)
     uptime = facts.uptime_s(main) if main else None
-    status = r.status or ("unreadable" if record and record.state_error else "none")
+    status = r.status or ("unreadable" if record and (record.state_error or record.state) else "none")
     if (status == READY or (status in (STARTING, UNVERIFIED) and pid is not None)) and not alive:
         status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
     gpus = record.gpus if record else None
