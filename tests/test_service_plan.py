@@ -220,3 +220,21 @@ def test_service_health_counts_serving_replicas_against_min_healthy() -> None:
     wrong = service_checks(up, both, 1, {"ok": False, "status": 503, "text": "no healthy worker"})
     assert wrong[-1].status == CRITICAL and "503" in wrong[-1].detail
     assert service_checks({"health": None, "text": "refused"}, [], 1, None)[0].status == CRITICAL
+
+
+def test_a_service_records_last_good_replicas_are_read_once_and_a_damaged_entry_is_none() -> None:
+    from fleet.plan.service import KeptReplica, kept_replicas
+
+    record = {
+        "replicas": {
+            "qwen36-1": {"host": "node-a", "good": {"status": "ready", "plan": {}}},
+            "qwen36-2": {"host": 7, "good": "ready"},
+            "qwen36-3": ["node-c"],
+        }
+    }
+    kept = kept_replicas(record)
+    assert kept["qwen36-1"].refusal("node-a") is None
+    assert kept["qwen36-1"].refusal("node-b") == "its last good record is from host node-a, not node-b"
+    assert kept["qwen36-2"] == KeptReplica(None, None) == kept["qwen36-3"]
+    assert kept["qwen36-2"].refusal("node-b") == "no good record to roll back to"
+    assert kept_replicas({"replicas": "all"}) == {} == kept_replicas({})

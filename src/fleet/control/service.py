@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -35,7 +35,9 @@ from fleet.host.common import base_url
 from fleet.inventory import Host, Inventory, NamedPlaybook
 from fleet.inventory.services import NamedService, PlacedReplica
 from fleet.plan.service import (
+    KeptReplica,
     ReplicaState,
+    kept_replicas,
     reachable_address,
     recorded_task,
     router_argv,
@@ -358,7 +360,7 @@ class ServiceRun:
                 if adds:
                     self.router(rt, *adds)
                 states, workers, records = self.states(rt)
-            good = (self.router(rt, {"do": "recall"})[0]["record"].get("replicas") or {}) if rollback else {}
+            kept = kept_replicas(self.router(rt, {"do": "recall"})[0]["record"]) if rollback else {}
             order = sorted(range(len(self.replicas)), key=lambda i: states[i].serving)
             if rollback:
                 order = [i for i in order if not states[i].serving]
@@ -368,17 +370,12 @@ class ServiceRun:
             outcomes: list[ReplicaOutcome] = []
             for i in order:
                 r, state = self.replicas[i], states[i]
-                kept = good.get(r.deployment) or {}
-                back = kept.get("good") if rollback else None
-                if rollback and (not isinstance(back, dict) or kept.get("host") != r.host):
-                    why = (
-                        "no good record to roll back to"
-                        if not isinstance(back, dict)
-                        else f"its last good record is from host {kept.get('host')}, not {r.host}"
-                    )
+                back = kept.get(r.deployment, KeptReplica(None, None))
+                why = back.refusal(r.host) if rollback else None
+                if why:
                     outcomes.append(ReplicaOutcome(r, note=why))
                     return self._result(outcomes, None, f"{state.replica}: {why}")
-                outcome = self._roll_one(rt, r, state, states, records.get(r.deployment), back)
+                outcome = self._roll_one(rt, r, state, states, records.get(r.deployment), back.good)
                 if outcome is None:  # refused: it stays as it is
                     return self._result(outcomes, None, f"not restarted: {self._refusal}")
                 outcomes.append(outcome)
@@ -395,7 +392,7 @@ class ServiceRun:
         state: ReplicaState,
         states: list[ReplicaState],
         record: Recorded | None,
-        back: dict[str, Any] | None,
+        back: StateRecord | None,
     ) -> ReplicaOutcome | None:
         """One replica out of the router, redeployed, proved and back in; None when it may not leave now
         (why in `_refusal`). Whatever interrupts it (a failure, Ctrl-C), a replica whose server still
@@ -449,7 +446,7 @@ class ServiceRun:
         self.progress(events.ServiceStep(self.service.name, f"deregistered {state.url}; draining", state.replica))
         return None
 
-    def _redeploy(self, r: PlacedReplica, good: dict[str, Any] | None) -> ReplicaOutcome:
+    def _redeploy(self, r: PlacedReplica, good: StateRecord | None) -> ReplicaOutcome:
         try:
             t = self.on(self.host(r))
             if good is None:
@@ -461,7 +458,7 @@ class ServiceRun:
                 progress=self.progress_for(f"{r.host}/{r.deployment}"),
                 signatures=self.signatures,
                 name=r.deployment,
-                state=cast(StateRecord, good),  # a record the router step kept as it was read
+                state=good,  # a record the router step kept as it was read
                 drain_s=self.service.spec.drain_s,
             )
             return ReplicaOutcome(r, result=result, url=self.url_of(r, result.plan.port))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fleet.facts.recorded import Recorded
 from fleet.health.checks import CRITICAL, OK, WARNING, Check, worst
 from fleet.model import GENERATE
-from fleet.protocol import READY
+from fleet.protocol import READY, StateRecord
 
 ROUTER_MODULE = "sglang_router.launch_router"
 
@@ -72,6 +72,32 @@ class ReplicaState:
         if self.circuit_open:
             return "circuit open (requests refused)"
         return "healthy" if self.healthy_in_router else "unhealthy"
+
+
+@dataclass(frozen=True)
+class KeptReplica:
+    """A replica's last good record, as the service's record on the router's host keeps it: a roll keeps
+    a serving replica's as it takes it out, a rollback redeploys it (on the host it ran on only)."""
+
+    host: str | None
+    good: StateRecord | None  # whole, as the replica's host wrote it: sent back as it is
+
+    def refusal(self, host: str) -> str | None:
+        """Why this record cannot be rolled back to on `host`; None when it can."""
+        if self.good is None:
+            return "no good record to roll back to"
+        return None if self.host == host else f"its last good record is from host {self.host}, not {host}"
+
+
+def kept_replicas(record: Mapping[str, object]) -> dict[str, KeptReplica]:
+    """The service record's last good replicas, by deployment (a file on a host: anything else is none)."""
+    replicas = record.get("replicas")
+    out: dict[str, KeptReplica] = {}
+    for name, entry in replicas.items() if isinstance(replicas, dict) else ():
+        host, good = (entry.get("host"), entry.get("good")) if isinstance(entry, dict) else (None, None)
+        kept = cast(StateRecord, good) if isinstance(good, dict) else None  # a deployment record, as written
+        out[str(name)] = KeptReplica(host if isinstance(host, str) else None, kept)
+    return out
 
 
 def with_router(states: Sequence[ReplicaState], workers: Sequence[dict[str, Any]]) -> list[ReplicaState]:
