@@ -64,7 +64,7 @@ class ScriptedHost:
     """`facts`: what the probe finds (factsdata builds them); `watches`: each watch step in turn (a resumed
     watch takes the next one); `checks`: the engine's verdict on each launch's command line in turn
     (accepted when none is left); `picks_differ`: the engine picks otherwise than the plan stood on, once,
-    when asked; `lock`: the lock step's answer; `router`: the router a service runs here. `records` and
+    when asked; `lock`: the lock step's answer; `router_step`: the router a service runs here. `records` and
     `servers` are what the host keeps now: each deployment's record, and which deployment each running
     server (by pid) is."""
 
@@ -87,7 +87,7 @@ class ScriptedHost:
     def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
         assert self.facts_found is not None, "a scripted host probed without facts to answer with"
         found = self.facts_found
-        kept = {n: DeploymentRecord(n, dict(r)) for n, r in self.records.items()}  # type: ignore[misc]
+        kept = {n: DeploymentRecord(n, dict(r)) for n, r in self.records.items()}
         running = tuple(
             Proc(pid, 1, pid, 1000, "ops", "python3", f"python3 -m sglang.launch_server # {name}", 1)
             for pid, name in self.servers.items()
