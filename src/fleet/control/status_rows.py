@@ -23,13 +23,13 @@ def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str
     record = facts.remote.deployment(deployment) if deployment else None
     r = record.recorded if record else Recorded()
     pid = r.pid
-    alive = any(p.pid == pid for p in facts.servers) if pid is not None else False
-    main = next((p for p in facts.servers if p.pid == pid), None)
+    main = next((p for p in facts.servers if p.pid == pid), None) if pid is not None else None
+    alive = main is not None
     uptime = facts.uptime_s(main) if main else None
     status = r.status or ("unreadable" if record and (record.state_error or record.state) else "none")
     if (status == READY or (status in (STARTING, UNVERIFIED) and pid is not None)) and not alive:
         status = DEAD  # also "starting" with its engine gone: it crashed, or the run launching it died
-    gpus = record.gpus if record else None
+    gpus = r.gpus
     return {
         "host": host.name,
         "deployment": deployment,
