@@ -423,6 +423,24 @@ def test_a_launcher_puts_a_secret_only_after_api_key_and_starts_nothing_without_
             assert (tmp_path / "argv").read_text().strip() == seen
 
 
+def test_a_launcher_that_fails_names_its_file_and_line(tmp_path: Path) -> None:
+    """The launcher runs as `python -c` text, compiled under its own file name with its lines kept: a
+    traceback in an engine's log points at fleet/host/launchers.py and the line that failed (as a step's
+    does), not at `<string>` and a line of the text it was sent as."""
+    import subprocess
+    import sys
+
+    from fleet.host import launchers
+    from fleet.host.launch import LAUNCHER
+
+    argv = [sys.executable, "-c", LAUNCHER, "fleet-launch", str(tmp_path / "exit"), "true"]
+    run = subprocess.run(argv, input="not json\n", text=True, capture_output=True, timeout=30)
+    source = Path(launchers.__file__).read_text().splitlines()
+    failing = next(i for i, line in enumerate(source, 1) if "json.loads(sys.stdin.readline())" in line)
+    assert run.returncode == 1 and f'File "fleet/host/launchers.py", line {failing}, in process_main' in run.stderr
+    assert not (tmp_path / "exit").exists()  # no environment, no engine
+
+
 def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_child_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

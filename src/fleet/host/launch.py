@@ -37,8 +37,13 @@ except NameError:  # imported as a module (fleet's own tests)
 
 def launcher_source(mode: str) -> str:
     """The source of one of fleet's launchers (fleet/launchers.py, sent as text: it runs under a Python of
-    its own environment), started in `mode`: "process" or "container"."""
-    return "SECRET_WORD = %r\n%s\n%s_main(sys.argv)\n" % (SECRET_WORD, fleet_text("host/launchers.py"), mode)
+    its own environment), started in `mode`: "process" or "container". Compiled under its file name, as
+    every step's file is: a traceback names fleet/host/launchers.py and its line (its text keeps its lines)."""
+    return "import sys\nSECRET_WORD = %r\nexec(compile(%r, 'fleet/host/launchers.py', 'exec'))\n%s_main(sys.argv)\n" % (
+        SECRET_WORD,
+        fleet_text("host/launchers.py"),
+        mode,
+    )
 
 
 # A daemon's logs are NAME~weight-cache-*: `~` is in no deployment's name, so none shares them or its link
