@@ -441,6 +441,23 @@ def test_a_launcher_that_fails_names_its_file_and_line(tmp_path: Path) -> None:
     assert not (tmp_path / "exit").exists()  # no environment, no engine
 
 
+def test_an_engine_check_that_fails_names_its_file_and_line(tmp_path: Path) -> None:
+    """The engine's check runs as `python -c` text under the engine's Python, compiled under its name too."""
+    import subprocess
+    import sys
+
+    from fleet.host import check_sglang
+    from fleet.host.check import CHECKS
+
+    run = subprocess.run(  # a Python with no SGLang: its import fails where the check asks the engine
+        [sys.executable, "-I", "-c", CHECKS["sglang"], "--model-path", "x"], capture_output=True, text=True, timeout=30
+    )
+    source = Path(check_sglang.__file__).read_text().splitlines()
+    failing = next(i for i, line in enumerate(source, 1) if "from sglang.srt.server_args import" in line)
+    assert f'File "fleet/host/check_sglang.py", line {failing}' in run.stderr, run.stderr
+    assert run.stderr.rstrip().endswith("ModuleNotFoundError: No module named 'sglang'")
+
+
 def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_child_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,11 +29,18 @@ def fleet_text(path: str) -> str:
         return f.read()
 
 
+def program_text(path: str) -> str:
+    """fleet's program `path` as `python -c` text, compiled under its own file name with its lines kept (as
+    every step's file is): a traceback names fleet/host/check_sglang.py and its line, not `<string>`, and
+    coverage.py follows it. It runs in the globals of the text before it (a prelude's, a mode's call after)."""
+    return "exec(compile(%r, %r, 'exec'))\n" % (fleet_text(path), "fleet/" + path)
+
+
 CHECKS = {
     # the engine's argument check, then the architecture as its model loader resolves it
-    "sglang": fleet_text("host/check_sglang.py"),
+    "sglang": program_text("host/check_sglang.py"),
     # its argument parser, its parser registries, then its engine configuration (no weights loaded)
-    "vllm": fleet_text("host/check_vllm.py"),
+    "vllm": program_text("host/check_vllm.py"),
 }
 
 

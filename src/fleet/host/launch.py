@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 try:  # the shared host code is prepended when this script is sent to a host
     read_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.check import fleet_text
+    from fleet.host.check import program_text
     from fleet.host.common import LAUNCH_MARK
     from fleet.host.container import inspect, run_cli
     from fleet.host.free import (
@@ -37,11 +37,10 @@ except NameError:  # imported as a module (fleet's own tests)
 
 def launcher_source(mode: str) -> str:
     """The source of one of fleet's launchers (fleet/launchers.py, sent as text: it runs under a Python of
-    its own environment), started in `mode`: "process" or "container". Compiled under its file name, as
-    every step's file is: a traceback names fleet/host/launchers.py and its line (its text keeps its lines)."""
-    return "import sys\nSECRET_WORD = %r\nexec(compile(%r, 'fleet/host/launchers.py', 'exec'))\n%s_main(sys.argv)\n" % (
+    its own environment), started in `mode`: "process" or "container"."""
+    return "import sys\nSECRET_WORD = %r\n%s%s_main(sys.argv)\n" % (
         SECRET_WORD,
-        fleet_text("host/launchers.py"),
+        program_text("host/launchers.py"),
         mode,
     )
 
