@@ -52,6 +52,12 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         wheel(index, "sglang", version)
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the package index is this directory: no network needed
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    # the host's python3 is this run's own (host code needs only the standard library, test_layers holds
+    # that), so coverage follows the engine step as it follows every other host step
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link loses the venv
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
         "hosts:\n  box:\n    connection: local\n    engines: {sglang: fleet}\n"

@@ -251,3 +251,33 @@ def test_down_forgets_a_router_that_died_before_it(tmp_path: Path) -> None:
     assert health(asked)["up"] is True  # a service brought up whose router died: still the operator's
     assert stop(asked) == {"ended_pid": None}
     assert not recorded.exists() and health(asked)["up"] is False
+
+
+def test_forgetting_fixes_takes_exactly_what_was_named(tmp_path: Path) -> None:
+    """`fleet fixes forget`, run as the host runs it: a signature (all when none), for one model (all when
+    none); the engine's own picks are not fixes and stay; a key left with nothing goes; nothing matched,
+    nothing written."""
+    from fleet.host.records import LEARNED_FILE, read_record, write_record
+
+    state = tmp_path / "state"
+    state.mkdir()
+    learned = state / LEARNED_FILE
+    picks = {"signature": "engine-picks", "learned_at": 3}
+    write_record(str(learned), {"fixes": {
+        "k1|/models/qwen|sglang-0.5.23": [{"signature": "cuda-graph-oom", "learned_at": 1}, picks],
+        "k2|/models/llama|sglang-0.5.23": [{"signature": "cuda-graph-oom", "learned_at": 2}],
+        "k3|/models/qwen|sglang-0.5.11": [{"signature": "mamba-extra-buffer", "learned_at": 4}],
+    }})  # fmt: skip
+
+    def forget(signature: str | None, model: str | None) -> list[tuple[str, object]]:
+        args = {"state_dir": str(state), "signature": signature, "model": model}
+        answer = run_step(LocalTransport("h"), sys.executable, FIXES, args)
+        return [(f["key"][:2], f["learned_at"]) for f in answer["forgotten"]]
+
+    assert forget("no-such-fix", None) == []
+    assert forget("cuda-graph-oom", "/models/qwen") == [("k1", 1)]
+    kept = read_record(str(learned))["fixes"]
+    assert kept["k1|/models/qwen|sglang-0.5.23"] == [picks] and len(kept) == 3
+    assert forget(None, None) == [("k2", 2), ("k3", 4)]
+    assert read_record(str(learned))["fixes"] == {"k1|/models/qwen|sglang-0.5.23": [picks]}
+    assert forget(None, None) == []

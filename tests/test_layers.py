@@ -96,3 +96,28 @@ def test_the_ssh_libraries_load_without_invokes_test_helper_and_leave_it_importa
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+# The engine's own Python runs these, with the engine installed: its modules are theirs to import.
+ENGINE_SIDE = {"check_sglang.py": ("sglang", "transformers"), "check_vllm.py": ("vllm",)}
+# Imported where the engine's environment may have them, each with a way on without it.
+OPTIONAL = {
+    "pynvml": "the engine environment's NVML binding; without it, nvidia-smi is read",
+    "huggingface_hub": "the engine's own Hub client for fleet pull; without it, the pull is refused",
+}
+HOST_FILES = [*sorted((SRC / "host").glob("*.py")), SRC / "protocol.py"]
+
+
+@pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: p.name)
+def test_code_that_runs_on_a_host_needs_only_the_standard_library(path: Path) -> None:
+    """A host has a Python and nothing of fleet's dependencies: every import of a host file is the
+    standard library's, fleet's own (its module form, when imported here), or, in an engine's check, the
+    engine's. Tests may run host steps under this virtualenv's Python, where more would import."""
+    allowed = set(sys.stdlib_module_names) | {"__future__", "fleet", *OPTIONAL, *ENGINE_SIDE.get(path.name, ())}
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            tops.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+    assert tops <= allowed, f"{path.name} imports {sorted(tops - allowed)}"

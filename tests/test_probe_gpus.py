@@ -59,3 +59,36 @@ def test_missing_tools_are_told_from_a_failing_driver(tmp_path: Path, pynvml: st
     gpus = gpus_seen(tmp_path, pynvml)
     assert gpus["source"] == "none" and gpus["gpus"] == [] and "no nvidia-smi" in str(gpus["error"])
     assert gpus["tools_missing"] is missing
+
+
+def test_nvidia_smi_tells_what_nvml_tells_when_nvml_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binding whose driver fails sends the probe to nvidia-smi's CSV and its banner: the same GPUs,
+    names, ids, capability, memory and temperature, driver and CUDA versions (used memory aside: only NVML
+    counts what the driver reserves), and why NVML was not used."""
+    import importlib.util
+    import types
+
+    from fleet.host import probe_gpus
+    from fleet_testbed import simhost
+
+    hdir = simhost.build_host(tmp_path, simhost.CT129)
+    monkeypatch.setenv("SIM_HOST_DIR", str(hdir))
+    monkeypatch.setenv("PATH", f"{hdir / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    spec = importlib.util.spec_from_file_location("pynvml", simhost.TESTBED / "simpkgs" / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    monkeypatch.setitem(sys.modules, "pynvml", standin)
+    nvml = probe_gpus.gpu_facts()
+
+    def driver_not_loaded() -> None:
+        raise RuntimeError("Driver Not Loaded")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=driver_not_loaded))
+    smi = probe_gpus.gpu_facts()
+    assert (nvml["source"], smi["source"]) == ("nvml", "nvidia-smi")
+    assert smi["nvml_error"] == "RuntimeError: Driver Not Loaded"
+    same = ("index", "name", "uuid", "compute_capability", "memory_total_mib", "temperature_c", "processes")
+    assert [{k: g[k] for k in same} for g in smi["gpus"]] == [{k: g[k] for k in same} for g in nvml["gpus"]]
+    assert len(smi["gpus"]) == 2 and smi["gpus"][0]["name"] == "NVIDIA RTX A6000"
+    assert (smi["driver_version"], smi["cuda_version"]) == (nvml["driver_version"], nvml["cuda_version"])
