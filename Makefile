@@ -25,10 +25,13 @@ tour: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.tour $(TOUR_ARGS)
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
-## (in two runs: the tests that need no sshd, podman or shared ports in 4 workers -- most of their time is
-## spent waiting for simulated engines -- then the SSH, container and real-vLLM tests one at a time)
+## (in three runs: the tests that need no sshd, podman, real parser or shared ports in 4 workers -- most
+## of their time is spent waiting for simulated engines -- under coverage.py, which fails the run when a
+## layer falls below its floor; the real parsers' tests in 4 workers; then the SSH, container and
+## real-vLLM tests one at a time)
 test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
-	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "not ssh and not vllm and not containers"
+	FLEET_EVERY_TIER=1 $(MAKE) --no-print-directory coverage
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "realparser and not ssh and not vllm and not containers"
 	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
@@ -43,15 +46,16 @@ fast: lint typecheck unit
 unit: $(VENV)/.installed
 	$(BIN)/pytest -q -n 4 -m "not ssh and not slow and not realparser and not vllm and not containers"
 
-## coverage: the fast tier under coverage.py, host scripts included; the host-side files one by one, then
-## every layer with each file of the package counted (one no test ran at 0%: fleet_testbed.coverage_layers)
-HOST_SIDE := src/fleet/host/*.py,src/fleet/control/deploy.py,src/fleet/control/host_steps.py,src/fleet/protocol.py,src/fleet/hostscripts.py
-coverage: $(VENV)/.installed
+## coverage: every test that needs no sshd, podman, real vLLM or real parser (the fast tier and its slow
+## tests), under coverage.py, host scripts and launchers included: a report by layer, every file of the
+## package counted (one no test ran at 0%: fleet_testbed.coverage_layers), failing below a layer's floor
+COVERED := not ssh and not vllm and not containers and not realparser
+FLOORS := --fail-under host=85 --fail-under control=88 --fail-under core=95
+coverage: $(VENV)/.installed system-deps
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "not ssh and not slow and not realparser and not vllm and not containers"
+	$(BIN)/coverage run -m pytest -q -n 4 -p no:cacheprovider --durations=10 -m "$(COVERED)"
 	$(BIN)/coverage combine -q
-	$(BIN)/coverage report --include='$(HOST_SIDE)'
-	PYTHONPATH=testbed $(BIN)/python -m fleet_testbed.coverage_layers --data .coverage
+	$(BIN)/python -m fleet_testbed.coverage_layers --data .coverage $(FLOORS)
 
 ## oracle: the real SGLang 0.5.11/0.5.23 argument parsers on CPU (../shared/tools/sglang-oracle, ~2.6 GB, ~2.5 min once)
 ORACLE := .cache/sglang-oracle
