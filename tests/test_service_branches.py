@@ -365,3 +365,21 @@ def test_the_scripted_host_keeps_records_as_the_real_steps_leave_them(svc: Servi
         outcome = run._deploy(host, run.replicas[1], relaunch=False)
     assert not outcome.ok and host.servers == {}
     assert host.records["qwen36-2"]["status"] != READY
+
+
+def test_up_again_keeps_replicas_that_prove_themselves_and_redeploys_one_that_answers_wrong(svc: Service) -> None:
+    """A second `up`: each replica already running its plan is asked by a health sweep (alive, /health,
+    /v1/models, the smoke prompt) and kept without a restart; one whose server answers the prompt wrongly
+    is not kept, and is deployed again."""
+    assert svc.up().ok
+    kept = {name: svc.serving_pid(name) for name in svc.hosts}
+    launched = {name: len(h.launches) for name, h in svc.hosts.items()}
+    svc.hosts["node-b"].answers_wrong.add("qwen36-2")
+    svc.script("node-b", ready())
+    again = svc.run().up()
+    assert again.ok, again.reason
+    assert svc.hosts["node-a"].sweeps == 1 and len(svc.hosts["node-a"].launches) == launched["node-a"]
+    assert svc.serving_pid("node-a") == kept["node-a"]  # kept: nothing restarted
+    assert len(svc.hosts["node-b"].launches) == launched["node-b"] + 1  # not kept: deployed again
+    assert svc.serving_pid("node-b") != kept["node-b"]
+    assert svc.urls() == [A, B]

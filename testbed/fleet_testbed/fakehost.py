@@ -3,7 +3,8 @@ in memory: each act answers as the real step does for the case scripted (the loc
 engine's check accepting, rejecting or picking otherwise, a launch), and each watch plays the next
 attempt's log and ending as the real watch step's events. The host keeps its deployments' records and
 servers as the real steps leave them (a launch records and starts one, a proven attempt is recorded
-ready, a crash ends its server, a stop ends it), so a later probe reads them; a service's router step is
+ready, a crash ends its server, a stop ends it), so a later probe reads them; a health sweep asks each
+recorded server (alive, and answering right unless scripted to answer wrong); a service's router step is
 answered by a scripted router (fleet_testbed.fakerouter). What fleet does on a host is proven elsewhere,
 over real sshd and in simulated hosts; this proves what the loops do with each answer, in milliseconds."""
 
@@ -14,10 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleet.control.sweep import HealthOptions
 from fleet.facts import DeploymentRecord, HostFacts
 from fleet.facts.parse import Proc
+from fleet.health import CRITICAL, OK, Check, HostHealth, worst
 from fleet.host.check import budget_short
 from fleet.hostscripts import StepEvent
+from fleet.inventory import Host
 from fleet.protocol import (
     ActRequest,
     ActResult,
@@ -64,9 +68,10 @@ class ScriptedHost:
     """`facts`: what the probe finds (factsdata builds them); `watches`: each watch step in turn (a resumed
     watch takes the next one); `checks`: the engine's verdict on each launch's command line in turn
     (accepted when none is left); `picks_differ`: the engine picks otherwise than the plan stood on, once,
-    when asked; `lock`: the lock step's answer; `router_step`: the router a service runs here. `records` and
-    `servers` are what the host keeps now: each deployment's record, and which deployment each running
-    server (by pid) is."""
+    when asked; `lock`: the lock step's answer; `router_step`: the router a service runs here;
+    `answers_wrong`: deployments whose server answers the smoke prompt wrongly. `records` and `servers` are
+    what the host keeps now: each deployment's record, and which deployment each running server (by pid)
+    is."""
 
     facts_found: HostFacts | None = None
     watches: list[Watch] = field(default_factory=list)
@@ -79,10 +84,12 @@ class ScriptedHost:
     records: dict[str, StateRecord] = field(default_factory=dict)
     servers: dict[int, str] = field(default_factory=dict)
     router_step: ScriptedRouter = field(default_factory=ScriptedRouter)
+    answers_wrong: set[str] = field(default_factory=set)
+    sweeps: int = 0  # health sweeps run
 
     @property
     def commands_run(self) -> int:
-        return len(self.acts) + len(self.watched)
+        return len(self.acts) + len(self.watched) + self.sweeps
 
     def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
         assert self.facts_found is not None, "a scripted host probed without facts to answer with"
@@ -151,6 +158,30 @@ class ScriptedHost:
 
     def router(self, python: str, request: RouterRequest, *, timeout_s: float) -> RouterAnswer:
         return self.router_step.answer(request)
+
+    def health(self, host: Host, options: HealthOptions) -> HostHealth:
+        """Each recorded deployment's server checks, as the real sweep names them: its process, /health,
+        /v1/models and the smoke prompt (asked only of a live server)."""
+        self.sweeps += 1
+        checks: list[Check] = []
+        up = {}
+        for name in sorted(self.records):
+            pid = next((p for p, of in self.servers.items() if of == name), None)
+            up[name] = pid is not None
+            if pid is None:
+                checks.append(Check("server", CRITICAL, "recorded server is not running", deployment=name))
+                continue
+            checks += [
+                Check("server", OK, f"pid {pid} alive", deployment=name),
+                Check("http_health", OK, "/health 200", deployment=name),
+                Check("models", OK, "/v1/models lists the served model", deployment=name),
+            ]
+            if name in self.answers_wrong:
+                checks.append(Check("generation", CRITICAL, "answered 'five', expected /4/", deployment=name))
+            else:
+                checks.append(Check("generation", OK, "answered '4'", deployment=name))
+        status = worst([c.status for c in checks]) if checks else OK
+        return HostHealth(self.host_name, status, tuple(checks), server_up=all(up.values()), up=up)
 
     def watch(
         self,

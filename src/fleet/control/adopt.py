@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleet import events
-from fleet.control.host_steps import HostLink, connection_of
+from fleet.control.host_steps import HostLink, steps_of
 from fleet.control.outcomes import DeployResult
 from fleet.facts import HostFacts
 from fleet.facts.recorded import Recorded
@@ -88,12 +88,12 @@ def adopt(
 ) -> DeployResult | None:
     """Prove the running server (health, /v1/models, the smoke prompt) instead of restarting it: a big
     model takes minutes to load. None when it does not pass; the caller then deploys as usual."""
-    from fleet.control.sweep import HealthOptions, check_host
+    from fleet.control.sweep import HealthOptions
 
     started = time.monotonic()
-    t = connection_of(link, "adopt a running server")  # by a health sweep, which no step covers
+    steps = steps_of(link)
     key = api_key_name(plan.argv())
-    health = check_host(t, host, HealthOptions(secrets=secrets, api_keys={playbook_name: key} if key else {}))
+    health = steps.health(host, HealthOptions(secrets=secrets, api_keys={playbook_name: key} if key else {}))
     problems = adoption_problems(health, deployment)
     if problems:
         progress(events.NotAdopted(list(problems)))
@@ -110,7 +110,7 @@ def adopt(
         endpoint=base_url(plan.check_address, plan.port),
         ready_s=time.monotonic() - started,
         learned_applied=plan.applied_fixes,
-        round_trips=t.commands_run,
+        round_trips=steps.commands_run,
         adopted=True,
         deployment=deployment,
     )

@@ -1,6 +1,6 @@
 """What the deploy and service loops ask of a host, step by step (`HostSteps`): its facts (the probe), the
-act step (lock, check, stop, launch, record; or a release), the watch step's events and a service's
-router step. `SshSteps` runs fleet's
+act step (lock, check, stop, launch, record; or a release), the watch step's events, a service's router
+step and the health sweep (which proves a running server before a deploy keeps it). `SshSteps` runs fleet's
 host scripts over a transport, each answer typed where it crosses. Tests hand the loop a scripted host
 instead (fleet_testbed.fakehost), so every branch of it runs in milliseconds without root or sshd; what
 fleet does on hosts is proven over real sshd and in simulated hosts."""
@@ -8,14 +8,19 @@ fleet does on hosts is proven over real sshd and in simulated hosts."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fleet.control.answers import act_answer
 from fleet.facts import HostFacts, parse_facts
+from fleet.health import HostHealth
 from fleet.hostscripts import EventLines, StepEvent, run_step, script_for
+from fleet.inventory import Host
 from fleet.protocol import ActRequest, ActResult, ProbeRequest, RouterRequest, WatchRequest
 from fleet.step_answers import ACT, ROUTER, RouterAnswer
 from fleet.transport import Transport
+
+if TYPE_CHECKING:
+    from fleet.control.sweep import HealthOptions
 
 
 @runtime_checkable
@@ -54,6 +59,11 @@ class HostSteps(Protocol):
         """A service's router step: each of `request`'s actions answered in order, up to the first that failed."""
         ...
 
+    def health(self, host: Host, options: HealthOptions) -> HostHealth:
+        """The host's health sweep (`fleet health`): its hardware, disks and each recorded server asked
+        (alive, /health, /v1/models, the smoke prompt)."""
+        ...
+
 
 HostLink = Transport | HostSteps  # a host's connection, or a scripted host (tests)
 
@@ -64,8 +74,8 @@ def steps_of(transport: HostLink) -> HostSteps:
 
 
 def connection_of(link: HostLink, what: str) -> Transport:
-    """The connection itself, for what the steps do not cover (`what`: adopting a server by a health
-    sweep, pulling an image or a model); a scripted host has none, and says which test went there."""
+    """The connection itself, for what the steps do not cover (`what`: pulling an image or a model); a
+    scripted host has none, and says which test went there."""
     if isinstance(link, HostSteps):
         raise TypeError(f"{link.host_name}: a scripted host cannot {what}")
     return link
@@ -110,3 +120,8 @@ class SshSteps:
 
     def router(self, python: str, request: RouterRequest, *, timeout_s: float) -> RouterAnswer:
         return run_step(self.t, python, ROUTER, request, timeout_s=timeout_s)
+
+    def health(self, host: Host, options: HealthOptions) -> HostHealth:
+        from fleet.control.sweep import check_host  # the sweep's own module: loaded only when asked
+
+        return check_host(self.t, host, options)
