@@ -309,6 +309,23 @@ def test_a_service_serving_through_its_router_is_healthy(svc: Service) -> None:
     assert [s.serving for s in health.states] == [True, True] and health.heal == []
 
 
+def test_status_and_health_agree_a_replica_whose_circuit_is_open_does_not_serve(svc: Service) -> None:
+    """`fleet status` once said "2/2 serving" while the router refused one replica every request (its
+    circuit open, its /health fine): status and health now read one truth, the router step's workers with
+    their circuits (issue 38): ServiceRun.states, which `fleet status` lists and health judges."""
+    assert svc.up().ok
+    svc.router.circuits_open.add(B)
+    run = svc.run()
+    with run.session() as rt:
+        states = {s.replica: s for s in run.states(rt)[0]}
+    b = states["node-b/qwen36-2"]
+    assert b.registered and b.healthy_in_router and b.circuit_open and not b.serving
+    assert b.in_router == "circuit open (requests refused)" and states["node-a/qwen36-1"].serving
+    health = service_health(svc.run(), heal=False)
+    assert health is not None and health.status != OK
+    assert [s.serving for s in health.states] == [True, False]
+
+
 def test_a_dead_router_is_critical_and_each_replica_still_says_what_would_serve(svc: Service) -> None:
     assert svc.up().ok
     svc.router.running, svc.router.workers = False, []

@@ -21,7 +21,8 @@ ROUTER_PID = 4242
 class ScriptedRouter:
     """`running`/`argv`: the router process and its options; `up`: the service was brought up (its router
     recorded, until `fleet down`), whether or not the router still runs; `workers`: what its /workers lists;
-    `unhealthy`: worker URLs it lists as unhealthy; `lease`: who holds the service's lease (a run_id,
+    `unhealthy`: worker URLs it lists as unhealthy; `circuits_open`: worker URLs whose circuit it holds
+    open (it refuses them every request while their /health is fine, sglang #13894); `lease`: who holds the service's lease (a run_id,
     owner and command); `kept`: the replicas' last good records; `fail`: an action (by `do`) that fails
     with the given result, once; `answers`: the answers to requests through it, in turn (then a good one)."""
 
@@ -30,6 +31,7 @@ class ScriptedRouter:
     argv: list[str] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     unhealthy: set[str] = field(default_factory=set)
+    circuits_open: set[str] = field(default_factory=set)
     lease: dict[str, Any] | None = None
     kept: dict[str, Any] = field(default_factory=dict)
     fail: dict[str, RouterResult] = field(default_factory=dict)
@@ -60,7 +62,10 @@ class ScriptedRouter:
         return act(a)
 
     def _listed(self) -> list[dict[str, Any]]:
-        return [{**w, "is_healthy": w["url"] not in self.unhealthy, "circuit_open": False} for w in self.workers]
+        return [
+            {**w, "is_healthy": w["url"] not in self.unhealthy, "circuit_open": w["url"] in self.circuits_open}
+            for w in self.workers
+        ]
 
     def _ensure(self, a: RouterAction) -> RouterResult:
         if self.running and (a["argv"] == self.argv or not a.get("replace")):
