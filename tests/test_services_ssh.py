@@ -67,6 +67,35 @@ def test_the_example_service_comes_up_rolls_without_a_failed_request_and_goes_do
         assert '"status": "stopped"' in simhost.record(fleet_env.host_dir(host), "state.json", name).read_text()
 
 
+def test_status_and_health_say_a_replica_the_router_refuses_does_not_serve(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38's second defect, over sshd: `fleet status` said "2/2 serving, router: up" while the router
+    refused one replica every request (its circuit open after ten failures, its /health still fine), as
+    health said otherwise. One truth now, in both commands."""
+    # round robin: the example's cache-aware policy sends one prompt asked again to one replica only
+    example = (ROOT / "services" / "qwen36.yaml").read_text()
+    (tmp_path / "qwen36.yaml").write_text(example.replace("policy: cache_aware", "policy: round_robin"))
+    monkeypatch.setenv("FLEET_SERVICES", str(tmp_path))
+    assert run_cli("up", "qwen36").code == 0
+    try:
+        simhost.set_host(fleet_env.host_dir("blackwell"), generation_http_500=True)
+        for _ in range(30):  # the router retries each failure on ct129; blackwell's circuit opens after ten
+            code, body = routed()
+            assert code == 200 and "Paris" in str(body)
+        status = run_cli("status")
+        assert "1/2 serving" in status.out, status.out
+        replica = next(
+            x for x in status.out.splitlines() if x.strip().startswith("blackwell/qwen36-2") and "router:" in x
+        )
+        assert replica.endswith("router: circuit open (requests refused)"), status.out
+        health = run_cli("health")
+        assert health.code != 0 and "circuit open" in health.out, health.out
+    finally:
+        simhost.set_host(fleet_env.host_dir("blackwell"), generation_http_500=False)
+        assert run_cli("down", "qwen36").code == 0
+
+
 def test_a_bad_service_file_changes_nothing(
     fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
