@@ -108,3 +108,33 @@ def test_a_host_deployed_by_the_previous_fleet_is_upgraded_in_place(fleet_env: s
     assert run_cli("stop", "--host", "ct129").code == 0
     assert not (hdir / "state" / "state.json").exists()
     assert json.loads(simhost.record(hdir, "state.json").read_text())["status"] == "stopped"
+
+
+def test_a_stop_beside_an_all_gpu_deployment_leaves_it_serving_and_unmentioned(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38's first defect's scenario, over sshd: `fleet stop` of a deployment beside one on all GPUs
+    (whose record names no GPU) once waited 30 s for memory the other keeps, then listed the other's
+    processes as "not stopped ... --force stops it". It stops nothing of the other and says nothing of it;
+    a stop of the host stops it. (The host step's own part, a sibling on all GPUs counted on each, is
+    test_deployments.py's test_a_sibling_on_all_gpus_runs_on_every_one.)"""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    placed(playbooks, "small", "qwen36-27b", 30100, "[0, 1]")
+    placed(playbooks, "whole", "qwen36-27b", 30200, "all")
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    assert run_cli("deploy", "small", "--host", "blackwell").code == 0
+    assert run_cli("stop", "--host", "blackwell/small").code == 0
+    assert run_cli("deploy", "whole", "--host", "blackwell").code == 0
+    whole = json.loads(simhost.record(fleet_env.host_dir("blackwell"), "state.json", "whole").read_text())
+    assert "gpus" not in whole  # every GPU: the record names none
+
+    again = run_cli("stop", "--host", "blackwell/small")
+    said = again.out + again.err
+    assert again.code == 0 and "not stopped" not in said and "--force" not in said and "whole" not in said, said
+    rows = {r["deployment"]: r for r in map(json.loads, run_cli("status", "--json").out.splitlines())}
+    assert rows["whole"]["status"] == "ready" and rows["whole"]["pid"] == whole["pid"]
+
+    assert run_cli("stop", "--host", "blackwell").code == 0
+    rows = {r["deployment"]: r for r in map(json.loads, run_cli("status", "--all", "--json").out.splitlines())}
+    assert rows["whole"]["status"] == "stopped"
