@@ -64,6 +64,9 @@ def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> No
 # --- which engines of a process group the act step stops with the one on the deployment's GPUs ------------
 
 
+NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
+
+
 def classified(
     monkeypatch: pytest.MonkeyPatch,
     procs: dict[int, dict],
@@ -79,6 +82,8 @@ def classified(
     monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
     monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: ({p for p, g in on_gpus.items() if g in idx}, []))
     monkeypatch.setattr(rf, "container_of", lambda pid: None)
+    # fleet's own command is no process of the table: the test's own pid is whatever the machine gave it
+    monkeypatch.setattr(rf, "own_command", lambda: (NOT_A_PID, NOT_A_PID))
     a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": gpus, "recorded_pgid": recorded, "siblings": {}}
     return sorted(rf.classify({**a, "kill_policy": "force" if force else "safe"}, procs)[0])
 

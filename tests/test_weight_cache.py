@@ -269,6 +269,9 @@ def test_a_wait_that_cannot_be_read_starts_no_engine(tmp_path: Path) -> None:
     assert "could not be waited for" in run.stderr and (tmp_path / "engine.exit").read_text() == "1\n"
 
 
+NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
+
+
 def classified(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **free: object) -> tuple[dict, list]:
     """fleet.host.free.classify with the host's probes answering from `on_gpus` (pid -> GPU 0): (stopped
     pid -> why, refused)."""
@@ -278,6 +281,8 @@ def classified(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **fr
     monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
     monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: (set(on_gpus), []))
     monkeypatch.setattr(rf, "container_of", lambda pid: None)
+    # fleet's own command is no process of the table: the test's own pid is whatever the machine gave it
+    monkeypatch.setattr(rf, "own_command", lambda: (NOT_A_PID, NOT_A_PID))
     a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": [0], "siblings": {}, "kill_policy": "safe", **free}
     targets, refused, _ = rf.classify(a, procs)  # type: ignore[arg-type]
     return {pid: t["why"] for pid, t in targets.items()}, refused

@@ -201,6 +201,11 @@ def stale_groups(gpu_holders: Set[int], procs: Dict[int, ProcessInfo], me: int) 
     )
 
 
+def own_command() -> Tuple[int, int]:
+    """fleet's own command on the host: this process and its process group, never stopped."""
+    return os.getpid(), os.getpgid(0)
+
+
 def classify(
     a: FreeRequest, procs: Dict[int, ProcessInfo], on_gpus: Optional[Set[int]] = None
 ) -> Tuple[Dict[int, Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
@@ -212,7 +217,7 @@ def classify(
     those it was told to replace (`replaced`) are stopped like its own. `on_gpus`: the processes NVML
     lists on the deployment's GPUs, where the caller has read them already."""
     me = os.getuid()
-    own_pgid = os.getpgid(0)
+    own_pid, own_pgid = own_command()
     recorded = a.get("recorded_pgid")
     gpus = a.get("gpus")
     siblings = dict((int(k), v) for k, v in (a.get("siblings") or {}).items())
@@ -260,7 +265,7 @@ def classify(
         verdict, why = kill_verdict(
             info,
             me=me,
-            own=(os.getpid(), own_pgid),
+            own=(own_pid, own_pgid),
             recorded_pgid=info["pgid"] if info["pgid"] in (cache, *replaced) else recorded,
             port=a.get("port") if pid in owners else None,
             force=a["kill_policy"] == "force",
@@ -298,7 +303,7 @@ def stop_targets(
     Every signal goes to a held process (host_signals): a target that exited during the drain cannot pass
     its SIGKILL on to whoever got its pid, and a group is signalled member by member, fleet's user's only:
     another user's process that joined it is named, never signalled."""
-    me, own_pgid = os.getuid(), os.getpgid(0)
+    me, own_pgid = os.getuid(), own_command()[1]
     held = {pid: hold_process(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
