@@ -47,6 +47,24 @@ def run_cli(*argv: str) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
+NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
+
+
+def classify_table(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **free: object) -> tuple:
+    """fleet.host.free.classify over a made-up process table, the host's probes answering from `on_gpus`
+    (pid -> GPU index): (targets, refused, left). fleet's own command is no process of the table: the
+    test's own pid is whatever the machine gave it, and may be one the table names."""
+    from fleet.host import free as rf
+
+    monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
+    monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
+    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: ({p for p, g in on_gpus.items() if g in idx}, []))
+    monkeypatch.setattr(rf, "container_of", lambda pid: None)
+    monkeypatch.setattr(rf, "own_command", lambda: (NOT_A_PID, NOT_A_PID))
+    a = {"port": None, "gpu_devices": "/dev/nvidia*", "siblings": {}, "kill_policy": "safe", **free}
+    return rf.classify(a, procs)  # type: ignore[arg-type]
+
+
 def _sshd_available() -> bool:
     return any(os.path.exists(p) for p in ("/usr/sbin/sshd",)) and shutil.which("ssh") is not None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import classify_table
 from fleet.host.common import program, safelisted
 
 # Seen on a real H200 box (docs/real-gpu.md): its monitoring runs nvidia-smi through a bundled loader.
@@ -64,9 +65,6 @@ def test_the_probe_and_the_act_step_share_one_definition_of_a_gpu_device() -> No
 # --- which engines of a process group the act step stops with the one on the deployment's GPUs ------------
 
 
-NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
-
-
 def classified(
     monkeypatch: pytest.MonkeyPatch,
     procs: dict[int, dict],
@@ -76,16 +74,8 @@ def classified(
     recorded: int | None = None,
 ) -> list[int]:
     """The pids fleet.host.free.classify stops, with the host's probes answering from `on_gpus` (pid -> GPU)."""
-    from fleet.host import free as rf
-
-    monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
-    monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
-    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: ({p for p, g in on_gpus.items() if g in idx}, []))
-    monkeypatch.setattr(rf, "container_of", lambda pid: None)
-    # fleet's own command is no process of the table: the test's own pid is whatever the machine gave it
-    monkeypatch.setattr(rf, "own_command", lambda: (NOT_A_PID, NOT_A_PID))
-    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": gpus, "recorded_pgid": recorded, "siblings": {}}
-    return sorted(rf.classify({**a, "kill_policy": "force" if force else "safe"}, procs)[0])
+    policy = "force" if force else "safe"
+    return sorted(classify_table(monkeypatch, procs, on_gpus, gpus=gpus, recorded_pgid=recorded, kill_policy=policy)[0])
 
 
 def proc(pid: int, pgid: int, uid: int, *argv: str) -> dict[str, object]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, classify_table
 from fleet.errors import ConfigError
 from fleet.host.launch import LAUNCHER
 from fleet.host.procs import boot_id, start_ticks
@@ -269,22 +269,10 @@ def test_a_wait_that_cannot_be_read_starts_no_engine(tmp_path: Path) -> None:
     assert "could not be waited for" in run.stderr and (tmp_path / "engine.exit").read_text() == "1\n"
 
 
-NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
-
-
 def classified(monkeypatch: pytest.MonkeyPatch, procs: dict, on_gpus: dict, **free: object) -> tuple[dict, list]:
     """fleet.host.free.classify with the host's probes answering from `on_gpus` (pid -> GPU 0): (stopped
     pid -> why, refused)."""
-    from fleet.host import free as rf
-
-    monkeypatch.setattr(rf, "port_holders", lambda port, bind="0.0.0.0": (set(), False))
-    monkeypatch.setattr(rf, "device_files_of", lambda glob, idx: [])
-    monkeypatch.setattr(rf, "nvml_pids_and_memory", lambda idx=None: (set(on_gpus), []))
-    monkeypatch.setattr(rf, "container_of", lambda pid: None)
-    # fleet's own command is no process of the table: the test's own pid is whatever the machine gave it
-    monkeypatch.setattr(rf, "own_command", lambda: (NOT_A_PID, NOT_A_PID))
-    a = {"port": None, "gpu_devices": "/dev/nvidia*", "gpus": [0], "siblings": {}, "kill_policy": "safe", **free}
-    targets, refused, _ = rf.classify(a, procs)  # type: ignore[arg-type]
+    targets, refused, _ = classify_table(monkeypatch, procs, on_gpus, gpus=[0], **free)
     return {pid: t["why"] for pid, t in targets.items()}, refused
 
 
