@@ -31,7 +31,7 @@ tour: $(VENV)/.installed system-deps
 ## real-vLLM tests one at a time)
 test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
 	FLEET_EVERY_TIER=1 $(MAKE) --no-print-directory coverage
-	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "realparser and not ssh and not vllm and not containers"
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "realparser and $(UNSHARED)"
 	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
@@ -49,7 +49,8 @@ unit: $(VENV)/.installed
 ## coverage: every test that needs no sshd, podman, real vLLM or real parser (the fast tier and its slow
 ## tests), under coverage.py, host scripts and launchers included: a report by layer, every file of the
 ## package counted (one no test ran at 0%: fleet_testbed.coverage_layers), failing below a layer's floor
-COVERED := not ssh and not vllm and not containers and not realparser
+UNSHARED := not ssh and not vllm and not containers
+COVERED := $(UNSHARED) and not realparser
 FLOORS := --fail-under host=85 --fail-under control=88 --fail-under core=95
 coverage: $(VENV)/.installed system-deps
 	rm -f .coverage .coverage.*
