@@ -38,7 +38,7 @@ except NameError:  # imported as a module (fleet's own tests)
 def launcher_source(mode: str) -> str:
     """The source of one of fleet's launchers (fleet/launchers.py, sent as text: it runs under a Python of
     its own environment), started in `mode`: "process" or "container"."""
-    return "import sys\nSECRET_WORD = %r\n%s%s_main(sys.argv)\n" % (
+    return "SECRET_WORD = %r\n%s%s_main(sys.argv)\n" % (  # sys: the launcher's own import
         SECRET_WORD,
         program_text("host/launchers.py"),
         mode,
