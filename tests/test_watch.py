@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fleet.host.common import bounded_search
 from fleet.host.watch import LogFollower
@@ -176,3 +179,51 @@ def test_a_progress_bar_redrawn_in_one_unended_line_is_read_as_it_moves(tmp_path
         f.write(b"\rLoading safetensors checkpoint shards: 100% Completed | 4/4 [00:04<00:00]\n")
     whole = follower.read()[0]
     assert len(whole) == 1 and whole[0][1].endswith("4/4 [00:04<00:00]") and follower.redrawn() is None
+
+
+def ended_attempt(
+    tmp_path: Path, monkeypatch: Any, group_member: list[str]
+) -> tuple[list[str], subprocess.Popen[bytes]]:
+    """An attempt whose process has ended (its exit file written, its log's lines so far) while
+    `group_member` still runs in its process group; the lines the watcher said of it."""
+    import fleet.host.watch as watch
+
+    log, exit_file = tmp_path / "a.log", tmp_path / "exit"
+    log.write_bytes(b"main: exiting\n")
+    exit_file.write_text("1\n")
+    member = subprocess.Popen([sys.executable, "-c", *group_member, str(log)], start_new_session=True)
+    threading.Thread(target=member.wait, daemon=True).start()  # reaped as init reaps the launcher's group
+    said: list[dict[str, Any]] = []
+    monkeypatch.setattr(watch, "emit", said.append)
+    attempt = watch.AttemptWatch.__new__(watch.AttemptWatch)  # only what `exited` reads
+    attempt.a = cast(Any, {"pgid": member.pid, "exit_file": str(exit_file)})
+    attempt.log = LogFollower(str(log), 0)
+    ended = attempt.exited()
+    assert ended == {"e": "exit", "code": 1}
+    return [str(e["t"]) for e in said if e["e"] == "line"], member
+
+
+def test_the_lines_an_ended_attempts_group_writes_last_are_read_before_it_is_diagnosed(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A worker's traceback often lands after the main process ended: the watcher reads on until the whole
+    group is gone (it once waited a fixed 50 ms, which this worker outlasts), not for a set time."""
+    import fleet.host.watch as watch
+
+    monkeypatch.setattr(watch, "LAST_LINES_S", 600.0)  # never reached: the group ends first
+    late = "import sys, time; time.sleep(0.3); open(sys.argv[1], 'ab').write(b'TP1: Traceback (most recent call last)')"
+    lines, _ = ended_attempt(tmp_path, monkeypatch, [late])
+    assert lines == ["main: exiting", "TP1: Traceback (most recent call last)"]
+
+
+def test_an_ended_attempts_group_that_lingers_is_given_a_bound_not_waited_for(tmp_path: Path, monkeypatch: Any) -> None:
+    """A worker that never exits (stuck in a collective) does not hold the diagnosis back past the bound;
+    what the log has by then is said."""
+    import fleet.host.watch as watch
+
+    monkeypatch.setattr(watch, "LAST_LINES_S", 0.2)
+    lines, member = ended_attempt(tmp_path, monkeypatch, ["import time; time.sleep(600)"])
+    try:
+        assert lines == ["main: exiting"] and member.poll() is None
+    finally:
+        member.kill()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from fleet.control.host_steps import HostLink, steps_of
-from fleet.facts import HostFacts
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.protocol import ProbeRequest
+
+if TYPE_CHECKING:
+    from fleet.facts import HostFacts
 
 
 def model_path(host: Host, model: str) -> str:

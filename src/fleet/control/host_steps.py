@@ -10,17 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from fleet.control.answers import act_answer
-from fleet.facts import HostFacts, parse_facts
-from fleet.health import HostHealth
 from fleet.hostscripts import EventLines, StepEvent, run_step, script_for
 from fleet.inventory import Host
 from fleet.protocol import ActRequest, ActResult, ProbeRequest, RouterRequest, WatchRequest
 from fleet.step_answers import ACT, ROUTER, RouterAnswer
 from fleet.transport import Transport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what reads the answers loads while the first request is on its way (read_facts_ahead)
     from fleet.control.sweep import HealthOptions
+    from fleet.facts import HostFacts
+    from fleet.health import HostHealth
 
 
 @runtime_checkable
@@ -93,11 +92,16 @@ class SshSteps:
         return self.t.commands_run
 
     def facts(self, request: ProbeRequest, pythons: Sequence[str]) -> HostFacts:
-        return parse_facts(self.host_name, self.t.run(script_for("probe", request, pythons), timeout_s=60).text)
+        text = self.t.run(script_for("probe", request, pythons), timeout_s=60).text
+        from fleet.facts import parse_facts
+
+        return parse_facts(self.host_name, text)
 
     def act(
         self, python: str, request: ActRequest, *, stdin: bytes = b"", timeout_s: float, hold_stdin: bool = False
     ) -> ActResult:
+        from fleet.control.answers import act_answer
+
         return act_answer(
             run_step(self.t, python, ACT, request, stdin=stdin, timeout_s=timeout_s, hold_stdin=hold_stdin)
         )

@@ -56,6 +56,7 @@ except NameError:  # imported as a module (fleet's own tests)
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
+LAST_LINES_S = 0.5  # the longest an ended attempt's group is given to finish its log (one that lingers)
 ATTEMPT_TERM_S = 5.0  # a frozen fleet's attempt: SIGTERM, this long, SIGKILL
 
 
@@ -305,7 +306,11 @@ class AttemptWatch:
 
     def exited(self) -> Dict[str, Any]:
         """The attempt's process ended: the log's last lines said, and how it ended."""
-        time.sleep(0.05)  # let the last lines land
+        # Its group's other processes (the launcher writing the exit file, an engine's workers) may still
+        # add lines: once the group is gone every line is in the file; a group that lingers gets a bound.
+        until = time.monotonic() + LAST_LINES_S
+        while alive_group(self.a["pgid"]) and time.monotonic() < until:
+            time.sleep(0.005)
         for end, text in self.log.rest():
             emit({"e": "line", "o": end, "t": text})
         code = None
