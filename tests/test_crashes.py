@@ -477,6 +477,57 @@ TEXT_CASES = [
         LogContext(engine="sglang"),
         "nccl-collective-watchdog",
     ),
+    (  # Ray's OutOfMemoryError is the host's RAM: not a CUDA allocation, and no memory fraction helps
+        "ray-memory-monitor",
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.0.0.1, ID: 4f2a) where the task was running was 120.31GB / 125.80GB (0.956), "
+        "which exceeds the memory usage threshold of 0.95. Ray killed this worker (ID: 9c1e) because it was the "
+        "most recently scheduled task",
+        LogContext(engine="vllm"),
+        "host-memory-monitor",
+    ),
+    (  # vLLM's capture bar, then the allocation that failed inside it
+        "vllm-capture-oom",
+        "INFO 11-30 10:00:00 [gpu_model_runner.py:2000] Capturing CUDA graph shapes:  42%|████▏     | 28/67\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.02 GiB. GPU 0 has a total capacity of "
+        "47.41 GiB of which 801.25 MiB is free.",
+        LogContext(engine="vllm"),
+        "cuda-oom-in-graph-capture",
+    ),
+    (
+        "elastic-sigkill",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\nRoot Cause (first observed failure):\n"
+        "[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 4321)\n  error_file: <N/A>\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 4321",
+        LogContext(),
+        "killed-by-sigkill",
+    ),
+    (
+        "child-sigkill",
+        "Child process unexpectedly failed with exitcode=-9. pid=4321",
+        LogContext(),
+        "killed-by-sigkill",
+    ),
+    (
+        "heads-indivisible",
+        "ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8).",
+        LogContext(engine="vllm"),
+        "parallel-size-indivisible",
+    ),
+    ("cpu-torch", "AssertionError: Torch not compiled with CUDA enabled", LogContext(), "dependency-mismatch"),
+    (  # a Triton kernel tuned for more shared memory than this GPU has (consumer and SM120 parts have less)
+        "triton-shared-memory",
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 147456, Hardware limit: "
+        "101376. Reducing block sizes or `num_stages` may help.",
+        LogContext(engine="sglang", sm=120),
+        "gpu-arch-unsupported",
+    ),
+    (
+        "engine-core-died",
+        "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        LogContext(),
+        "worker-died",
+    ),
 ]
 
 
@@ -581,6 +632,18 @@ NEAR_MISSES = [
         LogContext(engine="sglang", version=(0, 5, 23)),
         "sglang-no-buffer-overlap",
     ),
+    (  # an allocation that failed after capture finished is not capture's
+        "Capturing CUDA graph shapes: 100%|██████████| 67/67\nGraph capturing finished in 12 secs, took 0.52 GiB\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        LogContext(engine="vllm"),
+        "cuda-oom-in-graph-capture",
+    ),
+    (  # capture named only in a logged request: the failure's own line is not there
+        'INFO:     127.0.0.1:5 - "POST /v1/completions?q=Capturing CUDA graph shapes CUDA out of memory HTTP/1.1" '
+        "200 OK",
+        LogContext(engine="vllm"),
+        "cuda-oom-in-graph-capture",
+    ),
     (  # a request or a path echoed in the log that quotes the loader's message is not the loader's error
         'INFO:     127.0.0.1:51234 - "POST /generate?q=[IpcModelLoader] Daemon config mismatch HTTP/1.1" 200 OK',
         LogContext(engine="sglang", version=(0, 5, 23)),
@@ -641,6 +704,14 @@ def test_a_complete_unknown_exception_is_other_with_its_evidence() -> None:
     d = diagnose(["Traceback (most recent call last):", '  File "x", line 1, in y', "WeirdError: nope"])
     assert (d.category, d.signature) == ("other", None)
     assert "WeirdError: nope" in d.evidence and d.basis.startswith("no signature")
+
+
+def test_an_exception_named_only_by_its_module_is_still_a_failure() -> None:
+    """ "triton.runtime.errors.OutOfResources" ends in neither Error nor Exception: its module says what it is.
+    A log that ends in one is a failure shown with its evidence, never one still starting."""
+    d = diagnose(["Traceback (most recent call last):", '  File "k.py", line 9, in run', "somelib.errors.Refused: no"])
+    assert d.category == "other" and "somelib.errors.Refused: no" in d.evidence
+    assert diagnose(["Loading weights", "somelib.exceptions.Gone"]).category not in ("starting", "healthy")
 
 
 def test_a_scheduler_child_failure_shows_the_real_exception() -> None:

@@ -176,6 +176,8 @@ def is_continuation(line: str) -> bool:
 # "AssertionError". Warnings (UserWarning, FutureWarning) are not failures.
 EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt)(?:\([^)]*\))?(?::|\s*$)"
+    # one whose name says nothing but whose module does: "triton.runtime.errors.OutOfResources: …"
+    r"|^(?:[A-Za-z_]\w*\.)*(?:errors|exceptions|exc)\.[A-Z]\w*(?::|\s*$)"
 )
 TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)")
 FRAME = re.compile(r'^\s*File "[^"]+", line \d+|^\s*File "[^"]+"|^frame #\d+:|^\s*#\d+ 0x')
@@ -186,7 +188,8 @@ FATAL = re.compile(
     r"exited unexpectedly|died unexpectedly|EngineDeadError|EngineCore failed to start|"
     r"Engine core initialization failed|Scheduler hit an exception|Received sigquit from a child|"
     r"^Failed: |^[\w./-]+(?: \w+)?: error: |^error: |Initialization failed|process is killed by SIGKILL|"
-    r"The actor is dead|worker process has died"
+    r"The actor is dead|worker process has died|Signal \d+ \(SIG[A-Z]+\) received by PID|"
+    r"\bexit ?code\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b"
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
 BENIGN = re.compile(r"Ignore import error|\b\w+Warning:")
