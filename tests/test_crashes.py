@@ -523,6 +523,98 @@ TEXT_CASES = [
         "gpu-arch-unsupported",
     ),
     (
+        "sglang-child-sigkill",
+        "Child process unexpectedly failed with exitcode=9. pid=32885",
+        LogContext(),
+        "killed-by-sigkill",
+    ),
+    (
+        "sglang-child-exit-1",
+        "Child process unexpectedly failed with exitcode=256. pid=32885",
+        LogContext(),
+        "worker-died",
+    ),
+    (
+        "vllm-core-sigkill",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore_DP0': -9}",
+        LogContext(engine="vllm"),
+        "killed-by-sigkill",
+    ),
+    (
+        "ray-memory-pressure",
+        "(raylet) node_manager.cc:3007: 2 Workers (tasks / actors) killed due to memory pressure "
+        "(OOM), 0 Workers crashed due to other reasons at node (ID: 1f, IP: 10.0.0.2)",
+        LogContext(),
+        "killed-by-oom-killer",
+    ),
+    (
+        "xid-79",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+        LogContext(),
+        "gpu-xid",
+    ),
+    (
+        "device-side-assert",
+        "../aten/src/ATen/native/cuda/Indexing.cu:1289: indexSelectLargeIndex: block: [267,0,0], "
+        "thread: [64,0,0] Assertion `srcIndex < srcSelectDimSize` failed.",
+        LogContext(),
+        "illegal-memory-access",
+    ),
+    (
+        "rocm-fault",
+        "Memory access fault by GPU node-2 (Agent handle: 0x55d5f3b0c2b0) on address 0x7f1a2c000000. Reason: Unknown.",
+        LogContext(),
+        "illegal-memory-access",
+    ),
+    (
+        "batch-tokens",
+        "ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (32768). This effectively "
+        "limits the maximum sequence length to max_num_batched_tokens",
+        LogContext(engine="vllm"),
+        "engine-args-rejected",
+    ),
+    (
+        "wrapper-kwarg",
+        "TypeError: AsyncEngineArgs.__init__() got an unexpected keyword argument 'limit_mm_per_prompt'",
+        LogContext(engine="vllm"),
+        "dependency-mismatch",
+    ),
+    (
+        "sglang-decode-oom",
+        "RuntimeError: Decode out of memory. Try to lower your batch size.",
+        LogContext(),
+        "kv-cache-budget",
+    ),
+    (
+        "ptx-toolchain",
+        "torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain.",
+        LogContext(),
+        "driver-mismatch",
+    ),
+    (
+        "hub-unreachable",
+        "OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't find it "
+        "in the cached files and it looks like meta-llama/Llama-2-7b-hf is not the path to a directory "
+        "containing a file named config.json.",
+        LogContext(),
+        "model-files-missing",
+    ),
+    (
+        "disk-full-in-loader",
+        "safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, kind: "
+        'StorageFull, message: "No space left on device" })',
+        LogContext(),
+        "disk-full",
+    ),
+    (
+        "nccl-warn-beside-a-failure",
+        "node01:3384:3384 [0] transport/net_ib.cc:63 NCCL WARN NET/IB : Got async event : "
+        "port error\nRuntimeError: worker stopped",
+        LogContext(),
+        "nccl-warning",
+    ),
+    (
         "engine-core-died",
         "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
         LogContext(),
@@ -712,6 +804,64 @@ def test_an_exception_named_only_by_its_module_is_still_a_failure() -> None:
     d = diagnose(["Traceback (most recent call last):", '  File "k.py", line 9, in run', "somelib.errors.Refused: no"])
     assert d.category == "other" and "somelib.errors.Refused: no" in d.evidence
     assert diagnose(["Loading weights", "somelib.exceptions.Gone"]).category not in ("starting", "healthy")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Jun 02 10:00:01 gpu-node-1 vllm[1234]: ValueError: Invalid repository ID or local directory specified: '/m'",
+        "[default0]:ValueError: Invalid repository ID or local directory specified: '/m'",
+        "[rank0]: ValueError: Invalid repository ID or local directory specified: '/m'",
+        "(ActorWorker(actor_infer-0) pid=12266, ) ValueError: Invalid repository ID or local directory specified: '/m'",
+    ],
+)
+def test_the_failure_behind_journald_torchrun_and_ray_actor_prefixes_is_read(line: str) -> None:
+    """A prefix left on the line hid the exception behind it: the log read as still starting."""
+    assert diagnose(["INFO starting", line]).signature == "model-files-missing"
+
+
+def test_a_fix_is_still_found_behind_a_rank_prefix() -> None:
+    """'[rank0]: ' left a space before the exception, and the fixes' ^-anchored lines never matched."""
+    d = diagnose(["[rank0]: RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."])
+    assert d.signature == "sglang-kv-not-enough-memory" and d.fix is not None
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [
+        "deepseek-0:5969:5969 [0] NCCL INFO NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared "
+        "object file: No such file or directory : when loading libnccl-net.so",
+        "node01:3384:3384 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]",
+    ],
+)
+def test_nccls_own_trace_and_warnings_beside_a_serving_server_are_healthy(noise: str) -> None:
+    lines = [
+        noise,
+        "INFO:     Application startup complete.",
+        'INFO:     1.2.3.4:5 - "POST /v1/chat/completions HTTP/1.1" 200',
+    ]
+    assert diagnose(lines).category == "healthy"
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [
+            "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, remote process exited or there was "
+            "a network error, NCCL version 2.21.5",
+            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+        ],
+        [
+            "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5",
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+        ],
+    ],
+    ids=["peer-gone", "two-ranks-one-gpu"],
+)
+def test_an_nccl_failure_that_is_not_peer_to_peer_gets_no_p2p_fix(lines: list[str]) -> None:
+    """Disabling P2P and custom all-reduce cannot help a peer that died or two ranks on one GPU."""
+    d = diagnose(lines)
+    assert d.category == "nccl_p2p" and d.fix is None
 
 
 def test_a_scheduler_child_failure_shows_the_real_exception() -> None:

@@ -38,9 +38,12 @@ _PREFIXES = [
     re.compile(rf"^\|\s*{_LEVEL}\s*\|\s*[\w.]+\s*\|\s?"),  # FastChat "| ERROR | stderr | "
     re.compile(rf"^-\s+[\w.]+\s+-\s+{_LEVEL}\s+-\s+"),  # python logging "- module - INFO - "
     re.compile(r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+)[^)]*\)\s*"),
-    re.compile(r"^\([\w:.-]+\s+pid=\d+[^)]*\)\s*"),  # Ray actors "(RayWorkerWrapper pid=123, ip=…)"
+    # Ray actors "(RayWorkerWrapper pid=123, ip=…)", their names with parentheses too ("(ActorWorker(x-0) pid=1, )")
+    re.compile(r"^\((?:[\w:.-]|\([^()]*\))+\s+pid=\d+[^)]*\)\s*"),
     re.compile(r"^\[(?:TP|DP|PP|EP|CP)\d+(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),
-    re.compile(r"^\[rank\d+\]:"),  # torch.distributed
+    re.compile(r"^\[(?:rank|default)\d+\]:\s*"),  # torch.distributed; torchrun --tee's "[default0]:"
+    # journald and syslog: "Jun 02 10:00:01 host unit[12]: "
+    re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@-]+(?:\[\d+\])?: "),
     re.compile(  # vLLM: "ERROR 05-13 10:46:43 [core.py:962] " and the older "INFO 12-27 08:52:17 config.py:350] "
         rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[(?P<source>[^\]]+)\]|[\w.]+:\d+\])\s?"
     ),
@@ -188,7 +191,9 @@ FATAL = re.compile(
     r"exited unexpectedly|died unexpectedly|EngineDeadError|EngineCore failed to start|"
     r"Engine core initialization failed|Scheduler hit an exception|Received sigquit from a child|"
     r"^Failed: |^[\w./-]+(?: \w+)?: error: |^error: |Initialization failed|process is killed by SIGKILL|"
-    r"The actor is dead|worker process has died|Signal \d+ \(SIG[A-Z]+\) received by PID|"
+    r"The actor is dead|worker process has died|Child process unexpectedly failed|"
+    r"Memory access fault by GPU|\.cu:\d+: .*Assertion .* failed|NVRM: Xid|GPU has fallen off the bus|"
+    r"killed due to memory pressure|Signal \d+ \(SIG[A-Z]+\) received by PID|"
     r"\bexit ?code\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b"
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
@@ -196,7 +201,8 @@ BENIGN = re.compile(r"Ignore import error|\b\w+Warning:")
 # Neither a failure nor a signature's evidence: a call that will be retried, a client's bad request.
 TRANSIENT = re.compile(
     r"\bretrying\b|\bwill retry\b|\bretry (?:in|after) \d|\battempt \d+ (?:of|/) ?\d+|"
-    r"\b(?:code=|status(?:_code)?[=: ]|HTTP/\d\.\d\" )4\d\d\b|\bNotFoundError|BadRequestError"
+    r"\b(?:code=|status(?:_code)?[=: ]|HTTP/\d\.\d\" )4\d\d\b|\bNotFoundError|BadRequestError|"
+    r"\bNCCL INFO\b"  # NCCL_DEBUG=INFO's own trace: "Plugin load returned 2 : libnccl-net.so: cannot open …"
 )
 _RETRY_TAIL = re.compile(r"^(.*?)[\s,.;:]*(?:\bretrying\b|\bwill retry\b).*$")
 
