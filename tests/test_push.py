@@ -4,6 +4,7 @@ Hosts are reached by `connection: local` here, and over real SSH between two sim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -240,7 +241,14 @@ def _until_holds(proc: subprocess.Popen[bytes], partial: Path, nbytes: int, what
 
 
 def _bytes_in(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+    """Bytes under `path` while the push writes there: a file it renames (its progress record's .tmp) may
+    be gone between the listing and the look, and counts as nothing."""
+    total = 0
+    with contextlib.suppress(FileNotFoundError):  # the copy itself renamed into place: nothing more is partial
+        for p in path.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                total += p.stat().st_size if p.is_file() else 0
+    return total
 
 
 @pytest.mark.ssh
