@@ -615,6 +615,33 @@ TEXT_CASES = [
         "nccl-warning",
     ),
     (
+        "old-shm-wait",
+        "WARNING 04-10 10:00:00 [shm_broadcast.py:396] No available block found in 60 second.\n" * 3,
+        LogContext(engine="vllm"),
+        "worker-shm-broadcast-hang",
+    ),
+    ("driver-oom", "RuntimeError: CUDA driver error: out of memory", LogContext(), "cuda-oom-family"),
+    (
+        "sglang-unsupported-arch",
+        "ValueError: Unsupported architectures: ChatGLMForConditionalGeneration. Supported list: ['LlamaForCausalLM']",
+        LogContext(engine="sglang"),
+        "unknown-architecture",
+    ),
+    (
+        "empty-config",
+        "OSError: It looks like the config file at '/models/x/config.json' is not a valid JSON file.",
+        LogContext(),
+        "model-files-missing",
+    ),
+    (
+        "ucx-segfault",
+        "[gpu-1:1423 :0:1423] Caught signal 11 (Segmentation fault: address not mapped to object at "
+        "address 0x17)\n==== backtrace (tid:   1423) ====",
+        LogContext(),
+        "native-crash",
+    ),
+    ("compose-137", "sglang-1 exited with code 137", LogContext(), "exit-137"),
+    (
         "engine-core-died",
         "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
         LogContext(),
@@ -943,6 +970,101 @@ def test_a_fix_comes_from_the_failure_line_not_from_text_inside_another_line() -
     assert d.fix is None
     logged = "INFO Received request: prompt='torch.OutOfMemoryError: CUDA out of memory'"
     assert diagnose([logged]).fix is None
+
+
+VLLM_READY = [
+    "INFO:     Application startup complete.",
+    'INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+]
+SGLANG_READY = ["[2025-06-02 10:00:05] The server is fired up and ready to roll!"]
+LOGGER = "INFO 05-13 10:46:43 [request_logger.py:70] "
+
+
+@pytest.mark.parametrize(
+    ("engine", "lines"),
+    [
+        (  # a request id with a newline in it: vLLM's request logger gives the second line its prefix too
+            "vllm",
+            [*VLLM_READY, LOGGER + "Received request chatcmpl-x\r",
+             LOGGER + "No available memory for the cache blocks: params: SamplingParams(n=1), lora_request: None."],
+        ),
+        (  # the same before the handlers moved: "logger.py:39]"
+            "vllm",
+            [*VLLM_READY, "INFO 12-27 08:52:17 logger.py:39] Received request x\r",
+             "INFO 12-27 08:52:17 logger.py:39] No available memory for the cache blocks\r"],
+        ),
+        (  # a bad model name with a literal "\n", echoed by a handler (serving.py since vLLM 0.14)
+            "vllm",
+            [*VLLM_READY, "ERROR 02-21 16:58:46 [serving.py:280] Error with model error=ErrorInfo(message='The "
+             "model `Traceback\\nNCCL error: unhandled cuda error\\nX` does not exist.', code=404)"],
+        ),
+        (  # --enable-log-outputs: the model's words, which a prompt steers
+            "vllm",
+            [*VLLM_READY, LOGGER + "Generated response chatcmpl-a: output: 'Traceback (most recent call last):\\n"
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\\n', finish_reason: stop"],
+        ),
+        (  # an access line whose method is not one of the usual, and its query
+            "vllm",
+            [*VLLM_READY, 'INFO:     10.0.0.9:41234 - "M-SEARCH /v1/models?Traceback\\nncclSystemError\\nX '
+             'HTTP/1.1" 405'],
+        ),
+        (  # SGLang --log-requests-level 2, and its JSON request log
+            "sglang",
+            [*SGLANG_READY, "Receive OpenAI: obj={'messages': [{'role': 'user', 'content': 'Traceback (most recent "
+             "call last):\\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static'}]}",
+             '{"event": "request.received", "rid": "a", "obj": {"text": "Traceback (most recent call last):\\n'
+             'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static"}}'],
+        ),
+        (  # a request id with a raw newline that an error for the request echoes: the line after it is
+            # unprefixed, but what only a start can say (a pool too small, a flag) cannot follow the ready line
+            "sglang",
+            [*SGLANG_READY, "[2025-06-02 10:01:00] [http_server] Error: Duplicate request ID detected: x",
+             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static",
+             "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 8",
+             "NCCL error: unhandled cuda error", "OSError: [Errno 98] Address already in use"],
+        ),
+    ],
+    ids=["vllm-request-id", "vllm-old-logger", "vllm-model-name", "vllm-outputs", "odd-method", "sglang-request-logs",
+         "after-ready"],
+)  # fmt: skip
+def test_a_clients_words_never_become_a_fix(engine: str, lines: list[str]) -> None:
+    """Found by a hostile pass: each of these once relaunched the engine with a changed memory fraction,
+    P2P disabled, flags respelled or the port moved, from text an API client controls."""
+    d = diagnose(lines, LogContext(engine=engine, argv=("--cuda-graph-max-bs", "8")))
+    assert d.fix is None, (d.signature, d.evidence)
+
+
+def test_a_runtime_fix_comes_from_after_the_last_request_the_server_answered() -> None:
+    """An out-of-memory line the server outlived (it answered after it) is not why it ended."""
+    oom = "[2026-11-29 11:00:00 TP3] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"
+    answered = '[2026-11-29 11:00:01] INFO:     127.0.0.1:5 - "POST /generate HTTP/1.1" 200 OK'
+    assert diagnose([*SGLANG_READY, answered, oom]).fix is not None
+    assert diagnose([*SGLANG_READY, oom, answered]).fix is None
+
+
+def test_a_segfault_is_not_hidden_by_the_exit_code_137_that_follows_it() -> None:
+    """SGLang kills its own process tree after a child fails: compose then says 137 for every crash."""
+    d = diagnose(["Fatal Python error: Segmentation fault", "", "Thread 0x7f (most recent call first):",
+                  "sglang-decode exited with code 137"])  # fmt: skip
+    assert d.signature == "native-crash"
+
+
+def test_a_bind_that_fails_after_uvicorns_startup_line_keeps_its_fix() -> None:
+    """uvicorn says "Application startup complete" before it binds; no client can reach a socket that
+    never listened, so the port error's fix still holds."""
+    bind = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
+    d = diagnose(["INFO:     Application startup complete.", bind])
+    assert d.signature == "port-in-use" and d.fix is not None
+
+
+def test_sglangs_custom_allreduce_fallback_warning_in_a_start_that_serves_is_healthy() -> None:
+    lines = [
+        "[2025-10-01 10:00:00 TP0] Setup Custom allreduce failed with CUDART error: peer access is not supported "
+        "between these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.",
+        "[16:43:29 TP0] Decode batch. #running-req: 1, #token: 80, token usage: 0.00, gen throughput (token/s): 50.1",
+        "[2025-10-01 10:00:09] The server is fired up and ready to roll!",
+    ]
+    assert diagnose(lines, LogContext(engine="sglang")).category == "healthy"
 
 
 def test_a_user_signature_with_an_unanchored_fix_is_refused() -> None:

@@ -33,6 +33,8 @@ from fleet.crashes.signatures import (
 )
 from fleet.plan import Fix, Version, args_dict
 
+# The server took requests: its socket listens, or one was answered.
+ACCEPTING = re.compile(r'Uvicorn running on|The server is fired up and ready to roll|" \d{3}\b|HTTP/[\d.]+" \d{3}')
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
     re.compile(r"Starting vLLM (API )?server (\d+ )?on http"),
@@ -161,6 +163,11 @@ def diagnose(
     )
     transient = transient_lines(log)
     failures = [i for i in range(n) if is_failure(log, i, transient)]
+    # a client can write to the log once the server accepts requests (uvicorn binds after "Application
+    # startup complete"): a fix for a start's failure comes from before that
+    accepting_at = next((i for i in range(n) if _own_line(log, i) and ACCEPTING.search(log.lines[i])), None)
+    # the last sign the server lived: what explains its end, and so a fix, comes after it
+    last_served = max((i for i in range(n) if _own_line(log, i) and SERVING.search(log.lines[i])), default=ready_at)
     # What the frames of a cut traceback point at counts only where no exception line says more.
     cut = (
         None
@@ -178,10 +185,12 @@ def diagnose(
             hits = search.hits(sig.patterns, only=cut)
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
-        if sig.phase == "startup" and ready_at is not None:
-            hits = [i for i in hits if i < ready_at]
+        if sig.phase == "startup":
+            before = ready_at if sig.fix is None else accepting_at
+            hits = [i for i in hits if before is None or i < before]
         if sig.phase == "runtime":
-            hits = [i for i in hits if ready_at is not None and i > ready_at]
+            after = ready_at if sig.fix is None else last_served
+            hits = [i for i in hits if after is not None and i > after]
         if len(hits) < sig.min_count:
             continue
         if sig.requires and not all(search.any((r,)) for r in sig.requires):

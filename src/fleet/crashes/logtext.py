@@ -34,6 +34,7 @@ _PREFIXES = [
     re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s*"),  # ISO timestamps
     re.compile(r"^(?:(?:TP|DP|PP|EP|CP)\d+ ?)+\]\s*"),  # SGLang's rank tag, its "[date" cut off
     re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]\s*"),  # rich's "[05/05/25 16:31:14]"
+    re.compile(r"^\[\d\d:\d\d:\d\d(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),  # SGLang of 2024: "[16:43:29 TP0]"
     re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
     re.compile(rf"^\|\s*{_LEVEL}\s*\|\s*[\w.]+\s*\|\s?"),  # FastChat "| ERROR | stderr | "
     re.compile(rf"^-\s+[\w.]+\s+-\s+{_LEVEL}\s+-\s+"),  # python logging "- module - INFO - "
@@ -45,7 +46,7 @@ _PREFIXES = [
     # journald and syslog: "Jun 02 10:00:01 host unit[12]: "
     re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@-]+(?:\[\d+\])?: "),
     re.compile(  # vLLM: "ERROR 05-13 10:46:43 [core.py:962] " and the older "INFO 12-27 08:52:17 config.py:350] "
-        rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[(?P<source>[^\]]+)\]|[\w.]+:\d+\])\s?"
+        rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[(?P<source>[^\]]+)\]|(?P<old_source>[\w.]+:\d+)\])\s?"
     ),
     re.compile(rf"^{_LEVEL}\s+[\w.]+:\d+ -- "),  # Ray's CLI "ERR cli.py:71 -- "
     re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
@@ -64,24 +65,30 @@ def _bounded(raw: str) -> str:
     return raw if len(raw) <= 2 * LINE_CHARS else raw[:LINE_CHARS] + " ... " + raw[-LINE_CHARS:]
 
 
-# Records that carry a client's text: an access log's request line (its path and query are the client's),
-# the engines' request logging (`--log-requests`: SGLang's Receive/Finish of a GenerateReqInput, vLLM's
-# "Received request ...: prompt: '...'"). Whatever such a record says is a client's words: never a failure,
-# a ready line or a signature's evidence, however it is split (a literal "\n", a carriage return). Such a
-# record is one line: HTTP has no newline in a request line, and both engines log a request's strings as
-# Python reprs (SGLang's request_logger, vLLM's RequestLogger with %r), where a newline is "\n". So the
-# line after one is the engine's own again, whatever brackets a prompt left open ('sad :(').
-ACCESS = re.compile(r'^\S+:\d+ - "[A-Z]+ |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/')
+# Records that carry a client's text: an access log's request line (its path and query are the client's,
+# whatever the method), the engines' request logging (`--log-requests`: SGLang's Receive/Finish of a
+# request, as a repr or as JSON; vLLM's "Received request ...", and "Generated response ...: output:" with
+# --enable-log-outputs, the model's words a prompt steers), SGLang's error for one request ("[http_server]
+# Error: ...", which echoes what the request said). Whatever such a record says is a client's words: never
+# a failure, a ready line or a signature's evidence, however it is split (a literal "\n", a carriage
+# return). The line after one is the engine's own again, whatever brackets a prompt left open ('sad :(').
+ACCESS = re.compile(r'^\S+:\d+ - "[A-Za-z][A-Za-z-]* |"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/')
 BODY = re.compile(
-    r"^(?:Receive|Finish|Abort): (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
-    r"^Received request \S+:|\bprompt(?:_token_ids)?: ['\"\[]"
+    r"^(?:Receive|Finish|Abort)(?: \w+)?: (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
+    r"^Received request\b|^Generated response\b|\bprompt(?:_token_ids)?: ['\"\[]|^\[http_server\] Error: |"
+    r'^\{.*"(?:rid|request_id|obj|text|input_ids|messages)": '
 )
 QUOTED = re.compile(f"{ACCESS.pattern}|{BODY.pattern}")
-# vLLM's OpenAI handlers (serving_chat.py, serving_completion.py, ...) log what went wrong with one request,
-# and NewLineFormatter gives every line of the message their prefix: a client's text an error echoes
-# (a template error, a bad model name) would read as the engine's own failure. The engine's failures are
-# logged by the engine core and the API server, never by a request's handler.
-REQUEST_HANDLER = re.compile(r"serving_\w+\.py:\d+")
+# vLLM's request-facing modules log what one request did or what went wrong with it, and NewLineFormatter
+# gives every line of a message their prefix, so a client's text (a request id or a model name with a
+# newline, a template error) reads as the engine's own failure: the OpenAI handlers (serving_chat.py, ...;
+# serving.py since they moved into a package per endpoint) and the request logger (request_logger.py;
+# logger.py before). The engine's own failures are logged by the engine core and the API server.
+REQUEST_HANDLER = re.compile(r"(?:serving(?:_\w+)?|request_logger|logger)\.py:\d+")
+# A traceback a log collector flattened into one line with literal "\n": the engine's, when the message
+# starts with it (or with the engine's own "... hit an exception: "). A literal "\n" anywhere else is a
+# client's text (a model name, a request id) and splits nothing.
+ESCAPED_TRACEBACK = re.compile(r"^(?:[\w .-]+ hit an exception: )?Traceback \(most recent call last\):\\n")
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,7 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
             m = p.match(text)
             if m:
                 level = m.groupdict().get("level") or level
-                source = m.groupdict().get("source") or source
+                source = m.groupdict().get("source") or m.groupdict().get("old_source") or source
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
@@ -150,7 +157,7 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
             levels.append(level)
             quoted.append(True)
             continue
-        pieces = raw.split("\\n") if "\\n" in raw and "Traceback" in raw else [raw]
+        pieces = raw.split("\\n") if ESCAPED_TRACEBACK.match(message) else [raw]
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:
