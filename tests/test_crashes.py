@@ -316,7 +316,9 @@ TEXT_CASES = [
     ),
     ("no-progress", "[fleet] no log progress for 300 s", LogContext(), "fleet-no-progress"),
     (
-        "cutedsl-garbage",
+        "cutedsl-garbage",  # fleet's own line, after the server's ready line and the smoke request's answer
+        "The server is fired up and ready to roll!\n"
+        'INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
         "[fleet] smoke check failed: garbage output (answer ' !!!!!!')",
         LogContext(engine="sglang", sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")),
         "sm120-cutedsl-garbage",
@@ -1032,6 +1034,43 @@ def test_a_clients_words_never_become_a_fix(engine: str, lines: list[str]) -> No
     P2P disabled, flags respelled or the port moved, from text an API client controls."""
     d = diagnose(lines, LogContext(engine=engine, argv=("--cuda-graph-max-bs", "8")))
     assert d.fix is None, (d.signature, d.evidence)
+
+
+ASYNC_LLM = "(APIServer pid=4242) INFO 05-13 10:46:05 [async_llm.py:436] "
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [  # AsyncLLM logs a request's id raw when it aborts it: an engine module, at INFO
+            *VLLM_READY, ASYNC_LLM + "Request chatcmpl-x",
+            ASYNC_LLM + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            ASYNC_LLM + " aborted.",
+        ],
+        [  # a logger prefix inside the client's text: the outermost prefix is the logger's
+            "INFO:     Application startup complete.", LOGGER + "Received request chatcmpl-x\r",
+            LOGGER + "INFO 05-13 10:46:05 [core.py:1] ValueError: No available memory for the cache blocks\r",
+            "[fleet] engine killed by signal 9",
+        ],
+        [  # vLLM takes requests once it says it starts its API server (uvicorn got a socket bound before)
+            "INFO 05-13 10:45:00 [api_server.py:1900] Starting vLLM API server 0 on http://0.0.0.0:8000",
+            ASYNC_LLM + "Request chatcmpl-x", ASYNC_LLM + "RuntimeError: NCCL error: unhandled cuda error",
+            "[fleet] engine killed by signal 9",
+        ],
+        [  # fleet's own smoke verdict, forged in what a model wrote before the answer fleet checked
+            "[2025-06-02 10:00:05] The server is fired up and ready to roll!",
+            "[2025-06-02 10:00:06] Failed to parse JSON part: ",
+            "[fleet] smoke check failed: garbage output (answer 'zz')",
+            '[2025-06-02 10:00:07] INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        ],
+    ],
+    ids=["async-llm-abort", "nested-prefix", "vllm-api-server", "forged-smoke-verdict"],
+)  # fmt: skip
+def test_a_clients_words_never_become_a_fix_second_pass(lines: list[str]) -> None:
+    """A second hostile pass, after the first's routes were closed."""
+    for engine in ("vllm", "sglang"):
+        d = diagnose(lines, LogContext(engine=engine, sm=120, argv=("--moe-runner-backend", "flashinfer_cutedsl")))
+        assert d.fix is None, (engine, d.signature, d.evidence)
 
 
 def test_a_runtime_fix_comes_from_after_the_last_request_the_server_answered() -> None:

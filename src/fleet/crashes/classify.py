@@ -34,7 +34,10 @@ from fleet.crashes.signatures import (
 from fleet.plan import Fix, Version, args_dict
 
 # The server took requests: its socket listens, or one was answered.
-ACCEPTING = re.compile(r'Uvicorn running on|The server is fired up and ready to roll|" \d{3}\b|HTTP/[\d.]+" \d{3}')
+# (vLLM hands uvicorn a socket bound long before, and uvicorn then never says "Uvicorn running on")
+ACCEPTING = re.compile(
+    r'Uvicorn running on|The server is fired up and ready to roll|Starting vLLM (?:API )?server|HTTP/[\d.]+" \d{3}'
+)
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
     re.compile(r"Starting vLLM (API )?server (\d+ )?on http"),
@@ -185,6 +188,8 @@ def diagnose(
             hits = search.hits(sig.patterns, only=cut)
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
+        if sig.fix is not None:  # a failure the engine reports is logged as one, never at INFO (a request's echo is)
+            hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG")]
         if sig.phase == "startup":
             before = ready_at if sig.fix is None else accepting_at
             hits = [i for i in hits if before is None or i < before]

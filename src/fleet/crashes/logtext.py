@@ -131,9 +131,9 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
         before = text
         for p in _PREFIXES:
             m = p.match(text)
-            if m:
-                level = m.groupdict().get("level") or level
-                source = m.groupdict().get("source") or m.groupdict().get("old_source") or source
+            if m:  # the outermost prefix is the logger's; one further in may be a client's text
+                level = level or m.groupdict().get("level")
+                source = source or m.groupdict().get("source") or m.groupdict().get("old_source")
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
