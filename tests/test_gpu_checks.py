@@ -128,3 +128,28 @@ def test_health_names_the_deployments_meant_to_serve_not_the_stopped_ones() -> N
     assert evaluate("blackwell", {}, f, None).playbook == "big"
     nothing = facts("blackwell", RTX_PRO_6000, 8, deployments={"old": {"state": {"status": "stopped"}}})
     assert evaluate("blackwell", {}, nothing, None).playbook is None
+
+
+@pytest.mark.parametrize(
+    ("generation", "status"),
+    [
+        ({"ok": True, "status": 200, "text": " Paris."}, WARNING),  # answered a real prompt in this check
+        ({"skipped": "served traffic since the last check", "serving": True}, WARNING),  # proved, and serving
+        ({"skipped": "--skip-generation"}, CRITICAL),  # nothing proves it serves: the log is all there is
+    ],
+    ids=["answered", "serving-traffic", "not-asked"],
+)
+def test_a_crash_line_in_the_log_heals_only_a_server_nothing_shows_serving(generation: dict, status: str) -> None:
+    """Log text alone (forged through a request, or stale) never restarts a server that is serving: one
+    whose prompt was skipped because it served traffic since it was last proved has answered too."""
+    from fleet.crashes import diagnose
+
+    serving = {"status": "ready", "pid": 4242, "pgid": 4242, "plan": {"argv": ["python"]}, "served_name": "m"}
+    f = facts("ct129", RTX_A6000, 2, deployments={"m": {"state": serving}})
+    server = {"alive": True, "pid": 4242, "group_pids": [4242], "port": 30000, "ports": [30000]}
+    http = {"health": {"status": 200}, "models": {"status": 200, "ids": ["m"]}, "generation": generation}
+    raw = {"deployments": {"m": {"server": server, "http": http}}}
+    crash = diagnose(["RuntimeError: CUDA error: an illegal memory access was encountered"])
+    health = evaluate("ct129", raw, f, {"m": crash})  # type: ignore[arg-type]
+    assert {c.name: c.status for c in health.checks}["crash_log"] == status
+    assert health.healable == (() if status == WARNING else ("m",))

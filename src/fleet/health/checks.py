@@ -325,13 +325,16 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
         add(*_container_check(answer["container"]))
     if diagnosis is not None and diagnosis.found_failure:
         # Log text alone never makes a server that answered a real prompt just now broken (and healed):
-        # what a log says can be forged or stale; the answer cannot.
-        answered = bool((http.get("generation") or {}).get("ok"))
+        # what a log says can be forged or stale; the answer cannot. A server proved a little while ago and
+        # serving traffic since (its prompt skipped for that) has answered too.
+        generation = http.get("generation") or {}
+        answered = bool(generation.get("ok") or generation.get("serving"))
+        yet = ", yet it answered a prompt" if generation.get("ok") else ", yet it serves traffic" if answered else ""
         add(
             "crash_log",
             WARNING if answered else CRITICAL,
-            f"{diagnosis.category} ({diagnosis.signature}) in the server log"
-            f"{', yet it answered a prompt' if answered else ''}: {(diagnosis.evidence or ('',))[0][:160]}",
+            f"{diagnosis.category} ({diagnosis.signature}) in the server log{yet}: "
+            f"{(diagnosis.evidence or ('',))[0][:160]}",
         )
     return checks
 

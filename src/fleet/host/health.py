@@ -126,7 +126,7 @@ def check_server(
         if args["skip_generation"]:
             http["generation"] = {"skipped": "--skip-generation"}
         elif traffic and _proved_recently(book.get("generation_proved_at")):
-            http["generation"] = {"skipped": "served traffic since the last check"}
+            http["generation"] = {"skipped": "served traffic since the last check", "serving": True}
         elif smoke.get("prompt") and key_name and key_name not in (args.get("_keys") or {}):
             http["generation"] = {"needs_key": key_name}  # fleet asks again with it, if it has it
         elif smoke.get("prompt"):
