@@ -947,6 +947,28 @@ def test_an_error_that_is_retried_is_not_a_crash() -> None:
     assert diagnose([f"{err}, retrying 1 of 2", err]).category == "starting"
 
 
+def test_copies_of_a_crash_said_to_be_retried_do_not_hide_the_crash() -> None:
+    """A client that could put lines in the log copies the crash it expects, each ending in "retrying":
+    a raised exception is never a try's report, so the real crash after them is still one."""
+    crash = [
+        "[2025-06-02 10:05:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 2700, in run_scheduler_process',
+        "    scheduler.event_loop_overlap()",
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+        "",
+        "[2025-06-02 10:05:01] Received sigquit from a child process. It usually means the child failed.",
+    ]
+    copies = [  # a frame's line with the exception after it is how a window reads a traceback's end
+        "Scheduler hit an exception: Traceback (most recent call last): retrying",
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered retrying",
+        "    scheduler.event_loop_overlap() torch.AcceleratorError: CUDA error: an illegal memory access was "
+        "encountered retrying",
+        "Received sigquit from a child process. It usually means the child failed retrying",
+    ]
+    d = diagnose([*SGLANG_READY, *copies, *crash], LogContext(engine="sglang"))
+    assert d.category == "illegal_memory_access"
+
+
 def test_a_client_error_after_ready_is_still_healthy() -> None:
     lines = [
         "INFO:     Application startup complete.",

@@ -219,10 +219,17 @@ def _key(text: str) -> str:
 
 
 def transient_lines(log: LogText) -> set[int]:
-    """Lines that report something retried, and the same message again (the last try's report)."""
+    """Lines that report something retried, and the same message again (the last try's report). A raised
+    exception (a traceback's head or its exception line) is never a try's report, whatever said "retrying"
+    before it: copies of a crash's lines, each with "retrying", must not hide the crash."""
     windows = log.windows
     retried = {_key(m.group(1)) for w in windows if (m := _RETRY_TAIL.match(w)) and m.group(1)}
-    return {i for i, w in enumerate(windows) if TRANSIENT.search(w) or (retried and _key(w) in retried)}
+
+    def again(i: int, w: str) -> bool:
+        raised = TRACEBACK_HEAD.search(w) or is_exception_line(log.lines[i])
+        return bool(retried) and not raised and _key(w) in retried
+
+    return {i for i, w in enumerate(windows) if TRANSIENT.search(w) or again(i, w)}
 
 
 # Proof that the server serves: the engines' ready lines, and answered generation requests.
