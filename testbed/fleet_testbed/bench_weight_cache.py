@@ -43,7 +43,8 @@ def disk_loads(logs: Path) -> int:
     """Weight loads from disk the logs in `logs` show: each daemon start (its first rank's line) and each
     engine that did not map a daemon's weights."""
     daemons = sum(
-        "[WeightCacheDaemon gpu=0] Loading model from disk" in p.read_text() for p in logs.glob(f"*{DAEMON_LOG_SUFFIX}-*.log")
+        "[WeightCacheDaemon gpu=0] Loading model from disk" in p.read_text()
+        for p in logs.glob(f"*{DAEMON_LOG_SUFFIX}-*.log")
     )
     engines = [p.read_text() for p in logs.glob("*-attempt*.log") if DAEMON_LOG_SUFFIX not in p.name]
     return daemons + sum("Load weight begin" in t and "Loaded model via IPC" not in t for t in engines)
