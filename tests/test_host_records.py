@@ -279,19 +279,19 @@ def test_a_step_lets_its_runs_lock_go_only_through_run_lock(tmp_path: Path) -> N
         write_record(str(lock_file), {"run_id": run_id})
 
     held_by("r1")
-    with pytest.raises(RuntimeError), RunLock(str(tmp_path), "r1", release=True):
+    with pytest.raises(RuntimeError), RunLock(str(tmp_path), "r1", release=True, guard_root=str(tmp_path)):
         raise RuntimeError("the step failed")
     assert not lock_file.exists()  # a failed step leaves no lock behind
     held_by("r1")
-    with RunLock(str(tmp_path), "r1", release=False):
+    with RunLock(str(tmp_path), "r1", release=False, guard_root=str(tmp_path)):
         pass
     assert lock_file.exists()  # a watch that ends with a failed attempt keeps it for the relaunch
-    with RunLock(str(tmp_path), "r1", release=False) as lock:
+    with RunLock(str(tmp_path), "r1", release=False, guard_root=str(tmp_path)) as lock:
         lock.release_now()
         assert not lock_file.exists()  # before the step's last word
         held_by("r2")  # another run takes the deployment at once
         lock.release_now()
     assert (read_record(str(lock_file)) or {})["run_id"] == "r2"  # released once: r2's is never touched
-    with RunLock(str(tmp_path), "r1", release=True):
+    with RunLock(str(tmp_path), "r1", release=True, guard_root=str(tmp_path)):
         pass
     assert (read_record(str(lock_file)) or {})["run_id"] == "r2"

@@ -227,3 +227,32 @@ def test_an_ended_attempts_group_that_lingers_is_given_a_bound_not_waited_for(tm
         assert lines == ["main: exiting"] and member.poll() is None
     finally:
         member.kill()
+
+
+def test_a_lock_released_while_its_watcher_refreshes_it_stays_released(tmp_path: Path, monkeypatch: Any) -> None:
+    """A group gave up while one rank's watcher refreshed the run's lock: the watcher read the lock, the
+    release removed it, and the watcher wrote it back, so the host stayed locked with no run behind it
+    (seen once in CI). Both now happen under the host's guard, one after the other."""
+    import fleet.host.watch as watch
+    from fleet.host.records import LOCK_FILE, RunLock, deployment_dir, write_record
+
+    root = str(tmp_path)
+    directory = deployment_dir(root, "m")
+    os.makedirs(directory)
+    path = os.path.join(directory, LOCK_FILE)
+    write_record(path, {"run_id": "r", "holder_pid": 1})
+    releases: list[threading.Thread] = []
+    read = watch.read_record
+
+    def read_then_release(p: str) -> Any:
+        cur = read(p)
+        release = threading.Thread(target=RunLock(directory, "r", release=True, guard_root=root).release_now)
+        release.start()
+        releases.append(release)
+        release.join(1.0)  # unguarded, the release is done by now: between the watcher's read and its write
+        return cur
+
+    monkeypatch.setattr(watch, "read_record", read_then_release)
+    watch.touch_lock({"state_dir": root, "deployment": "m", "run_id": "r"})  # type: ignore[typeddict-item]
+    releases[0].join(10)
+    assert not os.path.exists(path)

@@ -122,7 +122,7 @@ def main() -> ActResult:
     root = expand(a["lock"]["state_dir"])
     state_dir = deployment_dir(root, a["lock"]["deployment"])
     # released also when the work fails (a newer fleet's record, a full disk): no lock is left behind
-    with RunLock(state_dir, a["lock"]["run_id"], release=True) as lock:
+    with RunLock(state_dir, a["lock"]["run_id"], release=True, guard_root=root) as lock:
         try:
             lock.release = under_lock(a, secrets, out, root, state_dir)
         except RecordTooNew as exc:  # refused, as the record asks: fleet says so, and whether it stopped anything

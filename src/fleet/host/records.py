@@ -240,28 +240,31 @@ def change_status(
     return True
 
 
-def release_lock(state_dir: str, run_id: str) -> None:
-    """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable)."""
+def release_lock(state_dir: str, run_id: str, guard_root: Optional[str] = None) -> None:
+    """Free the host's lock if this run holds it (or it is gone or was set aside as unreadable). Under the
+    host's guard at `guard_root` (None: the caller holds it already), so a watcher refreshing the same
+    lock cannot read it before the release and write it back after."""
     path = os.path.join(os.path.expanduser(state_dir), LOCK_FILE)
-    cur = read_record(path)
-    if cur is None or cur.get("run_id") == run_id:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    with host_guard(guard_root) if guard_root else contextlib.nullcontext():
+        cur = read_record(path)
+        if cur is None or cur.get("run_id") == run_id:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 class RunLock:
     """A run's hold on a deployment's lock for the length of one host step, and the one way a step lets it
-    go: `with RunLock(directory, run_id, release) as lock:` frees it when the step ends if `lock.release`
+    go: `with RunLock(directory, run_id, release, root) as lock:` frees it when the step ends if `lock.release`
     then says so (whatever ended it: an exception too), and `lock.release_now()` frees it at once, before
     the step says it is done, so fleet's next command finds the deployment free. Releasing twice is once."""
 
-    def __init__(self, state_dir: str, run_id: str, release: bool) -> None:
-        self.state_dir, self.run_id, self.release = state_dir, run_id, release
+    def __init__(self, state_dir: str, run_id: str, release: bool, guard_root: str) -> None:
+        self.state_dir, self.run_id, self.release, self.guard_root = state_dir, run_id, release, guard_root
         self.released = False
 
     def release_now(self) -> None:
         if not self.released:
-            release_lock(self.state_dir, self.run_id)
+            release_lock(self.state_dir, self.run_id, self.guard_root)
             self.released = True
 
     def __enter__(self) -> RunLock:

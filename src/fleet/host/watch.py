@@ -81,16 +81,18 @@ def lock_path(a: WatchRequest) -> str:
 
 
 def touch_lock(a: WatchRequest) -> None:
-    """Keep the run's lock fresh, naming this process as the one that holds it."""
+    """Keep the run's lock fresh, naming this process as the one that holds it. Under the host's guard, as
+    a release is: read before a release and written after it, the lock came back with no run behind it."""
     path = lock_path(a)
     try:
-        lock = read_record(path) or {}
-        if lock.get("run_id") == a["run_id"]:
-            if lock.get("holder_pid") != os.getpid():
-                lock["holder_pid"] = os.getpid()
-                write_record(path, lock)
-            else:
-                os.utime(path)
+        with host_guard(os.path.expanduser(a["state_dir"])):
+            lock = read_record(path) or {}
+            if lock.get("run_id") == a["run_id"]:
+                if lock.get("holder_pid") != os.getpid():
+                    lock["holder_pid"] = os.getpid()
+                    write_record(path, lock)
+                else:
+                    os.utime(path)
     except (OSError, ValueError):
         pass
 
@@ -98,7 +100,8 @@ def touch_lock(a: WatchRequest) -> None:
 def run_lock(a: WatchRequest) -> RunLock:
     """The lock this run took in its act step: kept across the watch (a failed attempt's relaunch needs it)
     unless the run ends here."""
-    return RunLock(deployment_dir(a["state_dir"], a["deployment"]), a["run_id"], release=False)
+    root = os.path.expanduser(a["state_dir"])
+    return RunLock(deployment_dir(root, a["deployment"]), a["run_id"], release=False, guard_root=root)
 
 
 def on_success(a: WatchRequest, lock: RunLock) -> None:
