@@ -217,3 +217,18 @@ def test_a_recorded_plan_reads_back_whole_so_a_restart_records_it_as_it_was() ->
     told = dataclasses.replace(plan, told=(("attention", "flashinfer"),))
     again = plan_from_record(parse_recorded({"plan": told.to_json(), "check_address": plan.check_address}))
     assert again.to_json() == told.to_json()
+
+
+def test_a_containers_own_steps_run_under_the_hosts_python_not_the_images_name() -> None:
+    """A process's act and watch steps run under its engine's Python (the engine's check imports the
+    engine). A container's engine and check are in its image, and its plan's `python3` names the image's:
+    its steps run under the host's step Python, whose NVML bindings answer where `python3` without them
+    asks nvidia-smi before anything in the way is stopped."""
+    from fleet.hostscripts import deployment_python, step_python
+
+    r = planned()
+    assert r.plan is not None
+    blackwell = host("blackwell")
+    boxed = dataclasses.replace(r.plan, container=object(), python="python3")  # the image's Python
+    assert deployment_python(blackwell, r.plan) == r.plan.python
+    assert deployment_python(blackwell, boxed) == step_python(blackwell) != "python3"

@@ -26,6 +26,7 @@ from fleet.transport.base import CommandResult
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
+    from fleet.plan import LaunchPlan
     from fleet.step_answers import Answer, Request, Step
     from fleet.transport import Transport
 
@@ -206,6 +207,14 @@ def source_for(step: str) -> str:
 def step_python(host: Host) -> str:
     """The Python a fleet step that needs no engine runs under on `host`: its first engine's, else python3."""
     return next(iter(host.settings.engines.values()), "python3")
+
+
+def deployment_python(host: Host, plan: LaunchPlan) -> str:
+    """The Python a deployment's own steps (act, watch) run under: its engine's, which the engine's check
+    imports. A container's engine and check are in its image, so there it is the host's step Python: an
+    engine's environment has NVML's bindings, read in a millisecond, where `python3` often has none and
+    asks nvidia-smi (tens of milliseconds, before anything in the way is stopped)."""
+    return step_python(host) if plan.container is not None else plan.python
 
 
 def script_for(step: str, args: Mapping[str, object], pythons: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from fleet import events
 from fleet.errors import HostSilent, HostUnreachable
-from fleet.hostscripts import StepEvent
+from fleet.hostscripts import StepEvent, deployment_python
 from fleet.plan import LaunchPlan
 from fleet.protocol import Launched, WatchEvent, WatchRequest
 
@@ -91,7 +91,9 @@ def watch_attempt(
         args = _watch_request(d, plan, launched, success, offset, watched, hold)
         key = d.api_key(plan)  # for the smoke request; on stdin, never the step's command line
         hidden = json.dumps({"api_key": key}).encode() + b"\n"
-        code = d.steps.watch(plan.python, args, stdin=hidden, on_event=on_event, timeout_s=d.ready_timeout_s + 300)
+        code = d.steps.watch(
+            deployment_python(d.host, plan), args, stdin=hidden, on_event=on_event, timeout_s=d.ready_timeout_s + 300
+        )
         if not watched or watched[-1]["e"] not in TERMINAL_EVENTS:
             # the watcher never said how it ended: its session was cut; resume from the last offset
             raise HostUnreachable(f"{d.host.name}: the log stream ended early (exit {code}).", "")

@@ -37,6 +37,7 @@ from fleet.errors import (
     UnsafeToKill,
 )
 from fleet.host.common import api_key_name, base_url
+from fleet.hostscripts import deployment_python
 from fleet.inventory import Host
 from fleet.model import ModelSpec
 from fleet.plan import GpuSummary, LaunchPlan, Wishes, apply_fix, keyed_premises, learnable, relint, show_version
@@ -211,7 +212,7 @@ class Deployer:
         if launch:
             args["launch"] = launch_args(plan, self.deployment, attempt, self.host.settings.log_dir, self.restart_cache)
         out = self.steps.act(
-            plan.python,
+            deployment_python(self.host, plan),
             args,
             stdin=json.dumps(self.secrets).encode(),
             # a container's step may also wait for its runtime: check, stop -t, rm, run -d, inspect
