@@ -32,6 +32,7 @@ SECTIONS = [
     "### 9. What watching the start-up costs",
     "### 10. Relaunching without reloading the weights",
     "### 11. A deployment in a container against the same container by hand",
+    "### 12. Diagnosing a long log",
 ]
 
 

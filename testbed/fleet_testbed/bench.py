@@ -43,6 +43,7 @@ from pathlib import Path
 
 from fleet_testbed import simhost
 from fleet_testbed.bench_containers import bench_containers
+from fleet_testbed.bench_diagnosis import bench_diagnosis
 from fleet_testbed.bench_pull import bench_pull, bench_push
 from fleet_testbed.bench_service import bench_rolling
 from fleet_testbed.bench_startup import bench_startup
@@ -599,6 +600,7 @@ def main() -> int:
             tuple(a.runtimes.split(",")),
             a.startup_scale,
         )
+        rolling += bench_diagnosis(row, a.runs, "### 12. Diagnosing a long log (seconds, in process)")
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:

@@ -22,8 +22,8 @@ from fleet.crashes.logtext import (
     SERVING,
     TRACEBACK_HEAD,
     LogText,
+    failure_lines,
     is_exception_line,
-    is_failure,
     normalize_log,
     transient_lines,
 )
@@ -118,19 +118,26 @@ def _one_pass(patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], .
 
 class _Searchable:
     """The log as one text of windows (a line and its wrapped continuation), searched per signature
-    in one regex pass instead of one call per line."""
+    in one regex pass instead of one call per line, and in a long log only when the words the pattern
+    cannot match without are in it (fleet.crashes.literals)."""
 
     def __init__(self, log: LogText) -> None:
+        self.log = log
         self.starts: list[int] = []
         pos = 0
         for w in log.windows:
             self.starts.append(pos)
             pos += len(w) + 1
-        self.text = "\n".join(log.windows)
+        self.text = log.windows_text.text
+
+    def may_match(self, pattern: re.Pattern[str]) -> bool:
+        return self.log.scanner(pattern, in_windows=True).may_match
 
     def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
         found: set[int] = set()
         for p in _one_pass(tuple(patterns)):
+            if not self.may_match(p):
+                continue
             for m in p.finditer(self.text):
                 i = bisect.bisect_right(self.starts, m.start()) - 1
                 if only is None or i in only:
@@ -138,7 +145,7 @@ class _Searchable:
         return sorted(found)
 
     def any(self, patterns: Sequence[re.Pattern[str]]) -> bool:
-        return any(p.search(self.text) for p in patterns)
+        return any(self.may_match(p) and p.search(self.text) for p in patterns)
 
 
 def _cut_traceback(log: LogText) -> range | None:
@@ -160,17 +167,18 @@ def diagnose(
     sigs = builtin_signatures() if signatures is None else signatures
     log = normalize_log(lines)
     n = len(log.lines)
+    ready = [log.scanner(p) for p in READY_PATTERNS]
     ready_at = next(
-        (i for i, line in enumerate(log.lines) if not log.is_quoted(i) and any(p.search(line) for p in READY_PATTERNS)),
-        None,
+        (i for i, line in enumerate(log.lines) if not log.is_quoted(i) and any(p.search(line) for p in ready)), None
     )
     transient = transient_lines(log)
-    failures = [i for i in range(n) if is_failure(log, i, transient)]
+    failures = failure_lines(log, transient)
     # a client can write to the log once the server accepts requests (uvicorn binds after "Application
     # startup complete"): a fix for a start's failure comes from before that
-    accepting_at = next((i for i in range(n) if _own_line(log, i) and ACCEPTING.search(log.lines[i])), None)
+    accepting, serving = log.scanner(ACCEPTING), log.scanner(SERVING)
+    accepting_at = next((i for i in range(n) if _own_line(log, i) and accepting.search(log.lines[i])), None)
     # the last sign the server lived: what explains its end, and so a fix, comes after it
-    last_served = max((i for i in range(n) if _own_line(log, i) and SERVING.search(log.lines[i])), default=ready_at)
+    last_served = max((i for i in range(n) if _own_line(log, i) and serving.search(log.lines[i])), default=ready_at)
     # What the frames of a cut traceback point at counts only where no exception line says more.
     cut = (
         None
@@ -216,7 +224,7 @@ def diagnose(
         return Diagnosis(sig.category, sig.id, sig.explanation, None, evidence, sig.source, basis)
     if failures or cut is not None:
         return _unknown(log, failures, cut)
-    if any(SERVING.search(line) for i, line in enumerate(log.lines) if _own_line(log, i)):
+    if any(serving.search(line) for i, line in enumerate(log.lines) if _own_line(log, i)):
         return Diagnosis("healthy", None, "the server is ready or serving, with no failure in the log", None, ())
     return Diagnosis(
         "starting",

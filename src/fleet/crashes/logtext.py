@@ -15,6 +15,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fleet.crashes import literals
+from fleet.crashes.literals import Prefiltered, Text
+
 # Anywhere in a line: colour and terminal control sequences, also pasted as literal "^[[31m".
 _CONTROL = re.compile(
     r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\^\[\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f]"
@@ -121,6 +124,21 @@ class LogText:
         """Every line's window, made once: the transient-line check and each signature's scan read them."""
         return tuple(self.window(i) for i in range(len(self.lines)))
 
+    def scanner(self, pattern: re.Pattern[str], *, in_windows: bool = False) -> Prefiltered:
+        """`pattern` over the lines (or windows): in a long log, searched only in those holding a word it
+        needs (fleet.crashes.literals), as most of a failure's patterns are in few lines or none."""
+        whole = self.windows_text if in_windows else self._lines_text
+        return Prefiltered(pattern, whole if len(whole.text) >= literals.PREFILTER_FROM_CHARS else None)
+
+    @functools.cached_property
+    def _lines_text(self) -> Text:
+        return Text("\n".join(self.lines))
+
+    @functools.cached_property
+    def windows_text(self) -> Text:
+        """Every window, one per line of the text: what each signature's regex scans."""
+        return Text("\n".join(self.windows))
+
 
 def _strip(raw: str) -> tuple[str, str | None, str | None]:
     """The message, the level its prefix named, and the source file:line it named (vLLM's prefix)."""
@@ -160,10 +178,10 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
         pieces = raw.split("\\n") if ESCAPED_TRACEBACK.match(message) else [raw]
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
-        for piece in pieces:
-            text, level, _ = _strip(piece)
+        for piece in pieces:  # a line kept whole was stripped above: only the pieces of a split one are
+            text, piece_level = (message, level) if piece is raw else _strip(piece)[:2]
             lines.append(text)
-            levels.append(level)
+            levels.append(piece_level)
             quoted.append(False)
     return LogText(tuple(lines), tuple(levels), tuple(quoted))
 
@@ -223,13 +241,15 @@ def transient_lines(log: LogText) -> set[int]:
     exception (a traceback's head or its exception line) is never a try's report, whatever said "retrying"
     before it: copies of a crash's lines, each with "retrying", must not hide the crash."""
     windows = log.windows
-    retried = {_key(m.group(1)) for w in windows if (m := _RETRY_TAIL.match(w)) and m.group(1)}
+    retry, transient = log.scanner(_RETRY_TAIL, in_windows=True), log.scanner(TRANSIENT, in_windows=True)
+    retried = {_key(m.group(1)) for w in windows if (m := retry.match(w)) and m.group(1)}
 
     def again(i: int, w: str) -> bool:
-        raised = TRACEBACK_HEAD.search(w) or is_exception_line(log.lines[i])
-        return bool(retried) and not raised and _key(w) in retried
+        if not retried or _key(w) not in retried:
+            return False
+        return not (TRACEBACK_HEAD.search(w) or is_exception_line(log.lines[i]))  # raised: never a try's report
 
-    return {i for i, w in enumerate(windows) if TRANSIENT.search(w) or again(i, w)}
+    return {i for i, w in enumerate(windows) if transient.search(w) or again(i, w)}
 
 
 # Proof that the server serves: the engines' ready lines, and answered generation requests.
@@ -244,14 +264,18 @@ def is_exception_line(line: str) -> bool:
     return bool(EXCEPTION_LINE.match(line)) and not line.split(":", 1)[0].endswith("Warning")
 
 
-def is_failure(log: LogText, i: int, transient: set[int]) -> bool:
-    """Line i shows that something failed (before any signature says what)."""
-    line = log.lines[i]
-    if i in transient or log.is_quoted(i) or BENIGN.search(line):
-        return False
-    if is_exception_line(line) or TRACEBACK_HEAD.search(line) or FATAL.search(line):
-        return True
-    return log.levels[i] in ("ERROR", "ERR", "CRITICAL", "FATAL") and bool(line.strip())
+def failure_lines(log: LogText, transient: set[int]) -> list[int]:
+    """The lines that show something failed (before any signature says what)."""
+    benign, fatal, head = (log.scanner(p) for p in (BENIGN, FATAL, TRACEBACK_HEAD))
+
+    def failed(i: int, line: str) -> bool:
+        if i in transient or log.is_quoted(i) or benign.search(line):
+            return False
+        if is_exception_line(line) or head.search(line) or fatal.search(line):
+            return True
+        return log.levels[i] in ("ERROR", "ERR", "CRITICAL", "FATAL") and bool(line.strip())
+
+    return [i for i, line in enumerate(log.lines) if failed(i, line)]
 
 
 __all__ = [
@@ -264,7 +288,7 @@ __all__ = [
     "LogText",
     "is_continuation",
     "is_exception_line",
-    "is_failure",
+    "failure_lines",
     "normalize",
     "normalize_log",
     "transient_lines",
