@@ -47,18 +47,24 @@ def fold(text: str) -> str:
 
 
 class Text:
-    """A long text words are looked for in; its folded form is made once, when a caseless word is."""
+    """A long text words are looked for in: each word once (patterns share words), its folded form made
+    once, when a caseless word is looked for."""
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._folded: str | None = None
+        self._held: dict[tuple[str, bool], bool] = {}
 
     def holds(self, word: str, caseless: bool) -> bool:
-        if not caseless:
-            return word in self.text
+        held = self._held.get((word, caseless))
+        if held is None:
+            held = self._held[word, caseless] = word in (self.folded() if caseless else self.text)
+        return held
+
+    def folded(self) -> str:
         if self._folded is None:
             self._folded = fold(self.text)
-        return word in self._folded
+        return self._folded
 
 
 def _sequence(items: list[tuple[Any, Any]], caseless: bool) -> Need | None:
