@@ -83,13 +83,18 @@ def test_fleets_launcher_gives_the_engine_its_secret_passes_stop_on_and_records_
     assert inspect("podman", name)["exit_code"] == 3  # type: ignore[index]
 
 
-def test_a_container_killed_at_its_memory_limit_is_read_as_the_runtime_reports_it(image: str, name: str) -> None:
+def test_a_container_killed_at_its_memory_limit_is_read_as_the_runtime_reports_it(
+    image: str, name: str, tmp_path: Path
+) -> None:
     """The kernel kills it (exit 137). Whether the runtime also sets OOMKilled depends on the host's cgroups:
     podman 4.3 on this machine's hybrid cgroup v1 hierarchy does not (measured), so fleet reports the flag
-    exactly as `inspect` has it and diagnoses the exit as a SIGKILL either way."""
+    exactly as `inspect` has it and diagnoses the exit as a SIGKILL either way. (Its conmon writes an empty
+    file `oom` into the directory `podman run` was started in: a temporary one, not the checkout.)"""
     hungry = "x = bytearray(1 << 30)\nimport time\ntime.sleep(30)\n"
     run = ["podman", "run", "-d", "--name", name, "--memory", "64m", "--memory-swap", "64m"]
-    started = subprocess.run([*run, "--entrypoint", "python3", image, "-c", hungry], capture_output=True, text=True)
+    started = subprocess.run(
+        [*run, "--entrypoint", "python3", image, "-c", hungry], capture_output=True, text=True, cwd=tmp_path
+    )
     assert started.returncode == 0, started.stderr
     wait_for(lambda: not (inspect("podman", name) or {}).get("running", True))
     state = inspect("podman", name)
