@@ -177,8 +177,9 @@ def diagnose(
     # startup complete"): a fix for a start's failure comes from before that
     accepting, serving = log.scanner(ACCEPTING), log.scanner(SERVING)
     accepting_at = next((i for i in range(n) if _own_line(log, i) and accepting.search(log.lines[i])), None)
+    served = [i for i in range(n) if _own_line(log, i) and serving.search(log.lines[i])]
     # the last sign the server lived: what explains its end, and so a fix, comes after it
-    last_served = max((i for i in range(n) if _own_line(log, i) and serving.search(log.lines[i])), default=ready_at)
+    last_served = max(served, default=ready_at)
     # What the frames of a cut traceback point at counts only where no exception line says more.
     cut = (
         None
@@ -224,7 +225,7 @@ def diagnose(
         return Diagnosis(sig.category, sig.id, sig.explanation, None, evidence, sig.source, basis)
     if failures or cut is not None:
         return _unknown(log, failures, cut)
-    if any(serving.search(line) for i, line in enumerate(log.lines) if _own_line(log, i)):
+    if served:
         return Diagnosis("healthy", None, "the server is ready or serving, with no failure in the log", None, ())
     return Diagnosis(
         "starting",

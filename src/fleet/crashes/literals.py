@@ -131,6 +131,7 @@ class Prefiltered:
         need = needs(pattern) if whole is not None else None
         # the needed words the text holds (None: every line is searched)
         self.words = None if need is None or whole is None else [(w, ci) for w, ci in need if whole.holds(w, ci)]
+        self._caseless = any(caseless for _, caseless in self.words or ())  # a line is folded only then
 
     @property
     def may_match(self) -> bool:
@@ -140,7 +141,7 @@ class Prefiltered:
     def _may(self, line: str) -> bool:
         if self.words is None:
             return True
-        folded = fold(line) if any(caseless for _, caseless in self.words) else ""
+        folded = fold(line) if self._caseless else ""
         return any(w in (folded if caseless else line) for w, caseless in self.words)
 
     def search(self, line: str) -> re.Match[str] | None:
