@@ -28,15 +28,19 @@ def _cases() -> list[dict]:
 CASES = _cases()
 
 
-def _diagnose(case: dict) -> Diagnosis:
-    text = (CORPUS / "cases" / f"{case['id']}.log").read_text(encoding="utf-8", errors="replace")
+def case_log(case: dict) -> str:
+    return (CORPUS / "cases" / f"{case['id']}.log").read_text(encoding="utf-8", errors="replace")
+
+
+def diagnose_case(case: dict) -> Diagnosis:
+    text = case_log(case)
     engine = case["engine"] if case["engine"] in ("sglang", "vllm") else None
     return diagnose(text.splitlines(), LogContext(engine=engine))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_no_crash_is_called_healthy_and_no_healthy_log_a_crash(case: dict) -> None:
-    d = _diagnose(case)
+    d = diagnose_case(case)
     if case["category"] == "healthy":
         assert d.category in NOT_A_CRASH, (d.category, d.evidence)
     else:
@@ -51,7 +55,7 @@ def test_category_accuracy_where_the_decisive_line_is_present() -> None:
     total: Counter[str] = Counter()
     wrong = []
     for case in decisive:
-        d = _diagnose(case)
+        d = diagnose_case(case)
         total[case["category"]] += 1
         if d.category == case["category"]:
             right[case["category"]] += 1
@@ -66,7 +70,7 @@ def test_category_accuracy_where_the_decisive_line_is_present() -> None:
     "case", [c for c in CASES if c["category"] == "healthy" and c["decisive_line_present"]], ids=lambda c: c["id"]
 )
 def test_a_log_that_proves_serving_is_healthy(case: dict) -> None:
-    assert _diagnose(case).category == "healthy"
+    assert diagnose_case(case).category == "healthy"
 
 
 def test_a_startup_cut_before_the_ready_line_is_starting_not_healthy() -> None:

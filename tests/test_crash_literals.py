@@ -10,15 +10,13 @@ import string
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fleet.crashes import LogContext, classify, diagnose, literals as literals_module, logtext
 from fleet.crashes.classify import _one_pass, _Searchable
 from fleet.crashes.literals import Text, needs
 from fleet.crashes.logtext import normalize_log
 from fleet.crashes.signatures import builtin_signatures
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "crash-logs"
+from test_corpus import CASES, CORPUS, case_log, diagnose_case
 
 
 @pytest.mark.parametrize(
@@ -71,10 +69,8 @@ def test_every_letter_re_takes_for_an_ascii_one_is_folded_to_it() -> None:
 def _texts() -> list[str]:
     """Every window of every corpus log, and every string the classifier's tests give it."""
     texts: list[str] = []
-    if (CORPUS / "labels.yaml").is_file():
-        for case in yaml.safe_load((CORPUS / "labels.yaml").read_text(encoding="utf-8")):
-            raw = (CORPUS / "cases" / f"{case['id']}.log").read_text(encoding="utf-8", errors="replace")
-            texts += list(normalize_log(raw.splitlines()).windows)
+    for case in CASES:
+        texts += list(normalize_log(case_log(case).splitlines()).windows)
     source = (Path(__file__).parent / "test_crashes.py").read_text(encoding="utf-8")
     texts += [m.group(1) for m in re.finditer(r'"((?:[^"\\\n]|\\.){12,})"', source)]
     return texts
@@ -108,15 +104,12 @@ def test_every_text_a_builtin_pattern_matches_holds_one_of_its_words() -> None:
     assert matched > 400  # the corpus exercises the patterns, not only their absence
 
 
-@pytest.mark.skipif(not (CORPUS / "labels.yaml").is_file(), reason=f"no corpus at {CORPUS}")
+@pytest.mark.skipif(not CASES, reason=f"no corpus at {CORPUS}")
 def test_the_words_change_no_diagnosis_of_the_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    cases = yaml.safe_load((CORPUS / "labels.yaml").read_text(encoding="utf-8"))
-    logs = [(CORPUS / "cases" / f"{c['id']}.log").read_text(encoding="utf-8", errors="replace") for c in cases]
-    contexts = [LogContext(engine=c["engine"] if c["engine"] in ("sglang", "vllm") else None) for c in cases]
     monkeypatch.setattr(literals_module, "PREFILTER_FROM_CHARS", 0)  # every log, however short
-    with_words = [diagnose(log.splitlines(), ctx) for log, ctx in zip(logs, contexts, strict=True)]
+    with_words = [diagnose_case(case) for case in CASES]
     monkeypatch.setattr(literals_module, "PREFILTER_FROM_CHARS", 1 << 62)  # no log: every pattern on every line
-    without = [diagnose(log.splitlines(), ctx) for log, ctx in zip(logs, contexts, strict=True)]
+    without = [diagnose_case(case) for case in CASES]
     assert with_words == without
 
 

@@ -794,9 +794,9 @@ def test_every_signature_has_a_sample_and_every_fix_a_near_miss() -> None:
 
 
 def corpus_signatures() -> set[str]:
-    from test_corpus import CASES, _diagnose
+    from test_corpus import CASES, diagnose_case
 
-    return {d.signature for d in map(_diagnose, CASES) if d.signature}
+    return {d.signature for d in map(diagnose_case, CASES) if d.signature}
 
 
 def test_messy_prefixes_are_stripped() -> None:

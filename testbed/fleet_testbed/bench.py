@@ -600,7 +600,7 @@ def main() -> int:
             tuple(a.runtimes.split(",")),
             a.startup_scale,
         )
-        rolling += bench_diagnosis(row, a.runs, "### 12. Diagnosing a long log (seconds, in process)")
+        rolling += bench_diagnosis(row, timed, a.runs, "### 12. Diagnosing a long log (seconds, in process)")
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:

@@ -9,13 +9,13 @@ words each pattern needs first (fleet.crashes.literals)."""
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from fleet.crashes import LogContext, diagnose, literals
 
 Row = Callable[..., str]
+Timed = Callable[[Callable[[], object], int], list[float]]
 
 
 def nccl_log(n: int) -> list[str]:
@@ -39,16 +39,16 @@ def every_pattern_run() -> Iterator[None]:
         literals.PREFILTER_FROM_CHARS = was
 
 
-def bench_diagnosis(row: Row, runs: int, title: str, sizes: tuple[int, ...] = (200, 2000, 20000)) -> list[str]:
+def bench_diagnosis(
+    row: Row, timed: Timed, runs: int, title: str, sizes: tuple[int, ...] = (200, 2000, 20000)
+) -> list[str]:
     diagnose(["warm-up"], LogContext(engine="sglang"))  # the signatures compiled once, as in a deploy
 
     def seconds(lines: list[str]) -> list[float]:
-        took = []
-        for _ in range(runs):
-            start = time.perf_counter()
+        def once() -> None:
             assert diagnose(lines, LogContext(engine="sglang")).signature == "cuda-oom-startup"
-            took.append(time.perf_counter() - start)
-        return took
+
+        return timed(once, runs)
 
     out = [title, "", "| what | median | min | max | vs fleet's | |", "| --- | --- | --- | --- | --- | --- |"]
     for n in sizes:
