@@ -263,6 +263,30 @@ def test_a_stop_never_sweeps_another_containers_engine(
     assert running and running[0]["State"] == "running"
 
 
+def test_a_container_deploys_when_the_hosts_engine_python_is_gone(
+    container_host: Path,
+    images: dict[str, str],
+    fleet_env: simhost.Sandbox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container deployment's steps run under the host's engine Python (its NVML bindings), not the
+    image's: where the inventory names one the host no longer has (its environment deleted), they run
+    under python3, and the deployment in the container comes up all the same."""
+    hdir = container_host
+    inventory = tmp_path / "inventory.yaml"
+    gone = hdir / "env-deleted" / "bin" / "python"
+    inventory.write_text(fleet_env.inventory.read_text().replace(f"{hdir}/env/bin/python", str(gone)))
+    assert str(gone) in inventory.read_text()
+    monkeypatch.setenv("FLEET_INVENTORY", str(inventory))
+    write_playbook(Path(os.environ["FLEET_PLAYBOOKS"]), hdir, "boxed", images["0.5.23"])
+    deployed = run_cli("deploy", "boxed", "--host", "blackwell")
+    assert deployed.code == 0, deployed.err
+    rec = json.loads(simhost.record(hdir, "state.json", "boxed").read_text())
+    assert rec["status"] == "ready" and rec["container"]["name"] == "fleet-boxed"
+    assert run_cli("stop", "--host", "blackwell/boxed").code == 0
+
+
 def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
     container_host: Path, images: dict[str, str]
 ) -> None:
