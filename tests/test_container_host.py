@@ -16,7 +16,8 @@ import pytest
 
 from fleet.host.common import LAUNCH_MARK
 from fleet.host.container import containers, inspect
-from fleet.host.launch import CONTAINER_LAUNCHER
+from fleet.host.launch import CONTAINER_LAUNCHER, launch
+from fleet.protocol import LaunchRequest
 
 pytestmark = pytest.mark.containers
 
@@ -101,3 +102,38 @@ def test_a_container_killed_at_its_memory_limit_is_read_as_the_runtime_reports_i
     raw = json.loads(subprocess.run(["podman", "inspect", name], capture_output=True, text=True).stdout)[0]
     assert state is not None and state["exit_code"] == 137 and not state["running"]
     assert state["oom_killed"] is raw["State"]["OOMKilled"]
+
+
+def test_fleets_own_run_of_a_container_killed_at_its_memory_limit_leaves_nothing_where_fleet_was_started(
+    image: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conmon's `oom` file lands in the attempt's log directory, not in the directory the host step runs in
+    (on a real host: the user's home)."""
+    home, logs, secrets = tmp_path / "home", tmp_path / "logs", tmp_path / "secrets"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    go = logs / "go"  # it takes its memory only once it is running: launch must see it started
+    hungry = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nx = bytearray(1 << 30)\n"
+    options = ["--name", name, "--memory", "64m", "--memory-swap", "64m", "-v", f"{logs}:{logs}"]
+    request: LaunchRequest = {
+        "name": "oomer",
+        "attempt": 1,
+        "argv": ["python3", "-c", hungry],
+        "env": {},
+        "log_dir": str(logs),
+        "container": {
+            "cli": "podman",
+            "image": image,
+            "name": name,
+            "options": [*options, "-v", f"{secrets}:/run/fleet-secrets"],
+            "python": "python3",
+            "secrets_dir": str(secrets),
+            "secrets_mount": "/run/fleet-secrets",
+        },
+    }
+    launched = launch(request, {})
+    assert launched["pid"] > 0
+    go.touch()
+    wait_for(lambda: not (inspect("podman", name) or {}).get("running", True))
+    assert inspect("podman", name)["exit_code"] == 137  # type: ignore[index]
+    assert list(home.iterdir()) == []

@@ -35,11 +35,16 @@ def cli_path(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
-def run_cli(argv: List[str], timeout_s: float = 60.0) -> Tuple[int, str, str]:
+def run_cli(argv: List[str], timeout_s: float = 60.0, cwd: Optional[str] = None) -> Tuple[int, str, str]:
     """(exit code, stdout, stderr) of a docker/podman command; 127 when it cannot be run at all."""
     try:
         p = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=timeout_s
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            cwd=cwd,
         )
     except OSError as exc:
         return 127, "", str(exc)

@@ -290,7 +290,9 @@ def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, e
         json.dump(secrets, f)
     launcher = ["-c", CONTAINER_LAUNCHER, LAUNCH_MARK, exit_path, log_path, c["secrets_mount"] + "/" + secret_name]
     argv = [c["cli"], "run", "-d"] + c["options"] + ["--entrypoint", c["python"], c["image"]] + launcher + a["argv"]
-    code, out, err = run_cli(argv, 300)
+    # started in the attempt's log directory: podman's conmon writes a file `oom` into the directory `run`
+    # was started in when the kernel kills the container at its memory limit (measured with podman 4.3)
+    code, out, err = run_cli(argv, 300, cwd=os.path.dirname(log_path))
     state = inspect(c["cli"], c["name"]) if code == 0 else None
     pid = int(state["pid"]) if state and state["pid"] else -1
     deadline = time.time() + 10
