@@ -18,10 +18,12 @@ from conftest import ROOT
 from factsdata import RTX_A6000, facts
 from fleet import events
 from fleet.control.group import GroupResult, GroupRun
-from fleet.errors import LockedError
+from fleet.control.group_health import group_health, stop_group
+from fleet.errors import DeployFailed, HostUnreachable, LockedError
+from fleet.health import CRITICAL, OK, UNKNOWN
 from fleet.inventory import Host, load_inventory, load_playbook
 from fleet.plan.group import GROUP_RELAUNCH
-from fleet.protocol import FAILED
+from fleet.protocol import FAILED, STOPPED
 from fleet_testbed.fakehost import ScriptedHost, Watch, crashes, ready
 
 INVENTORY = """\
@@ -58,17 +60,28 @@ class Group:
             for name in ("node-a", "node-b")
         }
         self.seen: list[events.Event] = []
+        self.unreachable: set[str] = set()
 
     def script(self, name: str, *watches: Watch) -> None:
         self.hosts[name].watches.extend(watches)
 
-    def deploy(self) -> GroupResult:
+    def run(self) -> GroupRun:
         @contextlib.contextmanager
         def connect(host: Host) -> Iterator[Any]:
+            if host.name in self.unreachable:
+                raise HostUnreachable(
+                    f"{host.name}: ssh: connect to host {host.settings.address} port 22: No route to host"
+                )
             yield self.hosts[host.name]
 
-        run = GroupRun(self.playbook, self.inventory, connect, lambda name: self.seen.append, engine_check=True)
-        return run.deploy()
+        return GroupRun(self.playbook, self.inventory, connect, lambda name: self.seen.append, engine_check=True)
+
+    def deploy(self) -> GroupResult:
+        return self.run().deploy()
+
+    def kill_rank(self, name: str) -> None:
+        """The rank's engine dies behind fleet's back (its record still says ready)."""
+        self.hosts[name].servers.clear()
 
     def acts(self, name: str) -> list[dict[str, Any]]:
         return [dict(a) for a in self.hosts[name].acts]
@@ -137,3 +150,102 @@ def test_a_rank_whose_host_is_locked_by_another_run_refuses_the_group_before_any
         g.deploy()
     assert [a["op"] for a in g.acts("node-a")] == ["prepare", "release"]  # prepared, then released
     assert all(not h.watched for h in g.hosts.values())
+
+
+def ready_group(tmp_path: Path) -> Group:
+    g = Group(tmp_path)
+    for i, name in enumerate(g.hosts):
+        g.script(name, rank_ready(i))
+    assert g.deploy().ok
+    return g
+
+
+def test_a_group_never_deployed_has_no_health_to_report(tmp_path: Path) -> None:
+    assert group_health(Group(tmp_path).run(), heal=True) is None
+
+
+def test_a_served_group_is_healthy_rank_by_rank(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    health = group_health(g.run(), heal=True)
+    assert health is not None and health.status == OK and health.heal is None
+    assert [(c.name, c.status) for c in health.checks] == [("rank0", OK), ("rank1", OK)]
+    assert len(g.hosts["node-a"].launches) == 1  # nothing relaunched
+
+
+def test_one_rank_gone_is_the_group_down_and_a_heal_relaunches_it_whole(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    g.kill_rank("node-b")
+    seen = group_health(g.run(), heal=False)
+    assert seen is not None and seen.status == CRITICAL and seen.heal is None
+    assert "rank 1 gone" in next(c.detail for c in seen.checks if c.name == "rank1")
+    assert len(g.hosts["node-a"].launches) == 1  # only looked: rank 0, alive, is left running
+    for i, name in enumerate(g.hosts):
+        g.script(name, rank_ready(i))
+    healed = group_health(g.run(), heal=True)
+    assert healed is not None and healed.status == OK and healed.heal is not None
+    assert healed.heal.startswith("relaunched the group whole")
+    assert [len(h.launches) for h in g.hosts.values()] == [2, 2]
+
+
+def test_a_heal_that_fails_again_says_so_and_the_group_stays_critical(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    g.kill_rank("node-b")
+    g.script("node-a", rank_ready(0), rank_ready(0))
+    g.script("node-b", crashes(RANK_LOST), crashes(RANK_LOST))
+    healed = group_health(g.run(), heal=True)
+    assert healed is not None and healed.status == CRITICAL
+    assert healed.heal is not None and healed.heal.startswith("relaunching the group failed")
+
+
+def test_a_group_its_last_deploy_gave_up_is_not_healed_an_operator_decides(tmp_path: Path) -> None:
+    g = Group(tmp_path)
+    g.script("node-a", rank_ready(0), rank_ready(0))
+    g.script("node-b", crashes(RANK_LOST), crashes(RANK_LOST))
+    assert not g.deploy().ok
+    launched = [len(h.launches) for h in g.hosts.values()]
+    health = group_health(g.run(), heal=True)
+    assert health is not None and health.status == CRITICAL
+    assert health.heal is not None and health.heal.startswith("not healed: the last deploy gave it up")
+    assert [len(h.launches) for h in g.hosts.values()] == launched
+
+
+def test_what_the_host_check_found_wrong_with_rank_0_makes_the_group_critical(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    health = group_health(g.run(), heal=False, rank0_problems=["/health answered 503"])
+    assert health is not None and health.status == CRITICAL
+    assert ("rank0", CRITICAL, "node-a: /health answered 503") in [(c.name, c.status, c.detail) for c in health.checks]
+
+
+def test_a_rank_whose_host_cannot_be_reached_is_unknown_and_the_group_not_called_healthy(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    g.unreachable.add("node-b")
+    health = group_health(g.run(), heal=False)
+    assert health is not None and health.status == CRITICAL
+    rank1 = next(c for c in health.checks if c.name == "rank1")
+    assert rank1.status == UNKNOWN and "No route to host" in rank1.detail
+
+
+def test_a_rank_without_this_groups_record_is_critical(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    record = g.hosts["node-b"].records[g.playbook.name]
+    g.hosts["node-b"].records[g.playbook.name] = {**record, "group": {**record["group"], "hosts": ["node-b"]}}
+    health = group_health(g.run(), heal=False)
+    assert health is not None and health.status == CRITICAL
+    assert "no record of rank 1 of this group" in next(c.detail for c in health.checks if c.name == "rank1")
+
+
+def test_stopping_a_group_stops_every_rank_and_leaves_nothing_to_check(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    lines = stop_group(g.run())
+    assert lines == ["node-a: stopped 1 process(es)", "node-b: stopped 1 process(es)"]
+    assert all(not h.servers and h.records[g.playbook.name]["status"] == STOPPED for h in g.hosts.values())
+    assert group_health(g.run(), heal=True) is None
+
+
+def test_a_rank_that_cannot_be_reached_fails_the_stop_after_the_others_are_stopped(tmp_path: Path) -> None:
+    g = ready_group(tmp_path)
+    g.unreachable.add("node-a")
+    with pytest.raises(DeployFailed) as failed:
+        stop_group(g.run())
+    assert "node-a" in failed.value.message and "No route to host" in failed.value.message
+    assert not g.hosts["node-b"].servers and g.hosts["node-a"].servers  # node-b stopped all the same
