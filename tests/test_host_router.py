@@ -1,0 +1,218 @@
+"""The router step (fleet/host/router.py) in this process, driving the real SGLang router (sglang-router's
+own binary, started by the step as on a host) in front of a minimal worker: started, left alone, replaced
+only when asked, workers added and removed, the last healthy one kept, the lease, the service's record,
+a record from another service file refused. Whole services over simulated hosts are in test_services.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.host import router
+from fleet.host.records import ROUTER_FILE
+from fleet.plan.service import router_argv
+from fleet.protocol import RouterRequest
+
+pytest.importorskip("sglang_router", reason="the real router: pip install sglang-router")
+# the step leaves the router it starts running (on a host, the step's process then exits): its Popen is
+# never waited for here, and a router the test stopped may not be reaped yet when that object goes
+pytestmark = pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
+
+
+class Worker(BaseHTTPRequestHandler):
+    """What the router asks of a worker before it routes to it, and a chat answer of "4"."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self) -> None:
+        if self.path.startswith("/v1/chat/completions"):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body: dict[str, Any] = {"choices": [{"message": {"role": "assistant", "content": "4"}}]}
+        else:
+            body = {"model_path": "m", "is_generation": True, "data": [{"id": "m"}]}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _answer
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Worker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def asked(tmp_path: Path) -> Iterator[RouterRequest]:
+    """The keys every action of one service's router step carries; its router stopped afterwards."""
+    port, metrics = unused_port(), unused_port()
+    common: RouterRequest = {
+        "service": "qwen36",
+        "source": "/srv/fleet/services/qwen36.yaml",
+        "state_dir": str(tmp_path / "state"),
+        "log_dir": str(tmp_path / "logs"),
+        "port": port,
+        "metrics_port": metrics,
+        "bind": "127.0.0.1",
+        "argv": router_argv(sys.executable, "127.0.0.1", port, "round_robin", metrics),
+        "wait_s": 30,
+    }
+    yield common
+    router.stop(common)
+
+
+def step(common: RouterRequest, *actions: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> list[Any]:
+    """The step as a host runs it: the request as its one argument, the results on stdout."""
+    sys_argv = sys.argv
+    sys.argv = ["router", json.dumps({**common, "actions": list(actions)})]
+    try:
+        router.main()
+    finally:
+        sys.argv = sys_argv
+    results: list[Any] = json.loads(capsys.readouterr().out)["results"]
+    return results
+
+
+def test_a_router_is_started_once_and_left_alone_when_its_options_are_the_same(
+    asked: RouterRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started, health = step(asked, {"do": "ensure"}, {"do": "health"}, capsys=capsys)
+    assert started["router"] == "started" and started["replaced"] is None
+    assert health["router_running"] and health["health"] == 200 and health["up"]
+    (again,) = step(asked, {"do": "ensure"}, capsys=capsys)
+    assert again == {
+        "router": "running",
+        "pid": started["pid"],
+        "log": started["log"],
+        "differs": False,
+        "do": "ensure",
+    }
+
+
+def test_a_router_with_other_options_is_replaced_only_when_asked(asked: RouterRequest) -> None:
+    first = router.ensure(asked)
+    other: RouterRequest = {**asked, "argv": [*asked["argv"][:-4], "--policy", "random", *asked["argv"][-4:]]}
+    kept = router.ensure(other)
+    assert kept["router"] == "running" and kept["pid"] == first["pid"] and kept["differs"]
+    replaced = router.ensure({**other, "replace": True})
+    assert replaced["router"] == "started" and replaced["replaced"] == first["pid"]
+    assert router.running_router(asked)["pid"] == replaced["pid"]  # type: ignore[index]
+
+
+def test_a_port_another_process_holds_is_refused_naming_it_and_nothing_starts(asked: RouterRequest) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", asked["port"]))
+        squatter.listen()
+        refused = router.ensure(asked)
+    assert refused["error"] == f"port {asked['port']} is in use"
+    assert [h["pid"] for h in refused["holders"]] == [os.getpid()]
+    assert router.running_router(asked) is None
+
+
+def test_a_router_that_exits_at_once_is_an_error_with_its_log(asked: RouterRequest) -> None:
+    broken: RouterRequest = {**asked, "argv": [*asked["argv"], "--no-such-router-option"]}
+    out = router.ensure(broken)
+    assert out["error"].startswith("the router exited") and any("no-such-router-option" in x for x in out["log_tail"])
+
+
+def test_a_worker_is_added_healthy_answers_through_the_router_and_is_removed(asked: RouterRequest, worker: str) -> None:
+    router.ensure(asked)
+    added = router.add({**asked, "url": worker})
+    assert added["added"] == worker and added["id"]
+    assert router.add({**asked, "url": worker})["id"] == added["id"]  # listed already: not a second time
+    (listed,) = router.workers(asked)["workers"]
+    assert listed["url"] == worker and listed["is_healthy"] and listed["circuit_open"] is False
+    answer = router.ask({**asked, "served_name": "m", "smoke": {"prompt": "2+2?", "expect": "4"}})["answer"]
+    assert answer["status"] == 200 and answer["ok"], answer
+    refused = router.remove({**asked, "url": worker, "keep_one_healthy": True, "circuit_wait_s": 0})
+    assert "no other healthy worker" in refused["refused"]  # the last one serving is never taken out
+    assert router.remove({**asked, "url": worker}) == {"removed": worker, "was_listed": True}
+    assert router.workers(asked) == {"workers": []}
+    assert router.remove({**asked, "url": worker}) == {"removed": worker, "was_listed": False}
+
+
+def test_stop_ends_the_router_and_the_service_is_down(asked: RouterRequest) -> None:
+    pid = router.ensure(asked)["pid"]
+    assert router.stop(asked) == {"ended_pid": pid}
+    assert router.running_router(asked) is None
+    health = router.health(asked)
+    assert not health["router_running"] and health["health"] != 200 and not health["up"]
+
+
+def test_a_process_that_merely_has_the_recorded_pid_is_not_the_router(asked: RouterRequest) -> None:
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        record = Path(asked["state_dir"]) / "services" / "qwen36" / ROUTER_FILE
+        record.parent.mkdir(parents=True)
+        record.write_text(
+            json.dumps({"pid": bystander.pid, "start_ticks": 1, "boot_id": "x", "source": asked["source"]})
+        )
+        assert router.running_router(asked) is None
+        assert router.stop(asked) == {"ended_pid": None} and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_the_services_record_merges_what_each_roll_remembers(asked: RouterRequest) -> None:
+    assert router.recall(asked) == {"record": {}}
+    router.remember({**asked, "replicas": {"a": {"plan": 1}, "b": {"plan": 1}}})
+    router.remember({**asked, "replicas": {"a": {"plan": 2, "port": 30001}}})
+    replicas = router.recall(asked)["record"]["replicas"]
+    assert replicas == {"a": {"plan": 2, "port": 30001}, "b": {"plan": 1}}
+
+
+def test_the_lease_is_one_runs_until_released_or_left_untouched(asked: RouterRequest) -> None:
+    mine: RouterRequest = {**asked, "run_id": "r1", "owner": "op@a", "command": "roll", "ttl_s": 300}
+    theirs: RouterRequest = {**mine, "run_id": "r2", "owner": "op@b", "command": "down"}
+    assert router.lease({**mine, "peek": True}) == {"held": False}  # nothing made by a peek
+    assert not (Path(asked["state_dir"]) / "services").exists()
+    assert router.lease(mine) == {"held": False, "taken_over": None}
+    held = router.lease(theirs)
+    assert held["held"] and held["owner"] == "op@a" and held["command"] == "roll"
+    assert router.lease({**theirs, "release": True})["held"]  # not theirs to release
+    assert router.lease(mine) == {"held": False, "taken_over": None}  # touched again by its holder
+    stale = router.lease({**theirs, "ttl_s": 0})  # left untouched longer than its time to live
+    assert stale["held"] is False and stale["taken_over"]["run_id"] == "r1"
+    assert router.lease({**theirs, "release": True}) == {"held": False, "released": True}
+    assert router.lease(mine) == {"held": False, "taken_over": None}
+
+
+def test_a_router_started_from_another_service_file_of_the_same_name_is_not_touched(
+    asked: RouterRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pid = router.ensure(asked)["pid"]
+    other: RouterRequest = {**asked, "source": "/home/op/qwen36.yaml"}
+    (refused,) = step(other, {"do": "stop"}, capsys=capsys)
+    assert refused["foreign"] == asked["source"] and refused["do"] == "stop"
+    assert router.running_router(asked)["pid"] == pid  # type: ignore[index]
+
+
+def test_the_first_action_that_fails_ends_the_step(asked: RouterRequest, capsys: pytest.CaptureFixture[str]) -> None:
+    results = step(asked, {"do": "workers"}, {"do": "remember", "replicas": {"a": {}}}, capsys=capsys)
+    assert [r["do"] for r in results] == ["workers"] and "error" in results[0]  # no router answers
+    assert router.recall(asked) == {"record": {}}
