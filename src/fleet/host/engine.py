@@ -88,6 +88,7 @@ def run_streamed(argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
             emit({"e": "line", "t": line.decode("utf-8", "replace")[-500:]})
     if buf:
         emit({"e": "line", "t": buf.decode("utf-8", "replace")[-500:]})
+    proc.stdout.close()
     return proc.wait()
 
 
@@ -146,12 +147,17 @@ def install(a: EngineRequest) -> None:
     problem = guarded(a)
     if problem:
         return refuse(problem)
-    env = os.path.join(engines_dir(a), "%s-%s" % (engine, version))
-    lock = open(os.path.join(engines_dir(a), ".%s-%s.lock" % (engine, version)), "a")  # noqa: SIM115 - held to exit
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return refuse("another fleet engine install of %s %s is running on this host" % (engine, version))
+    with open(os.path.join(engines_dir(a), ".%s-%s.lock" % (engine, version)), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return refuse("another fleet engine install of %s %s is running on this host" % (engine, version))
+        install_locked(a, os.path.join(engines_dir(a), "%s-%s" % (engine, version)))
+
+
+def install_locked(a: EngineRequest, env: str) -> None:
+    """`install` once this version's lock is held: kept when whole, else (re)made."""
+    engine, version = a["engine"], a["version"]
     if marker_of(env):
         got = installed_version(os.path.join(env, "bin", "python"), engine)
         if same_version(got, version):
