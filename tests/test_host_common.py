@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -545,3 +546,107 @@ def test_the_engines_own_memory_fraction_is_held_to_what_the_plan_needs() -> Non
     for said in ({}, {"memory fraction": "auto"}, {"memory fraction": "7"}):
         assert budget_short({**accepted, "resolved": said}, budget) is None  # type: ignore[typeddict-item]
     assert budget_short({**accepted, "resolved": {"memory fraction": "0.3"}}, None) is None
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+# launch() leaves its launcher running unwaited, as the act step does (it ends right after)
+LEAVES_ITS_LAUNCHER = pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
+
+
+def full_disk_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    """The host's record writes succeed `writes` times, then fail as a full disk fails them."""
+    import errno
+
+    from fleet.host import launch as host_launch
+
+    real, done = host_launch.write_record, [0]
+
+    def write_record(path: str, record: dict[str, object]) -> None:
+        done[0] += 1
+        if done[0] > writes:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real(path, record)
+
+    monkeypatch.setattr(host_launch, "write_record", write_record)
+
+
+def gone_now(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists()
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # fleet's launcher is this test's child: reap it once it ends
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@LEAVES_ITS_LAUNCHER
+def test_a_launch_whose_record_cannot_be_written_kills_it_and_relaunches_the_previous_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills between the check and the record: a server fleet could not stop safely later is
+    killed at once, and the host is not left without one: the previous server (stopped by this act) is
+    started again, recorded unverified, its record rewritten in place when not even a new file fits."""
+    from fleet.host import launch as host_launch
+    from fleet.host.records import STATE_FILE, write_record
+
+    state = tmp_path / "state"
+    state.mkdir()
+    previous = {"playbook": "qwen", "status": "ready", "plan": {"argv": SLEEPER, "env": [{"name": "A", "value": "1"}]}}
+    write_record(str(state / STATE_FILE), previous)
+    started: list[int] = []
+    real_launch = host_launch.launch
+    monkeypatch.setattr(host_launch, "launch", lambda a, s: started.append((r := real_launch(a, s))["pid"]) or r)
+    full_disk_after(monkeypatch, 1)  # the attempt's "starting" record is written, nothing after it
+    request = {
+        "launch": {"name": "qwen", "attempt": 2, "argv": SLEEPER, "env": {}, "log_dir": str(tmp_path / "logs")},
+        "state_update": {"status": "starting", "playbook": "qwen"},
+    }
+    out: dict[str, object] = {"ended": [{"pid": 4321}]}  # the act stopped the previous server
+    try:
+        host_launch.launch_and_record(request, {}, str(state), previous, out)  # type: ignore[arg-type]
+        new, back = started
+        assert out["write_failed"] == {"path": str(state / STATE_FILE), "error": "No space left on device"}
+        assert "launched" not in out and gone(new)
+        assert out["rolled_back"]["pid"] == back and not gone_now(back)  # type: ignore[index]
+        kept = json.loads((state / STATE_FILE).read_text())
+        assert kept["status"] == "unverified" and kept["pid"] == back and kept["plan"] == previous["plan"]
+    finally:
+        for pid in started:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            gone(pid)
+
+
+@LEAVES_ITS_LAUNCHER
+def test_a_record_that_cannot_be_written_with_nothing_stopped_relaunches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.host import launch as host_launch
+
+    full_disk_after(monkeypatch, 0)
+    request = {
+        "launch": {"name": "qwen", "attempt": 1, "argv": SLEEPER, "env": {}, "log_dir": str(tmp_path / "logs")},
+        "state_update": {"status": "starting"},
+    }
+    out: dict[str, object] = {"ended": []}
+    previous = {"plan": {"argv": SLEEPER}}
+    host_launch.launch_and_record(request, {}, str(tmp_path), previous, out)  # type: ignore[arg-type]
+    assert out["write_failed"]["error"] == "No space left on device"  # type: ignore[index]
+    assert "launched" not in out and "rolled_back" not in out and "rollback_failed" not in out
+    assert not list((tmp_path / "logs").glob("*.log"))  # refused before the launch: nothing started
+
+
+def test_a_previous_server_in_a_container_is_not_rolled_back_to_by_the_act(tmp_path: Path) -> None:
+    from fleet.host.launch import previous_launch
+
+    previous = {"plan": {"argv": ["/py"], "container": {"image": "lmsysorg/sglang"}}}
+    assert (
+        previous_launch(previous, "/logs", {})
+        == "the previous server ran in a container, which only a deploy starts again"
+    )

@@ -1,0 +1,50 @@
+"""Parts of the health step (fleet/host/health.py) in this process: what it counts as served traffic, the
+kernel log it reads on from where it stopped, and a container whose runtime is gone. The whole sweep runs
+over real sshd (test_health.py) and against simulated hosts (test_deploy_loop.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.host import health
+
+
+def test_served_requests_are_sglangs_and_vllms_counters_summed() -> None:
+    sglang = 'sglang:num_requests_total{model_name="q"} 12.0\nsglang:num_requests_total{model_name="r"} 3\n'
+    assert health._metric_total(sglang) == 15.0
+    assert health._metric_total('vllm:request_success_total{finished_reason="stop"} 7\n') == 7.0
+    assert health._metric_total("sglang:num_requests_total garbage\n") is None  # read as no counter
+    assert health._metric_total("# HELP process_cpu_seconds_total\nprocess_cpu_seconds_total 9\n") is None
+
+
+def test_the_kernel_log_is_read_on_from_where_the_last_check_stopped(tmp_path: Path) -> None:
+    kern = tmp_path / "kern.log"
+    kern.write_text("NVRM: Xid 79, GPU has fallen off the bus\n")
+    text, offset = health._kernel_lines(str(kern), 0)
+    assert "Xid 79" in text and offset == kern.stat().st_size
+    with kern.open("a") as f:
+        f.write("NVRM: Xid 48, double bit ECC error\n")
+    text, offset = health._kernel_lines(str(kern), offset)
+    assert text == "NVRM: Xid 48, double bit ECC error\n"
+    kern.write_text("rotated\n")  # shorter than where the last check stopped: read from the start
+    assert health._kernel_lines(str(kern), offset) == ("rotated\n", 8)
+    assert health._kernel_lines(str(tmp_path / "gone.log"), offset) == ("", 0)
+
+
+def test_a_container_whose_runtime_is_gone_is_reported_missing_and_its_server_not_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither docker nor podman here any more
+    record = {
+        "status": "ready",
+        "pid": 1 << 30,  # above Linux's largest pid: no process has it
+        "pgid": 1 << 30,
+        "port": 30000,
+        "container": {"cli": "podman", "id": "abc123", "name": "fleet-qwen"},
+    }
+    asked = {"http_timeout_s": 1.0, "skip_generation": False}
+    out = health.check_server(record, [], {}, asked)  # type: ignore[arg-type]
+    assert out["container"] == {"missing": True, "name": "fleet-qwen"}
+    assert out["server"]["alive"] is False and out["http"] == {}
