@@ -746,7 +746,11 @@ def serve(argv: list[str]) -> None:
         server.status = "Draining"
         sigterm.set()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # Until its tokenizer manager handles a first request (the warmup's), SGLang's main process has no
+    # SIGTERM handler: Python's default ends it at once and its schedulers die with it (PR_SET_PDEATHSIG).
+    # The draining handler comes with that first request (tokenizer_manager.py auto_create_handle_loop:
+    # 0.5.11 L1602-1617, 0.5.23 L2440-2455); a start that hangs is not drained for a grace period.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     shown = ", ".join(f"{k}={v!r}" for k, v in vars(a).items())
     log(f"server_args=ServerArgs({shown})")
     for w in r.warnings:
@@ -997,6 +1001,7 @@ def serve(argv: list[str]) -> None:
         first,
     )
     if a.node_rank > 0:  # SGLang's other ranks serve only /health (launch_dummy_health_check_server), quietly
+        signal.signal(signal.SIGTERM, on_sigterm)  # 0.5.23 engine.py L1264-1273: waits for rank 0's shutdown
         _serve_follower(server, sigterm)
         return
     # uvicorn binds last: a held port is only discovered after the model loaded (engines.md §5.8)
@@ -1017,6 +1022,7 @@ def serve(argv: list[str]) -> None:
     uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     threading.Thread(target=_watch_children, args=(server,), daemon=True).start()
+    signal.signal(signal.SIGTERM, on_sigterm)  # with the first request: the warmup's, or a client's
     if not a.skip_server_warmup:  # engines.md §3.1: the ready line comes after a warmup generate
         _sleep(server, 0.1)
         server.answer("warmup")
