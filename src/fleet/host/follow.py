@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import stat
 import sys
 import time
@@ -96,6 +97,20 @@ class Output:
             self.lines_held = max(0, self.lines_held - n)
             self.last_write = time.time()
         self.last_write = time.time()
+
+    def wait(self, timeout_s: float) -> None:
+        """Let `timeout_s` pass, writing what waits as fleet reads it: a reader catching up after a pause
+        gets the backlog at the connection's pace, not one pipe-full per wait."""
+        deadline = time.time() + timeout_s
+        while self.pending and time.time() < deadline:
+            try:
+                poller = select.poll()
+                poller.register(sys.stdout.fileno(), select.POLLOUT)
+            except (ValueError, AttributeError):  # a test's capture: written through already
+                break
+            if poller.poll(max(1, int((deadline - time.time()) * 1000))):
+                self.flush()  # room to write (or fleet gone: ClientGone)
+        time.sleep(max(0.0, deadline - time.time()))
 
     def stalled(self, after_s: float = STALLED_S) -> bool:
         """Output has waited `after_s` with nothing read: fleet is not listening, though it is connected."""

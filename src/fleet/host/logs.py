@@ -16,7 +16,6 @@ import json
 import os
 import stat
 import sys
-import time
 from typing import List, Optional, Tuple, cast
 
 try:
@@ -118,7 +117,7 @@ def show_logs(a: LogsRequest) -> None:
             log.poll()
         OUT.say_skipped()
         OUT.flush()
-        time.sleep(FOLLOW_POLL_S)
+        OUT.wait(FOLLOW_POLL_S)
 
 
 def run_logs() -> None:
