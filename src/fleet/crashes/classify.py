@@ -135,9 +135,9 @@ class _Searchable:
 
     def hits(self, patterns: Sequence[re.Pattern[str]], only: range | None = None) -> list[int]:
         found: set[int] = set()
-        for p in _one_pass(tuple(patterns)):
-            if not self.may_match(p):
-                continue
+        # each pattern's own words decide whether it is searched: joined first, a signature whose
+        # alternation holds one common word ("NCCL") would scan a long log with every branch
+        for p in _one_pass(tuple(p for p in patterns if self.may_match(p))):
             for m in p.finditer(self.text):
                 i = bisect.bisect_right(self.starts, m.start()) - 1
                 if only is None or i in only:
