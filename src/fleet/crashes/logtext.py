@@ -56,6 +56,12 @@ _PREFIXES = [
     re.compile(rf"^\s+{_LEVEL}\s{{2,}}"),  # rich's level column
 ]
 
+# Whether any prefix starts the text, in one match (names dropped: several prefixes name a level): most
+# lines have one prefix or none, and trying each of the two dozen in turn cost more than the rest of a
+# long log's normalising
+_UNNAMED = re.compile(r"\(\?P<\w+>")
+_ANY_PREFIX = re.compile("|".join(f"(?:{_UNNAMED.sub('(?:', p.pattern)})" for p in _PREFIXES))
+
 
 WINDOW_CHARS = 1000
 # What of one line is read at all: its start and its end, each far more than a window, so a megabyte-long
@@ -146,6 +152,8 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
     text = _K8S_RIGHT.sub("", text)
     level = source = None
     for _ in range(8):  # prefixes nest: compose | timestamp (EngineCore pid=1) ERROR …
+        if not _ANY_PREFIX.match(text):
+            break
         before = text
         for p in _PREFIXES:
             m = p.match(text)
