@@ -13,7 +13,6 @@ are shaped like the real ones.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -1157,15 +1156,6 @@ def _watch_children(server: Server) -> None:
                 log("Received sigquit from a child process. It usually means the child failed.")
                 server.kill_tree()
         time.sleep(0.2)
-
-
-def set_pdeathsig() -> None:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL): children die with the main process (engines.md §3.3)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,13 +3,24 @@ GPU device files open so `fuser` sees it, registering its GPU memory, dying with
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
 import time
 
+# nothing of the engine simulator: a TP 8 start runs nine of these, and importing the simulator cost each
+# a tenth of a second of CPU
 from fleet_testbed import gpustate
-from fleet_testbed.sglang_sim import set_pdeathsig
+
+
+def set_pdeathsig() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): children die with the main process (engines.md §3.3)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def main() -> None:

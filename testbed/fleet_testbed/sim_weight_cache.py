@@ -201,7 +201,7 @@ def _watch_ranks(procs: list[subprocess.Popen[bytes]], gpus: list[dict[str, Any]
 
 
 def rank_main(gpu: dict[str, Any], spec: dict[str, Any], weights_mib: int, quant: dict[str, Any]) -> None:
-    from fleet_testbed.sglang_sim import set_pdeathsig
+    from fleet_testbed.sim_child import set_pdeathsig
 
     set_pdeathsig()  # run_weight_cache_daemon: kill_itself_when_parent_died
     local = spec["tp_rank"]  # its CUDA device in the visible set (daemon.py compute_local_gpu_id), not nvidia-smi's
