@@ -101,16 +101,16 @@ class Output:
     def wait(self, timeout_s: float) -> None:
         """Let `timeout_s` pass, writing what waits as fleet reads it: a reader catching up after a pause
         gets the backlog at the connection's pace, not one pipe-full per wait."""
-        deadline = time.time() + timeout_s
-        while self.pending and time.time() < deadline:
+        deadline = time.monotonic() + timeout_s  # not the wall clock: a clock stepped back must not stall it
+        while self.pending and time.monotonic() < deadline:
             try:
                 poller = select.poll()
                 poller.register(sys.stdout.fileno(), select.POLLOUT)
             except (ValueError, AttributeError):  # a test's capture: written through already
                 break
-            if poller.poll(max(1, int((deadline - time.time()) * 1000))):
+            if poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 self.flush()  # room to write (or fleet gone: ClientGone)
-        time.sleep(max(0.0, deadline - time.time()))
+        time.sleep(max(0.0, deadline - time.monotonic()))
 
     def stalled(self, after_s: float = STALLED_S) -> bool:
         """Output has waited `after_s` with nothing read: fleet is not listening, though it is connected."""
