@@ -1021,13 +1021,17 @@ def serve(argv: list[str]) -> None:
     uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     threading.Thread(target=_watch_children, args=(server,), daemon=True).start()
-    signal.signal(signal.SIGTERM, on_sigterm)  # with the first request: the warmup's, or a client's
     if not a.skip_server_warmup:  # engines.md §3.1: the ready line comes after a warmup generate
+        signal.signal(signal.SIGTERM, on_sigterm)  # with the first request: the warmup's
         _sleep(server, 0.1)
         server.answer("warmup")
         uvicorn(f'127.0.0.1:{40000 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
     server.status = "Up"
     log(READY_LINE)
+    if a.skip_server_warmup:  # with a client's first request
+        while server.requests_served == 0:
+            time.sleep(0.05)
+        signal.signal(signal.SIGTERM, on_sigterm)
     while not sigterm.wait(0.5):
         pass
     _sigterm_watchdog(server)
