@@ -275,3 +275,27 @@ def test_a_reader_catching_up_gets_the_backlog_as_fast_as_it_reads(monkeypatch: 
     reader.join(10)
     os.close(read_end)
     assert len(received) > 1 << 20
+
+
+def test_lines_nobody_reads_are_held_to_the_bound_then_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's output to a fleet that reads nothing: log lines beyond OUT_LIMIT waiting are dropped and
+    counted, said in one `skipped` event; an event that is not a log line is never dropped."""
+    import os
+
+    from fleet.host.follow import OUT_LIMIT, Output
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stdout:
+        monkeypatch.setattr("sys.stdout", stdout)
+        out = Output()
+        line = {"e": "line", "text": "z" * 8000}
+        total = 3 * OUT_LIMIT // 8000
+        for _ in range(total):
+            out.emit(line)
+        assert out.lines_held <= OUT_LIMIT + 9000 and out.skipped > total // 2
+        dropped = out.skipped
+        out.emit({"e": "log", "log": "q-2.log"})  # not a line: kept, and the count said before it
+        assert out.skipped == 0
+        tail = bytes(out.pending[-200:]).decode()
+        assert f'{{"e": "skipped", "lines": {dropped}}}\n{{"e": "log", "log": "q-2.log"}}\n' in tail
+    os.close(read_end)
