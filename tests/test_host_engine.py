@@ -236,3 +236,26 @@ def test_fleet_engine_install_and_use_on_a_host_and_their_refusals_exit_codes(
     assert theirs.code == 7 and "fleet did not make it" in theirs.err
     unpinned = run_cli(*fleet, "install", "sglang>=0.5", "--host", "box")
     assert unpinned.code == 2 and "not an engine and an exact released version" in unpinned.err
+
+
+def test_an_environment_made_anew_is_marked_fleets_own_before_it_stops_being_whole(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step killed between taking the marker away and marking the environment unfinished would leave
+    one the next install refuses as not fleet's; the pending mark is written first."""
+    assert ending(run(host, capsys, action="install"))["e"] == "installed"
+    env = host / "engines" / "sglang-0.5.23"
+    (env / "installed").write_text("")  # its Python no longer answers
+    removed = os.remove
+
+    def killed_right_after(path: str) -> None:
+        removed(path)
+        if path.endswith(engine.MARKER):
+            raise KeyboardInterrupt  # the step ends here
+
+    monkeypatch.setattr(os, "remove", killed_right_after)
+    with pytest.raises(KeyboardInterrupt):
+        run(host, capsys, action="install")
+    monkeypatch.setattr(os, "remove", removed)
+    assert (env / engine.PENDING).exists() and not (env / engine.MARKER).exists()
+    assert ending(run(host, capsys, action="install"))["e"] == "installed"  # made anew, not refused

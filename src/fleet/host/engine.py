@@ -164,8 +164,9 @@ def install_locked(a: EngineRequest, env: str) -> None:
             emit({"e": "present", "version": version})
             return
         emit({"e": "line", "t": "[fleet] %s no longer runs (%s): made anew" % (env, got or "its Python fails")})
-        os.remove(os.path.join(env, MARKER))
+        # pending first: a step killed between the two leaves it fleet's own, made anew by the next install
         open(os.path.join(env, PENDING), "w").close()
+        os.remove(os.path.join(env, MARKER))
     if os.path.lexists(env):
         if os.path.islink(env) or not os.path.isdir(env) or not os.path.exists(os.path.join(env, PENDING)):
             return refuse("%s is there and fleet did not make it; move it away" % env)
