@@ -47,6 +47,13 @@ def run_cli(*argv: str) -> CliResult:
     return CliResult(code, out.getvalue(), err.getvalue())
 
 
+def host_python3_is_this_one(bin_dir: Path) -> None:
+    """`bin_dir/python3` runs this test run's own Python (a link would lose its virtual environment), so
+    coverage follows a host step run through `python3` as it follows every other host step."""
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+
+
 NOT_A_PID = 1 << 30  # above Linux's largest pid (2**22): no process has it
 
 

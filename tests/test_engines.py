@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, host_python3_is_this_one, run_cli
 from fleet.inventory import load_inventory
 
 pytestmark = pytest.mark.slow  # real venvs and pip installs: seconds each
@@ -55,8 +55,7 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # the host's python3 is this run's own (host code needs only the standard library, test_layers holds
     # that), so coverage follows the engine step as it follows every other host step
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a link loses the venv
-    (tmp_path / "bin" / "python3").chmod(0o755)
+    host_python3_is_this_one(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(

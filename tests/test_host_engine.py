@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_cli
+from conftest import host_python3_is_this_one, run_cli
 from fleet.host import engine
 from fleet.transfer_protocol import EngineRequest
 
@@ -46,9 +46,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir.mkdir()
     (bin_dir / "uv").write_text(UV)
     (bin_dir / "uv").chmod(0o755)
-    # the host's python3 is this run's own (a link loses the venv), so coverage follows the step there too
-    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (bin_dir / "python3").chmod(0o755)
+    host_python3_is_this_one(bin_dir)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
     monkeypatch.setenv("UV_CALLS", str(tmp_path / "uv-calls"))
     return tmp_path / "state"
