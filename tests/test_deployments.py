@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fleet.control.sweep import HealthOptions, check_host, heal_host
 from fleet.errors import ConfigError, LockedError, PreflightError
 from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
+from simengine import wait_until
 
 pytestmark = pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")
 
@@ -315,6 +317,28 @@ def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_r
     everything = ops.stop(box.transport(), box.host, force=False)  # --host alone: whole is stopped, once
     assert everything["refused"] == [] and not alive(box, whole["pid"])
     assert {p["pid"] for p in everything["ended"]} >= {whole["pid"]}
+
+
+def test_a_stop_beside_an_all_gpu_deployment_waits_only_for_the_memory_of_what_it_stopped(
+    box: nshost.NamespaceHost,
+) -> None:
+    """What the stop finds on its GPUs (an engine started there by hand) is stopped, and the memory waited
+    for is that engine's alone: the deployment on all GPUs keeps its own, and a stop that waited for it
+    ran out its 30 s and said the GPUs were still in use (issue 38's first defect)."""
+    assert deploy(box, "small", (0, 1))[0].ok
+    argv = record(box, "small")["plan"]["argv"]
+    ops.stop(box.transport(), box.host, force=False, name="small")
+    assert deploy(box, "whole", None, spec={"gpus": "all", "mem_fraction": 0.5})[0].ok  # room beside it
+    argv[argv.index("--port") + 1] = "31999"
+    by_hand_argv = " ".join(shlex.quote(w) for w in [*argv, "--mem-fraction-static", "0.3"])
+    box.shell(f"cd {box.dir} && setsid {by_hand_argv} </dev/null >/dev/null 2>&1 &")
+    by_hand = int(box.shell("pgrep -f -n '[s]glang.launch_server.*31999'").strip())
+    assert wait_until(lambda: {"nvidia0", "nvidia1"} <= held_gpus(box, by_hand), timeout=60)
+
+    out = ops.stop(box.transport(), box.host, force=False, name="small")
+    assert by_hand in [p["pid"] for p in out["ended"]] and not alive(box, by_hand)
+    assert out["memory_held"] == [] and out["refused"] == []
+    assert alive(box, record(box, "whole")["pid"])
 
 
 def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

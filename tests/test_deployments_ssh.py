@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BLACKWELL, ROOT, run_cli
+from conftest import BLACKWELL, ROOT, Background, run_cli
 from fleet_testbed import simhost
-from simengine import chat
+from simengine import chat, http, wait_until
 
 pytestmark = pytest.mark.ssh
 FLEET = str(Path(sys.executable).parent / "fleet")
 
 
-def placed(d: Path, name: str, base: str, port: int, gpus: str) -> None:
+def placed(d: Path, name: str, base: str, port: int, gpus: str, more: str = "") -> None:
     text = (ROOT / "playbooks" / f"{base}.yaml").read_text().replace("port: 30000", f"port: {port}")
-    (d / f"{name}.yaml").write_text(text + f"gpus: {gpus}\n")
+    (d / f"{name}.yaml").write_text(text + f"gpus: {gpus}\n" + more)
 
 
 def test_two_deployments_start_together_and_a_restart_of_one_drops_no_request_to_the_other(
@@ -115,13 +115,14 @@ def test_a_stop_beside_an_all_gpu_deployment_leaves_it_serving_and_unmentioned(
 ) -> None:
     """Issue 38's first defect's scenario, over sshd: `fleet stop` of a deployment beside one on all GPUs
     (whose record names no GPU) once waited 30 s for memory the other keeps, then listed the other's
-    processes as "not stopped ... --force stops it". It stops nothing of the other and says nothing of it;
-    a stop of the host stops it. (The host step's own part, a sibling on all GPUs counted on each, is
-    test_deployments.py's test_a_sibling_on_all_gpus_runs_on_every_one.)"""
+    processes as "not stopped ... --force stops it". It stops nothing of the other and says nothing of it,
+    and waits only for the memory of what it does stop; a stop of the host stops it. (The host step's own
+    part, a sibling on all GPUs counted on each, is test_deployments.py's
+    test_a_sibling_on_all_gpus_runs_on_every_one.)"""
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
     placed(playbooks, "small", "qwen36-27b", 30100, "[0, 1]")
-    placed(playbooks, "whole", "qwen36-27b", 30200, "all")
+    placed(playbooks, "whole", "qwen36-27b", 30200, "all", "mem_fraction: 0.5\n")  # room beside it
     monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
     assert run_cli("deploy", "small", "--host", "blackwell").code == 0
     assert run_cli("stop", "--host", "blackwell/small").code == 0
@@ -134,6 +135,20 @@ def test_a_stop_beside_an_all_gpu_deployment_leaves_it_serving_and_unmentioned(
     assert again.code == 0 and "not stopped" not in said and "--force" not in said and "whole" not in said, said
     rows = {r["deployment"]: r for r in map(json.loads, run_cli("status", "--json").out.splitlines())}
     assert rows["whole"]["status"] == "ready" and rows["whole"]["pid"] == whole["pid"]
+
+    # an engine started by hand on small's GPUs: stopped, and only its memory waited for (the stop once
+    # waited out its 30 s for whole's too, then said the GPUs were still in use)
+    hdir = fleet_env.host_dir("blackwell")
+    by_hand = (
+        f"cd {hdir} && setsid env/bin/python -m sglang.launch_server --model-path models/Qwen3.6-27B "
+        f"--host {BLACKWELL.address} --port 30300 --tp 2 --mem-fraction-static 0.3 >/dev/null 2>&1; sleep 60"
+    )
+    with Background([*simhost.ssh_argv(fleet_env, BLACKWELL), by_hand]):
+        assert wait_until(lambda: http(f"http://{BLACKWELL.address}:30300/health")[0] == 200, timeout=60)
+        third = run_cli("stop", "--host", "blackwell/small")
+    said = third.out + third.err
+    assert third.code == 0 and "stopped 4 process(es)" in said and "still in use" not in said, said
+    assert "not stopped" not in said and "whole" not in said, said
 
     assert run_cli("stop", "--host", "blackwell").code == 0
     rows = {r["deployment"]: r for r in map(json.loads, run_cli("status", "--all", "--json").out.splitlines())}

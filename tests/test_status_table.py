@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.cli.report import describe_stopped
+from fleet.cli.report import describe_stop, describe_stopped
 from fleet.cli.status_table import COLUMNS, status_lines, without_stopped
+from fleet.control.ops import memory_held
 
 READY = {
     "host": "blackwell",
@@ -68,6 +69,28 @@ def test_a_stopped_container_without_a_pid_is_named_by_its_container() -> None:
     }
     [line] = describe_stopped([stopped])
     assert "pid None" not in line and line.endswith("container fleet-ct129-qwen36 (lmsysorg/sglang:v0.5.11)")
+
+
+def test_a_stop_says_when_the_gpus_it_freed_are_still_in_use_once_its_wait_ran_out() -> None:
+    """Memory over the idle floor on the GPUs waited for, once something was stopped: said with the GPUs
+    and the amount. Memory on GPUs nothing was stopped for, or below the floor, is not."""
+    ended = [{"pid": 7, "pgid": 7, "user": "me", "cmdline": "python -m sglang.launch_server", "why": "x"}]
+    held = {
+        "ended": ended,
+        "memory": {"before_mib": [900, 800], "after_mib": [600, 10], "waited_s": 30.2, "gpus": [0, 1]},
+    }
+    [m] = memory_held("small", held, idle_mib=100)
+    assert m == {"deployment": "small", "gpus": [0], "mib": 600, "waited_s": 30.2}
+    said = describe_stop({**held, "memory_held": [m]})
+    assert said[-1] == (
+        "GPU memory still in use on GPU 0 after 30s (0.6 GiB; deployment small): "
+        "nvidia-smi on the host shows what holds it"
+    )
+    every_gpu = {**held, "memory": {"after_mib": [0, 0, 4096], "waited_s": 30.0, "gpus": None}}
+    assert memory_held("small", every_gpu, idle_mib=100)[0]["gpus"] == [2]
+    released = {**held, "memory": {"after_mib": [40, 10], "waited_s": 0.4, "gpus": [0, 1]}}
+    nothing_stopped = {**held, "ended": []}
+    assert memory_held("small", released, 100) == memory_held("small", nothing_stopped, 100) == []
 
 
 def test_stopped_deployments_are_left_out_unless_asked_and_every_host_still_answers() -> None:

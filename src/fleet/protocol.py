@@ -153,6 +153,8 @@ class ActResult(TypedDict, total=False):
     ended: List[Dict[str, Any]]  # the processes it stopped
     forced: List[int]
     memory: Dict[str, Any]
+    # fleet stop (added by the control side): GPU memory still in use when the wait for it ran out
+    memory_held: List[Dict[str, Any]]
     launched: Launched
     withdrawn: str  # the log of a launch the engine's check, run beside it, refused: taken back
     withdraw_failed: str  # ... and why its container could not be removed (it runs, recorded)

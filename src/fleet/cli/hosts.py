@@ -21,8 +21,7 @@ from fleet.cli.base import (
 )
 from fleet.cli.complete import host_option
 from fleet.cli.report import (
-    describe_left,
-    describe_stopped,
+    describe_stop,
     print_result,
     progress_for,
     result_json,
@@ -270,12 +269,7 @@ def stop(
             failures.append(err.exit_code)
             continue
         stopped = out.get("ended", [])
-        lines = [*describe_stopped(stopped), *describe_left(out.get("left", []))]
-        lines += [  # stopping fleet's own server never needs --force; what is not fleet's is said and left
-            f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
-            "--force stops it"
-            for p in out.get("refused", [])
-        ]
+        lines = describe_stop(out)
         say(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
     exit_for_failures(failures)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet import events
 from fleet.cli.base import say
-from fleet.protocol import STOPPED
+from fleet.protocol import STOPPED, ActResult
 from fleet.startup import PHASE_TITLES
 from fleet.terminal import duration, safe_line, size
 
@@ -41,6 +41,23 @@ def describe_stopped(stopped: list[dict[str, Any]]) -> list[str]:
 def describe_left(left: list[dict[str, Any]]) -> list[str]:
     """The GPU daemons and tools fleet saw holding the devices and left running."""
     return [f"left running: {p['why']} (pid {p['pid']}, user {p['user']})" for p in left]
+
+
+def describe_stop(out: ActResult) -> list[str]:
+    """`fleet stop`'s answer for a host, a line each: what it stopped and left, what was not fleet's to stop
+    (said and left: stopping fleet's own server never needs --force), GPU memory that did not come back."""
+    lines = [*describe_stopped(out.get("ended", [])), *describe_left(out.get("left", []))]
+    lines += [
+        f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
+        "--force stops it"
+        for p in out.get("refused", [])
+    ]
+    lines += [
+        f"GPU memory still in use on GPU {', '.join(map(str, m['gpus']))} after {m['waited_s']:.0f}s "
+        f"({m['mib'] / 1024:.1f} GiB; deployment {m['deployment']}): nvidia-smi on the host shows what holds it"
+        for m in out.get("memory_held", [])
+    ]
+    return lines
 
 
 class PullShown:

@@ -370,7 +370,7 @@ def stop(t: HostLink, host: Host, *, force: bool, name: str | None = None) -> Ac
             f"`fleet status --host {host.name}` lists them; `fleet stop --host {host.name}` stops every one.",
         )
     names = [name] if name is not None else recorded_names(facts)
-    merged: ActResult = {"ended": [], "left": [], "refused": []}
+    merged: ActResult = {"ended": [], "left": [], "refused": [], "memory_held": []}
     busy: list[LockedError] = []
     for deployment in names or ["default"]:  # no record at all: stale engines are still stopped
         try:
@@ -383,6 +383,7 @@ def stop(t: HostLink, host: Host, *, force: bool, name: str | None = None) -> Ac
         merged["ended"] += out.get("ended", [])
         merged["left"] += [p for p in out.get("left", []) if p not in merged["left"]]
         merged["refused"] += [p for p in out.get("refused", []) if p not in merged["refused"]]
+        merged["memory_held"] += out.get("memory_held", [])
     if busy:
         stopped = ", ".join(str(p.get("pid")) for p in merged["ended"]) or "nothing"
         raise LockedError(
@@ -417,4 +418,25 @@ def _stop_one(
     }
     out = deployer.steps.act(step_python(host), args, timeout_s=300)
     refuse_unless_taken(host.name, deployment, out)
+    out["memory_held"] = memory_held(deployment, out, args["free"]["idle_mib"])
     return out  # holders that are not fleet's are in out["refused"]: reported, left running
+
+
+def memory_held(deployment: str, out: ActResult, idle_mib: int) -> list[dict[str, Any]]:
+    """The GPUs still in use when a stop's wait for the memory of what it stopped ran out (a stop is
+    also there to free them): said, so that a wait is never silent and the operator can look."""
+    memory = out.get("memory") or {}
+    after = memory.get("after_mib") or []
+    gpus = memory.get("gpus")
+    indices = list(range(len(after))) if gpus is None else gpus
+    busy = [(i, mib) for i, mib in zip(indices, after, strict=False) if mib > idle_mib]
+    if not out.get("ended") or not busy:
+        return []
+    return [
+        {
+            "deployment": deployment,
+            "gpus": [i for i, _ in busy],
+            "mib": sum(m for _, m in busy),
+            "waited_s": memory.get("waited_s", 0.0),
+        }
+    ]

@@ -400,14 +400,15 @@ def stop_in_the_way(
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
+    # gpus: those the readings are of, in order (None: every GPU)
     if stop_only and not (ours or targets):  # nothing stopped: no memory is coming back
-        out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0}
+        out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": wait_gpus}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
         before, after, waited = wait_memory_released(
             before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, still=not (ours or targets)
         )
-        out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited}
+        out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": wait_gpus}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), free["siblings"])
 
