@@ -256,3 +256,44 @@ def test_a_lock_released_while_its_watcher_refreshes_it_stays_released(tmp_path:
     watch.touch_lock({"state_dir": root, "deployment": "m", "run_id": "r"})  # type: ignore[typeddict-item]
     releases[0].join(10)
     assert not os.path.exists(path)
+
+
+def test_a_start_that_is_up_before_its_health_is_asked_still_says_its_phases(tmp_path: Path, monkeypatch: Any) -> None:
+    """The log is read, then /health is asked: an engine that writes the rest of its start (and answers)
+    in between once had its phases read after it was called ready, so none was said. What the log gained
+    meanwhile is read first; here the ready line is among it."""
+    import fleet.host.watch as watch
+
+    log = tmp_path / "attempt.log"
+    log.write_text("[2026-12-06 18:56:17] server_args=ServerArgs(model_path='/m')\n")
+    rest = (
+        "[2026-12-06 18:56:18 TP0] Init torch distributed begin.\n"
+        "[2026-12-06 18:56:18 TP0] Load weight begin. avail mem=47.99 GB\n"
+        "[2026-12-06 18:56:18 TP0] KV Cache is allocated. #tokens: 139392, K size: 4.25 GB, V size: 4.25 GB\n"
+        "[2026-12-06 18:56:18] The server is fired up and ready to roll!\n"
+    )
+
+    def health_answered_once_the_start_was_written(method: str, url: str, **kw: Any) -> tuple[int, str, float]:
+        with log.open("a") as f:
+            f.write(rest)
+        return 200, "", 0.0
+
+    said: list[dict[str, Any]] = []
+    monkeypatch.setattr(watch, "emit", said.append)
+    monkeypatch.setattr(watch, "http_request", health_answered_once_the_start_was_written)
+    monkeypatch.setattr(watch, "alive_group", lambda pgid: True)
+    monkeypatch.setattr(watch, "touch_lock", lambda a: None)  # no run's lock here
+    request = {
+        "log": str(log), "offset": 0, "exit_file": str(tmp_path / "exit"), "pgid": 1, "address": "127.0.0.1",
+        "port": 30000, "ready_regex": "fired up and ready to roll", "state_dir": str(tmp_path / "state"),
+        "ready_timeout_s": 600.0, "progress_timeout_s": 600.0, "health_timeout_s": 60.0,
+    }  # fmt: skip
+    attempt = watch.AttemptWatch(cast(Any, request), cast(Any, None))
+    monkeypatch.setattr(attempt, "prove", lambda now: False)  # the smoke request comes next: not here
+    now = time.time()
+    assert not attempt.step(now)  # the first line
+    assert not attempt.step(now + 1)  # nothing new: /health is asked, and the log read again first
+    kinds = [e["e"] for e in said if e["e"] != "line"]
+    phases = [e["phase"] for e in said if e["e"] == "phase"]
+    assert phases == ["distributed", "weights", "kv_cache"] and kinds[-1] == "ready_line", said
+    assert attempt.phase == "health"

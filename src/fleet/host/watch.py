@@ -56,6 +56,7 @@ except NameError:  # imported as a module (fleet's own tests)
 
 POLL_S = 0.02
 HTTP_READY_EVERY_S = 1.0
+READ_BEFORE_READY = 16  # reads of up to 1 MiB each before a /health answer makes the start ready
 LAST_LINES_S = 0.5  # the longest an ended attempt's group is given to finish its log (one that lingers)
 ATTEMPT_TERM_S = 5.0  # a frozen fleet's attempt: SIGTERM, this long, SIGKILL
 
@@ -267,7 +268,13 @@ class AttemptWatch:
             self.last_http = now
             status, _, _ = http_request("GET", base_url(a["address"], a["port"]) + "/health", timeout=2)
             if status == 200:  # both engines answer 503 until they can serve (engines.md 3.2, 6.3)
-                self.now_ready(now, {"e": "ready_http"})
+                # what the log gained since it was read is the start's (its phases, maybe its ready line):
+                # read first, or a start faster than this check's round trip would go unsaid
+                for _ in range(READ_BEFORE_READY):
+                    if not self.read_log(now) or self.phase != STARTING:
+                        break
+                if self.phase == STARTING:
+                    self.now_ready(now, {"e": "ready_http"})
         if self.phase == "health":
             return self.prove(now)
         if now - self.start > a["ready_timeout_s"]:
