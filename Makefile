@@ -3,6 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/testbed
+# Bytecode is kept (empty: unset), as an installed package's is: every simulated engine, launcher and host
+# step is a Python start, and under PYTHONDONTWRITEBYTECODE=1 (set on some machines) each one compiled
+# the testbed's and fleet's modules anew, and pytest rewrote every test module in every worker.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: reliability-report demo tour test fast unit coverage oracle vllm-env images lint typecheck bench sandbox-up sandbox-down clean system-deps
 
