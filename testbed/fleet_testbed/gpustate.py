@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,14 @@ def load_host(root: Path | None = None) -> dict[str, Any]:
 
 def sglang_version(host: dict[str, Any] | None = None) -> str:
     """The stand-in SGLang's version: its installed metadata (a host's environment, or an image's), else
-    host.json's."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return str((host or load_host())["sglang_version"])
+    host.json's. Read as importlib.metadata finds it (the first `sglang-*.dist-info` on sys.path), without
+    importing it: ~30 ms of every simulated engine's start."""
+    for entry in sys.path:
+        for meta in sorted(Path(entry or ".").glob("sglang-*.dist-info/METADATA")):
+            for line in meta.read_text().splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    return str((host or load_host())["sglang_version"])
 
 
 def _alive(pid: int) -> bool:

@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from fleet_testbed import gpustate, sim_pooling, sim_weight_cache
+from fleet_testbed import gpustate, sim_child, sim_pooling, sim_weight_cache
 from fleet_testbed.sglang_flags import RENAMED, Version, build_parser, parse_version
 
 SITE = "/opt/sglang/.venv/lib/python3.12/site-packages/sglang"
@@ -470,7 +469,7 @@ class Server:
         self.status = "Starting"
         self.nccl: Any = None  # rank 0's TCPStore socket, a group's meeting, or the SimError it ended in
         self.requests_served = 0
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.children: list[sim_child.Forked] = []
         self.started = time.time()
         self.lock = threading.Lock()
         self.in_flight: list[str] = []  # rids of the requests being served (tokenizer_manager.rid_to_state)
@@ -548,12 +547,8 @@ class Server:
         os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree(include_parent=True)
 
 
-def _spawn_child(title: str, gpu: int | None, used_mib: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleet_testbed.sim_child", title, str(-1 if gpu is None else gpu), str(used_mib)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-    )
+def _spawn_child(title: str, gpu: int | None, used_mib: int) -> sim_child.Forked:
+    return sim_child.Forked(title, -1 if gpu is None else gpu, used_mib)
 
 
 def _sleep(server: Server, seconds: float) -> None:

@@ -1,16 +1,18 @@
 """A simulated SGLang child process (scheduler or detokenizer): titled like the real one, holding the
-GPU device files open so `fuser` sees it, registering its GPU memory, dying with its parent."""
+GPU device files open so `fuser` sees it, registering its GPU memory, dying with its parent. Forked from
+the engine simulator (`Forked`); run as a module, a GPU holder of a test's own. The weight cache daemon's
+simulated ranks share `set_pdeathsig`."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import time
+import traceback
 
-# nothing of the engine simulator: a TP 8 start runs nine of these, and importing the simulator cost each
-# a tenth of a second of CPU
 from fleet_testbed import gpustate
 
 
@@ -23,9 +25,11 @@ def set_pdeathsig() -> None:
         pass
 
 
-def main() -> None:
-    title, gpu, used_mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def run(title: str, gpu: int, used_mib: int, parent: int) -> None:
+    """The child's life: titled, holding its GPU, "up" on stdout, until its parent is gone."""
     set_pdeathsig()
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        return
     try:
         import setproctitle
 
@@ -41,9 +45,64 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.write(1, b"up\n")  # the parent waits for every child, as SGLang waits for its schedulers
     os.close(1)
-    parent = os.getppid()
     while os.getppid() == parent:
         time.sleep(0.5)
+
+
+class Forked:
+    """A child forked from the simulator, as much of a `subprocess.Popen` as the simulator uses. Forked,
+    not started anew: a Python start cost each child ~40 ms of CPU, nine of them for a TP 8 engine. It
+    keeps none of the simulator's files or sockets (a spawned child of SGLang's has none of them)."""
+
+    def __init__(self, title: str, gpu: int, used_mib: int) -> None:
+        parent = os.getpid()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: stdin from /dev/null, stdout the pipe, stderr the engine's log
+            code = 1
+            try:
+                os.dup2(w, 1)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.closerange(3, MAX_FD)
+                run(title, gpu, used_mib, parent)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.pid = pid
+        self.stdout = os.fdopen(r, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def main() -> None:
+    """`python -m fleet_testbed.sim_child TITLE GPU MIB`: a GPU holder on its own (a test's foreign process)."""
+    run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), os.getppid())
 
 
 if __name__ == "__main__":
