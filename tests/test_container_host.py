@@ -137,3 +137,30 @@ def test_fleets_own_run_of_a_container_killed_at_its_memory_limit_leaves_nothing
     wait_for(lambda: not (inspect("podman", name) or {}).get("running", True))
     assert inspect("podman", name)["exit_code"] == 137  # type: ignore[index]
     assert list(home.iterdir()) == []
+
+
+def test_the_engine_check_in_a_container_killed_at_its_memory_limit_leaves_nothing_where_fleet_was_started(
+    image: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's check runs in the deployment's image too (`run --rm`): conmon's `oom` file lands in a
+    directory of the check's own, removed with it, not in the directory the host step runs in."""
+    from fleet.host.check import engine_check
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    request = {
+        "engine": "sglang",
+        "python": "python3",
+        "args": [],
+        "prelude": "x = bytearray(1 << 30)\n",  # before the check's own code: killed at the limit
+        "container": {
+            "cli": "podman",
+            "name": name,
+            "image": image,
+            "options": ["--memory", "64m", "--memory-swap", "64m"],
+        },
+    }
+    checked = engine_check(request, lambda: False)  # type: ignore[arg-type]
+    assert checked["verdict"] != "accepted", checked
+    assert list(home.iterdir()) == []

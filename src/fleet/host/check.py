@@ -133,10 +133,17 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
         if asked is not None:
             argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
-    with tempfile.TemporaryFile() as output:  # a file, not a pipe: a long traceback cannot block the check
+    # a container's run starts in a directory of its own: conmon writes a file `oom` where it was started
+    # when the kernel kills the container at its memory limit (the step's own: the user's home)
+    with tempfile.TemporaryFile() as output, tempfile.TemporaryDirectory(prefix="fleet-check-") as here:
         try:
             p = subprocess.Popen(
-                argv, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=nicer if yielding else None
+                argv,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=nicer if yielding else None,
+                cwd=here if cont else None,
             )
         except OSError as exc:
             return {"verdict": "could_not_check", "output": str(exc)}
