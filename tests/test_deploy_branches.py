@@ -232,3 +232,22 @@ def test_a_containers_own_steps_run_under_the_hosts_python_not_the_images_name()
     boxed = dataclasses.replace(r.plan, container=object(), python="python3")  # the image's Python
     assert deployment_python(blackwell, r.plan) == r.plan.python
     assert deployment_python(blackwell, boxed) == step_python(blackwell) != "python3"
+
+
+def test_a_stop_beside_a_deployment_on_all_gpus_asks_for_its_own_gpus_and_touches_nothing_else() -> None:
+    """Issue 38's first defect, the part fleet sends: `fleet stop` of one deployment beside another on all
+    GPUs (whose record names none) is one stop step, for its own deployment and its own GPUs; the other's
+    server and record are left as they were, and nothing is said of it. (What the host step does with
+    them is test_deployments.py's, and over sshd test_deployments_ssh.py's.)"""
+    from fleet.control import ops
+
+    scripted = ScriptedHost(facts_found=facts("blackwell", RTX_PRO_6000, 8))
+    scripted.records["small"] = {"status": "ready", "deployment": "small", "gpus": [0, 1], "pid": 11, "pgid": 11}
+    scripted.records["whole"] = {"status": "ready", "deployment": "whole", "pid": 12, "pgid": 12}
+    scripted.servers.update({11: "small", 12: "whole"})
+    whole = dict(scripted.records["whole"])
+    out = ops.stop(scripted, host("blackwell"), force=False, name="small")
+    [act] = scripted.acts
+    assert act["op"] == "stop" and act["lock"]["deployment"] == "small" and act["free"]["gpus"] == [0, 1]
+    assert [p["pid"] for p in out["ended"]] == [11] and out["refused"] == out["memory_held"] == []
+    assert scripted.servers == {12: "whole"} and scripted.records["whole"] == whole
