@@ -322,9 +322,9 @@ def test_a_stop_beside_an_all_gpu_deployment_neither_waits_for_it_nor_calls_it_r
 def test_a_stop_beside_an_all_gpu_deployment_waits_only_for_the_memory_of_what_it_stopped(
     box: nshost.NamespaceHost,
 ) -> None:
-    """What the stop finds on its GPUs (an engine started there by hand) is stopped, and the memory waited
-    for is that engine's alone: the deployment on all GPUs keeps its own, and a stop that waited for it
-    ran out its 30 s and said the GPUs were still in use (issue 38's first defect)."""
+    """What the stop finds on its GPUs (an engine started there by hand) is stopped, and the stop waits on
+    those GPUs for that engine's memory alone: the deployment on all GPUs keeps its own there (issue 38's
+    first defect: a stop that counted it waited out its 30 s)."""
     assert deploy(box, "small", (0, 1))[0].ok
     argv = record(box, "small")["plan"]["argv"]
     ops.stop(box.transport(), box.host, force=False, name="small")
@@ -332,11 +332,13 @@ def test_a_stop_beside_an_all_gpu_deployment_waits_only_for_the_memory_of_what_i
     argv[argv.index("--port") + 1] = "31999"
     by_hand_argv = " ".join(shlex.quote(w) for w in [*argv, "--mem-fraction-static", "0.3"])
     box.shell(f"cd {box.dir} && setsid {by_hand_argv} </dev/null >/dev/null 2>&1 &")
-    by_hand = int(box.shell("pgrep -f -n '[s]glang.launch_server.*31999'").strip())
+    by_hand = int(box.shell("pgrep -f -o '[s]glang.launch_server.*31999'").strip())
     assert wait_until(lambda: {"nvidia0", "nvidia1"} <= held_gpus(box, by_hand), timeout=60)
 
-    out = ops.stop(box.transport(), box.host, force=False, name="small")
+    facts = ops.read_facts(box.transport(), box.host)
+    out = ops._stop_one(box.transport(), box.host, facts, "small", force=False, everything=False)
     assert by_hand in [p["pid"] for p in out["ended"]] and not alive(box, by_hand)
+    assert out["memory"]["gpus"] == [0, 1] and max(out["memory"]["after_mib"]) <= 1024  # idle: what fleet calls free
     assert out["memory_held"] == [] and out["refused"] == []
     assert alive(box, record(box, "whole")["pid"])
 

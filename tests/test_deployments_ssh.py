@@ -136,8 +136,8 @@ def test_a_stop_beside_an_all_gpu_deployment_leaves_it_serving_and_unmentioned(
     rows = {r["deployment"]: r for r in map(json.loads, run_cli("status", "--json").out.splitlines())}
     assert rows["whole"]["status"] == "ready" and rows["whole"]["pid"] == whole["pid"]
 
-    # an engine started by hand on small's GPUs: stopped, and only its memory waited for (the stop once
-    # waited out its 30 s for whole's too, then said the GPUs were still in use)
+    # an engine started by hand on small's GPUs: stopped, and only its memory waited for there (a stop
+    # that counted whole's memory on them waits out its 30 s, and says the GPUs are still in use)
     hdir = fleet_env.host_dir("blackwell")
     by_hand = (
         f"cd {hdir} && setsid env/bin/python -m sglang.launch_server --model-path models/Qwen3.6-27B "

@@ -91,6 +91,11 @@ def test_a_stop_says_when_the_gpus_it_freed_are_still_in_use_once_its_wait_ran_o
     released = {**held, "memory": {"after_mib": [40, 10], "waited_s": 0.4, "gpus": [0, 1]}}
     nothing_stopped = {**held, "ended": []}
     assert memory_held("small", released, 100) == memory_held("small", nothing_stopped, 100) == []
+    # an answer not of the step's shape (a host's damaged or foreign step) says nothing, and breaks nothing
+    for memory in ([], "x", {"after_mib": [None], "gpus": [0], "waited_s": 1.0}, {"after_mib": 5, "waited_s": 1.0},
+                   {"after_mib": ["9"], "waited_s": 1.0}, {"after_mib": [900], "gpus": 3, "waited_s": 1.0},
+                   {"after_mib": [900], "gpus": [0], "waited_s": "x"}):  # fmt: skip
+        assert memory_held("small", {"ended": ended, "memory": memory}, 100) == []
 
 
 def test_stopped_deployments_are_left_out_unless_asked_and_every_host_still_answers() -> None:

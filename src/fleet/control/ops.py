@@ -424,19 +424,22 @@ def _stop_one(
 
 def memory_held(deployment: str, out: ActResult, idle_mib: int) -> list[dict[str, Any]]:
     """The GPUs still in use when a stop's wait for the memory of what it stopped ran out (a stop is
-    also there to free them): said, so that a wait is never silent and the operator can look."""
-    memory = out.get("memory") or {}
-    after = memory.get("after_mib") or []
-    gpus = memory.get("gpus")
-    indices = list(range(len(after))) if gpus is None else gpus
+    also there to free them): said, so that a wait is never silent and the operator can look. An answer
+    not of the step's shape says nothing here (its stop is reported as it is)."""
+    memory = out.get("memory")
+    if not out.get("ended") or not isinstance(memory, dict):
+        return []
+    after, gpus, waited = memory.get("after_mib"), memory.get("gpus"), memory.get("waited_s")
+    indices = list(range(len(after))) if gpus is None and isinstance(after, list) else gpus
+    if not (_ints(after) and _ints(indices)) or not isinstance(waited, int | float):
+        return []
     busy = [(i, mib) for i, mib in zip(indices, after, strict=False) if mib > idle_mib]
-    if not out.get("ended") or not busy:
+    if not busy:
         return []
     return [
-        {
-            "deployment": deployment,
-            "gpus": [i for i, _ in busy],
-            "mib": sum(m for _, m in busy),
-            "waited_s": memory.get("waited_s", 0.0),
-        }
+        {"deployment": deployment, "gpus": [i for i, _ in busy], "mib": sum(m for _, m in busy), "waited_s": waited}
     ]
+
+
+def _ints(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(type(v) is int for v in value)

@@ -387,9 +387,13 @@ def stop_in_the_way(
     for what it stopped: what it leaves running (another user's process, a GPU tool) keeps its memory."""
     free, ours, kept_pids = way.free, way.ours, way.kept_pids
     stop_only = a["op"] == "stop"
-    wait_gpus = own_gpus(way)
-    # memory not waited for: a kept daemon's, and for a stop, what it leaves running
-    held = kept_pids | (pids_of(out["left"] + out.get("refused", [])) if stop_only else set())
+    # A stop waits on its own GPUs, less the memory of what it leaves running there: what it did not stop,
+    # and the servers of the deployments beside it (one on all GPUs shares them: its memory is not waited
+    # for, the memory of what was stopped on them is)
+    wait_gpus = free.get("gpus") if stop_only else own_gpus(way)
+    siblings = set(int(g) for g in (free.get("siblings") or {}))
+    beside = set(pid for pid, p in procs.items() if p["pgid"] in siblings)
+    held = kept_pids | (pids_of(out["left"] + out.get("refused", [])) | beside if stop_only else set())
     if wait_gpus == free.get("gpus") and held == kept_pids:
         before = way.used
     else:
@@ -400,15 +404,16 @@ def stop_in_the_way(
     out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
-    # gpus: those the readings are of, in order (None: every GPU)
+    # gpus: those the readings are of, in their order: by index (None: every GPU)
+    read = None if wait_gpus is None else sorted(wait_gpus)
     if stop_only and not (ours or targets):  # nothing stopped: no memory is coming back
-        out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": wait_gpus}
+        out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": read}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
         before, after, waited = wait_memory_released(
             before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, still=not (ours or targets)
         )
-        out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": wait_gpus}
+        out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
     sweep_stopped_groups(set(t["pgid"] for t in targets.values()), free["siblings"])
 
