@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 try:  # the shared host code is prepended when this script is sent to a host
     run_cli  # noqa: B018
@@ -107,6 +109,19 @@ def budget_short(check: CheckResult, budget: Optional[Dict[str, int]]) -> Option
     return {"fraction": fraction, "room_mib": int(room), "need_mib": budget["need_mib"], "gpu_mib": budget["gpu_mib"]}
 
 
+@contextlib.contextmanager
+def run_dir(wanted: bool) -> Iterator[Optional[str]]:
+    """A directory of its own for a container's run (None: none wanted), removed after it whatever is left
+    in it: conmon writes a file `oom` where `run` started when the kernel kills the container at its memory
+    limit (else the step's own directory: the user's home)."""
+    here = tempfile.mkdtemp(prefix="fleet-check-") if wanted else None
+    try:
+        yield here
+    finally:
+        if here:
+            shutil.rmtree(here, ignore_errors=True)
+
+
 def nicer() -> None:
     os.nice(10)
 
@@ -133,9 +148,7 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
         if asked is not None:
             argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
-    # a container's run starts in a directory of its own: conmon writes a file `oom` where it was started
-    # when the kernel kills the container at its memory limit (the step's own: the user's home)
-    with tempfile.TemporaryFile() as output, tempfile.TemporaryDirectory(prefix="fleet-check-") as here:
+    with tempfile.TemporaryFile() as output, run_dir(bool(cont)) as here:
         try:
             p = subprocess.Popen(
                 argv,
