@@ -391,9 +391,11 @@ def stop_in_the_way(
     # and the servers of the deployments beside it (one on all GPUs shares them: its memory is not waited
     # for, the memory of what was stopped on them is)
     wait_gpus = free.get("gpus") if stop_only else own_gpus(way)
-    siblings = set(int(g) for g in (free.get("siblings") or {}))
-    beside = set(pid for pid, p in procs.items() if p["pgid"] in siblings)
-    held = kept_pids | (pids_of(out["left"] + out.get("refused", [])) | beside if stop_only else set())
+    held = set(kept_pids)
+    if stop_only:
+        siblings = set(int(g) for g in (free.get("siblings") or {}))
+        beside = set(pid for pid, proc in procs.items() if proc["pgid"] in siblings)
+        held |= pids_of(out["left"] + out.get("refused", [])) | beside
     if wait_gpus == free.get("gpus") and held == kept_pids:
         before = way.used
     else:

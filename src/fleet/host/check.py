@@ -156,7 +156,7 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=nicer if yielding else None,
-                cwd=here if cont else None,
+                cwd=here,
             )
         except OSError as exc:
             return {"verdict": "could_not_check", "output": str(exc)}
