@@ -5,17 +5,21 @@ asserted: only that every section is there with numbers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from fleet_testbed import simhost
 
 pytestmark = pytest.mark.ssh
 
@@ -45,13 +49,29 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     # section 11 in podman, at the suite's engine speed: docker runs a deployment in tests/test_containers_ssh.py
     argv += ["--runtimes", "podman", "--startup-scale", "0.3"]
     argv += ["--out", str(out)]
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "fleet_testbed.bench", *argv], env=env, capture_output=True, text=True, timeout=900
+    said = tmp_path / "bench.stderr"
+    with said.open("w") as err:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "fleet_testbed.bench", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
         )
+    try:
+        code = bench.wait(timeout=600)  # ~2 minutes here; a stall is shown, not waited out
+    except subprocess.TimeoutExpired:
+        bench.send_signal(signal.SIGUSR1)  # where each of its threads waits, on its stderr
+        time.sleep(2)
+        code = None
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench.pid, signal.SIGKILL)
+        bench.wait()
+        for sandbox in ("main", "sweep"):  # a killed run leaves its sshds (each in a session of its own)
+            simhost.down(root / sandbox)
         shutil.rmtree(root, ignore_errors=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert code == 0, f"exit {code}; the benchmark said:\n{said.read_text()[-8000:]}"
     text = out.read_text()
     for section in SECTIONS:
         assert section in text, section

@@ -27,10 +27,12 @@ Results: printed, and written to bench/results/latest.md.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +55,14 @@ REPO = Path(__file__).resolve().parents[2]
 FLEET = str(Path(sys.executable).parent / "fleet")
 ROOT = Path(os.environ.get("FLEET_BENCH_ROOT", "/tmp/fleet-bench"))
 PORT = 2522
+# No one fleet command of the benchmark takes more than seconds; one that hangs is reported by name.
+FLEET_TIMEOUT_S = 300
+STARTED = time.monotonic()
+
+
+def say(what: str) -> None:
+    """Progress on stderr, so that a run that stalls shows where (the table comes at the end)."""
+    print(f"bench {time.monotonic() - STARTED:7.1f}s  {what}", file=sys.stderr, flush=True)
 
 
 def stats(xs: list[float]) -> tuple[float, float, float]:
@@ -98,18 +108,24 @@ def row(name: str, xs: list[float], floor: float | None, extra: str = "") -> str
 
 
 def fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLEET, *args], env=env, capture_output=True, text=True, cwd=REPO)
+    try:
+        return subprocess.run(
+            [FLEET, *args], env=env, capture_output=True, text=True, cwd=REPO, timeout=FLEET_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as e:
+        said = (e.stdout or b"")[-2000:], (e.stderr or b"")[-3000:]
+        raise RuntimeError(f"bench: `fleet {' '.join(args)}` still ran after {FLEET_TIMEOUT_S} s: {said}") from e
 
 
 @contextmanager
 def fleet_pool(sb: simhost.Sandbox, env: dict[str, str]) -> Iterator[dict[str, str]]:
     """A `fleet pool` of the benchmark's own; yields the environment whose fleet runs go through it."""
     pool_env = {**env, "XDG_CACHE_HOME": str(sb.root / "pool-cache")}
-    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True)
+    subprocess.run([FLEET, "pool", "start"], env=pool_env, check=True, capture_output=True, timeout=FLEET_TIMEOUT_S)
     try:
         yield pool_env
     finally:
-        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True)
+        subprocess.run([FLEET, "pool", "stop"], env=pool_env, check=False, capture_output=True, timeout=FLEET_TIMEOUT_S)
 
 
 def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost.HostSpec, title: str) -> list[str]:
@@ -128,8 +144,8 @@ def bench_deploy(sb: simhost.Sandbox, env: dict[str, str], n: int, spec: simhost
     gone = "while pgrep -f [s]glang.launch_server >/dev/null; do sleep 0.02; done"
 
     def manual(sleeps: bool) -> None:
-        subprocess.run([*ssh, kill + ("sleep 2" if sleeps else gone)], check=False, capture_output=True)
-        subprocess.run([*ssh, launch], check=True, capture_output=True)
+        subprocess.run([*ssh, kill + ("sleep 2" if sleeps else gone)], check=False, capture_output=True, timeout=120)
+        subprocess.run([*ssh, launch], check=True, capture_output=True, timeout=120)
         if sleeps:
             time.sleep(15)
         wait = f"until grep -q 'fired up' {log}; do sleep 0.02; done; tail -n 20 {log}"
@@ -326,7 +342,10 @@ def fabric_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], remote: str
     key = str(sb.root / "keys" / "id_ed25519")
     addresses = [s.address for s in specs]
     subprocess.run(
-        [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses], check=True, capture_output=True
+        [sys.executable, "-c", FABRIC_SWEEP, str(sb.port), key, remote, *addresses],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
 
 
@@ -368,7 +387,9 @@ class ControlMasters:
     def __init__(self, sb: simhost.Sandbox, specs: list[simhost.HostSpec]) -> None:
         self.sb, self.specs = sb, specs
         for spec in specs:
-            subprocess.run([*self.argv(spec), "-o", "ControlMaster=yes", "-o", "ControlPersist=600", "-fN"], check=True)
+            subprocess.run(
+                [*self.argv(spec), "-o", "ControlMaster=yes", "-o", "ControlPersist=600", "-fN"], check=True, timeout=60
+            )
 
     def argv(self, spec: simhost.HostSpec) -> list[str]:
         ssh = simhost.ssh_argv(self.sb, spec)
@@ -376,7 +397,7 @@ class ControlMasters:
 
     def close(self) -> None:
         for spec in self.specs:
-            subprocess.run([*self.argv(spec), "-O", "exit"], check=False, capture_output=True)
+            subprocess.run([*self.argv(spec), "-O", "exit"], check=False, capture_output=True, timeout=60)
 
 
 def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[int], n: int, title: str) -> list[str]:
@@ -429,7 +450,9 @@ def bench_sweep(sb: simhost.Sandbox, specs: list[simhost.HostSpec], sizes: list[
                 with ThreadPoolExecutor(max_workers=len(subset)) as pool:
                     list(
                         pool.map(
-                            lambda spec: subprocess.run([*argv(sb, spec), remote], capture_output=True, check=True),
+                            lambda spec: subprocess.run(
+                                [*argv(sb, spec), remote], capture_output=True, check=True, timeout=120
+                            ),
                             subset,
                         )
                     )
@@ -537,6 +560,8 @@ def main() -> int:
     ap.add_argument("--startup-scale", type=float, default=1.0, help="section 11's engine speed (1: a sandbox's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "latest.md", help="where the table goes")
     a = ap.parse_args()
+    # `kill -USR1` prints where every thread of a run that seems stuck is (tests/test_bench.py does it).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ["SIM_SPEED"] = "0"
     sizes = [int(x) for x in a.sizes.split(",")]
     compile_fleet()
@@ -564,6 +589,7 @@ def main() -> int:
     rolling: list[str] = []
     try:
         ct129 = sb.specs[1]
+        say("1. deploy")
         out += bench_deploy(
             sb, env, a.runs, ct129, "### 1. Deploy orchestration (engine start ~instant; seconds, whole process)"
         )
@@ -572,15 +598,21 @@ def main() -> int:
             "the GPUs safely and records state.",
             "",
         ]
+        say("2. crash to relaunch")
         out += bench_crash_latency(sb, a.crashes)
+        say("6. rolling restart")
         rolling = bench_rolling(sb, env, fleet, a.runs, "### 6. Rolling restart of a service (seconds, whole process)")
+        say("7. pull")
         rolling += bench_pull(
             sb, env, fleet, row, a.runs, "### 7. Pulling a model onto a host (seconds, whole process)"
         )
+        say("8. push")
         rolling += bench_push(
             sb, env, fleet, row, a.runs, "### 8. Pushing a model to a host without internet (seconds, whole process)"
         )
+        say("9. watching the start-up")
         rolling += bench_startup(a.runs, "### 9. What watching the start-up costs the host's watcher")
+        say("10. weight cache")
         rolling += bench_weight_cache(
             sb,
             env,
@@ -589,6 +621,7 @@ def main() -> int:
             "### 10. Relaunching without reloading the weights (seconds, whole process)",
             a.load_s_per_gib,
         )
+        say("11. containers")
         rolling += bench_containers(
             sb,
             env,
@@ -600,12 +633,15 @@ def main() -> int:
             tuple(a.runtimes.split(",")),
             a.startup_scale,
         )
+        say("12. diagnosis")
         rolling += bench_diagnosis(row, timed, a.runs, "### 12. Diagnosing a long log (seconds, in process)")
+        say("4. cold start")
         cold = bench_cold(env, a.runs)
         proxy = LatencyProxy(sb, [ct129], "127.0.7", a.rtt_ms)
         try:
             proxied_inventory = sb.root / "inventory-latency.yaml"
             proxied_inventory.write_text(simhost.inventory_yaml(sb.root, proxy.specs, sb.port))
+            say("5a. deploy through latency")
             late += bench_deploy(
                 sb,
                 {**env, "FLEET_INVENTORY": str(proxied_inventory)},
@@ -620,11 +656,13 @@ def main() -> int:
     specs = [replace(simhost.extra_host(i), address=f"127.0.5.{i}") for i in range(1, max(sizes) + 1)]
     sweep_sb = simhost.up(ROOT / "sweep", specs, PORT + 1)
     try:
+        say("3. health sweep")
         out += bench_sweep(sweep_sb, specs, sizes, a.runs, "### 3. Health sweep (seconds, all hosts in parallel)")
         out += cold
         near = [x for x in sizes if x <= 10] or sizes[:1]
         proxy = LatencyProxy(sweep_sb, specs[: max(near)], "127.0.8", a.rtt_ms)
         try:
+            say("5b. health sweep through latency")
             late += bench_sweep(
                 sweep_sb, proxy.specs, near, a.runs, f"### 5b. Health sweep through {a.rtt_ms:g} ms of round-trip time"
             )
@@ -632,6 +670,7 @@ def main() -> int:
             proxy.close()
     finally:
         simhost.down(ROOT / "sweep")
+    say("done")
     text = "\n".join(out + late + rolling) + "\n"
     print(text)
     dest = a.out

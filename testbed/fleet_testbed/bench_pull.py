@@ -56,12 +56,16 @@ def bench_pull(
 
     def plain_ssh() -> None:
         remote = f"HF_ENDPOINT={hub.url} HF_HUB_DISABLE_PROGRESS_BARS=1 {hf_on_host} >/dev/null"
-        subprocess.run([*simhost.ssh_argv(sb, spec), remote], check=True, capture_output=True)
+        subprocess.run([*simhost.ssh_argv(sb, spec), remote], check=True, capture_output=True, timeout=300)
         shutil.rmtree(host / "models" / "by-hand")
 
     def plain_local() -> None:
         subprocess.run(
-            [hf, "download", REPO_ID, "--local-dir", str(local_dir)], env=env, check=True, capture_output=True
+            [hf, "download", REPO_ID, "--local-dir", str(local_dir)],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
         )
         shutil.rmtree(local_dir)
 
@@ -137,15 +141,17 @@ def bench_push(
 
     def tar_relay() -> None:
         send = subprocess.Popen([*ssh_a, f"tar -C {source} -cf - ."], stdout=subprocess.PIPE)
-        subprocess.run([*ssh_b, f"mkdir -p {by_hand} && tar -C {by_hand} -xf -"], stdin=send.stdout, check=True)
+        subprocess.run(
+            [*ssh_b, f"mkdir -p {by_hand} && tar -C {by_hand} -xf -"], stdin=send.stdout, check=True, timeout=300
+        )
         assert send.stdout is not None
         send.stdout.close()
-        if send.wait() != 0:
+        if send.wait(timeout=60) != 0:
             raise RuntimeError("tar on the source failed")
         shutil.rmtree(by_hand)
 
     def rsync_here() -> None:
-        subprocess.run(["rsync", "-a", "-e", rsh, f"{here}/", f"{b.address}:{by_hand}/"], check=True)
+        subprocess.run(["rsync", "-a", "-e", rsh, f"{here}/", f"{b.address}:{by_hand}/"], check=True, timeout=300)
         shutil.rmtree(by_hand)
 
     def push(source_name: str) -> Callable[[], None]:
