@@ -5,6 +5,7 @@ The stops and the GPU readings are replaced by recorders; the real stops are pro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ class Gpus:
         self.reads.append(set(held))
         return set(), [30000]
 
-    def wait(self, before: Any, timeout_s: float, idle: int, gpus: Any, held: set[int], still: bool) -> Any:
-        self.waits.append({"held": set(held), "still": still})
+    def wait(self, before: Any, timeout_s: float, idle: int, gpus: Any, held: set[int], still: bool, aside: Any) -> Any:
+        self.waits.append({"held": set(held), "still": still, "aside": aside is not None})
         return before, [0], 0.2
 
 
@@ -59,13 +60,36 @@ def test_a_stop_waits_for_what_it_stopped_not_for_what_it_left(tmp_path: Path, m
     gpus = Gpus(monkeypatch)
     out = stop(tmp_path, "stop", OURS, [FOREIGN])
     assert gpus.reads == [{4242, 7}]  # the memory before, less the kept daemon's and the foreign job's
-    assert gpus.waits == [{"held": {4242, 7}, "still": False}] and out["ended"] == [{"pid": 9}]
+    assert gpus.waits == [{"held": {4242, 7}, "still": False, "aside": True}] and out["ended"] == [{"pid": 9}]
 
 
 def test_a_launch_waits_for_its_gpus_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch runs only on GPUs with no holder left: the reading it already has stands for the first."""
     gpus = Gpus(monkeypatch)
     stop(tmp_path, "launch", OURS, [])
-    assert gpus.reads == [] and gpus.waits == [{"held": {4242}, "still": False}]
+    assert gpus.reads == [] and gpus.waits == [{"held": {4242}, "still": False, "aside": False}]
     stop(tmp_path, "launch", {}, [])
-    assert gpus.waits[-1] == {"held": {4242}, "still": True}
+    assert gpus.waits[-1] == {"held": {4242}, "still": True, "aside": False}
+
+
+def test_what_a_stop_cannot_have_stopped_is_set_aside_at_each_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on the GPUs while the stop waits: another user's job (fleet signals its own user's only), a
+    process started since the stop began outside the groups it stopped (a job taking the freed GPUs) --
+    set aside. What the stop signalled, a child its groups forked since, and any other process of a user
+    it stopped processes of that was there before -- waited for."""
+    import fleet.host.free as free
+
+    me = os.getuid()
+    now = {
+        10: {"uid": me, "pgid": 10},  # stopped
+        11: {"uid": me, "pgid": 10},  # forked by the stopped group since
+        12: {"uid": me, "pgid": 12},  # started since, a group of its own
+        13: {"uid": 4321, "pgid": 13},  # another user's, there before
+        14: {"uid": me, "pgid": 14},  # fleet's user's, there before, not in the way then
+        15: {"uid": 1000, "pgid": 15},  # a container's (rootless: a mapped uid), stopped with it
+        16: {"uid": 1000, "pgid": 16},  # the same uid, there before
+    }
+    monkeypatch.setattr(free, "process", lambda pid: now.get(pid))
+    before: Any = {pid: now[pid] for pid in (10, 13, 14, 15, 16)}
+    pick = free.not_the_stops(before, {10: {"pgid": 10}, 15: {"pgid": 15}})
+    assert pick({10, 11, 12, 13, 14, 15, 16, 99}) == {12, 13}  # 99: gone

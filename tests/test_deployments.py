@@ -343,6 +343,32 @@ def test_a_stop_beside_an_all_gpu_deployment_waits_only_for_the_memory_of_what_i
     assert alive(box, record(box, "whole")["pid"])
 
 
+@pytest.mark.parametrize("taker", ["another user's process", "a process started during the stop"])
+def test_a_job_that_takes_the_gpus_as_the_stop_frees_them_is_not_waited_for(
+    box: nshost.NamespaceHost, taker: str
+) -> None:
+    """Another job grabs the GPUs the moment the stopped engine frees them (the simulated GPUs hand them
+    over when its memory starts to come back). The stop did not stop that job and waits only for what it
+    did stop: it neither waits out its 30 s nor says the memory is still in use; the job is left alone."""
+    assert deploy(box, "small", (0, 1))[0].ok
+    who: dict[str, Any] = {"used_mib": 20000}
+    if taker == "another user's process":
+        box.shell("useradd --system --no-create-home fleetdecoy 2>/dev/null || true")
+        as_decoy = "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups"
+        box.shell(f"setsid {as_decoy} sleep 600 </dev/null >/dev/null 2>&1 &")
+        who["pid"] = int(box.shell("pgrep -u fleetdecoy -o -x sleep").strip())
+    simhost.set_host(box.dir, memory_release_s=0.5, taken_when_freed=who)
+    try:
+        out = ops.stop(box.transport(), box.host, force=False, name="small")
+        taken = who.get("pid") or int((box.dir / "run" / "taken.pid").read_text())
+        assert alive(box, taken) and taken not in [p["pid"] for p in out["ended"]]
+        assert box.shell(f"grep -l '\"pid\": {taken},' {box.dir}/run/gpu/*.json || true").strip()  # it holds a GPU
+        assert out["memory_held"] == [] and out["refused"] == [], out["memory_held"]
+    finally:
+        simhost.set_host(box.dir, memory_release_s=0, taken_when_freed=None)
+        box.shell(f"pkill -u fleetdecoy sleep; kill $(cat {box.dir}/run/taken.pid 2>/dev/null) 2>/dev/null; true")
+
+
 def test_a_sibling_on_all_gpus_runs_on_every_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import fleet.host.free as free
     import fleet.host.lock as lock

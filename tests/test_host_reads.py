@@ -106,6 +106,23 @@ def test_a_launch_that_stopped_nothing_takes_the_reading_before_as_the_first(mon
     assert reads == [[6, 7]]
 
 
+def test_a_process_set_aside_during_the_wait_is_no_longer_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that took the GPU during the wait (pid 6) is left out of that reading and every later one; the
+    process the stop is waiting for (pid 5) is still asked about."""
+    asked: list[set[int]] = []
+
+    def reading(gpus: list[int] | None, held: set[int]) -> tuple[set[int], list[int]]:
+        return {5, 6} - held, [0 if 6 in held else 20_000]
+
+    def aside(listed: set[int]) -> set[int]:
+        asked.append(set(listed))
+        return {6} & listed
+
+    monkeypatch.setattr(free, "nvml_pids_and_memory", reading)
+    assert free.wait_memory_released([40_000], 5.0, 600, [0], {9}, aside=aside)[1] == [0]
+    assert asked == [{5, 6}]
+
+
 def test_nvidia_smi_is_asked_both_questions_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without an NVML binding (the host's own python3), the GPUs' use and their processes come from two
     `nvidia-smi` runs that overlap."""

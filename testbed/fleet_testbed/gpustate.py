@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any
 
 
@@ -104,15 +106,36 @@ def usage(root: Path | None = None) -> list[dict[str, int]]:
     return out
 
 
+def _taken(gpu: int, who: dict[str, Any], root: Path) -> None:
+    """Test hook (host.json's `taken_when_freed`): a job waiting for a GPU takes it the moment a process
+    there exits -- `{"pid": N}`, a process of the host's, or `{"start": true}`, a process started now, in
+    a session of its own; `used_mib` each. Its pid goes to run/taken.pid."""
+    pid = who.get("pid")
+    if pid is None:
+        taken = root / "run" / "taken.pid"
+        if taken.exists() and _alive(int(taken.read_text())):
+            pid = int(taken.read_text())
+        else:
+            sleeper = subprocess.Popen(
+                ["sleep", "600"], start_new_session=True, stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL
+            )
+            pid = sleeper.pid
+            taken.write_text(str(pid))
+    register(gpu, int(who["used_mib"]), root, int(pid))
+
+
 def _still_releasing(entry: Path, rec: dict[str, Any], root: Path) -> bool:
     """A real GPU frees an exited process's memory a moment later; host.json's `memory_release_s` sets
     how long here (0 by default: at once)."""
-    release_s = float(load_host(root).get("memory_release_s", 0))
+    host = load_host(root)
+    release_s = float(host.get("memory_release_s", 0))
     if release_s <= 0:
         return False
     if "dead_since" not in rec:
         rec["dead_since"] = time.time()
         entry.write_text(json.dumps(rec))
+        if host.get("taken_when_freed"):
+            _taken(rec["gpu"], host["taken_when_freed"], root)
     return bool(time.time() - rec["dead_since"] < release_s)
 
 

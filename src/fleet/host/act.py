@@ -42,6 +42,7 @@ except NameError:  # imported as a module (fleet's own tests)
         classify,
         expand,
         is_engine,
+        not_the_stops,
         nvml_pids_and_memory,
         recorded_group,
         stop_targets,
@@ -400,6 +401,8 @@ def stop_in_the_way(
         before = way.used
     else:
         before = nvml_pids_and_memory(wait_gpus, held)[1]
+    # what the stop signals, read before stop_foreign_containers takes its own out of `targets`
+    stopped = {**targets, **{c["pid"]: {"pgid": c["pid"]} for c in ours if isinstance(c.get("pid"), int)}}
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
@@ -412,8 +415,9 @@ def stop_in_the_way(
         out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": read}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
+        aside = not_the_stops(procs, stopped) if stop_only else None
         before, after, waited = wait_memory_released(
-            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, still=not (ours or targets)
+            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not (ours or targets), aside
         )
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])

@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
@@ -26,6 +26,7 @@ except NameError:  # imported as a module (fleet's own tests)
         client_connections,
         device_holders,
         port_holders,
+        process,
         start_ticks,
     )
     from fleet.host.signals import foreign_members, hold_group, hold_process, release, wait_ended
@@ -368,6 +369,25 @@ def stop_targets(
     )
 
 
+def not_the_stops(before: Dict[int, ProcessInfo], stopped: Dict[int, Dict[str, Any]]) -> Callable[[Set[int]], Set[int]]:
+    """Of the processes a reading finds on the GPUs, those a stop cannot have stopped, so their memory is
+    not waited for: one started since the table `before` was read outside the groups the stop signalled
+    (another user's job taking the freed GPUs, a sibling deployment restarted meanwhile), or one of a user
+    none of whose processes the stop signalled (fleet signals its own user's only)."""
+    groups = set(t.get("pgid") for t in stopped.values())
+    users = set(before[pid]["uid"] for pid in stopped if pid in before) | {os.getuid()}
+
+    def pick(listed: Set[int]) -> Set[int]:
+        out = set()
+        for pid in listed:
+            now = process(pid)
+            if now is not None and (now["uid"] not in users or (pid not in before and now["pgid"] not in groups)):
+                out.add(pid)
+        return out
+
+    return pick
+
+
 def wait_memory_released(
     before: Optional[List[int]],
     timeout_s: float,
@@ -375,15 +395,27 @@ def wait_memory_released(
     indices: Optional[List[int]] = None,
     kept_pids: Optional[Set[int]] = None,
     still: bool = False,
+    aside: Optional[Callable[[Set[int]], Set[int]]] = None,
 ) -> Tuple[Optional[List[int]], Optional[List[int]], float]:
     """Until the GPUs `indices` (None: all) are idle but for what `kept_pids` hold (a weight cache daemon
-    kept for the next engine); a sibling deployment's memory is not waited for (not in `indices`).
+    kept for the next engine) and what `aside` picks at each reading among the processes found there; a
+    sibling deployment's memory is not waited for (not in `indices`).
     `still`: nothing was stopped since `before` was read, so it is the first reading."""
     start = time.time()
-    used = before if still else nvml_pids_and_memory(indices, kept_pids)[1]
+    held = set(kept_pids or ())
+
+    def reading() -> Optional[List[int]]:
+        listed, used = nvml_pids_and_memory(indices, held)
+        more = aside(listed - held) if aside else set()
+        if more:
+            held.update(more)
+            used = nvml_pids_and_memory(indices, held)[1]
+        return used
+
+    used = before if still else reading()
     while used is not None and time.time() - start < timeout_s:
         if all(u <= ignore_mib for u in used):
             break
         time.sleep(0.1)
-        used = nvml_pids_and_memory(indices, kept_pids)[1]
+        used = reading()
     return before, used, time.time() - start
