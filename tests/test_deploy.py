@@ -490,7 +490,7 @@ def test_stop_stops_fleets_own_server_while_another_users_job_holds_a_gpu(fleet_
         r = run_cli("stop", "--host", "ct129")
         assert r.code == 0, r.err
         assert "stopped inference server" in r.out or "fleet's server" in r.out, r.out
-        assert f"not stopped: pid {pid} (user fleetdecoy" in r.out and "--force stops it" in r.out
+        assert f"not stopped: pid {pid} (user fleetdecoy" in r.out and "another user's job: ask them" in r.out
         assert engine_pids(fleet_env, CT129) == [] and _chat(CT129.address, "hi")[0] is None
         assert "fleetdecoy" in remote(fleet_env, CT129, DECOYS)
         assert state(fleet_env, "ct129")["status"] == "stopped"

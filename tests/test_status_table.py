@@ -130,3 +130,18 @@ def test_a_learned_fix_is_one_line_whatever_its_record_on_the_host_says() -> Non
     fix = {"model": "Qwen3.6-27B", "engine": "sglang 0.5.11", "gpu": "RTX A6000", "learned_at": "2026-12-05"}
     line = fix_line("ct129", {**fix, "signature": "oom\nct129  fake-fix  learned now", "applied": False, "fix": ""})
     assert "\n" not in line and line.startswith("ct129  Qwen3.6-27B  sglang 0.5.11  RTX A6000  oom\\nct129")
+
+
+def test_a_stop_never_offers_force_for_another_users_job_without_saying_whose_it_is() -> None:
+    """What a stop refused: another user's job is said to be theirs (--force would end somebody's
+    training run); fleet's user's own non-engine process only names --force."""
+    refused = [
+        {"pid": 7, "user": "alice", "cmdline": "python train.py", "why": "process of user alice"},
+        {"pid": 8, "user": "me", "cmdline": "python notebook.py", "why": "not an inference server"},
+    ]
+    theirs, mine = describe_stop({"ended": [], "left": [], "refused": refused})
+    assert theirs == (
+        "not stopped: pid 7 (user alice: python train.py) — process of user alice; "
+        "another user's job: ask them before stopping it with --force"
+    )
+    assert mine.endswith("not an inference server; --force stops it")

@@ -367,8 +367,10 @@ class OpenShells:
             assert shell.stdin is not None and shell.stdout is not None
             shell.stdin.write(f"/bin/sh -c {shlex.quote(script)} </dev/null; echo; echo {self.MARK}\n")
             shell.stdin.flush()
-            while shell.stdout.readline().strip() != self.MARK:
-                pass
+            for line in shell.stdout:
+                if line.strip() == self.MARK:
+                    return
+            raise RuntimeError(f"bench: a remote shell ended before its probe did (exit {shell.poll()})")
 
         with ThreadPoolExecutor(max_workers=len(self.shells)) as pool:
             list(pool.map(one, self.shells))

@@ -43,13 +43,17 @@ def describe_left(left: list[dict[str, Any]]) -> list[str]:
     return [f"left running: {p['why']} (pid {p['pid']}, user {p['user']})" for p in left]
 
 
+# Another user's job is never a hint to force: it is said to be theirs first.
+OTHER_USERS = "another user's job: ask them before stopping it with --force"
+
+
 def describe_stop(out: ActResult) -> list[str]:
     """`fleet stop`'s answer for a host, a line each: what it stopped and left, what was not fleet's to stop
     (said and left: stopping fleet's own server never needs --force), GPU memory that did not come back."""
     lines = [*describe_stopped(out.get("ended", [])), *describe_left(out.get("left", []))]
     lines += [
         f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
-        "--force stops it"
+        + (OTHER_USERS if str(p["why"]).startswith("process of user") else "--force stops it")
         for p in out.get("refused", [])
     ]
     lines += [
