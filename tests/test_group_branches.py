@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 from factsdata import RTX_A6000, facts
 from fleet import events
+from fleet.cli.report import describe_host_stop
 from fleet.control.group import GroupResult, GroupRun
 from fleet.control.group_health import group_health, stop_group
 from fleet.errors import DeployFailed, HostUnreachable, LockedError
@@ -236,10 +237,29 @@ def test_a_rank_without_this_groups_record_is_critical(tmp_path: Path) -> None:
 
 def test_stopping_a_group_stops_every_rank_and_leaves_nothing_to_check(tmp_path: Path) -> None:
     g = ready_group(tmp_path)
-    lines = stop_group(g.run())
+    lines = [describe_host_stop(host, out).splitlines()[0] for host, out in stop_group(g.run())]
     assert lines == ["node-a: stopped 1 process(es)", "node-b: stopped 1 process(es)"]
     assert all(not h.servers and h.records[g.playbook.name]["status"] == STOPPED for h in g.hosts.values())
     assert group_health(g.run(), heal=True) is None
+
+
+def test_a_groups_stop_says_what_each_rank_left_and_the_memory_that_did_not_come_back(tmp_path: Path) -> None:
+    """`fleet stop PLAYBOOK` said only how many processes each rank stopped; what a host stop says (a job
+    it left, GPU memory still in use) was dropped for a group's ranks."""
+    g = ready_group(tmp_path)
+    alice = {"pid": 7, "user": "alice", "cmdline": "python train.py", "why": "process of user alice"}
+    memory = {"before_mib": [40_000], "after_mib": [30_000], "waited_s": 30.0, "gpus": [0]}
+    g.hosts["node-b"].stop_finds = {"refused": [alice], "memory": memory}
+    said = dict(stop_group(g.run()))
+    node_a = describe_host_stop("node-a", said["node-a"]).splitlines()
+    assert node_a[0] == "node-a: stopped 1 process(es)" and node_a[1].startswith("  fleet's server pid ")
+    assert len(node_a) == 2  # nothing left, nothing held there
+    node_b = describe_host_stop("node-b", said["node-b"]).splitlines()
+    assert node_b[0] == "node-b: stopped 1 process(es)"
+    assert "pid 7 (user alice: python train.py)" in node_b[2] and "another user's job" in node_b[2]
+    assert node_b[3].startswith(
+        f"  GPU memory still in use on GPU 0 after 30s (29.3 GiB; deployment {g.playbook.name})"
+    )
 
 
 def test_a_rank_that_cannot_be_reached_fails_the_stop_after_the_others_are_stopped(tmp_path: Path) -> None:

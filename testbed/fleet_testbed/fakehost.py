@@ -63,13 +63,17 @@ def cut(*lines: str) -> Watch:
     return Watch(lines, [])
 
 
+SERVER = "python3 -m sglang.launch_server # %s"  # a scripted server's command line, by its deployment
+
+
 @dataclass
 class ScriptedHost:
     """`facts`: what the probe finds (factsdata builds them); `watches`: each watch step in turn (a resumed
     watch takes the next one); `checks`: the engine's verdict on each launch's command line in turn
     (accepted when none is left); `picks_differ`: the engine picks otherwise than the plan stood on, once,
     when asked; `lock`: the lock step's answer; `router_step`: the router a service runs here;
-    `answers_wrong`: deployments whose server answers the smoke prompt wrongly. `records` and `servers` are
+    `answers_wrong`: deployments whose server answers the smoke prompt wrongly; `stop_finds`: the rest of a
+    stop's answer (what it refused, the GPU memory it read). `records` and `servers` are
     what the host keeps now: each deployment's record, and which deployment each running server (by pid)
     is."""
 
@@ -86,6 +90,7 @@ class ScriptedHost:
     router_step: ScriptedRouter = field(default_factory=ScriptedRouter)
     answers_wrong: set[str] = field(default_factory=set)
     sweeps: int = 0  # health sweeps run
+    stop_finds: ActResult = field(default_factory=dict)  # more of a stop's answer: what it refused, its memory
 
     @property
     def commands_run(self) -> int:
@@ -96,8 +101,7 @@ class ScriptedHost:
         found = self.facts_found
         kept = {n: DeploymentRecord(n, dict(r)) for n, r in self.records.items()}
         running = tuple(
-            Proc(pid, 1, pid, 1000, "ops", "python3", f"python3 -m sglang.launch_server # {name}", 1)
-            for pid, name in self.servers.items()
+            Proc(pid, 1, pid, 1000, "ops", "python3", SERVER % name, 1) for pid, name in self.servers.items()
         )
         remote = replace(found.remote, deployments={**found.remote.deployments, **kept})
         return replace(found, host=self.host_name, remote=remote, servers=found.servers + running)
@@ -131,7 +135,12 @@ class ScriptedHost:
         out["ended"], out["left"], out["memory"] = [], [], {}
         name = request["lock"]["deployment"]
         if request.get("op") in ("launch", "stop"):  # what is fleet's of this deployment is stopped first
-            out["ended"] = [{"pid": pid} for pid in self._end(name)]
+            out["ended"] = [
+                {"pid": pid, "pgid": pid, "user": "ops", "cmdline": SERVER % name, "why": "fleet's server"}
+                for pid in self._end(name)
+            ]
+        if request.get("op") == "stop":
+            out.update(self.stop_finds)
         if request.get("op") == "launch":
             n = len(self.launches) - 1
             out["launched"] = {

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.cli.base import Invocation, emit_json, say, transport_for
-from fleet.cli.report import attempt_json, progress_for
+from fleet.cli.report import attempt_json, describe_host_stop, progress_for
 
 if TYPE_CHECKING:
     from fleet.control.group import GroupResult, GroupRun
@@ -98,8 +98,8 @@ def deploy_group(
 def stop_group(ctx: Invocation, playbook: NamedPlaybook, force: bool) -> None:
     from fleet.control.group_health import stop_group as stop_every_rank
 
-    for line in stop_every_rank(group_run(ctx, playbook, force=force)):
-        say(line)
+    for host, out in stop_every_rank(group_run(ctx, playbook, force=force)):
+        say(describe_host_stop(host, out))
 
 
 def print_group_result(r: GroupResult) -> None:

@@ -21,7 +21,7 @@ from fleet.cli.base import (
 )
 from fleet.cli.complete import host_option
 from fleet.cli.report import (
-    describe_stop,
+    describe_host_stop,
     print_result,
     progress_for,
     result_json,
@@ -268,9 +268,7 @@ def stop(
             say(f"{name}: error: {err}", err=True)
             failures.append(err.exit_code)
             continue
-        stopped = out.get("ended", [])
-        lines = describe_stop(out)
-        say(f"{name}: stopped {len(stopped)} process(es)" + "".join(f"\n  {x}" for x in lines))
+        say(describe_host_stop(name, out))
     exit_for_failures(failures)
 
 

@@ -64,6 +64,11 @@ def describe_stop(out: ActResult) -> list[str]:
     return lines
 
 
+def describe_host_stop(host: str, out: ActResult) -> str:
+    """A host's part of `fleet stop`'s answer: a line, then describe_stop's lines indented."""
+    return f"{host}: stopped {len(out.get('ended', []))} process(es)" + "".join(f"\n  {x}" for x in describe_stop(out))
+
+
 class PullShown:
     """A model pull's progress as lines: its plan, then a line at each tenth of the download or every
     10 s, whichever comes first (a terminal or a log file alike)."""

@@ -13,7 +13,7 @@ from fleet.control.group import GroupRun
 from fleet.errors import DeployFailed, FleetError
 from fleet.health.checks import CRITICAL, OK, UNKNOWN, Check
 from fleet.inventory import Host
-from fleet.protocol import FAILED, READY, STOPPED
+from fleet.protocol import FAILED, READY, STOPPED, ActResult
 
 
 @dataclass
@@ -86,24 +86,24 @@ def group_health(run: GroupRun, *, heal: bool, rank0_problems: Sequence[str] = (
     return GroupHealth(name, CRITICAL, checks, f"relaunching the group failed: {result.reason}")
 
 
-def stop_group(run: GroupRun) -> list[str]:
-    """Stops every rank; returns what was done per host. Raises DeployFailed when a host could not be
-    reached or refused (the others are still stopped)."""
-    lines: list[str] = []
+def stop_group(run: GroupRun) -> list[tuple[str, ActResult]]:
+    """Stops every rank; returns each host's answer (what it stopped, left, refused, and GPU memory that
+    did not come back), in the group's order. Raises DeployFailed when a host could not be reached or
+    refused (the others are still stopped)."""
+    answers: list[tuple[str, ActResult]] = []
     failures: list[str] = []
 
-    def one(host: Host) -> str:
+    def one(host: Host) -> ActResult:
         with run.connect(host) as t:
-            out = ops.stop(t, host, force=run.force, name=run.playbook.name)
-        return f"{host.name}: stopped {len(out.get('ended', []))} process(es)"
+            return ops.stop(t, host, force=run.force, name=run.playbook.name)
 
     with ThreadPoolExecutor(max_workers=len(run.hosts)) as pool:
         futures = {h.name: pool.submit(one, h) for h in run.hosts}
     for name, f in futures.items():
         try:
-            lines.append(f.result())
+            answers.append((name, f.result()))
         except FleetError as exc:
             failures.append(f"{name}: {exc.message}")
     if failures:
         raise DeployFailed("; ".join(failures), "The other ranks were stopped; run fleet stop again.")
-    return lines
+    return answers
