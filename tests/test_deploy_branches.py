@@ -234,6 +234,19 @@ def test_a_containers_own_steps_run_under_the_hosts_python_not_the_images_name()
     assert deployment_python(blackwell, boxed) == step_python(blackwell) != "python3"
 
 
+def test_a_stop_on_a_host_with_no_record_names_no_deployment_for_memory_still_in_use() -> None:
+    """`fleet stop --host` where fleet keeps no record (an engine started by hand): the memory it says is
+    still in use is no deployment's ("deployment default" was an internal name)."""
+    from fleet.control import ops
+
+    scripted = ScriptedHost(facts_found=facts("blackwell", RTX_PRO_6000, 8))
+    scripted.servers[31] = "default"
+    scripted.stop_finds = {"memory": {"after_mib": [30_000], "waited_s": 30.0, "gpus": [0]}}
+    out = ops.stop(scripted, host("blackwell"), force=False)
+    assert [p["pid"] for p in out["ended"]] == [31]
+    assert out["memory_held"] == [{"deployment": None, "gpus": [0], "mib": 30_000, "waited_s": 30.0}]
+
+
 def test_a_stop_beside_a_deployment_on_all_gpus_asks_for_its_own_gpus_and_touches_nothing_else() -> None:
     """Issue 38's first defect, the part fleet sends: `fleet stop` of one deployment beside another on all
     GPUs (whose record names none) is one stop step, for its own deployment and its own GPUs; the other's

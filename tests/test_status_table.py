@@ -86,6 +86,11 @@ def test_a_stop_says_when_the_gpus_it_freed_are_still_in_use_once_its_wait_ran_o
         "GPU memory still in use on GPU 0 after 30s (0.6 GiB; deployment small): "
         "nvidia-smi on the host shows what holds it"
     )
+    no_record = describe_stop({**held, "memory_held": [{**m, "deployment": None}]})  # stale engines only
+    assert (
+        no_record[-1]
+        == "GPU memory still in use on GPU 0 after 30s (0.6 GiB): nvidia-smi on the host shows what holds it"
+    )
     every_gpu = {**held, "memory": {"after_mib": [0, 0, 4096], "waited_s": 30.0, "gpus": None}}
     assert memory_held("small", every_gpu, idle_mib=100)[0]["gpus"] == [2]
     released = {**held, "memory": {"after_mib": [40, 10], "waited_s": 0.4, "gpus": [0, 1]}}

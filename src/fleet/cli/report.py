@@ -58,7 +58,8 @@ def describe_stop(out: ActResult) -> list[str]:
     ]
     lines += [
         f"GPU memory still in use on GPU {', '.join(map(str, m['gpus']))} after {m['waited_s']:.0f}s "
-        f"({m['mib'] / 1024:.1f} GiB; deployment {m['deployment']}): nvidia-smi on the host shows what holds it"
+        f"({m['mib'] / 1024:.1f} GiB{'; deployment ' + m['deployment'] if m.get('deployment') else ''}): "
+        "nvidia-smi on the host shows what holds it"
         for m in out.get("memory_held", [])
     ]
     return lines

@@ -383,7 +383,10 @@ def stop(t: HostLink, host: Host, *, force: bool, name: str | None = None) -> Ac
         merged["ended"] += out.get("ended", [])
         merged["left"] += [p for p in out.get("left", []) if p not in merged["left"]]
         merged["refused"] += [p for p in out.get("refused", []) if p not in merged["refused"]]
-        merged["memory_held"] += out.get("memory_held", [])
+        # no record: what was stopped was no deployment's, and "default" is not one the operator knows
+        merged["memory_held"] += [
+            {**m, "deployment": m["deployment"] if names else None} for m in out.get("memory_held", [])
+        ]
     if busy:
         stopped = ", ".join(str(p.get("pid")) for p in merged["ended"]) or "nothing"
         raise LockedError(
