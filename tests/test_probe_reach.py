@@ -17,8 +17,11 @@ def test_rank_0_reached_refused_or_not_reachable_is_told_apart() -> None:
         listening.listen()
         port = listening.getsockname()[1]
         assert probe._reach({"address": "127.0.0.1", "port": port}) == "open"
-    # the host answers, nothing listens there yet: reachable
-    assert probe._reach({"address": "127.0.0.1", "port": port}) == "refused"
+    # the host answers, nothing listens there yet: reachable. The port is held bound, not listening, so no
+    # other process of the machine can start listening on it meanwhile
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        assert probe._reach({"address": "127.0.0.1", "port": bound.getsockname()[1]}) == "refused"
     # the broadcast address has no TCP route (no name lookup: a CI machine may have no resolver to ask)
     said = probe._reach({"address": "255.255.255.255", "port": 29500, "timeout_s": 1})
     assert said.startswith(("error: ", "timeout after")) and said != "error: "
