@@ -88,8 +88,12 @@ def test_what_a_stop_cannot_have_stopped_is_set_aside_at_each_reading(monkeypatc
         14: {"uid": me, "pgid": 14},  # fleet's user's, there before, not in the way then
         15: {"uid": 1000, "pgid": 15},  # a container's (rootless: a mapped uid), stopped with it
         16: {"uid": 1000, "pgid": 16},  # the same uid, there before
+        17: {"uid": None, "pgid": 17},  # its owner unreadable: gone as it was read
     }
     monkeypatch.setattr(free, "process", lambda pid: now.get(pid))
-    before: Any = {pid: now[pid] for pid in (10, 13, 14, 15, 16)}
-    pick = free.not_the_stops(before, {10: {"pgid": 10}, 15: {"pgid": 15}})
-    assert pick({10, 11, 12, 13, 14, 15, 16, 99}) == {12, 13}  # 99: gone
+    before: Any = {pid: now[pid] for pid in (10, 13, 14, 15, 16, 17)}
+    pick = free.not_the_stops(before, {10: {"pgid": 10}, 15: {"pgid": 15}}, by_user=True)
+    assert pick({10, 11, 12, 13, 14, 15, 16, 17, 99}) == {12, 13}  # 99: gone
+    # a stop that stopped a container (docker's lists no pid): any user's process there before is waited for
+    boxed = free.not_the_stops(before, {10: {"pgid": 10}}, by_user=False)
+    assert boxed({10, 11, 12, 13, 14, 15, 16, 17}) == {12}

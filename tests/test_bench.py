@@ -63,6 +63,9 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         bench.send_signal(signal.SIGUSR1)  # where each of its threads waits, on its stderr
         time.sleep(2)
+        bench.send_signal(signal.SIGINT)  # its own cleanup (pool, containers, sandboxes), given a while
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            bench.wait(timeout=30)
         code = None
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -355,8 +355,7 @@ def test_a_job_that_takes_the_gpus_as_the_stop_frees_them_is_not_waited_for(
     if taker == "another user's process":
         box.shell("useradd --system --no-create-home fleetdecoy 2>/dev/null || true")
         as_decoy = "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups"
-        box.shell(f"setsid {as_decoy} sleep 600 </dev/null >/dev/null 2>&1 &")
-        who["pid"] = int(box.shell("pgrep -u fleetdecoy -o -x sleep").strip())
+        who["pid"] = int(box.shell(f"{as_decoy} sleep 600 </dev/null >/dev/null 2>&1 & echo $!").strip())
     simhost.set_host(box.dir, memory_release_s=0.5, taken_when_freed=who)
     try:
         out = ops.stop(box.transport(), box.host, force=False, name="small")

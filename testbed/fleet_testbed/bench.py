@@ -113,8 +113,10 @@ def fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
             [FLEET, *args], env=env, capture_output=True, text=True, cwd=REPO, timeout=FLEET_TIMEOUT_S
         )
     except subprocess.TimeoutExpired as e:
-        said = (e.stdout or b"")[-2000:], (e.stderr or b"")[-3000:]
-        raise RuntimeError(f"bench: `fleet {' '.join(args)}` still ran after {FLEET_TIMEOUT_S} s: {said}") from e
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        raise RuntimeError(
+            f"bench: `fleet {' '.join(args)}` still ran after {FLEET_TIMEOUT_S} s:\n{said[-5000:]}"
+        ) from e
 
 
 @contextmanager

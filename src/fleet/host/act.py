@@ -415,7 +415,8 @@ def stop_in_the_way(
         out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": read}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
-        aside = not_the_stops(procs, stopped) if stop_only else None
+        boxed = bool(ours) or any(t.get("container_cli") for t in stopped.values())
+        aside = not_the_stops(procs, stopped, by_user=not boxed) if stop_only else None
         before, after, waited = wait_memory_released(
             before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not (ours or targets), aside
         )

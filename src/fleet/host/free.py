@@ -369,11 +369,16 @@ def stop_targets(
     )
 
 
-def not_the_stops(before: Dict[int, ProcessInfo], stopped: Dict[int, Dict[str, Any]]) -> Callable[[Set[int]], Set[int]]:
+def not_the_stops(
+    before: Dict[int, ProcessInfo], stopped: Dict[int, Dict[str, Any]], by_user: bool
+) -> Callable[[Set[int]], Set[int]]:
     """Of the processes a reading finds on the GPUs, those a stop cannot have stopped, so their memory is
     not waited for: one started since the table `before` was read outside the groups the stop signalled
-    (another user's job taking the freed GPUs, a sibling deployment restarted meanwhile), or one of a user
-    none of whose processes the stop signalled (fleet signals its own user's only)."""
+    (another user's job taking the freed GPUs, a sibling deployment restarted meanwhile), or, `by_user`,
+    one of a user none of whose processes the stop signalled (fleet signals its own user's only). A stop
+    that stopped a container passes `by_user` False: a container's processes may run as any user (root
+    under docker, whose listing names no pid), and they are waited for. A process whose owner cannot be
+    read (gone as it is read) is waited for."""
     groups = set(t.get("pgid") for t in stopped.values())
     users = set(before[pid]["uid"] for pid in stopped if pid in before) | {os.getuid()}
 
@@ -381,7 +386,9 @@ def not_the_stops(before: Dict[int, ProcessInfo], stopped: Dict[int, Dict[str, A
         out = set()
         for pid in listed:
             now = process(pid)
-            if now is not None and (now["uid"] not in users or (pid not in before and now["pgid"] not in groups)):
+            if now is None or now["uid"] is None:
+                continue
+            if (by_user and now["uid"] not in users) or (pid not in before and now["pgid"] not in groups):
                 out.add(pid)
         return out
 
