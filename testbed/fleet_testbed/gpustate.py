@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from subprocess import DEVNULL
 from typing import Any
 
 
@@ -107,19 +106,18 @@ def usage(root: Path | None = None) -> list[dict[str, int]]:
 
 
 def _taken(gpu: int, who: dict[str, Any], root: Path) -> None:
-    """Test hook (host.json's `taken_when_freed`): a job waiting for a GPU takes it the moment a process
-    there exits -- `{"pid": N}`, a process of the host's, or `{"start": true}`, a process started now, in
-    a session of its own; `used_mib` each. Its pid goes to run/taken.pid."""
+    """Test hook (host.json's `taken_when_freed`): a job waiting for a GPU takes `used_mib` of it the moment
+    a process there exits -- `who["pid"]`, a process of the host's, or without a pid, one process started
+    at the first such exit, in a session of its own, its pid in run/taken.pid."""
     pid = who.get("pid")
     if pid is None:
         taken = root / "run" / "taken.pid"
-        if taken.exists() and _alive(int(taken.read_text())):
-            pid = int(taken.read_text())
-        else:
-            sleeper = subprocess.Popen(
-                ["sleep", "600"], start_new_session=True, stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL
-            )
-            pid = sleeper.pid
+        pid = int(taken.read_text()) if taken.exists() else None
+        if pid is None or not _alive(pid):
+            quiet = subprocess.DEVNULL
+            pid = subprocess.Popen(
+                ["sleep", "600"], start_new_session=True, stdin=quiet, stdout=quiet, stderr=quiet
+            ).pid
             taken.write_text(str(pid))
     register(gpu, int(who["used_mib"]), root, int(pid))
 
