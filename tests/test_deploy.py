@@ -482,6 +482,33 @@ def test_logs_and_diagnose_redact_secrets_and_strip_terminal_controls(
     assert token not in health.out + health.err
 
 
+def test_another_users_job_that_looks_like_an_engine_and_carries_escapes_is_left_and_shown_inert(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """A hostile or unlucky neighbour: another user's process on a GPU, named like an SGLang server, its
+    command line carrying an API key, a newline and terminal escapes. `fleet stop` stops fleet's server,
+    leaves that job running, says whose it is without offering --force as the way, masks the key and
+    prints no control character."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    subprocess.run(["useradd", "--system", "--no-create-home", "fleetdecoy"], capture_output=True)
+    dev = fleet_env.host_dir("ct129") / "dev" / "nvidia1"
+    name = "python -m sglang.launch_server --api-key sk-neighbour-42 \x1b]0;owned\x07\x1b[2J\nsecond line"
+    as_decoy = "setpriv --reuid=fleetdecoy --regid=fleetdecoy --clear-groups"
+    job = f"exec 3<{dev}; exec {as_decoy} bash -c 'exec -a \"$0\" sleep 60' \"$(printf '{name}')\""
+    find = "pgrep -u fleetdecoy -x sleep || true"
+    with Background([*simhost.ssh_argv(fleet_env, CT129), job]):
+        assert wait_until(lambda: remote(fleet_env, CT129, find).strip() != "")
+        pid = int(remote(fleet_env, CT129, find).split()[0])
+        r = run_cli("stop", "--host", "ct129")
+        assert r.code == 0, r.err
+        said = r.out + r.err
+        assert f"not stopped: pid {pid} (user fleetdecoy" in said and "another user's job: ask them" in said
+        assert "sk-neighbour-42" not in said and "\x1b" not in said and "\x07" not in said
+        assert "--force stops it" not in said
+        assert str(pid) in remote(fleet_env, CT129, find)  # still running
+        assert state(fleet_env, "ct129")["status"] == "stopped"
+
+
 def test_stop_stops_fleets_own_server_while_another_users_job_holds_a_gpu(fleet_env: simhost.Sandbox) -> None:
     """Stopping fleet's own server never needs --force (it used to exit 6 and leave the server running,
     offering only --force, which would have killed the other user's job)."""
