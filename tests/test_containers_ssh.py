@@ -23,7 +23,7 @@ import pytest
 
 from conftest import BLACKWELL, ROOT, run_cli
 from fleet_testbed import simhost
-from simengine import chat
+from simengine import chat, wait_until
 
 pytestmark = [pytest.mark.ssh, pytest.mark.containers]
 
@@ -319,6 +319,22 @@ def test_pre_flight_refuses_what_cannot_run_before_anything_is_stopped(
     assert docker.code == 4 and ("is not on the host" in docker.err or "docker is not installed" in docker.err)
     assert podman_json("ps", "-a", "--filter", "label=fleet.deployment") == []
     assert not list((hdir / "logs").glob("*.log"))
+    # each deploy started its act step beside the probe (fleet.step_ahead); refused, it never asked it,
+    # and the step ended with the connection, having done nothing
+    assert wait_until(lambda: not steps_started_ahead(), timeout=30), steps_started_ahead()
+
+
+def steps_started_ahead() -> list[int]:
+    """The host steps waiting for a request they were started ahead of (their one argument says so)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b'{"ahead": true}' in argv:
+            found.append(int(pid))
+    return found
 
 
 def test_a_check_that_refuses_a_launch_already_started_takes_it_back(

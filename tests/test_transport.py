@@ -219,6 +219,41 @@ def test_the_connection_to_sshd_sends_small_messages_at_once(fleet_env: simhost.
         t.close()
 
 
+def test_two_threads_first_commands_open_one_connection(
+    fleet_env: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy's act step starts beside its probe (fleet.step_ahead): both ask a transport not yet
+    connected at once, and the host sees one connection, not two (one left open until fleet exits)."""
+    import threading
+
+    import fleet.transport.ssh as ssh
+
+    opened: list[tuple[str, int]] = []
+
+    def counted(host: str, port: int, timeout_s: float) -> socket.socket:
+        opened.append((host, port))
+        return tcp_connect(host, port, timeout_s)
+
+    monkeypatch.setattr(ssh, "tcp_connect", counted)
+    t = transport(fleet_env)
+    start = threading.Barrier(2)
+    said: list[str] = []
+
+    def first_command() -> None:
+        start.wait()
+        said.append(t.run("echo hi").text)
+
+    try:
+        threads = [threading.Thread(target=first_command) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert said == ["hi\n", "hi\n"] and opened == [(CT129.address, fleet_env.port)]
+    finally:
+        t.close()
+
+
 def test_through_a_jump_host_the_one_tcp_connection_is_fleets_own(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
     host, config = behind_a_jump_host(fleet_env, tmp_path)
     t = connect(host, SshOptions(fleet_env.known_hosts, config))

@@ -261,8 +261,7 @@ def _run_json(
     *,
     hold_stdin: bool = False,
 ) -> dict[str, Any]:
-    """Run a host script that prints one JSON document; a script that fails on the host is a
-    HostStepError (the host answered: not an SSH problem), with the host's own traceback for --debug.
+    """Run a host script that prints one JSON document (`answer_of`).
 
     `hold_stdin`: run it as a stream, whose stdin stays open until fleet has its answer; the script
     (told by `client_on_stdin`) stops before changing anything when it ends: fleet is gone."""
@@ -279,19 +278,25 @@ def _run_json(
         result = CommandResult(code, bytes(received), b"")
     else:
         result = transport.run(script_for(step, args, [python]), stdin=stdin, timeout_s=timeout_s)
+    return answer_of(transport.host_name, step, result)
+
+
+def answer_of(host_name: str, step: str, result: CommandResult) -> dict[str, Any]:
+    """A step's one JSON document; a step that failed on the host is a HostStepError (the host answered:
+    not an SSH problem), with the host's own traceback for --debug."""
     try:
         data: dict[str, Any] = json.loads(result.text)
     except ValueError as exc:
         said = (result.text + result.error_text)[-2000:]
         raise HostStepError(
-            f"{transport.host_name}: fleet's {step} step failed on the host and said no result "
+            f"{host_name}: fleet's {step} step failed on the host and said no result "
             f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
             "Run with --debug for all it printed.",
             said,
         ) from exc
     if "error" in data:
         raise HostStepError(
-            f"{transport.host_name}: fleet's {step} step failed on the host ({data['error']}).",
+            f"{host_name}: fleet's {step} step failed on the host ({data['error']}).",
             "Run with --debug for the host's traceback." if data.get("traceback") else "",
             str(data.get("traceback", "")),
         )

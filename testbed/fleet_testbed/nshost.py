@@ -155,6 +155,7 @@ class NamespaceTransport:
         self.nshost = host
         self.host_name = host.spec.name
         self.commands_run = 0
+        self.chunked_input_connects = False
         self.cut_after: int | None = None
 
     def _argv(self, script: str) -> list[str]:

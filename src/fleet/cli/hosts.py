@@ -134,25 +134,25 @@ def deploy(
 
     deployment_name(deployment, pb)  # refused before the host is asked anything
     with transport_for(ctx, host) as t:
-        from fleet.control.gather import read_facts_ahead
+        from fleet.control.gather import started_ahead
 
-        read_facts_ahead(t, host, pb)  # the host probes while the deploy loop is imported
-        from fleet.control import ops
-        from fleet.control.pull import HubAccess
+        with started_ahead(t, host, pb):  # the host probes and starts the act while the deploy loop is imported
+            from fleet.control import ops
+            from fleet.control.pull import HubAccess
 
-        result = ops.deploy(
-            t,
-            host,
-            pb,
-            force=force,
-            engine_check=not no_engine_check,
-            progress=progress_for(host.name, as_json=as_json, show_log=show_log),
-            signatures=ctx.signatures,
-            name=deployment,
-            gpus=placement,
-            replace=replace,
-            hub=None if no_pull else HubAccess.from_environment(),
-        )
+            result = ops.deploy(
+                t,
+                host,
+                pb,
+                force=force,
+                engine_check=not no_engine_check,
+                progress=progress_for(host.name, as_json=as_json, show_log=show_log),
+                signatures=ctx.signatures,
+                name=deployment,
+                gpus=placement,
+                replace=replace,
+                hub=None if no_pull else HubAccess.from_environment(),
+            )
     if as_json:
         emit_json(result_json(result))
     else:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypedDict
 
-from fleet.control.host_steps import HostLink, steps_of
+from fleet.control.host_steps import HostLink, give_up_ahead, start_act_ahead, steps_of
+from fleet.hostscripts import step_python
 from fleet.inventory import Host, NamedPlaybook
 from fleet.inventory.runtime import Container, chosen_runtime
 from fleet.protocol import ProbeRequest
@@ -131,3 +134,19 @@ def read_facts_ahead(transport: HostLink, host: Host, playbook: NamedPlaybook) -
     _AHEAD[id(transport)] = ahead
     sys.setswitchinterval(0.0005)
     ahead.start()
+
+
+@contextmanager
+def started_ahead(transport: HostLink, host: Host, playbook: NamedPlaybook) -> Iterator[None]:
+    """A deploy's first steps started before the deploy loop is imported: the probe (read_facts_ahead)
+    and, for a container deployment, the act step (control.host_steps.start_act_ahead), whose Python is
+    then the host's step Python whatever the plan says (fleet.hostscripts.deployment_python); a process's
+    act runs under the plan's engine environment, known only once the deploy has planned. An act never
+    asked (a refusal, a server kept as it runs) ends having done nothing."""
+    read_facts_ahead(transport, host, playbook)
+    if asked_for(host, playbook)["runtime"] is not None:
+        start_act_ahead(transport, step_python(host))
+    try:
+        yield
+    finally:
+        give_up_ahead(transport)

@@ -8,11 +8,12 @@ fleet does on hosts is proven over real sshd and in simulated hosts."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from fleet.hostscripts import EventLines, StepEvent, run_step, script_for
 from fleet.inventory import Host
 from fleet.protocol import ActRequest, ActResult, ProbeRequest, RouterRequest, WatchRequest
+from fleet.step_ahead import StepAhead
 from fleet.step_answers import ACT, ROUTER, RouterAnswer
 from fleet.transport import Transport
 
@@ -80,6 +81,28 @@ def connection_of(link: HostLink, what: str) -> Transport:
     return link
 
 
+# Act steps started before their request (start_act_ahead), by the transport they run over (held by the
+# entry: an id is never reused under it).
+_ACT_AHEAD: dict[int, StepAhead] = {}
+
+
+def start_act_ahead(link: HostLink, python: str) -> None:
+    """Start the act step under `python` now, to be given the first act request on this host (a deploy's):
+    its start on the host passes while the host is probed and the deploy planned. Not on a scripted host,
+    nor over the connection pool (where its held stdin would take a connection of its own)."""
+    if isinstance(link, HostSteps) or link.chunked_input_connects:
+        return
+    give_up_ahead(link)
+    _ACT_AHEAD[id(link)] = StepAhead(link, ACT.name, python)
+
+
+def give_up_ahead(link: HostLink) -> None:
+    """The act started ahead on this host, if it was never asked anything: it ends having done nothing."""
+    ahead = _ACT_AHEAD.pop(id(link), None)
+    if ahead is not None:
+        ahead.give_up()
+
+
 class SshSteps:
     """The steps as fleet's host scripts, run over `transport`."""
 
@@ -102,6 +125,13 @@ class SshSteps:
     ) -> ActResult:
         from fleet.control.answers import act_answer
 
+        ahead = _ACT_AHEAD.pop(id(self.t), None)
+        if ahead is not None and ahead.python == python and hold_stdin:
+            said = ahead.answer({**request, "client_on_stdin": True}, stdin + b"\n", timeout_s)
+            if said is not None:
+                return act_answer(cast(ActResult, said))
+        elif ahead is not None:  # started under another Python than the plan's: not asked
+            ahead.give_up()
         return act_answer(
             run_step(self.t, python, ACT, request, stdin=stdin, timeout_s=timeout_s, hold_stdin=hold_stdin)
         )

@@ -106,6 +106,11 @@ LAUNCHING = ("prepare", "launch")  # the operations that free the GPUs for a lau
 
 def main() -> ActResult:
     a = cast("ActRequest", json.loads(sys.argv[1]))
+    if cast(Dict[str, Any], a).get("ahead"):  # started before fleet had planned (fleet/step_ahead.py)
+        line = sys.stdin.readline()  # the request, then the secrets' line
+        if not line:  # never given one: nothing asked, nothing done
+            return {"host": socket.gethostname(), "error": "started ahead and given no request"}
+        a = cast("ActRequest", json.loads(line))
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone
     secrets = json.loads(sys.stdin.readline() or "{}")
     out: ActResult = {"host": socket.gethostname()}

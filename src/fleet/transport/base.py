@@ -59,6 +59,9 @@ def feed(stdin: Stdin, write: Callable[[bytes], object], close: Callable[[], obj
 class Transport(Protocol):
     host_name: str
     commands_run: int  # exec channels opened so far: the round-trip count the benchmark reports
+    # whether a stream fed in chunks opens a connection of its own (the pool's): then a step started
+    # ahead of its request (fleet.step_ahead) would cost a connection rather than save a round trip
+    chunked_input_connects: bool
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         """Run `script` with /bin/sh on the host and wait for it."""

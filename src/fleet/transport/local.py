@@ -16,6 +16,7 @@ class LocalTransport:
     def __init__(self, host_name: str) -> None:
         self.host_name = host_name
         self.commands_run = 0
+        self.chunked_input_connects = False
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         self.commands_run += 1

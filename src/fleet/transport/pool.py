@@ -112,6 +112,7 @@ class PooledTransport:
     def __init__(self, host: Host, ssh_options: dict[str, Any], socket_path: Path, direct: Any) -> None:
         self.host_name = host.name
         self.commands_run = 0
+        self.chunked_input_connects = True  # see stream
         self._socket_path = socket_path
         self._connection: PoolRequest = {
             "host": {"name": host.name, "settings": msgspec.to_builtins(host.settings)},

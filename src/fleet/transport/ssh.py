@@ -176,6 +176,7 @@ class SshTransport:
     ) -> None:
         self.host_name = host.name
         self.commands_run = 0
+        self.chunked_input_connects = False
         s = host.settings
         with SHARED_PARSE_LOCK:
             config = _fabric_config(str(ssh_config) if ssh_config and ssh_config.exists() else None)
@@ -205,6 +206,7 @@ class SshTransport:
         self._accept_new_jump = accept_new_jump_host_key
         self._timeout_s = s.connect_timeout_s
         self._liveness = _Liveness()
+        self._connecting = threading.Lock()  # two threads' first commands (a step started ahead) open one connection
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
         if s.proxy_jump:  # a silent or refusing hop may be the jump host: say the path
             self._where += f" (through ProxyJump {s.proxy_jump})"
@@ -235,6 +237,10 @@ class SshTransport:
         )
 
     def _transport(self) -> paramiko.Transport:
+        with self._connecting:
+            return self._connected()
+
+    def _connected(self) -> paramiko.Transport:
         if not self._conn.is_connected:
             harden(self._conn, self._known_hosts, self._accept_new, self._accept_new_jump)
             if self._identity and not os.path.isfile(self._identity):  # else "cannot connect (Is a directory)"
