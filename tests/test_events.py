@@ -265,6 +265,35 @@ def test_no_live_display_without_a_terminal_or_with_the_log_shown(capsys: pytest
     assert Reporter("ct129").board is None  # pytest's stderr is not a terminal: plain lines, as in a log file
 
 
+def test_a_run_whose_stderr_is_no_terminal_never_loads_the_terminal_ui() -> None:
+    """rich's console is ~60 ms of a command's start: cron, a pipe and CI pay none of it; a stream told to
+    be taken for a terminal (FORCE_COLOR, TTY_COMPATIBLE) is left to rich to decide."""
+    import os
+    import subprocess
+    import sys
+
+    from fleet.cli.report import may_be_terminal
+
+    code = "import sys; from fleet.cli.report import Reporter; Reporter('h'); print('rich' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert ran.stdout.strip() == "False"
+    assert not may_be_terminal(io.StringIO())
+    closed = io.StringIO()
+    closed.close()
+    assert not may_be_terminal(closed)
+
+
+def test_a_stream_told_to_look_like_a_terminal_is_asked_of_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.cli.report import may_be_terminal
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+        monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+        monkeypatch.setenv(name, "1")
+        assert may_be_terminal(io.StringIO())
+
+
 def test_fleet_exiting_takes_the_display_down_and_nothing_draws_it_again() -> None:
     board, _ = terminal()
     report = Reporter("ct129", board=board)

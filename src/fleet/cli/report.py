@@ -94,6 +94,18 @@ class PullShown:
         return []
 
 
+def may_be_terminal(stream: Any) -> bool:
+    """Whether rich could take `stream` for a terminal: one, or told to (FORCE_COLOR, TTY_COMPATIBLE). Asked
+    before rich is imported: its console is ~60 ms of a run's start, spent for nothing in cron or a pipe."""
+    import os
+
+    forced = any(os.environ.get(name) for name in ("FORCE_COLOR", "TTY_COMPATIBLE"))
+    try:
+        return forced or stream.isatty()
+    except (AttributeError, ValueError):  # replaced by something without one, or closed
+        return forced
+
+
 class Reporter:
     """Progress of a deploy on stderr: what happens, a line each; on a terminal, also its live line (the
     phase, its progress and ETA, the engine's last log line: fleet.cli.live), unless the log is shown."""
@@ -107,7 +119,7 @@ class Reporter:
         self.pull = PullShown()
         self.phase = ""  # the start-up phase last said (a new one gets its own line)
         self.board = None if quiet or show_log else board
-        if self.board is None and not quiet and not show_log:
+        if self.board is None and not quiet and not show_log and may_be_terminal(sys.stderr):
             from fleet.cli.live import terminal_board
 
             self.board = terminal_board()
