@@ -84,3 +84,4 @@ def test_a_short_benchmark_run_measures_every_section(tmp_path: Path) -> None:
     assert re.search(r"\| fleet deploy --no-engine-check \| [\d.]+ .*\| [\d.]+x \|", deploy)
     boxed = text.split("### 11.")[1].split("###")[0]
     assert re.search(r"\| fleet deploy in podman, a plan new to the host .*\| [\d.]+x \|", boxed)
+    assert re.search(r"\| fleet deploy in podman, the same plan again, `fleet pool` running .*\| [\d.]+x \|", boxed)

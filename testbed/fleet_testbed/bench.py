@@ -634,6 +634,7 @@ def main() -> int:
             row,
             a.runs,
             "### 11. A deployment in a container against the same container by hand",
+            fleet_pool,
             tuple(a.runtimes.split(",")),
             a.startup_scale,
         )

@@ -4,8 +4,9 @@ On the simulated blackwell, with its GPUs as character devices and its engine st
 user's sandbox has (`startup_scale` 1.0, about 1.3 s to ready), in podman and then in docker (Debian's
 dockerd, started on the host for the section). By hand is what an operator types: `ssh HOST CLI run -d`
 with the same image, devices, mounts and engine command line as fleet's plan, then polling `/health`
-until it answers 200. fleet's deploy is measured twice per run: a plan new to the host (the engine checks
-the command line in the image before anything is stopped) and the same plan again after `fleet stop`.
+until it answers 200. fleet's deploy is measured three times per run: a plan new to the host (the engine
+checks the command line in the image before anything is stopped), the same plan again after `fleet stop`,
+and that again with `fleet pool` running (its connection and its imported process kept between runs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 from fleet_testbed import dockerd, gpustate, images, simhost
@@ -26,6 +27,7 @@ from fleet_testbed import dockerd, gpustate, images, simhost
 Fleet = Callable[..., subprocess.CompletedProcess[str]]
 Timed = Callable[[Callable[[], object], int], list[float]]
 Row = Callable[..., str]
+Pooled = Callable[[simhost.Sandbox, dict[str, str]], AbstractContextManager[dict[str, str]]]
 
 
 def by_hand_argv(run: list[str]) -> list[str]:
@@ -77,9 +79,17 @@ def character_devices(hdir: Path) -> Iterator[None]:
 
 
 def measure(
-    sb: simhost.Sandbox, env: dict[str, str], fleet: Fleet, timed: Timed, runs: int, cli: str, image: str
-) -> tuple[list[float], list[float], list[float]]:
-    """(by hand, fleet with a new plan, fleet with that plan again) in seconds, `runs` of each."""
+    sb: simhost.Sandbox,
+    env: dict[str, str],
+    pool_env: dict[str, str],
+    fleet: Fleet,
+    timed: Timed,
+    runs: int,
+    cli: str,
+    image: str,
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(by hand, fleet with a new plan, fleet with that plan again, and again through the pool `pool_env`
+    reaches) in seconds, `runs` of each."""
     spec = sb.specs[0]
     hdir = sb.host_dir(spec.name)
     books = Path(env["FLEET_PLAYBOOKS"])
@@ -87,6 +97,7 @@ def measure(
     by_hand: list[float] = []
     new: list[float] = []
     again: list[float] = []
+    pooled: list[float] = []
     for i in range(runs):
         # a setting no run chose before: the host has not seen this command line, so the engine checks it
         watchdog = 1000 + (time.time_ns() // 1000) % 1_000_000 + i
@@ -109,17 +120,17 @@ def measure(
         by_hand += timed(manual, 1)
         subprocess.run([*ssh, f"{cli} kill byhand && {cli} rm -f byhand"], check=True, capture_output=True, timeout=60)
 
-        def deploy() -> None:
+        def deploy(env: dict[str, str] = env) -> None:
             r = fleet(env, "deploy", "boxed", "--host", spec.name)
             if r.returncode != 0:
                 raise RuntimeError(f"fleet deploy in {cli} failed: {r.stderr[-2000:]}")
 
-        for into in (new, again):
-            into += timed(deploy, 1)
+        for into, through in ((new, env), (again, env), (pooled, pool_env)):
+            into += timed(lambda through=through: deploy(through), 1)
             fleet(env, "stop", "--host", f"{spec.name}/boxed")
     # its record names the runtime: a later deploy would want to ask it for the deployment's containers
     fleet(env, "forget", f"{spec.name}/boxed")
-    return by_hand, new, again
+    return by_hand, new, again, pooled
 
 
 def bench_containers(
@@ -130,11 +141,13 @@ def bench_containers(
     row: Row,
     runs: int,
     title: str,
+    pool: Pooled,
     runtimes: tuple[str, ...] = ("podman", "docker"),
     startup_scale: float = 1.0,
 ) -> list[str]:
-    """`runtimes`: those measured; `startup_scale`: the simulated engine's speed (1.0: a new user's
-    sandbox; the test of the benchmark runs it faster)."""
+    """`pool`: starts a `fleet pool` and gives the environment that runs through it; `runtimes`: those
+    measured; `startup_scale`: the simulated engine's speed (1.0: a new user's sandbox; the test of the
+    benchmark runs it faster)."""
     out = [
         title,
         "",
@@ -156,12 +169,14 @@ def bench_containers(
                 with ExitStack() as runtime:
                     if cli == "docker":
                         runtime.enter_context(dockerd.on_host(sb, sb.specs[0], image))
-                    floor, new, again = measure(sb, env, fleet, timed, runs, cli, image)
+                    pool_env = runtime.enter_context(pool(sb, env))
+                    floor, new, again, pooled = measure(sb, env, pool_env, fleet, timed, runs, cli, image)
                 f = statistics.median(floor)
                 out += [
                     row(f"by hand: `ssh`, `{cli} run -d`, poll /health until 200 (floor)", floor, f),
                     row(f"fleet deploy in {cli}, a plan new to the host (checked in the image)", new, f),
                     row(f"fleet deploy in {cli}, the same plan again (after `fleet stop`)", again, f),
+                    row(f"fleet deploy in {cli}, the same plan again, `fleet pool` running (warm)", pooled, f),
                 ]
     finally:
         simhost.set_host(hdir, startup_scale=was)
