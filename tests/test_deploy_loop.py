@@ -30,7 +30,12 @@ from simengine import wait_until
 
 E = TypeVar("E")
 
-pytestmark = pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")
+# each test starts simulated engines in a host's namespaces and waits for them (seconds): the coverage
+# tier and `make test` run them; `make unit` runs the same loop's branches against scripted hosts
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
+]
 
 
 @pytest.fixture

@@ -25,7 +25,12 @@ from fleet.inventory import load_playbook
 from fleet_testbed import nshost, simhost
 from simengine import wait_until
 
-pytestmark = pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter")
+# each test starts simulated engines in a host's namespaces and waits for them (seconds): the coverage
+# tier and `make test` run them; `make unit` runs the same loop's branches against scripted hosts
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not nshost.available(), reason="needs root, unshare and nsenter"),
+]
 
 
 @pytest.fixture
