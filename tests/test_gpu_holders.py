@@ -212,3 +212,15 @@ def test_a_holder_by_another_path_or_by_a_mapping_alone_is_tied_to_its_gpu(tmp_p
             p.wait()
             assert p.stdout is not None
             p.stdout.close()
+
+
+def test_a_refused_holder_says_whether_it_is_another_users_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `fleet stop` says of a refused holder (ask its owner, or --force) follows whose process it is,
+    not the words the kill policy gives as its reason."""
+    me = os.getuid()
+    procs = {
+        7: proc(7, 7, me + 1, *SGLANG),  # another user's engine
+        8: proc(8, 8, me, "python3", "notebook.py"),  # this user's own job, no engine
+    }
+    _, refused, _ = classify_table(monkeypatch, procs, {7: 0, 8: 0}, gpus=[0])
+    assert {p["pid"]: p["other_user"] for p in refused} == {7: True, 8: False}

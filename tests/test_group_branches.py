@@ -248,6 +248,7 @@ def test_a_groups_stop_says_what_each_rank_left_and_the_memory_that_did_not_come
     it left, GPU memory still in use) was dropped for a group's ranks."""
     g = ready_group(tmp_path)
     alice = {"pid": 7, "user": "alice", "cmdline": "python train.py", "why": "process of user alice"}
+    alice["other_user"] = True
     memory = {"before_mib": [40_000], "after_mib": [30_000], "waited_s": 30.0, "gpus": [0]}
     g.hosts["node-b"].stop_finds = {"refused": [alice], "memory": memory}
     said = dict(stop_group(g.run()))

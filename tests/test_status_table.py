@@ -141,7 +141,7 @@ def test_a_stop_never_offers_force_for_another_users_job_without_saying_whose_it
     """What a stop refused: another user's job is said to be theirs (--force would end somebody's
     training run); fleet's user's own non-engine process only names --force."""
     refused = [
-        {"pid": 7, "user": "alice", "cmdline": "python train.py", "why": "process of user alice"},
+        {"pid": 7, "user": "alice", "cmdline": "python train.py", "why": "process of user alice", "other_user": True},
         {"pid": 8, "user": "me", "cmdline": "python notebook.py", "why": "not an inference server"},
     ]
     theirs, mine = describe_stop({"ended": [], "left": [], "refused": refused})

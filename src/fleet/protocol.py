@@ -38,6 +38,7 @@ class ProcessInfo(TypedDict, total=False):
     container_id: str
     container_cli: str
     why: str  # why fleet stops, refuses or leaves it
+    other_user: bool  # refused: another user's process (fleet never hints at --force for it)
     ports: List[Dict[str, Any]]  # the sockets it listens on
 
 

@@ -53,7 +53,7 @@ def describe_stop(out: ActResult) -> list[str]:
     lines = [*describe_stopped(out.get("ended", [])), *describe_left(out.get("left", []))]
     lines += [
         f"not stopped: pid {p.get('pid')} (user {p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}; "
-        + (OTHER_USERS if str(p["why"]).startswith("process of user") else "--force stops it")
+        + (OTHER_USERS if p.get("other_user") else "--force stops it")
         for p in out.get("refused", [])
     ]
     lines += [

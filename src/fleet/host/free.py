@@ -273,8 +273,8 @@ def classify(
         )
         if verdict == "leave":
             left.append(dict(info, why=why))
-        elif verdict == "refuse":
-            refused.append(dict(info, why=why))
+        elif verdict == "refuse":  # another user's job is said as such, whatever the words of `why`
+            refused.append(dict(info, why=why, other_user=info["uid"] != me))
         elif verdict == "stop":
             replacing = (a.get("replaced_names") or {}).get(info["pgid"])
             if info["pgid"] in replaced and replacing:  # say which deployment --replace stopped
