@@ -3,17 +3,22 @@ while the host is probed and the deploy planned. Run through `connection: local`
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleet import step_ahead
 from fleet.control.host_steps import SshSteps, give_up_ahead, start_act_ahead
-from fleet.errors import HostStepError
+from fleet.errors import HostStepError, TransportError
+from fleet.hostscripts import script_for
 from fleet.protocol import ActRequest
 from fleet.step_ahead import StepAhead
 from fleet.transport.local import LocalTransport
+from simengine import wait_until
 
 
 def release(state_dir: Path) -> ActRequest:
@@ -100,3 +105,50 @@ def test_no_step_is_started_ahead_over_the_connection_pool_and_one_given_up_is_f
     give_up_ahead(t)
     give_up_ahead(t)  # nothing left to give up: no error
     assert t.commands_run == 1
+
+
+def test_a_step_given_up_runs_no_request_given_after(tmp_path: Path) -> None:
+    ahead = StepAhead(LocalTransport("h"), "act", sys.executable)
+    ahead.give_up()
+    assert ahead.answer(release(tmp_path / "state"), b"{}\n", 60) is None  # before the step has even ended
+    ahead._thread.join(60)
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_act_that_outlives_its_timeout_is_ended_not_left_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a step run the usual way is killed at its timeout, one started ahead is too: fleet has said the
+    host timed out, and the step must not go on to stop or launch anything after that."""
+    pid_file, worked = tmp_path / "pid", tmp_path / "worked"
+
+    def slow_step(step: str, args: object, pythons: object) -> str:
+        return f"echo $$ > {pid_file}; read request; read secrets; sleep 30; touch {worked}"
+
+    monkeypatch.setattr(step_ahead, "script_for", slow_step)
+    ahead = StepAhead(LocalTransport("h"), "act", sys.executable)
+    with pytest.raises(TransportError, match="timed out after 1 s"):
+        ahead.answer({"op": "launch"}, b"{}\n", 1)
+    pid = int(pid_file.read_text())
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or " Z " in Path(f"/proc/{pid}/stat").read_text())
+    assert not worked.exists()
+
+
+def test_the_host_step_waits_for_its_request_no_longer_than_it_was_told() -> None:
+    """A client gone without closing its connection (a laptop suspended) never sends the end of stdin: the
+    act started ahead ends by itself, having done nothing."""
+    fleet_done = threading.Event()
+    out = bytearray()
+
+    def held_open() -> object:
+        fleet_done.wait(60)
+        yield b""
+
+    script = script_for("act", {"ahead": True, "wait_s": 0.3}, [sys.executable])
+    try:
+        code = LocalTransport("h").stream(
+            script, lambda chunk: out.extend(chunk) or True, stdin=held_open(), timeout_s=30
+        )
+    finally:
+        fleet_done.set()
+    assert code == 0 and b"started ahead and given no request" in out

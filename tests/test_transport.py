@@ -8,7 +8,9 @@ import re
 import shlex
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -219,37 +221,46 @@ def test_the_connection_to_sshd_sends_small_messages_at_once(fleet_env: simhost.
         t.close()
 
 
+def connects_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The addresses fleet's SSH transport opens a TCP connection to, from now on."""
+    import fleet.transport.ssh as ssh
+
+    opened: list[str] = []
+
+    def counted(host: str, port: int, timeout_s: float) -> socket.socket:
+        opened.append(host)
+        return tcp_connect(host, port, timeout_s)
+
+    monkeypatch.setattr(ssh, "tcp_connect", counted)
+    return opened
+
+
+def twice_at_once(command: Callable[[], None]) -> None:
+    """`command` in two threads started together: a deploy's probe and its act started ahead."""
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        start.wait()
+        command()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+
 def test_two_threads_first_commands_open_one_connection(
     fleet_env: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deploy's act step starts beside its probe (fleet.step_ahead): both ask a transport not yet
     connected at once, and the host sees one connection, not two (one left open until fleet exits)."""
-    import threading
-
-    import fleet.transport.ssh as ssh
-
-    opened: list[tuple[str, int]] = []
-
-    def counted(host: str, port: int, timeout_s: float) -> socket.socket:
-        opened.append((host, port))
-        return tcp_connect(host, port, timeout_s)
-
-    monkeypatch.setattr(ssh, "tcp_connect", counted)
+    opened = connects_counted(monkeypatch)
     t = transport(fleet_env)
-    start = threading.Barrier(2)
     said: list[str] = []
-
-    def first_command() -> None:
-        start.wait()
-        said.append(t.run("echo hi").text)
-
     try:
-        threads = [threading.Thread(target=first_command) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert said == ["hi\n", "hi\n"] and opened == [(CT129.address, fleet_env.port)]
+        twice_at_once(lambda: said.append(t.run("echo hi").text))
+        assert said == ["hi\n", "hi\n"] and opened == [CT129.address]
     finally:
         t.close()
 
@@ -332,6 +343,41 @@ def test_refused_and_silent_hosts_fail_within_the_connect_timeout(fleet_env: sim
                 t.run("true")
             assert time.monotonic() - start < 8
     finally:
+        silent.close()
+
+
+def test_a_first_connect_that_failed_is_not_tried_again_by_the_thread_that_waited_for_it(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen sshd (the TCP connection accepted, no banner) as a deploy's probe and its act started
+    ahead both reach it: one attempt, its error said to both, not a second connection (or a second
+    failed login) after the first timed out."""
+    silent = socket.socket()
+    silent.bind(("127.0.2.52", 0))
+    silent.listen()
+    inv = tmp_path / "inv.yaml"
+    port = silent.getsockname()[1]
+    # 4 s: the second thread reads the attempts made before the first one ends, however loaded the machine
+    inv.write_text(f"defaults: {{port: {port}, connect_timeout_s: 4}}\nhosts:\n  frozen: {{address: 127.0.2.52}}\n")
+    opened = connects_counted(monkeypatch)
+    t = connect(load_inventory(inv).hosts["frozen"], SshOptions(fleet_env.known_hosts, None))
+    said: list[BaseException] = []
+
+    def first_command() -> None:
+        try:
+            t.run("true")
+        except HostUnreachable as exc:
+            said.append(exc)
+
+    try:
+        twice_at_once(first_command)
+        assert len(said) == 2 and all("no SSH answer" in str(exc) for exc in said)
+        assert opened == ["127.0.2.52"]
+        with pytest.raises(HostUnreachable):  # a later command tries again: the host may have come back
+            t.run("true")
+        assert opened == ["127.0.2.52"] * 2
+    finally:
+        t.close()
         silent.close()
 
 

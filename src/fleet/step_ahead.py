@@ -60,7 +60,8 @@ class StepAhead:
             return True
 
         try:
-            script = script_for(self.step, {"ahead": True}, [self.python])
+            # the host waits no longer than fleet does (a client gone without closing TCP is not seen)
+            script = script_for(self.step, {"ahead": True, "wait_s": WAIT_FOR_REQUEST_S + 60}, [self.python])
             self._code = self.t.stream(script, keep, stdin=self._input(), timeout_s=WAIT_FOR_REQUEST_S + 3600)
         except BaseException as exc:  # handed to `answer`, which raises it as its own run would have
             self._error = exc
@@ -72,15 +73,16 @@ class StepAhead:
     def answer(self, request: Mapping[str, object], stdin: bytes, timeout_s: float) -> dict[str, Any] | None:
         """The step's answer to `request` (the first line of its stdin, then `stdin`); None when the step
         ended before it was given one (the caller runs the step as usual)."""
-        with self._lock:
-            if self._closed or self._request is not None:
-                return None
-            self._request = json.dumps(request).encode() + b"\n" + stdin
-        self._given.set()
+        given = json.dumps(request).encode() + b"\n" + stdin
         try:
+            with self._lock:
+                if self._closed or self._request is not None:
+                    return None
+                self._request = given
+            self._given.set()
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                self.t.close()  # the only way to end a command that went quiet; the next step reconnects
+                self.t.close()  # ends the command, as its own timeout would; the next step reconnects
                 raise TransportError(
                     f"{self.t.host_name}: command timed out after {timeout_s:.0f} s.",
                     "The host may be overloaded; retry or raise the timeout.",
@@ -95,5 +97,7 @@ class StepAhead:
 
     def give_up(self) -> None:
         """Never given a request: its stdin ends and the step ends without changing anything."""
+        with self._lock:
+            self._closed = True  # an answer() after this runs the step as usual, not this one
         self._given.set()
         self._answered.set()

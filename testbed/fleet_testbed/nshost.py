@@ -156,6 +156,8 @@ class NamespaceTransport:
         self.host_name = host.spec.name
         self.commands_run = 0
         self.chunked_input_connects = False
+        # streams still running: close() ends them, as closing a connection ends its commands
+        self._streaming: set[subprocess.Popen[bytes]] = set()
         self.cut_after: int | None = None
 
     def _argv(self, script: str) -> list[str]:
@@ -196,6 +198,7 @@ class NamespaceTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
+        self._streaming.add(proc)
         pipe = proc.stdin
         # bytes: left open while fleet listens: its end tells the command fleet is gone (as over SSH). A
         # broken pipe: it ended without reading its input; its output and exit code still count.
@@ -225,6 +228,9 @@ class NamespaceTransport:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
+            self._streaming.discard(proc)
 
     def close(self) -> None:
-        pass
+        for proc in list(self._streaming):
+            with contextlib.suppress(OSError):
+                proc.kill()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -106,9 +107,11 @@ LAUNCHING = ("prepare", "launch")  # the operations that free the GPUs for a lau
 
 def main() -> ActResult:
     a = cast("ActRequest", json.loads(sys.argv[1]))
-    if cast(Dict[str, Any], a).get("ahead"):  # started before fleet had planned (fleet/step_ahead.py)
-        line = sys.stdin.readline()  # the request, then the secrets' line
-        if not line:  # never given one: nothing asked, nothing done
+    ahead = cast(Dict[str, Any], a)
+    if ahead.get("ahead"):  # started before fleet had planned (fleet/step_ahead.py)
+        waited = select.select([0], [], [], float(ahead.get("wait_s") or 660))[0]
+        line = sys.stdin.readline() if waited else ""  # the request, then the secrets' line
+        if not line:  # never given one (or not in time): nothing asked, nothing done
             return {"host": socket.gethostname(), "error": "started ahead and given no request"}
         a = cast("ActRequest", json.loads(line))
     # the first line: fleet may hold stdin open after it (client_on_stdin), its end meaning fleet is gone

@@ -17,6 +17,8 @@ class LocalTransport:
         self.host_name = host_name
         self.commands_run = 0
         self.chunked_input_connects = False
+        # streams still running: close() ends them, as closing a connection ends its commands
+        self._streaming: set[subprocess.Popen[bytes]] = set()
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         self.commands_run += 1
@@ -45,6 +47,7 @@ class LocalTransport:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None
+        self._streaming.add(proc)
         pipe = proc.stdin
         # bytes: left open while fleet listens: its end tells the command fleet is gone (as over SSH). A
         # broken pipe: it ended without reading its input; its output and exit code still count.
@@ -72,6 +75,9 @@ class LocalTransport:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
+            self._streaming.discard(proc)
 
     def close(self) -> None:
-        pass
+        for proc in list(self._streaming):
+            with contextlib.suppress(OSError):
+                proc.kill()

@@ -206,7 +206,10 @@ class SshTransport:
         self._accept_new_jump = accept_new_jump_host_key
         self._timeout_s = s.connect_timeout_s
         self._liveness = _Liveness()
-        self._connecting = threading.Lock()  # two threads' first commands (a step started ahead) open one connection
+        # two threads' first commands (a step started ahead) open one connection, or fail on one attempt
+        self._connecting = threading.Lock()
+        self._connects = 0  # attempts to connect ended so far (counted at their end: see _transport)
+        self._connect_error: BaseException | None = None  # how the last of them failed
         self._where = f"{s.user + '@' if s.user else ''}{s.address}{':' + str(s.port) if s.port else ''}"
         if s.proxy_jump:  # a silent or refusing hop may be the jump host: say the path
             self._where += f" (through ProxyJump {s.proxy_jump})"
@@ -237,8 +240,21 @@ class SshTransport:
         )
 
     def _transport(self) -> paramiko.Transport:
+        attempts_before = self._connects
         with self._connecting:
-            return self._connected()
+            if self._connects != attempts_before and self._connect_error is not None:
+                raise self._connect_error  # tried while this thread waited, and failed: not tried twice
+            if self._conn.is_connected:
+                return self._connected()
+            try:
+                transport = self._connected()
+            except BaseException as exc:
+                self._connect_error = exc
+                raise
+            finally:
+                self._connects += 1  # at the end: a thread that read the count meanwhile waited for this one
+            self._connect_error = None
+            return transport
 
     def _connected(self) -> paramiko.Transport:
         if not self._conn.is_connected:
