@@ -19,7 +19,7 @@ from conftest import CT129, run_cli
 from fleet.errors import HostKeyError, HostUnreachable, TransportError
 from fleet.host.common import SIMULATED_GPUS_MARK
 from fleet.inventory import Host, load_inventory
-from fleet.transport import SshOptions, connect
+from fleet.transport import SshOptions, base, connect
 from fleet.transport.ssh_socket import tcp_connect
 from fleet_testbed import simhost
 from simengine import tcp_ports_to, wait_until
@@ -321,6 +321,21 @@ def test_command_timeout_is_a_clear_error(fleet_env: simhost.Sandbox) -> None:
         with pytest.raises(TransportError, match="command timed out after 1 s"):
             t.run("sleep 10", timeout_s=1)
         assert time.monotonic() - start < 5
+    finally:
+        t.close()
+
+
+def test_a_command_that_floods_its_output_is_stopped_and_the_connection_kept(
+    fleet_env: simhost.Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One answer is held to a bound (fleet.transport.base.ANSWER_BYTES, 32 MiB; 4 MiB here)."""
+    monkeypatch.setattr(base, "ANSWER_BYTES", 4 << 20)
+    t = transport(fleet_env)
+    try:
+        with pytest.raises(TransportError, match="more than 4 MiB of output for one answer; it was stopped"):
+            t.run("exec cat /dev/zero", timeout_s=60)
+        r = t.run("head -c 3000000 /dev/zero >&2; echo the-end >&2; echo ok")
+        assert r.text == "ok\n" and r.error_text.endswith("the-end\n") and len(r.stderr) == base.ERROR_TAIL_BYTES
     finally:
         t.close()
 

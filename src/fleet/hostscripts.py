@@ -22,7 +22,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from fleet.errors import HostStepError
-from fleet.transport.base import CommandResult
+from fleet.transport.base import Collected, CommandResult
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -266,16 +266,9 @@ def _run_json(
     `hold_stdin`: run it as a stream, whose stdin stays open until fleet has its answer; the script
     (told by `client_on_stdin`) stops before changing anything when it ends: fleet is gone."""
     if hold_stdin:
-        received = bytearray()
-
-        def keep(chunk: bytes) -> bool:
-            received.extend(chunk)
-            return True
-
-        args = {**args, "client_on_stdin": True}
-        script = script_for(step, args, [python])
-        code = transport.stream(script, keep, stdin=stdin + b"\n", timeout_s=timeout_s)
-        result = CommandResult(code, bytes(received), b"")
+        output = Collected(transport.host_name)
+        script = script_for(step, {**args, "client_on_stdin": True}, [python])
+        result = output.result(transport.stream(script, output.out, stdin=stdin + b"\n", timeout_s=timeout_s))
     else:
         result = transport.run(script_for(step, args, [python]), stdin=stdin, timeout_s=timeout_s)
     return answer_of(transport.host_name, step, result)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError, TransportError
 from fleet.hostscripts import answer_of, script_for
-from fleet.transport.base import CommandResult
+from fleet.transport.base import Collected
 
 if TYPE_CHECKING:
     from fleet.transport import Transport
@@ -37,7 +37,7 @@ class StepAhead:
         self._closed = False  # no request can be given any more: the step's stdin ended or it ended
         self._given = threading.Event()  # the request was given, or the step given up
         self._answered = threading.Event()  # fleet has the answer: the step's stdin may end
-        self._received = bytearray()
+        self._output = Collected(transport.host_name)  # bounded: a host cannot grow fleet's memory
         self._code: int | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"ahead-{step}-{transport.host_name}", daemon=True)
@@ -55,14 +55,11 @@ class StepAhead:
         self._answered.wait()
 
     def _run(self) -> None:
-        def keep(chunk: bytes) -> bool:
-            self._received.extend(chunk)
-            return True
-
         try:
             # the host waits no longer than fleet does (a client gone without closing TCP is not seen)
             script = script_for(self.step, {"ahead": True, "wait_s": WAIT_FOR_REQUEST_S + 60}, [self.python])
-            self._code = self.t.stream(script, keep, stdin=self._input(), timeout_s=WAIT_FOR_REQUEST_S + 3600)
+            out = self._output.out
+            self._code = self.t.stream(script, out, stdin=self._input(), timeout_s=WAIT_FOR_REQUEST_S + 3600)
         except BaseException as exc:  # handed to `answer`, which raises it as its own run would have
             self._error = exc
         finally:
@@ -93,7 +90,7 @@ class StepAhead:
             if isinstance(self._error, FleetError):
                 raise self._error
             raise TransportError(f"{self.t.host_name}: fleet's {self.step} step failed ({self._error}).", "")
-        return answer_of(self.t.host_name, self.step, CommandResult(self._code or 0, bytes(self._received), b""))
+        return answer_of(self.t.host_name, self.step, self._output.result(self._code or 0))
 
     def give_up(self) -> None:
         """Never given a request: its stdin ends and the step ends without changing anything."""

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleet.errors import TransportError
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -54,6 +56,42 @@ def feed(stdin: Stdin, write: Callable[[bytes], object], close: Callable[[], obj
             return
 
     threading.Thread(target=pump, name="fleet-stdin", daemon=True).start()
+
+
+# A step's answer is one JSON document of kilobytes (a probe's facts, an act's outcome); a command that
+# sends more than this is broken or not fleet's, and is stopped rather than held in memory (the pool's
+# frames, base64 and all, stay under fleet.frames.MAX_FRAME). Of stderr only the end is kept: messages
+# quote its last lines.
+ANSWER_BYTES = 32 << 20
+ERROR_TAIL_BYTES = 64 << 10
+
+
+class Collected:
+    """A command's output as it arrives, held to ANSWER_BYTES of stdout (more is a TransportError, raised
+    from `out`: the transport stops the command as it unwinds) and the last ERROR_TAIL_BYTES of stderr."""
+
+    def __init__(self, host_name: str) -> None:
+        self.host_name = host_name
+        self._out = bytearray()
+        self._err = bytearray()
+
+    def out(self, chunk: bytes) -> bool:
+        """Keep `chunk` of stdout; True (an `OnChunk`: the stream goes on)."""
+        if len(self._out) + len(chunk) > ANSWER_BYTES:
+            raise TransportError(
+                f"{self.host_name}: a command sent more than {ANSWER_BYTES >> 20} MiB of output for one answer; "
+                "it was stopped.",
+                "fleet's steps answer in kilobytes: check what runs as fleet's Python on the host (--debug).",
+            )
+        self._out += chunk
+        return True
+
+    def err(self, chunk: bytes) -> None:
+        self._err += chunk
+        del self._err[:-ERROR_TAIL_BYTES]
+
+    def result(self, exit_code: int) -> CommandResult:
+        return CommandResult(exit_code, bytes(self._out), bytes(self._err))
 
 
 class Transport(Protocol):

@@ -6,10 +6,11 @@ import contextlib
 import os
 import select
 import subprocess
+import threading
 import time
 
 from fleet.errors import TransportError
-from fleet.transport.base import CommandResult, OnChunk, Stdin, feed
+from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed
 
 
 class LocalTransport:
@@ -17,37 +18,69 @@ class LocalTransport:
         self.host_name = host_name
         self.commands_run = 0
         self.chunked_input_connects = False
-        # streams still running: close() ends them, as closing a connection ends its commands
+        # commands still running: close() ends them, as closing a connection ends its commands
         self._streaming: set[subprocess.Popen[bytes]] = set()
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         self.commands_run += 1
-        try:
-            proc = subprocess.run(
-                ["/bin/sh", "-c", script],
-                input=stdin,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-                start_new_session=True,  # as sshd runs each command: fleet's "own process group" is the command's
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise TransportError(
-                f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "Retry, or raise the timeout."
-            ) from exc
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+        output = Collected(self.host_name)
+        proc = self._start(script, stderr=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        pipe = proc.stdin
 
-    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
-        self.commands_run += 1
+        def send() -> None:  # from a thread: input larger than a pipe's buffer must not wait on our reading
+            with contextlib.suppress(BrokenPipeError, ValueError):
+                pipe.write(stdin)
+                pipe.close()
+
+        threading.Thread(target=send, name="fleet-stdin", daemon=True).start()
+        keep = {proc.stdout.fileno(): output.out, proc.stderr.fileno(): output.err}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while keep:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(
+                        f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "Retry, or raise the timeout."
+                    )
+                for fd in select.select(list(keep), [], [], min(left, 1.0))[0]:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        keep[fd](chunk)
+                    else:
+                        del keep[fd]
+            return output.result(proc.wait())
+        finally:
+            self._end(proc)
+
+    def _start(self, script: str, *, stderr: int) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            stderr=stderr,
+            start_new_session=True,  # as sshd runs each command: fleet's "own process group" is the command's
         )
-        assert proc.stdin is not None and proc.stdout is not None
         self._streaming.add(proc)
+        return proc
+
+    def _end(self, proc: subprocess.Popen[bytes]) -> None:
+        """The command stopped if it still runs, and its pipes closed."""
+        with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
+            assert proc.stdin is not None
+            proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self._streaming.discard(proc)
+
+    def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
+        self.commands_run += 1
+        proc = self._start(script, stderr=subprocess.DEVNULL)
+        assert proc.stdin is not None and proc.stdout is not None
         pipe = proc.stdin
         # bytes: left open while fleet listens: its end tells the command fleet is gone (as over SSH). A
         # broken pipe: it ended without reading its input; its output and exit code still count.
@@ -69,13 +102,7 @@ class LocalTransport:
                 if not on_chunk(chunk):
                     return -1
         finally:
-            with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
-                proc.stdin.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-            self._streaming.discard(proc)
+            self._end(proc)
 
     def close(self) -> None:
         for proc in list(self._streaming):

@@ -34,7 +34,7 @@ from fleet.errors import (
     TransportError,
 )
 from fleet.inventory import Host
-from fleet.transport.base import CommandResult, OnChunk, Stdin, feed, sh_command
+from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed, sh_command
 from fleet.transport.ssh_keys import SHARED_PARSE_LOCK, UnknownKey, harden
 from fleet.transport.ssh_socket import READ_BYTES, fast_transport, tcp_connect
 from fleet.transport.sshlib import Config, Connection, paramiko
@@ -366,18 +366,17 @@ class SshTransport:
 
     def run(self, script: str, *, stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
         chan = self._open(script, stdin)
-        out: list[bytes] = []
-        err: list[bytes] = []
+        output = Collected(self.host_name)
         deadline = time.monotonic() + timeout_s
         end = _CommandEnd(chan)
         silence = _Silence(self)
         try:
             while True:
                 while chan.recv_ready():
-                    out.append(chan.recv(65536))
+                    output.out(chan.recv(65536))
                     silence.heard_now()
                 while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(65536))
+                    output.err(chan.recv_stderr(65536))
                     silence.heard_now()
                 if end.reached():
                     break
@@ -398,7 +397,7 @@ class SshTransport:
         if code == -1:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped mid-command.", "Run again.")
-        return CommandResult(code, b"".join(out), b"".join(err))
+        return output.result(code)
 
     def stream(
         self,

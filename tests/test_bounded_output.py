@@ -1,0 +1,75 @@
+"""A host's output for one answer is held to a bound: a broken or hostile host that floods a command's
+stdout gets a clear error and a stopped command, not fleet's (or the connection pool's) memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import HostStepError, TransportError
+from fleet.hostscripts import run_step
+from fleet.step_ahead import StepAhead
+from fleet.step_answers import ACT
+from fleet.transport import base
+from fleet.transport.local import LocalTransport
+
+
+def flooding_python(tmp_path: Path, stream: str = "") -> str:
+    """A "Python" on the host that answers any step with endless output (stdout, or stderr with `>&2`)."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\nexec cat /dev/zero {stream}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_command_that_floods_its_output_is_stopped_with_a_clear_error() -> None:
+    t = LocalTransport("h")
+    with pytest.raises(TransportError, match="more than 32 MiB of output for one answer; it was stopped"):
+        t.run("exec cat /dev/zero", timeout_s=60)
+    assert not t._streaming  # the command was ended, not left writing
+    assert t.run("echo ok").text == "ok\n"  # the next command is unaffected
+
+
+def test_an_answer_under_the_bound_arrives_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "ANSWER_BYTES", 1 << 20)
+    r = LocalTransport("h").run("head -c 1048576 /dev/zero; exit 4")
+    assert (r.exit_code, len(r.stdout)) == (4, 1 << 20)
+
+
+def test_of_stderr_only_its_end_is_kept() -> None:
+    r = LocalTransport("h").run("head -c 1000000 /dev/zero >&2; echo the-end >&2; echo out")
+    assert r.text == "out\n"
+    assert r.error_text.endswith("the-end\n") and len(r.stderr) == base.ERROR_TAIL_BYTES
+
+
+def test_input_larger_than_a_pipe_reaches_a_command_that_answers_as_it_reads() -> None:
+    data = b"x" * (4 << 20)
+    r = LocalTransport("h").run("wc -c", stdin=data)
+    assert r.text.strip() == str(len(data))
+
+
+def test_a_step_whose_answer_floods_is_an_error_on_a_held_stdin_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(base, "ANSWER_BYTES", 1 << 20)
+    t = LocalTransport("h")
+    with pytest.raises(TransportError, match="more than 1 MiB"):
+        run_step(t, flooding_python(tmp_path), ACT, {"op": "release"}, timeout_s=60, hold_stdin=True)  # type: ignore[typeddict-item]
+    assert not t._streaming
+
+
+def test_a_step_started_ahead_whose_answer_floods_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(base, "ANSWER_BYTES", 1 << 20)
+    ahead = StepAhead(LocalTransport("h"), "act", flooding_python(tmp_path))
+    with pytest.raises(TransportError, match="more than 1 MiB"):
+        ahead.answer({"op": "release"}, b"{}\n", 60)
+
+
+def test_a_step_that_floods_stderr_still_gives_its_error(tmp_path: Path) -> None:
+    t = LocalTransport("h")
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\nhead -c 5000000 /dev/zero >&2\necho '{\"error\": \"it broke\"}'\n")
+    path.chmod(0o755)
+    with pytest.raises(HostStepError, match="it broke"):
+        run_step(t, str(path), ACT, {"op": "release"}, timeout_s=60)  # type: ignore[typeddict-item]
