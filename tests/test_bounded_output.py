@@ -69,7 +69,7 @@ def test_a_step_started_ahead_whose_answer_floods_is_an_error(tmp_path: Path, mo
 def test_a_step_that_floods_stderr_still_gives_its_error(tmp_path: Path) -> None:
     t = LocalTransport("h")
     path = tmp_path / "python"
-    path.write_text("#!/bin/sh\nhead -c 5000000 /dev/zero >&2\necho '{\"error\": \"it broke\"}'\n")
+    path.write_text('#!/bin/sh\nhead -c 5000000 /dev/zero >&2\necho \'{"error": "it broke"}\'\n')
     path.chmod(0o755)
     with pytest.raises(HostStepError, match="it broke"):
         run_step(t, str(path), ACT, {"op": "release"}, timeout_s=60)  # type: ignore[typeddict-item]

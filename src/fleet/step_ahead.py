@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError, TransportError
 from fleet.hostscripts import answer_of, script_for
-from fleet.transport.base import Collected
+from fleet.transport.base import Collected, timed_out
 
 if TYPE_CHECKING:
     from fleet.transport import Transport
@@ -80,10 +80,7 @@ class StepAhead:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 self.t.close()  # ends the command, as its own timeout would; the next step reconnects
-                raise TransportError(
-                    f"{self.t.host_name}: command timed out after {timeout_s:.0f} s.",
-                    "The host may be overloaded; retry or raise the timeout.",
-                )
+                raise timed_out(self.t.host_name, timeout_s)
         finally:
             self._answered.set()
         if self._error is not None:

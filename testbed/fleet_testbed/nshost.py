@@ -18,9 +18,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fleet.errors import HostUnreachable, TransportError
+from fleet.errors import HostUnreachable
 from fleet.inventory import Host, load_inventory
-from fleet.transport.base import CommandResult, OnChunk, Stdin, feed
+from fleet.transport.base import CommandResult, OnChunk, Stdin, feed, timed_out
 from fleet_testbed import simhost
 
 
@@ -184,7 +184,7 @@ class NamespaceTransport:
                 start_new_session=True,  # as sshd runs each command
             )
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "") from exc
+            raise timed_out(self.host_name, timeout_s) from exc
         return CommandResult(p.returncode, p.stdout, p.stderr)
 
     def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
@@ -220,7 +220,7 @@ class NamespaceTransport:
                 sent += len(chunk)
                 if not on_chunk(chunk):
                     return -1
-            raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
+            raise timed_out(self.host_name, timeout_s, "stream")
         finally:
             with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
                 proc.stdin.close()

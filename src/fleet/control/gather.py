@@ -144,7 +144,7 @@ def started_ahead(transport: HostLink, host: Host, playbook: NamedPlaybook) -> I
     act runs under the plan's engine environment, known only once the deploy has planned. An act never
     asked (a refusal, a server kept as it runs) ends having done nothing."""
     read_facts_ahead(transport, host, playbook)
-    if asked_for(host, playbook)["runtime"] is not None:
+    if chosen_runtime(playbook.spec.runtime, host.settings.runtime) is not None:  # a container deployment
         start_act_ahead(transport, step_python(host))
     try:
         yield

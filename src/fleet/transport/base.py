@@ -94,6 +94,14 @@ class Collected:
         return CommandResult(exit_code, bytes(self._out), bytes(self._err))
 
 
+def timed_out(host_name: str, timeout_s: float, what: str = "command") -> TransportError:
+    """A command (or a stream) that outlived its timeout: every transport says it the same way."""
+    return TransportError(
+        f"{host_name}: {what} timed out after {timeout_s:.0f} s.",
+        "The host may be overloaded; retry or raise the timeout.",
+    )
+
+
 class Transport(Protocol):
     host_name: str
     commands_run: int  # exec channels opened so far: the round-trip count the benchmark reports

@@ -9,8 +9,7 @@ import subprocess
 import threading
 import time
 
-from fleet.errors import TransportError
-from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed
+from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed, timed_out
 
 
 class LocalTransport:
@@ -40,9 +39,7 @@ class LocalTransport:
             while keep:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(
-                        f"{self.host_name}: command timed out after {timeout_s:.0f} s.", "Retry, or raise the timeout."
-                    )
+                    raise timed_out(self.host_name, timeout_s)
                 for fd in select.select(list(keep), [], [], min(left, 1.0))[0]:
                     chunk = os.read(fd, 65536)
                     if chunk:
@@ -92,7 +89,7 @@ class LocalTransport:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
+                    raise timed_out(self.host_name, timeout_s, "stream")
                 ready, _, _ = select.select([fd], [], [], min(left, 1.0))
                 if not ready:
                     continue

@@ -31,10 +31,9 @@ from fleet.errors import (
     HostKeyError,
     HostSilent,
     HostUnreachable,
-    TransportError,
 )
 from fleet.inventory import Host
-from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed, sh_command
+from fleet.transport.base import Collected, CommandResult, OnChunk, Stdin, feed, sh_command, timed_out
 from fleet.transport.ssh_keys import SHARED_PARSE_LOCK, UnknownKey, harden
 from fleet.transport.ssh_socket import READ_BYTES, fast_transport, tcp_connect
 from fleet.transport.sshlib import Config, Connection, paramiko
@@ -382,10 +381,7 @@ class SshTransport:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(
-                        f"{self.host_name}: command timed out after {timeout_s:.0f} s.",
-                        "The host may be overloaded; retry or raise the timeout.",
-                    )
+                    raise timed_out(self.host_name, timeout_s)
                 silence.check()
                 end.wait(min(left, 1.0))
             code = chan.recv_exit_status() if chan.exit_status_ready() else -1
@@ -439,7 +435,7 @@ class SshTransport:
                     raise HostUnreachable(f"{self.host_name}: the SSH connection dropped while streaming.", "")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(f"{self.host_name}: stream timed out after {timeout_s:.0f} s.", "")
+                    raise timed_out(self.host_name, timeout_s, "stream")
                 silence.check()
                 end.wait(min(left, 0.2 if cancelled is not None else 0.5))
         except (paramiko.SSHException, OSError, EOFError) as exc:
