@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -85,6 +86,16 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> simhost.Sandbox:
     sb = simhost.up(root, [BLACKWELL, CT129], TEST_PORT)
     yield sb
     simhost.down(root)
+
+
+@pytest.fixture(autouse=True)
+def no_secret_read_before() -> Iterator[None]:
+    """Each test starts in a process that has read no secret (fleet.secrets.hide hides what one read)."""
+    from fleet.secrets import forget_all
+
+    forget_all()
+    yield
+    forget_all()
 
 
 @pytest.fixture

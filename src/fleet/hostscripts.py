@@ -22,6 +22,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from fleet.errors import HostStepError
+from fleet.secrets import hide
 from fleet.transport.base import Collected, CommandResult
 
 if TYPE_CHECKING:
@@ -276,22 +277,25 @@ def _run_json(
 
 def answer_of(host_name: str, step: str, result: CommandResult) -> dict[str, Any]:
     """A step's one JSON document; a step that failed on the host is a HostStepError (the host answered:
-    not an SSH problem), with the host's own traceback for --debug."""
+    not an SSH problem), with the host's own traceback for --debug. What the host said is quoted with every
+    secret hidden, before it is cut: a step may have echoed its stdin, and a cut may leave a secret's tail."""
     try:
-        data: dict[str, Any] = json.loads(result.text)
-    except ValueError as exc:
-        said = (result.text + result.error_text)[-2000:]
+        data = json.loads(result.text)
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: no more an answer than garbage
+        data = None
+    if not isinstance(data, dict):
+        said = hide((result.text + result.error_text)[-4000:])[-2000:]
         raise HostStepError(
             f"{host_name}: fleet's {step} step failed on the host and said no result "
             f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
             "Run with --debug for all it printed.",
             said,
-        ) from exc
+        )
     if "error" in data:
         raise HostStepError(
-            f"{host_name}: fleet's {step} step failed on the host ({data['error']}).",
+            f"{host_name}: fleet's {step} step failed on the host ({hide(str(data['error']))}).",
             "Run with --debug for the host's traceback." if data.get("traceback") else "",
-            str(data.get("traceback", "")),
+            hide(str(data.get("traceback", ""))),
         )
     return data
 
@@ -354,7 +358,7 @@ class EventLines:
 def _event(raw: bytes) -> StepEvent:
     try:
         event = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         event = None
     if isinstance(event, dict) and isinstance(event.get("e"), str):
         return cast(StepEvent, event)  # the step's own: its keys as the step says them

@@ -23,6 +23,9 @@ _settings: dict[str, Any] = {"level": logging.WARNING, "json_file": None, "confi
 def configure(*, verbose: bool = False, json_file: Path | None = None) -> None:
     # events go to the log file when there is one; on a terminal only warnings (or everything with --debug)
     level = logging.DEBUG if verbose else (logging.INFO if json_file is not None else logging.WARNING)
+    opened = _settings.pop("opened", None)
+    if opened is not None:  # the file of the configuration this one replaces
+        opened.close()
     _settings.update(level=level, json_file=json_file, configured=False)
     # paramiko logs a failed handshake (a frozen host's missing banner) with a traceback; with no handler
     # Python would print it raw to stderr beside fleet's own message. fleet says what went wrong itself.
@@ -44,18 +47,29 @@ def _configure_structlog() -> Any:
         if json_file is not None:
             json_file.parent.mkdir(parents=True, exist_ok=True)
             stream: Any = json_file.open("a", encoding="utf-8")
+            _settings["opened"] = stream
             renderer: Any = structlog.processors.JSONRenderer()
         else:
             stream = sys.stderr
             renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         structlog.configure(
-            processors=[*processors, renderer],
+            processors=[*processors, _hiding(renderer)],
             wrapper_class=structlog.make_filtering_bound_logger(_settings["level"]),
             logger_factory=structlog.PrintLoggerFactory(stream),
             cache_logger_on_first_use=False,
         )
         _settings["configured"] = True
     return structlog
+
+
+def _hiding(renderer: Any) -> Any:
+    """`renderer`, its line with every secret this run read hidden (an event may quote a host's text)."""
+    from fleet.secrets import hide
+
+    def render(logger: Any, method: str, event: Any) -> str:
+        return hide(renderer(logger, method, event))
+
+    return render
 
 
 def _dropped(*args: Any, **kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleet.facts import HostFacts, one_line
+from fleet.secrets import hide
 from fleet.terminal import safe_text
 
 
@@ -24,7 +25,7 @@ def console() -> Console:
 def _host(value: object) -> str:
     """A value the host reported (a command line, a GPU or model name, a path): printed as text, never as
     terminal controls or rich markup. Anyone on the host can name a process `\x1b]0;…` or `[link=…]`."""
-    return escape(safe_text(str(value)))
+    return escape(safe_text(hide(str(value))))
 
 
 def mib(value: int | None) -> str:

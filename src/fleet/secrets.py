@@ -4,9 +4,11 @@ sent to the host on stdin only, and redacted from everything fleet prints, logs 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fleet.errors import ConfigError
@@ -25,7 +27,34 @@ def read_secrets(names: Iterable[str], playbook: str) -> dict[str, str]:
                 f"export {name}=... before running fleet (it is sent to the host on stdin, never in argv).",
             )
         out[name] = value
+    remember(out)
     return out
+
+
+# Every secret value this process has read (read_secrets, and the CLI's for every playbook): where fleet
+# prints, logs or answers in JSON, text passes through `hide`, so a path that quoted host text without
+# redacting it (an error with a step's output, a check's exception) still shows none.
+_known: dict[str, str] = {}
+_known_lock = threading.Lock()
+
+
+def remember(secrets: Mapping[str, str]) -> None:
+    global _known
+    with _known_lock:  # replaced whole, never changed in place: `hide` reads it from any thread
+        _known = {**_known, **{value: value for value in secrets.values()}}
+
+
+def forget_all() -> None:
+    """For tests: a process that read no secret."""
+    global _known
+    with _known_lock:
+        _known = {}
+
+
+def hide(text: str) -> str:
+    """`text` with every secret this process has read redacted (`redact`)."""
+    known = _known
+    return redact(text, known) if known else text
 
 
 # What may sit between a secret's characters and still show it: a terminal control sequence (colour, an
@@ -59,16 +88,25 @@ _CUT = re.compile(re.escape(CUT_NOTE).replace("%d", r"\d+"))
 _CUT_TAIL = CUT_NOTE.split("%d")[1]  # a plain substring: most lines are not cut, and skip the pattern
 
 
-def redact(text: str, secrets: dict[str, str]) -> str:
+@functools.lru_cache(maxsize=256)
+def _spellings(value: str) -> tuple[str, ...]:
+    """The secret as it is, and as JSON and Python's repr quote it (a quote, a backslash or a control
+    character escaped): an error that quotes a request, a header or a bytes value shows it so."""
+    quoted = (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1])
+    return tuple(dict.fromkeys((value, *quoted)))
+
+
+def redact(text: str, secrets: Mapping[str, str]) -> str:
     for value in secrets.values():
         if len(value) >= 4:
-            text = text.replace(value, REDACTED)
+            for spelling in _spellings(value):
+                text = text.replace(spelling, REDACTED)
             if any(c in text for c in "\x1b%+^\u200b\u200c\u200d\u2060\ufeff") or not text.isascii():
                 text = _secret_pattern(value).sub(REDACTED, text)
     return _redact_cut_heads(text, secrets) if secrets and _CUT_TAIL in text else text
 
 
-def _redact_cut_heads(text: str, secrets: dict[str, str]) -> str:
+def _redact_cut_heads(text: str, secrets: Mapping[str, str]) -> str:
     """The head of a secret (4 characters or more) just before a line's cut mark goes too."""
     for cut in reversed(list(_CUT.finditer(text))):
         head = text[: cut.start()]

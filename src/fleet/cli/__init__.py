@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         if "--debug" in args:
             if getattr(exc, "remote_traceback", ""):
                 say("the host said:\n" + exc.remote_traceback, err=True)  # type: ignore[attr-defined]
+            _hide_in(exc)
             raise
         return could_not_run or exc.exit_code
     except click.exceptions.Exit as exc:
@@ -51,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     return code if isinstance(code, int) else 0
+
+
+def _hide_in(exc: FleetError) -> None:
+    """--debug's traceback prints `exc`: its words with every secret hidden, as `say` shows them."""
+    from fleet.secrets import hide
+
+    exc.message, exc.hint = hide(exc.message), hide(exc.hint)
+    exc.args = tuple(hide(a) if isinstance(a, str) else a for a in exc.args)
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:

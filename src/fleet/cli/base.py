@@ -92,8 +92,12 @@ class Invocation:
     def secrets(self) -> dict[str, str]:
         """The values of every secret_env a playbook names and this shell has set: an engine may echo one
         into its log, so they are redacted from all host text fleet prints."""
+        from fleet.secrets import remember
+
         names = {n for pb in self._playbooks for n in pb.spec.secret_names}
-        return {n: os.environ[n] for n in sorted(names) if n in os.environ}
+        found = {n: os.environ[n] for n in sorted(names) if n in os.environ}
+        remember(found)  # hidden from everything this run prints, whichever path printed it
+        return found
 
     @functools.cached_property
     def api_keys(self) -> dict[str, str]:
@@ -304,17 +308,19 @@ def say(text: str, err: bool = False) -> None:
     """Print text that may carry what a host wrote (log lines, command lines): no terminal controls. What
     progress was reported before is shown first."""
     from fleet.events import flush_progress
+    from fleet.secrets import hide
 
     if threading.current_thread() is threading.main_thread():  # the progress thread says things too
         flush_progress()
-    click.echo(safe_text(text), err=err)
+    click.echo(safe_text(hide(text)), err=err)
 
 
 def emit_json(data: Any) -> None:
     from fleet.events import flush_progress
+    from fleet.secrets import hide
 
     flush_progress()
-    click.echo(json.dumps(data, default=str, sort_keys=True))
+    click.echo(hide(json.dumps(data, default=str, sort_keys=True)))
 
 
 def multi_host_options(fn: Any) -> Any:

@@ -118,7 +118,9 @@ class LiveBoard:
         with self.lock:
             if self.live is None:
                 return False
-            self.console.print(Text(safe_text(text)), soft_wrap=True, highlight=False)
+            from fleet.secrets import hide
+
+            self.console.print(Text(safe_text(hide(text))), soft_wrap=True, highlight=False)
             return True
 
     def __rich__(self) -> Group:

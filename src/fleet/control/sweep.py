@@ -23,7 +23,7 @@ from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed
 from fleet.hostscripts import script_for, step_python
 from fleet.inventory import Host
 from fleet.protocol import HealDecision, HealthAnswer, HealthRequest, ServerAnswer
-from fleet.secrets import redact
+from fleet.secrets import hide, redact
 from fleet.transport import Transport
 
 
@@ -123,10 +123,14 @@ def _probe(
     stdin = json.dumps({"keys": keys}).encode() + b"\n"
     result = t.run(script_for("health", args, [python]), stdin=stdin, timeout_s=options.generation_timeout_s + 60)
     try:
-        raw: HealthAnswer = json.loads(result.text)
-    except ValueError:  # the host answered: its probe failed, which is not an SSH problem
-        return {"probe_error": f"said no result: {(result.text + result.error_text)[-200:]}"}
-    return raw
+        raw = json.loads(result.text)
+    except (ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict):  # the host answered: its probe failed, which is not an SSH problem
+        # quoted with the keys it was sent hidden, before the cut: it may have echoed its stdin
+        said = redact(hide((result.text + result.error_text)[-4000:]), keys)[-200:]
+        return {"probe_error": f"said no result: {said}"}
+    return cast(HealthAnswer, raw)
 
 
 def heal_host(

@@ -244,6 +244,10 @@ def http_request(
             return r.status, r.read(limit).decode("utf-8", "replace"), time.time() - start
     except urllib.error.HTTPError as e:
         return e.code, e.read(limit).decode("utf-8", "replace"), time.time() - start
+    except ValueError as e:
+        if "header" in str(e):  # http.client refuses a header with a line end, and quotes it: the API key
+            return None, "ValueError: a request header (the API key?) holds a line end or control character", 0.0
+        return None, "%s: %s" % (type(e).__name__, e), time.time() - start
     except Exception as e:  # refused, reset, timed out
         return None, "%s: %s" % (type(e).__name__, e), time.time() - start
 
