@@ -3,12 +3,19 @@ stdout gets a clear error and a stopped command, not fleet's (or the connection 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 
+from fleet.control.logs import log_text
+from fleet.control.ops import PULL_LINE_BYTES, pull_image
 from fleet.errors import HostStepError, TransportError
+from fleet.events import Pulling
 from fleet.hostscripts import run_step
+from fleet.inventory import Host, HostSettings
+from fleet.inventory.runtime import Container
 from fleet.step_ahead import StepAhead
 from fleet.step_answers import ACT
 from fleet.transport import base
@@ -25,7 +32,7 @@ def flooding_python(tmp_path: Path, stream: str = "") -> str:
 
 def test_a_command_that_floods_its_output_is_stopped_with_a_clear_error() -> None:
     t = LocalTransport("h")
-    with pytest.raises(TransportError, match="more than 32 MiB of output for one answer; it was stopped"):
+    with pytest.raises(TransportError, match="more than 8 MiB of output for one answer; it was stopped"):
         t.run("exec cat /dev/zero", timeout_s=60)
     assert not t._streaming  # the command was ended, not left writing
     assert t.run("echo ok").text == "ok\n"  # the next command is unaffected
@@ -73,3 +80,45 @@ def test_a_step_that_floods_stderr_still_gives_its_error(tmp_path: Path) -> None
     path.chmod(0o755)
     with pytest.raises(HostStepError, match="it broke"):
         run_step(t, str(path), ACT, {"op": "release"}, timeout_s=60)  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize("command", ["exec cat /dev/zero", "exec sleep 600"])
+def test_a_command_that_never_reads_its_large_input_is_still_ended(command: str) -> None:
+    """Its input waits in a full pipe; ending it must not wait for that input to be taken."""
+    t = LocalTransport("h")
+    with pytest.raises(TransportError, match="more than|timed out after 2 s"):
+        t.run(command, stdin=b"x" * (4 << 20), timeout_s=2)
+    assert not t._streaming
+
+
+class Saying:
+    """A host whose every stream says `chunks` (what a broken or hostile host could send)."""
+
+    host_name = "h"
+    commands_run = 0
+    chunked_input_connects = False
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks = chunks
+
+    def stream(self, script: str, on_chunk: Callable[[bytes], bool], **_: object) -> int:
+        for chunk in self.chunks:
+            if not on_chunk(chunk):
+                return -1
+        return 0
+
+
+def test_an_image_pull_that_never_ends_a_line_keeps_only_its_end() -> None:
+    said: list[object] = []
+    runtime = Container(container="podman", image="img:1")
+    flood = (b"x" * 65536 for _ in range(512))  # 32 MiB without a line end: quadratic and unbounded before
+    assert pull_image(Saying([*flood, b"\nDone\n"]), "podman", runtime, said.append)  # type: ignore[arg-type]
+    lines = [e.line for e in said if isinstance(e, Pulling)]
+    assert lines == ["x" * PULL_LINE_BYTES, "Done"]
+
+
+def test_a_log_read_keeps_the_lines_asked_for_however_many_the_host_sends() -> None:
+    host = Host("h", HostSettings(address="127.0.0.1"), (), "inventory:1")
+    line = (json.dumps({"e": "line", "o": 1, "text": "y" * 1000}) + "\n").encode()
+    text = log_text(Saying(line for _ in range(200_000)), host, None, lines=50)  # type: ignore[arg-type]
+    assert text.count("\n") == 50

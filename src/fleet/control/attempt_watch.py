@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from fleet import events
-from fleet.errors import HostSilent, HostUnreachable
+from fleet.errors import HostSilent, HostStepError, HostUnreachable
 from fleet.hostscripts import StepEvent, deployment_python
 from fleet.plan import LaunchPlan
 from fleet.protocol import Launched, WatchEvent, WatchRequest
@@ -49,6 +49,9 @@ class Hold:
             self._on_done()
 
 
+WATCHED_EVENTS = 10_000
+
+
 def watch_attempt(
     d: Deployer,
     plan: LaunchPlan,
@@ -84,6 +87,11 @@ def watch_attempt(
             if ev["e"] == "log_reset":
                 offset = 0
                 d.progress(events.LogReset(str(ev.get("why")), launched["log"]))
+            if len(watched) >= WATCHED_EVENTS:  # a real watch says a dozen (a log reset per rotation, ...)
+                raise HostStepError(
+                    f"{d.host.name}: the watch step said more than {WATCHED_EVENTS} events; it is not fleet's.",
+                    "Check what runs as fleet's Python on the host (--debug).",
+                )
             watched.append(ev)
         return True
 

@@ -59,13 +59,14 @@ def engine_step(
     }
     # on stdin, never on the step's command line: an index URL may carry a password (`ps` shows argv)
     hidden = json.dumps({"pip_args": list(pip_args)}).encode() + b"\n"
-    answers: list[StepEvent] = []
+    answer: StepEvent | None = None  # the last event that is not a line: one kept, however many come
 
     def on_event(ev: StepEvent) -> None:
+        nonlocal answer
         if ev.get("e") == "line":
             on_line(str(ev["t"]))
         else:
-            answers.append(ev)
+            answer = ev
 
     code = t.stream(
         script_for("engine", args, ["python3"]),
@@ -73,7 +74,7 @@ def engine_step(
         stdin=hidden,
         timeout_s=4 * 3600.0,
     )
-    last = answers[-1] if answers else {"e": "error", "error": f"no answer (exit {code})"}
+    last = answer or {"e": "error", "error": f"no answer (exit {code})"}
     if last["e"] == "error":
         raise HostStepError(f"{host.name}: fleet's engine step failed on the host ({last['error']}).", "")
     if last["e"] == "refused":

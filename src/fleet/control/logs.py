@@ -4,6 +4,7 @@ pass for fleet's own word that the log was switched (a restart) or is missing.""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -56,15 +57,24 @@ def no_log_error(host: Host, name: str | None) -> FleetError:
     )
 
 
+LOG_TEXT_CHARS = 16 << 20  # what the host reads of a log's end at most (fleet.host.logs.LOG_END_BYTES)
+
+
 def log_text(t: Transport, host: Host, name: str | None, lines: int) -> str:
     """The last `lines` lines of a deployment's log (the host's newest without a name), as one text."""
-    said: list[str] = []
+    # the host sends the last `lines`, each cut to 16 KiB: a host that sends more has only its end kept
+    said: deque[str] = deque()
+    held = 0
 
     def keep(event: LogsEvent) -> bool:
+        nonlocal held
         if event["e"] == "missing":
             raise no_log_error(host, name)
         if event["e"] == "line":
             said.append(event["text"])
+            held += len(event["text"])
+            while len(said) > lines or held > LOG_TEXT_CHARS:
+                held -= len(said.popleft())
         return True
 
     read_logs(t, host, names=[name], lines=lines, follow=False, on_event=keep)

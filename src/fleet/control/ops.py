@@ -189,6 +189,9 @@ def _wants_pull(runtime: Container | None, facts: HostFacts) -> TypeGuard[Contai
     return runtime.pull == "always" or not c.image_present
 
 
+PULL_LINE_BYTES = 4096
+
+
 def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink) -> bool:
     """Pull an image the host lacks (the runtime's pull: missing/always), its output streamed as it comes;
     whether it worked. Nothing is stopped before: a failed pull leaves the image missing, which pre-flight
@@ -197,11 +200,11 @@ def pull_image(t: Transport, cli: str, runtime: Container, progress: events.Sink
 
     def on_chunk(chunk: bytes) -> bool:
         nonlocal buf
-        buf += chunk
-        *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
+        *lines, buf = (buf + chunk).replace(b"\r", b"\n").split(b"\n")
+        buf = buf[-PULL_LINE_BYTES:]  # a line never ended keeps its end only: a pull's lines are ~100 B
         for line in lines:
             if line.strip():
-                progress(events.Pulling(runtime.image, line.decode("utf-8", "replace")))
+                progress(events.Pulling(runtime.image, line[-PULL_LINE_BYTES:].decode("utf-8", "replace")))
         return True
 
     code = t.stream(f"{shlex.quote(cli)} pull {shlex.quote(runtime.image)} 2>&1", on_chunk, timeout_s=3600)

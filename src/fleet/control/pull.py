@@ -140,12 +140,12 @@ def pull_model(
 
 
 class StepEvents:
-    """A pull or push step's events: its plan and progress go to `progress` as events, the rest are kept;
-    the last one kept is the step's answer."""
+    """A pull or push step's events: its plan and progress go to `progress` as events; of the rest only the
+    last is kept (the step's answer: a host saying more cannot grow fleet's memory)."""
 
     def __init__(self, path: str, progress: Callable[[events.Event], None], source: str | None = None) -> None:
         self.path, self.progress, self.source = path, progress, source
-        self.kept: list[StepEvent] = []
+        self.kept: StepEvent | None = None
         self.planned_at, self.had = time.monotonic(), 0
 
     def __call__(self, ev: StepEvent) -> None:
@@ -156,10 +156,10 @@ class StepEvents:
         elif ev.get("e") == "progress":
             self.progress(_progress(ev["done"], ev["total"], self.had, time.monotonic() - self.planned_at))
         else:
-            self.kept.append(ev)
+            self.kept = ev
 
     def last(self, code: int) -> StepEvent:
-        return self.kept[-1] if self.kept else {"e": "error", "error": f"no answer (exit {code})"}
+        return self.kept or {"e": "error", "error": f"no answer (exit {code})"}
 
 
 def _progress(done: int, total: int, had: float, elapsed: float) -> events.ModelPullProgress:

@@ -110,7 +110,7 @@ def push_model(
     finally:
         relay.stop()
     last = answers.last(code)
-    if not answers.kept and code != 0:  # the receiving step died (killed, or its host went away)
+    if answers.kept is None and code != 0:  # the receiving step died (killed, or its host went away)
         raise DeployFailed(
             f"{host.name}: the receiving step ended without an answer (exit {code}); nothing is at {safe_line(path)}.",
             PUSH_HINTS["cut"],

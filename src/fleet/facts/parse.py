@@ -359,12 +359,14 @@ def _model_files(m: dict[str, Any]) -> ModelFiles:
 def parse_facts(host: str, text: str) -> HostFacts:
     try:
         raw = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: no answer either
+        raw = None
+    if not isinstance(raw, dict):
         raise HostStepError(
             f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
             "Run with --debug for all it printed.",
             text[-2000:],
-        ) from exc
+        )
     if "probe_error" in raw or "error" in raw:
         why = raw.get("probe_error") or raw.get("error")
         raise HostStepError(f"{host}: fleet's probe could not run on the host ({why}).", "")

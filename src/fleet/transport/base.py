@@ -62,7 +62,7 @@ def feed(stdin: Stdin, write: Callable[[bytes], object], close: Callable[[], obj
 # sends more than this is broken or not fleet's, and is stopped rather than held in memory (the pool's
 # frames, base64 and all, stay under fleet.frames.MAX_FRAME). Of stderr only the end is kept: messages
 # quote its last lines.
-ANSWER_BYTES = 32 << 20
+ANSWER_BYTES = 8 << 20
 ERROR_TAIL_BYTES = 64 << 10
 
 

@@ -62,16 +62,15 @@ class LocalTransport:
         return proc
 
     def _end(self, proc: subprocess.Popen[bytes]) -> None:
-        """The command stopped if it still runs, and its pipes closed."""
-        with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
-            assert proc.stdin is not None
-            proc.stdin.close()
+        """The command stopped if it still runs, then its pipes closed: in that order, or closing its stdin
+        waits for a writer blocked on a command that never reads it."""
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(BrokenPipeError, ValueError):  # unread input left in its buffer
+                    pipe.close()
         self._streaming.discard(proc)
 
     def stream(self, script: str, on_chunk: OnChunk, *, stdin: Stdin = b"", timeout_s: float = 3600.0) -> int:
