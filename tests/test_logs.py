@@ -161,6 +161,22 @@ def test_several_logs_are_prefixed_and_fleets_own_words_go_to_stderr(
         alone.on_event(host, "c", {"e": "missing", "d": "c"})
 
 
+def test_a_deployment_name_from_the_host_is_shown_as_plain_text_and_a_repeated_missing_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = host_with_logs(tmp_path)
+    view = LogsView({}, raw=False, several=True)
+    hostile = "a\x1b]0;owned\x07\nfleet: fake"
+    view.on_event(host, None, {"e": "line", "d": hostile, "text": "x"})
+    view.on_event(host, None, {"e": "switch", "d": hostile, "log": "b-2.log"})
+    for _ in range(1000):
+        view.on_event(host, None, {"e": "missing", "d": hostile})
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert not any(line.startswith("fleet: fake") for line in (out + err).splitlines())
+    assert err.count("no server log") == 1 and view.failures == [1]
+
+
 def test_a_fifo_in_place_of_a_log_is_not_waited_on(tmp_path: Path) -> None:
     """Reading a FIFO blocks until someone writes it: it is no log, and the step ends at once (a swap
     after that check is opened without blocking too)."""

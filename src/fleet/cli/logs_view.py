@@ -13,7 +13,7 @@ import click
 from fleet.cli.base import Invocation, split_deployment, transport_for
 from fleet.errors import ConfigError, FleetError
 from fleet.secrets import redact
-from fleet.terminal import safe_text
+from fleet.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
     from fleet.inventory import Host
@@ -42,12 +42,14 @@ class LogsView:
         self.out_lock = threading.Lock()
         self.stop = threading.Event()
         self.failures: list[int] = []
+        self.missing: set[str] = set()
 
     def shown(self, text: str) -> str:
         return redact(text if self.raw else safe_text(text), self.secrets)
 
     def on_event(self, host: Host, asked: str | None, event: LogsEvent) -> bool:
-        where = f"{host.name}/{event.get('d') or asked or ''}".rstrip("/")
+        # the deployment's name as the host says it: one plain line, never a terminal control
+        where = safe_line(f"{host.name}/{event.get('d') or asked or ''}".rstrip("/"))
         kind = event["e"]
         with self.out_lock:
             if kind == "line":
@@ -61,11 +63,14 @@ class LogsView:
             elif kind == "missing":
                 from fleet.control.logs import no_log_error
 
-                error = no_log_error(host, event.get("d") or asked)
+                name = event.get("d") or asked
+                error = no_log_error(host, safe_line(str(name)) if name else None)
                 if not self.several:
                     raise error
-                click.echo(f"{error}", err=True)
-                self.failures.append(error.exit_code)
+                if where not in self.missing:  # said once, however often a host repeats it
+                    self.missing.add(where)
+                    click.echo(f"{error}", err=True)
+                    self.failures.append(error.exit_code)
         return not self.stop.is_set()
 
     def read_host(self, ctx: Invocation, host: Host, names: list[str | None], lines: int, follow: bool) -> int:
