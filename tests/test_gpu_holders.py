@@ -40,7 +40,13 @@ def holder(cmdline: str, comm: str) -> dict[str, object]:
 def test_gpu_daemons_and_tools_are_recognised_by_program_or_truncated_comm() -> None:
     assert safelisted(holder(H200_MONITORING, "ld-linux-x86-64")) == "nvidia-smi"
     assert safelisted(holder("", "nvidia-persiste")) == "nvidia-persistenced"  # cmdline unreadable, comm left
-    assert safelisted(holder("/usr/bin/dcgm-exporter", "dcgm-exporter")) == "dcgm"
+    assert safelisted(holder("/usr/bin/dcgm-exporter", "dcgm-exporter")) == "dcgm-exporter"
+    # the driver's daemons by family, not by a list that misses some: killing MPS's ends every client
+    for daemon in ("nvidia-cuda-mps-control -d", "nvidia-cuda-mps-server", "/usr/bin/nv-fabricmanager -c x"):
+        assert safelisted(holder(daemon, os.path.basename(daemon.split()[0])[:15])) is not None, daemon
+    assert safelisted(holder("", "nvidia-cuda-mps")) == "nvidia-cuda-mps"  # cmdline unreadable: comm, cut to 15
+    assert safelisted(holder("/usr/bin/python3 /usr/local/bin/nvitop -m full", "python3")) == "nvitop"
+    assert safelisted(holder("python3 gpustat.py", "python3")) is None  # a script of another name
     assert safelisted(holder("python3 train.py", "python3")) is None
     assert safelisted(holder("python3 nvidia-smi-lookalike.py", "python3")) is None
 

@@ -94,9 +94,7 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
 SAFELISTED = (
     "nvidia-persistenced",
     "nvidia-smi",  # a monitoring agent's query: seen holding the device files of a real H200 box
-    "nv-hostengine",
-    "dcgm",
-    "nvidia-dcgm",
+    "nvtop",
     "Xorg",
     "X",
     "Xwayland",
@@ -126,11 +124,29 @@ def program(cmdline: str) -> str:
     return os.path.basename(words[i]) if i < len(words) else ""
 
 
+# The driver's and DCGM's own daemons and tools, by family (nvidia-persistenced, -smi, -cuda-mps-control and
+# -server, whose end ends every MPS client, -powerd, -imex, -device-plugin; nv-hostengine, nv-fabricmanager;
+# dcgm-exporter): a name list missed the ones it did not know. A program's own name only: a script given
+# to an interpreter is matched by exact name (GPU monitors written in Python).
+SAFELISTED_FAMILIES = ("nvidia-", "nv-", "dcgm")
+SAFELISTED_SCRIPTS = ("nvitop", "gpustat")
+INTERPRETER_RE = re.compile(r"^python[\d.]*$")
+
+
 def safelisted(info: ProcessInfo) -> Optional[str]:
     name_run = program(info["cmdline"]) if info["cmdline"] else ""
     for name in SAFELISTED:
-        if name_run == name or info["comm"] == name[:15] or (name == "dcgm" and info["comm"].startswith("dcgm")):
+        if name_run == name or info["comm"] == name[:15]:
             return name
+    for name in (name_run, info["comm"]):
+        if name.startswith(SAFELISTED_FAMILIES):
+            return name
+    if INTERPRETER_RE.match(name_run):
+        words = info["cmdline"].split(" ")
+        at = next(i for i, word in enumerate(words) if os.path.basename(word) == name_run)
+        script = os.path.basename(words[at + 1]) if at + 1 < len(words) else ""
+        if script in SAFELISTED_SCRIPTS:
+            return script
     return None
 
 
