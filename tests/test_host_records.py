@@ -295,3 +295,48 @@ def test_a_step_lets_its_runs_lock_go_only_through_run_lock(tmp_path: Path) -> N
     with RunLock(str(tmp_path), "r1", release=True, guard_root=str(tmp_path)):
         pass
     assert (read_record(str(lock_file)) or {})["run_id"] == "r2"
+
+
+def test_a_record_another_user_could_have_written_names_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record names the process groups fleet stops: one planted where another user can write (a state_dir
+    under /tmp that they made first) would have fleet stop a group they chose."""
+    import os
+
+    write_record(str(tmp_path / STATE_FILE), {"status": READY, "pgid": 4242})
+    assert read_record(str(tmp_path / STATE_FILE)) is not None  # fleet's own: mode 0600
+    os.chmod(tmp_path / STATE_FILE, 0o666)
+    assert read_record(str(tmp_path / STATE_FILE)) is None
+    assert "not a file of this user's alone" in str(load_record(str(tmp_path / STATE_FILE))[1])
+    os.chmod(tmp_path / STATE_FILE, 0o600)
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)  # the file is now another user's
+    assert read_record(str(tmp_path / STATE_FILE)) is None
+
+
+@pytest.mark.parametrize("where", ["", "deployments"])
+def test_a_state_dir_others_may_write_is_refused_before_anything_is_read(tmp_path: Path, where: str) -> None:
+    import os
+
+    import fleet.host.lock as lock
+
+    state = tmp_path / "state"
+    (state / "deployments" / "small").mkdir(parents=True)
+    os.chmod(state / where, 0o1777)  # sticky and open to all, as /tmp is
+    planted = state / "deployments" / "small" / STATE_FILE
+    planted.write_text(json.dumps({"status": READY, "pgid": os.getpgid(0)}))
+    request = {
+        "state_dir": str(state),
+        "deployment": "small",
+        "places": False,
+        "gpus": None,
+        "replace": [],
+        "run_id": "run-1",
+        "owner": "tester",
+        "grace_s": 5.0,
+        "command": "deploy",
+    }
+    taken = lock.take_lock(request)  # type: ignore[arg-type]
+    assert taken["status"] == "unwritable" and "only they may write" in str(taken.get("error"))
+    assert not (state / "deployments" / "small" / LOCK_FILE).exists()

@@ -36,6 +36,7 @@ except NameError:  # imported as a module (fleet's own tests)
         record_gpus,
         record_ports,
         release_lock,
+        unsafe_state_dir,
         write_record,
         written_by_newer,
     )
@@ -49,6 +50,9 @@ def take_lock(a: LockRequest) -> LockResult:
     root = expand(a["state_dir"])
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
+        unsafe = unsafe_state_dir(root)
+        if unsafe:  # another user could plant records naming what fleet stops
+            return {"status": "unwritable", "path": root, "error": unsafe}
         guard = open_guard(root)
     except OSError as exc:  # the first write of a run: nothing has been changed yet
         return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}

@@ -109,14 +109,36 @@ def _current(path: str, data: Any) -> Dict[str, Any]:
 RECORD_LIMIT = 4 << 20  # bytes: fleet's largest record (a start-up history) is a few hundred KiB
 
 
+def own_file(st: os.stat_result) -> bool:
+    """Whether a file or directory is fleet's user's and nobody else may write it. A record names the
+    process groups fleet stops: one another user planted (a state_dir in /tmp, made by them first) would
+    have fleet stop whatever group they chose."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def unsafe_state_dir(root: str) -> Optional[str]:
+    """Why fleet's records cannot be kept under `root` (its deployments too), or None."""
+    for d in (root, os.path.join(root, DEPLOYMENTS)):
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or not own_file(st):
+            return "%s is not a directory of this user's that only they may write" % d
+    return None
+
+
 def _read_json(path: str) -> Any:
     """A record file's JSON. Only a regular file is read, never through a link and never waiting (a FIFO
     planted in its place would hang every step), and at most RECORD_LIMIT bytes: FileNotFoundError when
     there is none, OSError when it cannot be read, ValueError when it is not JSON or too large."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
+        if not own_file(st):  # planted by another user where they can write: it names nothing of fleet's
+            raise OSError(errno.EPERM, "not a file of this user's alone", path)
         data = f.read(RECORD_LIMIT + 1)
     if len(data) > RECORD_LIMIT:
         raise ValueError("%s: larger than %d MiB, not a record of fleet's" % (path, RECORD_LIMIT >> 20))
