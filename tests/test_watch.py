@@ -297,3 +297,22 @@ def test_a_start_that_is_up_before_its_health_is_asked_still_says_its_phases(tmp
     phases = [e["phase"] for e in said if e["e"] == "phase"]
     assert phases == ["distributed", "weights", "kv_cache"] and kinds[-1] == "ready_line", said
     assert attempt.phase == "health"
+
+
+def test_a_frozen_fleets_stop_leaves_a_group_that_took_the_attempts_id() -> None:
+    """The attempt's group ended while fleet was frozen; its id is a pid and may be a new group's now:
+    only the leader as launched (its start ticks), or a group with no leader left, is stopped."""
+    from fleet.host.procs import start_ticks
+    from fleet.host.watch import stop_attempt_group
+
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a group that holds the id now
+    try:
+        ticks = start_ticks(other.pid)
+        assert ticks is not None
+        assert stop_attempt_group(other.pid, ticks + 1) == "0 processes"  # launched at another time: not ours
+        assert other.poll() is None
+        assert stop_attempt_group(other.pid, ticks) == "1 processes"  # the attempt's own leader: stopped
+        assert other.wait(timeout=30) < 0
+    finally:
+        other.kill()
+        other.wait()

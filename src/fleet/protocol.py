@@ -265,6 +265,7 @@ class WatchRequest(TypedDict, total=False):
     log: str
     exit_file: str
     pgid: int
+    start_ticks: Optional[int]
     container: Optional[Dict[str, Any]]
     offset: int
     ready_seen: bool

@@ -140,6 +140,7 @@ def _watch_request(
         "log": launched["log"],
         "exit_file": launched["exit_file"],
         "pgid": launched["pgid"],
+        "start_ticks": launched.get("start_ticks"),  # the group's leader as launched: its id is reused later
         "container": launched.get("container"),
         "offset": offset,
         "ready_seen": any(e["e"] in ("ready_line", "ready_http") for e in watched),

@@ -35,6 +35,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import base_url, first_line_of_stdin, http_request
     from fleet.host.container import cli_path, inspect, run_cli
     from fleet.host.follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
+    from fleet.host.procs import start_ticks
     from fleet.host.records import (
         LEARNED_FILE,
         LOCK_FILE,
@@ -371,7 +372,7 @@ def frozen_client(a: WatchRequest, why: str, lock: RunLock) -> None:
     the host's lock and leave an engine running that nobody proves. The attempt's server is stopped (its
     container through its runtime: a rootful engine is not fleet's user's to signal; its group, held member
     by member, this user's only), recorded as failed, and the lock released."""
-    stopped = stop_container(a.get("container")) + stop_attempt_group(a["pgid"])
+    stopped = stop_container(a.get("container")) + stop_attempt_group(a["pgid"], a.get("start_ticks"))
     try:
         st_path = os.path.join(deployment_dir(a["state_dir"], a["deployment"]), STATE_FILE)
         recorded = (read_record(st_path) or {}).get("run_id")
@@ -394,16 +395,22 @@ def stop_container(box: Any) -> str:
     return "container %s stopped; " % box.get("name") if code == 0 else "container stop failed: %s; " % err[-120:]
 
 
-def stop_attempt_group(pgid: int) -> str:
+def stop_attempt_group(pgid: int, leader_ticks: Optional[int]) -> str:
     """SIGTERM, then SIGKILL after ATTEMPT_TERM_S, to the members of fleet's user in the attempt's group, listed
-    again each round (a worker the engine forks while it stops is stopped too): how many there were."""
+    again each round (a worker the engine forks while it stops is stopped too): how many there were.
+
+    Only while the group is still the attempt's: a group's id is a pid, and once the attempt's group has
+    ended (fleet frozen for 30 s after its exit) a new process may have it. Members are held first, then
+    the id's process is asked: its leader as launched (`leader_ticks`), or none at all (its members keep
+    the id from being reused); any other process there means the id is another group's now."""
     seen: Set[int] = set()
     kill_at = time.time() + ATTEMPT_TERM_S
     while time.time() < kill_at + ATTEMPT_TERM_S:
         members = hold_group(pgid, os.getuid())
         try:
             running = dict((pid, h) for pid, h in members.items() if h.alive())
-            if not running:
+            leader = start_ticks(pgid)
+            if not running or (leader is not None and leader != leader_ticks):
                 break
             late = time.time() >= kill_at
             for pid, h in running.items():
