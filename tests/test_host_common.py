@@ -472,7 +472,7 @@ def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_c
     import time
 
     from fleet.host import watch as remote_watch
-    from fleet.host.procs import alive
+    from fleet.host.procs import alive, start_ticks
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -489,7 +489,15 @@ def test_a_frozen_fleets_attempt_is_stopped_through_its_runtime_and_every_late_c
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"run_id": "r1", "status": "starting"}))
     box = {"cli": "podman", "id": "c0ffee", "name": "fleet-x"}
-    a = {"container": box, "pgid": engine.pid, "state_dir": str(state_dir), "deployment": "x", "run_id": "r1"}
+    ticks = start_ticks(engine.pid)  # the group's leader as launched: the stop checks it is still that one
+    a = {
+        "container": box,
+        "pgid": engine.pid,
+        "start_ticks": ticks,
+        "state_dir": str(state_dir),
+        "deployment": "x",
+        "run_id": "r1",
+    }
     monkeypatch.setattr(remote_watch, "ATTEMPT_TERM_S", 1.0)
     time.sleep(0.2)  # the trap is set
     try:
