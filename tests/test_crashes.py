@@ -1316,3 +1316,20 @@ def test_a_traceback_right_after_an_access_line_or_a_closed_request_is_the_engin
     ):
         d = diagnose([before, *tb])
         assert d.category == "kv_cache_oom", (before, d)
+
+
+def test_a_start_fix_is_not_taken_from_after_health_answered_when_the_log_has_no_ready_line() -> None:
+    """An engine at --log-level warning prints no ready or access line, so the log alone cannot say when
+    clients could write to it; the watcher's own word that /health answered does (control.attempt_watch).
+    A known start failure quoted after it by a request (an echoed grammar, a tool call) is no start
+    failure: a crash after it is diagnosed without a start's fix."""
+    from fleet.control.attempt_watch import ANSWERED_HEALTH
+
+    t = "[2026-04-05 20:02:53] "
+    echoed = [t + 'Skip invalid ebnf: ebnf=root ::= "a"', "OSError: [Errno 98] Address already in use", ", e=x"]
+    crash = [t + "Scheduler hit an exception: Traceback (most recent call last):", "KeyError: 'rid-123'"]
+    sglang = LogContext(engine="sglang")
+    without = diagnose([t + "WARNING: a start-up warning", *echoed, *crash], sglang, builtin_signatures())
+    assert without.fix is not None  # what the log alone allows: why the watcher's word is needed
+    said = diagnose([t + "WARNING: a start-up warning", ANSWERED_HEALTH, *echoed, *crash], sglang, builtin_signatures())
+    assert said.fix is None and not isinstance(decide(said, [], 1, 3), Relaunch)

@@ -19,7 +19,7 @@ from fleet.errors import LockedError
 from fleet.facts.recorded import parse_recorded
 from fleet.plan.build import PlanResult
 from fleet.protocol import FAILED
-from fleet_testbed.fakehost import ScriptedHost, crashes, cut, ready
+from fleet_testbed.fakehost import ScriptedHost, Watch, crashes, cut, ready
 from test_plan import host, playbook
 
 SPEC_CRASH = (
@@ -264,3 +264,19 @@ def test_a_stop_beside_a_deployment_on_all_gpus_asks_for_its_own_gpus_and_touche
     assert act["op"] == "stop" and act["lock"]["deployment"] == "small" and act["free"]["gpus"] == [0, 1]
     assert [p["pid"] for p in out["ended"]] == [11] and out["refused"] == out["memory_held"] == []
     assert scripted.servers == {12: "whole"} and scripted.records["whole"] == whole
+
+
+def test_a_start_failure_a_client_echoed_after_health_answered_is_no_start_failure() -> None:
+    """An engine at --log-level warning prints no ready line: the watcher's word that /health answered
+    marks where clients could write to the log, and an echoed "Address already in use" after it (a
+    grammar a request sent, logged with its newlines) does not sweep the port and relaunch."""
+    t = "[2026-04-05 20:02:53] "
+    after = [t + 'Skip invalid ebnf: ebnf=root ::= "a"', "OSError: [Errno 98] Address already in use", ", e=x"]
+    after += [t + "Scheduler hit an exception: Traceback (most recent call last):", "KeyError: 'rid-123'"]
+    lines = [{"e": "line", "t": text, "o": 100 + i} for i, text in enumerate(after)]
+    scripted = ScriptedHost(
+        watches=[Watch([t + "WARNING: a start-up warning"], [{"e": "ready_http"}, *lines, {"e": "exit", "code": 1}])]
+    )
+    result, seen = deploy(scripted, planned())
+    assert not result.ok and len(result.attempts) == 1 and result.new_fixes == []
+    assert not any(isinstance(e, events.Relaunching) for e in seen)

@@ -89,7 +89,8 @@ def synthetic_line(ev: WatchEvent) -> str | None:
     if ev["e"] == "smoke":
         if ev.get("status") == 200:
             return f"[fleet] smoke check failed: garbage output (answer {ev.get('text', '')[:120]!r})"
-        return f"[fleet] smoke check failed: HTTP {ev.get('status')} ({str(ev.get('text', ''))[:200]})"
+        # what answered is quoted, never taken as lines of its own (a newline in it would start one)
+        return f"[fleet] smoke check failed: HTTP {ev.get('status')} ({str(ev.get('text', ''))[:200]!r})"
     if ev["e"] == "timeout":
         if ev.get("what") == "progress":
             return f"[fleet] no log progress for {ev.get('after_s', 0):.0f} s"

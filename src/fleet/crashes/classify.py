@@ -36,7 +36,8 @@ from fleet.plan import Fix, Version, args_dict
 # The server took requests: its socket listens, or one was answered.
 # (vLLM hands uvicorn a socket bound long before, and uvicorn then never says "Uvicorn running on")
 ACCEPTING = re.compile(
-    r'Uvicorn running on|The server is fired up and ready to roll|Starting vLLM (?:API )?server|HTTP/[\d.]+" \d{3}'
+    r'Uvicorn running on|The server is fired up and ready to roll|Starting vLLM (?:API )?server|HTTP/[\d.]+" \d{3}|'
+    r"^\[fleet\] the server answered /health"  # the watcher's word, where the log says nothing at warning level
 )
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
