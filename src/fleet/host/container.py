@@ -20,6 +20,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import at_once
+    from fleet.host.procs import parent_of
     from fleet.host.records import read_record, write_record
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
@@ -308,16 +309,41 @@ def container_names(clis: List[str]) -> Dict[str, Tuple[str, str]]:
     return out
 
 
+def runs_in(pid: int, box_pid: int) -> bool:
+    """Whether process `pid` runs in the container whose first process is `box_pid` (the runtime's word):
+    in the container's own pid namespace, or descended from its first process. A cgroup's name is not
+    proof: anyone may name one like a container's (`systemd-run --user --scope --unit=docker-<id>`)."""
+    if box_pid <= 0:
+        return False
+    try:
+        theirs = os.readlink("/proc/%d/ns/pid" % box_pid)
+        if theirs != os.readlink("/proc/self/ns/pid") and os.readlink("/proc/%d/ns/pid" % pid) == theirs:
+            return True
+    except OSError:
+        pass
+    at, steps = pid, 0
+    while at > 1 and steps < 4096:  # up the parents: a container that shares the host's pid namespace
+        if at == box_pid:
+            return True
+        at, steps = parent_of(at) or 0, steps + 1
+    return False
+
+
 def stop_foreign_containers(targets: Dict[int, Dict[str, Any]], drain_s: float) -> List[Dict[str, Any]]:
     """Containers that are not fleet's but were forced out of the deployment's way (kill policy "force"):
     stopped through their runtime (`stop -t drain`), never removed -- they are somebody's, and how they
-    ended stays there for them to read. Their processes are taken out of `targets`."""
+    ended stays there for them to read. Their processes are taken out of `targets`. A container is stopped
+    only for processes that run in it (`runs_in`): the id a cgroup's name gives is only a claim."""
     boxes: Dict[Tuple[str, str], List[int]] = {}
     for pid, t in targets.items():
         if t.get("container_id") and t.get("container_cli"):
             boxes.setdefault((t["container_cli"], t["container_id"]), []).append(pid)
     stopped = []
-    for (cli, ident), pids in sorted(boxes.items()):
+    for (cli, ident), named in sorted(boxes.items()):
+        seen = inspect(cli, ident)
+        pids = [pid for pid in named if seen is not None and runs_in(pid, int(seen["pid"] or 0))]
+        if not pids:  # a cgroup named like it, not the container: its processes stay targets of their own
+            continue
         code, _, err = run_cli([cli, "stop", "-t", str(int(drain_s)), ident], drain_s + 60)
         how = (
             "%s stop -t %d (not removed: not fleet's)" % (cli, int(drain_s))

@@ -53,6 +53,12 @@ def _stat_fields(pid: int) -> Optional[Tuple[str, List[str]]]:
     return stat[stat.find("(") + 1 : stat.rfind(")")], stat.rsplit(")", 1)[1].split()
 
 
+def parent_of(pid: int) -> Optional[int]:
+    """The parent of a process (its ppid), or None when it is gone."""
+    stat = _stat_fields(pid)
+    return int(stat[1][1]) if stat else None
+
+
 def uid_of(pid: int) -> Optional[int]:
     """The user a process runs as: the real uid of its status. Not the owner of /proc/PID, which is root
     for a process that made itself non-dumpable, whoever runs it."""
