@@ -130,3 +130,14 @@ def test_the_health_probe_that_echoes_its_keys_is_quoted_without_them(tmp_path: 
 
 def test_nothing_is_hidden_before_a_secret_is_read() -> None:
     assert hide(f"value {SECRET}") == f"value {SECRET}"
+
+
+def test_json_stays_json_when_a_secret_reads_like_a_number_or_a_word_of_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fleet.cli.base import emit_json
+
+    remember({"PIN": "30000", "FLAG": "true"})
+    emit_json({"port": 30000, "ok": True, "said": "listening on 30000, true", "n": [1, None]})
+    shown = json.loads(capsys.readouterr().out)  # still JSON: strings hidden, not the text
+    assert shown == {"port": 30000, "ok": True, "said": "listening on ***, ***", "n": [1, None]}

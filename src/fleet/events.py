@@ -378,10 +378,10 @@ class JsonLines:
         if self.stream is None:
             return
         elapsed = round(time.monotonic() - self.started, 3)
-        from fleet.secrets import hide
+        from fleet.secrets import hidden  # a line's text may quote what a host said
 
         try:
-            self.stream.write(hide(json.dumps({"host": self.host, "elapsed_s": elapsed, **to_json(event)})) + "\n")
+            self.stream.write(json.dumps(hidden({"host": self.host, "elapsed_s": elapsed, **to_json(event)})) + "\n")
             self.stream.flush()
         except (OSError, ValueError):  # a broken pipe: nobody reads the progress (`| head`): the deploy goes on
             self.stream = None

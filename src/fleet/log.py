@@ -53,7 +53,7 @@ def _configure_structlog() -> Any:
             stream = sys.stderr
             renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
         structlog.configure(
-            processors=[*processors, _hiding(renderer)],
+            processors=[*processors, _hiding, renderer],
             wrapper_class=structlog.make_filtering_bound_logger(_settings["level"]),
             logger_factory=structlog.PrintLoggerFactory(stream),
             cache_logger_on_first_use=False,
@@ -62,14 +62,11 @@ def _configure_structlog() -> Any:
     return structlog
 
 
-def _hiding(renderer: Any) -> Any:
-    """`renderer`, its line with every secret this run read hidden (an event may quote a host's text)."""
-    from fleet.secrets import hide
+def _hiding(logger: Any, method: str, event: Any) -> Any:
+    """An event with every secret this run read hidden from its values (it may quote a host's text)."""
+    from fleet.secrets import hidden
 
-    def render(logger: Any, method: str, event: Any) -> str:
-        return hide(renderer(logger, method, event))
-
-    return render
+    return hidden(event)
 
 
 def _dropped(*args: Any, **kwargs: Any) -> None:

@@ -57,6 +57,23 @@ def hide(text: str) -> str:
     return redact(text, known) if known else text
 
 
+def hidden(data: Any) -> Any:
+    """A value about to be written as JSON with `hide` applied to each of its strings (keys too), not to
+    the JSON text: a secret that reads like a number or `true` would leave that text no JSON. Values
+    JSON cannot hold become their str(), as `json.dumps(default=str)` makes them."""
+    if not _known:
+        return data
+    if isinstance(data, str):
+        return hide(data)
+    if isinstance(data, dict):
+        return {hidden(k) if isinstance(k, str) else k: hidden(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [hidden(v) for v in data]
+    if data is None or isinstance(data, (bool, int, float)):
+        return data
+    return hide(str(data))
+
+
 # What may sit between a secret's characters and still show it: a terminal control sequence (colour, an
 # OSC title, a lone ESC or C1 control) or an invisible character. A terminal shows `hf_SE\x1b[0mCRET` as
 # the secret, and fleet strips such sequences before printing, so they cannot hide it from redaction.

@@ -317,10 +317,10 @@ def say(text: str, err: bool = False) -> None:
 
 def emit_json(data: Any) -> None:
     from fleet.events import flush_progress
-    from fleet.secrets import hide
+    from fleet.secrets import hidden
 
     flush_progress()
-    click.echo(hide(json.dumps(data, default=str, sort_keys=True)))
+    click.echo(json.dumps(hidden(data), default=str, sort_keys=True))
 
 
 def multi_host_options(fn: Any) -> Any:
