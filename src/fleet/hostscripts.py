@@ -22,7 +22,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from fleet.errors import HostStepError
-from fleet.secrets import hide
+from fleet.protocol import json_object
+from fleet.secrets import hide, redact
 from fleet.transport.base import Collected, CommandResult
 
 if TYPE_CHECKING:
@@ -275,16 +276,20 @@ def _run_json(
     return answer_of(transport.host_name, step, result)
 
 
+def host_said(result: CommandResult, chars: int, secrets: Mapping[str, str] | None = None) -> str:
+    """The last `chars` (at most 4000) of what a command printed, stdout then stderr, with every secret this run
+    read (and `secrets`) hidden before the cut: a step may have echoed its stdin, and a cut may leave a
+    secret's tail."""
+    return redact(hide((result.text + result.error_text)[-4000:]), secrets or {})[-chars:]
+
+
 def answer_of(host_name: str, step: str, result: CommandResult) -> dict[str, Any]:
     """A step's one JSON document; a step that failed on the host is a HostStepError (the host answered:
     not an SSH problem), with the host's own traceback for --debug. What the host said is quoted with every
     secret hidden, before it is cut: a step may have echoed its stdin, and a cut may leave a secret's tail."""
-    try:
-        data = json.loads(result.text)
-    except (ValueError, RecursionError):  # nested past Python's recursion limit: no more an answer than garbage
-        data = None
-    if not isinstance(data, dict):
-        said = hide((result.text + result.error_text)[-4000:])[-2000:]
+    data = json_object(result.text)
+    if data is None:
+        said = host_said(result, 2000)
         raise HostStepError(
             f"{host_name}: fleet's {step} step failed on the host and said no result "
             f"(exit {result.exit_code}: {said[-300:].strip()!r}).",
@@ -356,13 +361,10 @@ class EventLines:
 
 
 def _event(raw: bytes) -> StepEvent:
-    try:
-        event = json.loads(raw)
-    except (ValueError, RecursionError):
-        event = None
-    if isinstance(event, dict) and isinstance(event.get("e"), str):
+    event = json_object(raw)
+    if event is not None and isinstance(event.get("e"), str):
         return cast(StepEvent, event)  # the step's own: its keys as the step says them
-    if isinstance(event, dict) and "error" in event:  # no Python on the host: said in place of events
+    if event is not None and "error" in event:  # no Python on the host: said in place of events
         return {"e": "error", "error": str(event["error"])}
     return {"e": "error", "error": raw.decode("utf-8", "replace")[-300:]}
 

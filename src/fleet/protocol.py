@@ -2,6 +2,7 @@
 checked by mypy on both. Host files import these shapes for type checking only (`from __future__ import
 annotations`): this module never leaves this machine; the words used at run time are fleet.host.words."""
 
+import json
 from typing import Any, Dict, List, Optional, TypedDict
 
 from fleet.host.words import (  # the words both sides use at run time, re-exported for fleet's own modules
@@ -18,6 +19,16 @@ from fleet.host.words import (  # the words both sides use at run time, re-expor
     STOPPED as STOPPED,
     UNVERIFIED as UNVERIFIED,
 )
+
+
+def json_object(text: str | bytes) -> Optional[Dict[str, Any]]:
+    """What a host said, as the one JSON object a step answers with; None for anything else: no JSON, JSON
+    nested past Python's recursion limit, or a value that is not an object (a number, a list)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class ProcessInfo(TypedDict, total=False):

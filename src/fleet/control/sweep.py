@@ -20,10 +20,10 @@ from fleet.crashes import LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError, StoppedSince
 from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
-from fleet.hostscripts import script_for, step_python
+from fleet.hostscripts import host_said, script_for, step_python
 from fleet.inventory import Host
-from fleet.protocol import HealDecision, HealthAnswer, HealthRequest, ServerAnswer
-from fleet.secrets import hide, redact
+from fleet.protocol import HealDecision, HealthAnswer, HealthRequest, ServerAnswer, json_object
+from fleet.secrets import redact
 from fleet.transport import Transport
 
 
@@ -122,14 +122,9 @@ def _probe(
 ) -> HealthAnswer:
     stdin = json.dumps({"keys": keys}).encode() + b"\n"
     result = t.run(script_for("health", args, [python]), stdin=stdin, timeout_s=options.generation_timeout_s + 60)
-    try:
-        raw = json.loads(result.text)
-    except (ValueError, RecursionError):
-        raw = None
-    if not isinstance(raw, dict):  # the host answered: its probe failed, which is not an SSH problem
-        # quoted with the keys it was sent hidden, before the cut: it may have echoed its stdin
-        said = redact(hide((result.text + result.error_text)[-4000:]), keys)[-200:]
-        return {"probe_error": f"said no result: {said}"}
+    raw = json_object(result.text)
+    if raw is None:  # the host answered: its probe failed, which is not an SSH problem
+        return {"probe_error": f"said no result: {host_said(result, 200, keys)}"}  # the keys it was sent hidden
     return cast(HealthAnswer, raw)
 
 

@@ -6,7 +6,6 @@ Pure: builds strings and parses data; never touches the network (pyinfra's "fact
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.errors import HostStepError
 from fleet.facts.recorded import Recorded, parse_recorded
 from fleet.host.procs import ip_literal
-from fleet.protocol import StateRecord
+from fleet.protocol import StateRecord, json_object
 from fleet.secrets import shown_processes
 
 if TYPE_CHECKING:
@@ -357,11 +356,8 @@ def _model_files(m: dict[str, Any]) -> ModelFiles:
 
 
 def parse_facts(host: str, text: str) -> HostFacts:
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):  # nested past Python's recursion limit: no answer either
-        raw = None
-    if not isinstance(raw, dict):
+    raw = json_object(text)
+    if raw is None:
         raise HostStepError(
             f"{host}: fleet's probe failed on the host and said no result (got {text[:200]!r}).",
             "Run with --debug for all it printed.",
