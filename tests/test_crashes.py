@@ -1323,7 +1323,7 @@ def test_a_start_fix_is_not_taken_from_after_health_answered_when_the_log_has_no
     clients could write to it; the watcher's own word that /health answered does (control.attempt_watch).
     A known start failure quoted after it by a request (an echoed grammar, a tool call) is no start
     failure: a crash after it is diagnosed without a start's fix."""
-    from fleet.control.attempt_watch import ANSWERED_HEALTH
+    from fleet.crashes.classify import ANSWERED_HEALTH
 
     t = "[2026-04-05 20:02:53] "
     echoed = [t + 'Skip invalid ebnf: ebnf=root ::= "a"', "OSError: [Errno 98] Address already in use", ", e=x"]

@@ -26,6 +26,7 @@ from fleet.host.records import (
     write_record,
 )
 from fleet.protocol import FAILED, READY, STARTING, STATE_SCHEMA, STOPPED, UNVERIFIED
+from test_step_ahead import release  # an act request whose lock takes the deployment `small`
 
 
 def put(directory: Path, name: str, data: object) -> Path:
@@ -326,17 +327,6 @@ def test_a_state_dir_others_may_write_is_refused_before_anything_is_read(tmp_pat
     os.chmod(state / where, 0o1777)  # sticky and open to all, as /tmp is
     planted = state / "deployments" / "small" / STATE_FILE
     planted.write_text(json.dumps({"status": READY, "pgid": os.getpgid(0)}))
-    request = {
-        "state_dir": str(state),
-        "deployment": "small",
-        "places": False,
-        "gpus": None,
-        "replace": [],
-        "run_id": "run-1",
-        "owner": "tester",
-        "grace_s": 5.0,
-        "command": "deploy",
-    }
-    taken = lock.take_lock(request)  # type: ignore[arg-type]
+    taken = lock.take_lock(release(state)["lock"])
     assert taken["status"] == "unwritable" and "only they may write" in str(taken.get("error"))
     assert not (state / "deployments" / "small" / LOCK_FILE).exists()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from fleet import events
+from fleet.crashes.classify import ANSWERED_HEALTH
 from fleet.errors import HostSilent, HostStepError, HostUnreachable
 from fleet.hostscripts import StepEvent, deployment_python
 from fleet.plan import LaunchPlan
@@ -50,10 +51,6 @@ class Hold:
 
 
 WATCHED_EVENTS = 10_000
-# Said among the attempt's lines when /health answered before any ready line (an engine run at
-# --log-level warning prints none): from there on a client may have written to the log, and a fix for a
-# start's failure is not taken from it (fleet.crashes.classify's ACCEPTING).
-ANSWERED_HEALTH = "[fleet] the server answered /health: it takes requests from here on"
 
 
 def watch_attempt(
@@ -88,7 +85,7 @@ def watch_attempt(
         elif ev["e"] == "stalled":  # a stall the playbook waits through: said, the watch goes on
             d.progress(events.StartupStalled.of_event(ev, d.ready_timeout_s))
         else:
-            if ev["e"] == "ready_http":  # in the log's order: what a diagnosis counts as taking requests
+            if ev["e"] == "ready_http":  # in the log's order: a start's fix is not taken from what follows
                 on_line(ANSWERED_HEALTH)
             if ev["e"] == "log_reset":
                 offset = 0

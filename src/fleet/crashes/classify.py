@@ -33,11 +33,15 @@ from fleet.crashes.signatures import (
 )
 from fleet.plan import Fix, Version, args_dict
 
+# Said among an attempt's lines by the deploy loop when /health answered before any ready line (an engine
+# run at --log-level warning prints none): from there on a client may have written to the log.
+ANSWERED_HEALTH = "[fleet] the server answered /health: it takes requests from here on"
 # The server took requests: its socket listens, or one was answered.
 # (vLLM hands uvicorn a socket bound long before, and uvicorn then never says "Uvicorn running on")
 ACCEPTING = re.compile(
     r'Uvicorn running on|The server is fired up and ready to roll|Starting vLLM (?:API )?server|HTTP/[\d.]+" \d{3}|'
-    r"^\[fleet\] the server answered /health"  # the watcher's word, where the log says nothing at warning level
+    + "^"
+    + re.escape(ANSWERED_HEALTH)
 )
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
