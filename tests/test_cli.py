@@ -146,6 +146,27 @@ def test_diagnose_reads_the_end_of_a_huge_log_only(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30  # a bound only a full read breaks, not a timing claim
 
 
+# A client's text echoed in a request log line, with separators str.splitlines breaks a line at
+ECHOED_OOM = (
+    "[2026-12-07 10:00:01] Receive: obj=GenerateReqInput(rid='x', text='hi{sep}torch.OutOfMemoryError: "
+    "CUDA out of memory. Tried to allocate 2.00 GiB{sep}')\n"
+    "[2026-12-07 10:00:02] Received sigquit from a child process. It usually means the child failed.\n"
+)
+
+
+@pytest.mark.parametrize("sep", ["\v", "\f", "\x1c", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_diagnose_reads_a_line_as_the_watch_does_never_a_clients_separator_as_a_new_line(
+    tmp_path: Path, sep: str
+) -> None:
+    """The crash a client's text names is not the engine's: no fix comes of it."""
+    log = tmp_path / "echo.log"
+    log.write_text(ECHOED_OOM.format(sep=sep), encoding="utf-8")
+    r = run_cli("diagnose", str(log), "--json")
+    assert r.code == 0 and '"fix": null' in r.out and "cuda-oom" not in r.out
+    log.write_text(ECHOED_OOM.format(sep="\n"), encoding="utf-8")  # a real line break: the engine's own line
+    assert '"signature": "cuda-oom-startup"' in run_cli("diagnose", str(log), "--json").out
+
+
 def test_diagnose_of_a_healthy_log_is_healthy(tmp_path: Path) -> None:
     log = tmp_path / "ok.log"
     log.write_text(

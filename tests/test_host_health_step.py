@@ -33,6 +33,17 @@ def test_the_kernel_log_is_read_on_from_where_the_last_check_stopped(tmp_path: P
     assert health._kernel_lines(str(tmp_path / "gone.log"), offset) == ("", 0)
 
 
+def test_the_log_lines_a_health_check_reads_are_split_at_newlines_alone(tmp_path: Path) -> None:
+    """A client's text echoed into the log with U+2028, VT or FS in it stays in its line (the sweep
+    diagnoses these lines); a CR, a progress bar's redraw, ends one as the watch has it."""
+    log = tmp_path / "server.log"
+    log.write_text("Receive: text='a\u2028b\vc\x1cd'\r\nloading 10%\rloading 20%\nready\n", encoding="utf-8")
+    record = {"status": "ready", "pid": 1 << 30, "pgid": 1 << 30, "port": 30000, "log": str(log)}
+    asked = {"http_timeout_s": 1.0, "skip_generation": True}
+    out = health.check_server(record, [], {}, asked)  # type: ignore[arg-type]
+    assert out["log_lines"] == ["Receive: text='a\u2028b\vc\x1cd'", "loading 10%", "loading 20%", "ready"]
+
+
 def test_a_container_whose_runtime_is_gone_is_reported_missing_and_its_server_not_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

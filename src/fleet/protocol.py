@@ -18,6 +18,7 @@ from fleet.host.words import (  # the words both sides use at run time, re-expor
     STATE_SCHEMA as STATE_SCHEMA,
     STOPPED as STOPPED,
     UNVERIFIED as UNVERIFIED,
+    log_lines as log_lines,
 )
 
 

@@ -122,6 +122,7 @@ def diagnose(
       fleet diagnose --host blackwell
     """
     from fleet.crashes import LogContext, diagnose as run_diagnosis
+    from fleet.protocol import log_lines
 
     if host_name:
         from fleet.control.logs import log_text
@@ -147,7 +148,7 @@ def diagnose(
         from fleet.secrets import redact
 
         text = redact(text, ctx.secrets)
-    d = run_diagnosis(text.splitlines(), LogContext(engine=engine), ctx.signatures)
+    d = run_diagnosis(log_lines(text), LogContext(engine=engine), ctx.signatures)
     if as_json:
         emit_json(d.to_json())
         return

@@ -61,6 +61,7 @@ from fleet.protocol import (
     StateRecord,
     WatchEvent,
     WatchRequest,
+    log_lines,
 )
 from fleet.secrets import redact
 from fleet.startup import STALL_FLOOR_S, history_key
@@ -352,7 +353,7 @@ class Deployer:
             told = {k: v for k, v in told_picks((check or {}).get("picks")).items() if k in premises["expect"]}
             return PicksDiffer(told, {k: told[k] for k in differ if k in told})
         if check and check["verdict"] == "rejected":
-            lines = redact(check["output"], self.secrets).splitlines()
+            lines = log_lines(redact(check["output"], self.secrets))
             rec.outcome = "rejected"
         else:
             lines = self._watched_lines(plan, out, rec, learned)

@@ -298,7 +298,9 @@ class GroupRun:
                 continue
             check = out.get("check")
             if check and check["verdict"] == "rejected" and rejected is None:
-                said = redact(str(check["output"]), d.secrets).splitlines()
+                from fleet.protocol import log_lines  # here: the module is at its line limit
+
+                said = log_lines(redact(str(check["output"]), d.secrets))
                 rejected = RankOutcome(i, self.hosts[i].name, "rejected", said, time.monotonic())
                 continue
             try:

@@ -25,7 +25,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.procs import alive, argv_at, boot_id, start_ticks
     from fleet.host.records import HEALTH_FILE, RecordTooNew, read_record, write_record
     from fleet.host.smoke import smoke_request
-    from fleet.host.words import LIVE, STOPPED
+    from fleet.host.words import LIVE, STOPPED, log_lines
     from fleet.protocol import HealthRequest, SmokeSpec
 
 HEALTH_LOG_LINES = 2000
@@ -140,7 +140,7 @@ def check_server(
     log = st.get("log") if st.get("status") != STOPPED else None  # a stopped server's log is history
     if log and not args.get("generation_only"):  # asked again for the prompt alone: the log was read
         text, size = _read_new(log, book.get("log_offset", 0) if book.get("log") == log else 0)
-        out["log_lines"] = text.splitlines()[-HEALTH_LOG_LINES:]
+        out["log_lines"] = log_lines(text)[-HEALTH_LOG_LINES:]
         book["log"], book["log_offset"] = log, size
     return out
 
@@ -185,7 +185,7 @@ def health_main() -> None:
         text, pos = _kernel_lines(args.get("kernel_log") or "dmesg", book.get("kernel_offset", 0))
         out["kernel"] = [
             line
-            for line in text.splitlines()
+            for line in log_lines(text)
             if "NVRM: Xid" in line or "Out of memory: Killed" in line or "oom-kill" in line
         ][-200:]
         book["kernel_offset"] = pos

@@ -1,7 +1,7 @@
 """The words fleet and its host steps share at run time: the status words, the state record's version,
-the secret's placeholder, the note for a cut line and what a deployment's name may be. Shipped first with
-every host step (standard library only, Python 3.8); fleet.protocol, the typed shapes of every request,
-answer and record, is for type checking only and never leaves this machine."""
+the secret's placeholder, the note for a cut line, what a deployment's name may be and where a log's lines
+end. Shipped first with every host step (standard library only, Python 3.8); fleet.protocol, the typed
+shapes of every request, answer and record, is for type checking only and never leaves this machine."""
 
 import re
 
@@ -35,3 +35,12 @@ DEAD: Final = "dead"
 LIVE = (STARTING, READY, UNVERIFIED)  # a server is expected behind the record
 # How an attempt ended (a start-up's history, the timeline): READY, or the engine exited (CRASHED), or ...
 CRASHED: Final = "crashed"
+
+
+def log_lines(text: str) -> "list[str]":
+    """A log's lines as fleet's watch reads them: split at a newline alone (a bare CR, a progress bar's
+    redraw, counts as one). str.splitlines also splits at VT, FF, FS, GS, RS, NEL and U+2028/U+2029, which
+    a client's text echoed into the log may hold: the piece after one would read as a line the engine
+    wrote (a crash, and its fix)."""
+    parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return parts[:-1] if parts[-1] == "" else parts
