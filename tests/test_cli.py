@@ -163,7 +163,8 @@ def test_diagnose_reads_a_line_as_the_watch_does_never_a_clients_separator_as_a_
     log.write_text(ECHOED_OOM.format(sep=sep), encoding="utf-8")
     r = run_cli("diagnose", str(log), "--json")
     assert r.code == 0 and '"fix": null' in r.out and "cuda-oom" not in r.out
-    log.write_text(ECHOED_OOM.format(sep="\n"), encoding="utf-8")  # a real line break: the engine's own line
+    own = ECHOED_OOM.format(sep="\n[2026-12-07 10:00:01 TP0] ")  # a line the engine's logger began
+    log.write_text(own, encoding="utf-8")
     assert '"signature": "cuda-oom-startup"' in run_cli("diagnose", str(log), "--json").out
 
 

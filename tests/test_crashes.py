@@ -1286,6 +1286,61 @@ def test_a_clients_text_in_the_log_is_never_a_failure_or_a_fix(lines: list[str])
     assert d.category in ("starting", "healthy") and d.fix is None, d
 
 
+TOOL_CALL = "[2026-12-07 10:00:01] WARNING: Invalid Inkling tool call payload: <call>"
+HERMES = "ERROR 12-07 10:00:01 [hermes_tool_parser.py:117] "
+RUNTIME_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # SGLang's tool-call parser prints what a model wrote, newlines and all: its logger prefixes the
+        # record's first line only
+        [*SGLANG_READY, TOOL_CALL, "x", RUNTIME_OOM, "Received sigquit from a child process."],
+        [*SGLANG_READY, "[2026-12-07 10:00:01] Error in detect_and_parse: bad call", RUNTIME_OOM],
+        # a line of the echo that looks like a logged request again: the echo goes on after it
+        [*SGLANG_READY, TOOL_CALL, "Receive: obj=x", RUNTIME_OOM],
+        # the grammar a request sent, which SGLang's grammar backend refused, logged at ERROR
+        [*SGLANG_READY, f"[2026-12-07 10:00:01] Hit invalid ebnf: key_string='{RUNTIME_OOM}', e=ValueError()"],
+        # vLLM's tool-call parsers log a model's output that did not parse, every line prefixed
+        [*VLLM_READY, HERMES + "Error in extracting tool call from response.", HERMES + RUNTIME_OOM],
+    ],
+    ids=["sglang-tool-call", "sglang-detect-and-parse", "echoed-receive", "sglang-grammar", "vllm-tool-parser"],
+)
+def test_a_models_or_clients_words_a_parser_echoes_never_become_a_fix(lines: list[str]) -> None:
+    """What a tool-call parser or a grammar backend says of one request holds the request's or the model's
+    words (a prompt steers both): never a fix, and what goes on from it unprefixed is no proof of serving."""
+    d = diagnose(lines, SM120)
+    assert d.fix is None, d
+
+
+def test_a_ready_line_echoed_after_a_parsers_record_proves_nothing() -> None:
+    d = diagnose([TOOL_CALL, "The server is fired up and ready to roll!"])
+    assert d.category == "starting", d
+
+
+@pytest.mark.parametrize(
+    ("crash", "category"),
+    [
+        (['Traceback (most recent call last):', '  File "scheduler.py", line 1, in run', RUNTIME_OOM], "kv_cache_oom"),
+        (["terminate called after throwing an instance of 'c10::Error'",
+          "  what():  CUDA error: an illegal memory access was encountered"], None),
+    ],
+    ids=["traceback", "native"],
+)  # fmt: skip
+def test_an_engines_crash_printed_raw_after_a_parsers_record_is_still_a_failure(
+    crash: list[str], category: str | None
+) -> None:
+    """A traceback's head ends the echo: the engine printed it, and its known fix stands. A native crash's
+    lines may be the client's (no fix from them) but are never read as a healthy log."""
+    d = diagnose([*SGLANG_READY, TOOL_CALL, *crash])
+    assert d.category != "healthy" and d.found_failure, d
+    if category:
+        assert d.category == category and d.fix is not None, d
+    else:
+        assert d.fix is None, d
+
+
 def test_a_real_failure_after_a_logged_request_is_still_seen() -> None:
     """The quote ends at the engine's next record: its own error is evidence again."""
     lines = [

@@ -174,7 +174,7 @@ def diagnose(
     n = len(log.lines)
     ready = [log.scanner(p) for p in READY_PATTERNS]
     ready_at = next(
-        (i for i, line in enumerate(log.lines) if not log.is_quoted(i) and any(p.search(line) for p in ready)), None
+        (i for i, line in enumerate(log.lines) if _own_words(log, i) and any(p.search(line) for p in ready)), None
     )
     transient = transient_lines(log)
     failures = failure_lines(log, transient)
@@ -203,7 +203,7 @@ def diagnose(
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
         if sig.fix is not None:  # a failure the engine reports is logged as one, never at INFO (a request's echo is)
-            hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG")]
+            hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG") and not log.is_echoed(i)]
         if sig.phase == "startup":
             before = ready_at if sig.fix is None else accepting_at
             hits = [i for i in hits if before is None or i < before]
@@ -245,10 +245,15 @@ def diagnose(
 _ACCESS_LINE = re.compile(r'^\S+:\d+ - "')
 
 
+def _own_words(log: LogText, i: int) -> bool:
+    """Whether line i is surely the server's: neither a client's text nor what may go on from one."""
+    return not (log.is_quoted(i) or log.is_echoed(i))
+
+
 def _own_line(log: LogText, i: int) -> bool:
-    """The server's own words: any line but a quoted one, and the access log's line itself (the request's
-    path is the client's, the status after it the server's)."""
-    return not log.is_quoted(i) or bool(_ACCESS_LINE.match(log.lines[i]))
+    """The server's own words (_own_words), and the access log's line itself (the request's path is the
+    client's, the status after it the server's)."""
+    return _own_words(log, i) or bool(_ACCESS_LINE.match(log.lines[i]))
 
 
 _SYMPTOM = re.compile(

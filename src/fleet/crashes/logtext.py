@@ -85,15 +85,28 @@ ACCESS = re.compile(r'^\S+:\d+ - "[A-Za-z][A-Za-z-]* |"(?:GET|POST|PUT|DELETE|HE
 BODY = re.compile(
     r"^(?:Receive|Finish|Abort)(?: \w+)?: (?:obj|rid)=|\bGenerateReqInput\(|\bEmbeddingReqInput\(|"
     r"^Received request\b|^Generated response\b|\bprompt(?:_token_ids)?: ['\"\[]|^\[http_server\] Error: |"
-    r'^\{.*"(?:rid|request_id|obj|text|input_ids|messages)": '
+    r'^\{.*"(?:rid|request_id|obj|text|input_ids|messages)": |'
+    r"^Hit invalid [\w ]+: "  # a request's grammar SGLang's grammar backend refused, quoted
 )
 QUOTED = re.compile(f"{ACCESS.pattern}|{BODY.pattern}")
+# What SGLang's tool-call parsers say of a model's output that did not parse: the model's words, which a
+# prompt steers, often printed as they are, newlines included. Never an exception line of the engine's
+# ("ValueError: ... --tool-call-parser ...", at start-up, is the engine's own).
+PARSER_ECHO = re.compile(
+    r"\b(?:detect_and_parse|parse_streaming_increment)\b|\btool[ -]calls?\b(?![ _-]?parser)|"
+    r"\bundefined (?:function|tool)\b"
+)
+PARSER_WORDS = ("tool", "detect_and_parse", "parse_streaming", "undefined")  # one is in every PARSER_ECHO match
 # vLLM's request-facing modules log what one request did or what went wrong with it, and NewLineFormatter
 # gives every line of a message their prefix, so a client's text (a request id or a model name with a
 # newline, a template error) reads as the engine's own failure: the OpenAI handlers (serving_chat.py, ...;
 # serving.py since they moved into a package per endpoint) and the request logger (request_logger.py;
 # logger.py before). The engine's own failures are logged by the engine core and the API server.
-REQUEST_HANDLER = re.compile(r"(?:serving(?:_\w+)?|request_logger|logger)\.py:\d+")
+# Their tool-call and reasoning parsers read a model's output for one request, and log it when it does not
+# parse (the model's words, which a prompt steers).
+REQUEST_HANDLER = re.compile(
+    r"(?:serving(?:_\w+)?|request_logger|logger|\w*_tool_parser|\w*reasoning_parsers?|basic_parsers)\.py:\d+"
+)
 # A traceback a log collector flattened into one line with literal "\n": the engine's, when the message
 # starts with it (or with the engine's own "... hit an exception: "). A literal "\n" anywhere else is a
 # client's text (a model name, a request id) and splits nothing.
@@ -102,15 +115,22 @@ ESCAPED_TRACEBACK = re.compile(r"^(?:[\w .-]+ hit an exception: )?Traceback \(mo
 
 @dataclass(frozen=True)
 class LogText:
-    """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named, and
-    `quoted[i]` whether it is a client's text (a request logged), which is never evidence."""
+    """A log, normalised: `lines[i]` is the message, `levels[i]` the log level its prefix named,
+    `quoted[i]` whether it is a client's text (a request logged), which is never evidence, and
+    `echoed[i]` whether it may be: a line no prefix starts after a record that quotes a client. An echoed
+    line still counts as a failure (a crash the engine printed there must not be missed), but never as
+    the evidence of a fix or as proof of serving."""
 
     lines: tuple[str, ...]
     levels: tuple[str | None, ...]
     quoted: tuple[bool, ...] = ()
+    echoed: tuple[bool, ...] = ()
 
     def is_quoted(self, i: int) -> bool:
         return bool(self.quoted) and self.quoted[i]
+
+    def is_echoed(self, i: int) -> bool:
+        return bool(self.echoed) and self.echoed[i]
 
     def window(self, i: int) -> str:
         """Line i with the lines that continue it, for messages a terminal or a paste wrapped; at most
@@ -120,7 +140,12 @@ class LogText:
             return ""  # a client's words match no signature
         text = self.lines[i][:WINDOW_CHARS]
         for j in range(i + 1, min(i + 4, len(self.lines))):
-            if len(text) >= WINDOW_CHARS or self.is_quoted(j) or not is_continuation(self.lines[j]):
+            if (
+                len(text) >= WINDOW_CHARS
+                or self.is_quoted(j)
+                or self.is_echoed(j)
+                or not is_continuation(self.lines[j])
+            ):
                 break
             text += " " + self.lines[j][:WINDOW_CHARS]
         return text[:WINDOW_CHARS]
@@ -168,30 +193,46 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
     return text, level, source
 
 
+def quotes_a_client(message: str, source: str | None) -> bool:
+    """Whether a record (its message, and the source file its prefix named) carries a client's or a
+    model's words."""
+    if QUOTED.search(message) or (source and REQUEST_HANDLER.fullmatch(source)):
+        return True
+    if not any(word in message for word in PARSER_WORDS):  # most lines: the regex is not run
+        return False
+    return bool(PARSER_ECHO.search(message)) and not is_exception_line(message)
+
+
 def normalize_log(raw_lines: Iterable[str]) -> LogText:
     """Strip colour codes and prefixes; unflatten tracebacks logged as one line with literal '\\n'; split
     a line at carriage returns as a terminal would show it (progress bars redrawn in place, then the
-    crash on the same line). A record that quotes a client (QUOTED) is marked whole, with every piece
-    it splits into: splitting cannot turn it into evidence."""
-    lines: list[str] = []
-    levels: list[str | None] = []
-    quoted: list[bool] = []
+    crash on the same line). A record that quotes a client (quotes_a_client) is marked whole, with every
+    piece it splits into: splitting cannot turn it into evidence. The lines after it that no prefix
+    starts, when a prefix started it, are echoed: a logger prefixes a record's first line only, so they
+    may be the client's text going on after a newline it held -- up to a line with a prefix of its own,
+    fleet's own "[fleet] " line, or a traceback's head (an exception the engine printed as it is)."""
+    rows: list[tuple[str, str | None, bool, bool]] = []  # (message, level, quoted, echoed)
+    quoting = False  # after the first line of a prefixed record that quotes a client
     for raw in raw_lines:
         message, level, source = _strip(raw)
-        if QUOTED.search(message) or (source and REQUEST_HANDLER.fullmatch(source)):
-            lines.append(message)
-            levels.append(level)
-            quoted.append(True)
+        quotes = quotes_a_client(message, source)
+        goes_on = False
+        if quotes or quoting:
+            prefixed = bool(_ANY_PREFIX.match(_CONTROL.sub("", raw))) or message.startswith("[fleet] ")
+            goes_on = quoting and not (quotes or prefixed or TRACEBACK_HEAD.match(message.lstrip()))
+            quoting = (quotes and (prefixed or quoting)) or goes_on
+        if quotes or goes_on:
+            rows.append((message, level, quotes, goes_on))
             continue
         pieces = raw.split("\\n") if ESCAPED_TRACEBACK.match(message) else [raw]
         if "\r" in raw.rstrip("\r\n"):
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         for piece in pieces:  # a line kept whole was stripped above: only the pieces of a split one are
             text, piece_level = (message, level) if piece is raw else _strip(piece)[:2]
-            lines.append(text)
-            levels.append(piece_level)
-            quoted.append(False)
-    return LogText(tuple(lines), tuple(levels), tuple(quoted))
+            rows.append((text, piece_level, False, False))
+    return LogText(
+        tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), tuple(r[3] for r in rows)
+    )
 
 
 def normalize(raw_lines: Iterable[str]) -> list[str]:
