@@ -6,7 +6,10 @@ Inside the namespace only this harness forks, so setting ns_last_pid makes the n
 engine's exactly; no timing decides the order: the second engine holds the drain open until the
 newcomer is running.
 
-argv: MODE FLAG, MODE "pidfd" (the kernel's pidfds) or "start-time" (the fallback for kernels without).
+argv: MODE FLAG WHO, MODE "pidfd" (the kernel's pidfds) or "start-time" (the fallback for kernels without);
+WHO "other-user" (the newcomer is nobody's) or "own-group" (fleet's user's, leading a new process group
+with a child in it: the engine's group id names that group now, and the SIGKILL's look at the stopped
+group as it is must find neither).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from fleet.host.procs import process_table, uid_of
 
 NOBODY = 65534
 QUITS_AT_SIGTERM = "import time; print('up', flush=True); time.sleep(600)"
+# Leads a group with a child in it, and says the child's pid.
+LEADS_A_GROUP = "import subprocess; c = subprocess.Popen(['sleep', '600']); print(c.pid, flush=True); c.wait()"
 # Ignores SIGTERM until the newcomer runs (the flag file), then exits: the drain is open meanwhile.
 HOLDS_THE_DRAIN = (
     "import os, signal, sys, time\n"
@@ -40,18 +45,27 @@ def started(code: str, *args: str) -> subprocess.Popen[bytes]:
 
 
 def main() -> None:
-    mode, flag = sys.argv[1], sys.argv[2]
+    mode, flag, who = sys.argv[1], sys.argv[2], sys.argv[3]
     if mode == "start-time":
         fleet.host.signals._pidfd_open = lambda pid: None  # type: ignore[assignment]
     engine = started(QUITS_AT_SIGTERM)
     holder = started(HOLDS_THE_DRAIN, flag)
     newcomer: list[subprocess.Popen[bytes]] = []
+    member: list[int] = []  # the newcomer's child, in its group
 
     def reuse_the_engines_pid() -> None:
         engine.wait()  # exited at fleet's SIGTERM, and reaped: its pid is free
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(engine.pid - 1))
-        newcomer.append(subprocess.Popen(["sleep", "600"], user=NOBODY, stdin=subprocess.DEVNULL))
+        if who == "own-group":
+            leader = subprocess.Popen(
+                [sys.executable, "-c", LEADS_A_GROUP], start_new_session=True, stdout=subprocess.PIPE
+            )
+            assert leader.stdout is not None
+            member.append(int(leader.stdout.readline()))
+            newcomer.append(leader)
+        else:
+            newcomer.append(subprocess.Popen(["sleep", "600"], user=NOBODY, stdin=subprocess.DEVNULL))
         open(flag, "w").close()
 
     reuser = threading.Thread(target=reuse_the_engines_pid)
@@ -62,6 +76,7 @@ def main() -> None:
     reuser.join()
     other = newcomer[0]
     owner = uid_of(other.pid)
+    member_alive = bool(member) and (process_table().get(member[0]) or {}).get("state") not in (None, "Z")
     # Ended here with SIGTERM: its exit says which signal reached it first, fleet's SIGKILL or this one.
     other.terminate()
     ended_by = -other.wait()
@@ -72,6 +87,7 @@ def main() -> None:
                 "engine_pid": engine.pid,
                 "newcomer_pid": other.pid,
                 "newcomer_uid": owner,
+                "member_alive": member_alive,
                 "newcomer_ended_by": ended_by,
                 "stops": {str(s["pid"]): s["stop"] for s in stopped},
                 "forced": forced,

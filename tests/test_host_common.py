@@ -304,7 +304,7 @@ def test_the_sweep_after_a_stop_reaches_only_the_groups_it_stopped(tmp_path: Pat
     engines are swept now."""
     from fleet.host.act import sweep_stopped_groups
     from fleet.host.common import engine_kind
-    from fleet.host.procs import argv_at
+    from fleet.host.procs import argv_at, start_ticks
 
     env = dict(os.environ, PYTHONPATH=str(_fake_sglang(tmp_path)))
     bystander = _spawn([sys.executable, "-m", "sglang.launch_server"], env=env, start_new_session=True)
@@ -312,7 +312,11 @@ def test_the_sweep_after_a_stop_reaches_only_the_groups_it_stopped(tmp_path: Pat
     try:
         assert wait_for(lambda: engine_kind(argv_at(bystander.pid) or []) == "sglang")
         assert wait_for(lambda: engine_kind(argv_at(swept.pid) or []) == "sglang")
-        sweep_stopped_groups({swept.pid}, {})
+        leader = start_ticks(swept.pid)
+        assert leader is not None
+        sweep_stopped_groups({swept.pid: leader + 1}, {})  # the id names a group started later: not the one stopped
+        assert swept.poll() is None
+        sweep_stopped_groups({swept.pid: leader}, {})
         assert swept.wait(timeout=10) == -signal.SIGKILL
         assert bystander.poll() is None
     finally:

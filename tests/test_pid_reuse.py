@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,19 +26,35 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("identity", ["pidfd", "start-time"])
-def test_a_pid_reused_during_the_drain_is_never_signalled(tmp_path: Path, identity: str) -> None:
+def reuse(tmp_path: Path, identity: str, who: str) -> dict[str, object]:
+    """What the harness saw: the engine's pid handed to a newcomer (`who`) during fleet's drain."""
     run = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(HARNESS), identity, str(tmp_path / "up")],
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(HARNESS), identity, f"{tmp_path}/f", who],
         capture_output=True,
         text=True,
         timeout=120,
         env=dict(os.environ, PYTHONPATH=str(SRC)),
     )
     assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
+    return seen
+
+
+@pytest.mark.parametrize("identity", ["pidfd", "start-time"])
+def test_a_pid_reused_during_the_drain_is_never_signalled(tmp_path: Path, identity: str) -> None:
+    seen: dict[str, Any] = reuse(tmp_path, identity, "other-user")
     # the scenario is real: the engine's number now names another user's process
     assert seen["newcomer_pid"] == seen["engine_pid"] and seen["newcomer_uid"] == 65534
     # and fleet's stop did not touch it: no SIGKILL after the drain, and it says the engine drained
     assert seen["newcomer_ended_by"] == signal.SIGTERM, seen
+    assert seen["forced"] == [] and seen["stops"][str(seen["engine_pid"])] == "SIGTERM, drained"
+
+
+def test_a_group_that_took_the_stopped_groups_id_is_not_killed_as_its_members(tmp_path: Path) -> None:
+    """The engine led its own group; its pid, and so the group's id, went to a new process of fleet's own
+    user leading a group of its own. The SIGKILL after the drain looks at the stopped group as it is now
+    (a worker forked meanwhile is stopped too): by its id alone, it found the newcomer's child."""
+    seen: dict[str, Any] = reuse(tmp_path, "pidfd", "own-group")
+    assert seen["newcomer_pid"] == seen["engine_pid"] and seen["newcomer_uid"] == os.getuid()
+    assert seen["newcomer_ended_by"] == signal.SIGTERM and seen["member_alive"], seen
     assert seen["forced"] == [] and seen["stops"][str(seen["engine_pid"])] == "SIGTERM, drained"

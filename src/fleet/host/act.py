@@ -70,34 +70,32 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
         write_record,
     )
-    from fleet.host.signals import hold_process
+    from fleet.host.signals import hold_same_group
     from fleet.host.weight_cache import cache_dir, keep_or_stop, unsafe_dir
     from fleet.host.words import STOPPED
     from fleet.protocol import ActRequest, ActResult, CheckResult, FreeRequest, ProcessInfo
 
 
-def sweep_stopped_groups(stopped_groups: Set[int], siblings: Dict[int, str]) -> None:
+def sweep_stopped_groups(leaders: Dict[int, Optional[int]], siblings: Dict[int, str]) -> None:
     """Engine processes that outlived their parent in a group fleet just stopped (JIT workers): SIGKILLed,
-    each held first. Only those groups: never an engine-looking process elsewhere on the host, which may
+    each held first. Only those groups (`leaders`: each group's id, and its leader's start when fleet read
+    it), while their ids still name them: never an engine-looking process elsewhere on the host, which may
     be another container's or a tool's (a sweep by name killed a foreign container's server)."""
     me, own = os.getuid(), os.getpgid(0)
+
+    def outlived(p: ProcessInfo) -> bool:
+        return not is_engine(p) or bool(container_of(p["pid"]))  # skipped: what the sweep leaves
+
     for _sweep in range(3):
-        left = [
-            hold_process(p["pid"], p["start_ticks"], me)
-            for p in process_table().values()
-            if p["pgid"] in stopped_groups
-            and p["pgid"] not in (own, *siblings)
-            and p["uid"] == me
-            and p.get("state") != "Z"
-            and is_engine(p)
-            and not container_of(p["pid"])
-        ]
-        if not any(left):
+        left = {}
+        for pgid, ticks in leaders.items():
+            if pgid not in (own, *(int(s) for s in siblings)):
+                left.update(hold_same_group(pgid, ticks, me, outlived))
+        if not left:
             break
-        for h in left:
-            if h is not None:
-                h.send(signal.SIGKILL)
-                h.close()
+        for h in left.values():
+            h.send(signal.SIGKILL)
+            h.close()
         time.sleep(0.1)
 
 
@@ -430,7 +428,9 @@ def stop_in_the_way(
         )
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
-    sweep_stopped_groups(set(t["pgid"] for t in targets.values()), free["siblings"])
+    sweep_stopped_groups(
+        dict((t["pgid"], (procs.get(t["pgid"]) or {}).get("start_ticks")) for t in targets.values()), free["siblings"]
+    )
 
 
 if __name__ == "__main__":

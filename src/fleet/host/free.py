@@ -29,7 +29,7 @@ except NameError:  # imported as a module (fleet's own tests)
         process,
         start_ticks,
     )
-    from fleet.host.signals import foreign_members, hold_group, hold_process, release, wait_ended
+    from fleet.host.signals import foreign_members, hold_process, hold_same_group, release, wait_ended
     from fleet.protocol import FreeRequest, ProcessInfo
 
 
@@ -320,9 +320,11 @@ def stop_targets(
         as the group is now (children forked since included); the pids that were signalled."""
         mine = [h for h in (held[p] for p in groups[pgid]) if h is not None]
         extra: Dict[int, Any] = {}
-        if whole:
+        if whole:  # the group as it is now, while its id is still the group read (pids are reused)
             ours = set(h.pid for h in mine)
-            extra = hold_group(pgid, me, skip=lambda p: p["pid"] in ours or bool(container_of(p["pid"])))
+            leader = (procs.get(pgid) or {}).get("start_ticks")
+            skip = lambda p: p["pid"] in ours or bool(container_of(p["pid"]))  # noqa: E731
+            extra = hold_same_group(pgid, leader, me, skip)
         try:
             return [h.pid for h in [*mine, *extra.values()] if h.send(sig)]
         finally:

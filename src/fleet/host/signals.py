@@ -141,6 +141,19 @@ def hold_group(pgid: int, uid: int, skip: Any = None) -> Dict[int, Held]:
     return out
 
 
+def hold_same_group(pgid: int, leader_ticks: Optional[int], uid: int, skip: Any = None) -> Dict[int, Held]:
+    """hold_group, while `pgid` still names the group fleet read (its leader then started at `leader_ticks`;
+    None: it had none), else nothing. A group's id is its leader's pid, kept from reuse while any member
+    lives: the id's process now is that leader or none, and any other one leads a group that took the id
+    after fleet's ended. Asked after the members are held: the id named fleet's group when they were."""
+    members = hold_group(pgid, uid, skip)
+    now = start_ticks(pgid)
+    if now is None or now == leader_ticks:
+        return members
+    release(members)
+    return {}
+
+
 def foreign_members(pgid: int, uid: int) -> List[int]:
     """Pids in group `pgid` of another user than `uid`: left running, and named."""
     return sorted(p["pid"] for p in process_table().values() if p["pgid"] == pgid and p["uid"] != uid)

@@ -35,7 +35,6 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import base_url, first_line_of_stdin, http_request
     from fleet.host.container import cli_path, inspect, run_cli
     from fleet.host.follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
-    from fleet.host.procs import start_ticks
     from fleet.host.records import (
         LEARNED_FILE,
         LOCK_FILE,
@@ -49,7 +48,7 @@ except NameError:  # imported as a module (fleet's own tests)
         read_record,
         write_record,
     )
-    from fleet.host.signals import hold_group, release
+    from fleet.host.signals import hold_same_group, release
     from fleet.host.smoke import smoke_request
     from fleet.host.startup import StartupWatch
     from fleet.host.words import FAILED, READY, STARTING, UNVERIFIED
@@ -406,11 +405,10 @@ def stop_attempt_group(pgid: int, leader_ticks: Optional[int]) -> str:
     seen: Set[int] = set()
     kill_at = time.time() + ATTEMPT_TERM_S
     while time.time() < kill_at + ATTEMPT_TERM_S:
-        members = hold_group(pgid, os.getuid())
+        members = hold_same_group(pgid, leader_ticks, os.getuid())
         try:
             running = dict((pid, h) for pid, h in members.items() if h.alive())
-            leader = start_ticks(pgid)
-            if not running or (leader is not None and leader != leader_ticks):
+            if not running:
                 break
             late = time.time() >= kill_at
             for pid, h in running.items():
