@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleet.host.common import kill_verdict
+from fleet.host.common import engine_under, kill_verdict
 
 ME, OTHER = 1000, 1001
 OWN = (4242, 4242)  # fleet's own command on the host: its pid and process group
@@ -15,9 +15,22 @@ FLEETS_GROUP = 500
 ENGINE = ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/m"]
 
 
-def proc(argv: list[str], *, uid: int = ME, pgid: int = 900, pid: int = 901, comm: str = "") -> dict[str, Any]:
+# The processes above the table's, by pid: (ppid, argv). A process whose parent is not here is orphaned.
+PARENTS: dict[int, tuple[int, list[str]]] = {
+    700: (600, ["python3", "batch.py"]),  # a user's own script running vllm.LLM / sglang.Engine
+    720: (1, ["/venv/bin/vllm", "serve", "/m"]),  # a vLLM server
+    721: (720, ["VLLM::EngineCore"]),  # its engine core
+    730: (1, ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/m"]),  # an SGLang server
+    731: (730, ["python3", "-c", "from multiprocessing.forkserver import main; main(3, 4)"]),  # its workers' forkserver
+}
+
+
+def proc(
+    argv: list[str], *, uid: int = ME, pgid: int = 900, pid: int = 901, comm: str = "", ppid: int = 1
+) -> dict[str, Any]:
     return {
         "pid": pid,
+        "ppid": ppid,
         "pgid": pgid,
         "uid": uid,
         "user": "me" if uid == ME else "alice",
@@ -30,7 +43,31 @@ def proc(argv: list[str], *, uid: int = ME, pgid: int = 900, pid: int = 901, com
 CASES = [
     # (what, process, port held by it, force) -> verdict, why
     ("own engine", proc(ENGINE), None, False, ("stop", "inference server")),
-    ("own engine by title", proc(["sglang::scheduler_TP0"]), None, False, ("stop", "inference server")),
+    # known by an engine's title: an engine's only under an engine (or orphaned: its server gone), since
+    # sglang.Engine and vllm.LLM title the workers of a user's own script alike
+    ("own engine by title, orphaned", proc(["sglang::scheduler_TP0"]), None, False, ("stop", "inference server")),
+    ("a titled worker of a server", proc(["VLLM::EngineCore"], ppid=720), None, False, ("stop", "inference server")),
+    (
+        "a titled worker of a titled worker",
+        proc(["VLLM::Worker_TP0"], ppid=721),
+        None,
+        False,
+        ("stop", "inference server"),
+    ),
+    (
+        "a worker from the server's forkserver",
+        proc(["sglang::scheduler_TP0"], ppid=731),
+        None,
+        False,
+        ("stop", "inference server"),
+    ),
+    (
+        "a titled worker of a user's own script",
+        proc(["VLLM::EngineCore"], ppid=700),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
     # the real SGLang router titles itself sglang::router: it serves other servers and is never stale
     (
         "the SGLang router on the port",
@@ -151,10 +188,14 @@ CASES = [
 
 @pytest.mark.parametrize(("what", "info", "port", "force", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_kill_policy(what: str, info: dict[str, Any], port: int | None, force: bool, expected: tuple[str, str]) -> None:
-    assert kill_verdict(info, me=ME, own=OWN, recorded_pgid=FLEETS_GROUP, port=port, force=force) == expected
+    engine = engine_under(info["argv"], info["ppid"], PARENTS.get) is not None
+    assert (
+        kill_verdict(info, me=ME, own=OWN, recorded_pgid=FLEETS_GROUP, port=port, force=force, engine=engine)
+        == expected
+    )
 
 
 def test_a_recorded_group_without_exact_identity_is_passed_as_none_and_earns_no_trust() -> None:
     member = proc(["python3", "worker.py"], pgid=FLEETS_GROUP)
-    verdict = kill_verdict(member, me=ME, own=OWN, recorded_pgid=None, port=None, force=False)
+    verdict = kill_verdict(member, me=ME, own=OWN, recorded_pgid=None, port=None, force=False, engine=False)
     assert verdict == ("refuse", "not an inference server")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -509,9 +511,8 @@ def test_local_connection_runs_the_same_probe_without_ssh(
     assert facts["round_trips"] == 1 and len(facts["gpu"]["gpus"]) == 8
 
 
-def test_a_hostile_process_name_reaches_the_terminal_as_plain_text(tmp_path: Path) -> None:
-    """Anyone on a host can name a process with escape sequences (window title, clear screen) or rich
-    markup; `fleet facts` printed the first raw (found by a hostile run of this session's change)."""
+def local_gpu_host(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in GPU device file, and an inventory whose host `here` is this machine (connection: local)."""
     dev = tmp_path / "dev" / "nvidia0"
     dev.parent.mkdir()
     dev.touch()
@@ -521,6 +522,13 @@ def test_a_hostile_process_name_reaches_the_terminal_as_plain_text(tmp_path: Pat
         f"hosts:\n  here:\n    connection: local\n    gpu_devices: {tmp_path}/dev/nvidia*\n"
         f"    state_dir: {tmp_path}/state\n    log_dir: {tmp_path}/logs\n    models_dir: {tmp_path}\n"
     )
+    return dev, inv
+
+
+def test_a_hostile_process_name_reaches_the_terminal_as_plain_text(tmp_path: Path) -> None:
+    """Anyone on a host can name a process with escape sequences (window title, clear screen) or rich
+    markup; `fleet facts` printed the first raw (found by a hostile run of this session's change)."""
+    dev, inv = local_gpu_host(tmp_path)
     name = "\x1b]0;owned\x07\x1b[2J[link=https://example.invalid]evil[/link]"
     holder = subprocess.Popen(["bash", "-c", f"exec 3<{dev}; exec -a {shlex.quote(name)} sleep 30"])
     try:
@@ -534,19 +542,43 @@ def test_a_hostile_process_name_reaches_the_terminal_as_plain_text(tmp_path: Pat
         holder.wait()
 
 
+def test_a_worker_titled_like_an_engines_in_a_users_own_script_is_not_stopped_as_a_server(tmp_path: Path) -> None:
+    """vllm.LLM and sglang.Engine title the workers of a user's own script as a server's (VLLM::EngineCore,
+    sglang::scheduler_TP0): one on the GPUs under a script, not under an engine, is the user's job, refused
+    without --force; the same title under an engine's entry point is a stale server's worker, stopped."""
+    dev, inv = local_gpu_host(tmp_path)
+    worker = (
+        "import setproctitle, sys, time\n"
+        "setproctitle.setproctitle('VLLM::EngineCore')\n"
+        f"gpu = open({str(dev)!r})\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    script = tmp_path / "batch.py"  # the user's offline job: its engine core is a child it titles so
+    script.write_text(
+        "import subprocess, sys\n"
+        f"core = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=sys.stdout)\n"
+        "core.wait()\n"
+    )
+    job = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline() == b"up\n"
+        core = int(subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()[0])
+        refused = run_cli("-i", str(inv), "stop", "--host", "here")
+        assert refused.code == 0 and f"not stopped: pid {core}" in refused.out, refused.out
+        assert "not an inference server" in refused.out
+        assert job.poll() is None and Path(f"/proc/{core}").exists()
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        job.stdout.close()
+
+
 def test_local_connection_treats_a_holder_in_the_callers_process_group_as_foreign(tmp_path: Path) -> None:
     """Commands run locally get a session of their own, as sshd gives them: fleet's "own process group",
     which it never signals, is then its command's, not that of the shell or script that ran fleet. (On the
     real H200 box, a torch process started by the same script passed for fleet's own and was not reported.)"""
-    dev = tmp_path / "dev" / "nvidia0"
-    dev.parent.mkdir()
-    dev.touch()
-    (dev.parent / SIMULATED_GPUS_MARK).touch()  # a stand-in GPU device file
-    inv = tmp_path / "inv.yaml"
-    inv.write_text(
-        f"hosts:\n  here:\n    connection: local\n    gpu_devices: {tmp_path}/dev/nvidia*\n"
-        f"    state_dir: {tmp_path}/state\n    log_dir: {tmp_path}/logs\n    models_dir: {tmp_path}\n"
-    )
+    dev, inv = local_gpu_host(tmp_path)
     holder = subprocess.Popen(["sh", "-c", f"exec 3<{dev}; exec sleep 30"])  # pytest's own process group
     try:
         assert wait_until(lambda: str(dev) in [os.path.realpath(p) for p in Path(f"/proc/{holder.pid}/fd").iterdir()])

@@ -57,7 +57,7 @@ except NameError:  # imported as a module (fleet's own tests)
         take_lock,
         wait_for_steps_of_this_run,
     )
-    from fleet.host.procs import process_table
+    from fleet.host.procs import live_lookup, process_table
     from fleet.host.records import (
         LEARNED_FILE,
         STATE_FILE,
@@ -84,7 +84,7 @@ def sweep_stopped_groups(leaders: Dict[int, Optional[int]], siblings: Dict[int, 
     me, own = os.getuid(), os.getpgid(0)
 
     def outlived(p: ProcessInfo) -> bool:
-        return not is_engine(p) or bool(container_of(p["pid"]))  # skipped: what the sweep leaves
+        return not is_engine(p, live_lookup) or bool(container_of(p["pid"]))  # skipped: what the sweep leaves
 
     for _sweep in range(3):
         left = {}

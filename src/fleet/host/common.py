@@ -88,6 +88,36 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
+def is_title(argv: Sequence[str]) -> bool:
+    """A process known by the title an engine gave it (`sglang::scheduler_TP0`, `VLLM::EngineCore`)."""
+    return len(argv) == 1 and bool(TITLE_RE.match(argv[0].strip()))
+
+
+# multiprocessing's helpers that start an engine's workers: between a worker and the engine, not its starter
+MP_HELPER = re.compile(r"^from multiprocessing\.(?:forkserver|spawn|popen_\w+) import ")
+Lookup = Callable[[int], Optional[Tuple[int, List[str]]]]  # a process's (ppid, argv), None when it is gone
+
+
+def engine_under(argv: Sequence[str], ppid: int, lookup: Lookup) -> Optional[str]:
+    """engine_kind, where a process known by its title alone counts only under an engine's entry point or
+    fleet's launcher (through other titled workers: vLLM's under its EngineCore), or with its parent
+    gone (a server's leftover worker). The same titles name the workers of sglang.Engine and vllm.LLM in
+    a user's own script, which is no server: whatever the script's workers are called, they are its."""
+    kind = engine_kind(argv)
+    if kind is None or not is_title(argv):
+        return kind
+    for _ in range(8):  # up through titled workers and multiprocessing's helpers to what started them
+        parent = lookup(ppid) if ppid > 1 else None
+        if parent is None:
+            return kind  # orphaned: whatever started it is gone
+        ppid, argv = parent
+        helper = len(argv) > 2 and argv[1] == "-c" and bool(MP_HELPER.match(argv[2]))
+        if helper or is_title(argv):
+            continue
+        return kind if engine_kind(argv) is not None else None
+    return kind
+
+
 # GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they
 # hold /dev/nvidia*, not the GPU's memory). Matched on the program's name and on comm, which the
 # kernel truncates to 15 characters.
@@ -158,17 +188,18 @@ def kill_verdict(
     recorded_pgid: Optional[int],
     port: Optional[int],
     force: bool,
+    engine: bool,
 ) -> Tuple[str, str]:
     """What fleet does with one process that holds the GPUs, holds the port (`port` set) or is an engine:
     ("stop" | "refuse" | "leave" | "skip", why). The whole kill policy; docs/reference.md's table states it.
 
     `own` is (this process's pid, its process group): fleet's own command. `recorded_pgid` is the group
-    fleet launched, already checked for exact identity (boot id, leader start ticks)."""
+    fleet launched, already checked for exact identity (boot id, leader start ticks). `engine`: whether the
+    process is an inference engine (engine_under: what it runs, and what started a titled worker)."""
     if info["pid"] in (1, own[0]) or info["pgid"] == own[1] or info["comm"] == "sshd":
         return "skip", "init, sshd or fleet's own command"
     # fleet's own group, and never another user's process in it (a wrapper may have spawned one)
     fleets = recorded_pgid is not None and info["pgid"] == recorded_pgid and info["uid"] == me
-    engine = engine_kind(info["argv"]) is not None
     daemon = safelisted(info)
     if daemon and not engine:
         return "leave", "GPU daemon or tool %s" % daemon

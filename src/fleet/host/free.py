@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 try:  # the shared host code is prepended when this script is sent to a host
     kill_verdict  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.common import engine_kind, gpu_device_files, kill_verdict
+    from fleet.host.common import Lookup, engine_kind, engine_under, gpu_device_files, kill_verdict
     from fleet.host.container import container_names, container_of
     from fleet.host.procs import (
         boot_id,
@@ -28,6 +28,7 @@ except NameError:  # imported as a module (fleet's own tests)
         port_holders,
         process,
         start_ticks,
+        table_lookup,
     )
     from fleet.host.signals import foreign_members, hold_process, hold_same_group, release, wait_ended
     from fleet.protocol import FreeRequest, ProcessInfo
@@ -62,9 +63,10 @@ def recorded_groups(st: Mapping[str, object]) -> List[int]:
     return [g for g in groups if g is not None]
 
 
-def is_engine(p: ProcessInfo) -> bool:
-    """An inference engine (or fleet's launcher shell), by what the process runs: see host_common."""
-    return engine_kind(p["argv"]) is not None
+def is_engine(p: ProcessInfo, lookup: Lookup) -> bool:
+    """An inference engine (or fleet's launcher shell), by what the process runs and, for a worker known by
+    its title, what started it (`lookup`: procs.table_lookup or procs.live_lookup): see host_common."""
+    return engine_under(p["argv"], p["ppid"], lookup) is not None
 
 
 def smi_queries(*queries: str) -> Optional[List[str]]:
@@ -195,10 +197,11 @@ def device_files_of(device_glob: str, indices: Optional[List[int]]) -> List[str]
 
 def stale_groups(gpu_holders: Set[int], procs: Dict[int, ProcessInfo], me: int) -> Set[int]:
     """The process groups of the GPU holders that are engines of user `me`, outside containers."""
+    lookup = table_lookup(procs)
     return set(
         procs[p]["pgid"]
         for p in gpu_holders
-        if p in procs and is_engine(procs[p]) and procs[p]["uid"] == me and not container_of(p)
+        if p in procs and is_engine(procs[p], lookup) and procs[p]["uid"] == me and not container_of(p)
     )
 
 
@@ -233,12 +236,13 @@ def classify(
     # outside containers, that holds these GPUs. Only those: a process group is not a server's identity
     # (one script or ssh line starts many things), so another user's group, or a GPU tool's, adds nothing.
     holding = stale_groups(gpu_holders, procs, me)
+    lookup = table_lookup(procs)
     cache, kept = a.get("cache_pgid"), a.get("kept_cache_pgid")  # the deployment's weight cache daemon
     for pid, proc in procs.items():
         if proc["pgid"] in (recorded, cache, *replaced) and proc["uid"] == me:
             candidates.add(pid)  # fleet's own server, every process of it (a worker, a resource tracker)
             continue
-        if not is_engine(proc):
+        if not is_engine(proc, lookup):
             continue
         # An engine is in the way only through what it holds (these GPUs, the port) or its group: never for
         # what it is called, even on all GPUs (a process titled sglang::scheduler_TP0 holding nothing
@@ -270,6 +274,7 @@ def classify(
             recorded_pgid=info["pgid"] if info["pgid"] in (cache, *replaced) else recorded,
             port=a.get("port") if pid in owners else None,
             force=a["kill_policy"] == "force",
+            engine=is_engine(info, lookup),
         )
         if verdict == "leave":
             left.append(dict(info, why=why))
@@ -305,6 +310,7 @@ def stop_targets(
     its SIGKILL on to whoever got its pid, and a group is signalled member by member, fleet's user's only:
     another user's process that joined it is named, never signalled."""
     me, own_pgid = os.getuid(), own_command()[1]
+    lookup = table_lookup(procs)
     held = {pid: hold_process(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
@@ -312,7 +318,7 @@ def stop_targets(
     signalled = []  # (pgid, whole group?, idle SGLang?)
     for pgid in groups:
         members = [p for p in procs.values() if p["pgid"] == pgid]
-        whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p) for p in members)
+        whole = pgid not in (0, 1, own_pgid) and all(p["pid"] in targets or is_engine(p, lookup) for p in members)
         signalled.append((pgid, whole, whole and idle_sglang(members)))
 
     def send(pgid: int, whole: bool, sig: int) -> List[int]:

@@ -20,13 +20,15 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
-    engine_kind  # noqa: B018
+    engine_under  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.common import at_once, engine_kind, gpu_device_files
+    from fleet.host.common import at_once, engine_under, gpu_device_files
     from fleet.host.container import cli_path, container_of, engine_containers, gpu_access, image_facts
     from fleet.host.procs import (
         argv_at,
         listening_sockets,
+        live_lookup,
+        parent_of,
         pids,
         process,
         read_text,
@@ -388,7 +390,7 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
 
     def server(pid: int) -> Optional[ProcessInfo]:
         argv = argv_at(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
-        if not argv or engine_kind(argv) is None or pid == os.getpid():  # fleet's launcher shell included
+        if not argv or engine_under(argv, parent_of(pid) or 0, live_lookup) is None or pid == os.getpid():
             return None
         info = process(pid, argv)
         if info:

@@ -12,7 +12,7 @@ import pwd
 import re
 import shutil
 import subprocess
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     argv_of  # noqa: B018
@@ -57,6 +57,17 @@ def parent_of(pid: int) -> Optional[int]:
     """The parent of a process (its ppid), or None when it is gone."""
     stat = _stat_fields(pid)
     return int(stat[1][1]) if stat else None
+
+
+def live_lookup(pid: int) -> Optional[Tuple[int, List[str]]]:
+    """A process's (ppid, argv) as /proc shows it now, or None when it is gone: engine_under's lookup."""
+    argv, ppid = argv_at(pid), parent_of(pid)
+    return (ppid, argv) if argv is not None and ppid is not None else None
+
+
+def table_lookup(procs: Dict[int, ProcessInfo]) -> Callable[[int], Optional[Tuple[int, List[str]]]]:
+    """engine_under's lookup in a process table read before."""
+    return lambda pid: (procs[pid]["ppid"], procs[pid]["argv"]) if pid in procs else None
 
 
 def uid_of(pid: int) -> Optional[int]:
