@@ -122,3 +122,26 @@ def test_a_log_read_keeps_the_lines_asked_for_however_many_the_host_sends() -> N
     line = (json.dumps({"e": "line", "o": 1, "text": "y" * 1000}) + "\n").encode()
     text = log_text(Saying(line for _ in range(200_000)), host, None, lines=50)  # type: ignore[arg-type]
     assert text.count("\n") == 50
+
+
+def test_a_log_tail_that_dropped_the_health_line_still_gives_no_start_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server answered /health, then a client filled the log past what fleet keeps and ended it with
+    a start-up failure's words: with the /health line cut away, that failure once gave a start's fix."""
+    import fleet.control.outcomes as outcomes
+    from fleet.crashes import diagnose
+    from fleet.crashes.classify import ANSWERED_HEALTH
+
+    monkeypatch.setattr(outcomes, "KEPT_LOG_LINES", 5)
+    tail = outcomes.LogTail()
+    for line in ["[2026-12-07 10:00:00] The server is fired up and ready to roll!", ANSWERED_HEALTH, *["-"] * 10]:
+        tail.append(line)
+    forged = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.85"
+    for line in [
+        forged,
+        "[2026-12-07 10:00:09] Received sigquit from a child process. It usually means the child failed.",
+    ]:
+        tail.append(line)
+    kept = tail.kept()
+    assert kept[0] == ANSWERED_HEALTH and len(kept) == 6
+    assert diagnose(kept).fix is None
+    assert diagnose(kept[1:]).fix is not None  # what the cut tail alone gave

@@ -1314,6 +1314,28 @@ def test_a_models_or_clients_words_a_parser_echoes_never_become_a_fix(lines: lis
     assert d.fix is None, d
 
 
+def test_a_carriage_return_in_a_logged_record_starts_no_record_of_the_engines() -> None:
+    """vLLM logs an aborted request's id as the client sent it: after a carriage return in it, a forged
+    prefix and crash are the record's text, at its level (found by a hostile pass)."""
+    forged = f"Request chatcmpl-x\rERROR 05-13 10:46:06 [core.py:962] {RUNTIME_OOM}\r aborted."
+    d = diagnose([*VLLM_READY, ASYNC_LLM + forged], LogContext(engine="vllm"))
+    assert d.fix is None, d
+
+
+def test_an_echoed_retrying_hides_no_crash_of_the_engines() -> None:
+    """A client's echoed lines, each ending "retrying", once made the engine's own crash lines read as the
+    last try of something retried: the crashed log was called healthy (found by a hostile pass)."""
+    crash = [
+        "Fatal Python error: Segmentation fault",
+        "Received sigquit from a child process. It usually means the child failed.",
+        "[fleet] engine killed by signal 9",
+    ]
+    echoed = [f"{line}, retrying" for line in crash]
+    access = '[2026-12-07 10:00:04] INFO:     127.0.0.1:5001 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    d = diagnose([*SGLANG_READY, "[2026-12-07 10:00:03] Error in detect_and_parse: x", *echoed, access, *crash])
+    assert d.category != "healthy" and d.found_failure, d
+
+
 def test_a_ready_line_echoed_after_a_parsers_record_proves_nothing() -> None:
     d = diagnose([TOOL_CALL, "The server is fired up and ready to roll!"])
     assert d.category == "starting", d

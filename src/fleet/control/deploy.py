@@ -443,7 +443,7 @@ class Deployer:
             self.progress(events.LogLine(shown))
 
         watched = watch_attempt(self, plan, launched, success, on_line, hold)
-        return watched, list(kept.lines)
+        return watched, kept.kept()
 
     def release(self) -> None:
         with contextlib.suppress(TransportError, HostStepError):  # an unreleased lock is taken over once stale

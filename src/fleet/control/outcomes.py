@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.crashes import Diagnosis, LogContext
+from fleet.crashes.classify import ANSWERED_HEALTH
 from fleet.errors import FleetError
 from fleet.inventory.services import PlacedReplica
 from fleet.model import ModelSpec
@@ -20,17 +21,26 @@ KEPT_LOG_BYTES = 8 << 20
 
 
 class LogTail:
-    """The last lines of a log, at most KEPT_LOG_LINES of them and KEPT_LOG_BYTES in all."""
+    """The last lines of a log, at most KEPT_LOG_LINES of them and KEPT_LOG_BYTES in all. Once the line
+    that says the server answered /health (ANSWERED_HEALTH) is dropped, `kept` begins with it again: a
+    start's fix is never taken from what a client could write after it, however long the log grew since
+    (found by a hostile pass)."""
 
     def __init__(self) -> None:
         self.lines: deque[str] = deque()
         self.chars = 0
+        self.took_requests = False  # the /health line was among those dropped
 
     def append(self, line: str) -> None:
         self.lines.append(line)
         self.chars += len(line)
         while len(self.lines) > KEPT_LOG_LINES or self.chars > KEPT_LOG_BYTES:
-            self.chars -= len(self.lines.popleft())
+            dropped = self.lines.popleft()
+            self.chars -= len(dropped)
+            self.took_requests = self.took_requests or dropped == ANSWERED_HEALTH
+
+    def kept(self) -> list[str]:
+        return [ANSWERED_HEALTH, *self.lines] if self.took_requests else list(self.lines)
 
 
 @dataclass

@@ -134,6 +134,13 @@ class _Searchable:
             self.starts.append(pos)
             pos += len(w) + 1
         self.text = log.windows_text.text
+        # what a signature's `requires` and `unless` read: the engine's own lines (an echoed client's text
+        # neither completes a signature nor rules one out)
+        self.own_text = (
+            "\n".join("" if log.is_echoed(i) else w for i, w in enumerate(log.windows))
+            if any(log.echoed)
+            else self.text
+        )
 
     def may_match(self, pattern: re.Pattern[str]) -> bool:
         return self.log.scanner(pattern, in_windows=True).may_match
@@ -150,16 +157,16 @@ class _Searchable:
         return sorted(found)
 
     def any(self, patterns: Sequence[re.Pattern[str]]) -> bool:
-        return any(self.may_match(p) and p.search(self.text) for p in patterns)
+        return any(self.may_match(p) and p.search(self.own_text) for p in patterns)
 
 
 def _cut_traceback(log: LogText) -> range | None:
     """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
-    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and not log.is_quoted(i)]
+    frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and _own_words(log, i)]
     if not frames:
         return None
     last = frames[-1]
-    if any(is_exception_line(x) for x in log.lines[last + 1 :]):
+    if any(is_exception_line(x) for i, x in enumerate(log.lines[last + 1 :], last + 1) if _own_words(log, i)):
         return None
     heads = [i for i in range(last) if TRACEBACK_HEAD.search(log.lines[i]) or is_exception_line(log.lines[i])]
     return range(heads[-1] + 1 if heads else 0, len(log.lines))
@@ -188,7 +195,7 @@ def diagnose(
     # What the frames of a cut traceback point at counts only where no exception line says more.
     cut = (
         None
-        if any(is_exception_line(x) for i, x in enumerate(log.lines) if not log.is_quoted(i))
+        if any(is_exception_line(x) for i, x in enumerate(log.lines) if _own_words(log, i))
         else _cut_traceback(log)
     )
     search = _Searchable(log)

@@ -225,11 +225,16 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
             rows.append((message, level, quotes, goes_on))
             continue
         pieces = raw.split("\\n") if ESCAPED_TRACEBACK.match(message) else [raw]
-        if "\r" in raw.rstrip("\r\n"):
+        carriage = "\r" in raw.rstrip("\r\n")
+        if carriage:
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
-        for piece in pieces:  # a line kept whole was stripped above: only the pieces of a split one are
+        # a carriage return inside a record a logger began is the record's own text (a client's request id
+        # holds one as easily as a newline): what follows it is echoed, at the record's level
+        logged = carriage and bool(_ANY_PREFIX.match(_CONTROL.sub("", raw)))
+        for n, piece in enumerate(pieces):  # a line kept whole was stripped above: only a split one's pieces are
             text, piece_level = (message, level) if piece is raw else _strip(piece)[:2]
-            rows.append((text, piece_level, False, False))
+            echo = logged and n > 0
+            rows.append((text, level if echo else piece_level, False, echo))
     return LogText(
         tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), tuple(r[3] for r in rows)
     )
@@ -291,7 +296,10 @@ def transient_lines(log: LogText) -> set[int]:
     before it: copies of a crash's lines, each with "retrying", must not hide the crash."""
     windows = log.windows
     retry, transient = log.scanner(_RETRY_TAIL, in_windows=True), log.scanner(TRANSIENT, in_windows=True)
-    retried = {_key(m.group(1)) for w in windows if (m := retry.match(w)) and m.group(1)}
+    # what was retried, in the engine's own words: a client's echoed "... retrying" hides no real line
+    retried = {
+        _key(m.group(1)) for i, w in enumerate(windows) if not log.is_echoed(i) and (m := retry.match(w)) and m.group(1)
+    }
 
     def again(i: int, w: str) -> bool:
         if not retried or _key(w) not in retried:
