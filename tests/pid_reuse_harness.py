@@ -9,7 +9,8 @@ newcomer is running.
 argv: MODE FLAG WHO, MODE "pidfd" (the kernel's pidfds) or "start-time" (the fallback for kernels without);
 WHO "other-user" (the newcomer is nobody's) or "own-group" (fleet's user's, leading a new process group
 with a child in it: the engine's group id names that group now, and the SIGKILL's look at the stopped
-group as it is must find neither).
+group as it is must find neither), or "own-group-leaderless" (the same, its leader gone once its child
+runs: a group with no leader is no proof of being the one fleet read).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from fleet.host.procs import process_table, uid_of
 
 NOBODY = 65534
 QUITS_AT_SIGTERM = "import time; print('up', flush=True); time.sleep(600)"
-# Leads a group with a child in it, and says the child's pid.
-LEADS_A_GROUP = "import subprocess; c = subprocess.Popen(['sleep', '600']); print(c.pid, flush=True); c.wait()"
+# Leads a group with a child in it, and says the child's pid; waits for it, or (argv[1] "leave") exits.
+LEADS_A_GROUP = (
+    "import subprocess, sys; c = subprocess.Popen(['sleep', '600']); print(c.pid, flush=True)\n"
+    "if sys.argv[1:] != ['leave']: c.wait()\n"
+)
 # Ignores SIGTERM until the newcomer runs (the flag file), then exits: the drain is open meanwhile.
 HOLDS_THE_DRAIN = (
     "import os, signal, sys, time\n"
@@ -57,12 +61,15 @@ def main() -> None:
         engine.wait()  # exited at fleet's SIGTERM, and reaped: its pid is free
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(engine.pid - 1))
-        if who == "own-group":
+        if who.startswith("own-group"):
+            leave = ["leave"] if who == "own-group-leaderless" else []
             leader = subprocess.Popen(
-                [sys.executable, "-c", LEADS_A_GROUP], start_new_session=True, stdout=subprocess.PIPE
+                [sys.executable, "-c", LEADS_A_GROUP, *leave], start_new_session=True, stdout=subprocess.PIPE
             )
             assert leader.stdout is not None
             member.append(int(leader.stdout.readline()))
+            if leave:
+                leader.wait()  # gone: the group has no leader now, only the child
             newcomer.append(leader)
         else:
             newcomer.append(subprocess.Popen(["sleep", "600"], user=NOBODY, stdin=subprocess.DEVNULL))

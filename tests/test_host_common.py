@@ -314,9 +314,10 @@ def test_the_sweep_after_a_stop_reaches_only_the_groups_it_stopped(tmp_path: Pat
         assert wait_for(lambda: engine_kind(argv_at(swept.pid) or []) == "sglang")
         leader = start_ticks(swept.pid)
         assert leader is not None
-        sweep_stopped_groups({swept.pid: leader + 1}, {})  # the id names a group started later: not the one stopped
+        later = {swept.pid: {swept.pid: leader + 1}}  # the id names a group started after the one stopped
+        sweep_stopped_groups(later, {})
         assert swept.poll() is None
-        sweep_stopped_groups({swept.pid: leader}, {})
+        sweep_stopped_groups({swept.pid: {swept.pid: leader}}, {})
         assert swept.wait(timeout=10) == -signal.SIGKILL
         assert bystander.poll() is None
     finally:

@@ -22,6 +22,15 @@ PARENTS: dict[int, tuple[int, list[str]]] = {
     721: (720, ["VLLM::EngineCore"]),  # its engine core
     730: (1, ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/m"]),  # an SGLang server
     731: (730, ["python3", "-c", "from multiprocessing.forkserver import main; main(3, 4)"]),  # its workers' forkserver
+    732: (
+        730,
+        ["python3", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 4)"],
+    ),  # PYTHONDONTWRITEBYTECODE
+    740: (
+        1,
+        ["python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(5)"],
+    ),  # a job's rank, its driver gone
+    750: (1, ["/lib/systemd/systemd", "--user"]),  # a session's subreaper
 }
 
 
@@ -64,6 +73,34 @@ CASES = [
     (
         "a titled worker of a user's own script",
         proc(["VLLM::EngineCore"], ppid=700),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "a worker from a forkserver with options",
+        proc(["sglang::scheduler_TP0"], ppid=732),
+        None,
+        False,
+        ("stop", "inference server"),
+    ),
+    (
+        "a titled worker of a job's rank left running",
+        proc(["VLLM::EngineCore"], ppid=740),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "a titled worker left to a session's systemd",
+        proc(["sglang::scheduler_TP0"], ppid=750),
+        None,
+        False,
+        ("stop", "inference server"),
+    ),
+    (
+        "vLLM's offline batch runner",
+        proc(["python3", "-m", "vllm.entrypoints.openai.run_batch", "-i", "in.jsonl"]),
         None,
         False,
         ("refuse", "not an inference server"),

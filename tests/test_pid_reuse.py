@@ -58,3 +58,12 @@ def test_a_group_that_took_the_stopped_groups_id_is_not_killed_as_its_members(tm
     assert seen["newcomer_pid"] == seen["engine_pid"] and seen["newcomer_uid"] == os.getuid()
     assert seen["newcomer_ended_by"] == signal.SIGTERM and seen["member_alive"], seen
     assert seen["forced"] == [] and seen["stops"][str(seen["engine_pid"])] == "SIGTERM, drained"
+
+
+def test_a_group_that_took_the_id_and_lost_its_leader_is_not_killed_as_the_stopped_group(tmp_path: Path) -> None:
+    """The same, the newcomer gone once its child ran: a group without a leader was once taken for the
+    stopped group (its members keep its id from reuse), and the child was killed. Only a process fleet
+    read in the group, still in it, proves the id is the group's (found by a hostile pass)."""
+    seen: dict[str, Any] = reuse(tmp_path, "pidfd", "own-group-leaderless")
+    assert seen["newcomer_pid"] == seen["engine_pid"] and seen["member_alive"], seen
+    assert seen["forced"] == [] and seen["stops"][str(seen["engine_pid"])] == "SIGTERM, drained"

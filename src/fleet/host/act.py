@@ -76,11 +76,11 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.protocol import ActRequest, ActResult, CheckResult, FreeRequest, ProcessInfo
 
 
-def sweep_stopped_groups(leaders: Dict[int, Optional[int]], siblings: Dict[int, str]) -> None:
+def sweep_stopped_groups(groups: Dict[int, Dict[int, Optional[int]]], siblings: Dict[int, str]) -> None:
     """Engine processes that outlived their parent in a group fleet just stopped (JIT workers): SIGKILLed,
-    each held first. Only those groups (`leaders`: each group's id, and its leader's start when fleet read
-    it), while their ids still name them: never an engine-looking process elsewhere on the host, which may
-    be another container's or a tool's (a sweep by name killed a foreign container's server)."""
+    each held first. Only those groups (`groups`: each one's members as fleet read them, pid -> start
+    ticks), while their ids still name them: never an engine-looking process elsewhere on the host, which
+    may be another container's or a tool's (a sweep by name killed a foreign container's server)."""
     me, own = os.getuid(), os.getpgid(0)
 
     def outlived(p: ProcessInfo) -> bool:
@@ -88,9 +88,9 @@ def sweep_stopped_groups(leaders: Dict[int, Optional[int]], siblings: Dict[int, 
 
     for _sweep in range(3):
         left = {}
-        for pgid, ticks in leaders.items():
+        for pgid, read in groups.items():
             if pgid not in (own, *(int(s) for s in siblings)):
-                left.update(hold_same_group(pgid, ticks, me, outlived))
+                left.update(hold_same_group(pgid, read, me, outlived))
         if not left:
             break
         for h in left.values():
@@ -428,9 +428,11 @@ def stop_in_the_way(
         )
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
-    sweep_stopped_groups(
-        dict((t["pgid"], (procs.get(t["pgid"]) or {}).get("start_ticks")) for t in targets.values()), free["siblings"]
+    stopped_groups = set(t["pgid"] for t in targets.values())
+    members = dict(
+        (g, dict((p["pid"], p["start_ticks"]) for p in procs.values() if p["pgid"] == g)) for g in stopped_groups
     )
+    sweep_stopped_groups(members, free["siblings"])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ ROUTER_TITLES = ("sglang::router",)
 ENGINE_MODULES = (
     # the server's entry points only: `python -m sglang.srt.<tool>` is a tool, not a server
     ("sglang", re.compile(r"^sglang\.(launch_server$|srt\.entrypoints\.|data_parallel)")),
-    ("vllm", re.compile(r"^vllm\.entrypoints\.")),
+    ("vllm", re.compile(r"^vllm\.entrypoints\.(?:openai\.)?api_server$")),  # not run_batch, chat or bench
 )
 # Interpreter options that take a value (python -X dev -W error -m ...).
 PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
@@ -93,29 +93,43 @@ def is_title(argv: Sequence[str]) -> bool:
     return len(argv) == 1 and bool(TITLE_RE.match(argv[0].strip()))
 
 
-# multiprocessing's helpers that start an engine's workers: between a worker and the engine, not its starter
+# multiprocessing's helpers that start workers (python [options] -c 'from multiprocessing.forkserver ...')
 MP_HELPER = re.compile(r"^from multiprocessing\.(?:forkserver|spawn|popen_\w+) import ")
+# What adopts a process whose parent died, besides pid 1: a session's systemd (a subreaper)
+REAPERS = ("systemd", "init")
 Lookup = Callable[[int], Optional[Tuple[int, List[str]]]]  # a process's (ppid, argv), None when it is gone
+
+
+def mp_helper(argv: Sequence[str]) -> bool:
+    """multiprocessing's forkserver or spawn helper, whatever interpreter options it was given."""
+    if not argv or not PYTHON_RE.match(os.path.basename(argv[0])):
+        return False
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-c":
+        i += 2 if argv[i] in PYTHON_OPTIONS_WITH_VALUE else 1
+    return i + 1 < len(argv) and argv[i] == "-c" and bool(MP_HELPER.match(argv[i + 1]))
 
 
 def engine_under(argv: Sequence[str], ppid: int, lookup: Lookup) -> Optional[str]:
     """engine_kind, where a process known by its title alone counts only under an engine's entry point or
-    fleet's launcher (through other titled workers: vLLM's under its EngineCore), or with its parent
-    gone (a server's leftover worker). The same titles name the workers of sglang.Engine and vllm.LLM in
-    a user's own script, which is no server: whatever the script's workers are called, they are its."""
+    fleet's launcher (through other titled workers and multiprocessing's forkserver), or when the titled
+    workers above it were left behind (their parent gone: a stale server's workers). The same titles
+    name the workers of sglang.Engine and vllm.LLM in a user's own script, which is no server: whatever
+    the script's workers are called, and a multiprocessing helper left running is the script's too."""
     kind = engine_kind(argv)
     if kind is None or not is_title(argv):
         return kind
-    for _ in range(8):  # up through titled workers and multiprocessing's helpers to what started them
+    after_helper = False
+    for _ in range(8):  # up through titled workers and helpers to what started them
         parent = lookup(ppid) if ppid > 1 else None
-        if parent is None:
-            return kind  # orphaned: whatever started it is gone
+        if parent is None or (parent[1] and os.path.basename(parent[1][0]) in REAPERS):
+            return None if after_helper else kind  # left behind: a server's workers, or a job's helper
         ppid, argv = parent
-        helper = len(argv) > 2 and argv[1] == "-c" and bool(MP_HELPER.match(argv[2]))
-        if helper or is_title(argv):
+        after_helper = mp_helper(argv)
+        if after_helper or is_title(argv):
             continue
         return kind if engine_kind(argv) is not None else None
-    return kind
+    return None  # deeper than any engine starts its workers
 
 
 # GPU daemons, display servers and GPU query tools: never killed, and no reason not to launch (they

@@ -311,6 +311,9 @@ def stop_targets(
     another user's process that joined it is named, never signalled."""
     me, own_pgid = os.getuid(), own_command()[1]
     lookup = table_lookup(procs)
+    read: Dict[int, Dict[int, Optional[int]]] = {}  # each group's members as read: what proves its id later
+    for p in procs.values():
+        read.setdefault(p["pgid"], {})[p["pid"]] = p["start_ticks"]
     held = {pid: hold_process(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
@@ -328,9 +331,8 @@ def stop_targets(
         extra: Dict[int, Any] = {}
         if whole:  # the group as it is now, while its id is still the group read (pids are reused)
             ours = set(h.pid for h in mine)
-            leader = (procs.get(pgid) or {}).get("start_ticks")
             skip = lambda p: p["pid"] in ours or bool(container_of(p["pid"]))  # noqa: E731
-            extra = hold_same_group(pgid, leader, me, skip)
+            extra = hold_same_group(pgid, read[pgid], me, skip)
         try:
             return [h.pid for h in [*mine, *extra.values()] if h.send(sig)]
         finally:

@@ -141,14 +141,34 @@ def hold_group(pgid: int, uid: int, skip: Any = None) -> Dict[int, Held]:
     return out
 
 
-def hold_same_group(pgid: int, leader_ticks: Optional[int], uid: int, skip: Any = None) -> Dict[int, Held]:
-    """hold_group, while `pgid` still names the group fleet read (its leader then started at `leader_ticks`;
-    None: it had none), else nothing. A group's id is its leader's pid, kept from reuse while any member
-    lives: the id's process now is that leader or none, and any other one leads a group that took the id
-    after fleet's ended. Asked after the members are held: the id named fleet's group when they were."""
+def still_in(pgid: int, read: Dict[int, Optional[int]]) -> bool:
+    """Whether one of the processes fleet read in group `pgid` (`read`: pid -> start ticks) is still
+    there, and in it: the group fleet read lives on, and keeps its id from reuse."""
+    for pid, ticks in read.items():
+        try:
+            # its start is read again after its group: the group read was this process's, not a newcomer's
+            if (
+                ticks is not None
+                and start_ticks(pid) == ticks
+                and os.getpgid(pid) == pgid
+                and start_ticks(pid) == ticks
+            ):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def hold_same_group(pgid: int, read: Dict[int, Optional[int]], uid: int, skip: Any = None) -> Dict[int, Held]:
+    """hold_group, while `pgid` still names the group fleet read (`read`: its members then, pid -> start
+    ticks), else nothing. A group's id is its leader's pid: once every member fleet read is gone, a new
+    process may have the pid and lead a group of its own, and nothing tells the two apart (a leader gone
+    proves nothing either). Asked again after the members are held: the id named fleet's group when
+    they were."""
+    if not still_in(pgid, read):
+        return {}
     members = hold_group(pgid, uid, skip)
-    now = start_ticks(pgid)
-    if now is None or now == leader_ticks:
+    if still_in(pgid, read):
         return members
     release(members)
     return {}

@@ -399,17 +399,19 @@ def stop_attempt_group(pgid: int, leader_ticks: Optional[int]) -> str:
     again each round (a worker the engine forks while it stops is stopped too): how many there were.
 
     Only while the group is still the attempt's: a group's id is a pid, and once the attempt's group has
-    ended (fleet frozen for 30 s after its exit) a new process may have it. Members are held first, then
-    the id's process is asked: its leader as launched (`leader_ticks`), or none at all (its members keep
-    the id from being reused); any other process there means the id is another group's now."""
+    ended (fleet frozen for 30 s after its exit) a new process may have it. What proves it is still the
+    attempt's (signals.hold_same_group): its leader as launched (`leader_ticks`), then any member this
+    stop held before; with its leader gone before the first round, nothing is stopped."""
     seen: Set[int] = set()
+    read: Dict[int, Optional[int]] = {pgid: leader_ticks}
     kill_at = time.time() + ATTEMPT_TERM_S
     while time.time() < kill_at + ATTEMPT_TERM_S:
-        members = hold_same_group(pgid, leader_ticks, os.getuid())
+        members = hold_same_group(pgid, read, os.getuid())
         try:
             running = dict((pid, h) for pid, h in members.items() if h.alive())
             if not running:
                 break
+            read.update((pid, h.ticks) for pid, h in running.items())  # each proves the group's id next round
             late = time.time() >= kill_at
             for pid, h in running.items():
                 if late or pid not in seen:
