@@ -24,7 +24,7 @@ class Gpus:
         monkeypatch.setattr(act, "stop_containers", lambda ours, drain: [])
         monkeypatch.setattr(act, "stop_foreign_containers", lambda targets, drain: [])
         stopped = [{"pid": 9}]
-        monkeypatch.setattr(act, "stop_targets", lambda t, procs, drain: (stopped if t else [], [], []))
+        monkeypatch.setattr(act, "stop_targets", lambda t, procs, drain, read: (stopped if t else [], [], []))
         monkeypatch.setattr(act, "record_replaced", lambda *a: None)
         monkeypatch.setattr(act, "sweep_stopped_groups", lambda *a: None)
         monkeypatch.setattr(act, "nvml_pids_and_memory", self.read)

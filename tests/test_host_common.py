@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -663,3 +664,54 @@ def test_a_previous_server_in_a_container_is_not_rolled_back_to_by_the_act(tmp_p
         previous_launch(previous, "/logs", {})
         == "the previous server ran in a container, which only a deploy starts again"
     )
+
+
+# Leads a group: on the word "fork" on stdin, starts a worker that ignores SIGTERM and says its pid.
+LATE_FORKER = (
+    "import signal, subprocess, sys\n"
+    "sys.stdin.readline()\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(1, flush=True); time.sleep(60)'], stdout=subprocess.PIPE)\n"
+    "w.stdout.readline()\n"
+    "print(w.pid, flush=True)\n"
+    "signal.pause()  # SIGTERM ends it\n"
+)
+
+
+def test_a_worker_forked_after_the_table_was_read_is_killed_once_the_members_read_are_gone() -> None:
+    """The stop holds the group's members as they are when it signals: one forked after fleet read the
+    process table proves the group's id for the SIGKILL round, when every member read before is gone
+    and reaped (found by a hostile pass: such a worker, holding its GPU, outlived the stop)."""
+    from fleet.host.free import stop_targets
+    from fleet.host.procs import process_table
+
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LATE_FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert leader.stdin is not None and leader.stdout is not None
+    worker = 0
+    try:
+        procs = process_table()
+        leader.stdin.write(b"fork\n")
+        leader.stdin.flush()
+        worker = int(leader.stdout.readline())
+        reaper = threading.Thread(target=leader.wait)  # as init would: the leader's pid is no proof once reaped
+        reaper.start()
+        targets = {leader.pid: dict(procs[leader.pid], why="stale engine")}
+        stop_targets(targets, procs, drain_s=1)
+        reaper.join(timeout=30)
+        assert wait_for(lambda: not Path(f"/proc/{worker}").exists() or _state(worker) == "Z"), _state(worker)
+    finally:
+        if worker and Path(f"/proc/{worker}").exists():
+            os.kill(worker, signal.SIGKILL)
+        leader.kill()
+        leader.wait()
+        leader.stdin.close()
+        leader.stdout.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -30,7 +30,8 @@ PARENTS: dict[int, tuple[int, list[str]]] = {
         1,
         ["python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(5)"],
     ),  # a job's rank, its driver gone
-    750: (1, ["/lib/systemd/systemd", "--user"]),  # a session's subreaper
+    750: (1, ["/lib/systemd/systemd", "--user"]),  # a session's subreaper (or a job named so)
+    760: (1, ["python3", "-c", "from multiprocessing.forkserver import main; main(3, 4)"]),  # its server gone
 }
 
 
@@ -92,8 +93,15 @@ CASES = [
         ("refuse", "not an inference server"),
     ),
     (
-        "a titled worker left to a session's systemd",
+        "a titled worker adopted by a subreaper: no proof of adoption",
         proc(["sglang::scheduler_TP0"], ppid=750),
+        None,
+        False,
+        ("refuse", "not an inference server"),
+    ),
+    (
+        "a server's worker under its forkserver, left behind",
+        proc(["sglang::scheduler_TP0"], ppid=760),
         None,
         False,
         ("stop", "inference server"),

@@ -42,6 +42,7 @@ except NameError:  # imported as a module (fleet's own tests)
         all_gpu_indices,
         classify,
         expand,
+        group_members,
         is_engine,
         not_the_stops,
         nvml_pids_and_memory,
@@ -412,7 +413,8 @@ def stop_in_the_way(
     stopped_containers = stop_containers(ours, a["free"]["drain_s"]) + stop_foreign_containers(
         targets, a["free"]["drain_s"]
     )
-    out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"])
+    members = group_members(procs)  # each group's members: the stop adds those it holds, the sweep reads them
+    out["ended"], out["forced"], left_in_groups = stop_targets(targets, procs, a["free"]["drain_s"], members)
     out["ended"] = stopped_containers + out["ended"]
     out["left"] = out["left"] + left_in_groups
     # gpus: those the readings are of, in their order: by index (None: every GPU)
@@ -429,10 +431,7 @@ def stop_in_the_way(
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])
     stopped_groups = set(t["pgid"] for t in targets.values())
-    members = dict(
-        (g, dict((p["pid"], p["start_ticks"]) for p in procs.values() if p["pgid"] == g)) for g in stopped_groups
-    )
-    sweep_stopped_groups(members, free["siblings"])
+    sweep_stopped_groups(dict((g, members.get(g, {})) for g in stopped_groups), free["siblings"])
 
 
 if __name__ == "__main__":

@@ -93,40 +93,42 @@ def is_title(argv: Sequence[str]) -> bool:
     return len(argv) == 1 and bool(TITLE_RE.match(argv[0].strip()))
 
 
-# multiprocessing's helpers that start workers (python [options] -c 'from multiprocessing.forkserver ...')
-MP_HELPER = re.compile(r"^from multiprocessing\.(?:forkserver|spawn|popen_\w+) import ")
-# What adopts a process whose parent died, besides pid 1: a session's systemd (a subreaper)
-REAPERS = ("systemd", "init")
+# multiprocessing's helpers (python [options] -c 'from multiprocessing.forkserver ...'): the forkserver,
+# which only forks workers, and a spawned child, which runs its starter's code (a rank of a job)
+MP_HELPER = re.compile(r"^from multiprocessing\.(forkserver|spawn|popen_\w+) import ")
 Lookup = Callable[[int], Optional[Tuple[int, List[str]]]]  # a process's (ppid, argv), None when it is gone
 
 
-def mp_helper(argv: Sequence[str]) -> bool:
-    """multiprocessing's forkserver or spawn helper, whatever interpreter options it was given."""
+def mp_helper(argv: Sequence[str]) -> Optional[str]:
+    """ "forkserver" or "child" (a spawned process running its starter's code) for multiprocessing's
+    helpers, whatever interpreter options they were given; None for anything else."""
     if not argv or not PYTHON_RE.match(os.path.basename(argv[0])):
-        return False
+        return None
     i = 1
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "-c":
         i += 2 if argv[i] in PYTHON_OPTIONS_WITH_VALUE else 1
-    return i + 1 < len(argv) and argv[i] == "-c" and bool(MP_HELPER.match(argv[i + 1]))
+    m = MP_HELPER.match(argv[i + 1]) if i + 1 < len(argv) and argv[i] == "-c" else None
+    return None if m is None else "forkserver" if m.group(1) == "forkserver" else "child"
 
 
 def engine_under(argv: Sequence[str], ppid: int, lookup: Lookup) -> Optional[str]:
     """engine_kind, where a process known by its title alone counts only under an engine's entry point or
-    fleet's launcher (through other titled workers and multiprocessing's forkserver), or when the titled
-    workers above it were left behind (their parent gone: a stale server's workers). The same titles
-    name the workers of sglang.Engine and vllm.LLM in a user's own script, which is no server: whatever
-    the script's workers are called, and a multiprocessing helper left running is the script's too."""
+    fleet's launcher (through other titled workers and multiprocessing's helpers), or when the titled
+    workers above it were left behind, adopted by init (their server gone). The same titles name the
+    workers of sglang.Engine and vllm.LLM in a user's own script, which is no server: whatever the
+    script's workers are called, and a spawned child of a job left running is the job's too. (Adopted by
+    a subreaper instead, a systemd --user say, they are refused: a process's name proves no adoption.)"""
     kind = engine_kind(argv)
     if kind is None or not is_title(argv):
         return kind
-    after_helper = False
+    helper = None
     for _ in range(8):  # up through titled workers and helpers to what started them
         parent = lookup(ppid) if ppid > 1 else None
-        if parent is None or (parent[1] and os.path.basename(parent[1][0]) in REAPERS):
-            return None if after_helper else kind  # left behind: a server's workers, or a job's helper
+        if parent is None:
+            return None if helper == "child" else kind  # left behind: a server's workers, or a job's rank
         ppid, argv = parent
-        after_helper = mp_helper(argv)
-        if after_helper or is_title(argv):
+        helper = mp_helper(argv)
+        if helper or is_title(argv):
             continue
         return kind if engine_kind(argv) is not None else None
     return None  # deeper than any engine starts its workers

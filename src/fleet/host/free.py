@@ -300,20 +300,31 @@ def idle_sglang(members: List[ProcessInfo]) -> bool:
     return client_connections([p["pid"] for p in members]) == 0
 
 
+def group_members(procs: Dict[int, ProcessInfo]) -> Dict[int, Dict[int, Optional[int]]]:
+    """Each process group's members in a process table, pid -> start ticks: what proves a group's id is
+    still the group's later (signals.hold_same_group)."""
+    read: Dict[int, Dict[int, Optional[int]]] = {}
+    for p in procs.values():
+        read.setdefault(p["pgid"], {})[p["pid"]] = p["start_ticks"]
+    return read
+
+
 def stop_targets(
-    targets: Dict[int, Dict[str, Any]], procs: Dict[int, ProcessInfo], drain_s: float
+    targets: Dict[int, Dict[str, Any]],
+    procs: Dict[int, ProcessInfo],
+    drain_s: float,
+    read: Optional[Dict[int, Dict[int, Optional[int]]]] = None,
 ) -> Tuple[List[Dict[str, Any]], List[int], List[Dict[str, Any]]]:
     """SIGTERM process groups made only of engine processes (else the pids), wait, then SIGKILL; an idle
     SGLang group is SIGKILLed at once (nothing to drain).
 
     Every signal goes to a held process (host_signals): a target that exited during the drain cannot pass
     its SIGKILL on to whoever got its pid, and a group is signalled member by member, fleet's user's only:
-    another user's process that joined it is named, never signalled."""
+    another user's process that joined it is named, never signalled. `read` (default: group_members) gains
+    each member held, so a worker forked after `procs` was read proves its group's id for the sweep too."""
     me, own_pgid = os.getuid(), own_command()[1]
     lookup = table_lookup(procs)
-    read: Dict[int, Dict[int, Optional[int]]] = {}  # each group's members as read: what proves its id later
-    for p in procs.values():
-        read.setdefault(p["pgid"], {})[p["pid"]] = p["start_ticks"]
+    read = group_members(procs) if read is None else read
     held = {pid: hold_process(pid, info.get("start_ticks"), info.get("uid")) for pid, info in targets.items()}
     groups: Dict[int, List[int]] = {}
     for pid, info in targets.items():
@@ -332,7 +343,8 @@ def stop_targets(
         if whole:  # the group as it is now, while its id is still the group read (pids are reused)
             ours = set(h.pid for h in mine)
             skip = lambda p: p["pid"] in ours or bool(container_of(p["pid"]))  # noqa: E731
-            extra = hold_same_group(pgid, read[pgid], me, skip)
+            extra = hold_same_group(pgid, read.setdefault(pgid, {}), me, skip)
+            read[pgid].update((pid, h.ticks) for pid, h in extra.items())
         try:
             return [h.pid for h in [*mine, *extra.values()] if h.send(sig)]
         finally:
