@@ -233,7 +233,8 @@ CASES = [
 
 @pytest.mark.parametrize(("what", "info", "port", "force", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_kill_policy(what: str, info: dict[str, Any], port: int | None, force: bool, expected: tuple[str, str]) -> None:
-    engine = engine_under(info["argv"], info["ppid"], PARENTS.get) is not None
+    table = {**PARENTS, info["pid"]: (info["ppid"], info["argv"])}
+    engine = engine_under(info["argv"], info["pid"], table.get) is not None
     assert (
         kill_verdict(info, me=ME, own=OWN, recorded_pgid=FLEETS_GROUP, port=port, force=force, engine=engine)
         == expected

@@ -193,6 +193,11 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
     return text, level, source
 
 
+def _logged(raw: str) -> bool:
+    """Whether a logger began the line: it starts with one of the prefixes _strip takes off."""
+    return bool(_ANY_PREFIX.match(_CONTROL.sub("", raw)))
+
+
 def quotes_a_client(message: str, source: str | None) -> bool:
     """Whether a record (its message, and the source file its prefix named) carries a client's or a
     model's words."""
@@ -218,7 +223,7 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
         quotes = quotes_a_client(message, source)
         goes_on = False
         if quotes or quoting:
-            prefixed = bool(_ANY_PREFIX.match(_CONTROL.sub("", raw))) or message.startswith("[fleet] ")
+            prefixed = _logged(raw) or message.startswith("[fleet] ")
             goes_on = quoting and not (quotes or prefixed or TRACEBACK_HEAD.match(message.lstrip()))
             quoting = (quotes and (prefixed or quoting)) or goes_on
         if quotes or goes_on:
@@ -230,7 +235,7 @@ def normalize_log(raw_lines: Iterable[str]) -> LogText:
             pieces = [seg for piece in pieces for seg in piece.rstrip("\r\n").split("\r") if seg.strip()]
         # a carriage return inside a record a logger began is the record's own text (a client's request id
         # holds one as easily as a newline): what follows it is echoed, at the record's level
-        logged = carriage and bool(_ANY_PREFIX.match(_CONTROL.sub("", raw)))
+        logged = carriage and _logged(raw)
         for n, piece in enumerate(pieces):  # a line kept whole was stripped above: only a split one's pieces are
             text, piece_level = (message, level) if piece is raw else _strip(piece)[:2]
             echo = logged and n > 0

@@ -90,7 +90,7 @@ def sweep_stopped_groups(groups: Dict[int, Dict[int, Optional[int]]], siblings: 
     for _sweep in range(3):
         left = {}
         for pgid, read in groups.items():
-            if pgid not in (own, *(int(s) for s in siblings)):
+            if pgid != own and pgid not in siblings:
                 left.update(hold_same_group(pgid, read, me, outlived))
         if not left:
             break

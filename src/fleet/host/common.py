@@ -57,6 +57,15 @@ def _module_kind(module: str) -> Optional[str]:
     return None
 
 
+def past_options(args: Sequence[str]) -> int:
+    """The index in a Python's arguments (its argv less argv[0]) of the first that is no interpreter option:
+    the program, or its `-c` or `-m`."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-c" and not args[i].startswith("-m"):
+        i += 2 if args[i] in PYTHON_OPTIONS_WITH_VALUE else 1
+    return i
+
+
 def engine_kind(argv: Sequence[str]) -> Optional[str]:
     """'sglang', 'vllm', 'launcher' (fleet's own launcher shell) or None, from a process's argv alone."""
     if not argv:
@@ -72,11 +81,9 @@ def engine_kind(argv: Sequence[str]) -> Optional[str]:
     if PYTHON_RE.match(exe) and len(rest) > 2 and rest[0] == "-c" and rest[2] == LAUNCH_MARK:
         return "launcher"
     if PYTHON_RE.match(exe):
-        i = 0
-        while i < len(rest) and rest[i].startswith("-") and not rest[i].startswith("-m"):
-            if rest[i] == "-c":
-                return None  # a program given as text: whatever it says, it is not the engine's entry point
-            i += 2 if rest[i] in PYTHON_OPTIONS_WITH_VALUE else 1
+        i = past_options(rest)
+        if i < len(rest) and rest[i] == "-c":
+            return None  # a program given as text: whatever it says, it is not the engine's entry point
         if i < len(rest) and rest[i].startswith("-m"):
             module = rest[i][2:] or (rest[i + 1] if i + 1 < len(rest) else "")
             return _module_kind(module)
@@ -104,15 +111,13 @@ def mp_helper(argv: Sequence[str]) -> Optional[str]:
     helpers, whatever interpreter options they were given; None for anything else."""
     if not argv or not PYTHON_RE.match(os.path.basename(argv[0])):
         return None
-    i = 1
-    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-c":
-        i += 2 if argv[i] in PYTHON_OPTIONS_WITH_VALUE else 1
+    i = 1 + past_options(argv[1:])
     m = MP_HELPER.match(argv[i + 1]) if i + 1 < len(argv) and argv[i] == "-c" else None
     return None if m is None else "forkserver" if m.group(1) == "forkserver" else "child"
 
 
-def engine_under(argv: Sequence[str], ppid: int, lookup: Lookup) -> Optional[str]:
-    """engine_kind, where a process known by its title alone counts only under an engine's entry point or
+def engine_under(argv: Sequence[str], pid: int, lookup: Lookup) -> Optional[str]:
+    """engine_kind of process `pid`, where a process known by its title alone counts only under an engine's entry point or
     fleet's launcher (through other titled workers and multiprocessing's helpers), or when the titled
     workers above it were left behind, adopted by init (their server gone). The same titles name the
     workers of sglang.Engine and vllm.LLM in a user's own script, which is no server: whatever the
@@ -120,8 +125,11 @@ def engine_under(argv: Sequence[str], ppid: int, lookup: Lookup) -> Optional[str
     a subreaper instead, a systemd --user say, they are refused: a process's name proves no adoption.)"""
     kind = engine_kind(argv)
     if kind is None or not is_title(argv):
-        return kind
-    helper = None
+        return kind  # its parent is read only for a titled process: a host runs hundreds
+    own = lookup(pid)
+    if own is None:
+        return kind  # gone
+    ppid, helper = own[0], None
     for _ in range(8):  # up through titled workers and helpers to what started them
         parent = lookup(ppid) if ppid > 1 else None
         if parent is None:

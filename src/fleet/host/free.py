@@ -66,7 +66,7 @@ def recorded_groups(st: Mapping[str, object]) -> List[int]:
 def is_engine(p: ProcessInfo, lookup: Lookup) -> bool:
     """An inference engine (or fleet's launcher shell), by what the process runs and, for a worker known by
     its title, what started it (`lookup`: procs.table_lookup or procs.live_lookup): see host_common."""
-    return engine_under(p["argv"], p["ppid"], lookup) is not None
+    return engine_under(p["argv"], p["pid"], lookup) is not None
 
 
 def smi_queries(*queries: str) -> Optional[List[str]]:

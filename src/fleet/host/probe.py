@@ -28,7 +28,6 @@ except NameError:  # imported as a module (fleet's own tests)
         argv_at,
         listening_sockets,
         live_lookup,
-        parent_of,
         pids,
         process,
         read_text,
@@ -390,7 +389,7 @@ def collect(args: ProbeRequest) -> Dict[str, Any]:
 
     def server(pid: int) -> Optional[ProcessInfo]:
         argv = argv_at(pid)  # the rest of /proc/PID only for engines: a host runs hundreds
-        if not argv or engine_under(argv, parent_of(pid) or 0, live_lookup) is None or pid == os.getpid():
+        if not argv or engine_under(argv, pid, live_lookup) is None or pid == os.getpid():
             return None
         info = process(pid, argv)
         if info:
