@@ -683,7 +683,7 @@ def test_a_worker_forked_after_the_table_was_read_is_killed_once_the_members_rea
     process table proves the group's id for the SIGKILL round, when every member read before is gone
     and reaped (found by a hostile pass: such a worker, holding its GPU, outlived the stop)."""
     from fleet.host.free import stop_targets
-    from fleet.host.procs import process_table
+    from fleet.host.procs import process, process_table
 
     leader = subprocess.Popen(
         [sys.executable, "-c", LATE_FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
@@ -700,7 +700,7 @@ def test_a_worker_forked_after_the_table_was_read_is_killed_once_the_members_rea
         targets = {leader.pid: dict(procs[leader.pid], why="stale engine")}
         stop_targets(targets, procs, drain_s=1)
         reaper.join(timeout=30)
-        assert wait_for(lambda: not Path(f"/proc/{worker}").exists() or _state(worker) == "Z"), _state(worker)
+        assert wait_for(lambda: (process(worker) or {}).get("state") in (None, "Z")), process(worker)
     finally:
         if worker and Path(f"/proc/{worker}").exists():
             os.kill(worker, signal.SIGKILL)
@@ -708,10 +708,3 @@ def test_a_worker_forked_after_the_table_was_read_is_killed_once_the_members_rea
         leader.wait()
         leader.stdin.close()
         leader.stdout.close()
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
