@@ -104,21 +104,14 @@ def test_a_container_killed_at_its_memory_limit_is_read_as_the_runtime_reports_i
     assert state["oom_killed"] is raw["State"]["OOMKilled"]
 
 
-def test_fleets_own_run_of_a_container_killed_at_its_memory_limit_leaves_nothing_where_fleet_was_started(
-    image: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """conmon's `oom` file lands in the attempt's log directory, not in the directory the host step runs in
-    (on a real host: the user's home)."""
-    home, logs, secrets = tmp_path / "home", tmp_path / "logs", tmp_path / "secrets"
-    home.mkdir()
-    monkeypatch.chdir(home)
-    go = logs / "go"  # it takes its memory only once it is running: launch must see it started
-    hungry = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nx = bytearray(1 << 30)\n"
-    options = ["--name", name, "--memory", "64m", "--memory-swap", "64m", "-v", f"{logs}:{logs}"]
-    request: LaunchRequest = {
-        "name": "oomer",
+def podman_launch(
+    image: str, name: str, options: list[str], argv: list[str], logs: Path, secrets: Path
+) -> LaunchRequest:
+    """fleet's launch of `argv` in `image` as container `name` under podman, with `options` before its own."""
+    return {
+        "name": "tested",
         "attempt": 1,
-        "argv": ["python3", "-c", hungry],
+        "argv": argv,
         "env": {},
         "log_dir": str(logs),
         "container": {
@@ -131,12 +124,45 @@ def test_fleets_own_run_of_a_container_killed_at_its_memory_limit_leaves_nothing
             "secrets_mount": "/run/fleet-secrets",
         },
     }
-    launched = launch(request, {})
+
+
+def test_fleets_own_run_of_a_container_killed_at_its_memory_limit_leaves_nothing_where_fleet_was_started(
+    image: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conmon's `oom` file lands in the attempt's log directory, not in the directory the host step runs in
+    (on a real host: the user's home)."""
+    home, logs, secrets = tmp_path / "home", tmp_path / "logs", tmp_path / "secrets"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    go = logs / "go"  # it takes its memory only once it is running: launch must see it started
+    hungry = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nx = bytearray(1 << 30)\n"
+    options = ["--name", name, "--memory", "64m", "--memory-swap", "64m", "-v", f"{logs}:{logs}"]
+    launched = launch(podman_launch(image, name, options, ["python3", "-c", hungry], logs, secrets), {})
     assert launched["pid"] > 0
     go.touch()
     wait_for(lambda: not (inspect("podman", name) or {}).get("running", True))
     assert inspect("podman", name)["exit_code"] == 137  # type: ignore[index]
     assert list(home.iterdir()) == []
+
+
+def test_a_launch_that_finds_its_name_taken_leaves_the_other_container_running(
+    image: str, name: str, tmp_path: Path
+) -> None:
+    """Another fleet's container took the name after fleet looked (two owners launching one deployment
+    name at once): fleet's run fails, the other container runs on, and fleet's own failed run leaves
+    nothing behind. Real podman writes the id of what a run made to --cidfile, and no file for a run
+    that made nothing."""
+    theirs = subprocess.run(["podman", "run", "-d", "--name", name, "--entrypoint", "sleep", image, "600"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    logs, secrets = tmp_path / "logs", tmp_path / "secrets"
+    sleeper = ["python3", "-c", "import time; time.sleep(600)"]
+    launched = launch(podman_launch(image, name, ["--name", name], sleeper, logs, secrets), {"HF_TOKEN": "hf_x"})
+    assert launched["pid"] == -1 and launched["container"] == {"cli": "podman", "name": name, "id": None}
+    assert "already in use" in Path(launched["log"]).read_text()
+    state = inspect("podman", name)
+    assert state is not None and state["running"] and state["id"] == theirs
+    assert sorted(p.suffix for p in logs.iterdir()) == [".exit", ".log", ".log"]  # and NAME.latest.log
+    assert list(secrets.iterdir()) == []
 
 
 def test_the_engine_check_in_a_container_killed_at_its_memory_limit_leaves_nothing_where_fleet_was_started(
@@ -164,3 +190,22 @@ def test_the_engine_check_in_a_container_killed_at_its_memory_limit_leaves_nothi
     checked = engine_check(request, lambda: False)  # type: ignore[arg-type]
     assert checked["verdict"] != "accepted", checked
     assert list(home.iterdir()) == []
+
+
+def test_an_engine_check_whose_client_left_has_its_own_container_removed_by_id(image: str, name: str) -> None:
+    """The client went while the check ran in its container: that container (the one the check's run
+    made, named by the id the runtime wrote) is removed; nothing is removed by name."""
+    from fleet.host.check import engine_check
+
+    started = time.monotonic()
+    request = {
+        "engine": "sglang",
+        "python": "python3",
+        "args": [],
+        "prelude": "import time; time.sleep(600)\n",
+        "container": {"cli": "podman", "name": name, "image": image, "options": []},
+    }
+    running = lambda: (inspect("podman", name) or {}).get("running", False)  # noqa: E731
+    checked = engine_check(request, lambda: running() or time.monotonic() - started > 60)  # type: ignore[arg-type]
+    assert checked["verdict"] == "client_gone"
+    assert inspect("podman", name) is None  # the check's own container, gone

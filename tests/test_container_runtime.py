@@ -226,16 +226,30 @@ def test_a_container_launch_starts_the_launcher_and_leaves_no_secret(runtime: Fa
 
 def test_a_container_that_would_not_start_is_the_attempts_log(runtime: FakeRuntime, tmp_path: Path) -> None:
     """What the runtime said is written to the attempt's log with its exit code, to be diagnosed like a
-    crash; a half-created container is removed."""
-    runtime.fail("docker", "run", 125, "docker: Error response from daemon: could not select device driver \"\" "
-                 "with capabilities: [[gpu]].")  # fmt: skip
+    crash; the container the run made before its start failed is removed, by its id."""
+    runtime.start_fails("docker", "docker: Error response from daemon: could not select device driver \"\" "
+                        "with capabilities: [[gpu]].")  # fmt: skip
     started = launch(container_launch(tmp_path, "docker"), {"KEY": "k"})  # type: ignore[arg-type]
     log = Path(str(started["log"])).read_text()
     assert log == '[fleet] docker run: docker: Error response from daemon: could not select device driver "" ' \
                   "with capabilities: [[gpu]].\n"  # fmt: skip
-    assert Path(str(started["exit_file"])).read_text() == "125\n" and started["pid"] == -1
-    assert runtime.calls("docker")[-1] == ["rm", "-f", "fleet-qwen"]
-    assert os.listdir(tmp_path / "secrets") == []
+    assert Path(str(started["exit_file"])).read_text() == "126\n" and started["pid"] == -1
+    assert runtime.calls("docker")[-1] == ["rm", "-f", "1".zfill(64)] and runtime.containers("docker") == []
+    assert started["container"] == {"cli": "docker", "name": "fleet-qwen", "id": None}  # nothing left to withdraw
+    assert os.listdir(tmp_path / "secrets") == [] and not list((tmp_path / "logs").glob("*.cid"))
+
+
+def test_a_run_that_loses_the_name_to_another_container_never_removes_that_one(
+    runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """Another fleet's container (another owner's, or one taken after fleet looked) with the name this
+    launch gives: the run fails, and nothing is removed by that name nor read from it."""
+    for cli in ("podman", "docker"):
+        runtime.add(cli, id=ID_B, **ours("fleet-qwen", "qwen", owner="someone-else"), logs="their secret")
+        started = launch(container_launch(tmp_path, cli), {"KEY": "k"})  # type: ignore[arg-type]
+        assert [c["id"] for c in runtime.containers(cli)] == [ID_B]
+        assert [c[0] for c in runtime.calls(cli)] == ["run"]  # no rm, no logs, no inspect by the name
+        assert "already in use" in Path(str(started["log"])).read_text() and started["pid"] == -1
 
 
 def test_a_container_that_ended_at_once_leaves_its_own_words(runtime: FakeRuntime, tmp_path: Path) -> None:

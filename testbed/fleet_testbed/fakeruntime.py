@@ -78,6 +78,12 @@ class FakeRuntime:
         world[cli]["next_pid"] = pid
         self._save(world)
 
+    def start_fails(self, cli: str, said: str) -> None:
+        """The next `run -d` makes its container, and its start fails saying `said` (exit 126)."""
+        world = self._load()
+        world[cli]["start_fails"] = said
+        self._save(world)
+
     def set_info(self, cli: str, text: str) -> None:
         world = self._load()
         world[cli]["info"] = text
@@ -122,6 +128,9 @@ def _run(cli: str, world: dict[str, Any], args: list[str]) -> tuple[int, str, st
             return 125, "", f"Error: {image}: image not known"
         return 0, json.dumps(facts.get("packages", {})) + "\n", ""
     name = _option(args, "--name")[0]
+    cidfile = (_option(args, "--cidfile") or [None])[0]
+    if cidfile and os.path.exists(cidfile):  # as both runtimes refuse: the file may be another run's
+        return 125, "", f"Error: container id file exists. Ensure another container is not using it or delete {cidfile}"
     if _find(world, name) is not None:
         return 125, "", f'Error: creating container storage: the container name "{name}" is already in use'
     labels = dict(x.split("=", 1) for x in _option(args, "--label"))
@@ -130,6 +139,12 @@ def _run(cli: str, world: dict[str, Any], args: list[str]) -> tuple[int, str, st
     pid = world["next_pid"]
     world["containers"].append({"id": ident, "name": name, "image": image, "labels": labels,
                                 "state": "running" if pid else "exited", "pid": pid, "exit_code": 0 if pid else 3})  # fmt: skip
+    if cidfile:  # written once the container exists, before it starts (what a failed start leaves too)
+        Path(cidfile).write_text(ident)
+    start_failed = world.pop("start_fails", None)
+    if start_failed:  # made, then its start failed: the runtime's error, the container left
+        world["containers"][-1].update(state="created", pid=0)
+        return 126, "", start_failed + "\n"
     secrets = next((a for a in args if "/env-" in a and a.endswith(".json")), None)
     if pid and secrets:  # its launcher reads the secrets and deletes them (here: the file in the host's dir)
         for mount in _option(args, "-v"):

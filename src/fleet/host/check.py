@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 try:  # the shared host code is prepended when this script is sent to a host
     run_cli  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
-    from fleet.host.container import run_cli
+    from fleet.host.container import made_container, run_cli
     from fleet.host.free import expand
     from fleet.protocol import CheckRequest, CheckResult
 
@@ -149,6 +149,9 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
             argv += ["-e", "FLEET_PICKS=" + env["FLEET_PICKS"]]
         argv += ["--entrypoint", c["python"], cont["image"], "-c", code] + c["args"]
     with tempfile.TemporaryFile() as output, run_dir(bool(cont)) as here:
+        cid_path = os.path.join(here, "cid") if here else ""
+        if cont:  # what the run made, by id: a name alone may be another's by the time it is removed
+            argv[2:2] = ["--cidfile", cid_path]
         try:
             p = subprocess.Popen(
                 argv,
@@ -164,8 +167,9 @@ def engine_check(c: CheckRequest, gone: Callable[[], bool], yielding: bool = Fal
             if gone() or time.time() > deadline:
                 p.kill()
                 p.wait()
-                if cont:  # the client is gone; its container is not
-                    run_cli([cont["cli"], "rm", "-f", cont["name"]])
+                made = made_container(cid_path) if cont else None
+                if cont and made:  # the client is gone; its container is not
+                    run_cli([cont["cli"], "rm", "-f", made])
                 if time.time() > deadline:
                     return {"verdict": "could_not_check", "output": "the check timed out"}
                 return {"verdict": "client_gone", "output": ""}

@@ -54,6 +54,17 @@ def run_cli(argv: List[str], timeout_s: float = 60.0, cwd: Optional[str] = None)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
+def made_container(cid_path: str) -> Optional[str]:
+    """The id of the container a `run --cidfile` made (None: it made none); the file is removed."""
+    try:
+        with open(cid_path) as f:
+            made = f.read(200).strip()
+        os.unlink(cid_path)
+    except OSError:
+        return None
+    return made if made and all(ch in "0123456789abcdef" for ch in made) else None
+
+
 def container_of(pid: int) -> Optional[str]:
     """The id of the container process `pid` runs in (from its cgroup), or None."""
     try:

@@ -100,7 +100,8 @@ def check_server(
     box = st.get("container") if isinstance(st.get("container"), dict) else None
     if box and box.get("cli") in ("docker", "podman") and st.get("status") in LIVE:
         cli = cli_path(str(box["cli"]))  # what the runtime says of it: running, restarts, OOM-killed
-        out["container"] = (inspect(cli, str(box.get("id") or box.get("name"))) if cli else None) or {
+        # by the id fleet's run made, never by the name: another's container can hold that name now
+        out["container"] = (inspect(cli, str(box["id"])) if cli and box.get("id") else None) or {
             "missing": True,
             "name": box.get("name"),
         }

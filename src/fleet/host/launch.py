@@ -15,7 +15,7 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.check import program_text
     from fleet.host.common import LAUNCH_MARK
-    from fleet.host.container import inspect, run_cli
+    from fleet.host.container import inspect, made_container, run_cli
     from fleet.host.free import (
         expand,
     )
@@ -289,11 +289,16 @@ def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, e
     with os.fdopen(fd, "w") as f:
         json.dump(secrets, f)
     launcher = ["-c", CONTAINER_LAUNCHER, LAUNCH_MARK, exit_path, log_path, c["secrets_mount"] + "/" + secret_name]
-    argv = [c["cli"], "run", "-d"] + c["options"] + ["--entrypoint", c["python"], c["image"]] + launcher + a["argv"]
+    # the runtime writes the id of the container this `run` made, once it made it: all that fleet removes
+    # when the run fails (the name is not proof: another fleet's container can take it after fleet looked)
+    cid_path = exit_path[: -len(".exit")] + ".cid"
+    argv = [c["cli"], "run", "-d", "--cidfile", cid_path] + c["options"]
+    argv += ["--entrypoint", c["python"], c["image"]] + launcher + a["argv"]
     # started in the attempt's log directory: podman's conmon writes a file `oom` into the directory `run`
     # was started in when the kernel kills the container at its memory limit (measured with podman 4.3)
     code, out, err = run_cli(argv, 300, cwd=os.path.dirname(log_path))
-    state = inspect(c["cli"], c["name"]) if code == 0 else None
+    made = made_container(cid_path)
+    state = inspect(c["cli"], made) if code == 0 and made else None
     pid = int(state["pid"]) if state and state["pid"] else -1
     deadline = time.time() + 10
     while pid > 0 and os.path.exists(secret_file) and time.time() < deadline:  # read by the launcher
@@ -303,8 +308,9 @@ def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, e
     except OSError:
         pass
     if code != 0 or pid <= 0:  # never started, or ended at once: what the runtime said is the log
-        said = err.strip() if code != 0 else run_cli([c["cli"], "logs", c["name"]])[2].strip()
-        run_cli([c["cli"], "rm", "-f", c["name"]])  # created, or half-started by a run that timed out
+        said = err.strip() if code != 0 or not made else run_cli([c["cli"], "logs", made])[2].strip()
+        if made:  # created, or half-started by a run that timed out
+            run_cli([c["cli"], "rm", "-f", made])
         with open(log_path, "a") as f:
             f.write("[fleet] %s run: %s\n" % (c["cli"], said or "exited at once"))
         if not os.path.exists(exit_path):
@@ -317,5 +323,5 @@ def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, e
         "exit_file": exit_path,
         "started": time.time(),
         "start_ticks": start_ticks(pid) if pid > 0 else None,
-        "container": {"cli": c["cli"], "name": c["name"], "id": (state or {}).get("id") or out.strip()[:64]},
+        "container": {"cli": c["cli"], "name": c["name"], "id": made if pid > 0 else None},
     }
