@@ -59,17 +59,25 @@ def test_a_runtime_that_cannot_list_says_why_and_lists_nothing(runtime: FakeRunt
 
 
 def test_fleets_own_containers_are_told_from_everyone_elses(runtime: FakeRuntime) -> None:
-    """Only containers labelled with one of the deployments and this fleet's owner are fleet's, in either
-    runtime; a container that has the name fleet is about to give is refused, never taken; another
-    owner's container of the same deployment is left alone."""
+    """Only containers labelled with one of the deployments and this fleet's owner, under the name fleet
+    gives that deployment's container, are fleet's, in either runtime; a container that has the name fleet
+    is about to give is refused, never taken; another owner's container of the same deployment is left
+    alone, and so is a container run from a snapshot of fleet's (`commit` copies the labels)."""
     runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen"))
-    runtime.add("docker", id=ID_B, **ours("fleet-qwen-old", "qwen"))
+    runtime.add("docker", id=ID_B, **ours("fleet-old", "old"))  # a deployment this one replaces
     runtime.add("podman", id=ID_C, **ours("fleet-qwen-theirs", "qwen", owner="someone-else"))
     runtime.add("docker", id="d" * 64, name="fleet-qwen-2", labels={})
-    mine, refused = container.fleet_containers(["podman"], ["qwen"], "fleet-qwen-2", "ops")
+    runtime.add("podman", id="e" * 64, **ours("users-snapshot-job", "qwen"))
+    mine, refused = container.fleet_containers(["podman"], ["qwen", "old"], "fleet-qwen-2", "ops")
     assert sorted((c["cli"], c["id"]) for c in mine) == [("docker", ID_B), ("podman", ID_A)]
     assert [r["cmdline"] for r in refused] == ["container fleet-qwen-2 (img)"]
     assert "not this fleet's" in refused[0]["why"]
+
+
+def test_the_host_names_a_deployments_container_as_the_plan_does() -> None:
+    from fleet.plan.container import container_name
+
+    assert container.fleet_name("qwen36-27b") == container_name("qwen36-27b") == "fleet-qwen36-27b"
 
 
 def test_a_runtime_the_deployment_needs_must_be_able_to_list(runtime: FakeRuntime) -> None:
@@ -85,8 +93,8 @@ def test_a_runtime_the_deployment_needs_must_be_able_to_list(runtime: FakeRuntim
 
 def test_fleets_containers_are_stopped_with_the_drain_then_removed(runtime: FakeRuntime) -> None:
     runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen"), pid=77)
-    runtime.add("podman", id=ID_B, **ours("fleet-qwen-1", "qwen"), state="exited")
-    mine, _ = container.fleet_containers([], ["qwen"], None, "ops")
+    runtime.add("podman", id=ID_B, **ours("fleet-old", "old"), state="exited")
+    mine, _ = container.fleet_containers([], ["qwen", "old"], None, "ops")
     stopped = container.stop_containers(mine, drain_s=15)
     assert [s["stop"] for s in stopped] == ["podman stop -t 15, removed", "removed (exited)"]
     assert stopped[0]["pid"] == stopped[0]["pgid"] == 77 and "deployment qwen" in stopped[0]["why"]

@@ -263,6 +263,48 @@ def test_a_stop_never_sweeps_another_containers_engine(
     assert running and running[0]["State"] == "running"
 
 
+def test_a_container_run_from_a_snapshot_of_fleets_is_not_fleets(
+    container_host: Path, images: dict[str, str], fleet_env: simhost.Sandbox
+) -> None:
+    """`podman commit` copies the labels fleet gave its container into the image; a user's container run
+    from that snapshot carries them. `fleet stop` stopped and removed it as the deployment's own."""
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    write_playbook(playbooks, container_host, "small", images["0.5.23"], base="qwen36-27b", extra="gpus: [6, 7]\n")
+    assert run_cli("deploy", "small", "--host", "blackwell").code == 0
+    snapshot = "localhost/fleet-test-snapshot:1"
+    on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
+    try:
+        assert (
+            subprocess.run(
+                [*on_host, "podman", "commit", "-q", "fleet-small", snapshot], capture_output=True
+            ).returncode
+            == 0
+        )
+        run = [
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            "foreign-snapshot",
+            "--network",
+            "host",
+            "--entrypoint",
+            "sleep",
+            snapshot,
+        ]
+        run += ["600"]
+        assert subprocess.run([*on_host, *run], capture_output=True).returncode == 0
+        assert podman_json("inspect", "foreign-snapshot")[0]["Config"]["Labels"]["fleet.deployment"] == "small"  # type: ignore[index]
+        stopped = run_cli("stop", "--host", "blackwell", "--name", "small")
+        assert stopped.code == 0, stopped.err
+        assert "foreign-snapshot" not in stopped.out
+        assert podman_json("ps", "--filter", "name=foreign-snapshot")[0]["State"] == "running"
+        assert podman_json("ps", "-a", "--filter", "name=^fleet-small$") == []
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", "foreign-snapshot"], capture_output=True)
+        subprocess.run(["podman", "rmi", "-f", snapshot], capture_output=True)
+
+
 def test_a_container_deploys_when_the_hosts_engine_python_is_gone(
     container_host: Path,
     images: dict[str, str],

@@ -153,8 +153,12 @@ class ContainerInfo:
 
     @property
     def deployment(self) -> str | None:
-        """The fleet deployment it runs, by its label (None: not fleet's)."""
-        return self.labels.get("fleet.deployment")
+        """The fleet deployment it runs, by its label under the name fleet gives that deployment's container
+        (None: not fleet's; a container run from a snapshot of fleet's carries its labels too)."""
+        from fleet.plan.container import container_name  # the plan's own naming: one place
+
+        label = self.labels.get("fleet.deployment")
+        return label if label is not None and self.name == container_name(label) else None
 
 
 @dataclass(frozen=True)

@@ -258,13 +258,23 @@ def recorded_cli(record: Optional[Dict[str, Any]]) -> Optional[str]:
     return cli if cli in ("docker", "podman") else None
 
 
+def fleet_name(deployment: str) -> str:
+    """The name fleet gives a deployment's container (fleet.plan.container.container_name)."""
+    return "fleet-%s" % deployment
+
+
 def fleet_containers(
     required: List[str], deployments: List[str], launching: Optional[str], owner: str
 ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """This fleet's containers of `deployments` (labels fleet.deployment and fleet.owner), running or
-    exited, each with its `cli`, in every runtime the host has; and what is refused: a container with the
-    name fleet will give a new one (`launching`) that is not this fleet's is never removed, and a runtime
-    the deployment uses (`required`) that cannot list its containers cannot be trusted to have none."""
+    """This fleet's containers of `deployments` (labels fleet.deployment and fleet.owner, and the name
+    fleet gives that deployment's container), running or exited, each with its `cli`, in every runtime the
+    host has; and what is refused: a container with the name fleet will give a new one (`launching`) that
+    is not this fleet's is never removed, and a runtime the deployment uses (`required`) that cannot list
+    its containers cannot be trusted to have none.
+
+    Labels alone are no proof: `commit` copies a container's labels into an image, and every container
+    run from that image (a user's snapshot of fleet's server) carries them. The name is one a runtime
+    gives one container at a time."""
     ours: List[Dict[str, Any]] = []
     refused: List[Dict[str, Any]] = []
     for cli, found, error in each_runtime(["docker", "podman"]):
@@ -274,7 +284,8 @@ def fleet_containers(
             continue  # a docker client without its daemon runs no container of anybody's
         for c in found:
             labels = c["labels"]
-            if labels.get("fleet.deployment") in deployments and labels.get("fleet.owner") == owner:
+            deployment = labels.get("fleet.deployment")
+            if deployment in deployments and labels.get("fleet.owner") == owner and c["name"] == fleet_name(deployment):
                 ours.append(dict(c, cli=cli))
             elif launching and c["name"] == launching:
                 refused.append(
