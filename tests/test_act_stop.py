@@ -63,6 +63,21 @@ def test_a_stop_waits_for_what_it_stopped_not_for_what_it_left(tmp_path: Path, m
     assert gpus.waits == [{"held": {4242, 7}, "still": False, "aside": True}] and out["ended"] == [{"pid": 9}]
 
 
+def test_a_stop_of_a_server_in_a_renamed_container_waits_for_its_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet's server in a container that is no longer fleet's by name (renamed): stopped through its
+    runtime, which takes it out of the targets. The stop said "still in use after 0s" without waiting."""
+    gpus = Gpus(monkeypatch)
+
+    def through_runtime(targets: dict[int, Any], drain: float) -> list[dict[str, Any]]:
+        return [dict(targets.pop(9), stop="podman stop -t 1 (not removed: not fleet's)")]
+
+    monkeypatch.setattr(act, "stop_foreign_containers", through_runtime)
+    out = stop(tmp_path, "stop", dict(OURS), [])
+    assert gpus.waits == [{"held": {4242}, "still": False, "aside": True}] and len(out["ended"]) == 1
+
+
 def test_a_launch_waits_for_its_gpus_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch runs only on GPUs with no holder left: the reading it already has stands for the first."""
     gpus = Gpus(monkeypatch)

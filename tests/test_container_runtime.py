@@ -59,19 +59,25 @@ def test_a_runtime_that_cannot_list_says_why_and_lists_nothing(runtime: FakeRunt
 
 
 def test_fleets_own_containers_are_told_from_everyone_elses(runtime: FakeRuntime) -> None:
-    """Only containers labelled with one of the deployments and this fleet's owner, under the name fleet
-    gives that deployment's container, are fleet's, in either runtime; a container that has the name fleet
-    is about to give is refused, never taken; another owner's container of the same deployment is left
-    alone, and so is a container run from a snapshot of fleet's (`commit` copies the labels)."""
+    """Only the containers whose ids the deployments' records name, with their labels (deployment, this
+    fleet's owner) and under the name fleet gives them, are fleet's, in either runtime; a container that
+    has the name fleet is about to give is refused, never taken. Another owner's container of the same
+    deployment is left alone, and so is a container run from a snapshot of fleet's (`commit` copies the
+    labels), under another name or, once fleet's is gone, under fleet's own."""
     runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen"))
     runtime.add("docker", id=ID_B, **ours("fleet-old", "old"))  # a deployment this one replaces
     runtime.add("podman", id=ID_C, **ours("fleet-qwen-theirs", "qwen", owner="someone-else"))
     runtime.add("docker", id="d" * 64, name="fleet-qwen-2", labels={})
     runtime.add("podman", id="e" * 64, **ours("users-snapshot-job", "qwen"))
-    mine, refused = container.fleet_containers(["podman"], ["qwen", "old"], "fleet-qwen-2", "ops")
+    recorded = {ID_A, ID_B, ID_C, "e" * 64}
+    mine, refused = container.fleet_containers(["podman"], ["qwen", "old"], "fleet-qwen-2", "ops", recorded)
     assert sorted((c["cli"], c["id"]) for c in mine) == [("docker", ID_B), ("podman", ID_A)]
     assert [r["cmdline"] for r in refused] == ["container fleet-qwen-2 (img)"]
     assert "not this fleet's" in refused[0]["why"]
+    # a snapshot run under fleet's name after fleet's own container went: its id is no record's
+    mine, refused = container.fleet_containers(["podman"], ["qwen"], "fleet-qwen", "ops", {ID_B})
+    assert mine == [] and [r["cmdline"] for r in refused] == ["container fleet-qwen (img)"]
+    assert "no record of this fleet names its id: `podman rm -f fleet-qwen`" in refused[0]["why"]
 
 
 def test_the_host_names_a_deployments_container_as_the_plan_does() -> None:
@@ -84,9 +90,10 @@ def test_a_runtime_the_deployment_needs_must_be_able_to_list(runtime: FakeRuntim
     """docker without its daemon runs nobody's containers: ignored, unless the deployment runs in docker,
     where 'no containers' could not be told from 'could not ask'."""
     runtime.fail("docker", "ps", 1, NO_DAEMON)
-    assert container.fleet_containers(["podman"], ["qwen"], None, "ops") == ([], [])
-    _, refused = container.fleet_containers(["docker"], ["qwen"], None, "ops")
-    assert refused == [{"pid": None, "user": "?", "cmdline": "docker", "why": f"cannot list containers: {NO_DAEMON}"}]
+    assert container.fleet_containers(["podman"], ["qwen"], None, "ops", set()) == ([], [])
+    _, refused = container.fleet_containers(["docker"], ["qwen"], None, "ops", set())
+    why = f"cannot list containers: {NO_DAEMON}"
+    assert refused == [{"pid": None, "user": "?", "cmdline": "docker", "why": why, "forceable": False}]
     runtime.only("podman")
     assert container.each_runtime(["docker", "podman"]) == [("podman", [], None)]
 
@@ -94,7 +101,7 @@ def test_a_runtime_the_deployment_needs_must_be_able_to_list(runtime: FakeRuntim
 def test_fleets_containers_are_stopped_with_the_drain_then_removed(runtime: FakeRuntime) -> None:
     runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen"), pid=77)
     runtime.add("podman", id=ID_B, **ours("fleet-old", "old"), state="exited")
-    mine, _ = container.fleet_containers([], ["qwen", "old"], None, "ops")
+    mine, _ = container.fleet_containers([], ["qwen", "old"], None, "ops", {ID_A, ID_B})
     stopped = container.stop_containers(mine, drain_s=15)
     assert [s["stop"] for s in stopped] == ["podman stop -t 15, removed", "removed (exited)"]
     assert stopped[0]["pid"] == stopped[0]["pgid"] == 77 and "deployment qwen" in stopped[0]["why"]
@@ -106,7 +113,7 @@ def test_fleets_containers_are_stopped_with_the_drain_then_removed(runtime: Fake
 def test_a_stop_the_runtime_refuses_is_said_and_the_container_still_removed(runtime: FakeRuntime) -> None:
     runtime.add("docker", id=ID_A, **ours("fleet-qwen", "qwen"))
     runtime.fail("docker", "stop", 1, "Error response from daemon: cannot stop container: permission denied")
-    mine, _ = container.fleet_containers([], ["qwen"], None, "ops")
+    mine, _ = container.fleet_containers([], ["qwen"], None, "ops", {ID_A})
     (stopped,) = container.stop_containers(mine, drain_s=5)
     assert stopped["stop"] == "stop failed: Error response from daemon: cannot stop container: permission denied\n"
     assert runtime.calls("docker")[-1] == ["rm", "-f", ID_A]
@@ -268,3 +275,17 @@ def test_a_container_that_ended_at_once_leaves_its_own_words(runtime: FakeRuntim
     assert Path(str(started["exit_file"])).read_text() == "3\n"  # the container's own exit code
     assert [c[0] for c in runtime.calls("podman")][-3:] == ["inspect", "logs", "rm"]
     assert Path(str(started["log"])).read_text() == "[fleet] podman run: exited at once\n"
+
+
+def test_a_refusal_no_force_can_lift_does_not_advise_force(runtime: FakeRuntime) -> None:
+    """A container holding fleet's name (or a runtime that cannot list) is never removed, --force or not:
+    the refusal says what to do instead; a GPU holder's refusal still names --force."""
+    from fleet.control.answers import act_refusal
+
+    runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen", owner="someone-else"))
+    _, refused = container.fleet_containers(["podman"], ["qwen"], "fleet-qwen", "ops", set())
+    said = act_refusal("blackwell", "qwen", {"lock": {"status": "taken"}, "refused": refused})  # type: ignore[typeddict-item]
+    assert said is not None and "never stopped or removed by fleet" in str(said) and "--force never" in said.hint
+    holder = {"pid": 7, "user": "bob", "cmdline": "python train.py", "why": "another user's"}
+    said = act_refusal("blackwell", "qwen", {"lock": {"status": "taken"}, "refused": [holder]})  # type: ignore[typeddict-item]
+    assert said is not None and "(or pass --force)" in said.hint

@@ -300,8 +300,15 @@ def test_a_container_run_from_a_snapshot_of_fleets_is_not_fleets(
         assert "foreign-snapshot" not in stopped.out
         assert podman_json("ps", "--filter", "name=foreign-snapshot")[0]["State"] == "running"
         assert podman_json("ps", "-a", "--filter", "name=^fleet-small$") == []
+        # the snapshot run again under the name fleet gives, labels and all: its id is in no record of fleet's
+        squat = ["podman", "run", "-d", "--name", "fleet-small", "--network", "host", "--entrypoint", "sleep"]
+        assert subprocess.run([*on_host, *squat, snapshot, "600"], capture_output=True).returncode == 0
+        refused = run_cli("deploy", "small", "--host", "blackwell")
+        assert refused.code == 6 and "no record of this fleet names its id" in refused.err, refused.err
+        assert run_cli("stop", "--host", "blackwell", "--name", "small").code == 0
+        assert podman_json("ps", "--filter", "name=^fleet-small$")[0]["State"] == "running"
     finally:
-        subprocess.run(["podman", "rm", "-f", "-t", "0", "foreign-snapshot"], capture_output=True)
+        subprocess.run(["podman", "rm", "-f", "-t", "0", "foreign-snapshot", "fleet-small"], capture_output=True)
         subprocess.run(["podman", "rmi", "-f", snapshot], capture_output=True)
 
 

@@ -410,6 +410,21 @@ TEXT_CASES = [
         "container-no-gpu-runtime",
     ),
     (
+        "container-name-in-use-podman",
+        '[fleet] podman run: Error: creating container storage: the container name "fleet-qwen" is already in use by '
+        "2e3f. You have to remove that container to be able to reuse that name: that name is already in use",
+        LogContext(),
+        "container-name-in-use",
+    ),
+    (
+        "container-name-in-use-docker",
+        '[fleet] docker run: docker: Error response from daemon: Conflict. The container name "/fleet-qwen" is '
+        'already in use by container "ab12". You have to remove (or rename) that container to be able to reuse '
+        "that name.",
+        LogContext(),
+        "container-name-in-use",
+    ),
+    (
         "container-shm",
         "node1:77:92 [0] misc/shmutils.cc:72 NCCL WARN Error while creating shared memory segment "
         "/dev/shm/nccl-hMbb1Z (size 9637888)",

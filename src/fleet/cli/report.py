@@ -164,7 +164,8 @@ class Reporter:
             said = "kept" if event.kept else f"started pid {event.pid}, log {event.log}"
             self.say(f"{h}: weight cache daemon {said}: {event.why}")
         elif isinstance(event, events.Launched):
-            self.say(f"{h}: launched pid {event.pid}, log {event.log} [{elapsed:5.1f}s]")
+            started = f"launched pid {event.pid}" if event.pid > 0 else "the launch did not start a process"
+            self.say(f"{h}: {started}, log {event.log} [{elapsed:5.1f}s]")
             if self.board and self.row:
                 self.board.show(self.row)
         elif isinstance(event, events.LogLine):

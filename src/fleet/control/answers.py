@@ -194,6 +194,12 @@ def act_refusal(host_name: str, deployment: str, out: ActResult) -> FleetError |
         who = "; ".join(
             f"pid {p.get('pid')} ({p.get('user')}: {str(p.get('cmdline'))[:80]}) — {p['why']}" for p in out["refused"]
         )
+        if any(p.get("forceable") is False for p in out["refused"]):  # a container's name, a runtime: no --force helps
+            return UnsafeToKill(
+                f"{host_name}: in the way, and never stopped or removed by fleet: {who}.",
+                "Remove or rename that container yourself (--force never removes a container that is not this "
+                "fleet's), or make its runtime list its containers again.",
+            )
         return UnsafeToKill(
             f"{host_name}: GPU/port holders fleet will not kill: {who}.",
             "Stop them yourself, or set kill_policy: force for this host (or pass --force).",

@@ -34,6 +34,7 @@ except NameError:  # imported as a module (fleet's own tests)
         container_of,
         fleet_containers,
         recorded_cli,
+        recorded_id,
         run_cli,
         stop_containers,
         stop_foreign_containers,
@@ -350,9 +351,11 @@ def in_the_way(
     # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
     free["launching"] = a["op"] in LAUNCHING
     replaced_names = list(a["lock"].get("replace") or [])
-    clis = [(container or {}).get("cli"), recorded_cli(previous)]
+    clis, ids = [(container or {}).get("cli"), recorded_cli(previous)], [recorded_id(previous)]
     for other in replaced_names:
-        clis.append(recorded_cli(peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))))
+        record = peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))
+        clis.append(recorded_cli(record))
+        ids.append(recorded_id(record))
     named = [str(c) for c in clis if c]
     free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
     want = (a.get("launch") or {}).get("weight_cache")
@@ -369,7 +372,8 @@ def in_the_way(
             return [], []
         owner = container_owner(os.getuid(), root)
         name = container["name"] if container else None
-        return fleet_containers(named, [a["lock"]["deployment"]] + replaced_names, name, owner)
+        recorded = set(i for i in ids if i)
+        return fleet_containers(named, [a["lock"]["deployment"]] + replaced_names, name, owner, recorded)
 
     # the GPUs are read once, unless something is stopped (stop_in_the_way)
     (ours, out["refused"]), (on_gpus, used) = at_once(listed, lambda: nvml_pids_and_memory(free.get("gpus"), kept_pids))
@@ -419,14 +423,14 @@ def stop_in_the_way(
     out["left"] = out["left"] + left_in_groups
     # gpus: those the readings are of, in their order: by index (None: every GPU)
     read = None if wait_gpus is None else sorted(wait_gpus)
-    if stop_only and not (ours or targets):  # nothing stopped: no memory is coming back
+    if stop_only and not stopped:  # nothing stopped: no memory is coming back
         out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": read}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
         boxed = bool(ours) or any(t.get("container_cli") for t in stopped.values())
         aside = not_the_stops(procs, stopped, by_user=not boxed) if stop_only else None
         before, after, waited = wait_memory_released(
-            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not (ours or targets), aside
+            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not stopped, aside
         )
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])

@@ -14,7 +14,7 @@ import re
 import shutil
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     write_record  # noqa: B018
@@ -258,44 +258,53 @@ def recorded_cli(record: Optional[Dict[str, Any]]) -> Optional[str]:
     return cli if cli in ("docker", "podman") else None
 
 
+def recorded_id(record: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The id of the container a deployment's record says fleet's run made for its server, if any."""
+    box = (record or {}).get("container")
+    ident = box.get("id") if isinstance(box, dict) else None
+    return ident if isinstance(ident, str) and ident else None
+
+
 def fleet_name(deployment: str) -> str:
     """The name fleet gives a deployment's container (fleet.plan.container.container_name)."""
     return "fleet-%s" % deployment
 
 
 def fleet_containers(
-    required: List[str], deployments: List[str], launching: Optional[str], owner: str
+    required: List[str], deployments: List[str], launching: Optional[str], owner: str, recorded: Set[str]
 ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """This fleet's containers of `deployments` (labels fleet.deployment and fleet.owner, and the name
-    fleet gives that deployment's container), running or exited, each with its `cli`, in every runtime the
-    host has; and what is refused: a container with the name fleet will give a new one (`launching`) that
-    is not this fleet's is never removed, and a runtime the deployment uses (`required`) that cannot list
-    its containers cannot be trusted to have none.
+    """This fleet's containers of `deployments`: those whose id their records name (`recorded`), under
+    the name fleet gives that deployment's container, with its labels (fleet.deployment and fleet.owner),
+    running or exited, each with its `cli`, in every runtime the host has; and what is refused: a
+    container with the name fleet will give a new one (`launching`) that is not this fleet's is never
+    removed, and a runtime the deployment uses (`required`) that cannot list its containers cannot be
+    trusted to have none.
 
-    Labels alone are no proof: `commit` copies a container's labels into an image, and every container
-    run from that image (a user's snapshot of fleet's server) carries them. The name is one a runtime
-    gives one container at a time."""
+    Labels and names are no proof: `commit` copies a container's labels into an image, so a container run
+    from a snapshot of fleet's server carries them, under any name it is given once fleet's is gone. The
+    id is the runtime's, one per container made: fleet records the one its run made."""
     ours: List[Dict[str, Any]] = []
     refused: List[Dict[str, Any]] = []
     for cli, found, error in each_runtime(["docker", "podman"]):
         if error:
             if cli in required:
-                refused.append({"pid": None, "user": "?", "cmdline": cli, "why": "cannot list containers: %s" % error})
+                why = "cannot list containers: %s" % error
+                refused.append({"pid": None, "user": "?", "cmdline": cli, "why": why, "forceable": False})
             continue  # a docker client without its daemon runs no container of anybody's
         for c in found:
             labels = c["labels"]
             deployment = labels.get("fleet.deployment")
-            if deployment in deployments and labels.get("fleet.owner") == owner and c["name"] == fleet_name(deployment):
+            looks = (
+                deployment in deployments and labels.get("fleet.owner") == owner and c["name"] == fleet_name(deployment)
+            )
+            if looks and c["id"] in recorded:
                 ours.append(dict(c, cli=cli))
             elif launching and c["name"] == launching:
-                refused.append(
-                    {
-                        "pid": c["pid"],
-                        "user": "?",
-                        "cmdline": "container %s (%s)" % (c["name"], c["image"]),
-                        "why": "has the name fleet gives this deployment's container, but is not this fleet's",
-                    }
-                )
+                why = "has the name fleet gives this deployment's container, but is not this fleet's"
+                if looks:  # a snapshot of fleet's, or fleet's own whose record is lost
+                    why += " (no record of this fleet names its id: `%s rm -f %s` if you know it is)" % (cli, c["name"])
+                cmdline = "container %s (%s)" % (c["name"], c["image"])
+                refused.append({"pid": c["pid"], "user": "?", "cmdline": cmdline, "why": why, "forceable": False})
     return ours, refused
 
 

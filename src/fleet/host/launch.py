@@ -156,7 +156,7 @@ def launch_and_record(
             out["rollback_failed"] = again.strerror or str(again)
             return
         rec = dict(previous or {}, status=UNVERIFIED, reason="relaunched by fleet's rollback, not checked")
-        rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks"))
+        rec.update((k, out["rolled_back"][k]) for k in ("pid", "pgid", "log", "exit_file", "start_ticks", "container"))
         rec["boot_id"] = boot_id()
         try:
             write_record(st_path, rec)
