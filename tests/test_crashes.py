@@ -395,6 +395,49 @@ TEXT_CASES = [
         "cut-in-nccl-init",
     ),
     (
+        "nccl-last-error-oom",  # an NCCL error is what NCCL says of an allocation of its own that failed
+        "(VllmWorker rank=7 pid=240) ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "(VllmWorker rank=7 pid=240) Last error:\n(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'",
+        LogContext(engine="vllm"),
+        "cuda-oom-startup",
+    ),
+    (
+        "a-warning-is-not-the-crash",  # vLLM warns that its kernels did not load, then fails on its port
+        "WARNING 10-10 10:22:58 _custom_ops.py:18] Failed to import from vllm._C with ImportError('libcuda.so.1: "
+        "cannot open shared object file: No such file or directory')\nOSError: [Errno 98] Address already in use",
+        LogContext(engine="vllm"),
+        "port-in-use",
+    ),
+    (
+        "cut-in-jit-build",
+        'Traceback (most recent call last):\n  File "/x/torch/utils/cpp_extension.py", line 1740, in _jit_compile\n'
+        '  File "/x/torch/utils/cpp_extension.py", line 2121, in _run_ninja_build',
+        LogContext(),
+        "cut-in-jit-build",
+    ),
+    (
+        "cut-in-dtype-check",
+        'Traceback (most recent call last):\n  File "/x/vllm/worker/worker.py", line 71, in init_model\n'
+        '  File "/x/vllm/worker/worker.py", line 231, in _check_if_gpu_supports_dtype',
+        LogContext(),
+        "cut-in-dtype-check",
+    ),
+    (
+        "cut-in-memory-profiling",
+        'Traceback (most recent call last):\n  File "/x/vllm/v1/worker/gpu_worker.py", line 240, in '
+        'determine_available_memory\n    self.model_runner.profile_run()\n  File "/x/vllm/v1/worker/'
+        'gpu_model_runner.py", line 2600, in profile_run',
+        LogContext(),
+        "cut-in-memory-profiling",
+    ),
+    (
+        "cut-in-kv-cache-setup",
+        'Traceback (most recent call last):\n  File "/x/vllm/engine/llm_engine.py", line 310, in __init__\n'
+        '  File "/x/vllm/engine/llm_engine.py", line 449, in _initialize_kv_caches',
+        LogContext(),
+        "cut-in-kv-cache-setup",
+    ),
+    (
         "cut-in-registry",
         'Traceback (most recent call last):\n  File "/x/sglang/srt/managers/router/model_runner.py", line 57, in '
         "get_model_cls_by_arch_name",
@@ -820,6 +863,8 @@ def test_messy_prefixes_are_stripped() -> None:
         "(EngineCore pid=12) INFO 11-29 10:00:00 [core.py:1] init engine took 1.0 s",
         "2026-11-29T10:00:00.123Z \x1b[31mValueError: boom\x1b[0m",
         "[TP0] Scheduler hit an exception: Traceback (most recent call last):\\n  File \"a\", line 1\\nKeyError: 'x'",
+        "INFO 2025-11-19T20:16:36.096638074Z [resource.labels.containerName: vllm] (EngineCore_DP0 pid=270) ERROR "
+        "11-19 12:16:36 [v1/engine/core.py:842] torch.OutOfMemoryError: CUDA out of memory.",  # Google Cloud Logging
     ]
     assert normalize(raw) == [
         "Load weight begin.",
@@ -828,7 +873,11 @@ def test_messy_prefixes_are_stripped() -> None:
         "Scheduler hit an exception: Traceback (most recent call last):",
         '  File "a", line 1',
         "KeyError: 'x'",
+        "torch.OutOfMemoryError: CUDA out of memory.",
     ]
+    from fleet.crashes.logtext import normalize_log
+
+    assert normalize_log(raw[-1:]).levels == ("ERROR",)  # the engine's level, not the viewer's INFO
 
 
 def test_docker_compose_prefixed_valueerror_is_still_recognised(tmp_path: Path) -> None:
@@ -1425,3 +1474,22 @@ def test_a_start_fix_is_not_taken_from_after_health_answered_when_the_log_has_no
     assert without.fix is not None  # what the log alone allows: why the watcher's word is needed
     said = diagnose([t + "WARNING: a start-up warning", ANSWERED_HEALTH, *echoed, *crash], sglang, builtin_signatures())
     assert said.fix is None and not isinstance(decide(said, [], 1, 3), Relaunch)
+
+
+def test_a_warning_alone_still_names_its_family() -> None:
+    """A warning explains a crash only where no error line a signature knows does; alone, it still does."""
+    warned = "WARNING 10-10 10:22:58 _custom_ops.py:18] Failed to import from vllm._C with ImportError('x.so')"
+    assert diagnose([warned, "torch.OutOfMemoryError: CUDA out of memory."]).signature == "cuda-oom-startup"
+    assert diagnose([warned, "RuntimeError: something else"]).signature == "dependency-mismatch"
+
+
+def test_an_engine_that_ended_itself_over_an_exception_was_not_killed_from_outside() -> None:
+    """SGLang's warm-up failed ("... warmup error: Traceback ..." on one line) and it SIGKILLed its own
+    processes: the shell's "Killed" is not an OOM kill."""
+    log = [
+        "[2024-12-13 01:47:34] Initialization failed. warmup error: Traceback (most recent call last):",
+        '  File "/x/sglang/srt/server.py", line 480, in _wait_and_warmup',
+        "AssertionError: res=<Response [502]>, res.text=''",
+        "Killed",
+    ]
+    assert diagnose(log).signature != "killed-by-signal"

@@ -160,6 +160,28 @@ class _Searchable:
         return any(self.may_match(p) and p.search(self.own_text) for p in patterns)
 
 
+def _in_phase(
+    sig: Signature,
+    log: LogText,
+    hits: list[int],
+    ready_at: int | None,
+    accepting_at: int | None,
+    last_served: int | None,
+) -> list[int]:
+    """The hits `sig` may stand on: a fix's only from lines the engine logged as failures, and each only
+    from the part of the log its phase names (start-up: before the server was ready, or took requests for
+    a fix; runtime: after it was ready, or after the last request it answered for a fix)."""
+    if sig.fix is not None:  # a failure the engine reports is logged as one, never at INFO (a request's echo is)
+        hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG") and not log.is_echoed(i)]
+    if sig.phase == "startup":
+        before = ready_at if sig.fix is None else accepting_at
+        hits = [i for i in hits if before is None or i < before]
+    if sig.phase == "runtime":
+        after = ready_at if sig.fix is None else last_served
+        hits = [i for i in hits if after is not None and i > after]
+    return hits
+
+
 def _cut_traceback(log: LogText) -> range | None:
     """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
     frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and _own_words(log, i)]
@@ -200,6 +222,7 @@ def diagnose(
     )
     search = _Searchable(log)
     frame_hints: list[tuple[int, Signature]] = []
+    warned: Diagnosis | None = None  # the first signature only warnings match: an error elsewhere says more
     for sig in sigs:
         if not _conditions_hold(sig, ctx):
             continue
@@ -209,14 +232,7 @@ def diagnose(
             hits = search.hits(sig.patterns, only=cut)
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
-        if sig.fix is not None:  # a failure the engine reports is logged as one, never at INFO (a request's echo is)
-            hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG") and not log.is_echoed(i)]
-        if sig.phase == "startup":
-            before = ready_at if sig.fix is None else accepting_at
-            hits = [i for i in hits if before is None or i < before]
-        if sig.phase == "runtime":
-            after = ready_at if sig.fix is None else last_served
-            hits = [i for i in hits if after is not None and i > after]
+        hits = _in_phase(sig, log, hits, ready_at, accepting_at, last_served)
         if len(hits) < sig.min_count:
             continue
         if sig.requires and not all(search.any((r,)) for r in sig.requires):
@@ -229,7 +245,12 @@ def diagnose(
             frame_hints.append((hits[-1], sig))
             continue
         basis = f"signature {sig.id}"
-        return Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(log, hits), sig.source, basis)
+        found = Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(log, hits), sig.source, basis)
+        if not all(log.levels[i] in WARNINGS for i in hits):
+            return found
+        warned = warned or found
+    if warned is not None:
+        return warned
     if frame_hints:  # the deepest frame a hint recognises says most about where it failed
         deepest, sig = max(frame_hints, key=lambda h: h[0])
         basis = f"signature {sig.id}, from the frames of a traceback cut before its exception line"
@@ -248,6 +269,8 @@ def diagnose(
         tuple(x for x in log.lines[-3:] if x.strip()),
     )
 
+
+WARNINGS = ("WARNING", "WARN")  # an engine that warns goes on: what it warned of explains a crash only alone
 
 _ACCESS_LINE = re.compile(r'^\S+:\d+ - "')
 

@@ -33,6 +33,12 @@ _PREFIXES = [
     re.compile(r"^│\s?"),  # Kubernetes log viewer's left frame
     re.compile(r"^\s*\|\s+(?=\S)"),  # CI log viewers ("  | [2025-…")
     re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?\s+(?:stdout|stderr)\s+[FP]\s"),  # CRI log format
+    # a cloud log viewer's copy (Google Cloud Logging): its own severity (INFO for all a container wrote,
+    # not the engine's level, which its own prefix says next), a timestamp and the resource's label
+    re.compile(
+        r"^(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY)\s+\d{4}-\d\d-\d\dT[\d:.]+Z?\s+"
+        r"\[[\w.]+:\s*[^\]]*\]\s*"
+    ),
     re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),  # SGLang
     re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s*"),  # ISO timestamps
     re.compile(r"^(?:(?:TP|DP|PP|EP|CP)\d+ ?)+\]\s*"),  # SGLang's rank tag, its "[date" cut off
