@@ -141,3 +141,22 @@ def test_json_stays_json_when_a_secret_reads_like_a_number_or_a_word_of_json(
     emit_json({"port": 30000, "ok": True, "said": "listening on 30000, true", "n": [1, None]})
     shown = json.loads(capsys.readouterr().out)  # still JSON: strings hidden, not the text
     assert shown == {"port": 30000, "ok": True, "said": "listening on ***, ***", "n": [1, None]}
+
+
+def test_a_credential_whose_shape_names_it_is_hidden_though_this_run_never_read_it() -> None:
+    """`fleet logs` from a shell without the deployment's HF_TOKEN showed the token an engine echoed:
+    only secrets a run read are known by value. Hugging Face, `sk-` and GitHub tokens are known by shape;
+    names and words that merely start alike are left as they are."""
+    echoed = "[hostile] HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 key=sk-proj-" + "x1" * 16
+    assert hide(echoed) == "[hostile] HF_TOKEN=*** key=***"
+    assert hide("ghp_" + "a1" * 18) == "***"
+    kept = "hf_internal_testing_tiny_random_model from task-abcdefghijklmnopqrstuvwxyz01 on disk-abcdefghijklmnopqrstu"
+    assert hide(kept) == kept
+
+
+def test_a_name_with_a_credential_word_inside_is_not_a_credential_flag() -> None:
+    """A container named fleet-hostile-secret had the image after it masked as the flag's value."""
+    from fleet.secrets import mask_credentials
+
+    shown = mask_credentials("container fleet-hostile-secret (localhost/img:1) --api-key abc")
+    assert shown == "container fleet-hostile-secret (localhost/img:1) --api-key ***"

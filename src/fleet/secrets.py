@@ -51,10 +51,21 @@ def forget_all() -> None:
         _known = {}
 
 
+# Credentials whose shape says what they are (Hugging Face, OpenAI-style `sk-`, GitHub): hidden also when
+# this process never read them, as `fleet logs` from a shell without the deployment's secrets, where an
+# engine or a client echoed one. Any other secret is hidden only by its value, once a run read it.
+TOKEN_SHAPES = re.compile(
+    r"(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}|gh[pousr]_[A-Za-z0-9]{36,}|"
+    r"github_pat_[A-Za-z0-9_]{40,})"
+)
+
+
 def hide(text: str) -> str:
-    """`text` with every secret this process has read redacted (`redact`)."""
+    """`text` with every secret this process has read redacted (`redact`), and every credential whose
+    shape names it (TOKEN_SHAPES)."""
     known = _known
-    return redact(text, known) if known else text
+    text = redact(text, known) if known else text
+    return TOKEN_SHAPES.sub(REDACTED, text) if "_" in text or "sk-" in text else text
 
 
 def hidden(data: Any) -> Any:
@@ -145,7 +156,7 @@ _CREDENTIAL_WORD = (
     r"[\w.-]*(?:key|token(?!izer|s)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
     r"(?<![a-z])pass(?![a-z])|(?<![a-z])pw(?![a-z]))[\w.-]*"
 )
-_CREDENTIAL_FLAG = re.compile(rf"(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
+_CREDENTIAL_FLAG = re.compile(rf"(?<![\w-])(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
 _CREDENTIAL_ENV = re.compile(rf"(?<![\w-])({_CREDENTIAL_WORD})=\S+", re.I)
 # An HTTP header given on a command line whose name is of the same families (curl -H 'Authorization:
 # Bearer sk-...', -H 'X-Api-Key: ...'), and a URL's user information: a password, or a token given as
