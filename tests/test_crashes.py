@@ -1493,3 +1493,25 @@ def test_an_engine_that_ended_itself_over_an_exception_was_not_killed_from_outsi
         "Killed",
     ]
     assert diagnose(log).signature != "killed-by-signal"
+
+
+def test_a_server_that_hangs_before_it_serves_is_not_healthy() -> None:
+    """vLLM says "Starting vLLM API server" before its routes and before the socket is bound, and SGLang
+    prints prefill batches before a scheduler that hangs decodes anything: neither proves serving."""
+    started = ["(APIServer pid=1) INFO 04-08 20:32:02 [api_server.py:573] Starting vLLM server on http://0.0.0.0:8080"]
+    assert diagnose(started).category == "starting"
+    assert diagnose([*started, "(APIServer pid=1) INFO:     Application startup complete."]).category == "healthy"
+    prefill = "[16:43:29 TP0] Prefill batch. #new-seq: 1, #new-token: 2062, #cached-token: 0, #queue-req: 38"
+    assert diagnose([prefill]).category == "starting"
+    decode = "[16:43:31 TP0] Decode batch. #running-req: 13, #token: 9000, gen throughput (token/s): 412.0"
+    assert diagnose([prefill, decode]).category == "healthy"
+
+
+def test_wrappers_logging_prefixes_are_stripped() -> None:
+    """A framework that logs SGLang's records through its own formatter: "INFO <pid> [file:line] " and
+    "[INFO] dotted.module: " (fastrl, sglang-omni)."""
+    for line in (
+        "2025-12-04 20:34:02 INFO 147907 [scheduler_metrics_mixin.py:287] Decode batch. #running-req: 48, #token: 3894",
+        "2026-06-07 10:59:31,659 [INFO] sglang.srt.managers.scheduler_metrics_mixin: Decode batch, #running-req: 1",
+    ):
+        assert normalize([line])[0].startswith("Decode batch") and diagnose([line]).category == "healthy"

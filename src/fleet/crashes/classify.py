@@ -43,9 +43,10 @@ ACCEPTING = re.compile(
     + "^"
     + re.escape(ANSWERED_HEALTH)
 )
+# vLLM's "Starting vLLM API server on http://..." comes before its routes and before the socket is bound
+# (a port in use, or a hang, can follow it): it bounds what a start's fix reads (ACCEPTING), it proves nothing
 READY_PATTERNS = (
     re.compile(r"The server is fired up and ready to roll!"),
-    re.compile(r"Starting vLLM (API )?server (\d+ )?on http"),
     re.compile(r"Application startup complete\."),
 )
 

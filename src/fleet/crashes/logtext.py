@@ -58,6 +58,8 @@ _PREFIXES = [
         rf"^{_LEVEL}\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+(?:\[(?P<source>[^\]]+)\]|(?P<old_source>[\w.]+:\d+)\])\s?"
     ),
     re.compile(rf"^{_LEVEL}\s+[\w.]+:\d+ -- "),  # Ray's CLI "ERR cli.py:71 -- "
+    re.compile(rf"^{_LEVEL}\s+\d+\s+\[[\w.]+:\d+\]\s"),  # a wrapper's logging: "INFO 147907 [scheduler.py:287] "
+    re.compile(rf"^\[{_LEVEL}\]\s+[\w.]+:\s"),  # and "[INFO] sglang.srt.managers.scheduler: "
     re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
     re.compile(rf"^\s+{_LEVEL}\s{{2,}}"),  # rich's level column
 ]
@@ -321,10 +323,11 @@ def transient_lines(log: LogText) -> set[int]:
 
 
 # Proof that the server serves: the engines' ready lines, and answered generation requests.
+# What proves a server serves: ready, bound, answering, generating. Not vLLM's "Starting vLLM API server"
+# (before the bind), nor a prefill alone (a scheduler that hangs before its first decode prints them)
 SERVING = re.compile(
     r"The server is fired up and ready to roll|Application startup complete|Uvicorn running on|"
-    r"Starting vLLM (?:API )?server|\"POST /(?:v1/\S+|generate)\S* HTTP/[\d.]+\" 200|"
-    r"^(?:Decode|Prefill) batch[.,]? #|Avg generation throughput: [1-9]"
+    r"\"POST /(?:v1/\S+|generate)\S* HTTP/[\d.]+\" 200|^Decode batch[.,]? #|Avg generation throughput: [1-9]"
 )
 
 
