@@ -717,6 +717,29 @@ def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: LogContext,
 
 NEAR_MISSES = [
     # (text, context, signature that must NOT match)
+    (  # ncclSystemError: sockets and system calls (a network, a dead peer), not P2P (vllm #16707)
+        "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        LogContext(engine="vllm"),
+        "nccl-p2p",
+    ),
+    (  # twice the tokens the cache holds: a few percent more memory cannot close that (bonito #7)
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (16816). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
+        LogContext(engine="vllm"),
+        "kv-fix-only-when-close",
+    ),
+    (  # a PD decode node raises it spuriously; extra_buffer there caps its requests (sglang #25116)
+        "ValueError: Speculative decoding for Qwen3NextForCausalLM is not compatible with radix cache when using "
+        "--mamba-scheduler-strategy no_buffer",
+        LogContext(engine="sglang", argv=("--disaggregation-mode", "decode")),
+        "sglang-spec-hybrid-no-buffer",
+    ),
+    (  # the GPU not known: the SM120 variant's flashinfer is what a B300 just rejected (sglang #35080)
+        "AssertionError: Only {'trtllm_mha', 'triton', 'fa4'} backends are supported on Blackwell GPUs for hybrid "
+        "GDN models. Got attention_backend=flashinfer.",
+        LogContext(engine="sglang"),
+        "hybrid-gdn-attention-allowlist-sm120",
+    ),
     (
         "[2026-11-29 10:00:00] server_args=ServerArgs(speculative_algorithm='NEXTN', "
         "mamba_scheduler_strategy='no_buffer')",
@@ -833,7 +856,11 @@ NEAR_MISSES = [
 
 @pytest.mark.parametrize(("text", "ctx", "signature"), NEAR_MISSES, ids=[c[2] for c in NEAR_MISSES])
 def test_near_misses_do_not_match(text: str, ctx: LogContext, signature: str) -> None:
-    assert diagnose(text.splitlines(), ctx).signature != signature
+    d = diagnose(text.splitlines(), ctx)
+    if signature == "kv-fix-only-when-close":  # the family is right; the fix is what must not come
+        assert d.signature == "vllm-kv-cache-too-small" and d.fix is None
+    else:
+        assert d.signature != signature
 
 
 def test_every_signature_has_a_sample_and_every_fix_a_near_miss() -> None:
@@ -1515,3 +1542,39 @@ def test_wrappers_logging_prefixes_are_stripped() -> None:
         "2026-06-07 10:59:31,659 [INFO] sglang.srt.managers.scheduler_metrics_mixin: Decode batch, #running-req: 1",
     ):
         assert normalize([line])[0].startswith("Decode batch") and diagnose([line]).category == "healthy"
+
+
+def test_a_kv_cache_a_few_percent_short_gets_more_memory_and_a_cut_number_gets_none() -> None:
+    said = "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be stored "
+    close = diagnose([said + "in KV cache (3792). Try increasing `gpu_memory_utilization`"], LogContext(engine="vllm"))
+    assert close.fix is not None and close.fix.derive == "raise_mem_fraction"
+    cut = diagnose([said + "in KV cache ("], LogContext(engine="vllm"))
+    assert cut.signature == "vllm-kv-cache-too-small" and cut.fix is None
+
+
+def test_a_fix_for_one_gpu_family_needs_that_gpu_known() -> None:
+    line = "AssertionError: Only {'triton', 'fa4'} backends are supported on Blackwell GPUs for hybrid GDN models."
+    assert diagnose([line], LogContext(engine="sglang", sm=120)).signature == "hybrid-gdn-attention-allowlist-sm120"
+    assert diagnose([line], LogContext(engine="sglang")).signature == "hybrid-gdn-attention-allowlist"
+
+
+def test_a_failed_graph_capture_never_gets_a_larger_graph_batch() -> None:
+    from fleet.plan.fixes import DERIVED_FIXES
+    from fleet.plan.types import Flag
+
+    smaller = DERIVED_FIXES["smaller_graphs"]
+    assert smaller([Flag("--cuda-graph-max-bs", "8", "r", "")], None)[0][0] == ("--cuda-graph-max-bs", "4")
+    assert smaller([Flag("--cuda-graph-max-bs", "160", "r", "")], None)[0][0] == ("--cuda-graph-max-bs", "16")
+    assert smaller([], None)[0][0] == ("--cuda-graph-max-bs", "16")
+    spelled = [Flag("--cuda-graph-max-bs-decode", "8", "r", "")]  # SGLang 0.5.20 on: one per phase
+    assert smaller(spelled, (0, 5, 23))[0][0] == ("--cuda-graph-max-bs", "4")  # respelled when applied
+
+
+def test_nccl_errors_in_any_case_and_graph_capture_in_torchs_own_frames() -> None:
+    assert diagnose(["NCCL Error 2: unhandled system error"]).category == "nccl_p2p"
+    capture = [
+        "Traceback (most recent call last):",
+        '  File "/x/torch/cuda/graphs.py", line 88, in capture_end',
+        "RuntimeError: CUDA error: out of memory",
+    ]
+    assert diagnose(capture).signature == "cuda-oom-in-graph-capture"

@@ -99,15 +99,19 @@ def _conditions_hold(sig: Signature, ctx: LogContext) -> bool:
     for trait in ("hybrid", "nvfp4", "moe"):
         if trait in w and getattr(ctx, trait) is not None and bool(w[trait]) != getattr(ctx, trait):
             return False
+    if ("sm_min" in w or "sm_max" in w) and ctx.sm is None and sig.fix is not None:
+        return False  # a fix for one GPU family is never guessed for a GPU not known (B300 is not SM120)
     if ctx.sm is not None and (
         "sm_min" in w and ctx.sm < int(w["sm_min"]) or "sm_max" in w and ctx.sm > int(w["sm_max"])
     ):
         return False
-    if "flag" in w:
-        args = args_dict(list(ctx.argv))
-        for name, value in dict(w["flag"]).items():
-            if name not in args or (value is not None and args[name] != str(value)):
-                return False
+    args = args_dict(list(ctx.argv))
+    for name, value in dict(w.get("flag") or {}).items():
+        if name not in args or (value is not None and args[name] != str(value)):
+            return False
+    for name, value in dict(w.get("not_flag") or {}).items():
+        if name in args and (value is None or args[name] == str(value)):
+            return False
     return True
 
 
@@ -183,6 +187,19 @@ def _in_phase(
     return hits
 
 
+def _fix_within(sig: Signature, lines: list[str]) -> bool:
+    """Whether `sig`'s fix can close the gap its evidence states (its fix_ratio; none: it can)."""
+    if sig.fix_ratio is None:
+        return True
+    pattern, at_most = sig.fix_ratio
+    for line in lines:
+        m = re.search(pattern, line)
+        if m:  # a number cut off (a pasted excerpt): the gap is not known, and no fix is guessed
+            need, have = float(m.group(1)), float(m.group(2) or 0)
+            return have > 0 and need / have <= at_most
+    return True  # the signature's other wordings (no numbers): its fix as it gives it
+
+
 def _cut_traceback(log: LogText) -> range | None:
     """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
     frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and _own_words(log, i)]
@@ -246,7 +263,8 @@ def diagnose(
             frame_hints.append((hits[-1], sig))
             continue
         basis = f"signature {sig.id}"
-        found = Diagnosis(sig.category, sig.id, sig.explanation, sig.fix, _evidence(log, hits), sig.source, basis)
+        fix = sig.fix if _fix_within(sig, [log.lines[i] for i in hits]) else None
+        found = Diagnosis(sig.category, sig.id, sig.explanation, fix, _evidence(log, hits), sig.source, basis)
         if not all(log.levels[i] in WARNINGS for i in hits):
             return found
         warned = warned or found

@@ -62,6 +62,8 @@ class Signature:
     min_count: int = 1  # a line that means a hang only when it repeats (shm_broadcast waits)
     supporting: bool = False  # names the cause only when the log also shows a failure elsewhere
     scope: str = "line"  # "cut_traceback": matched on the frames of a traceback cut before its exception
+    # the fix only where the evidence's two numbers (need, have) are within this ratio: (pattern, at most)
+    fix_ratio: tuple[str, float] | None = None
 
     # Compiled when a log is first read, not when the knowledge is loaded: every command loads it (the
     # planner applies learned fixes), and compiling fleet's ~150 expressions cost each one ~13 ms.
@@ -159,6 +161,11 @@ def _one(raw: dict[str, Any], compile_now: bool) -> Signature:
     if compile_now:  # an operator's file: a bad expression is an error when it is read, naming the file
         for group in texts:
             _compile(group)
+    ratio = raw.get("fix_ratio")
+    if ratio is not None:
+        if fix is None or re.compile(str(ratio["pattern"])).groups != 2:
+            raise ValueError("fix_ratio needs a fix and a pattern with two groups (need, have)")
+        ratio = (str(ratio["pattern"]), float(ratio["at_most"]))
     versions = raw.get("versions")
     lo = parse_version(versions[0]) if versions else None
     hi = parse_version(versions[1]) if versions else None
@@ -178,6 +185,7 @@ def _one(raw: dict[str, Any], compile_now: bool) -> Signature:
         min_count=int(raw.get("min_count", 1)),
         supporting=bool(raw.get("supporting", False)),
         scope=scope,
+        fix_ratio=ratio,
     )
 
 

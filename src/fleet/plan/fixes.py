@@ -55,6 +55,15 @@ def _lower_mem_fraction(flags: list[Flag], version: Version | None) -> Derived:
     return [(name, f"{max(0.5, (current or 0.85) - 0.05):.2f}")], []
 
 
+def _smaller_graphs(flags: list[Flag], version: Version | None) -> Derived:
+    """CUDA-graph capture out of memory: a smaller memory fraction, and at most half the graphs' batch
+    size (16 where none was set), never a larger one than the capture that failed."""
+    words = _words(flags)  # the flag as this version spells it (SGLang 0.5.20 split it per phase)
+    current = words.get(spell("--cuda-graph-max-bs", version)) or words.get("--cuda-graph-max-bs")
+    size = max(1, int(current) // 2) if current and current.isdigit() else 16
+    return [("--cuda-graph-max-bs", str(min(size, 16))), *_lower_mem_fraction(flags, version)[0]], []
+
+
 def _no_change(flags: list[Flag], version: Version | None) -> Derived:
     return [], []
 
@@ -64,6 +73,7 @@ DERIVED_FIXES: dict[str, Callable[[list[Flag], Version | None], Derived]] = {
     "respell_renamed_flags": _respell,
     "raise_mem_fraction": _raise_mem_fraction,
     "lower_mem_fraction": _lower_mem_fraction,
+    "smaller_graphs": _smaller_graphs,
     "sweep_port": _no_change,  # the relaunch itself stops stale engine servers holding the port first
     # the plan stays; the relaunch asks the act step to start the deployment's daemon again (control/deploy.py)
     RESTART_WEIGHT_CACHE: _no_change,
