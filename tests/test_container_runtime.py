@@ -289,3 +289,26 @@ def test_a_refusal_no_force_can_lift_does_not_advise_force(runtime: FakeRuntime)
     holder = {"pid": 7, "user": "bob", "cmdline": "python train.py", "why": "another user's"}
     said = act_refusal("blackwell", "qwen", {"lock": {"status": "taken"}, "refused": [holder]})  # type: ignore[typeddict-item]
     assert said is not None and "(or pass --force)" in said.hint
+
+
+def test_forget_removes_the_exited_container_its_record_names_and_never_a_running_one(
+    runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """Without its record nothing proves a container fleet's (a later deploy would refuse it): `fleet
+    forget` removes the deployment's stopped container with the record, by the id the record keeps."""
+    import fleet.host.lock as lock
+    from fleet.host.records import write_record
+
+    directory = tmp_path / "deployments" / "qwen"
+    directory.mkdir(parents=True)
+    record = {"status": "failed", "container": {"cli": "podman", "name": "fleet-qwen", "id": ID_A}}
+    runtime.add("podman", id=ID_A, **ours("fleet-qwen", "qwen"), state="running", pid=77)
+    runtime.add("podman", id=ID_B, **ours("fleet-other", "other"), state="exited")
+    write_record(str(directory / "state.json"), record)
+    write_record(str(directory / "lock.json"), {"run_id": "r1"})
+    said = lock.forget(str(directory), container.remove_recorded)
+    assert said["forgotten"] is False and "fleet-qwen" in said["left"][0]  # type: ignore[index]
+    assert [c["id"] for c in runtime.containers("podman")] == [ID_A, ID_B]
+    assert container.run_cli(["podman", "stop", ID_A])[0] == 0  # it stopped since
+    assert lock.forget(str(directory), container.remove_recorded) == {"forgotten": True}
+    assert [c["id"] for c in runtime.containers("podman")] == [ID_B]  # another deployment's stays

@@ -312,6 +312,22 @@ def test_a_container_run_from_a_snapshot_of_fleets_is_not_fleets(
         subprocess.run(["podman", "rmi", "-f", snapshot], capture_output=True)
 
 
+def test_forget_takes_the_exited_container_with_the_record(
+    container_host: Path, images: dict[str, str], fleet_env: simhost.Sandbox
+) -> None:
+    """A container deployment that stopped by itself, forgotten: its container goes with its record (left
+    behind, no record would prove it fleet's, and the next deploy of the name would refuse it)."""
+    playbooks = Path(os.environ["FLEET_PLAYBOOKS"])
+    write_playbook(playbooks, container_host, "small", images["0.5.23"], base="qwen36-27b", extra="gpus: [6, 7]\n")
+    assert run_cli("deploy", "small", "--host", "blackwell").code == 0
+    on_host = simhost.ssh_argv(fleet_env, BLACKWELL)
+    assert subprocess.run([*on_host, "podman", "stop", "-t", "5", "fleet-small"], capture_output=True).returncode == 0
+    forgot = run_cli("forget", "blackwell/small")
+    assert forgot.code == 0, forgot.err
+    assert podman_json("ps", "-a", "--filter", "name=^fleet-small$") == []
+    assert run_cli("deploy", "small", "--host", "blackwell").code == 0
+
+
 def test_a_container_deploys_when_the_hosts_engine_python_is_gone(
     container_host: Path,
     images: dict[str, str],

@@ -112,6 +112,7 @@ class StateRecord(LaunchedProcess, total=False):
     exit_file: str
     # one rank of a group (one model over several hosts): {"hosts": [...], "rank": i, "dist_port": p}
     group: Dict[str, Any]
+    container: Optional[Dict[str, Any]]  # {cli, name, id} of a server in a container: id is what fleet's run made
 
 
 class LockResult(TypedDict, total=False):

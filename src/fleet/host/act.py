@@ -35,6 +35,7 @@ except NameError:  # imported as a module (fleet's own tests)
         fleet_containers,
         recorded_cli,
         recorded_id,
+        remove_recorded,
         run_cli,
         stop_containers,
         stop_foreign_containers,
@@ -75,7 +76,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.signals import hold_same_group
     from fleet.host.weight_cache import cache_dir, keep_or_stop, unsafe_dir
     from fleet.host.words import STOPPED
-    from fleet.protocol import ActRequest, ActResult, CheckResult, FreeRequest, ProcessInfo
+    from fleet.protocol import ActRequest, ActResult, CheckResult, FreeRequest, ProcessInfo, StateRecord
 
 
 def sweep_stopped_groups(groups: Dict[int, Dict[int, Optional[int]]], siblings: Dict[int, str]) -> None:
@@ -151,7 +152,7 @@ def under_lock(a: ActRequest, secrets: Dict[str, str], out: ActResult, root: str
         out["stopped_since"] = True
         return True
     if a["op"] == "forget":  # fleet forget: the records of a deployment that no longer runs, nothing else
-        out["forget"] = forget(state_dir)
+        out["forget"] = forget(state_dir, remove_recorded)
         return not out["forget"]["forgotten"]  # forgotten: the lock went with the directory
     if a["op"] == "release":
         if a.get("abandon"):  # interrupted between steps: a server launched and not yet checked says so
@@ -351,11 +352,11 @@ def in_the_way(
     # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
     free["launching"] = a["op"] in LAUNCHING
     replaced_names = list(a["lock"].get("replace") or [])
-    clis, ids = [(container or {}).get("cli"), recorded_cli(previous)], [recorded_id(previous)]
+    clis, ids = [(container or {}).get("cli"), recorded_cli(previous)], [recorded_id(cast("StateRecord", previous))]
     for other in replaced_names:
         record = peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))
         clis.append(recorded_cli(record))
-        ids.append(recorded_id(record))
+        ids.append(recorded_id(cast("StateRecord", record)))
     named = [str(c) for c in clis if c]
     free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
     want = (a.get("launch") or {}).get("weight_cache")

@@ -22,6 +22,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import at_once
     from fleet.host.procs import parent_of
     from fleet.host.records import read_record, write_record
+    from fleet.protocol import StateRecord
 
 # A container's id in a process's cgroup path: podman, docker, and the runtimes of Kubernetes nodes and
 # containerd (cri-containerd-<id>.scope, crio-<id>.scope, nerdctl-<id>.scope, /kubepods/.../<id>), so a
@@ -258,11 +259,23 @@ def recorded_cli(record: Optional[Dict[str, Any]]) -> Optional[str]:
     return cli if cli in ("docker", "podman") else None
 
 
-def recorded_id(record: Optional[Dict[str, Any]]) -> Optional[str]:
+def recorded_id(record: Optional[StateRecord]) -> Optional[str]:
     """The id of the container a deployment's record says fleet's run made for its server, if any."""
     box = (record or {}).get("container")
     ident = box.get("id") if isinstance(box, dict) else None
     return ident if isinstance(ident, str) and ident else None
+
+
+def remove_recorded(record: StateRecord) -> Optional[str]:
+    """The container a deployment's record names (the id fleet's run made) removed, once it has stopped:
+    forgotten, nothing would prove it fleet's. What is left, in words (None: nothing is)."""
+    ident, box = recorded_id(record), record.get("container") or {}
+    cli = cli_path(str(box.get("cli"))) if ident and box.get("cli") in ("docker", "podman") else None
+    state = inspect(cli, ident) if cli and ident else None
+    if cli is None or ident is None or state is None:  # no runtime, or no such container: nothing left
+        return None
+    code, _, err = run_cli([cli, "rm", ident], 60) if not state["running"] else (1, "", "it is running")
+    return None if code == 0 else "container %s (%s)" % (box.get("name"), err.strip()[-200:])
 
 
 def fleet_name(deployment: str) -> str:

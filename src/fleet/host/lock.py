@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 try:  # the shared host code is prepended when this script is sent to a host
     recorded_groups  # noqa: B018
@@ -41,7 +41,7 @@ except NameError:  # imported as a module (fleet's own tests)
         written_by_newer,
     )
     from fleet.host.words import STOPPED
-    from fleet.protocol import ForgetResult, LockRequest, LockResult
+    from fleet.protocol import ForgetResult, LockRequest, LockResult, StateRecord
 
 
 def take_lock(a: LockRequest) -> LockResult:
@@ -231,11 +231,13 @@ def removed_secrets(path: str, only_look: bool = False) -> bool:
     return True
 
 
-def forget(directory: str) -> ForgetResult:
+def forget(directory: str, clear: Callable[[StateRecord], Optional[str]] = lambda st: None) -> ForgetResult:
     """`fleet forget`: a deployment's records, once nothing of it runs, under its lock (this run's, which
     goes with the directory; the act step releases it when anything refuses). A server still running
     refuses; so does a directory holding anything fleet did not write there (it is somebody's: nothing is
-    removed). Files are removed by name, never through a link."""
+    removed). Files are removed by name, never through a link. `clear`: what the record names outside the
+    directory (its exited container) removed first, or what of it is left (then nothing is forgotten:
+    without its record nothing would prove it fleet's)."""
     st = read_record(os.path.join(directory, STATE_FILE)) or {}
     # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not); its
     # weight cache daemon's the same way: forgotten, nothing would ever stop it
@@ -251,6 +253,9 @@ def forget(directory: str) -> ForgetResult:
         return {"forgotten": False, "newer": newer}
     if SECRETS_DIR in names and not removed_secrets(os.path.join(directory, SECRETS_DIR)):
         return {"forgotten": False, "left": [SECRETS_DIR]}  # changed since it was looked at: left as it is
+    left = clear(cast("StateRecord", st))
+    if left:
+        return {"forgotten": False, "left": [left]}
     for n in names:  # the lock last: until the directory goes, this run holds it
         if n not in (LOCK_FILE, SECRETS_DIR):
             os.unlink(os.path.join(directory, n))
