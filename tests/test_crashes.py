@@ -1578,3 +1578,21 @@ def test_nccl_errors_in_any_case_and_graph_capture_in_torchs_own_frames() -> Non
         "RuntimeError: CUDA error: out of memory",
     ]
     assert diagnose(capture).signature == "cuda-oom-in-graph-capture"
+
+
+def test_the_memory_fraction_is_not_moved_back_and_forth() -> None:
+    """SGLang's "Not enough memory" asks for a larger fraction, and the out-of-memory at that fraction for a
+    smaller one (sglang #4330): relaunching would alternate between the two until the attempts ran out."""
+    kv = diagnose(["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], SM120)
+    oom = diagnose(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"], SM120)
+    assert isinstance(decide(kv, [], 1, 5), Relaunch) and isinstance(decide(oom, [], 1, 5), Relaunch)
+    back = decide(kv, [str(oom.signature)], 2, 5)
+    assert isinstance(back, GiveUp) and "no fraction avoids both" in back.reason
+    assert isinstance(decide(oom, [str(kv.signature)], 2, 5), GiveUp)
+
+
+def test_a_larger_fraction_after_smaller_graphs_is_still_tried() -> None:
+    """Smaller graphs free the memory the capture took: the KV pool may then take a larger fraction (the
+    weight cache's fix loop: capture out of memory, then a pool too small)."""
+    kv = diagnose(["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], SM120)
+    assert isinstance(decide(kv, ["cuda-graph-capture-failed"], 2, 5), Relaunch)

@@ -398,6 +398,28 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
         return GiveUp(f"known failure without an automatic fix: {diagnosis.explanation}")
     if diagnosis.signature in applied:
         return GiveUp(f"{diagnosis.signature} came back after its fix was applied")
+    undone = _undone_by(diagnosis.fix, applied)
+    if undone is not None:
+        return GiveUp(
+            f"{diagnosis.signature} asks for a larger memory fraction and {undone} for a smaller one, both in "
+            f"this deploy: no fraction avoids both ({diagnosis.explanation})"
+            if diagnosis.fix.derive == "raise_mem_fraction"
+            else f"{diagnosis.signature} asks for a smaller memory fraction after {undone} asked for a larger one "
+            f"in this deploy: no fraction avoids both ({diagnosis.explanation})"
+        )
     if attempt >= max_attempts:
         return GiveUp(f"attempt {attempt}/{max_attempts} failed; no attempts left")
     return Relaunch(diagnosis.fix, diagnosis.signature, diagnosis.explanation)
+
+
+# The memory fraction moved one way by a fix, then the other way by the next: the two failures (a KV pool
+# too small, then out of memory) would follow each other until the attempts ran out. Not after smaller
+# graphs, which also freed the memory the capture took: a larger fraction may then fit.
+_FRACTION_UP, _FRACTION_DOWN = {"raise_mem_fraction"}, {"lower_mem_fraction"}
+
+
+def _undone_by(fix: Fix, applied: Sequence[str]) -> str | None:
+    """The signature among `applied` (fleet's own) whose fix moved the memory fraction the other way."""
+    opposite = _FRACTION_DOWN if fix.derive in _FRACTION_UP else _FRACTION_UP if fix.derive in _FRACTION_DOWN else set()
+    known = {s.id: s for s in builtin_signatures()}
+    return next((i for i in applied if i in known and (known[i].fix or Fix()).derive in opposite), None)
