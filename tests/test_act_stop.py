@@ -112,3 +112,19 @@ def test_what_a_stop_cannot_have_stopped_is_set_aside_at_each_reading(monkeypatc
     # a stop that stopped a container (docker's lists no pid): any user's process there before is waited for
     boxed = free.not_the_stops(before, {10: {"pgid": 10}}, by_user=False)
     assert boxed({10, 11, 12, 13, 14, 15, 16, 17}) == {12}
+
+
+def test_a_stop_of_fleets_docker_container_waits_for_its_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker ps` lists no pid: fleet's own container stopped (ours) has none among the targets, and the
+    stop still waits for the memory it frees."""
+    gpus = Gpus(monkeypatch)
+    a = {"op": "stop", "lock": {"state_dir": str(tmp_path), "deployment": "d"},
+         "free": {"drain_s": 1, "memory_wait_s": 30, "idle_mib": 0}}  # fmt: skip
+    free = {"gpus": [7], "replaced_names": [], "siblings": {}}
+    boxed = [{"id": "a" * 64, "cli": "docker", "pid": None, "name": "fleet-d", "image": "i", "state": "running"}]
+    way = act.Way(free, boxed, set(), set(), {7}, [30000])  # type: ignore[arg-type]
+    out: dict[str, Any] = {"left": [], "refused": []}
+    act.stop_in_the_way(a, out, way, {}, {})  # type: ignore[arg-type]
+    assert gpus.waits and gpus.waits[0]["still"] is False

@@ -307,8 +307,39 @@ def test_forget_removes_the_exited_container_its_record_names_and_never_a_runnin
     write_record(str(directory / "state.json"), record)
     write_record(str(directory / "lock.json"), {"run_id": "r1"})
     said = lock.forget(str(directory), container.remove_recorded)
-    assert said["forgotten"] is False and "fleet-qwen" in said["left"][0]  # type: ignore[index]
+    assert said == {"forgotten": False, "container": "it is running"}
     assert [c["id"] for c in runtime.containers("podman")] == [ID_A, ID_B]
     assert container.run_cli(["podman", "stop", ID_A])[0] == 0  # it stopped since
     assert lock.forget(str(directory), container.remove_recorded) == {"forgotten": True}
     assert [c["id"] for c in runtime.containers("podman")] == [ID_B]  # another deployment's stays
+
+
+def test_forget_keeps_the_record_while_the_runtime_cannot_answer(runtime: FakeRuntime, tmp_path: Path) -> None:
+    """docker's daemon down: whether the container is still there is not known, so the record that proves
+    it fleet's stays (and the secrets with it: a refused forget changes nothing)."""
+    import fleet.host.lock as lock
+    from fleet.host.records import write_record
+
+    directory = tmp_path / "deployments" / "qwen"
+    (directory / "secrets").mkdir(parents=True)
+    write_record(str(directory / "state.json"), {"container": {"cli": "docker", "name": "fleet-qwen", "id": ID_A}})
+    write_record(str(directory / "lock.json"), {"run_id": "r1"})
+    runtime.fail("docker", "inspect", 1, NO_DAEMON)
+    assert lock.forget(str(directory), container.remove_recorded) == {"forgotten": False, "container": NO_DAEMON}
+    assert (directory / "secrets").is_dir() and (directory / "state.json").is_file()
+
+
+def test_a_cidfile_another_user_planted_in_the_log_directory_names_nothing_removed(
+    runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    """The id fleet removes after a failed run is read from a directory of fleet's own, made for that run:
+    a file by the attempt's name in a log directory others can write to is never read."""
+    runtime.fail("podman", "run", 125, "Error: something failed")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for stamp in ("", ".1"):  # whatever name the attempt's files get
+        (logs / f"planted{stamp}.cid").write_text(ID_B)
+    started = launch(container_launch(tmp_path, "podman"), {})  # type: ignore[arg-type]
+    assert started["pid"] == -1 and [c[0] for c in runtime.calls("podman")] == ["run"]
+    run = runtime.calls("podman")[0]
+    assert not run[run.index("--cidfile") + 1].startswith(str(logs))

@@ -1596,3 +1596,15 @@ def test_a_larger_fraction_after_smaller_graphs_is_still_tried() -> None:
     weight cache's fix loop: capture out of memory, then a pool too small)."""
     kv = diagnose(["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], SM120)
     assert isinstance(decide(kv, ["cuda-graph-capture-failed"], 2, 5), Relaunch)
+
+
+def test_a_request_id_saying_traceback_does_not_clear_a_kill() -> None:
+    """The engine's own traceback before "Killed" means it ended itself; a client's request id that says
+    "Traceback" in an engine's line means nothing."""
+    aborted = "INFO 05-06 10:00:01 [async_llm.py:420] Aborted request chatcmpl-Traceback (most recent call last)."
+    assert diagnose([aborted, "Killed"]).signature == "killed-by-signal"
+
+
+def test_an_exceptions_name_in_brackets_after_a_level_is_not_a_logger_prefix() -> None:
+    assert normalize(["[ERROR] ValueError: something strange happened"]) == ["ValueError: something strange happened"]
+    assert diagnose(["[ERROR] torch.OutOfMemoryError: CUDA out of memory."]).category == "cuda_oom_startup"

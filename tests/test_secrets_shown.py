@@ -150,6 +150,8 @@ def test_a_credential_whose_shape_names_it_is_hidden_though_this_run_never_read_
     echoed = "[hostile] HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 key=sk-proj-" + "x1" * 16
     assert hide(echoed) == "[hostile] HF_TOKEN=*** key=***"
     assert hide("ghp_" + "a1" * 18) == "***"
+    for key in ("sk-proj-riGp_58WAm-dX3a" + "Qz9" * 12, "sk-ant-api03-" + "Ab_-9" * 18, "sk-svcacct-" + "x7" * 24):
+        assert hide(f"key={key} end") == "key=*** end", key  # every part, dashes and underscores too
     kept = "hf_internal_testing_tiny_random_model from task-abcdefghijklmnopqrstuvwxyz01 on disk-abcdefghijklmnopqrstu"
     assert hide(kept) == kept
 

@@ -110,8 +110,7 @@ class StateRecord(LaunchedProcess, total=False):
     ready_at: float
     pgid: int
     exit_file: str
-    # one rank of a group (one model over several hosts): {"hosts": [...], "rank": i, "dist_port": p}
-    group: Dict[str, Any]
+    group: Dict[str, Any]  # one rank of a group (a model over several hosts): {"hosts", "rank", "dist_port"}
     container: Optional[Dict[str, Any]]  # {cli, name, id} of a server in a container: id is what fleet's run made
 
 
@@ -152,6 +151,7 @@ class ForgetResult(TypedDict, total=False):
     running: int  # its server's process group still runs
     left: List[str]  # files in its directory fleet did not write
     newer: List[str]  # records a newer fleet wrote: its to keep
+    container: str  # why its recorded container could not be removed (running, its runtime not answering)
 
 
 class ActResult(TypedDict, total=False):

@@ -55,7 +55,7 @@ def forget_all() -> None:
 # this process never read them, as `fleet logs` from a shell without the deployment's secrets, where an
 # engine or a client echoed one. Any other secret is hidden only by its value, once a run read it.
 TOKEN_SHAPES = re.compile(
-    r"(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}|gh[pousr]_[A-Za-z0-9]{36,}|"
+    r"(?<![\w-])(?:hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9][A-Za-z0-9_-]{19,}|gh[pousr]_[A-Za-z0-9]{36,}|"
     r"github_pat_[A-Za-z0-9_]{40,})"
 )
 

@@ -57,6 +57,12 @@ def forget(t: Transport, host: Host, name: str) -> None:
             f"({', '.join(safe_line(str(n)) for n in said['newer'][:5])}); nothing was forgotten.",
             "Forget it with that fleet, or upgrade this one.",
         )
+    if said.get("container"):
+        raise PreflightError(
+            f"{host.name}: deployment {name}'s container could not be removed ({safe_line(said['container'])}); "
+            "nothing was forgotten: without its record nothing would prove that container fleet's.",
+            f"Stop it first (fleet stop --host {host.name}/{name}), or make its runtime answer, then forget again.",
+        )
     if said.get("left"):
         raise PreflightError(
             f"{host.name}: deployment {name}'s directory holds files fleet did not write there "

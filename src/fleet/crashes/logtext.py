@@ -59,7 +59,9 @@ _PREFIXES = [
     ),
     re.compile(rf"^{_LEVEL}\s+[\w.]+:\d+ -- "),  # Ray's CLI "ERR cli.py:71 -- "
     re.compile(rf"^{_LEVEL}\s+\d+\s+\[[\w.]+:\d+\]\s"),  # a wrapper's logging: "INFO 147907 [scheduler.py:287] "
-    re.compile(rf"^\[{_LEVEL}\]\s+[\w.]+:\s"),  # and "[INFO] sglang.srt.managers.scheduler: "
+    # and "[INFO] sglang.srt.managers.scheduler: ", never an exception's name ("[ERROR] torch.OutOfMemoryError: ")
+    re.compile(rf"^\[{_LEVEL}\]\s+(?![\w.]*(?:Error|Exception|Warning):)\w+(?:\.\w+)+:\s"),
+    re.compile(rf"^\[{_LEVEL}\]\s+"),  # a bare level: "[ERROR] ValueError: ..."
     re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
     re.compile(rf"^\s+{_LEVEL}\s{{2,}}"),  # rich's level column
 ]

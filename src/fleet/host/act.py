@@ -424,14 +424,14 @@ def stop_in_the_way(
     out["left"] = out["left"] + left_in_groups
     # gpus: those the readings are of, in their order: by index (None: every GPU)
     read = None if wait_gpus is None else sorted(wait_gpus)
-    if stop_only and not stopped:  # nothing stopped: no memory is coming back
+    if stop_only and not (stopped or ours):  # nothing stopped: no memory is coming back
         out["memory"] = {"before_mib": before, "after_mib": before, "waited_s": 0.0, "gpus": read}
     else:
         held |= pids_of(left_in_groups) if stop_only else set()
         boxed = bool(ours) or any(t.get("container_cli") for t in stopped.values())
         aside = not_the_stops(procs, stopped, by_user=not boxed) if stop_only else None
         before, after, waited = wait_memory_released(
-            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not stopped, aside
+            before, a["free"]["memory_wait_s"], a["free"]["idle_mib"], wait_gpus, held, not (stopped or ours), aside
         )
         out["memory"] = {"before_mib": before, "after_mib": after, "waited_s": waited, "gpus": read}
     record_replaced(expand(a["lock"]["state_dir"]), free["replaced_names"], a["lock"]["deployment"])

@@ -268,14 +268,23 @@ def recorded_id(record: Optional[StateRecord]) -> Optional[str]:
 
 def remove_recorded(record: StateRecord) -> Optional[str]:
     """The container a deployment's record names (the id fleet's run made) removed, once it has stopped:
-    forgotten, nothing would prove it fleet's. What is left, in words (None: nothing is)."""
+    forgotten, nothing would prove it fleet's. What is left, in words (None: nothing is). Gone means the
+    runtime says there is no such container; a runtime that cannot answer (docker's daemon down) leaves
+    the question, and the record, open."""
     ident, box = recorded_id(record), record.get("container") or {}
-    cli = cli_path(str(box.get("cli"))) if ident and box.get("cli") in ("docker", "podman") else None
-    state = inspect(cli, ident) if cli and ident else None
-    if cli is None or ident is None or state is None:  # no runtime, or no such container: nothing left
+    if ident is None or box.get("cli") not in ("docker", "podman"):
         return None
-    code, _, err = run_cli([cli, "rm", ident], 60) if not state["running"] else (1, "", "it is running")
-    return None if code == 0 else "container %s (%s)" % (box.get("name"), err.strip()[-200:])
+    cli = cli_path(str(box["cli"]))
+    if cli is None:  # the runtime is gone from the host: so is what it ran
+        return None
+    code, _, err = run_cli([cli, "inspect", "--type", "container", ident])
+    if code != 0:
+        return None if "no such" in err.lower() or "no container with" in err.lower() else err.strip()[-200:]
+    state = inspect(cli, ident)
+    if state is None or state["running"]:
+        return "it is running" if state else "its runtime did not say whether it runs"
+    code, _, err = run_cli([cli, "rm", ident], 60)
+    return None if code == 0 else err.strip()[-200:]
 
 
 def fleet_name(deployment: str) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -144,6 +146,9 @@ def launch_and_record(
                     os.killpg(unrecorded["pgid"], signal.SIGKILL)
                 except OSError:
                     pass
+        box = launched["container"] if launched else None
+        if box and box.get("id"):  # unrecorded, nothing would prove it fleet's later: removed by its run's id
+            run_cli([box["cli"], "rm", "-f", box["id"]], 60)
         if not out.get("ended"):
             return
         back = previous_launch(previous, a["launch"]["log_dir"], secrets)
@@ -290,14 +295,19 @@ def launch_container(a: LaunchRequest, secrets: Dict[str, str], log_path: str, e
         json.dump(secrets, f)
     launcher = ["-c", CONTAINER_LAUNCHER, LAUNCH_MARK, exit_path, log_path, c["secrets_mount"] + "/" + secret_name]
     # the runtime writes the id of the container this `run` made, once it made it: all that fleet removes
-    # when the run fails (the name is not proof: another fleet's container can take it after fleet looked)
-    cid_path = exit_path[: -len(".exit")] + ".cid"
-    argv = [c["cli"], "run", "-d", "--cidfile", cid_path] + c["options"]
+    # when the run fails (the name is not proof: another fleet's container can take it after fleet looked).
+    # In a directory of fleet's own, made now: a log directory another user may write to could hold a
+    # file by that name, naming their choice of container
+    own = tempfile.mkdtemp(prefix="fleet-run-")
+    argv = [c["cli"], "run", "-d", "--cidfile", os.path.join(own, "cid")] + c["options"]
     argv += ["--entrypoint", c["python"], c["image"]] + launcher + a["argv"]
-    # started in the attempt's log directory: podman's conmon writes a file `oom` into the directory `run`
-    # was started in when the kernel kills the container at its memory limit (measured with podman 4.3)
-    code, out, err = run_cli(argv, 300, cwd=os.path.dirname(log_path))
-    made = made_container(cid_path)
+    try:
+        # started in the attempt's log directory: podman's conmon writes a file `oom` into the directory
+        # `run` was started in when the kernel kills the container at its memory limit (podman 4.3)
+        code, out, err = run_cli(argv, 300, cwd=os.path.dirname(log_path))
+        made = made_container(os.path.join(own, "cid"))
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
     state = inspect(c["cli"], made) if code == 0 and made else None
     pid = int(state["pid"]) if state and state["pid"] else -1
     deadline = time.time() + 10

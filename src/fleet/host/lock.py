@@ -236,7 +236,7 @@ def forget(directory: str, clear: Callable[[StateRecord], Optional[str]] = lambd
     goes with the directory; the act step releases it when anything refuses). A server still running
     refuses; so does a directory holding anything fleet did not write there (it is somebody's: nothing is
     removed). Files are removed by name, never through a link. `clear`: what the record names outside the
-    directory (its exited container) removed first, or what of it is left (then nothing is forgotten:
+    directory (its stopped container) removed first, or why it could not be (then nothing is forgotten:
     without its record nothing would prove it fleet's)."""
     st = read_record(os.path.join(directory, STATE_FILE)) or {}
     # its launcher's group, exactly as recorded, with a member still running (a zombie leader is not); its
@@ -251,11 +251,11 @@ def forget(directory: str, clear: Callable[[StateRecord], Optional[str]] = lambd
     newer = [n for n in names if n != SECRETS_DIR and written_by_newer(os.path.join(directory, n))]
     if newer:  # a newer fleet's records: its to keep or remove
         return {"forgotten": False, "newer": newer}
+    box = clear(cast("StateRecord", st))  # before anything of the directory goes: a refusal changes nothing
+    if box:
+        return {"forgotten": False, "container": box}
     if SECRETS_DIR in names and not removed_secrets(os.path.join(directory, SECRETS_DIR)):
         return {"forgotten": False, "left": [SECRETS_DIR]}  # changed since it was looked at: left as it is
-    left = clear(cast("StateRecord", st))
-    if left:
-        return {"forgotten": False, "left": [left]}
     for n in names:  # the lock last: until the directory goes, this run holds it
         if n not in (LOCK_FILE, SECRETS_DIR):
             os.unlink(os.path.join(directory, n))

@@ -333,7 +333,7 @@ class AttemptWatch:
         box = self.a.get("container")
         if box:  # what the runtime saw: a container's memory limit kills without a word in the log
             cli = cli_path(str(box.get("cli")))
-            seen = inspect(cli, str(box.get("id") or box.get("name"))) if cli else None
+            seen = inspect(cli, str(box["id"])) if cli and box.get("id") else None  # never by name: another's
             if seen and seen.get("oom_killed"):
                 ended["oom_killed"] = True
         return ended
