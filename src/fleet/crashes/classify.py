@@ -401,11 +401,8 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
     undone = _undone_by(diagnosis.fix, applied)
     if undone is not None:
         return GiveUp(
-            f"{diagnosis.signature} asks for a larger memory fraction and {undone} for a smaller one, both in "
-            f"this deploy: no fraction avoids both ({diagnosis.explanation})"
-            if diagnosis.fix.derive == "raise_mem_fraction"
-            else f"{diagnosis.signature} asks for a smaller memory fraction after {undone} asked for a larger one "
-            f"in this deploy: no fraction avoids both ({diagnosis.explanation})"
+            f"{diagnosis.signature} would move the memory fraction back where {undone}'s fix in this deploy moved "
+            f"it from: no fraction avoids both ({diagnosis.explanation})"
         )
     if attempt >= max_attempts:
         return GiveUp(f"attempt {attempt}/{max_attempts} failed; no attempts left")

@@ -352,11 +352,8 @@ def in_the_way(
     # a sibling's server is left running: for a launch it is in the way (refused), for a stop it is not
     free["launching"] = a["op"] in LAUNCHING
     replaced_names = list(a["lock"].get("replace") or [])
-    clis, ids = [(container or {}).get("cli"), recorded_cli(previous)], [recorded_id(cast("StateRecord", previous))]
-    for other in replaced_names:
-        record = peek_record(os.path.join(deployment_dir(root, other), STATE_FILE))
-        clis.append(recorded_cli(record))
-        ids.append(recorded_id(cast("StateRecord", record)))
+    records = [previous] + [peek_record(os.path.join(deployment_dir(root, n), STATE_FILE)) for n in replaced_names]
+    clis = [(container or {}).get("cli")] + [recorded_cli(r) for r in records]
     named = [str(c) for c in clis if c]
     free["siblings"], free["replaced"], free["replaced_names"] = siblings, sorted(replaced), replaced
     want = (a.get("launch") or {}).get("weight_cache")
@@ -373,7 +370,7 @@ def in_the_way(
             return [], []
         owner = container_owner(os.getuid(), root)
         name = container["name"] if container else None
-        recorded = set(i for i in ids if i)
+        recorded = set(filter(None, (recorded_id(cast("StateRecord", r)) for r in records)))
         return fleet_containers(named, [a["lock"]["deployment"]] + replaced_names, name, owner, recorded)
 
     # the GPUs are read once, unless something is stopped (stop_in_the_way)

@@ -139,13 +139,18 @@ def _inspected_labels(cli: str, ident: str) -> Optional[Dict[str, str]]:
 
 def inspect(cli: str, ident: str) -> Optional[Dict[str, Any]]:
     """What `inspect` says of a container's state: pid, exit code, OOM-killed, restart count."""
-    code, out, _ = run_cli([cli, "inspect", "--type", "container", ident])
+    return inspected(cli, ident)[0]
+
+
+def inspected(cli: str, ident: str) -> Tuple[Optional[Dict[str, Any]], str]:
+    """`inspect`'s state of a container, or None and what the runtime said (nothing: unreadable output)."""
+    code, out, err = run_cli([cli, "inspect", "--type", "container", ident])
     if code != 0:
-        return None
+        return None, err
     try:
         data = json.loads(out)[0]
     except (ValueError, IndexError, KeyError):
-        return None
+        return None, ""
     state = data.get("State") or {}
     return {
         "id": data.get("Id"),
@@ -155,7 +160,7 @@ def inspect(cli: str, ident: str) -> Optional[Dict[str, Any]]:
         "oom_killed": bool(state.get("OOMKilled")),
         "restart_count": data.get("RestartCount") or 0,
         "status": state.get("Status"),
-    }
+    }, ""
 
 
 def gpu_access(cli: str, device_files: List[str]) -> Optional[str]:
@@ -277,12 +282,12 @@ def remove_recorded(record: StateRecord) -> Optional[str]:
     cli = cli_path(str(box["cli"]))
     if cli is None:  # the runtime is gone from the host: so is what it ran
         return None
-    code, _, err = run_cli([cli, "inspect", "--type", "container", ident])
-    if code != 0:
-        return None if "no such" in err.lower() or "no container with" in err.lower() else err.strip()[-200:]
-    state = inspect(cli, ident)
-    if state is None or state["running"]:
-        return "it is running" if state else "its runtime did not say whether it runs"
+    state, err = inspected(cli, ident)
+    if state is None:
+        gone = "no such" in err.lower() or "no container with" in err.lower()
+        return None if gone else err.strip()[-200:] or "its runtime did not say whether it runs"
+    if state["running"]:
+        return "it is running"
     code, _, err = run_cli([cli, "rm", ident], 60)
     return None if code == 0 else err.strip()[-200:]
 
