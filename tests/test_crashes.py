@@ -258,6 +258,21 @@ TEXT_CASES = [
         LogContext(),
         "cuda-oom-runtime",
     ),
+    (  # no ready line in the excerpt, but a request was answered (a 500) before it: a runtime OOM (vllm #13067)
+        "runtime-oom-after-a-500",
+        "INFO 02-10 18:06:30 engine.py:275] Added request cmpl-30aa-0.\n"
+        'INFO:     10.25.164.34:57224 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n'
+        "ERROR 02-10 18:06:30 engine.py:139] OutOfMemoryError('CUDA out of memory. Tried to allocate 1.27 GiB.')",
+        LogContext(engine="vllm"),
+        "cuda-oom-runtime",
+    ),
+    (  # a supervisor's /health asked while the start went on is no request taken: still a start's OOM
+        "startup-oom-after-health",
+        'INFO:     127.0.0.1:50000 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+        "[2026-11-29 11:00:00 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+        LogContext(engine="sglang"),
+        "cuda-oom-family",
+    ),
     (
         "port-aux",
         "ValueError: metrics_port at 40290 is not available in 30 seconds. metrics_port is used by a process "
@@ -385,7 +400,52 @@ TEXT_CASES = [
         "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:368 'peer access is not supported between these "
         "two devices'",
         LogContext(),
-        "nccl-p2p-family",
+        "custom-all-reduce-failed",
+    ),
+    (  # the custom all-reduce's CUDA IPC refused on an A100 box whose NCCL works (posttrainarena #46)
+        "custom-all-reduce-invalid-argument",
+        "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 'invalid argument'",
+        LogContext(engine="vllm"),
+        "custom-all-reduce-failed",
+    ),
+    (  # SGLang's cudart wrapper, raised from its custom all-reduce on PCIe RTX 4090s (sglang #4814)
+        "cudart-peer-access",
+        "RuntimeError: CUDART error: peer access is not supported between these two devices",
+        LogContext(engine="sglang"),
+        "custom-all-reduce-failed",
+    ),
+    (  # NCCL's trace: "host:pid:tid [dev]" records, a WARN then INFO lines unwinding it (sglang #3820)
+        "nccl-socket-no-route",
+        "node5:240:240 [6] misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to 10.0.0.4<56849> returned "
+        "113(No route to host) errno 115(Operation now in progress)\n"
+        "node5:240:240 [6] NCCL INFO misc/socket.cc:570 -> 2\n"
+        "node5:240:240 [6] NCCL INFO bootstrap.cc:285 -> 2\n"
+        "[2025-02-24 14:09:34 TP14] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 1816, in run_scheduler_process',
+        LogContext(engine="sglang"),
+        "multinode-nccl-peer-unreachable",
+    ),
+    (  # an older NCCL's wording of it
+        "nccl-net-refused",
+        "h1:12:40 [0] NCCL WARN Net : Connect to 10.1.1.2<43125> failed : Connection refused\n"
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, unhandled system error",
+        LogContext(),
+        "multinode-nccl-peer-unreachable",
+    ),
+    (  # vLLM told to use an attention backend this model's head size rules out (vllm #40677)
+        "vllm-attention-backend",
+        "Using AttentionBackendEnum.FLASHINFER backend.\nValueError: Selected backend AttentionBackendEnum.FLASHINFER "
+        "is not valid for this configuration. Reason: ['head_size not supported']",
+        LogContext(engine="vllm"),
+        "vllm-attention-backend-invalid",
+    ),
+    (  # NCCL called on a side stream while a graph captured (vllm #4432): the CUDA runtime's capture error
+        "capture-uncaptured-work",
+        "w6:56890:56890 [0] enqueue.cc:267 NCCL WARN Cuda failure 'dependency created on uncaptured work in another "
+        "stream'\nw6:56890:56890 [0] NCCL INFO enqueue.cc:1045 -> 1\nTraceback (most recent call last):\n"
+        '  File "/vllm/worker/model_runner.py", line 921, in capture',
+        LogContext(engine="vllm"),
+        "cuda-graph-capture-family",
     ),
     (
         "cut-in-nccl",
@@ -717,6 +777,12 @@ def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: LogContext,
 
 NEAR_MISSES = [
     # (text, context, signature that must NOT match)
+    (  # SGLang's fallback: it warns and starts without the custom all-reduce (sglang #12496)
+        "[2025-11-01 16:50:36 TP1] Setup Custom allreduce failed with CUDART error: peer access is not supported "
+        "between these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.",
+        LogContext(engine="sglang"),
+        "custom-all-reduce-failed",
+    ),
     (  # ncclSystemError: sockets and system calls (a network, a dead peer), not P2P (vllm #16707)
         "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
         LogContext(engine="vllm"),

@@ -43,6 +43,9 @@ ACCEPTING = re.compile(
     + "^"
     + re.escape(ANSWERED_HEALTH)
 )
+# A client's generation request answered (any status): the server ran and took requests. Not /health,
+# which a supervisor asks while a start goes on; SGLang's warm-up request is logged only once it is done.
+TOOK_REQUEST = re.compile(r'"(?:POST|GET) /(?:v1/|generate)\S* HTTP/[\d.]+" \d{3}')
 # vLLM's "Starting vLLM API server on http://..." comes before its routes and before the socket is bound
 # (a port in use, or a hang, can follow it): it bounds what a start's fix reads (ACCEPTING), it proves nothing
 READY_PATTERNS = (
@@ -171,18 +174,19 @@ def _in_phase(
     hits: list[int],
     ready_at: int | None,
     accepting_at: int | None,
+    running_at: int | None,
     last_served: int | None,
 ) -> list[int]:
     """The hits `sig` may stand on: a fix's only from lines the engine logged as failures, and each only
     from the part of the log its phase names (start-up: before the server was ready, or took requests for
-    a fix; runtime: after it was ready, or after the last request it answered for a fix)."""
+    a fix; runtime: after it was ready or took a request, or after the last request it answered for a fix)."""
     if sig.fix is not None:  # a failure the engine reports is logged as one, never at INFO (a request's echo is)
         hits = [i for i in hits if log.levels[i] not in ("INFO", "DEBUG") and not log.is_echoed(i)]
     if sig.phase == "startup":
         before = ready_at if sig.fix is None else accepting_at
         hits = [i for i in hits if before is None or i < before]
     if sig.phase == "runtime":
-        after = ready_at if sig.fix is None else last_served
+        after = running_at if sig.fix is None else last_served
         hits = [i for i in hits if after is not None and i > after]
     return hits
 
@@ -230,8 +234,11 @@ def diagnose(
     accepting, serving = log.scanner(ACCEPTING), log.scanner(SERVING)
     accepting_at = next((i for i in range(n) if _own_line(log, i) and accepting.search(log.lines[i])), None)
     served = [i for i in range(n) if _own_line(log, i) and serving.search(log.lines[i])]
+    took_request = log.scanner(TOOK_REQUEST)
+    took_requests_at = next((i for i in range(n) if _own_line(log, i) and took_request.search(log.lines[i])), None)
+    running_at = min((i for i in (ready_at, took_requests_at) if i is not None), default=None)
     # the last sign the server lived: what explains its end, and so a fix, comes after it
-    last_served = max(served, default=ready_at)
+    last_served = max(served, default=running_at)
     # What the frames of a cut traceback point at counts only where no exception line says more.
     cut = (
         None
@@ -250,7 +257,7 @@ def diagnose(
             hits = search.hits(sig.patterns, only=cut)
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
-        hits = _in_phase(sig, log, hits, ready_at, accepting_at, last_served)
+        hits = _in_phase(sig, log, hits, ready_at, accepting_at, running_at, last_served)
         if len(hits) < sig.min_count:
             continue
         if sig.requires and not all(search.any((r,)) for r in sig.requires):

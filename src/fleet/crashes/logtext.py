@@ -259,7 +259,9 @@ def normalize(raw_lines: Iterable[str]) -> list[str]:
     return list(normalize_log(raw_lines).lines)
 
 
-_CONTINUATION = re.compile(r"^[a-z:,;.)'\"]|^< truncated")
+# NCCL's own records ("node5:240:240 [6] NCCL INFO …") start in lower case, as a host's name may: each is a
+# record of its own, and an INFO trace after a WARN must not make the warning a transient one.
+_CONTINUATION = re.compile(r"^(?![\w.-]+:\d+:\d+ \[\d+\] )[a-z:,;.)'\"]|^< truncated")
 
 
 def is_continuation(line: str) -> bool:
