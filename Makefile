@@ -29,11 +29,13 @@ tour: $(VENV)/.installed system-deps
 	$(BIN)/python -m fleet_testbed.tour $(TOUR_ARGS)
 
 ## test: every test (unit, real sshd, simulated hosts, real SGLang parsers), plus lint and type checks
-## (in three runs: the tests that need no sshd, podman, real parser or shared ports in 4 workers -- most
-## of their time is spent waiting for simulated engines -- under coverage.py, which fails the run when a
-## layer falls below its floor; the real parsers' tests in 4 workers; then the SSH, container and
-## real-vLLM tests one at a time)
-test: $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
+## (what they need is built side by side first: the parsers' environment, the real vLLM and the images
+## are mostly downloads; then three runs: the tests that need no sshd, podman, real parser or shared
+## ports in 4 workers -- most of their time is spent waiting for simulated engines -- under coverage.py,
+## which fails the run when a layer falls below its floor; the real parsers' tests in 4 workers; then the
+## SSH, container and real-vLLM tests one at a time)
+test:
+	$(MAKE) --no-print-directory -j4 $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
 	FLEET_EVERY_TIER=1 $(MAKE) --no-print-directory coverage
 	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "realparser and $(UNSHARED)"
 	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"

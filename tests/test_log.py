@@ -95,6 +95,16 @@ def test_credentials_on_other_processes_command_lines_are_masked(cmdline: str, s
     assert mask_credentials(cmdline) == shown
 
 
+@pytest.mark.parametrize("word", ["a." * 50_000, "key" * 30_000, "a-" * 50_000, "a:" * 50_000, "x://" * 25_000])
+def test_a_long_hostile_word_on_a_command_line_costs_its_length_not_its_square(word: str) -> None:
+    """Another user's process can put one word of any shape on its command line, and every probe reads
+    it. Names are tried once per word and never backtracked into: these end at once; before, the first
+    took about 100 s (a 2,000-character one already 0.4 s, per process and per probe)."""
+    from fleet.secrets import mask_credentials
+
+    assert mask_credentials(f"tool {word} --api-key sk-x1 --port 1") == f"tool {word} --api-key *** --port 1"
+
+
 SECRET = "hf_SECRETtoken1234"
 
 

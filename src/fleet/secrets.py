@@ -152,19 +152,23 @@ def _redact_cut_heads(text: str, secrets: Mapping[str, str]) -> str:
 # takes several API keys after one --api-key): masking a positional argument too is the safe mistake.
 # The families, not the spellings: key, token, secret, password/passwd/passphrase/pass/pw, credential,
 # auth/authorization/basic-auth (a word or a part of one: --hf-token, --auth, --basic-auth, --pw).
-_CREDENTIAL_WORD = (
-    r"[\w.-]*(?:key|token(?!izer|s)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
-    r"(?<![a-z])pass(?![a-z])|(?<![a-z])pw(?![a-z]))[\w.-]*"
+_CREDENTIAL_KEYWORD = (
+    r"(?:key|token(?!izer|s)|secret|passw(?:or)?d|passphrase|credential|auth(?!or(?!i))|"
+    r"(?<![a-z])pass(?![a-z])|(?<![a-z])pw(?![a-z]))"
 )
-_CREDENTIAL_FLAG = re.compile(rf"(?<![\w-])(--?{_CREDENTIAL_WORD})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
-_CREDENTIAL_ENV = re.compile(rf"(?<![\w-])({_CREDENTIAL_WORD})=\S+", re.I)
+# A name that holds one, tried from a word's start only and never given back (possessive): a long
+# hostile word on a process's command line (a.a.a…) costs its length to read, not its square.
+_CREDENTIAL_NAME = rf"(?=[\w.-]*?{_CREDENTIAL_KEYWORD})[\w.-]++"
+_WORD_START = r"(?<![\w.-])"
+_CREDENTIAL_FLAG = re.compile(rf"{_WORD_START}(--?{_CREDENTIAL_NAME})(=\S*(?:\s+(?!-)\S+)*|(?:\s+(?!-)\S+)+)", re.I)
+_CREDENTIAL_ENV = re.compile(rf"{_WORD_START}({_CREDENTIAL_NAME})=\S+", re.I)
 # An HTTP header given on a command line whose name is of the same families (curl -H 'Authorization:
 # Bearer sk-...', -H 'X-Api-Key: ...'), and a URL's user information: a password, or a token given as
 # the user (https://TOKEN@github.com/...).
 _CREDENTIAL_HEADER = re.compile(
-    rf"((?<![\w-])(?:{_CREDENTIAL_WORD}|cookie):\s*(?:(?:bearer|basic|token)\s+)?)[^\s']+", re.I
+    rf"({_WORD_START}(?:{_CREDENTIAL_NAME}|cookie):\s*(?:(?:bearer|basic|token)\s+)?)[^\s']+", re.I
 )
-_URL_USERINFO = re.compile(r"(\w+://)(?:([^/\s:@]+):)?[^@\s/]+@")
+_URL_USERINFO = re.compile(r"((?<!\w)\w+://)(?:([^/\s:@]+):)?[^@\s/]+@")
 
 
 def mask_credentials(cmdline: str) -> str:
