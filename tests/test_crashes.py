@@ -251,6 +251,49 @@ TEXT_CASES = [
         LogContext(engine="sglang"),
         "cuda-graph-capture-failed",
     ),
+    (  # the fourth round of real logs: wordings of known families
+        "uvicorn-bind-errno-twice",
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 44319): [errno 98] address "
+        "already in use",
+        LogContext(engine="vllm"),
+        "port-in-use",
+    ),
+    (
+        "tcpstore-cannot-listen",
+        "RuntimeError: The server socket has failed to listen on any local network address. port: 46571, "
+        "useIpv6: 0, code: -9",
+        LogContext(),
+        "port-in-use-family",
+    ),
+    (  # sgl_kernel built for a newer CUDA than the driver's libcuda has (sglang PR 8701)
+        "driver-function-missing",
+        "ImportError: /usr/local/lib/python3.10/dist-packages/sgl_kernel/common_ops.abi3.so: undefined symbol: "
+        "cuGreenCtxDestroy",
+        LogContext(engine="sglang"),
+        "driver-mismatch",
+    ),
+    (  # nvcc's own count, without ninja's line after it (a flashinfer JIT build)
+        "nvcc-errors-detected",
+        'INFO 01-01 00:00:00 [core.py:1] building\n7 errors detected in the compilation of "/root/.cache/flashinfer/'
+        'generated/gdn_prefill_kernel_bf16.cu".',
+        LogContext(engine="vllm"),
+        "jit-compile",
+    ),
+    (
+        "engine-package-minimum",
+        "Exception: sgl-kernel is installed with version 0.0.9.post2, which is less than the minimum required "
+        "version 0.1.1. Please reinstall the latest version",
+        LogContext(engine="sglang"),
+        "dependency-mismatch",
+    ),
+    (  # two ranks' tracebacks interleaved and cut inside the quantisation scheme's check (vllm #26297)
+        "cut-in-scheme-check",
+        "Traceback (most recent call last):\n"
+        '  File "/vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", line 575, in '
+        "_get_scheme_from_parts\n    self._check_scheme_supported(scheme.get_min_capability())",
+        LogContext(engine="vllm"),
+        "cut-in-quant-capability-check",
+    ),
     (
         "runtime-oom",
         "The server is fired up and ready to roll!\n[2026-11-29 11:00:00 TP3] torch.OutOfMemoryError: "
