@@ -257,3 +257,56 @@ def test_an_environment_made_anew_is_marked_fleets_own_before_it_stops_being_who
     monkeypatch.setattr(os, "remove", removed)
     assert (env / engine.PENDING).exists() and not (env / engine.MARKER).exists()
     assert ending(run(host, capsys, action="install"))["e"] == "installed"  # made anew, not refused
+
+
+def test_an_environment_another_user_could_plant_is_never_run(
+    host: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A Python fleet runs (to ask its version, then as the engine) comes only from a directory nobody else
+    may write: an engines directory others may write is refused before anything in it runs, and an
+    environment that is not this user's alone is not fleet's, marker or not."""
+    assert ending(run(host, capsys, action="install"))["e"] == "installed"
+    ran = tmp_path / "ran"
+    planted = host / "engines" / "sglang-0.5.30"
+    (planted / "bin").mkdir(parents=True)
+    (planted / engine.MARKER).write_text('{"engine": "sglang", "version": "0.5.30"}')
+    (planted / "bin" / "python").write_text(f"#!/bin/sh\ntouch {ran}\necho 0.5.30\n")
+    (planted / "bin" / "python").chmod(0o755)
+    (host / "engines").chmod(0o777)
+    for action in ("use", "install"):
+        refused = ending(run(host, capsys, action=action, version="0.5.30"))
+        assert refused["e"] == "refused" and "only they may write" in refused["why"]
+    assert not ran.exists()
+    (host / "engines").chmod(0o755)
+    if os.geteuid() == 0:  # a directory another user made, in a directory of fleet's (made lax earlier)
+        for p in (planted, planted / "bin", planted / engine.MARKER):
+            os.chown(p, 4242, 4242)
+        assert "no whole sglang 0.5.30" in ending(run(host, capsys, action="use", version="0.5.30"))["why"]
+        assert "fleet did not make it" in ending(run(host, capsys, action="install", version="0.5.30"))["why"]
+    planted.chmod(0o777)  # this user's, but others may write it: not fleet's either
+    assert "no whole sglang 0.5.30" in ending(run(host, capsys, action="use", version="0.5.30"))["why"]
+    assert not ran.exists()
+
+
+def test_an_install_over_a_link_changes_nothing_where_it_points(
+    host: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared-env"
+    (shared / "bin").mkdir(parents=True)
+    (shared / engine.MARKER).write_text('{"engine": "sglang", "version": "0.5.23"}')
+    (host / "engines").mkdir(parents=True)
+    (host / "engines" / "sglang-0.5.23").symlink_to(shared)
+    assert "fleet did not make it" in ending(run(host, capsys, action="install"))["why"]
+    assert sorted(p.name for p in shared.iterdir()) == sorted(["bin", engine.MARKER])
+
+
+def test_engine_list_shows_a_directory_name_with_a_newline_as_one_line(host: Path, tmp_path: Path) -> None:
+    """A directory name on the host is the host's text: it cannot add a line that reads as fleet's."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"hosts:\n  box: {{connection: local, state_dir: {host}, engines: {{sglang: fleet}}}}\n")
+    (host / "engines" / "vllm-1.0\nbox: sglang==0.5.23: current").mkdir(parents=True)
+    listed = run_cli("-i", str(inventory), "engine", "list", "--host", "box")
+    assert listed.code == 0, listed.err
+    assert [line for line in listed.out.splitlines() if line.startswith("box:")] == [
+        "box: vllm==1.0\\nbox: sglang==0.5.23: current: unfinished, not used"
+    ]

@@ -199,7 +199,7 @@ def test_no_disk_for_the_checkpoint_is_refused_with_the_numbers_before_anything_
         pytest.skip("mounting a small tmpfs needs root")
     small = tmp_path / "small"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "tmpfs", str(small)], check=True)
     hub = FakeHub()
     try:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -369,6 +369,74 @@ def test_a_partial_directory_fleet_did_not_make_is_never_written_into(world: Wor
     assert code == 4 and "fleet did not make it" in err
     assert [p.name for p in precious.iterdir()] == ["config.json"] and (precious / "config.json").read_text() == "mine"
     assert not world.target.exists()
+
+
+def test_a_models_directory_others_may_write_is_refused_and_nothing_is_written_or_removed_through_it(
+    world: World,
+) -> None:
+    """Another user who may write the models directory could plant a partial download fleet resumes (with
+    a link in it that fleet removes through), a marker that makes changed weights "whole", or a link where
+    fleet's lock goes: such a directory is refused before anything is made or read in it."""
+    victim = world.root / "victim"
+    (victim / "huggingface").mkdir(parents=True)
+    (victim / "huggingface" / "keep").write_text("mine")
+    world.models.mkdir()
+    world.models.chmod(0o1777)
+    partial = world.models / "tiny-qwen3.fleet-partial"
+    partial.mkdir()
+    (partial / ".fleet-partial-of-fleet").write_text("")
+    (partial / ".cache").symlink_to(victim)
+    (world.models / ".tiny-qwen3.fleet-pull.lock").symlink_to(world.root / "made-through-a-link")
+    code, _, err = world.pull()
+    assert code == 4 and "only they may write" in err and "models_dir" in err
+    assert (victim / "huggingface" / "keep").read_text() == "mine"
+    assert world.hub.served == {} and not world.target.exists()
+    assert not (world.root / "made-through-a-link").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another user need root to make")
+def test_a_marker_another_user_wrote_does_not_make_changed_weights_whole(world: World) -> None:
+    assert world.pull()[0] == 0
+    shard = world.target / SHARD
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size, another byte
+    shard.write_bytes(bytes(data))
+    marker = json.loads((world.target / ".fleet-pulled.json").read_text())
+    marker["verified"][SHARD] = [shard.stat().st_size, shard.stat().st_mtime_ns]  # the stamp of the change
+    (world.target / ".fleet-pulled.json").write_text(json.dumps(marker))
+    os.chown(world.target / ".fleet-pulled.json", 4242, 4242)
+    code, _, err = world.pull()
+    assert code == 4 and "fleet did not make it" in err and SHARD in err
+
+
+def test_a_partial_download_keeps_no_file_the_listing_does_not_name(world: World) -> None:
+    """Cut mid-download, then re-sharded upstream: the old layout's shards in fleet's own partial copy are
+    not carried into the model."""
+    world.models.mkdir()
+    partial = world.models / "tiny-qwen3.fleet-partial"
+    partial.mkdir()
+    (partial / ".fleet-partial-of-fleet").write_text("")
+    (partial / "model-00009-of-00009.safetensors").write_bytes(b"stale")
+    (partial / "tokenizer.json").symlink_to(world.root / "tiny.yaml")
+    code, _, err = world.pull()
+    assert code == 0, err
+    names = {p.name for p in world.target.iterdir()} - {".fleet-pulled.json"}
+    assert names == {p.name for p in world.source.iterdir()}
+    assert not (world.target / "tokenizer.json").is_symlink()
+
+
+def test_a_fifo_or_a_link_to_a_secret_named_like_a_shard_is_named_without_waiting_or_quoting_it(
+    tmp_path: Path,
+) -> None:
+    from fleet.host.model_files import _safetensors_problem
+
+    os.mkfifo(tmp_path / "model-00001-of-00002.safetensors")
+    assert _safetensors_problem(str(tmp_path / "model-00001-of-00002.safetensors")) == "not a regular file"
+    secret = tmp_path / "token"
+    secret.write_text("hf_SECRETtoken1234567890")
+    (tmp_path / "model-00002-of-00002.safetensors").symlink_to(secret)
+    said = _safetensors_problem(str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert said is not None and str(int.from_bytes(b"hf_SECRE", "little")) not in said, said
 
 
 def test_something_at_the_models_path_that_is_not_a_directory_is_refused_before_downloading(world: World) -> None:

@@ -138,7 +138,7 @@ def test_no_disk_for_the_model_is_refused_with_the_numbers_before_anything_is_se
     fleet = Fleet(tmp_path)
     models = tmp_path / "a" / "models"
     models.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(models)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "tmpfs", str(models)], check=True)
     try:
         code, _, err = fleet.push("--host", "a", "--from", str(fleet.source))
         assert code == 4 and "not enough disk" in err and "nothing sent" in err

@@ -336,6 +336,6 @@ def engine_list(ctx: Invocation, host_name: str, as_json: bool) -> None:
         return
     for env in envs:
         state = ("current" if env["current"] else "installed") if env["whole"] else "unfinished, not used"
-        say(f"{host.name}: {env['engine']}=={env['version']}: {state}")
+        say(f"{host.name}: {safe_line(str(env['engine']))}=={safe_line(str(env['version']))}: {state}")  # host's names
     if not envs:
         say(f"{host.name}: no engine environments of fleet's (fleet engine install sglang==VERSION --host {host.name})")

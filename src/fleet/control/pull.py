@@ -115,7 +115,8 @@ def pull_model(
         script_for("pull", args, [python]), json_lines(answers, t.host_name, "pull"), stdin=stdin, timeout_s=24 * 3600.0
     )
     last = answers.last(code)
-    why = redact(str(last.get("why") or last.get("error") or ""), secrets)[:600]  # redacted whole, then cut
+    # redacted whole, then cut; one line: the Hub's own error text must not start a line of fleet's
+    why = safe_line(redact(str(last.get("why") or last.get("error") or ""), secrets))[:600]
     problems = [safe_line(redact(str(p), secrets))[:300] for p in last.get("problems") or []]
     seconds = time.monotonic() - started
     if last["e"] in ("present", "pulled"):

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import first_line_of_stdin, readable, stdin_closed
+    from fleet.host.records import not_ours_alone, own_file, unsafe_state_dir
     from fleet.transfer_protocol import EngineRequest
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
@@ -48,12 +50,24 @@ def engines_dir(a: EngineRequest) -> str:
 
 
 def marker_of(env: str) -> Optional[Dict[str, Any]]:
+    """The marker of an environment fleet made, or None: the environment, its bin/ and the marker must be
+    this user's alone (not links), or another user could plant a Python that fleet would run."""
+    if not all(_ours_alone(p) for p in (env, os.path.join(env, "bin"), os.path.join(env, MARKER))):
+        return None
     try:
         with open(os.path.join(env, MARKER)) as f:
             data = json.load(f)
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def _ours_alone(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return not stat.S_ISLNK(st.st_mode) and own_file(st)
 
 
 def run_streamed(argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
@@ -134,12 +148,16 @@ def same_version(got: Optional[str], want: str) -> bool:
 
 def guarded(a: EngineRequest) -> Optional[str]:
     """The engines directory, made if needed: refused (a reason) when it is a symlink (fleet would make and
-    remove environments wherever it points)."""
+    remove environments wherever it points), or when it or the state directory may be written by another
+    user (who could plant an environment whose Python fleet then runs)."""
     base = engines_dir(a)
     if os.path.islink(base):
         return "%s is a symlink; fleet keeps its environments in a directory of its own" % base
-    os.makedirs(base, exist_ok=True)
-    return None
+    unsafe = unsafe_state_dir(os.path.expanduser(a["state_dir"]))
+    if unsafe:
+        return unsafe
+    os.makedirs(base, 0o755, exist_ok=True)
+    return not_ours_alone(base)
 
 
 def install(a: EngineRequest) -> None:
@@ -158,6 +176,8 @@ def install(a: EngineRequest) -> None:
 def install_locked(a: EngineRequest, env: str) -> None:
     """`install` once this version's lock is held: kept when whole, else (re)made."""
     engine, version = a["engine"], a["version"]
+    if os.path.lexists(env) and not _ours_alone(env):  # checked before anything is written in it
+        return refuse("%s is there and fleet did not make it; move it away" % env)
     if marker_of(env):
         got = installed_version(os.path.join(env, "bin", "python"), engine)
         if same_version(got, version):
@@ -263,7 +283,7 @@ def use(a: EngineRequest) -> None:
     base = engines_dir(a)
     name = "%s-%s" % (engine, version)
     env = os.path.join(base, name)
-    if not marker_of(env) or os.path.islink(env):
+    if not marker_of(env):
         return refuse(
             "no whole %s %s environment on this host (fleet engine install %s==%s first)"
             % (engine, version, engine, version)

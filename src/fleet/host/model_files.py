@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
@@ -54,20 +55,30 @@ def _damage(path: str, weight_map: Any) -> List[str]:
 
 
 def _safetensors_problem(file_path: str) -> Optional[str]:
+    """What is wrong with one safetensors file, or None. Only a regular file is read, never waiting (a FIFO
+    named like a shard would hang the step), and nothing read from it is quoted: a link to another file (a
+    secret) must not show its first bytes as a "header length"."""
     try:
-        size = os.path.getsize(file_path)
-        with open(file_path, "rb") as f:
+        with os.fdopen(os.open(file_path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return "not a regular file"
+            size = st.st_size
             head = f.read(8)
             if len(head) < 8:
                 return "truncated: %d bytes, not even a header" % size
             n = int.from_bytes(head, "little")
             if n > SAFETENSORS_MAX_HEADER or 8 + n > size:
-                return "truncated or not safetensors: a %d-byte header in a %d-byte file" % (n, size)
+                return "truncated or not safetensors: its header is longer than the %d-byte file" % size
             header = json.loads(f.read(n).decode("utf-8"))
     except FileNotFoundError:
         return "missing"
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return "unreadable: %s" % exc
+    except OSError as exc:
+        return "unreadable: %s" % exc.strerror
+    except ValueError:  # UnicodeDecodeError too; their messages quote the bytes
+        return "unreadable: its header is not JSON"
+    if not isinstance(header, dict):
+        return "unreadable: its header is not a JSON object"
     ends = [
         t["data_offsets"][1]
         for k, t in header.items()

@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -25,8 +26,12 @@ CMDLINE_LIMIT = 2000  # characters of a command line kept in what a step reports
 
 
 def read_text(path: str, limit: int = 1 << 20) -> Optional[str]:
+    """A regular file's text (at most `limit` bytes), or None. Never waits: a FIFO planted under a file's
+    name (a model's config.json) would hang the step, and whoever holds its lock after it."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
             return f.read(limit).decode("utf-8", "replace")
     except OSError:
         return None

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ try:  # the model-file checks are prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import stdin_closed
     from fleet.host.model_files import _damage, _json_file
+    from fleet.host.records import not_ours_alone, own_file
     from fleet.transfer_protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
@@ -231,11 +233,20 @@ def offline(exc: BaseException) -> bool:
 
 
 def ours(path: str) -> Optional[Dict[str, Any]]:
-    """The marker of a directory fleet made (a real directory, not a symlink to one), else None."""
-    if os.path.islink(path) or not os.path.isdir(path):
+    """The marker of a directory fleet made (a real directory, not a symlink to one, and it and its marker
+    this user's alone), else None."""
+    if not (_owned(path, stat.S_ISDIR) and _owned(os.path.join(path, MARKER), stat.S_ISREG)):
         return None
     marker, _ = _json_file(os.path.join(path, MARKER))
     return marker if isinstance(marker, dict) else None
+
+
+def _owned(path: str, kind: Callable[[int], bool]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return kind(st.st_mode) and own_file(st)
 
 
 def seed(partial: str, target: str, files: Dict[str, ListedFile], broken: List[str]) -> None:
@@ -264,7 +275,14 @@ def claim(target: str) -> Any:
         os.makedirs(parent, exist_ok=True)
     except OSError as exc:
         return refuse("disk", "the models directory %s cannot be made: %s" % (parent, exc.strerror))
-    guard = open(os.path.join(parent, ".%s.fleet-pull.lock" % os.path.basename(target)), "a")  # noqa: SIM115 - held to exit
+    unsafe = not_ours_alone(parent)
+    if unsafe:  # another user could plant a partial, a marker or a link there that fleet then trusts
+        why = (
+            "%s: fleet keeps the models it checks only where nobody else may write (chmod go-w, or another models_dir)"
+        )
+        return refuse("foreign", why % unsafe)
+    lock_path = os.path.join(parent, ".%s.fleet-pull.lock" % os.path.basename(target))
+    guard = os.fdopen(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a")
     try:
         fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -277,15 +295,43 @@ def claim(target: str) -> Any:
     for path in (target, partial):
         if os.path.lexists(path) and not os.path.isdir(path):
             return refuse("foreign", "%s is there and is not a directory; fleet leaves it as it is" % path)
-    if os.path.islink(partial) or (os.path.isdir(partial) and not os.path.exists(os.path.join(partial, PARTIAL_MARK))):
+    if os.path.lexists(partial) and not (
+        _owned(partial, stat.S_ISDIR) and _owned(os.path.join(partial, PARTIAL_MARK), stat.S_ISREG)
+    ):
         return refuse("foreign", "%s is there and fleet did not make it; it is left as it is" % partial)
     return guard
 
 
 def start_partial(partial: str) -> None:
     if not os.path.isdir(partial):
-        os.makedirs(partial)
+        os.makedirs(partial, 0o755)
         open(os.path.join(partial, PARTIAL_MARK), "w").close()
+
+
+def drop_strays(partial: str, files: Dict[str, ListedFile], client_dir: Optional[str] = None) -> None:
+    """What this listing does not name (another layout, another source, a file the Hub's client fetched
+    that fleet's listing did not have) and every link (fleet makes none here: one planted could lead a
+    write outside the partial copy): removed. `client_dir`: the download client's own records, kept."""
+    keep = set(files) | {PARTIAL_MARK, PUSH_RECORD, PUSH_DONE}
+    kept_dir = os.path.join(partial, client_dir) if client_dir else None
+    for where, dirs, names in os.walk(partial, topdown=False):
+        rel = os.path.relpath(where, partial)
+        if kept_dir and not os.path.islink(kept_dir) and (where + os.sep).startswith(kept_dir + os.sep):
+            continue
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(where, d))]:
+            key = name if rel == "." else rel.replace(os.sep, "/") + "/" + name
+            if kept_dir and os.path.join(where, name) == kept_dir and not os.path.islink(kept_dir):
+                continue
+            full = os.path.join(where, name)
+            if key not in keep or os.path.islink(full) or not os.path.isfile(full):
+                os.remove(full)
+        if rel != "." and not os.listdir(where):
+            os.rmdir(where)
+
+
+def literal_patterns(names: List[str]) -> List[str]:
+    """fnmatch patterns that match exactly these names (the Hub's client filters by pattern)."""
+    return ["".join("[%s]" % c if c in "*?[" else c for c in name) for name in names]
 
 
 def swap_in(target: str, partial: str, marker: Mapping[str, object], stop_if_gone: bool = True) -> None:
@@ -362,6 +408,7 @@ def main(a: PullRequest) -> None:
         broken = [p.split(":")[0] for p in problems]  # fleet's own: rebuilt beside it, swapped in when whole
 
     start_partial(partial)
+    drop_strays(partial, files, client_dir=".cache")  # a cut pull's files of another layout, and any link
     drop_unfinished(partial)
     if marker is not None:
         seed(partial, target, files, broken)
@@ -372,28 +419,43 @@ def main(a: PullRequest) -> None:
         why = "not enough disk: %d bytes to download, %d free at %s (and %d kept free); nothing downloaded"
         return refuse("disk", why % (total - have, free, parent, DISK_MARGIN))
 
-    error = download_into(
-        partial,
-        total,
-        lambda: snapshot_download(repo_id=a["repo"], revision=commit, local_dir=partial, token=token, max_workers=4),
+    download = lambda: snapshot_download(  # noqa: E731 - run in download_into's thread
+        repo_id=a["repo"],
+        revision=commit,
+        local_dir=partial,
+        token=token,
+        max_workers=4,
+        allow_patterns=literal_patterns(sorted(files)),  # what fleet listed, checked and sized for
     )
+    counted = fetched(partial, files, total, download)
+    if counted is not None:
+        marker = {"repo": a["repo"], "revision": revision, "commit": commit, "pulled_at": time.time()}
+        swap_in(target, partial, dict(marker, verified=stamps(partial, files)))
+        emit({"e": "pulled", "files": len(files), "bytes": total, "checksums": counted, "commit": commit})
+
+
+def fetched(partial: str, files: Dict[str, ListedFile], total: int, download: Callable[[], Any]) -> Optional[int]:
+    """The download into fleet's partial copy, then every file checked: how many checksums were compared
+    once it is whole and holds only the listed files; None (the refusal said) when not."""
+    error = download_into(partial, total, download)
     if error is not None:
         full = isinstance(error, OSError) and error.errno == errno.ENOSPC or "No space left" in str(error)
         why = "the download failed: %s: %s" % (type(error).__name__, str(error)[:2000])
-        return refuse("disk" if full else "download", why + (" (at %s)" % partial if full else ""), stage="download")
+        refuse("disk" if full else "download", why + (" (at %s)" % partial if full else ""), stage="download")
+        return None
     problems, checked = problems_in(partial, files)
     gone_now()
     if problems:
         forget(partial, [p.split(":")[0] for p in problems if p.split(":")[0] in files])
-        return refuse("download", "what was downloaded is not whole; it is not used", problems, stage="download")
+        refuse("download", "what was downloaded is not whole; it is not used", problems, stage="download")
+        return None
     shutil.rmtree(os.path.join(partial, HF_META), ignore_errors=True)
     try:  # the client's own directory, kept if anything else is in it
         os.rmdir(os.path.join(partial, ".cache"))
     except OSError:
         pass
-    marker = {"repo": a["repo"], "revision": revision, "commit": commit, "pulled_at": time.time()}
-    swap_in(target, partial, dict(marker, verified=stamps(partial, files)))
-    emit({"e": "pulled", "files": len(files), "bytes": total, "checksums": checked, "commit": commit})
+    drop_strays(partial, files)  # an old layout's shards, or what the client listed beyond fleet's listing
+    return checked
 
 
 def whole_here(path: str, size: int) -> bool:

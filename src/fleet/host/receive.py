@@ -44,11 +44,11 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
         DISK_MARGIN,
         MARKER,
         PARTIAL,
-        PARTIAL_MARK,
         PROGRESS_EVERY_S,
         PUSH_DONE,
         PUSH_RECORD,
         claim,
+        drop_strays,
         emit,
         forget,
         free_bytes,
@@ -112,21 +112,6 @@ def read_done(partial: str) -> Set[str]:
         if isinstance(name, str):
             done.add(name)
     return done
-
-
-def drop_strays(partial: str, files: Dict[str, ListedFile]) -> None:
-    """What this listing does not name (another layout, another source) and every link (fleet makes none
-    here: one planted could lead a write outside the partial copy): removed."""
-    keep = set(files) | {PARTIAL_MARK, PUSH_RECORD, PUSH_DONE}
-    for where, dirs, names in os.walk(partial, topdown=False):
-        rel = os.path.relpath(where, partial)
-        for name in names + [d for d in dirs if os.path.islink(os.path.join(where, d))]:
-            key = name if rel == "." else rel.replace(os.sep, "/") + "/" + name
-            full = os.path.join(where, name)
-            if key not in keep or os.path.islink(full) or not os.path.isfile(full):
-                os.remove(full)
-        if rel != "." and not os.listdir(where):
-            os.rmdir(where)
 
 
 def linked(a: str, b: str) -> bool:

@@ -116,6 +116,20 @@ def own_file(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def not_ours_alone(path: str) -> Optional[str]:
+    """Why fleet may not keep what it later trusts, runs or removes in directory `path`, or None. It must be
+    this user's and writable by nobody else: another user could plant there a model fleet counts whole, an
+    environment it runs, or a link it removes through. A link to the directory is followed (models on a
+    bigger disk): what counts is the directory things are made in."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return "%s cannot be read: %s" % (path, exc.strerror)
+    if not stat.S_ISDIR(st.st_mode) or not own_file(st):
+        return "%s is not a directory of this user's that only they may write" % path
+    return None
+
+
 def unsafe_state_dir(root: str) -> Optional[str]:
     """Why fleet's records cannot be kept under `root` (its deployments too), or None."""
     for d in (root, os.path.join(root, DEPLOYMENTS)):
