@@ -127,8 +127,12 @@ def test_a_damaged_directory_fleet_did_not_make_is_left_as_it_is_and_a_whole_one
 
 def test_file_names_fleet_would_not_write_are_refused_before_anything_is_written(fleet: Fleet) -> None:
     (fleet.source / "evil\nname.json").write_text("{}")
+    (fleet.source / "tok\x1b[31mred.json").write_text("{}")
     code, _, err = fleet.push("--host", "a", "--from", str(fleet.source))
     assert code == 4 and "fleet will not write" in err and "evil\nname" not in err
+    # each named as the operator can find it, with the push's own advice (not the Hub pull's)
+    assert "evil\\x0aname.json" in err and "tok\\x1b[31mred.json" in err and "Rename or remove" in err
+    assert "hf_repo" not in err
     assert not fleet.model("a").exists() and not fleet.partial("a").exists()
 
 

@@ -36,6 +36,7 @@ PUSH_HINTS = {
     **HINTS,
     "cut": "Run the same command again: files that came whole are kept, and a cut file resumes where it stopped.",
     "source": "Check the source's copy (fleet pull PLAYBOOK --host SOURCE verifies it there), then push again.",
+    "listing": "Rename or remove the files named in the source (their names as listed), then push again.",
 }
 
 

@@ -210,7 +210,8 @@ def refuse(kind: str, why: str, problems: Optional[List[str]] = None, stage: str
 
 def unsafe_names(files: Dict[str, ListedFile]) -> List[str]:
     """Names in the Hub's listing that would land outside the model directory (or hide in a terminal):
-    the listing is the remote side's word, not fleet's."""
+    the listing is the remote side's word, not fleet's. Each as the operator can find it (control
+    characters spelt out, \x1b and the like), not as a terminal would show it."""
     bad = []
     for name in files:
         parts = name.split("/")
@@ -221,8 +222,12 @@ def unsafe_names(files: Dict[str, ListedFile]) -> List[str]:
             or any(ord(c) < 32 or ord(c) == 127 for c in name)
             or parts[0] in FLEET_FILES
         ):
-            bad.append(name)
+            bad.append(spelt_out(name))
     return bad
+
+
+def spelt_out(name: str) -> str:
+    return "".join(c if 32 <= ord(c) != 127 else "\\x%02x" % ord(c) for c in name)
 
 
 def offline(exc: BaseException) -> bool:

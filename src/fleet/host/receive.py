@@ -297,10 +297,13 @@ def main_receive(a: CopyRequest) -> None:
     source_marker = offer.get("marker")  # type: Any
     files = files if isinstance(files, dict) else {}
     source_marker = source_marker if isinstance(source_marker, dict) else {}
-    bad = unsafe_names(files) + [n for n, f in files.items() if not described(f)]
-    if bad:
-        why = "the source lists files fleet will not write (outside the model, or without a size and mtime)"
-        return refuse("listing", why, bad[:20])
+    unwritable = unsafe_names(files)
+    if unwritable:
+        why = "the source has files whose names fleet will not write (outside the model, a control character in them, or one of fleet's own)"
+        return refuse("listing", why, unwritable[:20])
+    undescribed = [n for n, f in files.items() if not described(f)]
+    if undescribed:
+        return refuse("listing", "the source lists files without a size and mtime", undescribed[:20])
     if not files:
         return refuse("source", "the source has no files for this model")
     commit = source_marker.get("commit")
