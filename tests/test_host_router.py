@@ -216,3 +216,81 @@ def test_the_first_action_that_fails_ends_the_step(asked: RouterRequest, capsys:
     results = step(asked, {"do": "workers"}, {"do": "remember", "replicas": {"a": {}}}, capsys=capsys)
     assert [r["do"] for r in results] == ["workers"] and "error" in results[0]  # no router answers
     assert router.recall(asked) == {"record": {}}
+
+
+class Impostor(BaseHTTPRequestHandler):
+    """Anything on the router's port once fleet's router is gone: answers /health as a router would."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def test_another_process_answering_on_the_routers_port_is_named_not_taken_for_the_router(
+    asked: RouterRequest,
+) -> None:
+    """fleet's router died and something else took its port (another user's server): /health answering
+    200 there is no proof the service's router runs, so status and health never report it up."""
+    pid = router.ensure(asked)["pid"]
+    os.killpg(pid, 9)
+    impostor = None
+    for _ in range(200):  # until the killed router's socket is gone
+        try:
+            impostor = ThreadingHTTPServer(("127.0.0.1", asked["port"]), Impostor)
+            break
+        except OSError:
+            threading.Event().wait(0.05)
+    assert impostor is not None
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    try:
+        health = router.health(asked)
+        assert health["health"] is None and not health["router_running"] and health["up"]
+        assert f"port {asked['port']} answers, but not from fleet's router: pid {os.getpid()}" in health["text"]
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+
+
+def test_a_record_that_cannot_be_read_is_left_alone_by_reads_and_down_does_not_claim_success(
+    asked: RouterRequest,
+) -> None:
+    router.ensure(asked)
+    record = Path(asked["state_dir"]) / "services" / "qwen36" / ROUTER_FILE
+    record.write_text("{not json")
+    assert router.health(asked)["health"] is None  # fleet cannot tell it is its router
+    assert record.read_text() == "{not json"  # status and health change nothing
+    refused = router.stop(asked)
+    assert "cannot be read" in refused["error"] and f"port {asked['port']} is held by pid" in refused["error"]
+    assert record.exists()
+
+
+def test_a_state_directory_others_may_write_is_refused_before_anything_is_made_or_opened(
+    asked: RouterRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = Path(asked["state_dir"])
+    state.mkdir()
+    state.chmod(0o777)
+    target = tmp_path / "made-through-a-link"
+    (state / "services" / "qwen36").mkdir(parents=True)
+    (state / "services" / "qwen36" / "lease.guard").symlink_to(target)
+    (result,) = step(asked, {"do": "lease", "run_id": "r1", "ttl_s": 60}, capsys=capsys)
+    assert "only they may write" in result["error"] and not target.exists()
+    state.chmod(0o755)  # the state directory is fleet's alone; a link planted earlier is still not opened
+    (result,) = step(asked, {"do": "lease", "run_id": "r1", "ttl_s": 60}, capsys=capsys)
+    assert "error" in result and not target.exists()
+
+
+def test_the_routers_log_is_never_opened_through_a_link(asked: RouterRequest, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    logs = Path(asked["log_dir"])
+    logs.mkdir()
+    (logs / "router-qwen36.log").symlink_to(victim)
+    with pytest.raises(OSError):  # the step answers it as an error in its own words (main)
+        router.ensure(asked)
+    assert victim.read_text() == "keep" and router.running_router(asked) is None

@@ -37,8 +37,8 @@ try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import stdin_closed
-    from fleet.host.model_files import _damage, _json_file
-    from fleet.host.records import not_ours_alone, own_file
+    from fleet.host.model_files import _damage, _json_file, _owned, literal_patterns
+    from fleet.host.records import not_ours_alone
     from fleet.transfer_protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
@@ -246,14 +246,6 @@ def ours(path: str) -> Optional[Dict[str, Any]]:
     return marker if isinstance(marker, dict) else None
 
 
-def _owned(path: str, kind: Callable[[int], bool]) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return kind(st.st_mode) and own_file(st)
-
-
 def seed(partial: str, target: str, files: Dict[str, ListedFile], broken: List[str]) -> None:
     """A new download of a model fleet made starts from its files that are whole and unchanged in size
     (hard links: the model at the path is not touched); the client checks each against the Hub again."""
@@ -332,11 +324,6 @@ def drop_strays(partial: str, files: Dict[str, ListedFile], client_dir: Optional
                 os.remove(full)
         if rel != "." and not os.listdir(where):
             os.rmdir(where)
-
-
-def literal_patterns(names: List[str]) -> List[str]:
-    """fnmatch patterns that match exactly these names (the Hub's client filters by pattern)."""
-    return ["".join("[%s]" % c if c in "*?[" else c for c in name) for name in names]
 
 
 def swap_in(target: str, partial: str, marker: Mapping[str, object], stop_if_gone: bool = True) -> None:

@@ -337,13 +337,20 @@ def host_guard(state_dir: str) -> Iterator[None]:
 
 
 def open_guard(root: str) -> IO[bytes]:
-    """The host's guard file, opened to be flocked: a regular file of its own, never through a link and
-    never waiting (a FIFO in its place would hang every step). OSError when it is anything else."""
-    path = os.path.join(root, GUARD_FILE)
+    """The host's guard file, opened to be flocked (open_appending)."""
+    return open_appending(os.path.join(root, GUARD_FILE))
+
+
+def open_appending(path: str) -> IO[bytes]:
+    """A file of fleet's own opened to append to (a log) or to flock (a guard): a regular file of this
+    user's alone, made if missing, never through a link and never waiting (a link planted in its place
+    would have fleet create or grow a file anywhere, a FIFO hang the step). OSError when it is anything
+    else."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not own_file(st):
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
+        raise OSError(errno.EINVAL, "not a regular file of this user's alone", path)
     return os.fdopen(fd, "ab")
 
 

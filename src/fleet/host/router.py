@@ -29,7 +29,16 @@ try:  # the shared host code is prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import http_request
     from fleet.host.procs import alive, boot_id, port_holders, process, start_ticks
-    from fleet.host.records import ROUTER_FILE, SERVICE_FILE, read_record, write_record
+    from fleet.host.records import (
+        ROUTER_FILE,
+        SERVICE_FILE,
+        load_record,
+        not_ours_alone,
+        open_appending,
+        read_record,
+        unsafe_state_dir,
+        write_record,
+    )
     from fleet.host.smoke import smoke_request
     from fleet.protocol import RouterRecord, RouterRequest
 
@@ -76,8 +85,9 @@ def _foreign(rec: Optional[Dict[str, Any]], a: RouterRequest) -> Optional[Dict[s
 
 
 def running_router(a: RouterRequest) -> Optional[RouterRecord]:
-    """The service's recorded router when that exact process still runs (same boot, pid and start time)."""
-    rec = read_record(os.path.join(_dir(a, create=False), ROUTER_FILE))
+    """The service's recorded router when that exact process still runs (same boot, pid and start time).
+    Read only: a record that cannot be read is left as it is (status and health change nothing)."""
+    rec, _ = load_record(os.path.join(_dir(a, create=False), ROUTER_FILE))
     if not rec or rec.get("boot_id") != boot_id():
         return None
     pid = rec.get("pid")
@@ -129,7 +139,7 @@ def ensure(a: RouterRequest) -> Dict[str, Any]:
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     log_path = os.path.join(log_dir, "router-%s.log" % a["service"])
     argv = [os.path.expanduser(a["argv"][0])] + a["argv"][1:]
-    with open(log_path, "ab") as log:
+    with open_appending(log_path) as log:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=log_dir
         )
@@ -256,20 +266,42 @@ def ask(a: RouterRequest) -> Dict[str, Any]:
 
 def health(a: RouterRequest) -> Dict[str, Any]:
     """The router's /health, whether fleet's recorded router runs, and whether the service is up at all
-    (a router record exists from `fleet up` and no `fleet down` removed it)."""
+    (a router record exists from `fleet up` and no `fleet down` removed it). An answer counts only from
+    fleet's own router: another process on its port (another user's, once fleet's router died) is named,
+    never taken for it."""
     status, text, _ = http_request("GET", _base(a) + "/health", timeout=5)
-    recorded = os.path.exists(os.path.join(_dir(a, create=False), ROUTER_FILE))
-    return {"router_running": running_router(a) is not None, "health": status, "text": text[:200], "up": recorded}
+    recorded = os.path.lexists(os.path.join(_dir(a, create=False), ROUTER_FILE))
+    running = running_router(a) is not None
+    if status is not None and not running:
+        status, text = None, "port %d answers, but not from fleet's router: %s" % (a["port"], _holders(a))
+    return {"router_running": running, "health": status, "text": text[:300], "up": recorded}
+
+
+def _holders(a: RouterRequest) -> str:
+    holders, hidden = port_holders(a["port"], a["bind"])
+    said = []
+    for pid in sorted(holders):
+        p = process(pid)
+        said.append("pid %d (%s)" % (pid, p["user"]) if p else "pid %d" % pid)
+    return ", ".join(said + (["a process of another user"] if hidden else [])) or "a process fleet cannot see"
 
 
 def stop(a: RouterRequest) -> Dict[str, Any]:
     """Stop the recorded router, and forget it whether or not it still ran: the service is down (a router
     that died before `fleet down` left its record, and health went on reporting the service as up)."""
+    path = os.path.join(_dir(a, create=False), ROUTER_FILE)
     rec = running_router(a)
+    if rec is None:
+        _, unreadable = load_record(path)
+        holders, hidden = port_holders(a["port"], a["bind"])
+        if unreadable and (holders or hidden):  # it may be fleet's router: fleet cannot tell, so says so
+            why = "the router's record cannot be read (%s), and port %d is held by %s: fleet cannot tell"
+            why += " whether that is its router; stop it by hand if it is, then run this again"
+            return {"error": why % (unreadable, a["port"], _holders(a))}
     if rec is not None:
         _stop(rec)
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(_dir(a, create=False), ROUTER_FILE))
+        os.unlink(path)
     return {"ended_pid": rec["pid"] if rec is not None else None}
 
 
@@ -287,7 +319,7 @@ def remember(a: RouterRequest) -> Dict[str, Any]:
 
 
 def recall(a: RouterRequest) -> Dict[str, Any]:
-    return {"record": read_record(os.path.join(_dir(a, create=False), SERVICE_FILE)) or {}}
+    return {"record": load_record(os.path.join(_dir(a, create=False), SERVICE_FILE))[0] or {}}
 
 
 def lease(a: RouterRequest) -> Dict[str, Any]:
@@ -298,7 +330,7 @@ def lease(a: RouterRequest) -> Dict[str, Any]:
     if not os.path.isdir(directory):
         return {"held": False}
     path = os.path.join(directory, "lease.json")
-    with open(os.path.join(directory, "lease.guard"), "a") as guard:
+    with open_appending(os.path.join(directory, "lease.guard")) as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         held = read_record(path) or {}
         now = time.time()
@@ -330,6 +362,17 @@ def lease(a: RouterRequest) -> Dict[str, Any]:
         return {"held": False, "taken_over": dict(held) if held and not mine else None}
 
 
+def unsafe_directory(a: RouterRequest) -> Optional[str]:
+    """Why the service's records cannot be kept in the state directory, or None (records.unsafe_state_dir,
+    and the services directories as they are made)."""
+    root = os.path.expanduser(a["state_dir"])
+    services = os.path.join(root, "services")
+    problem = unsafe_state_dir(root)
+    for path in (services, os.path.join(services, a["service"])):
+        problem = problem or (not_ours_alone(path) if os.path.lexists(path) else None)
+    return problem
+
+
 ACTIONS = {
     "lease": lease,
     "ensure": ensure,
@@ -347,7 +390,11 @@ ACTIONS = {
 def main() -> None:
     common = cast("RouterRequest", json.loads(sys.argv[1]))
     results = []  # type: List[Dict[str, Any]]
-    foreign = _foreign(read_record(os.path.join(_dir(common, create=False), ROUTER_FILE)), common)
+    unsafe = unsafe_directory(common)
+    if unsafe:  # another user could plant the records, the lease or the log fleet then trusts or writes
+        sys.stdout.write(json.dumps({"results": [{"error": unsafe, "do": common["actions"][0]["do"]}]}))
+        return
+    foreign = _foreign(load_record(os.path.join(_dir(common, create=False), ROUTER_FILE))[0], common)
     if foreign:  # another service file of the same name runs here: none of its records are touched
         sys.stdout.write(json.dumps({"results": [dict(foreign, do=common["actions"][0]["do"])]}))
         return
