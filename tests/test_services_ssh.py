@@ -107,18 +107,36 @@ def test_a_bad_service_file_changes_nothing(
     assert not list((fleet_env.host_dir("ct129") / "logs").iterdir())
 
 
+def test_a_secret_missing_from_the_environment_is_refused_before_the_service_changes(
+    fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `fleet deploy` refuses it: not after the router started (up) or a replica left it (restart)."""
+    one_replica_service(tmp_path, monkeypatch, "secretive", "secret_env: [FLEET_TEST_NOT_SET]\n")
+    monkeypatch.delenv("FLEET_TEST_NOT_SET", raising=False)
+    for command in (["up", "svc"], ["restart", "svc"]):
+        result = run_cli(*command)
+        assert result.code == 2, result.out + result.err
+        assert "secret_env lists FLEET_TEST_NOT_SET, which is not set" in result.err
+    assert not list((fleet_env.host_dir("ct129") / "logs").iterdir())
+    assert not (fleet_env.host_dir("ct129") / "state" / "services" / "svc").exists()
+
+
+def one_replica_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, extra: str) -> Path:
+    """Service `svc`: one replica on ct129 of playbook `name` (qwen36-27b's, plus `extra`); its playbooks."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / f"{name}.yaml").write_text((ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + extra)
+    (tmp_path / "svc.yaml").write_text(f"playbook: {name}\nreplicas: 1\nhosts: [ct129]\nrouter: {{host: ct129}}\n")
+    monkeypatch.setenv("FLEET_SERVICES", str(tmp_path))
+    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    return playbooks
+
+
 def test_a_service_of_a_playbook_with_an_api_key_is_refused_before_anything_starts(
     fleet_env: simhost.Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The router would need the engine's key on its command line, readable by every user of the host."""
-    playbooks = tmp_path / "playbooks"
-    playbooks.mkdir()
-    (playbooks / "keyed.yaml").write_text(
-        (ROOT / "playbooks" / "qwen36-27b.yaml").read_text() + "api_key_env: FLEET_TEST_API_KEY\n"
-    )
-    (tmp_path / "svc.yaml").write_text("playbook: keyed\nreplicas: 1\nhosts: [ct129]\nrouter: {host: ct129}\n")
-    monkeypatch.setenv("FLEET_SERVICES", str(tmp_path))
-    monkeypatch.setenv("FLEET_PLAYBOOKS", str(playbooks))
+    playbooks = one_replica_service(tmp_path, monkeypatch, "keyed", "api_key_env: FLEET_TEST_API_KEY\n")
     monkeypatch.setenv("FLEET_TEST_API_KEY", "sk-never-shown")
     for command in (["up", "svc"], ["restart", "svc"]):
         result = run_cli(*command)

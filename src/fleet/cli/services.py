@@ -23,7 +23,12 @@ def service_run(ctx: Invocation, ref: str, *, as_json: bool = False, starting: b
     svc = ctx.service(ref)
     playbook = ctx.playbook(svc.spec.playbook)
     if starting:
+        from fleet.secrets import read_secrets
+
         svc.check_playbook(playbook)
+        # each replica reads them again as it deploys; a missing one is refused here, before the router
+        # starts or a roll takes a replica out of it
+        read_secrets(playbook.spec.secret_names, playbook.name)
     return ServiceRun(
         svc,
         ctx.inventory,
