@@ -38,7 +38,7 @@ try:  # the model-file checks are prepended when this script is sent to a host
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import stdin_closed
     from fleet.host.model_files import _damage, _json_file, _owned, literal_patterns
-    from fleet.host.records import not_ours_alone
+    from fleet.host.records import not_ours_alone, open_appending
     from fleet.transfer_protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
@@ -279,7 +279,7 @@ def claim(target: str) -> Any:
         )
         return refuse("foreign", why % unsafe)
     lock_path = os.path.join(parent, ".%s.fleet-pull.lock" % os.path.basename(target))
-    guard = os.fdopen(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a")
+    guard = open_appending(lock_path)  # no link, no waiting, this user's file alone
     try:
         fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
