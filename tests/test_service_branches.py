@@ -400,3 +400,72 @@ def test_up_again_keeps_replicas_that_prove_themselves_and_redeploys_one_that_an
     assert len(svc.hosts["node-b"].launches) == launched["node-b"] + 1  # not kept: deployed again
     assert svc.serving_pid("node-b") != kept["node-b"]
     assert svc.urls() == [A, B]
+
+
+def deploy_alone(svc: Service, host: str, name: str) -> Any:
+    """`fleet deploy qwen36-27b --host HOST --name NAME`: a deployment of its own, under a replica's name."""
+    from fleet.control import ops
+
+    svc.script(host, ready())
+    return ops.deploy(
+        svc.hosts[host],
+        svc.inventory.hosts[host],
+        svc.playbook,
+        force=False,
+        engine_check=False,
+        progress=events.ignore,
+        name=name,
+    )
+
+
+def test_a_deployment_of_its_own_under_a_replicas_name_is_left_as_it_is(svc: Service) -> None:
+    """A replica is the deployment `SERVICE-N`; one an operator deployed alone under that name is no
+    replica: up refuses to replace it, a roll or rollback refuses to start, down and status leave it."""
+    assert deploy_alone(svc, "node-b", "qwen36-2").ok
+    b = svc.hosts["node-b"]
+    assert b.records["qwen36-2"]["service"] == ""
+    alone, launched = svc.serving_pid("node-b"), len(b.launches)
+
+    result = svc.up()
+    assert not result.ok and "1 of 2 replicas failed: node-b/qwen36-2" in result.reason
+    refused = str(result.replicas[1].error)
+    assert "deployment qwen36-2 is a deployment of qwen36-27b alone, not a replica of service qwen36" in refused
+    assert svc.urls() == [A], "only the replica that is the service's is registered"
+    for rollback in (False, True):
+        rolled = svc.run().roll(rollback=rollback)
+        assert not rolled.ok and "node-b/qwen36-2 is a deployment of qwen36-27b alone" in rolled.reason
+    health = service_health(svc.run(), heal=True, ask=False)
+    assert health is not None and [s.status for s in health.states] == [READY, "another's"]
+
+    done, failed = service_down(svc.run())
+    assert failed == [] and any(line.startswith("node-b/qwen36-2: left as it is") for line in done), done
+    assert svc.hosts["node-a"].records["qwen36-1"]["status"] == "stopped"
+    assert b.records["qwen36-2"]["status"] == READY and svc.serving_pid("node-b") == alone
+    assert len(b.launches) == launched
+
+
+def test_a_deploy_of_its_own_under_a_replicas_name_is_refused_and_a_restart_keeps_the_tag(svc: Service) -> None:
+    from fleet.control import ops
+
+    assert svc.up().ok
+    b = svc.hosts["node-b"]
+    launched = len(b.launches)
+    with pytest.raises(PreflightError, match="deployment qwen36-2 is a replica of service qwen36; it was left"):
+        deploy_alone(svc, "node-b", "qwen36-2")
+    assert len(b.launches) == launched and b.records["qwen36-2"]["service"] == "qwen36"
+    b.watches.append(ready())
+    ops.restart(b, svc.inventory.hosts["node-b"], force=False, progress=events.ignore, name="qwen36-2")
+    assert len(b.launches) == launched + 1 and b.records["qwen36-2"]["service"] == "qwen36"
+
+
+def test_a_record_an_older_fleet_wrote_is_a_replica_when_it_ran_the_services_playbook(svc: Service) -> None:
+    assert svc.up().ok
+    for name, deployment in (("node-a", "qwen36-1"), ("node-b", "qwen36-2")):
+        del svc.hosts[name].records[deployment]["service"]  # type: ignore[misc]
+    svc.script("node-a", ready())
+    svc.script("node-b", ready())
+    assert svc.run().roll().ok
+    assert svc.hosts["node-b"].records["qwen36-2"]["service"] == "qwen36"
+    svc.hosts["node-b"].records["qwen36-2"] = {**svc.hosts["node-b"].records["qwen36-2"], "playbook": "other"}
+    del svc.hosts["node-b"].records["qwen36-2"]["service"]  # type: ignore[misc]
+    assert "node-b/qwen36-2 is a deployment of other alone" in svc.run().roll().reason

@@ -500,3 +500,25 @@ def test_a_replica_the_engine_refused_counts_as_refused_and_one_that_crashed_doe
     failed = ReplicaOutcome(PlacedReplica(1, "node-a", "qwen36-1", None), error=DeployFailed("x", ""))
     assert not ServiceResult("s", False, "", "", [failed]).refused
     assert not ServiceResult("s", False, "", "", []).refused
+
+
+def test_a_deployment_of_its_own_under_a_replicas_name_is_neither_replaced_nor_stopped(fleet: Fleet) -> None:
+    """An operator's `fleet deploy qwen36-27b --name qwen36-2` on node-b holds replica 2's name: the
+    service refuses that replica, routes only to its own, and `down` leaves the operator's server serving."""
+    b = fleet.hosts["node-b"]
+    playbook = load_playbook("qwen36-27b", ROOT / "playbooks")
+    alone = ops.deploy(
+        b.transport(), b.host, playbook, force=False, engine_check=False, progress=events.ignore, name="qwen36-2"
+    )
+    assert alone.ok and fleet.record("node-b", "qwen36-2")["service"] == ""
+    pid = fleet.record("node-b", "qwen36-2")["pid"]
+    result = fleet.run().up()
+    assert not result.ok and "1 of 2 replicas failed: node-b/qwen36-2" in result.reason
+    assert "is a deployment of qwen36-27b alone, not a replica of service qwen36" in str(result.replicas[1].error)
+    assert [w["url"] for w in fleet.workers()] != [] and fleet.url_of_b() not in [w["url"] for w in fleet.workers()]
+    done, failed = service_down(fleet.run())
+    assert failed == [] and any(line.startswith("node-b/qwen36-2: left as it is") for line in done), done
+    after = fleet.record("node-b", "qwen36-2")
+    assert (
+        after["status"] == "ready" and after["pid"] == pid and fleet.record("node-a", "qwen36-1")["status"] == "stopped"
+    )

@@ -82,6 +82,7 @@ class StateRecord(LaunchedProcess, total=False):
 
     schema: int
     deployment: str  # its name on the host (the playbook's, unless --name): state_dir/deployments/NAME
+    service: str  # the service it is a replica of ("": none); absent in a record an older fleet wrote
     gpus: Optional[List[int]]  # nvidia-smi's indices it was placed on; absent: all of the host's
     playbook: str
     host: str
@@ -190,10 +191,9 @@ class ActResult(TypedDict, total=False):
 
 
 class WatchEvent(TypedDict, total=False):
-    """One line of the watcher's output. `e` says which: line (o: offset after it, t: text), log_reset
-    (why), ready_line, ready_http, health (code), smoke (ok, status, text), exit (code), timeout (what,
-    after_s; a stall: phase, bound_s, usual_s), phase (phase, at, done, of, eta_s), lost_lock (why), error
-    (error), done."""
+    """One line of the watcher's output; `e` says which: line (o: offset after it, t: text), log_reset (why),
+    ready_line, ready_http, health (code), smoke (ok, status, text), exit (code), timeout (what, after_s; a
+    stall: phase, bound_s, usual_s), phase (phase, at, done, of, eta_s), lost_lock (why), error, done."""
 
     e: str
     o: int

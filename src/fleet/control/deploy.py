@@ -97,13 +97,15 @@ class Deployer:
         replace: tuple[str, ...] = (),
         group: dict[str, Any] | None = None,
         command: str = "deploy",
+        service: str | None = "",
     ) -> None:
         """`transport`: the host's connection, or its steps (a scripted host in tests); `deployment`: its
         name on the host (the playbook's by default); `gpus`: its placement (None: all of the host's
         GPUs); `replace`: other deployments on those GPUs to stop first; `group`: this host's rank of a
         group (hosts, rank, dist_port), kept in its record; a rank other than 0 has no smoke prompt (`smoke`
         empty): it is ready when its /health answers. `command`: what the lock says this run is ("heal":
-        the host refuses it once an operator stopped the deployment)."""
+        the host refuses it once an operator stopped the deployment). `service`: the service it is a replica
+        of, kept in its record ("": none; None: a restart of a record that never said)."""
         self.steps = steps_of(transport)
         self.host = host
         self.playbook_name = playbook_name
@@ -124,6 +126,7 @@ class Deployer:
         self.signatures = signatures
         self.group = group
         self.command = command
+        self.service = service
         self.run_id = run_id()
         self.owner = owner()
         self.stall_floor_s = STALL_FLOOR_S  # a phase is never called stalled sooner (tests lower it)
@@ -160,6 +163,8 @@ class Deployer:
         if self.gpus is not None:
             rec["gpus"] = list(self.gpus)
         rec["ports"] = planned_ports(plan)
+        if self.service is not None:
+            rec["service"] = self.service
         if self.group is not None:
             rec["group"] = self.group
         return rec

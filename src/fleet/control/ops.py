@@ -32,6 +32,7 @@ from fleet.plan.build import PlanResult, gpu_summary, learned_fixes, spec_of
 from fleet.plan.container import ContainerPlan
 from fleet.protocol import READY, STOPPED, ActRequest, ActResult, SmokeSpec, StateRecord
 from fleet.secrets import read_secrets
+from fleet.terminal import safe_line
 from fleet.transport import Transport
 
 
@@ -76,12 +77,14 @@ def deploy(
     drain_s: float = DRAIN_S,
     keep_other_plan: bool = False,
     hub: HubAccess | None = None,
+    service: str = "",
 ) -> DeployResult:
     """`gpus` (from --gpus) overrides the playbook's gpus:; `replace` stops other deployments on them;
     `relaunch` restarts a server already running this plan instead of adopting it (a rolling restart);
     `drain_s` bounds how long the old server may finish its requests after SIGTERM; `keep_other_plan`
     refuses (exit 4) to replace a server that serves another plan (a service's replica: rolled instead);
-    `hub`: a model missing on the host is pulled first when the playbook says where from (None: refused)."""
+    `hub`: a model missing on the host is pulled first when the playbook says where from (None: refused);
+    `service`: the service this deployment is a replica of ("": none)."""
     _refuse_a_group(playbook, host)
     deployment = deployment_name(name, playbook)
     facts = _facts_with_what_is_missing(t, host, playbook, progress, hub)
@@ -90,13 +93,9 @@ def deploy(
     assert result.plan and result.model and result.gpus
     secrets = read_secrets(playbook.spec.secret_names, playbook.name)
     mine = facts.remote.deployment(deployment).recorded
-    serving = mine.status == READY and any(p.pid == mine.pid for p in facts.servers)
-    if keep_other_plan and serving and not runs_this_plan(mine, facts, result.plan, playbook.name):
-        raise PreflightError(
-            f"{host.name}: deployment {deployment} serves another plan than {playbook.name} gives now; "
-            "it was left serving.",
-            "A service's replicas change plan one at a time: fleet restart SERVICE.",
-        )
+    _refuse_another_owner(host, deployment, mine, service, playbook.name)
+    if keep_other_plan:
+        _refuse_another_plan(host, deployment, mine, facts, result.plan, playbook.name)
     if not relaunch and runs_this_plan(mine, facts, result.plan, playbook.name) and not placed.placement.replaces:
         adopted = adopt(t, host, deployment, playbook.name, result.plan, mine.pid, progress, secrets)
         if adopted is not None:
@@ -120,6 +119,7 @@ def deploy(
         gpus=placed.indices,
         replace=tuple(o.name for o in placed.placement.replaces),
         drain_s=drain_s,
+        service=service,
     )
     existing = _learned_as_json(facts, result.learned_key, signatures)
     planned = result.plan
@@ -140,6 +140,32 @@ def deploy(
         learned_existing=existing,
         replan=replan,
     )
+
+
+def _refuse_another_owner(host: Host, deployment: str, mine: Recorded, service: str, playbook: str) -> None:
+    """A service's replica and a deployment of its own never take each other's place under one name:
+    each is refused, the other left as it is."""
+    other = mine.other_owner(service, playbook)
+    if other is None:
+        return
+    unlike = f", not a replica of service {service}" if service else ""
+    said = safe_line(f"{host.name}: deployment {deployment} is {other}{unlike}")
+    if service:
+        hint = f"Stop it first (fleet stop --host {host.name} --name {deployment}), or name the service otherwise."
+    else:
+        hint = "A service's replicas change through it (fleet restart SERVICE); deploy this under another --name."
+    raise PreflightError(f"{said}; it was left as it is.", hint)
+
+
+def _refuse_another_plan(
+    host: Host, deployment: str, mine: Recorded, facts: HostFacts, plan: LaunchPlan, playbook: str
+) -> None:
+    serving = mine.status == READY and any(p.pid == mine.pid for p in facts.servers)
+    if serving and not runs_this_plan(mine, facts, plan, playbook):
+        raise PreflightError(
+            f"{host.name}: deployment {deployment} serves another plan than {playbook} gives now; it was left serving.",
+            "A service's replicas change plan one at a time: fleet restart SERVICE.",
+        )
 
 
 def _refuse_a_group(playbook: NamedPlaybook, host: Host) -> None:
@@ -355,6 +381,7 @@ def restart(
         gpus=placed,
         drain_s=drain_s,
         command="heal" if heal else "deploy",
+        service=r.service,
         **recorded_bounds(r),
     )
     key = r.learned_key

@@ -47,9 +47,11 @@ from fleet.plan.service import (
 )
 from fleet.protocol import READY, RouterAction, RouterRequest, StateRecord
 from fleet.step_answers import RouterResult
+from fleet.terminal import safe_line
 
 Connect = Callable[[Host], AbstractContextManager[HostLink]]
 REGISTER_WAIT_S = 60.0
+ANOTHERS = "another's"  # a replica's status where its name holds a deployment not of this service
 LEASE_TTL_S = 60.0  # a service's lease untouched this long was left by a run that died
 
 
@@ -262,6 +264,7 @@ class ServiceRun:
                 relaunch=relaunch,
                 drain_s=self.service.spec.drain_s,
                 keep_other_plan=not relaunch,
+                service=self.service.name,
             )
         except FleetError as exc:
             return ReplicaOutcome(r, error=exc)
@@ -280,13 +283,24 @@ class ServiceRun:
         def look(t: HostLink, r: PlacedReplica) -> ReplicaOutcome:
             facts = read_facts(t, self.host(r))
             row = status_row(self.host(r), facts, r.deployment)
-            records[r.deployment] = facts.remote.deployment(r.deployment).recorded
+            records[r.deployment] = record = facts.remote.deployment(r.deployment).recorded
+            if record.other_owner(self.service.name, self.playbook.name):
+                return ReplicaOutcome(r, note=ANOTHERS)
             return ReplicaOutcome(r, url=self.url_of(r, row.get("port")), note=str(row["status"]))
 
         looked = self.by_host(look)
         workers = self.router(t, {"do": "workers"})[0]["workers"] if router_up else []
         plain = [ReplicaState(o.name, o.url, "unreachable" if o.error else o.note or "none") for o in looked]
         return with_router(plain, workers), workers, records
+
+    def others(self, records: dict[str, Recorded]) -> str | None:
+        """Why the replicas may not be touched: a replica's name holds another's deployment (left as it is)."""
+        name = self.service.name
+        for r in self.replicas:
+            other = records[r.deployment].other_owner(name, self.playbook.name) if r.deployment in records else None
+            if other:
+                return safe_line(f"{r.host}/{r.deployment} is {other}, not a replica of {name}; it was left as it is")
+        return None
 
     # --- commands -----------------------------------------------------------------------------------
 
@@ -351,6 +365,8 @@ class ServiceRun:
         with self.session() as rt, self.exclusive(rt, "restart --rollback" if rollback else "restart"):
             started = self.ensure_router(rt, replace=False)["router"] == "started"
             states, workers, records = self.states(rt)
+            if (others := self.others(records)) is not None:
+                return self._result([], None, others)
             if started:  # a new router knows no workers: the ready replicas first
                 adds: list[RouterAction] = [
                     {"do": "add", "url": s.url, "wait_s": REGISTER_WAIT_S}

@@ -15,6 +15,7 @@ from fleet.errors import DeployFailed, FleetError, HostStepError
 from fleet.inventory.services import PlacedReplica
 from fleet.plan.service import ReplicaState, recorded_task, service_checks, strangers
 from fleet.protocol import READY, RouterAction
+from fleet.terminal import safe_line
 
 
 @dataclass
@@ -91,6 +92,9 @@ def service_down(run: ServiceRun) -> tuple[list[str], list[FleetError]]:
             facts = read_facts(t, run.host(r))
             if r.deployment not in facts.remote.deployments:
                 return ReplicaOutcome(r, note="not deployed")
+            other = facts.remote.deployment(r.deployment).recorded.other_owner(run.service.name, run.playbook.name)
+            if other:
+                return ReplicaOutcome(r, note=safe_line(f"left as it is: {other}, not a replica of this service"))
             out = ops.stop(t, run.host(r), force=False, name=r.deployment)
             return ReplicaOutcome(r, note=f"stopped {len(out.get('ended', []))} process(es)")
 

@@ -35,6 +35,7 @@ class Recorded:
     ports: tuple[int, ...] = ()  # every port it opens (records before placements: `port` alone)
     gpus: tuple[int, ...] | None = None  # the GPUs it was placed on; None: all of the host's
     playbook: str | None = None
+    service: str | None = None  # the service it is a replica of ("": none; None: an older fleet's record)
     engine: str | None = None
     engine_version: str | None = None
     plan: Mapping[str, Any] = field(default_factory=dict)  # LaunchPlan.to_json(); fleet.control.ops reads it back
@@ -60,6 +61,20 @@ class Recorded:
         argv = self.plan.get("argv")
         return [str(a) for a in argv] if isinstance(argv, list) else []
 
+    def other_owner(self, service: str, playbook: str) -> str | None:
+        """What this record is, said for an operator, where it is not a replica of `service` (of `playbook`;
+        "": where it is not a deployment of its own); None where it is, or where nothing is recorded. A
+        record an older fleet wrote without saying is a replica when it ran the service's playbook."""
+        if self.status is None and not self.plan:
+            return None
+        if service and self.service is None:
+            ours = self.playbook == playbook
+        else:
+            ours = self.service == service or (not service and not self.service)
+        if ours:
+            return None
+        return f"a replica of service {self.service}" if self.service else f"a deployment of {self.playbook} alone"
+
     @property
     def cache_group(self) -> int | None:
         """The process group of the weight cache daemon the record names (fleet.plan.weight_cache)."""
@@ -79,6 +94,7 @@ def parse_recorded(state: Mapping[str, object]) -> Recorded:
         ports=tuple(record_ports(state)),
         gpus=tuple(placed) if (placed := record_gpus(state)) is not None else None,
         playbook=_str(state.get("playbook")),
+        service=_str(state.get("service")),
         engine=_str(state.get("engine")),
         engine_version=_str(state.get("engine_version")),
         plan=_dict(state.get("plan")) or {},
