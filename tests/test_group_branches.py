@@ -133,6 +133,30 @@ def test_a_lost_rank_relaunches_the_group_as_it_was_once_then_gives_up(tmp_path:
         assert last["state_update"]["status"] == FAILED and last["release_lock"] and not last.get("launch")
 
 
+def test_a_rank_whose_host_stops_answering_is_given_up_as_lost_not_as_an_engine_that_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen host ends its rank's watch with fleet's own error, not a log: the group is given up (its
+    host cannot be relaunched on), and the headline says the host was lost, not that the engine stopped."""
+    from fleet.control import attempt_watch
+
+    monkeypatch.setattr(attempt_watch, "RESUME_WAITS_S", (0.0,) * 5)  # each try to reach it again, at once
+    g = Group(tmp_path)
+    g.script("node-a", rank_ready(0))
+
+    def frozen(*args: Any, **kwargs: Any) -> int:
+        raise HostUnreachable("node-b: no answer for 30 s (the test froze it).", "")
+
+    g.hosts["node-b"].watch = frozen  # type: ignore[method-assign]
+    result = g.deploy()
+    assert not result.ok and [a.outcome for a in result.attempts] == ["crashed"]
+    assert result.reason == (
+        "rank 1 (node-b): fleet lost its host while watching it (node-b: no answer for 30 s (the test froze it).); "
+        "its engine's fate is unknown"
+    )
+    assert g.acts("node-a")[-1]["state_update"]["status"] == FAILED  # the rank that answers is stopped
+
+
 def test_a_rank_the_engine_refuses_stops_nothing_on_any_host(tmp_path: Path) -> None:
     g = Group(tmp_path)
     refused = {"verdict": "rejected", "output": "launch_server.py: error: unrecognized arguments: --made-up-flag"}

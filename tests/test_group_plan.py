@@ -169,6 +169,14 @@ def test_a_lost_rank_relaunches_the_group_once_then_gives_up() -> None:
     assert isinstance(group_decision(unexplained, [], 1, 4), GiveUp)  # no line says a rank was lost
 
 
+def test_a_rank_whose_host_fleet_lost_is_given_up_at_once_saying_so() -> None:
+    silent = "node-b: no answer for 30 s"
+    decision = group_decision(diagnosis("unknown", None), [], 1, 4, [f"[fleet] {silent}"], host_lost=silent)
+    assert isinstance(decision, GiveUp) and decision.reason.startswith(
+        f"fleet lost its host while watching it ({silent})"
+    )
+
+
 def test_a_rank_killed_from_outside_counts_as_lost_and_a_known_fix_wins() -> None:
     killed = group_decision(diagnosis("unknown", None), [], 1, 4, ["[fleet] engine killed by signal 9"])
     assert isinstance(killed, Relaunch) and killed.signature == GROUP_RELAUNCH

@@ -276,7 +276,8 @@ class GroupRun:
                     rec.number, f"rank {failed.rank} ({failed.host}) {failed.ended}", rec.diagnosis.to_json()
                 )
             )
-        return Failed(rec.diagnosis, failed.lines)
+        lost = failed.lines[-1].removeprefix("[fleet] ") if failed.ended == "lost" and failed.lines else ""
+        return Failed(rec.diagnosis, failed.lines, lost)
 
     def _prepare_all(self, deployers: list[Deployer], plans: list[LaunchPlan], attempt: int) -> RankOutcome | None:
         """Every host locked, the engine's check run, and what holds the GPUs sorted, before anything is

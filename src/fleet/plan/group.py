@@ -243,11 +243,20 @@ def _model_shape(facts: HostFacts) -> str:
 
 
 def group_decision(
-    diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attempts: int, lines: Sequence[str] = ()
+    diagnosis: Diagnosis,
+    applied: Sequence[str],
+    attempt: int,
+    max_attempts: int,
+    lines: Sequence[str] = (),
+    host_lost: str = "",
 ) -> Relaunch | GiveUp:
     """The relaunch policy of a group (`lines`: the failed rank's log): a known fix as for one host; else a
     rank that was lost (a rendezvous or collective that timed out, a rank killed from outside) relaunches
-    the whole group as it was, once: the group lives and dies together, and a second loss is given up."""
+    the whole group as it was, once: the group lives and dies together, and a second loss is given up.
+    A rank whose host fleet lost (`host_lost`: why) is given up at once: its log says nothing of it, and
+    a host that stopped answering cannot be relaunched on."""
+    if host_lost:
+        return GiveUp(f"fleet lost its host while watching it ({host_lost}); its engine's fate is unknown")
     decision = decide(diagnosis, applied, attempt, max_attempts)
     if isinstance(decision, Relaunch):
         return decision

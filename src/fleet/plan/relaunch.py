@@ -31,6 +31,7 @@ class Failed:
 
     diagnosis: Diagnosis
     lines: Sequence[str] = field(default=())  # a group's failed rank's log: a lost rank is told apart by it
+    host_lost: str = ""  # why fleet lost a group rank's host while watching it (its log then says nothing)
 
 
 Ended = Proven | PicksDiffer | Failed
@@ -62,5 +63,5 @@ def next_action(ended: Ended, applied: Sequence[str], attempt: int, max_attempts
     if isinstance(ended, PicksDiffer):
         return Replan(ended.picks, ended.differ)
     if group:
-        return group_decision(ended.diagnosis, applied, attempt, max_attempts, ended.lines)
+        return group_decision(ended.diagnosis, applied, attempt, max_attempts, ended.lines, ended.host_lost)
     return decide(ended.diagnosis, applied, attempt, max_attempts)
