@@ -294,3 +294,42 @@ def test_a_rank_that_cannot_be_reached_fails_the_stop_after_the_others_are_stopp
         stop_group(g.run())
     assert "node-a" in failed.value.message and "No route to host" in failed.value.message
     assert not g.hosts["node-b"].servers and g.hosts["node-a"].servers  # node-b stopped all the same
+
+
+def test_ctrl_c_while_a_host_prepares_waits_for_its_answer_before_letting_its_lock_go(tmp_path: Path) -> None:
+    """The prepare step takes the host's lock. Ctrl-C while it is in flight used to send the release at
+    once, which could reach the host before the prepare took the lock: the lock was then left held. The
+    release now comes after the prepare answered. (node-b's prepare answers when a release reaches it, or
+    after a second: whichever comes first shows the order.)"""
+    import os
+    import signal
+    import threading
+
+    g = Group(tmp_path)
+    b = g.hosts["node-b"]
+    said: list[str] = []
+    released, entered = threading.Event(), threading.Event()
+    real_act = b.act
+
+    def act(python: str, request: Any, **kw: Any) -> Any:
+        op = request.get("op")
+        said.append(f"{op}: asked")
+        if op == "release":
+            released.set()
+        if op == "prepare":
+            entered.set()
+            released.wait(timeout=1.0)
+        out = real_act(python, request, **kw)
+        said.append(f"{op}: answered")
+        return out
+
+    b.act = act  # type: ignore[method-assign]
+
+    def interrupt() -> None:
+        if entered.wait(timeout=30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        g.deploy()
+    assert said[:2] == ["prepare: asked", "prepare: answered"] and said[2:] == ["release: asked", "release: answered"]
