@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     first_line_of_stdin  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import first_line_of_stdin, readable, stdin_closed
-    from fleet.host.records import not_ours_alone, own_file, unsafe_state_dir
+    from fleet.host.records import not_ours_alone, owned, unsafe_state_dir
     from fleet.transfer_protocol import EngineRequest
 
 MARKER = ".fleet-engine.json"  # written last: the environment is whole and proved its version
@@ -52,7 +51,7 @@ def engines_dir(a: EngineRequest) -> str:
 def marker_of(env: str) -> Optional[Dict[str, Any]]:
     """The marker of an environment fleet made, or None: the environment, its bin/ and the marker must be
     this user's alone (not links), or another user could plant a Python that fleet would run."""
-    if not all(_ours_alone(p) for p in (env, os.path.join(env, "bin"), os.path.join(env, MARKER))):
+    if not all(owned(p) for p in (env, os.path.join(env, "bin"), os.path.join(env, MARKER))):
         return None
     try:
         with open(os.path.join(env, MARKER)) as f:
@@ -60,14 +59,6 @@ def marker_of(env: str) -> Optional[Dict[str, Any]]:
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
-
-
-def _ours_alone(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return not stat.S_ISLNK(st.st_mode) and own_file(st)
 
 
 def run_streamed(argv: List[str], env: Optional[Dict[str, str]] = None) -> int:
@@ -176,7 +167,7 @@ def install(a: EngineRequest) -> None:
 def install_locked(a: EngineRequest, env: str) -> None:
     """`install` once this version's lock is held: kept when whole, else (re)made."""
     engine, version = a["engine"], a["version"]
-    if os.path.lexists(env) and not _ours_alone(env):  # checked before anything is written in it
+    if os.path.lexists(env) and not owned(env):  # checked before anything is written in it
         return refuse("%s is there and fleet did not make it; move it away" % env)
     if marker_of(env):
         got = installed_version(os.path.join(env, "bin", "python"), engine)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     read_text  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.procs import read_text
-    from fleet.host.records import own_file
 
 
 def _json_file(path: str, limit: int = 4 << 20) -> Tuple[Any, Optional[str]]:
@@ -91,15 +90,6 @@ def _safetensors_problem(file_path: str) -> Optional[str]:
     if size > want:
         return "%d bytes, %d more than its header accounts for" % (size, size - want)
     return None
-
-
-def _owned(path: str, kind: Callable[[int], bool]) -> bool:
-    """Whether `path` (not followed) is of `kind` and this user's alone: what fleet made, not a plant."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return kind(st.st_mode) and own_file(st)
 
 
 def literal_patterns(names: List[str]) -> List[str]:

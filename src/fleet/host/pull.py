@@ -37,8 +37,8 @@ try:  # the model-file checks are prepended when this script is sent to a host
     _damage  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import stdin_closed
-    from fleet.host.model_files import _damage, _json_file, _owned, literal_patterns
-    from fleet.host.records import not_ours_alone, open_appending
+    from fleet.host.model_files import _damage, _json_file, literal_patterns
+    from fleet.host.records import not_ours_alone, open_appending, owned
     from fleet.transfer_protocol import ListedFile, PullRequest
 
 MARKER = ".fleet-pulled.json"  # in a model directory fleet made: what it pulled, from where, and when
@@ -240,7 +240,7 @@ def offline(exc: BaseException) -> bool:
 def ours(path: str) -> Optional[Dict[str, Any]]:
     """The marker of a directory fleet made (a real directory, not a symlink to one, and it and its marker
     this user's alone), else None."""
-    if not (_owned(path, stat.S_ISDIR) and _owned(os.path.join(path, MARKER), stat.S_ISREG)):
+    if not (owned(path, stat.S_ISDIR) and owned(os.path.join(path, MARKER), stat.S_ISREG)):
         return None
     marker, _ = _json_file(os.path.join(path, MARKER))
     return marker if isinstance(marker, dict) else None
@@ -293,7 +293,7 @@ def claim(target: str) -> Any:
         if os.path.lexists(path) and not os.path.isdir(path):
             return refuse("foreign", "%s is there and is not a directory; fleet leaves it as it is" % path)
     if os.path.lexists(partial) and not (
-        _owned(partial, stat.S_ISDIR) and _owned(os.path.join(partial, PARTIAL_MARK), stat.S_ISREG)
+        owned(partial, stat.S_ISDIR) and owned(os.path.join(partial, PARTIAL_MARK), stat.S_ISREG)
     ):
         return refuse("foreign", "%s is there and fleet did not make it; it is left as it is" % partial)
     return guard

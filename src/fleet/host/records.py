@@ -116,6 +116,16 @@ def own_file(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def owned(path: str, kind: Callable[[int], bool] = lambda mode: not stat.S_ISLNK(mode)) -> bool:
+    """Whether `path` (not followed) is of `kind` (by default anything but a link) and this user's alone:
+    what fleet made, not something another user planted."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return kind(st.st_mode) and own_file(st)
+
+
 def not_ours_alone(path: str) -> Optional[str]:
     """Why fleet may not keep what it later trusts, runs or removes in directory `path`, or None. It must be
     this user's and writable by nobody else: another user could plant there a model fleet counts whole, an
