@@ -810,12 +810,103 @@ TEXT_CASES = [
         LogContext(),
         "worker-died",
     ),
+    # the fifth round of real logs: families in other words, and prefixes that hid their level
+    (
+        "ptxas-subprocess",
+        "subprocess.CalledProcessError: Command '/venv/lib/python3.12/site-packages/triton/backends/nvidia/bin/"
+        "ptxas -lineinfo -v --gpu-name=sm_121a /tmp/t.ptx -o /tmp/t.cubin' returned non-zero exit status 255.",
+        LogContext(engine="sglang"),
+        "jit-compile",
+    ),
+    (
+        "kernel-refuses-device",
+        "RuntimeError: CUTLASS grouped GEMM kernel does not support current device sm_121",
+        LogContext(engine="vllm"),
+        "gpu-arch-unsupported",
+    ),
+    (
+        "moe-backend-refuses",
+        "ValueError: Fp8 MoE backend 'DEEPGEMM' does not support the deployment configuration since kernel "
+        "does not support this GPU.",
+        LogContext(engine="vllm"),
+        "gpu-arch-unsupported",
+    ),
+    (
+        "no-moe-backend",
+        "NotImplementedError: No MxFp4 MoE backend supports the deployment configuration.",
+        LogContext(engine="vllm"),
+        "gpu-arch-unsupported",
+    ),
+    (
+        "no-compiled-kernel",
+        "RuntimeError: No compiled cutlass_scaled_mm for CUDA device capability: 121. Required capability: 90",
+        LogContext(engine="vllm"),
+        "gpu-arch-unsupported",
+    ),
+    (  # the inner cause, not the capture wrapper SGLang puts around it
+        "capture-wraps-no-arch",
+        "Exception: Capture cuda graph failed: No supported CUDA architectures found for major versions [12].",
+        LogContext(engine="sglang"),
+        "gpu-arch-unsupported",
+    ),
+    (  # PyTorch's C++ logging (glog): its E is an error, and the watchdog says it its own way
+        "nccl-watchdog-glog",
+        "[rank1]:[E305 09:12:01.123456789 ProcessGroupNCCL.cpp:1834] [PG ID 0 PG GUID 0 Rank 1] Timeout at "
+        "NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6.",
+        LogContext(engine="sglang"),
+        "nccl-collective-watchdog",
+    ),
+    (
+        "nccl-watchdog-exception",
+        "[rank0]:[E305 09:12:01.000000001 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0 Rank 0] Exception "
+        "(either an error or timeout) detected by watchdog at work: 12",
+        LogContext(engine="vllm"),
+        "nccl-collective-watchdog",
+    ),
+    (
+        "expandable-segments-oom",
+        "RuntimeError: expandable_segments: memory mapping failed with OOM on device 3 while trying to map "
+        "2097152 bytes (free: 1048576, total: 85017755648)",
+        LogContext(engine="vllm"),
+        "cuda-oom-family",
+    ),
+    (  # a padded traceback: its exception line indented
+        "padded-timeout",
+        'Traceback (most recent call last):\n  File "/x/shm_broadcast.py", line 500, in acquire_read\n'
+        "    raise TimeoutError\n  TimeoutError   ",
+        LogContext(engine="vllm"),
+        "worker-timeout",
+    ),
+    (  # uvicorn's own lines as it ends in order, in stern's "POD CONTAINER" prefix
+        "server-shut-down",
+        "chat-7d9f8b6c5d-x2x9q vllm INFO:     Shutting down\n"
+        "chat-7d9f8b6c5d-x2x9q vllm INFO:     Application shutdown complete.\n"
+        "chat-7d9f8b6c5d-x2x9q vllm INFO:     Finished server process [1]",
+        LogContext(engine="vllm"),
+        "server-shut-down",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "text", "ctx", "signature"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
 def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: LogContext, signature: str) -> None:
     assert diagnose(text.splitlines(), ctx).signature == signature
+
+
+def test_a_shut_down_after_a_traceback_is_the_tracebacks_and_a_tracing_error_is_a_failure() -> None:
+    crashed = (
+        "Traceback (most recent call last):\nValueError: nobody knows this\nINFO:     Application shutdown complete."
+    )
+    assert diagnose(crashed.splitlines(), LogContext(engine="vllm")).category == "other"
+    assert diagnose(crashed.splitlines(), LogContext(engine="vllm")).signature is None
+    # Rust's tracing after its timestamp (Dynamo's frontends): an ERROR there is a failure, never "starting"
+    traced = (
+        "2025-11-05T01:56:54.292138Z  INFO dynamo_runtime::x: started\n2025-11-05T01:56:55.1Z ERROR scheduler.run: gone"
+    )
+    assert diagnose(traced.splitlines(), LogContext(engine="sglang")).category == "unknown"
+    # a CI viewer's line number before a request handler's traceback: the handler's, not the engine's failure
+    handled = "4558\t(ApiServer_3 pid=20) ERROR 03-01 13:31:08 [serving.py:214] Traceback (most recent call last):"
+    assert diagnose(handled.splitlines(), LogContext(engine="vllm")).category == "starting"
 
 
 NEAR_MISSES = [

@@ -30,6 +30,7 @@ _LEVEL = r"(?P<level>INFO|WARNING|WARN|ERROR|ERR|DEBUG|CRITICAL|FATAL)"
 # Each strips one prefix at the start of a line; they nest, so they are applied until none applies.
 _PREFIXES = [
     re.compile(r"^>\s?"),  # quoted in an issue
+    re.compile(r"^\d+\t"),  # a CI log viewer's line number (Buildkite's copy)
     re.compile(r"^│\s?"),  # Kubernetes log viewer's left frame
     re.compile(r"^\s*\|\s+(?=\S)"),  # CI log viewers ("  | [2025-…")
     re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?\s+(?:stdout|stderr)\s+[FP]\s"),  # CRI log format
@@ -45,6 +46,8 @@ _PREFIXES = [
     re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]\s*"),  # rich's "[05/05/25 16:31:14]"
     re.compile(r"^\[\d\d:\d\d:\d\d(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),  # SGLang of 2024: "[16:43:29 TP0]"
     re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
+    # stern's "POD CONTAINER " (a Deployment's pod: NAME-<replica set hash>-<5 characters>)
+    re.compile(r"^[a-z0-9][a-z0-9.-]*-[a-z0-9]{6,10}-[a-z0-9]{5} [a-z0-9][a-z0-9-]* "),
     re.compile(rf"^\|\s*{_LEVEL}\s*\|\s*[\w.]+\s*\|\s?"),  # FastChat "| ERROR | stderr | "
     re.compile(rf"^-\s+[\w.]+\s+-\s+{_LEVEL}\s+-\s+"),  # python logging "- module - INFO - "
     re.compile(r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_\w+)?|VllmWorker[\w-]*|pid=\d+)[^)]*\)\s*"),
@@ -64,7 +67,12 @@ _PREFIXES = [
     re.compile(rf"^\[{_LEVEL}\]\s+"),  # a bare level: "[ERROR] ValueError: ..."
     re.compile(rf"^{_LEVEL}:\s+"),  # uvicorn "ERROR:    "
     re.compile(rf"^\s+{_LEVEL}\s{{2,}}"),  # rich's level column
+    # glog (PyTorch's C++ side, Kubernetes tools): "[E227 16:30:43.526290891 ProcessGroupNCCL.cpp:1834] "
+    re.compile(r"^\[?(?P<glog>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+(?:\d+\s+)?[\w.-]+:\d+\]\s*"),
+    # Rust's tracing (after its timestamp): "ERROR scheduler.run: ", "INFO dynamo_runtime::x: "
+    re.compile(rf"^{_LEVEL}\s+(?=[a-z_]\w*(?:(?:\.|::)\w+)*(?::\s|\s|$))"),
 ]
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "FATAL"}
 
 # Whether any prefix starts the text, in one match (names dropped: several prefixes name a level): most
 # lines have one prefix or none, and trying each of the two dozen in turn cost more than the rest of a
@@ -193,13 +201,15 @@ def _strip(raw: str) -> tuple[str, str | None, str | None]:
         for p in _PREFIXES:
             m = p.match(text)
             if m:  # the outermost prefix is the logger's; one further in may be a client's text
-                level = level or m.groupdict().get("level")
+                level = level or m.groupdict().get("level") or _GLOG_LEVELS.get(m.groupdict().get("glog") or "")
                 source = source or m.groupdict().get("source") or m.groupdict().get("old_source")
                 text = text[m.end() :]
                 if p.pattern.startswith(r"^\s+"):
                     text = _RICH_SOURCE.sub("", text)
         if text == before:
             break
+    if text.startswith(" ") and EXCEPTION_LINE.match(text):  # a padded traceback's "  TimeoutError"
+        text = text.lstrip(" ")
     return text, level, source
 
 
@@ -274,7 +284,8 @@ def is_continuation(line: str) -> bool:
 # A Python exception line: "ValueError: …", "torch.OutOfMemoryError: …", "KeyError: 'x'", a bare
 # "AssertionError". Warnings (UserWarning, FutureWarning) are not failures.
 EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt)(?:\([^)]*\))?(?::|\s*$)"
+    # (indented a little where a post or a collector padded the traceback: "  TimeoutError")
+    r"^ {0,4}(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt)(?:\([^)]*\))?(?::|\s*$)"
     # one whose name says nothing but whose module does: "triton.runtime.errors.OutOfResources: …"
     r"|^(?:[A-Za-z_]\w*\.)*(?:errors|exceptions|exc)\.[A-Z]\w*(?::|\s*$)"
 )
