@@ -812,6 +812,13 @@ TEXT_CASES = [
     ),
     # the fifth round of real logs: families in other words, and prefixes that hid their level
     (
+        "vllm-free-below",
+        "ValueError: Free memory on device cuda:1 (20.1/23.5 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 21.15 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        LogContext(engine="vllm"),
+        "vllm-free-memory-below-utilization",
+    ),
+    (
         "ptxas-subprocess",
         "subprocess.CalledProcessError: Command '/venv/lib/python3.12/site-packages/triton/backends/nvidia/bin/"
         "ptxas -lineinfo -v --gpu-name=sm_121a /tmp/t.ptx -o /tmp/t.cubin' returned non-zero exit status 255.",
@@ -893,6 +900,30 @@ def test_engine_error_texts_are_diagnosed(name: str, text: str, ctx: LogContext,
     assert diagnose(text.splitlines(), ctx).signature == signature
 
 
+FREE_BELOW = (
+    "(EngineCore_DP0 pid=7) ValueError: Free memory on device cuda:0 ({free}/{total} GiB) on startup is less "
+    "than desired GPU memory utilization ({asked}, 3.6 GiB). Decrease GPU memory utilization or reduce GPU "
+    "memory used by other processes."
+)
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "asked", "fitted"),
+    [
+        ("3.22", "4.0", "0.9", "0.78"),  # what was free, less a margin (vllm #25837: 0.85 would fail again)
+        ("75.5", "79.19", "0.95", "0.90"),  # nearly all free: at least a step lower than what failed
+        ("30.0", "79.19", "0.9", None),  # most of the GPU held by another process: no smaller fraction hides it
+        ("3.22", "0.0", "0.9", None),  # numbers that make no sense: no fix
+    ],
+)
+def test_the_utilization_vllm_could_not_get_is_fitted_to_what_it_found_free(
+    free: str, total: str, asked: str, fitted: str | None
+) -> None:
+    d = diagnose([FREE_BELOW.format(free=free, total=total, asked=asked)], LogContext(engine="vllm"))
+    assert d.signature == "vllm-free-memory-below-utilization"
+    assert (d.fix.set_flags if d.fix else None) == ((("--gpu-memory-utilization", fitted),) if fitted else None)
+
+
 def test_a_shut_down_after_a_traceback_is_the_tracebacks_and_a_tracing_error_is_a_failure() -> None:
     crashed = (
         "Traceback (most recent call last):\nValueError: nobody knows this\nINFO:     Application shutdown complete."
@@ -911,6 +942,12 @@ def test_a_shut_down_after_a_traceback_is_the_tracebacks_and_a_tracing_error_is_
 
 NEAR_MISSES = [
     # (text, context, signature that must NOT match)
+    (  # the engine's words in a request's path are the client's, not the engine's start-up
+        'INFO:     10.0.0.9:4242 - "GET /Free%20memory?x=ValueError: Free memory on device cuda:0 (1.0/80.0 GiB) on '
+        'startup is less than desired GPU memory utilization (0.9, 72.0 GiB) HTTP/1.1" 404 Not Found',
+        LogContext(engine="vllm"),
+        "vllm-free-memory-below-utilization",
+    ),
     (  # SGLang's fallback: it warns and starts without the custom all-reduce (sglang #12496)
         "[2025-11-01 16:50:36 TP1] Setup Custom allreduce failed with CUDART error: peer access is not supported "
         "between these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.",
@@ -1789,6 +1826,19 @@ def test_the_memory_fraction_is_not_moved_back_and_forth() -> None:
     back = decide(kv, [str(oom.signature)], 2, 5)
     assert isinstance(back, GiveUp) and "no fraction avoids both" in back.reason
     assert isinstance(decide(oom, [str(kv.signature)], 2, 5), GiveUp)
+
+
+def test_a_fitted_utilization_is_not_raised_again_by_a_kv_cache_too_small() -> None:
+    """vLLM's fix fitted to the free memory lowers the fraction as its fixed step does: a KV cache too
+    small for one sequence after it would only move it back (and the other way round)."""
+    fitted = diagnose([FREE_BELOW.format(free="3.22", total="4.0", asked="0.9")], LogContext(engine="vllm"))
+    kv = diagnose(
+        ["ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."],
+        LogContext(engine="vllm"),
+    )
+    assert isinstance(decide(fitted, [], 1, 5), Relaunch) and isinstance(decide(kv, [], 1, 5), Relaunch)
+    assert isinstance(decide(kv, [str(fitted.signature)], 2, 5), GiveUp)
+    assert isinstance(decide(fitted, [str(kv.signature)], 2, 5), GiveUp)
 
 
 def test_a_larger_fraction_after_smaller_graphs_is_still_tried() -> None:

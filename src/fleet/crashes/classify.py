@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from fleet.crashes.fitted import FITTED
 from fleet.crashes.logtext import (
     FRAME,
     SERVING,
@@ -271,6 +272,8 @@ def diagnose(
             continue
         basis = f"signature {sig.id}"
         fix = sig.fix if _fix_within(sig, [log.lines[i] for i in hits]) else None
+        if fix is not None and fix.derive in FITTED:  # its value from the evidence, now
+            fix = FITTED[fix.derive]([log.lines[i] for i in hits])
         found = Diagnosis(sig.category, sig.id, sig.explanation, fix, _evidence(log, hits), sig.source, basis)
         if not all(log.levels[i] in WARNINGS for i in hits):
             return found
@@ -405,7 +408,7 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
         return GiveUp(f"known failure without an automatic fix: {diagnosis.explanation}")
     if diagnosis.signature in applied:
         return GiveUp(f"{diagnosis.signature} came back after its fix was applied")
-    undone = _undone_by(diagnosis.fix, applied)
+    undone = _undone_by(diagnosis.signature, diagnosis.fix, applied)
     if undone is not None:
         return GiveUp(
             f"{diagnosis.signature} would move the memory fraction back where {undone}'s fix in this deploy moved "
@@ -419,11 +422,12 @@ def decide(diagnosis: Diagnosis, applied: Sequence[str], attempt: int, max_attem
 # The memory fraction moved one way by a fix, then the other way by the next: the two failures (a KV pool
 # too small, then out of memory) would follow each other until the attempts ran out. Not after smaller
 # graphs, which also freed the memory the capture took: a larger fraction may then fit.
-_FRACTION_UP, _FRACTION_DOWN = {"raise_mem_fraction"}, {"lower_mem_fraction"}
+_FRACTION_UP, _FRACTION_DOWN = {"raise_mem_fraction"}, {"lower_mem_fraction", "fit_free_memory"}
 
 
-def _undone_by(fix: Fix, applied: Sequence[str]) -> str | None:
+def _undone_by(signature: str, fix: Fix, applied: Sequence[str]) -> str | None:
     """The signature among `applied` (fleet's own) whose fix moved the memory fraction the other way."""
-    opposite = _FRACTION_DOWN if fix.derive in _FRACTION_UP else _FRACTION_UP if fix.derive in _FRACTION_DOWN else set()
     known = {s.id: s for s in builtin_signatures()}
+    derive = (known[signature].fix or fix).derive if signature in known else fix.derive  # a fitted one's own
+    opposite = _FRACTION_DOWN if derive in _FRACTION_UP else _FRACTION_UP if derive in _FRACTION_DOWN else set()
     return next((i for i in applied if i in known and (known[i].fix or Fix()).derive in opposite), None)

@@ -114,6 +114,7 @@ DERIVED_FIX_TEXT = {
     "respell_renamed_flags": "renamed flags spelled for this engine version",
     "raise_mem_fraction": "memory fraction +0.04",
     "lower_mem_fraction": "memory fraction -0.05",
+    "fit_free_memory": "--gpu-memory-utilization fitted to the free memory the engine reported",  # fleet.crashes.fitted
     "smaller_graphs": "--cuda-graph-max-bs halved (16 where unset, never more), memory fraction -0.05",
     "sweep_port": "stop stale engine servers on the port, then relaunch",
     "restart_weight_cache": "the weight cache daemon started again with this engine's settings",
