@@ -330,3 +330,24 @@ def test_a_state_dir_others_may_write_is_refused_before_anything_is_read(tmp_pat
     taken = lock.take_lock(release(state)["lock"])
     assert taken["status"] == "unwritable" and "only they may write" in str(taken.get("error"))
     assert not (state / "deployments" / "small" / LOCK_FILE).exists()
+
+
+def test_a_directory_any_user_could_move_away_is_not_trusted(tmp_path: Path) -> None:
+    """A directory of fleet's user alone is still another's to replace when a directory above it is open
+    to all without the sticky bit: they rename it and put theirs in its place. /tmp's sticky bit stops that."""
+    import os
+
+    from fleet.host.records import not_ours_alone, unsafe_state_dir
+
+    open_to_all = tmp_path / "shared"
+    models = open_to_all / "team" / "models"
+    models.mkdir(parents=True)
+    os.chmod(open_to_all, 0o777)
+    for why in (not_ours_alone(str(models)), unsafe_state_dir(str(models))):
+        assert why is not None and f"inside {open_to_all}, which any user may write" in why
+    os.chmod(open_to_all, 0o1777)  # sticky: only an entry's owner may rename it
+    assert not_ours_alone(str(models)) is None and unsafe_state_dir(str(models)) is None
+    link = tmp_path / "models-link"
+    link.symlink_to(models)
+    os.chmod(open_to_all, 0o777)  # a link to it is judged where it leads
+    assert "any user may write" in str(not_ours_alone(str(link)))

@@ -137,6 +137,21 @@ def not_ours_alone(path: str) -> Optional[str]:
         return "%s cannot be read: %s" % (path, exc.strerror)
     if not stat.S_ISDIR(st.st_mode) or not own_file(st):
         return "%s is not a directory of this user's that only they may write" % path
+    return _movable(os.path.realpath(path))
+
+
+def _movable(real: str) -> Optional[str]:
+    """Why another user could swap directory `real` for one of theirs, or None: a directory above it that
+    any user may write, without the sticky bit (/tmp has it), lets them rename it and put theirs there."""
+    parent = os.path.dirname(real)
+    while parent != real:
+        try:
+            mode = os.stat(parent).st_mode
+        except OSError:
+            return None
+        if mode & 0o002 and not mode & stat.S_ISVTX:
+            return "%s is inside %s, which any user may write (one could move it and put theirs there)" % (real, parent)
+        real, parent = parent, os.path.dirname(parent)
     return None
 
 
@@ -149,7 +164,7 @@ def unsafe_state_dir(root: str) -> Optional[str]:
             continue
         if not stat.S_ISDIR(st.st_mode) or not own_file(st):
             return "%s is not a directory of this user's that only they may write" % d
-    return None
+    return _movable(os.path.realpath(root))
 
 
 def _read_json(path: str) -> Any:
