@@ -44,6 +44,32 @@ def test_the_log_lines_a_health_check_reads_are_split_at_newlines_alone(tmp_path
     assert out["log_lines"] == ["Receive: text='a\u2028b\vc\x1cd'", "loading 10%", "loading 20%", "ready"]
 
 
+def test_a_log_that_is_no_regular_file_of_its_own_is_not_read(tmp_path: Path) -> None:
+    """The record names the log; another user (or an accident) may put something else in its place: a
+    link to /dev/zero (read whole, it filled the host's memory), a FIFO (it hung the probe for good, one
+    per cron run), a directory, a link to another file. None is read; the rest of the check goes on."""
+    import os
+
+    record = {"status": "ready", "pid": 1 << 30, "pgid": 1 << 30, "port": 30000}
+    asked = {"http_timeout_s": 1.0, "skip_generation": True}
+    secret = tmp_path / "not-a-log"
+    secret.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    for name, make in (
+        ("zero", lambda p: p.symlink_to("/dev/zero")),
+        ("fifo", lambda p: os.mkfifo(p)),
+        ("dir", lambda p: p.mkdir()),
+        ("elsewhere", lambda p: p.symlink_to(secret)),
+    ):
+        log = tmp_path / f"{name}.log"
+        make(log)
+        out = health.check_server({**record, "log": str(log)}, [], {}, asked)  # type: ignore[arg-type]
+        assert out["log_lines"] == [], name
+    grown = tmp_path / "grown.log"
+    grown.write_bytes(b"x" * (3 << 20) + b"\nlast line\n")  # a log that grew by far more than a check reads
+    out = health.check_server({**record, "log": str(grown)}, [], {}, asked)  # type: ignore[arg-type]
+    assert out["log_lines"][-1] == "last line" and sum(map(len, out["log_lines"])) <= 1 << 20
+
+
 def test_a_container_whose_runtime_is_gone_is_reported_missing_and_its_server_not_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

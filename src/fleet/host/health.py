@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -34,23 +35,31 @@ HEALTH_LOG_LINES = 2000
 GENERATION_PROOF_EVERY_S = 900
 
 
-def _read_new(path: str, offset: int, limit: int = 1 << 20) -> Tuple[str, int]:
-    """Bytes appended to `path` since `offset` (from the start if the file shrank: rotated)."""
+def _read_new(path: str, offset: int, limit: int = 1 << 20, follow: bool = False) -> Tuple[str, int]:
+    """Bytes appended to `path` since `offset` (from the start if the file shrank: rotated), at most
+    `limit` of its end. Only a regular file is read, opened without blocking (a FIFO put in its place
+    must not hang the probe; /dev/zero must not fill the host's memory); a link only where `follow`
+    (an operator's kernel log, not a server log fleet wrote as a file)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        size = os.path.getsize(path)
+        fd = os.open(path, flags)
     except OSError:
         return "", 0
-    if offset > size:
-        offset = 0
-    with open(path, "rb") as f:
-        f.seek(max(offset, size - limit))
-        data = f.read()
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return "", 0
+    with os.fdopen(fd, "rb") as f:
+        size = st.st_size
+        start = max(0 if offset > size else offset, size - limit)
+        f.seek(start)
+        data = f.read(size - start)  # bounded, however much it grew since
     return data.decode("utf-8", "replace"), size
 
 
 def _kernel_lines(source: str, offset: int) -> Tuple[str, int]:
     if source and source != "dmesg":
-        return _read_new(os.path.expanduser(source), offset)
+        return _read_new(os.path.expanduser(source), offset, follow=True)
     try:
         out = subprocess.run(["dmesg"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=5).stdout
     except Exception:
