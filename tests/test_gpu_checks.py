@@ -135,13 +135,16 @@ def test_health_names_the_deployments_meant_to_serve_not_the_stopped_ones() -> N
     [
         ({"ok": True, "status": 200, "text": " Paris."}, WARNING),  # answered a real prompt in this check
         ({"skipped": "served traffic since the last check", "serving": True}, WARNING),  # proved, and serving
-        ({"skipped": "--skip-generation"}, CRITICAL),  # nothing proves it serves: the log is all there is
+        # no prompt was asked (the sweep asks one first when it can): the log alone condemns nothing
+        ({"skipped": "--skip-generation"}, WARNING),
+        ({"ok": False, "status": 500, "text": "scheduler is dead"}, CRITICAL),  # it was asked, and failed
     ],
-    ids=["answered", "serving-traffic", "not-asked"],
+    ids=["answered", "serving-traffic", "not-asked", "asked-and-failed"],
 )
 def test_a_crash_line_in_the_log_heals_only_a_server_nothing_shows_serving(generation: dict, status: str) -> None:
     """Log text alone (forged through a request, or stale) never restarts a server that is serving: one
-    whose prompt was skipped because it served traffic since it was last proved has answered too."""
+    whose prompt was skipped because it served traffic since it was last proved has answered too; only a
+    prompt that failed (or a server that does not answer at all) makes the crash line critical."""
     from fleet.crashes import diagnose
 
     serving = {"status": "ready", "pid": 4242, "pgid": 4242, "plan": {"argv": ["python"]}, "served_name": "m"}

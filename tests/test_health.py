@@ -225,25 +225,32 @@ def test_xid_and_ecc_faults_are_critical_and_never_healed(fleet_env: simhost.San
 def test_new_crash_lines_in_the_server_log_are_critical_unless_a_prompt_was_answered(
     fleet_env: simhost.Sandbox,
 ) -> None:
-    """A crash line is critical while nothing proves the server serves. Whatever reached the log (a forged
-    line, an old one), a server that answers a real prompt in the same check is warned of, never healed."""
+    """A crash line is critical only when the server fails a real prompt. Whatever reached the log (a
+    forged line, an old one), a server that answers one in the same check is warned of, never healed;
+    with --skip-generation a crash line gets the prompt asked all the same, before anything is decided."""
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
     health("--host", "ct129")
-    log = Path(json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["log"])
+    hdir = fleet_env.host_dir("ct129")
+    pid = json.loads(simhost.record(hdir, "state.json").read_text())["pid"]
+    log = Path(json.loads(simhost.record(hdir, "state.json").read_text())["log"])
     crash_line = "[2026-11-29 12:00:00 TP1] RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    for asked in (("--heal", "--skip-generation"), ("--heal",)):
+        with log.open("a") as f:
+            f.write(crash_line)
+        code, rows, _ = health("--host", "ct129", *asked)
+        checks = {c["name"]: c for c in rows[0]["checks"]}
+        assert checks["generation"]["status"] == "ok", checks
+        assert code == 1 and checks["crash_log"]["status"] == "warning", checks["crash_log"]
+        assert checks["crash_log"]["detail"].startswith("illegal_memory_access (illegal-memory-access)")
+        assert "answered a prompt" in checks["crash_log"]["detail"]
+        assert not rows[0]["healable"] and rows[0]["heal"] is None
+    assert json.loads(simhost.record(hdir, "state.json").read_text())["pid"] == pid  # never restarted
+    simhost.set_host(hdir, serve_garbage=True)  # the server has gone bad: its answers are wrong
     with log.open("a") as f:
         f.write(crash_line)
     code, rows, _ = health("--host", "ct129", "--skip-generation")
-    crash = {c["name"]: c for c in rows[0]["checks"]}["crash_log"]
-    assert code == 2 and crash["detail"].startswith("illegal_memory_access (illegal-memory-access)")
-    with log.open("a") as f:
-        f.write(crash_line)
-    code, rows, _ = health("--host", "ct129", "--heal")
     checks = {c["name"]: c for c in rows[0]["checks"]}
-    assert checks["generation"]["status"] == "ok", checks
-    assert code == 1 and checks["crash_log"]["status"] == "warning", checks["crash_log"]
-    assert "answered a prompt" in checks["crash_log"]["detail"]
-    assert not rows[0]["healable"] and rows[0]["heal"] is None
+    assert code == 2 and checks["crash_log"]["status"] == "critical" and rows[0]["healable"], checks
 
 
 def test_json_and_prometheus_outputs_parse(fleet_env: simhost.Sandbox, tmp_path: Path) -> None:
@@ -499,3 +506,16 @@ def test_checks_that_did_not_run_are_no_proof_for_keeping_a_server() -> None:
         "http_health: not checked",
         "server: not checked",
     ]
+
+
+def test_host_text_with_a_newline_never_starts_a_line_of_fleets_own(fleet_env: simhost.Sandbox) -> None:
+    """A record's reason (or an answer's body, or another user's command line) is the host's text: with a
+    newline in it, it must not print a line that reads as another host's verdict."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    state = simhost.record(fleet_env.host_dir("ct129"), "state.json")
+    record = json.loads(state.read_text())
+    forged = "blackwell    OK        qwen35-nvfp4       all checks ok"
+    state.write_text(json.dumps({**record, "status": "failed", "reason": f"boom\n{forged}\x1b[2K"}))
+    r = run_cli("health", "--host", "ct129")
+    assert r.code == 2 and "boom\\nblackwell" in r.out, r.out
+    assert not any(line.startswith("blackwell") for line in r.out.splitlines()) and "\x1b" not in r.out

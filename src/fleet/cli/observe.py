@@ -377,7 +377,9 @@ def _health_run(
         for r in results:
             problems = [c for c in r.problems() if c.name != "heal"]  # the heal has a line of its own
             summary = "; ".join(f"{c.label}: {c.detail}" for c in problems[:3]) or "all checks ok"
-            say(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}")  # evidence from logs
+            # one line each: what a host said (a record's reason, an answer's body, another user's command
+            # line) must not start a line that reads as fleet's own
+            say(safe_line(f"{r.host:<12} {r.status.upper():<9} {r.playbook or '-':<18} {summary}"))
             if r.heal:
-                say(f"{'':<12} heal: {r.heal}")
+                say(safe_line(f"{'':<12} heal: {r.heal}"))
     return overall

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from fleet.crashes import LogContext, Signature, diagnose
+from fleet.crashes import Diagnosis, LogContext, Signature, diagnose
 from fleet.errors import FleetError, HostStepError, StoppedSince
 from fleet.facts import HostFacts, parse_facts
 from fleet.health import CRITICAL, UNKNOWN, HostHealth, after_heal, check_failed, evaluate, step_failed, unreachable
@@ -67,6 +67,7 @@ def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
         engine = facts.remote.deployment(name).recorded.engine
         lines = [redact(x, options.secrets) for x in answer.get("log_lines") or []]  # an engine may echo a secret
         diagnoses[name] = diagnose(lines, LogContext(engine=engine), options.signatures) if lines else None
+    _ask_before_condemning(t, host, args, python, options, answers, diagnoses)
     return evaluate(host.name, raw, facts, diagnoses, time.monotonic() - started, s.expected_gpus)
 
 
@@ -109,6 +110,39 @@ def _ask_again_with_keys(
         }
     for name, reason in why.items():
         answers[name]["http"]["generation"] = {"skipped": reason}
+
+
+def _ask_before_condemning(
+    t: Transport,
+    host: Host,
+    args: HealthRequest,
+    python: str,
+    options: HealthOptions,
+    answers: dict[str, ServerAnswer],
+    diagnoses: dict[str, Diagnosis | None],
+) -> None:
+    """A crash line in the log of a server whose /health answers, and whose prompt this check did not ask
+    (--skip-generation): the prompt is asked now, alone, so that a real answer, not log text a client may
+    have put there, decides whether it is broken (and healed)."""
+    suspects = [
+        name
+        for name, d in sorted(diagnoses.items())
+        if d is not None and d.found_failure and _unasked(answers[name].get("http") or {})
+    ]
+    if not suspects:
+        return
+    only: HealthRequest = {**args, "generation_only": suspects, "skip_generation": False}
+    again = _probe(t, host, only, python, options, {})
+    for name in suspects:
+        http = ((again.get("deployments") or {}).get(name) or {}).get("http") or {}
+        if http.get("generation"):
+            answers[name]["http"]["generation"] = http["generation"]
+
+
+def _unasked(http: Any) -> bool:
+    g = http.get("generation") or {}
+    health = (http.get("health") or {}).get("status")
+    return "ok" not in g and not g.get("serving") and not g.get("needs_key") and health == 200
 
 
 def _generation(answer: Any) -> dict[str, Any] | None:

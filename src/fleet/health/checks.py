@@ -327,12 +327,16 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
         # Log text alone never makes a server that answered a real prompt just now broken (and healed):
         # what a log says can be forged or stale; the answer cannot. A server proved a little while ago and
         # serving traffic since (its prompt skipped for that) has answered too.
+        # Nor does it condemn a server no prompt was asked of (--skip-generation, a key fleet lacks) while
+        # its /health answers: only a failed answer, or a server that does not answer at all, does.
         generation = http.get("generation") or {}
         answered = bool(generation.get("ok") or generation.get("serving"))
+        unasked = "ok" not in generation and (http.get("health") or {}).get("status") == 200
         yet = ", yet it answered a prompt" if generation.get("ok") else ", yet it serves traffic" if answered else ""
+        yet = yet or (", and no prompt was asked of it (its /health answers)" if unasked else "")
         add(
             "crash_log",
-            WARNING if answered else CRITICAL,
+            WARNING if answered or unasked else CRITICAL,
             f"{diagnosis.category} ({diagnosis.signature}) in the server log{yet}: "
             f"{(diagnosis.evidence or ('',))[0][:160]}",
         )
