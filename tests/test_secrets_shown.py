@@ -162,3 +162,25 @@ def test_a_name_with_a_credential_word_inside_is_not_a_credential_flag() -> None
 
     shown = mask_credentials("container fleet-hostile-secret (localhost/img:1) --api-key abc")
     assert shown == "container fleet-hostile-secret (localhost/img:1) --api-key ***"
+
+
+def test_cron_json_and_fleet_logs_hide_credential_shapes_and_an_engines_own_key_though_none_was_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run that read no secret (cron's `health --json`, `fleet logs` from a shell without the playbook's
+    variables) printed an echoed `hf_` token in its JSON, and SGLang's dump of its own arguments showed
+    the engine's API key to anyone who read its log."""
+    from fleet.cli.base import emit_json
+    from fleet.cli.logs_view import LogsView
+
+    token = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+    emit_json({"detail": f"crash_log: OOM {token}"})
+    assert token not in capsys.readouterr().out
+    view = LogsView({}, raw=False, several=False)
+    for dumped in (
+        "server_args=ServerArgs(model_path='/models/q', api_key='apikey-Zq9Wx8Ev7Rt6', admin_api_key=None)",
+        "server_args={'model_path': '/models/q', 'api_key': 'apikey-Zq9Wx8Ev7Rt6', 'port': 30000}",
+    ):
+        shown = view.shown(f"{dumped} {token}")
+        assert "apikey-Zq9Wx8Ev7Rt6" not in shown and token not in shown
+        assert "api_key='***', admin_api_key=None" in shown or "'api_key': '***'" in shown

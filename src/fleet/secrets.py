@@ -60,11 +60,18 @@ TOKEN_SHAPES = re.compile(
 )
 
 
+# An engine's dump of its own arguments names its API key: SGLang logs `ServerArgs(... api_key='...')`
+# (before 0.5.2x) and `server_args={... 'api_key': '...'}` (0.5.23), read by any shell without the key.
+NAMED_KEYS = re.compile(r"""(\b(?:admin_)?api_key(?:=|['"]:\s*))(['"])(?!None['"])[^'"\\]+\2""")
+
+
 def hide(text: str) -> str:
-    """`text` with every secret this process has read redacted (`redact`), and every credential whose
-    shape names it (TOKEN_SHAPES)."""
+    """`text` with every secret this process has read redacted (`redact`), every credential whose shape
+    names it (TOKEN_SHAPES), and an API key an engine's own dump of its arguments names (NAMED_KEYS)."""
     known = _known
     text = redact(text, known) if known else text
+    if "api_key" in text:
+        text = NAMED_KEYS.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}", text)
     return TOKEN_SHAPES.sub(REDACTED, text) if "_" in text or "sk-" in text else text
 
 
@@ -72,9 +79,7 @@ def hidden(data: Any) -> Any:
     """A value about to be written as JSON with `hide` applied to each of its strings (keys too), not to
     the JSON text: a secret that reads like a number or `true` would leave that text no JSON. Values
     JSON cannot hold become their str(), as `json.dumps(default=str)` makes them."""
-    if not _known:
-        return data
-    if isinstance(data, str):
+    if isinstance(data, str):  # (token shapes too when no secret was read: cron's runs read none)
         return hide(data)
     if isinstance(data, dict):
         return {hidden(k) if isinstance(k, str) else k: hidden(v) for k, v in data.items()}

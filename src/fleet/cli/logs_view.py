@@ -12,7 +12,7 @@ import click
 
 from fleet.cli.base import Invocation, split_deployment, transport_for
 from fleet.errors import ConfigError, FleetError
-from fleet.secrets import redact
+from fleet.secrets import hide, redact
 from fleet.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class LogsView:
         self.missing: set[str] = set()
 
     def shown(self, text: str) -> str:
-        return redact(text if self.raw else safe_text(text), self.secrets)
+        return hide(redact(text if self.raw else safe_text(text), self.secrets))
 
     def on_event(self, host: Host, asked: str | None, event: LogsEvent) -> bool:
         # the deployment's name as the host says it: one plain line, never a terminal control
