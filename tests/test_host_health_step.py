@@ -85,3 +85,19 @@ def test_a_container_whose_runtime_is_gone_is_reported_missing_and_its_server_no
     out = health.check_server(record, [], {}, asked)  # type: ignore[arg-type]
     assert out["container"] == {"missing": True, "name": "fleet-qwen"}
     assert out["server"]["alive"] is False and out["http"] == {}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0, reason="needs root")
+def test_another_users_process_with_the_recorded_pid_is_never_the_server() -> None:
+    """A record an older fleet wrote names its server's pid alone; another user's process that has the
+    pid now is not fleet's server, whatever it answers."""
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "30"], user=4242, group=4242)
+    try:
+        record = {"status": "ready", "pid": other.pid, "pgid": other.pid, "port": 30000}
+        out = health.check_server(record, [], {}, {"http_timeout_s": 1.0, "skip_generation": True})  # type: ignore[arg-type]
+        assert out["server"]["alive"] is False
+    finally:
+        other.kill()
+        other.wait()

@@ -150,3 +150,27 @@ def test_a_stop_never_offers_force_for_another_users_job_without_saying_whose_it
         "another user's job: ask them before stopping it with --force"
     )
     assert mine.endswith("not an inference server; --force stops it")
+
+
+def test_a_pid_given_to_another_process_since_is_not_the_deployments_server() -> None:
+    """The record names its server's pid and start time; `fleet status` took any engine-shaped process
+    with that pid for it, also another user's started since fleet's died."""
+    from factsdata import RTX_A6000, facts
+    from fleet.control.status_rows import status_row
+    from test_plan import host
+
+    record = {"status": "ready", "pid": 4242, "pgid": 4242, "start_ticks": 500, "port": 30000}
+    ours = {"pid": 4242, "ppid": 1, "pgid": 4242, "uid": 1000, "user": "ops", "comm": "python3"}
+    cmd = {"cmdline": "python3 -m sglang.launch_server --port 30000"}
+    for proc, status in (
+        ({**ours, **cmd, "start_ticks": 500}, "ready"),
+        ({**ours, **cmd, "start_ticks": 900}, "dead"),  # the pid was given to a later process
+        ({**ours, **cmd, "start_ticks": 500, "uid": 4343, "user": "mallory"}, "dead"),  # another user's
+    ):
+        f = facts("ct129", RTX_A6000, 2, servers=[proc], deployments={"small": {"state": record}})
+        assert status_row(host("ct129"), f, "small")["status"] == status, proc
+    older = {k: v for k, v in record.items() if k != "start_ticks"}  # an older fleet's record: the pid, this user's
+    f = facts(
+        "ct129", RTX_A6000, 2, servers=[{**ours, **cmd, "start_ticks": 900}], deployments={"small": {"state": older}}
+    )
+    assert status_row(host("ct129"), f, "small")["status"] == "ready"

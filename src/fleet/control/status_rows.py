@@ -6,6 +6,7 @@ from typing import Any
 
 from fleet.control.ops import recorded_names
 from fleet.facts import HostFacts
+from fleet.facts.parse import Proc
 from fleet.facts.recorded import Recorded
 from fleet.inventory import Host
 from fleet.plan.placement import daemon_pids
@@ -19,11 +20,17 @@ def status_rows(host: Host, facts: HostFacts) -> list[dict[str, Any]]:
     return [status_row(host, facts, n) for n in names] if names else [status_row(host, facts, None)]
 
 
+def _launched_as(p: Proc, r: Recorded, uid: int) -> bool:
+    """Whether process `p` is the one the record launched, not another given its pid since: this user's,
+    and started when the record says (a record an older fleet wrote may not say)."""
+    return (p.uid is None or p.uid == uid) and (r.start_ticks is None or p.start_ticks == r.start_ticks)
+
+
 def status_row(host: Host, facts: HostFacts, deployment: str | None) -> dict[str, Any]:
     record = facts.remote.deployment(deployment) if deployment else None
     r = record.recorded if record else Recorded()
     pid = r.pid
-    main = next((p for p in facts.servers if p.pid == pid), None) if pid is not None else None
+    main = next((p for p in facts.servers if p.pid == pid and _launched_as(p, r, facts.uid)), None)
     alive = main is not None
     uptime = facts.uptime_s(main) if main else None
     status = r.status or ("unreadable" if record and (record.state_error or record.state) else "none")

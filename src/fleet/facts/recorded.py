@@ -31,6 +31,7 @@ class Recorded:
     status: str | None = None  # STARTING, READY, UNVERIFIED, FAILED or STOPPED (fleet.protocol)
     pid: int | None = None  # fleet's launcher: the process group's leader it recorded
     pgid: int | None = None
+    start_ticks: int | None = None  # the leader's start time as launched: its pid alone is reused later
     port: int | None = None
     ports: tuple[int, ...] = ()  # every port it opens (records before placements: `port` alone)
     gpus: tuple[int, ...] | None = None  # the GPUs it was placed on; None: all of the host's
@@ -90,6 +91,7 @@ def parse_recorded(state: Mapping[str, object]) -> Recorded:
         status=_str(state.get("status")),
         pid=_int(state.get("pid")),
         pgid=_int(state.get("pgid")),
+        start_ticks=_int(state.get("start_ticks")),
         port=_int(state.get("port")),
         ports=tuple(record_ports(state)),
         gpus=tuple(placed) if (placed := record_gpus(state)) is not None else None,
