@@ -351,3 +351,37 @@ def test_a_directory_any_user_could_move_away_is_not_trusted(tmp_path: Path) -> 
     link.symlink_to(models)
     os.chmod(open_to_all, 0o777)  # a link to it is judged where it leads
     assert "any user may write" in str(not_ours_alone(str(link)))
+
+
+def test_a_lock_whose_holders_pid_now_names_another_process_is_taken_over(tmp_path: Path) -> None:
+    """After a reboot, or fleet killed mid-step, the lock's holder pid soon names another long-lived
+    process (pid 1 here): the lock says when its holder started, and a different start is no holder. A
+    lock whose holder still runs as it started stays held."""
+    import os
+    import subprocess
+    import time
+
+    import fleet.host.lock as lock
+    from fleet.host.procs import started_as
+
+    state = tmp_path / "state"
+    (state / "deployments" / "small").mkdir(parents=True)
+    path = state / "deployments" / "small" / LOCK_FILE
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        for pid, started, held in (
+            (1, [started_as(1)[0], -5], False),  # pid 1 runs, but it is not the process that took the lock
+            (1, ["another-boot", started_as(1)[1]], False),  # the same start time, in another boot
+            (holder.pid, started_as(holder.pid), True),  # the holder, still running
+            (holder.pid, None, True),  # an older fleet's lock: its live pid is all it says
+        ):
+            old = {"run_id": "other", "owner": "x", "since": 1, "holder_pid": pid, "holder_start": started}
+            path.write_text(json.dumps(old))
+            os.utime(path, (time.time() - 3600,) * 2)  # long past the grace between round trips
+            taken = lock.take_lock(release(state)["lock"])
+            assert (taken["status"] == "held") is held, (pid, started, taken)
+            if not held:
+                assert json.loads(path.read_text())["holder_start"] == started_as(os.getpid())
+    finally:
+        holder.kill()
+        holder.wait()

@@ -22,7 +22,7 @@ try:  # the shared host code is prepended when this script is sent to a host
     recorded_groups  # noqa: B018
 except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.free import expand, recorded_group, recorded_groups
-    from fleet.host.procs import alive, live_process_groups
+    from fleet.host.procs import alive, live_process_groups, started_as, still_runs
     from fleet.host.records import (
         LOCK_FILE,
         STATE_FILE,
@@ -85,6 +85,7 @@ def take_lock(a: LockRequest) -> LockResult:
         if a.get("places"):
             cur["gpus"], cur["ports"] = record_gpus(a), record_ports(a)
         cur["holder_pid"] = os.getpid()
+        cur["holder_start"] = started_as(os.getpid())  # its pid alone is another's after a reboot
         cur["hold_s"] = a.get("hold_s") or 0  # a group's prepared host: held this long with no process
         try:
             write_record(path, cur)
@@ -102,7 +103,7 @@ def held_by_another(path: str, a: LockRequest) -> Optional[LockResult]:
         return None
     age = time.time() - os.path.getmtime(path) if os.path.exists(path) else None
     holder = cur.get("holder_pid")
-    live = isinstance(holder, int) and alive(holder)
+    live = still_runs(holder, cur.get("holder_start"))
     grace = max(float(a["grace_s"]), float(cur.get("hold_s") or 0))
     if age is None or not (age < grace or live):
         return None
@@ -188,7 +189,7 @@ def wait_for_steps_of_this_run(a: LockRequest, wait_s: float) -> None:
         holder = cur.get("holder_pid")
         if cur.get("run_id") != a["run_id"] or not isinstance(holder, int) or holder == os.getpid():
             return
-        if not alive(holder):
+        if not still_runs(holder, cur.get("holder_start")):
             return
         time.sleep(0.1)
 

@@ -32,6 +32,7 @@ except NameError:  # imported as a module (fleet's own tests)
         process,
         read_text,
         socket_owners,
+        still_runs,
     )
     from fleet.host.records import (
         LOCK_FILE,
@@ -330,8 +331,7 @@ def _lock_live(path: str, lock: Any) -> bool:
     """A run holds this lock now: its host process is there, or it was touched within the grace."""
     if not isinstance(lock, dict):
         return False
-    holder = lock.get("holder_pid")
-    if isinstance(holder, int) and holder > 0 and os.path.exists("/proc/%d" % holder):
+    if still_runs(lock.get("holder_pid"), lock.get("holder_start")):
         return True
     try:
         return time.time() - os.path.getmtime(path) < LOCK_GRACE_S

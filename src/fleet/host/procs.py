@@ -13,7 +13,7 @@ import re
 import shutil
 import stat
 import subprocess
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 try:  # the shared host code is prepended when this script is sent to a host
     argv_of  # noqa: B018
@@ -153,6 +153,21 @@ def start_ticks(pid: int) -> Optional[int]:
         return int(stat[1][19]) if stat else None
     except (ValueError, IndexError):
         return None
+
+
+def started_as(pid: int) -> List[Any]:
+    """What tells process `pid` from a later one given the same pid: this boot, and its start time."""
+    return [boot_id(), start_ticks(pid)]
+
+
+def still_runs(pid: Any, started: Any) -> bool:
+    """Whether process `pid` runs and is the one `started` (its started_as, when it was recorded) names; a
+    record without it (an older fleet's) has its pid alone to go by."""
+    if not isinstance(pid, int) or pid <= 0 or not alive(pid):
+        return False
+    if not (isinstance(started, list) and len(started) == 2 and isinstance(started[1], int)):
+        return True
+    return bool(started[0] == boot_id() and start_ticks(pid) == started[1])
 
 
 # --- sockets ---------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ except NameError:  # imported as a module (fleet's own tests)
     from fleet.host.common import base_url, first_line_of_stdin, http_request
     from fleet.host.container import cli_path, inspect, run_cli
     from fleet.host.follow import LINE_LIMIT, OUT, OUT_LIMIT, STALLED_S, ClientGone, LogFollower, emit  # noqa: F401
+    from fleet.host.procs import started_as
     from fleet.host.records import (
         LEARNED_FILE,
         LOCK_FILE,
@@ -91,6 +92,7 @@ def touch_lock(a: WatchRequest) -> None:
             if lock.get("run_id") == a["run_id"]:
                 if lock.get("holder_pid") != os.getpid():
                     lock["holder_pid"] = os.getpid()
+                    lock["holder_start"] = started_as(os.getpid())  # as host.lock takes it
                     write_record(path, lock)
                 else:
                     os.utime(path)
