@@ -519,3 +519,27 @@ def test_host_text_with_a_newline_never_starts_a_line_of_fleets_own(fleet_env: s
     r = run_cli("health", "--host", "ct129")
     assert r.code == 2 and "boom\\nblackwell" in r.out, r.out
     assert not any(line.startswith("blackwell") for line in r.out.splitlines()) and "\x1b" not in r.out
+
+
+def test_one_damaged_record_costs_only_its_own_checks_and_lost_bookkeeping_is_said(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """A record edited or cut short (a plan that is a string, a group whose hosts are a number) turned
+    the whole host unknown, GPUs and every other deployment unchecked, or printed a traceback; and a
+    health.json that could not be written was never said (the same crash lines then came back each run)."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    hdir = fleet_env.host_dir("ct129")
+    state = simhost.record(hdir, "state.json")
+    record = json.loads(state.read_text())
+    for damage in ({"plan": "x"}, {"log": ["a"]}, {"check_address": 5}, {"group": {"rank": 1, "hosts": 5}}):
+        state.write_text(json.dumps({**record, **damage}))
+        code, rows, err = health("--host", "ct129")
+        checks = {c["name"]: c for c in rows[0]["checks"]}
+        assert "Traceback" not in err and rows[0]["status"] != "unknown", (damage, rows[0])
+        assert "load" in checks and "server" in checks, (damage, sorted(checks))  # the rest of the host too
+    state.write_text(json.dumps(record))
+    book = hdir / "state" / "health.json"
+    book.write_text(json.dumps({**json.loads(book.read_text()), "schema": 99}))  # a newer fleet's
+    code, rows, _ = health("--host", "ct129")
+    said = [c["detail"] for c in rows[0]["checks"] if c["name"] == "fleet_state"]
+    assert any("bookkeeping not kept" in d for d in said), rows[0]["checks"]

@@ -385,3 +385,23 @@ def test_a_lock_whose_holders_pid_now_names_another_process_is_taken_over(tmp_pa
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_deployment_directory_that_is_a_link_is_neither_listed_nor_written_through(tmp_path: Path) -> None:
+    """deployments/NAME linked to another user's directory was read as a deployment (its record naming
+    the process groups fleet stops) and heal wrote there."""
+    import os
+
+    import fleet.host.lock as lock
+    from fleet.host.records import deployment_names
+
+    state = tmp_path / "state"
+    (state / "deployments" / "real").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / STATE_FILE).write_text(json.dumps({"status": FAILED, "pgid": os.getpgid(0)}))
+    (state / "deployments" / "small").symlink_to(elsewhere)
+    assert deployment_names(str(state)) == ["real"]
+    taken = lock.take_lock(release(state)["lock"])  # the deployment `small`: the link
+    assert taken["status"] == "unwritable" and "a link, or another's" in str(taken.get("error"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [STATE_FILE]

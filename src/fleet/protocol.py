@@ -441,8 +441,7 @@ class ProbeRequest(TypedDict, total=False):
 
 
 class HealthRequest(ProbeRequest, total=False):
-    """The health step's request: the probe's, and how each deployment's server is asked. The API keys
-    come on stdin (`keys_on_stdin`), kept as `_keys`."""
+    """The health step's request: the probe's, and how each server is asked; API keys come on stdin (`_keys`)."""
 
     http_timeout_s: float
     generation_timeout_s: float
@@ -478,13 +477,13 @@ class RouterRecord(LaunchedProcess, total=False):
 
 
 class ServerAnswer(TypedDict, total=False):
-    """What the health step found of one deployment's server: its process, its HTTP answers (health,
-    models, the smoke generation), its new log lines, and its container as the runtime says it."""
+    """One deployment's server as health found it: process, HTTP answers, new log lines, container; or why not."""
 
     server: Optional[Dict[str, Any]]
     http: Dict[str, Any]
     log_lines: List[str]
     container: Dict[str, Any]
+    error: str  # its record could not be checked (edited or cut short): this deployment alone
 
 
 class HealthAnswer(TypedDict, total=False):
@@ -498,3 +497,4 @@ class HealthAnswer(TypedDict, total=False):
     mem_total_kib: int
     probe_error: str
     error: str
+    bookkeeping_error: str  # health.json not kept: the same log lines are new again next time

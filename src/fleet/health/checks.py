@@ -244,6 +244,8 @@ def _host_checks(raw: HealthAnswer, facts: HostFacts) -> list[Check]:
         )
     if facts.remote.errors:  # e.g. edited by hand, or a disk that failed mid-write
         checks.append(Check("fleet_state", WARNING, "unreadable on the host: " + "; ".join(facts.remote.errors)))
+    if raw.get("bookkeeping_error"):  # the log offsets were not kept: the same lines come back next time
+        checks.append(Check("fleet_state", WARNING, f"health's bookkeeping not kept: {raw['bookkeeping_error']}"))
     return checks
 
 
@@ -277,6 +279,9 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
     def add(name: str, level: str, detail: str) -> None:
         checks.append(Check(name, level, detail, deployment=record.name))
 
+    if answer.get("error"):  # the host could not check it (a record edited or cut short): this one alone
+        add("server", WARNING, f"could not be checked on the host ({answer['error']}): what runs is unknown")
+        return checks
     if not st and record.state_error:
         add("server", WARNING, "the deployment record is unreadable: what should run is unknown")
     elif not st:
@@ -307,7 +312,9 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
         served = r.served_name
         group = r.group or {}
         if group.get("rank"):  # SGLang's other ranks answer /health only; rank 0 serves the API
-            add("models", OK, f"rank {group['rank']} of a group: rank 0 ({(group.get('hosts') or ['?'])[0]}) serves")
+            hosts = group.get("hosts")
+            first = hosts[0] if isinstance(hosts, list) and hosts else "?"  # a record's, as the host keeps it
+            add("models", OK, f"rank {group['rank']} of a group: rank 0 ({first}) serves")
         else:
             add("models", OK if served in m.get("ids", []) else WARNING, f"/v1/models lists {m.get('ids')}")
         g = http.get("generation") or {}

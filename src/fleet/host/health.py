@@ -190,7 +190,10 @@ def health_main() -> None:
         mine = books.get(name)
         if not isinstance(mine, dict):
             mine = {}
-        out["deployments"][name] = check_server(st, facts["servers"], mine, args)
+        try:
+            out["deployments"][name] = check_server(st, facts["servers"], mine, args)
+        except Exception as exc:  # one record edited or cut short: that deployment, not the whole host
+            out["deployments"][name] = {"server": None, "http": {}, "log_lines": [], "error": _said(exc)}
         books[name] = mine
     if again is None:
         book["deployments"] = dict((n, b) for n, b in books.items() if n in out["deployments"])
@@ -215,7 +218,11 @@ def health_main() -> None:
     sys.stdout.write(json.dumps(out))
 
 
+def _said(exc: BaseException) -> str:
+    return ("%s: %s" % (type(exc).__name__, exc))[:300]
+
+
 try:
     health_main()
 except Exception as exc:  # always answer with JSON
-    sys.stdout.write(json.dumps({"probe_error": "%s: %s" % (type(exc).__name__, exc)}))
+    sys.stdout.write(json.dumps({"probe_error": _said(exc)}))

@@ -31,6 +31,7 @@ except NameError:  # imported as a module (fleet's own tests)
         deployment_names,
         migrate_legacy,
         open_guard,
+        owned,
         peek_record,
         read_record,
         record_gpus,
@@ -68,6 +69,9 @@ def take_lock(a: LockRequest) -> LockResult:
         try:
             migrate_legacy(root)
             directory = deployment_dir(root, a["deployment"])
+            if os.path.lexists(directory) and not owned(directory, stat.S_ISDIR):
+                why = "not a directory of this user's that only they may write (a link, or another's)"
+                return {"status": "unwritable", "path": directory, "error": why}
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             return {"status": "unwritable", "path": root, "error": exc.strerror or str(exc)}

@@ -397,7 +397,9 @@ def deployment_names(state_dir: str) -> List[str]:
         entries = sorted(os.listdir(root))
     except OSError:
         return []
-    return [n for n in entries if DEPLOYMENT_NAME_RE.match(n) and os.path.isdir(os.path.join(root, n))]
+    # a directory fleet made, never a link to (or a directory of) another user's: its records name the
+    # process groups fleet stops, and heal writes there
+    return [n for n in entries if DEPLOYMENT_NAME_RE.match(n) and owned(os.path.join(root, n), stat.S_ISDIR)]
 
 
 def migrate_legacy(state_dir: str) -> Optional[str]:
