@@ -99,6 +99,23 @@ def test_a_device_is_appended_to_but_never_replaced(tmp_path: Path) -> None:
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
+def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_and_nothing_is_written_through_it(tmp_path: Path) -> None:
+    """In a shared directory another user can put a link where the lock goes (fleet truncated and wrote
+    the file it led to) or a FIFO (the run waited on it for good)."""
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts: {}\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "fleet-health.lock"
+    link.symlink_to(victim)
+    r = run_cli("-i", str(bad), "health", "--lock-file", str(link))
+    assert r.code == 3 and f"the health lock {link} cannot be opened" in r.err and victim.read_text() == "precious"
+    fifo = tmp_path / "fifo.lock"
+    os.mkfifo(fifo)
+    r = run_cli("-i", str(bad), "health", "--lock-file", str(fifo))
+    assert r.code == 3 and f"{fifo} cannot be written" in r.err
+
+
 def test_a_path_root_may_access_but_not_create_is_refused_too() -> None:
     """os.access says yes to root everywhere; /proc takes no new file and /proc/loadavg no writes."""
     r = run_cli("health", "--lock-file", "/proc/fleet.lock")

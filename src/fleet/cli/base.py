@@ -210,9 +210,8 @@ def cache_file(name: str) -> Path:
 
 
 def _try_append(path: Path, param: click.Parameter) -> None:
-    try:
-        with open(path, "a"):  # opened to append, nothing written
-            pass
+    try:  # opened to append, nothing written; without waiting (a FIFO nobody reads would hold it for good)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
     except OSError as exc:
         raise click.BadParameter(
             f"{path} cannot be written ({exc.strerror or exc}); choose another path.", param=param

@@ -244,7 +244,7 @@ def health(
     logger = log.get(command="health")
     lock_path = lock_file or cache_file("health.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)  # a --lock-file's missing directories
-    with open(lock_path, "a+") as lock_fd:  # held for the whole run: overlapping cron runs do not pile up
+    with _lock_file(lock_path) as lock_fd:  # held for the whole run: overlapping cron runs do not pile up
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -295,11 +295,34 @@ def _service_health(ctx: Invocation, options: HealthOptions) -> list[Any]:
     return out
 
 
+def _lock_file(path: Path) -> Any:
+    """The health lock, opened as a regular file of its own: not through a link (another user's, in a
+    shared directory, to a file fleet's user may write), nor a FIFO (opening one would wait for good)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"the health lock {path} cannot be opened ({exc.strerror or exc}).", _LOCK_HINT) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"the health lock {path} is not a regular file.", _LOCK_HINT)
+    return os.fdopen(fd, "a+")
+
+
+_LOCK_HINT = "Give --lock-file a path of a plain file (or none: fleet keeps its own under ~/.cache/fleet)."
+
+
 def _write_textfile(textfile: Path, text: str) -> None:
-    """Prometheus' node exporter reads the file whole: it is replaced at once, never seen half written."""
+    """Prometheus' node exporter reads the file whole: it is replaced at once, never seen half written.
+    The file written first is made new (a name nobody could have put a link at)."""
+    import tempfile
+
     textfile.parent.mkdir(parents=True, exist_ok=True)
-    tmp = textfile.with_name(f".{textfile.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    fd, tmp = tempfile.mkstemp(prefix=f".{textfile.name}.", suffix=".tmp", dir=textfile.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)  # the node exporter reads it, as it read the file written before
     os.replace(tmp, textfile)
 
 
