@@ -107,6 +107,35 @@ def test_a_restart_switches_a_followed_log_and_says_so(tmp_path: Path) -> None:
         follow.close(second if "second" in locals() else first)
 
 
+def test_a_followed_log_cut_short_or_replaced_by_a_link_is_said_and_never_read_through_the_link(
+    tmp_path: Path,
+) -> None:
+    """`logs -f` followed a truncated log from its start without a word, and read a file put in its
+    place as a link to one outside the log directory, whole."""
+    host = host_with_logs(tmp_path)
+    first = attempt(tmp_path, "qwen", 1, "loading\nready\n")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("root:$6$salt$HASH\n")
+    follow = Following(host, ["qwen"])
+    try:
+        follow.until("ready")
+        first.write_text("again\n")  # cut short, then written anew
+        said = follow.until("again")
+        assert [(e["e"], e.get("why") or e.get("text")) for e in said] == [("reset", "truncated"), ("line", "again")]
+        first.unlink()
+        first.symlink_to(outside)  # another file's lines, through a link put in the log's place
+        seen = [follow.events.get(timeout=60)]
+        while seen[-1]["e"] != "reset":
+            seen.append(follow.events.get(timeout=60))
+        first.unlink()
+        first.write_text("back\n")
+        seen += follow.until("back")
+        assert seen[0] == {"e": "reset", "d": "qwen", "why": seen[0]["why"]} and "unreadable" in seen[0]["why"]
+        assert all("root:" not in str(e.get("text")) for e in seen), seen
+    finally:
+        follow.close(first)
+
+
 def test_log_text_shaped_like_fleets_events_is_only_a_line(tmp_path: Path) -> None:
     """An engine echoing a prompt can write anything; it arrives as a line's text, never as an event."""
     host = host_with_logs(tmp_path)

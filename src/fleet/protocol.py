@@ -55,9 +55,8 @@ class ProcessInfo(TypedDict, total=False):
 
 
 class SmokeSpec(TypedDict, total=False):
-    """What proves a server serves: a chat model's prompt and the text its answer must hold (`expect`, a
-    regular expression); for an embedding model or a reranker (`kind`) fleet's own texts on the endpoint it
-    serves, where `any_answer` (random weights) takes any well-formed answer."""
+    """What proves a server serves: a chat prompt and the regex its answer must hold (`expect`); for an embedding
+    model or a reranker (`kind`), fleet's texts on its endpoint (`any_answer`: random weights, any answer)."""
 
     prompt: str
     expect: str
@@ -216,15 +215,16 @@ class WatchEvent(TypedDict, total=False):
 
 
 class LogsEvent(TypedDict, total=False):
-    """One line of the logs step's output. `e` says which: log (d, log: the file shown first), line (d,
-    text), switch (d, log: a restart linked a new attempt's log, read from its start), missing (d: no log
-    for that deployment; None: none on the host), skipped (lines: dropped while fleet read too slowly)."""
+    """One line of the logs step's output; `e` says which: log (d, log: the file shown first), line (d, text),
+    switch (d, log: a restart's new attempt, read from its start), reset (d, why: truncated, replaced...),
+    missing (d; None: no log on the host), skipped (lines: dropped while fleet read too slowly)."""
 
     e: str
     d: Optional[str]
     log: str
     text: str
     lines: int
+    why: str
 
 
 class HealDecision(TypedDict):

@@ -58,6 +58,8 @@ class LogsView:
                 sys.stdout.flush()
             elif kind == "switch":  # a restart (or heal) linked a new attempt's log: said, then read from its start
                 click.echo(f"fleet: {where} restarted; following its new log {safe_text(event['log'])}", err=True)
+            elif kind == "reset":  # the file was cut short or put back under its name: followed from its start
+                click.echo(f"fleet: {where}: its log was {safe_line(str(event.get('why')))}; following on", err=True)
             elif kind == "skipped":
                 click.echo(f"fleet: {host.name}: {event['lines']} lines not shown (read too slowly)", err=True)
             elif kind == "missing":

@@ -156,7 +156,8 @@ class LogFollower:
         """(complete lines as (end offset, text), events about the file)."""
         events: List[Dict[str, Any]] = []
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put in its place must not block
+            # a FIFO put in its place must not block; a link put there must not lead out of the log directory
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):

@@ -76,7 +76,10 @@ class FollowedLog:
         self.reader = LogFollower(self.target, 0)
 
     def poll(self) -> None:
-        for _end, text in self.reader.read()[0]:
+        lines, events = self.reader.read()
+        for event in events:  # truncated, replaced, deleted: said, then followed from its start
+            emit({"e": "reset", "d": self.name, "why": str(event.get("why"))})
+        for _end, text in lines:
             emit({"e": "line", "d": self.name, "text": text})
         target = os.path.realpath(self.link)
         if target != self.target and within(self.log_dir, target):  # a restart linked its new attempt's log
