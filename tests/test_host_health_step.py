@@ -101,3 +101,27 @@ def test_another_users_process_with_the_recorded_pid_is_never_the_server() -> No
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_heal_count_that_cannot_be_read_allows_no_heal_and_a_failure_is_said_in_one_line(tmp_path: Path) -> None:
+    """An unreadable heals.json was set aside and counted as no heal at all: the hourly limit started
+    over. A heal step that failed (a full disk, a state directory that is a file) printed its traceback."""
+    import json
+    import sys
+
+    from fleet.hostscripts import script_for
+    from fleet.transport.local import LocalTransport
+
+    def heal(state_dir: Path) -> dict:
+        args = {"state_dir": str(state_dir), "deployment": "q", "limit": 3}
+        return json.loads(LocalTransport("h").run(script_for("heal", args, [sys.executable]), timeout_s=30).text)
+
+    state = tmp_path / "state"
+    assert heal(state) == {"allowed": True, "recent": 0}
+    heals = state / "deployments" / "q" / "heals.json"
+    heals.write_text("{not json")
+    assert heal(state)["allowed"] is False and heal(state)["allowed"] is False  # counted as the limit reached
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    said = heal(blocked)
+    assert set(said) == {"error"} and "\n" not in said["error"] and "Traceback" not in said["error"]

@@ -59,6 +59,36 @@ def test_output_and_exit_codes(fleet_env: simhost.Sandbox) -> None:
         t.close()
 
 
+def test_a_reader_that_went_away_is_not_a_dropped_connection(fleet_env: simhost.Sandbox) -> None:
+    """`fleet logs | head -1`: writing to the closed pipe fails in fleet's own process; that is no lost
+    host (exit 3, "the SSH connection dropped"): the reader's own error comes through as it is, and the
+    CLI ends as `tail` does (141), saying nothing."""
+    import subprocess
+    import sys
+
+    t = transport(fleet_env)
+
+    def reader_gone(chunk: bytes) -> bool:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    try:
+        with pytest.raises(BrokenPipeError):
+            t.stream("echo one; sleep 5", reader_gone, timeout_s=30)
+        assert t.run("echo still").text == "still\n"  # the connection itself is fine
+    finally:
+        t.close()
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    piped = subprocess.run(
+        f"{sys.executable} -m fleet logs --host ct129 -n 1000 | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 141 and piped.stderr == "", piped.stderr
+
+
 def test_output_written_after_the_exit_status_is_not_lost(fleet_env: simhost.Sandbox) -> None:
     """sshd sends the exit status when the command exits; output still in the pipe follows it."""
     t = transport(fleet_env)

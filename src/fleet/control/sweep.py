@@ -24,6 +24,7 @@ from fleet.hostscripts import host_said, script_for, step_python
 from fleet.inventory import Host
 from fleet.protocol import HealDecision, HealthAnswer, HealthRequest, ServerAnswer, json_object
 from fleet.secrets import redact
+from fleet.terminal import safe_line
 from fleet.transport import Transport
 
 
@@ -186,8 +187,10 @@ def _heal_one(
         decision = cast(HealDecision, json.loads(result.text))
         allowed, recent = bool(decision["allowed"]), int(decision["recent"])
     except (ValueError, KeyError, TypeError):
-        detail = (result.text + result.error_text).strip()[-200:] or f"exit {result.exit_code}"
-        return after_heal(health, name, False, f"not healed: the heal could not be recorded on the host ({detail})")
+        said = json_object(result.text) or {}
+        detail = str(said.get("error") or "") or (result.text + result.error_text).strip()[-200:]
+        why = safe_line(detail or f"exit {result.exit_code}")
+        return after_heal(health, name, False, f"not healed: the heal could not be recorded on the host ({why})")
     if not allowed:
         return after_heal(
             health,

@@ -29,9 +29,15 @@ def main() -> HealDecision:
         migrate_legacy(root)  # an older fleet's record first, so its deployment's heals go beside it
         state_dir = deployment_dir(a["state_dir"], a["deployment"])  # each deployment has its own limit
         path = os.path.join(state_dir, HEALS_FILE)
-        kept = (read_record(path) or {}).get("times")
+        existed = os.path.lexists(path)
+        record = read_record(path)
+        kept = (record or {}).get("times")
         heals = [x for x in kept if isinstance(x, (int, float))] if isinstance(kept, list) else []
         now = time.time()
+        if existed and record is None:  # unreadable (set aside): the count is unknown, so it counts as full
+            heals = [now] * int(a["limit"])
+            os.makedirs(state_dir, exist_ok=True)
+            write_record(path, {"times": heals})
         # A stamp after now means the clock was stepped back since: it is counted as a heal just made (it
         # was dropped, and 6 heals ran in 30 s against a limit of 3 an hour), and written back as now.
         heals = [min(x, now) for x in heals if x > now - 86400]
@@ -44,4 +50,7 @@ def main() -> HealDecision:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(main()))
+    try:
+        sys.stdout.write(json.dumps(main()))
+    except Exception as exc:  # said in one line (a full disk, a record of a newer fleet's): nothing is healed
+        sys.stdout.write(json.dumps({"error": ("%s: %s" % (type(exc).__name__, exc))[:200]}))

@@ -420,7 +420,7 @@ class SshTransport:
                 if chan.recv_ready():
                     silence.heard_now()
                     chunk = chan.recv(READ_BYTES)
-                    if chunk and not on_chunk(chunk):
+                    if chunk and not _handed(on_chunk, chunk):
                         return -1
                     if chunk:
                         continue
@@ -438,6 +438,8 @@ class SshTransport:
                     raise timed_out(self.host_name, timeout_s, "stream")
                 silence.check()
                 end.wait(min(left, 0.2 if cancelled is not None else 0.5))
+        except _ReaderFailed as failed:  # fleet's own side of the stream (a closed pipe): not the connection
+            raise failed.cause from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "") from exc
@@ -447,3 +449,18 @@ class SshTransport:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection must never raise
             self._conn.close()
+
+
+class _ReaderFailed(Exception):
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _handed(on_chunk: OnChunk, chunk: bytes) -> bool:
+    """`on_chunk(chunk)`; what it raises (its reader gone: `fleet logs | head`) kept apart from what the
+    connection raises, which is the host's trouble."""
+    try:
+        return bool(on_chunk(chunk))
+    except OSError as exc:
+        raise _ReaderFailed(exc) from exc
