@@ -125,3 +125,26 @@ def test_a_heal_count_that_cannot_be_read_allows_no_heal_and_a_failure_is_said_i
     blocked.write_text("")
     said = heal(blocked)
     assert set(said) == {"error"} and "\n" not in said["error"] and "Traceback" not in said["error"]
+
+
+def test_a_server_whose_health_never_answers_is_asked_nothing_more() -> None:
+    """A frozen engine (its port open, nothing answering) cost /health, /v1/models, /metrics and the
+    prompt their whole timeouts, one after another: two on one host ran past the check's deadline."""
+    import os
+    import socket
+
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(8)  # connections are taken by the kernel; nobody ever answers them
+        record = {
+            "status": "ready",
+            "pid": os.getpid(),
+            "pgid": os.getpgid(0),
+            "port": frozen.getsockname()[1],
+            "smoke": {"prompt": "2+2=", "expect": "4", "max_tokens": 4},
+        }
+        asked = {"http_timeout_s": 0.3, "generation_timeout_s": 5.0, "skip_generation": False}
+        out = health.check_server(record, [], {}, asked)  # type: ignore[arg-type]
+    assert out["server"]["alive"] and out["http"]["health"]["status"] is None
+    assert "models" not in out["http"] and "metrics" not in out["http"]
+    assert out["http"]["generation"] == {"skipped": "its /health did not answer"}

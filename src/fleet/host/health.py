@@ -117,10 +117,17 @@ def check_server(
             "name": box.get("name"),
         }
         out["container"]["name"] = box.get("name")
+    answering = False
     if out["server"] and out["server"]["alive"]:
         base = base_url(st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
         code, body, secs = http_request("GET", base + "/health", timeout=args["http_timeout_s"])
         http["health"] = {"status": code, "seconds": secs}
+        # no answer at all (a frozen engine): asking it three more things would cost the host's other
+        # deployments their share of the check's deadline
+        answering = code is not None
+        if not answering:
+            http["generation"] = {"skipped": "its /health did not answer"}
+    if answering:
         key_name = api_key_name((st.get("plan") or {}).get("argv") if isinstance(st.get("plan"), dict) else None)
         key = (args.get("_keys") or {}).get(key_name) if key_name else None
         keyed = {"Authorization": "Bearer %s" % key} if key else None  # an engine with --api-key guards /v1/*
