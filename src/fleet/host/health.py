@@ -108,15 +108,9 @@ def check_server(
             "port": st.get("port"),
             "group_pids": [p["pid"] for p in group],
         }
-    box = st.get("container") if isinstance(st.get("container"), dict) else None
-    if box and box.get("cli") in ("docker", "podman") and st.get("status") in LIVE:
-        cli = cli_path(str(box["cli"]))  # what the runtime says of it: running, restarts, OOM-killed
-        # by the id fleet's run made, never by the name: another's container can hold that name now
-        out["container"] = (inspect(cli, str(box["id"])) if cli and box.get("id") else None) or {
-            "missing": True,
-            "name": box.get("name"),
-        }
-        out["container"]["name"] = box.get("name")
+    container = _container_state(st.get("container"), st.get("status"))
+    if container is not None:
+        out["container"] = dict(container)
     answering = False
     if out["server"] and out["server"]["alive"]:
         base = base_url(st.get("check_address", "127.0.0.1"), int(st.get("port", 0)))
@@ -162,6 +156,17 @@ def check_server(
         out["log_lines"] = log_lines(text)[-HEALTH_LOG_LINES:]
         book["log"], book["log_offset"] = log, size
     return out
+
+
+def _container_state(box: object, status: object) -> Optional[Mapping[str, Any]]:
+    """What the runtime says of a live deployment's container `box` as recorded (running, restarts,
+    OOM-killed); None: none."""
+    if not (isinstance(box, dict) and box.get("cli") in ("docker", "podman") and status in LIVE):
+        return None
+    cli = cli_path(str(box["cli"]))
+    # by the id fleet's run made, never by the name: another's container can hold that name now
+    found = (inspect(cli, str(box["id"])) if cli and box.get("id") else None) or {"missing": True}
+    return dict(found, name=box.get("name"))
 
 
 def _proved_recently(proved_at: Any) -> bool:
