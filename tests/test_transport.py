@@ -78,8 +78,13 @@ def test_a_reader_that_went_away_is_not_a_dropped_connection(fleet_env: simhost.
     finally:
         t.close()
     assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    import json
+
+    log = Path(json.loads(simhost.record(fleet_env.host_dir("ct129"), "state.json").read_text())["log"])
+    with log.open("a") as f:  # far more than a pipe holds: fleet is still writing when `head` has gone
+        f.write(("INFO a line of the engine's log, long enough to fill a pipe quickly\n") * 20000)
     piped = subprocess.run(
-        f"{sys.executable} -m fleet logs --host ct129 -n 1000 | head -1; exit ${{PIPESTATUS[0]}}",
+        f"{sys.executable} -m fleet logs --host ct129 -n 10000 | head -1; exit ${{PIPESTATUS[0]}}",
         shell=True,
         executable="/bin/bash",
         capture_output=True,

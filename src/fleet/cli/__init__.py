@@ -6,8 +6,6 @@ commands so `fleet --help` and cron runs start fast.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import threading
@@ -53,10 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
-    except BrokenPipeError:  # whoever read fleet's output stopped (`fleet logs | head`): end as `tail` does
-        with contextlib.suppress(OSError):  # nothing more reaches it, not even the interpreter's last flush
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     return code if isinstance(code, int) else 0
 
 

@@ -4,6 +4,7 @@ stderr, so it never mixes into a log piped on; secrets redacted, terminal contro
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -36,6 +37,9 @@ def log_targets(ctx: Invocation, given: tuple[str, ...], deployment: str | None)
     return list(chosen.values())
 
 
+READER_GONE = 141  # as a command the shell's pipe closed on (SIGPIPE): `tail -f | head` ends so
+
+
 class LogsView:
     def __init__(self, secrets: dict[str, str], *, raw: bool, several: bool) -> None:
         self.secrets, self.raw, self.several = secrets, raw, several
@@ -43,6 +47,7 @@ class LogsView:
         self.stop = threading.Event()
         self.failures: list[int] = []
         self.missing: set[str] = set()
+        self.reader_gone = False  # whoever read the lines stopped (`fleet logs | head`)
 
     def shown(self, text: str) -> str:
         return hide(redact(text if self.raw else safe_text(text), self.secrets))
@@ -54,8 +59,14 @@ class LogsView:
         with self.out_lock:
             if kind == "line":
                 prefix = f"{where} | " if self.several else ""
-                sys.stdout.write(f"{prefix}{self.shown(event['text'])}\n")
-                sys.stdout.flush()
+                try:
+                    sys.stdout.write(f"{prefix}{self.shown(event['text'])}\n")
+                    sys.stdout.flush()
+                except BrokenPipeError:  # `| head` has what it wanted: stop reading, end as `tail` does
+                    self.reader_gone = True
+                    self.stop.set()
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more goes there
+                    return False
             elif kind == "switch":  # a restart (or heal) linked a new attempt's log: said, then read from its start
                 click.echo(f"fleet: {where} restarted; following its new log {safe_text(event['log'])}", err=True)
             elif kind == "reset":  # the file was cut short or put back under its name: followed from its start
@@ -88,6 +99,8 @@ class LogsView:
         if len(targets) == 1:  # one host: read here, its errors raised as they are
             host, names = targets[0]
             code = self.read_host(ctx, host, names, lines, follow)
+            if self.reader_gone:
+                raise click.exceptions.Exit(READER_GONE)
             if code not in (0, -1):
                 raise click.exceptions.Exit(code)
             if self.failures:
@@ -113,5 +126,7 @@ class LogsView:
                     thread.join(0.5)  # in slices: Ctrl-C reaches the main thread
         finally:
             self.stop.set()
+        if self.reader_gone:
+            raise click.exceptions.Exit(READER_GONE)
         if self.failures:
             raise click.exceptions.Exit(self.failures[0] if len(set(self.failures)) == 1 else 1)
