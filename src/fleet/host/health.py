@@ -23,7 +23,7 @@ except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import api_key_name, base_url, first_line_of_stdin, http_request
     from fleet.host.container import cli_path, inspect
     from fleet.host.probe import collect
-    from fleet.host.procs import alive, argv_at, boot_id, start_ticks, uid_of
+    from fleet.host.procs import argv_at, still_runs, uid_of
     from fleet.host.records import HEALTH_FILE, RecordTooNew, read_record, write_record
     from fleet.host.smoke import smoke_request
     from fleet.host.words import LIVE, STOPPED, log_lines
@@ -91,10 +91,7 @@ def check_server(
         # the recorded process itself: not a zombie nobody reaped (a container without an init), not a
         # later process given the same pid (the record's boot and start time, when it has them; this
         # user's, always: another user's process is never fleet's server)
-        ticks = st.get("start_ticks")
-        same = not isinstance(ticks, int) or (st.get("boot_id") == boot_id() and start_ticks(pid) == ticks)
-        same = same and uid_of(pid) == os.getuid()
-        running = same and alive(pid)
+        running = still_runs(pid, [st.get("boot_id"), st.get("start_ticks")]) and uid_of(pid) == os.getuid()
         cmd: List[str] = (argv_at(pid) or []) if running else []
         recorded = (st.get("plan") or {}).get("argv") or []
         drift = running and recorded and [w for w in cmd if w][-len(recorded) :] != recorded
