@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -60,16 +61,38 @@ def worker() -> Iterator[str]:
     server.server_close()
 
 
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def quiet_ports(count: int) -> list[int]:
+    """`count` distinct ports free now and below the kernel's ephemeral range: bind(0) hands out ports
+    that any test's outgoing connection may take before the router binds them (it then exits), and two
+    calls in turn may hand out the same one."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", random.randrange(10000, first_ephemeral)))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def started(asked: RouterRequest) -> int:
+    """The router started for `asked`: its pid (what went wrong, when it did not start)."""
+    answer = router.ensure(asked)
+    assert "pid" in answer, answer
+    return int(answer["pid"])
 
 
 @pytest.fixture
 def asked(tmp_path: Path) -> Iterator[RouterRequest]:
     """The keys every action of one service's router step carries; its router stopped afterwards."""
-    port, metrics = unused_port(), unused_port()
+    port, metrics = quiet_ports(2)
     common: RouterRequest = {
         "service": "qwen36",
         "source": "/srv/fleet/services/qwen36.yaml",
@@ -156,7 +179,7 @@ def test_a_worker_is_added_healthy_answers_through_the_router_and_is_removed(ask
 
 
 def test_stop_ends_the_router_and_the_service_is_down(asked: RouterRequest) -> None:
-    pid = router.ensure(asked)["pid"]
+    pid = started(asked)
     assert router.stop(asked) == {"ended_pid": pid}
     assert router.running_router(asked) is None
     health = router.health(asked)
@@ -205,7 +228,7 @@ def test_the_lease_is_one_runs_until_released_or_left_untouched(asked: RouterReq
 def test_a_router_started_from_another_service_file_of_the_same_name_is_not_touched(
     asked: RouterRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pid = router.ensure(asked)["pid"]
+    pid = started(asked)
     other: RouterRequest = {**asked, "source": "/home/op/qwen36.yaml"}
     (refused,) = step(other, {"do": "stop"}, capsys=capsys)
     assert refused["foreign"] == asked["source"] and refused["do"] == "stop"
@@ -236,7 +259,7 @@ def test_another_process_answering_on_the_routers_port_is_named_not_taken_for_th
 ) -> None:
     """fleet's router died and something else took its port (another user's server): /health answering
     200 there is no proof the service's router runs, so status and health never report it up."""
-    pid = router.ensure(asked)["pid"]
+    pid = started(asked)
     os.killpg(pid, 9)
     impostor = None
     for _ in range(200):  # until the killed router's socket is gone
