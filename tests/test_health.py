@@ -47,6 +47,28 @@ def test_all_healthy_exits_0_and_quiet_prints_nothing(fleet_env: simhost.Sandbox
     assert quiet.code == 0 and quiet.out == ""
 
 
+def test_an_unverified_server_that_answers_the_prompt_is_proven_once_and_recorded_ready(
+    fleet_env: simhost.Sandbox,
+) -> None:
+    """A deploy cut off after its launch leaves the server `unverified`: cron's `--quiet` warned about it
+    every run until a redeploy, though it served. A right answer to the prompt proves it once, on the host."""
+    assert run_cli("deploy", "qwen36-27b", "--host", "ct129").code == 0
+    state = simhost.record(fleet_env.host_dir("ct129"), "state.json")
+    record = json.loads(state.read_text())
+    state.write_text(json.dumps({**record, "status": "unverified", "reason": "fleet's run ended"}))
+    code, rows, _ = health("--host", "ct129", "--skip-generation")  # /health alone proves nothing
+    server = next(c for c in rows[0]["checks"] if c["name"] == "server")
+    assert code == 1 and server["status"] == "warning" and "unverified" in server["detail"]
+    code, rows, _ = health("--host", "ct129")
+    server = next(c for c in rows[0]["checks"] if c["name"] == "server")
+    assert code == 0 and server["status"] == "ok" and "proven now" in server["detail"]
+    assert json.loads(run_cli("status", "--host", "ct129", "--json").out)["status"] == "ready"
+    assert json.loads(state.read_text())["run_id"] == record["run_id"]
+    code, rows, _ = health("--host", "ct129")
+    server = next(c for c in rows[0]["checks"] if c["name"] == "server")
+    assert code == 0 and "proven" not in server["detail"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a simulated host's own /proc/loadavg needs a mount namespace (root)")
 def test_a_host_loaded_beyond_twice_its_cpus_is_a_warning(fleet_env: simhost.Sandbox) -> None:
     """The load is read on the host (each simulated host has its own /proc/loadavg)."""

@@ -148,3 +148,41 @@ def test_a_server_whose_health_never_answers_is_asked_nothing_more() -> None:
     assert out["server"]["alive"] and out["http"]["health"]["status"] is None
     assert "models" not in out["http"] and "metrics" not in out["http"]
     assert out["http"]["generation"] == {"skipped": "its /health did not answer"}
+
+
+def test_an_unverified_server_that_answers_the_prompt_is_recorded_ready_and_only_then(tmp_path: Path) -> None:
+    """A run cut off after its launch leaves the server `unverified`; cron's health warned about it until
+    the next deploy, though it answered every prompt. A right answer from the recorded process running its
+    recorded command line proves it: the record says ready. Nothing less does, and never under a run."""
+    import json
+    import os
+
+    from fleet.host.records import deployment_dir
+
+    directory = Path(deployment_dir(str(tmp_path), "q"))
+    directory.mkdir(parents=True)
+    state = directory / "state.json"
+    unverified = {"schema": 1, "status": "unverified", "pid": 4321, "run_id": "r1", "reason": "fleet's run ended"}
+    answered = {"server": {"alive": True, "drift": False}, "http": {"generation": {"ok": True, "status": 200}}}
+
+    def proves(checked: dict = answered, **changed: object) -> bool:
+        state.write_text(json.dumps({**unverified, **changed}))
+        return health.prove_unverified(str(tmp_path), "q", {**unverified, **changed}, checked)  # type: ignore[arg-type]
+
+    wrong = {**answered, "http": {"generation": {"ok": False, "status": 200}}}
+    skipped = {**answered, "http": {"generation": {"skipped": "--skip-generation"}}}
+    drifted = {**answered, "server": {"alive": True, "drift": True}}
+    gone = {**answered, "server": {"alive": False}}
+    for checked in (wrong, skipped, drifted, gone):
+        assert not proves(checked)
+    assert not proves(status="starting") and not proves(group={"rank": 0, "hosts": ["a", "b"]})
+    assert json.loads(state.read_text())["status"] == "unverified"
+    lock = directory / "lock.json"
+    lock.write_text(json.dumps({"schema": 1, "run_id": "r2", "holder_pid": os.getpid()}))
+    assert not proves()  # a run holds the deployment: its own record comes next
+    lock.unlink()
+    state.write_text(json.dumps({**unverified, "pid": 999}))  # another launch since the probe read it
+    assert not health.prove_unverified(str(tmp_path), "q", unverified, answered)  # type: ignore[arg-type]
+    assert proves()
+    record = json.loads(state.read_text())
+    assert record["status"] == "ready" and record["run_id"] == "r1" and "proven by fleet health" in record["reason"]

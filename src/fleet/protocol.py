@@ -484,11 +484,11 @@ class ServerAnswer(TypedDict, total=False):
     log_lines: List[str]
     container: Dict[str, Any]
     error: str  # its record could not be checked (edited or cut short): this deployment alone
+    proven: bool  # recorded unverified, it answered the prompt right: its record now says ready
 
 
 class HealthAnswer(TypedDict, total=False):
-    """The health step's answer: the probe's facts (fleet.facts.parse reads those), each deployment's
-    server, and the kernel's new lines (Xid, the OOM killer). `probe_error`: it could not run."""
+    """The health step's answer: the probe's facts, each deployment's server, the kernel's new lines."""
 
     facts: Dict[str, Any]
     deployments: Dict[str, ServerAnswer]

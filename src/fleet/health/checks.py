@@ -269,6 +269,16 @@ def _container_check(box: Mapping[str, object]) -> tuple[str, str, str]:
     return "container", OK, f"container {name} running"
 
 
+def _alive(pid: object, status: str | None, reason: str | None, answer: ServerAnswer) -> tuple[str, str]:
+    """A live recorded server's level and line: one fleet's run launched and never proved (unverified)
+    is a warning until a check proves it (the host then records it ready)."""
+    if status == UNVERIFIED and answer.get("proven"):
+        return OK, f"pid {pid} alive, proven now: it answered the prompt (recorded ready)"
+    if status == UNVERIFIED:  # launched, then fleet's run ended before it proved the server
+        return WARNING, f"pid {pid} alive, unverified: {reason or '?'}"
+    return OK, f"pid {pid} alive"
+
+
 def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis: Diagnosis | None) -> list[Check]:
     st, r = record.state, record.recorded
     server = answer.get("server")
@@ -293,10 +303,7 @@ def _deployment_checks(record: DeploymentRecord, answer: ServerAnswer, diagnosis
     elif server is None or not server.get("alive"):
         add("server", CRITICAL, f"server process {r.pid} is gone")
     else:
-        if status == UNVERIFIED:  # launched, then fleet's run ended before it proved the server
-            add("server", WARNING, f"pid {server['pid']} alive, unverified: {r.reason or '?'}")
-        else:
-            add("server", OK, f"pid {server['pid']} alive")
+        add("server", *_alive(server["pid"], status, r.reason, answer))
         if server.get("drift"):
             add("drift", WARNING, "the running command line differs from the recorded plan")
         port = server.get("port")

@@ -22,12 +22,22 @@ try:  # prepended when sent: the probe (collect) and the shared host code
 except NameError:  # imported as a module (fleet's own tests, mypy)
     from fleet.host.common import api_key_name, base_url, first_line_of_stdin, http_request
     from fleet.host.container import cli_path, inspect
-    from fleet.host.probe import collect
+    from fleet.host.probe import _lock_live, collect
     from fleet.host.procs import argv_at, still_runs, uid_of
-    from fleet.host.records import HEALTH_FILE, RecordTooNew, read_record, write_record
+    from fleet.host.records import (
+        HEALTH_FILE,
+        LOCK_FILE,
+        STATE_FILE,
+        RecordTooNew,
+        change_status,
+        deployment_dir,
+        host_guard,
+        read_record,
+        write_record,
+    )
     from fleet.host.smoke import smoke_request
-    from fleet.host.words import LIVE, STOPPED, log_lines
-    from fleet.protocol import HealthRequest, SmokeSpec
+    from fleet.host.words import LIVE, READY, STOPPED, UNVERIFIED, log_lines
+    from fleet.protocol import HealthRequest, ServerAnswer, SmokeSpec, StateRecord
 
 HEALTH_LOG_LINES = 2000
 # Under traffic the smoke prompt is still sent this often: traffic proves requests were answered, not that
@@ -155,6 +165,36 @@ def check_server(
     return out
 
 
+def prove_unverified(root: str, name: str, st: StateRecord, checked: ServerAnswer) -> bool:
+    """A deployment recorded unverified (fleet's run ended before it proved its server) whose recorded
+    process runs its recorded command line and has just answered the prompt right is proven now: its record
+    says ready, as the run would have written, and cron stops warning about it. Under the host's guard and
+    only while no run holds its lock (a run takes its lock under that guard, and then writes a new record).
+    A group's rank is left to a deploy: its prompt proves the group, not this host's record alone."""
+    server = checked.get("server") or {}
+    answer = checked.get("http", {}).get("generation") or {}
+    if st.get("status") != UNVERIFIED:
+        return False
+    if st.get("group") or not server.get("alive") or server.get("drift") or answer.get("ok") is not True:
+        return False
+    try:
+        return _record_proven(deployment_dir(root, name), root, st)
+    except (OSError, RecordTooNew):  # its record could not be written: proven next time, or by a deploy
+        return False
+
+
+def _record_proven(directory: str, root: str, st: StateRecord) -> bool:
+    with host_guard(root):
+        if _lock_live(os.path.join(directory, LOCK_FILE), read_record(os.path.join(directory, LOCK_FILE))):
+            return False
+        path = os.path.join(directory, STATE_FILE)
+        now = read_record(path) or {}
+        if now.get("status") != UNVERIFIED or now.get("pid") != st.get("pid"):
+            return False  # changed since the probe read it
+        why = "proven by fleet health: the recorded server answered the prompt after fleet's run had ended"
+        return change_status(path, READY, {"reason": why, "ready_at": time.time()}, str(st.get("run_id")))
+
+
 def _container_state(box: object, status: object) -> Optional[Mapping[str, Any]]:
     """What the runtime says of a live deployment's container `box` as recorded (running, restarts,
     OOM-killed); None: none."""
@@ -200,7 +240,11 @@ def health_main() -> None:
         if not isinstance(mine, dict):
             mine = {}
         try:
-            out["deployments"][name] = check_server(st, facts["servers"], mine, args)
+            checked = out["deployments"][name] = check_server(st, facts["servers"], mine, args)
+            if not records.get("legacy") and prove_unverified(
+                state_dir, name, cast("StateRecord", st), cast("ServerAnswer", checked)
+            ):
+                checked["proven"] = True
         except Exception as exc:  # one record edited or cut short: that deployment, not the whole host
             out["deployments"][name] = {"server": None, "http": {}, "log_lines": [], "error": _said(exc)}
         books[name] = mine
