@@ -417,6 +417,31 @@ def test_health_of_a_served_host_is_ok_and_a_dead_server_is_healed_within_the_ho
     assert again.heal is not None and "1 heals in the last hour" in again.heal  # crash-looping: left alone
 
 
+def test_a_heal_the_runs_deadline_would_cut_off_is_not_started_and_not_counted(host: nshost.NamespaceHost) -> None:
+    """cron's `fleet health --heal` ends at its --deadline (55 s): a restart longer than what was left
+    was started anyway and cut off by the run's end, the old server stopped and the new one unverified.
+    A heal starts only when the deployment's usual start-up here fits in what is left of the run."""
+    assert deploy(host)[0].ok
+    host.shell(f"kill -9 -{state(host)['pgid']}")
+    options = HealthOptions(max_heals_per_hour=1, heal=True)
+    down = check_host(host.transport(), host.host, options)
+    usual = down.start_s["qwen36-27b"]  # the deploy's own start-up, kept on the host
+    asked: list[str] = []
+
+    def restart(name: str) -> Any:
+        asked.append(name)
+        return ops.restart(host.transport(), host.host, force=False, progress=Events(), name=name)
+
+    short = dataclasses.replace(options, heal_by=time.monotonic() + usual + 1)
+    cut = heal_host(host.transport(), host.host, down, short, restart)
+    assert asked == [] and cut.status == "critical"
+    assert cut.heal is not None and cut.heal.startswith("qwen36-27b: not healed: it usually takes ")
+    assert "raise --deadline" in cut.heal
+    roomy = dataclasses.replace(options, heal_by=time.monotonic() + usual + 300)
+    healed = heal_host(host.transport(), host.host, down, roomy, restart)  # the refused heal spent no count
+    assert asked == ["qwen36-27b"] and healed.heal == "qwen36-27b: restarted: server ready"
+
+
 def test_ctrl_c_between_launch_and_watch_frees_the_lock_and_records_the_server_unverified(
     host: nshost.NamespaceHost,
 ) -> None:

@@ -45,6 +45,7 @@ NOT_RUN_HERE = {
     "fleet pull PLAYBOOK --host H": "the Hugging Face Hub; `make tour TOUR_ARGS=pull` pulls from a stand-in",
     "fleet cron install --heal": CRONTAB,
     'fleet cron install --schedule "* * * * *" --heal': CRONTAB,
+    "fleet cron install --heal --deadline 900": CRONTAB,
     "fleet cron show": CRONTAB,
     "fleet cron remove": CRONTAB,
     "fleet cron": "the name of a command group, not a command",

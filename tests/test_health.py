@@ -365,13 +365,15 @@ def test_cron_install_show_remove_with_the_real_crontab(saved_crontab: None, tmp
     (tmp_path / "known-crashes").mkdir()
     r = run_cli(
         *("--services", str(tmp_path / "svc"), "--crashes", str(tmp_path / "known-crashes")),
-        *("cron", "install", "--schedule", "*/5 * * * *", "--heal", "--log-file", str(tmp_path / "h.log")),
+        *("cron", "install", "--schedule", "*/5 * * * *", "--heal", "--deadline", "900"),
+        *("--log-file", str(tmp_path / "h.log")),
     )
     assert r.code == 0
     table = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     assert "0 3 * * * /usr/bin/true" in table
     entry = [line for line in table.splitlines() if "health" in line and not line.startswith("#")]
-    assert len(entry) == 1 and entry[0].startswith("*/5 * * * * ") and " health --quiet --heal --log-file " in entry[0]
+    assert len(entry) == 1 and entry[0].startswith("*/5 * * * * ")
+    assert " health --quiet --heal --deadline 900 --log-file " in entry[0]  # room for a restart
     # cron checks and heals the services and uses the knowledge this shell named, not only the playbooks
     assert f"FLEET_SERVICES={tmp_path / 'svc'} " in entry[0]
     assert f"FLEET_CRASHES={tmp_path / 'known-crashes'} " in entry[0]

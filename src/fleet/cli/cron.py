@@ -67,8 +67,15 @@ def _managed(lines: list[str]) -> list[str]:
     callback=writable_file,
     help="Where cron runs log [default ~/.cache/fleet/health.log].",
 )
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=click.FloatRange(1, 3600),
+    default=None,
+    help="Each run's --deadline [default: fleet health's]; with --heal, longer than a restart takes.",
+)
 @click.pass_obj
-def cron_install(ctx: Invocation, schedule: str, heal: bool, log_file: Path | None) -> None:
+def cron_install(ctx: Invocation, schedule: str, heal: bool, log_file: Path | None, deadline_s: float | None) -> None:
     """Install (or replace) the entry. Example: fleet cron install --schedule "* * * * *" --heal"""
     import shlex
 
@@ -94,8 +101,9 @@ def cron_install(ctx: Invocation, schedule: str, heal: bool, log_file: Path | No
             )
     command = (
         " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
-        + f" {shlex.quote(exe)} health --quiet{' --heal' if heal else ''} "
-        f"--log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
+        + f" {shlex.quote(exe)} health --quiet{' --heal' if heal else ''}"
+        + (f" --deadline {deadline_s:g}" if deadline_s is not None else "")
+        + f" --log-file {shlex.quote(str(log_path))} >> {shlex.quote(str(log_path))}.out 2>&1"
     )
     command = f"{schedule} " + command.replace("%", r"\%")  # cron reads an unescaped % as a newline
     log_path.parent.mkdir(parents=True, exist_ok=True)  # the shell's `>>` would fail on a missing directory

@@ -267,6 +267,7 @@ def health(
             signatures=ctx.signatures,
             secrets=ctx.secrets,
             api_keys=ctx.api_keys,
+            heal_by=time.monotonic() + deadline_s,  # as the sweep's own deadline, begun a moment later
         )
         overall = _health_run(ctx, host_name, deployment, options, as_json, textfile, deadline_s, quiet, logger)
     raise click.exceptions.Exit(EXIT_CODE[overall])

@@ -40,6 +40,7 @@ class HealthOptions:
     secrets: dict[str, str] = field(default_factory=dict)  # redacted from the server log lines it reads
     # playbook name -> its api_key_env: the only key fleet sends to a deployment of that playbook
     api_keys: dict[str, str] = field(default_factory=dict)
+    heal_by: float | None = None  # time.monotonic() when the run ends (--deadline): a heal must be done by then
 
 
 def check_host(t: Transport, host: Host, options: HealthOptions) -> HostHealth:
@@ -178,9 +179,23 @@ def heal_host(
     return health
 
 
+# A restart is its start-up and more: the stop, the probe, the prompt, the round trips between them.
+HEAL_BEYOND_START_S = 15.0
+
+
 def _heal_one(
     t: Transport, host: Host, health: HostHealth, options: HealthOptions, name: str, restart: Callable[[str], Any]
 ) -> HostHealth:
+    usual, left = health.start_s.get(name), _left(options)
+    if usual is not None and left is not None and usual + HEAL_BEYOND_START_S > left:
+        # the run would end mid-restart: the old server stopped, the new one left unverified
+        return after_heal(
+            health,
+            name,
+            False,
+            f"not healed: it usually takes {usual:.0f} s to start here and {max(0.0, left):.0f} s of the run's "
+            f"--deadline are left; raise --deadline (fleet cron install --deadline) or run fleet restart",
+        )
     args = {"state_dir": host.settings.state_dir, "deployment": name, "limit": options.max_heals_per_hour}
     result = t.run(script_for("heal", args, [step_python(host)]), timeout_s=30)
     try:
@@ -209,6 +224,10 @@ def _heal_one(
     return after_heal(
         health, name, ok, "restarted: server ready" if ok else f"restart failed: {getattr(outcome, 'reason', '?')}"
     )
+
+
+def _left(options: HealthOptions) -> float | None:
+    return None if options.heal_by is None else options.heal_by - time.monotonic()
 
 
 def sweep(

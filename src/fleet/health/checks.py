@@ -16,6 +16,7 @@ from fleet.crashes import Diagnosis
 from fleet.facts import DeploymentRecord, HostFacts, gpu_mismatches
 from fleet.facts.parse import Gpu
 from fleet.protocol import FAILED, LIVE, STARTING, STOPPED, UNVERIFIED, HealthAnswer, ServerAnswer
+from fleet.startup import typical_startup
 
 if TYPE_CHECKING:
     from fleet.inventory import ExpectedGpus
@@ -82,6 +83,7 @@ class HostHealth:
     heal: str | None = None  # what healing did, when asked
     healable: tuple[str, ...] = ()  # deployments a restart may heal
     up: dict[str, bool] = field(default_factory=dict)  # deployment -> its recorded server is alive
+    start_s: dict[str, float] = field(default_factory=dict)  # healable -> its usual start-up here, when known
 
     @property
     def hardware_fault(self) -> bool:
@@ -209,6 +211,7 @@ def evaluate(
             for g in facts.gpus
         ),
         duration_s=duration_s,
+        start_s=_usual_starts(facts, healable),
     )
     faulty = [c for c in checks if c.hardware and c.status == CRITICAL]
 
@@ -434,6 +437,19 @@ def _xid_checks(raw: HealthAnswer) -> list[Check]:
                 Check(f"xid {xid}", CRITICAL if hw else WARNING, f"Xid {xid} ({meaning}) on {m.group(1)}", hardware=hw)
             )
     return checks
+
+
+def _usual_starts(facts: HostFacts, names: Sequence[str]) -> dict[str, float]:
+    """How long each deployment's start-up usually takes on this host (its kept starts under its own
+    engine version and GPUs): what a heal of it needs before fleet's run ends."""
+    usual: dict[str, float] = {}
+    for name in names:
+        record = facts.remote.deployment(name)
+        key = record.recorded.startup_key
+        typical = typical_startup(list(record.starts.get(key, ()))) if key else None
+        if typical is not None:
+            usual[name] = float(typical["ready_s"])
+    return usual
 
 
 def after_heal(health: HostHealth, deployment: str, healed: bool, what: str) -> HostHealth:
