@@ -180,7 +180,15 @@ def test_cron_json_and_fleet_logs_hide_credential_shapes_and_an_engines_own_key_
     for dumped in (
         "server_args=ServerArgs(model_path='/models/q', api_key='apikey-Zq9Wx8Ev7Rt6', admin_api_key=None)",
         "server_args={'model_path': '/models/q', 'api_key': 'apikey-Zq9Wx8Ev7Rt6', 'port': 30000}",
+        "args: Namespace(host=None, api_key=['apikey-Zq9Wx8Ev7Rt6', 'apikey-2nd'], port=8000)",  # vLLM's keys
+        "non-default args: {'model': '/models/q', 'api_key': ['apikey-Zq9Wx8Ev7Rt6']}",
     ):
         shown = view.shown(f"{dumped} {token}")
-        assert "apikey-Zq9Wx8Ev7Rt6" not in shown and token not in shown
-        assert "api_key='***', admin_api_key=None" in shown or "'api_key': '***'" in shown
+        assert "apikey-Zq9Wx8Ev7Rt6" not in shown and "apikey-2nd" not in shown and token not in shown
+        masked = (
+            "api_key='***', admin_api_key=None",
+            "'api_key': '***'",
+            "api_key=['***', '***']",
+            "'api_key': ['***']",
+        )
+        assert any(k in shown for k in masked), shown

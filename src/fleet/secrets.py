@@ -63,6 +63,9 @@ TOKEN_SHAPES = re.compile(
 # An engine's dump of its own arguments names its API key: SGLang logs `ServerArgs(... api_key='...')`
 # (before 0.5.2x) and `server_args={... 'api_key': '...'}` (0.5.23), read by any shell without the key.
 NAMED_KEYS = re.compile(r"""(\b(?:admin_)?api_key(?:=|['"]:\s*))(['"])(?!None['"])[^'"\\]+\2""")
+# vLLM takes several keys: its `args: Namespace(... api_key=['k1', 'k2'])` and `'api_key': [...]` list them
+NAMED_KEY_LISTS = re.compile(r"""(\b(?:admin_)?api_key(?:=|['"]:\s*))\[([^\]\n]*)\]""")
+_QUOTED = re.compile(r"""(['"])[^'"\\]*\1""")
 
 
 def hide(text: str) -> str:
@@ -72,7 +75,12 @@ def hide(text: str) -> str:
     text = redact(text, known) if known else text
     if "api_key" in text:
         text = NAMED_KEYS.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}", text)
+        text = NAMED_KEY_LISTS.sub(lambda m: f"{m.group(1)}[{_QUOTED.sub(_masked, m.group(2))}]", text)
     return TOKEN_SHAPES.sub(REDACTED, text) if "_" in text or "sk-" in text else text
+
+
+def _masked(quoted: re.Match[str]) -> str:
+    return f"{quoted.group(1)}{REDACTED}{quoted.group(1)}"
 
 
 def hidden(data: Any) -> Any:
