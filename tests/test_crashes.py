@@ -1858,3 +1858,20 @@ def test_a_request_id_saying_traceback_does_not_clear_a_kill() -> None:
 def test_an_exceptions_name_in_brackets_after_a_level_is_not_a_logger_prefix() -> None:
     assert normalize(["[ERROR] ValueError: something strange happened"]) == ["ValueError: something strange happened"]
     assert diagnose(["[ERROR] torch.OutOfMemoryError: CUDA out of memory."]).category == "cuda_oom_startup"
+
+
+def test_an_oom_in_vllms_serving_loop_is_the_running_servers_though_no_request_was_logged() -> None:
+    """An excerpt without the access log: the OOM was taken for a start-up one (and a start-up's fix, not
+    the running server's smaller static fraction). A
+    traceback through the engine core's busy loop, or the front end's output handler failing, shows the
+    engine had finished starting, wherever it comes in the log."""
+    oom = "(EngineCore pid=112) ERROR 05-01 14:39:06 [core.py:1131] torch.OutOfMemoryError: CUDA out of memory. "
+    oom += "Tried to allocate 50.00 MiB. GPU 0 has a total capacity of 23.56 GiB of which 21.75 MiB is free."
+    start = ['  File "/v/vllm/v1/worker/gpu_worker.py", line 290, in determine_available_memory', oom]
+    assert diagnose(start, LogContext(engine="vllm")).category == "cuda_oom_startup"
+    loop = ['  File "/v/vllm/v1/engine/core.py", line 933, in run_busy_loop', oom]
+    handler = [oom, "(APIServer pid=1) ERROR 05-01 14:39:06 [async_llm.py:699] AsyncLLM output_handler failed."]
+    for log in (loop, handler):
+        d = diagnose(log, LogContext(engine="vllm"))
+        assert (d.category, d.signature) == ("kv_cache_oom", "cuda-oom-runtime")
+        assert d.fix is not None and d.fix.derive == "lower_mem_fraction"

@@ -47,6 +47,14 @@ ACCEPTING = re.compile(
 # A client's generation request answered (any status): the server ran and took requests. Not /health,
 # which a supervisor asks while a start goes on; SGLang's warm-up request is logged only once it is done.
 TOOK_REQUEST = re.compile(r'"(?:POST|GET) /(?:v1/|generate)\S* HTTP/[\d.]+" \d{3}')
+# vLLM's engine core had finished its start: a traceback through the loop it serves from (entered once the
+# weights, KV cache and graphs are in place), or its front end losing it (its output handler exists only
+# once the engine core said it was ready). Wherever the log shows it, often after the failure it follows
+# from, every failure is the running server's, though no request was logged (an excerpt without its
+# access log): an OOM there is no start-up's.
+ENGINE_LOOP = re.compile(
+    r"\bin (?:run_busy_loop|_process_engine_step|step_with_batch_queue)\b|AsyncLLM output_handler failed"
+)
 # vLLM's "Starting vLLM API server on http://..." comes before its routes and before the socket is bound
 # (a port in use, or a hang, can follow it): it bounds what a start's fix reads (ACCEPTING), it proves nothing
 READY_PATTERNS = (
@@ -192,6 +200,20 @@ def _in_phase(
     return hits
 
 
+def _took_requests_at(log: LogText) -> int | None:
+    took_request = log.scanner(TOOK_REQUEST)
+    return next((i for i in range(len(log.lines)) if _own_line(log, i) and took_request.search(log.lines[i])), None)
+
+
+def _engine_looped(log: LogText) -> bool:
+    in_loop = log.scanner(ENGINE_LOOP)
+    return any(_own_words(log, i) and in_loop.search(line) for i, line in enumerate(log.lines))
+
+
+def _first(*at: int | None) -> int | None:
+    return min((i for i in at if i is not None), default=None)
+
+
 def _fix_within(sig: Signature, lines: list[str]) -> bool:
     """Whether `sig`'s fix can close the gap its evidence states (its fix_ratio; none: it can)."""
     if sig.fix_ratio is None:
@@ -206,7 +228,10 @@ def _fix_within(sig: Signature, lines: list[str]) -> bool:
 
 
 def _cut_traceback(log: LogText) -> range | None:
-    """The frames at the end of a traceback that was cut before its exception line, if the log ends so."""
+    """The frames at the end of a traceback that was cut before its exception line, if the log ends so and
+    no exception line of the engine's says more (what the frames point at counts only then)."""
+    if any(is_exception_line(x) for i, x in enumerate(log.lines) if _own_words(log, i)):
+        return None
     frames = [i for i, line in enumerate(log.lines) if FRAME.match(line) and _own_words(log, i)]
     if not frames:
         return None
@@ -235,17 +260,11 @@ def diagnose(
     accepting, serving = log.scanner(ACCEPTING), log.scanner(SERVING)
     accepting_at = next((i for i in range(n) if _own_line(log, i) and accepting.search(log.lines[i])), None)
     served = [i for i in range(n) if _own_line(log, i) and serving.search(log.lines[i])]
-    took_request = log.scanner(TOOK_REQUEST)
-    took_requests_at = next((i for i in range(n) if _own_line(log, i) and took_request.search(log.lines[i])), None)
-    running_at = min((i for i in (ready_at, took_requests_at) if i is not None), default=None)
+    loop_at = -1 if _engine_looped(log) else None  # the start was over before anything the log shows
+    running_at = _first(ready_at, _took_requests_at(log), loop_at)
     # the last sign the server lived: what explains its end, and so a fix, comes after it
     last_served = max(served, default=running_at)
-    # What the frames of a cut traceback point at counts only where no exception line says more.
-    cut = (
-        None
-        if any(is_exception_line(x) for i, x in enumerate(log.lines) if _own_words(log, i))
-        else _cut_traceback(log)
-    )
+    cut = _cut_traceback(log)
     search = _Searchable(log)
     frame_hints: list[tuple[int, Signature]] = []
     warned: Diagnosis | None = None  # the first signature only warnings match: an error elsewhere says more
@@ -258,7 +277,9 @@ def diagnose(
             hits = search.hits(sig.patterns, only=cut)
         else:
             hits = [i for i in search.hits(sig.patterns) if i not in transient]
-        hits = _in_phase(sig, log, hits, ready_at, accepting_at, running_at, last_served)
+        hits = _in_phase(
+            sig, log, hits, _first(ready_at, loop_at), _first(accepting_at, loop_at), running_at, last_served
+        )
         if len(hits) < sig.min_count:
             continue
         if sig.requires and not all(search.any((r,)) for r in sig.requires):

@@ -45,7 +45,7 @@ _PREFIXES = [
     re.compile(r"^(?:(?:TP|DP|PP|EP|CP)\d+ ?)+\]\s*"),  # SGLang's rank tag, its "[date" cut off
     re.compile(r"^\[\d\d/\d\d/\d\d \d\d:\d\d:\d\d\]\s*"),  # rich's "[05/05/25 16:31:14]"
     re.compile(r"^\[\d\d:\d\d:\d\d(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),  # SGLang of 2024: "[16:43:29 TP0]"
-    re.compile(r"^[\w.-]+(?:[-_]\d+)?\s+\|\s?"),  # docker-compose "service_1  | "
+    re.compile(r"^\[?[\w.-]+(?:[-_]\d+)?\]?\s+\|\s?"),  # docker-compose "service_1  | ", "[llm]    | "
     # stern's "POD CONTAINER " (a Deployment's pod: NAME-<replica set hash>-<5 characters>)
     re.compile(r"^[a-z0-9][a-z0-9.-]*-[a-z0-9]{6,10}-[a-z0-9]{5} [a-z0-9][a-z0-9-]* "),
     re.compile(rf"^\|\s*{_LEVEL}\s*\|\s*[\w.]+\s*\|\s?"),  # FastChat "| ERROR | stderr | "
@@ -302,7 +302,8 @@ FATAL = re.compile(
     r"The actor is dead|worker process has died|Child process unexpectedly failed|"
     r"Memory access fault by GPU|\.cu:\d+: .*Assertion .* failed|NVRM: Xid|GPU has fallen off the bus|"
     r"killed due to memory pressure|Signal \d+ \(SIG[A-Z]+\) received by PID|"
-    r"\bexit ?code\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b"
+    r"\bexit ?code\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b|"
+    r"^\s*#?\d+\s+0x[0-9a-fA-F]{8,}\s+\S"  # a native backtrace's frame (UCX, gdb): a process crashed
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
 BENIGN = re.compile(r"Ignore import error|\b\w+Warning:")
