@@ -163,7 +163,8 @@ def test_an_unverified_server_that_answers_the_prompt_is_recorded_ready_and_only
     directory.mkdir(parents=True)
     state = directory / "state.json"
     unverified = {"schema": 1, "status": "unverified", "pid": 4321, "run_id": "r1", "reason": "fleet's run ended"}
-    answered = {"server": {"alive": True, "drift": False}, "http": {"generation": {"ok": True, "status": 200}}}
+    serving = {"alive": True, "drift": False, "port": 30000, "ports": [30000, 30001]}
+    answered = {"server": serving, "http": {"generation": {"ok": True, "status": 200}}}
 
     def proves(checked: dict = answered, **changed: object) -> bool:
         state.write_text(json.dumps({**unverified, **changed}))
@@ -171,9 +172,10 @@ def test_an_unverified_server_that_answers_the_prompt_is_recorded_ready_and_only
 
     wrong = {**answered, "http": {"generation": {"ok": False, "status": 200}}}
     skipped = {**answered, "http": {"generation": {"skipped": "--skip-generation"}}}
-    drifted = {**answered, "server": {"alive": True, "drift": True}}
+    drifted = {**answered, "server": {**serving, "drift": True}}
     gone = {**answered, "server": {"alive": False}}
-    for checked in (wrong, skipped, drifted, gone):
+    elsewhere = {**answered, "server": {**serving, "ports": [30001]}}  # another process answers on its port
+    for checked in (wrong, skipped, drifted, gone, elsewhere):
         assert not proves(checked)
     assert not proves(status="starting") and not proves(group={"rank": 0, "hosts": ["a", "b"]})
     assert json.loads(state.read_text())["status"] == "unverified"

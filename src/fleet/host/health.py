@@ -167,15 +167,18 @@ def check_server(
 
 def prove_unverified(root: str, name: str, st: StateRecord, checked: ServerAnswer) -> bool:
     """A deployment recorded unverified (fleet's run ended before it proved its server) whose recorded
-    process runs its recorded command line and has just answered the prompt right is proven now: its record
-    says ready, as the run would have written, and cron stops warning about it. Under the host's guard and
-    only while no run holds its lock (a run takes its lock under that guard, and then writes a new record).
-    A group's rank is left to a deploy: its prompt proves the group, not this host's record alone."""
+    process runs its recorded command line, holds its port and has just answered the prompt right is
+    proven now: its record says ready, as the run would have written, and cron stops warning about it.
+    Under the host's guard and only while no run holds its lock (a run takes its lock under that guard,
+    then writes a new record). A group's rank is left to a deploy: its prompt proves the group, not this
+    host's record alone."""
     server = checked.get("server") or {}
     answer = checked.get("http", {}).get("generation") or {}
     if st.get("status") != UNVERIFIED:
         return False
     if st.get("group") or not server.get("alive") or server.get("drift") or answer.get("ok") is not True:
+        return False
+    if server.get("port") not in server.get("ports", []):  # whoever answered, it was not the recorded server
         return False
     try:
         return _record_proven(deployment_dir(root, name), root, st)
