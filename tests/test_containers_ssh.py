@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BLACKWELL, ROOT, run_cli
+from fleet.host.common import container_owner
 from fleet_testbed import simhost
 from simengine import chat, wait_until
 
@@ -41,11 +42,18 @@ def images() -> dict[str, str]:
     return {v: built.sim_sglang(v) for v in ("0.5.11", "0.5.23")}
 
 
-def _remove_fleet_containers() -> None:
+def _remove_fleet_containers(hdir: Path) -> None:
+    """This sandbox's fleet's containers (its state directory's owner label) and the ones its tests plant
+    as another's: another fleet's on this machine (another sandbox's, the real vLLM test's) are theirs."""
+    owner = container_owner(os.getuid(), str(hdir / "state"))
     listed = subprocess.run(
-        ["podman", "ps", "-a", "-q", "--filter", "label=fleet.deployment"], capture_output=True, text=True
+        ["podman", "ps", "-a", "-q", "--filter", f"label=fleet.owner={owner}"], capture_output=True, text=True
     )
     ids = listed.stdout.split()
+    planted = subprocess.run(
+        ["podman", "ps", "-a", "-q", "--filter", f"label=fleet-test.sandbox={hdir}"], capture_output=True, text=True
+    )
+    ids += planted.stdout.split()
     others = subprocess.run(["podman", "ps", "-a", "-q", "--filter", "name=^foreign-"], capture_output=True, text=True)
     ids += others.stdout.split()
     if ids:
@@ -58,7 +66,7 @@ def container_host(
 ) -> Iterator[Path]:
     """blackwell with character-device GPUs and a playbook dir whose playbooks run in containers."""
     hdir = fleet_env.host_dir("blackwell")
-    _remove_fleet_containers()
+    _remove_fleet_containers(hdir)
     devices = sorted((hdir / "dev").glob("nvidia*"))
     for dev in devices:
         dev.unlink()
@@ -69,7 +77,7 @@ def container_host(
     try:
         yield hdir
     finally:
-        _remove_fleet_containers()
+        _remove_fleet_containers(hdir)
         for dev in devices:
             dev.unlink(missing_ok=True)
             dev.write_text("")
@@ -237,7 +245,16 @@ def test_a_foreign_container_on_the_gpus_is_refused_without_force(
     # never removed, --force or not
     write_playbook(playbooks, hdir, "other", images["0.5.23"], base="qwen36-27b", extra="gpus: [4, 5]\n")
     squat = ["podman", "run", "-d", "--name", "fleet-other", "--network", "host", "--label", "fleet.deployment=other"]
-    squat += ["--label", "fleet.owner=someone-else", "--entrypoint", "sleep", images["0.5.23"], "600"]
+    squat += [
+        "--label",
+        "fleet.owner=someone-else",
+        "--label",
+        f"fleet-test.sandbox={hdir}",
+        "--entrypoint",
+        "sleep",
+        images["0.5.23"],
+        "600",
+    ]
     assert subprocess.run([*simhost.ssh_argv(fleet_env, BLACKWELL), *squat], capture_output=True).returncode == 0
     refused = run_cli("deploy", "other", "--host", "blackwell", "--force")
     assert refused.code == 6 and "is not this fleet's" in refused.err, refused.err
