@@ -33,12 +33,18 @@ tour: $(VENV)/.installed system-deps
 ## are mostly downloads; then three runs: the tests that need no sshd, podman, real parser or shared
 ## ports in 4 workers -- most of their time is spent waiting for simulated engines -- under coverage.py,
 ## which fails the run when a layer falls below its floor; the real parsers' tests in 4 workers; then the
-## SSH, container and real-vLLM tests one at a time)
+## SSH and container tests one at a time, with the real-vLLM tests beside them: those spend their time
+## computing, on a sandbox, addresses and containers of their own; their output follows, whole)
 test:
 	$(MAKE) --no-print-directory -j4 $(VENV)/.installed system-deps oracle vllm-env images lint typecheck
 	FLEET_EVERY_TIER=1 $(MAKE) --no-print-directory coverage
 	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -n 4 --durations=10 -m "realparser and $(UNSHARED)"
-	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "ssh or vllm or containers"
+	@beside=$$(mktemp -d); \
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q -p no:cacheprovider --basetemp=$$beside/tmp --durations=10 -m vllm \
+	  > $$beside/out 2>&1 & vllm=$$!; \
+	FLEET_EVERY_TIER=1 $(BIN)/pytest -q --durations=20 -m "(ssh or containers) and not vllm"; rest=$$?; \
+	wait $$vllm; real=$$?; echo "--- the real vLLM tests, run beside them (exit $$real) ---"; cat $$beside/out; \
+	rm -rf $$beside; test $$rest -eq 0 && test $$real -eq 0
 
 ## reliability-report: the whole suite, writing its fault/bad-input/safety table to docs/reliability.md
 reliability-report: $(VENV)/.installed system-deps oracle vllm-env images
