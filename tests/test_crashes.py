@@ -511,6 +511,14 @@ TEXT_CASES = [
         LogContext(engine="vllm"),
         "port-in-use",
     ),
+    (  # the draft model of a hybrid model in graph capture (sglang #10392): the deepest frame says most
+        "cut-in-hybrid-draft",
+        "[2025-09-12 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/speculative/eagle_draft_cuda_graph_runner.py", line 240, in capture_one_batch_size\n'
+        '  File "/x/sglang/srt/models/qwen3_next_mtp.py", line 92, in forward',
+        LogContext(engine="sglang"),
+        "cut-in-hybrid-draft",
+    ),
     (
         "cut-in-jit-build",
         'Traceback (most recent call last):\n  File "/x/torch/utils/cpp_extension.py", line 1740, in _jit_compile\n'

@@ -302,7 +302,7 @@ FATAL = re.compile(
     r"The actor is dead|worker process has died|Child process unexpectedly failed|"
     r"Memory access fault by GPU|\.cu:\d+: .*Assertion .* failed|NVRM: Xid|GPU has fallen off the bus|"
     r"killed due to memory pressure|Signal \d+ \(SIG[A-Z]+\) received by PID|"
-    r"\bexit ?code\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b|"
+    r"\b[Ee]xit ?[Cc]ode\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b|[Ss]cheduler is dead\b|"
     r"^\s*#?\d+\s+0x[0-9a-fA-F]{8,}\s+\S"  # a native backtrace's frame (UCX, gdb): a process crashed
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
