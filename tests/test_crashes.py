@@ -519,6 +519,31 @@ TEXT_CASES = [
         LogContext(engine="sglang"),
         "cut-in-hybrid-draft",
     ),
+    (  # SGLang's slot allocator in its words since 0.5 (before: "Prefill out of memory. …")
+        "sglang-slot-allocator-oom",
+        "[2025-10-01 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/mem_cache/allocation.py", line 170, in alloc_token_slots\n'
+        "RuntimeError: Out of memory. Try to lower your batch size.",
+        LogContext(engine="sglang"),
+        "kv-cache-budget",
+    ),
+    (  # a worker died, then the engine core waited for it minute after minute: the waits are not the cause
+        "worker-died-then-waits",
+        "DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n"
+        "ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, shutting down.\n"
+        + "DEBUG 07-04 17:36:10 [shm_broadcast.py:456] No available shared memory broadcast block found in 60 second.\n"
+        * 3,
+        LogContext(engine="vllm"),
+        "worker-died",
+    ),
+    (  # SGLang's slot allocator, its "Out of memory. Try to lower your batch size." cut off (sglang #26265)
+        "cut-in-kv-alloc",
+        "[2025-10-01 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/mem_cache/common.py", line 380, in alloc_for_extend\n'
+        '  File "/x/sglang/srt/mem_cache/common.py", line 190, in alloc_paged_token_slots_extend',
+        LogContext(engine="sglang"),
+        "cut-in-kv-alloc",
+    ),
     (
         "cut-in-jit-build",
         'Traceback (most recent call last):\n  File "/x/torch/utils/cpp_extension.py", line 1740, in _jit_compile\n'

@@ -320,7 +320,9 @@ def diagnose(
     )
 
 
-WARNINGS = ("WARNING", "WARN")  # an engine that warns goes on: what it warned of explains a crash only alone
+# an engine that warns (or says it waits) goes on: what it logged so explains a crash only alone, never
+# over an error it logged (a worker that died, then minute after minute of waiting for it)
+WARNINGS = ("WARNING", "WARN", "INFO", "DEBUG")
 
 _ACCESS_LINE = re.compile(r'^\S+:\d+ - "')
 

@@ -55,6 +55,7 @@ _PREFIXES = [
     re.compile(r"^\((?:[\w:.-]|\([^()]*\))+\s+pid=\d+[^)]*\)\s*"),
     re.compile(r"^\[(?:TP|DP|PP|EP|CP)\d+(?: (?:TP|DP|PP|EP|CP)\d+)*\]\s*"),
     re.compile(r"^\[(?:rank|default)\d+\]:\s*"),  # torch.distributed; torchrun --tee's "[default0]:"
+    re.compile(r"^\[[\w/.-]+@<\d+,\d+>\]:\s?"),  # a launcher's per-rank tag: "[/bin/sh@<0,0>]: "
     # journald and syslog: "Jun 02 10:00:01 host unit[12]: "
     re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@-]+(?:\[\d+\])?: "),
     re.compile(  # vLLM: "ERROR 05-13 10:46:43 [core.py:962] " and the older "INFO 12-27 08:52:17 config.py:350] "
