@@ -304,7 +304,8 @@ FATAL = re.compile(
     r"Memory access fault by GPU|\.cu:\d+: .*Assertion .* failed|NVRM: Xid|GPU has fallen off the bus|"
     r"killed due to memory pressure|Signal \d+ \(SIG[A-Z]+\) received by PID|"
     r"\b[Ee]xit ?[Cc]ode\s*[:=]?\s*-\d+\b|(?:exited|terminated|killed) (?:with|by) signal\b|[Ss]cheduler is dead\b|"
-    r"^\s*#?\d+\s+0x[0-9a-fA-F]{8,}\s+\S"  # a native backtrace's frame (UCX, gdb): a process crashed
+    r"^\s*#?\d+\s+0x[0-9a-fA-F]{8,}\s+\S|"  # a native backtrace's frame (UCX, gdb): a process crashed
+    r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):"  # faulthandler's dump
 )
 # Lines that mention an error but are not a failure: a model module SGLang skips, a warning.
 BENIGN = re.compile(r"Ignore import error|\b\w+Warning:")
