@@ -344,3 +344,29 @@ def test_lines_nobody_reads_are_held_to_the_bound_then_counted(monkeypatch: pyte
         tail = bytes(out.pending[-200:]).decode()
         assert f'{{"e": "skipped", "lines": {dropped}}}\n{{"e": "log", "log": "q-2.log"}}\n' in tail
     os.close(read_end)
+
+
+@pytest.mark.parametrize("winding_down", [EOFError(), KeyboardInterrupt(), FleetError("the SSH connection dropped")])
+def test_once_the_reader_went_away_how_the_stream_winds_down_is_not_the_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, winding_down: BaseException
+) -> None:
+    """`fleet logs | head -1` on a loaded machine ended "aborted", exit 130: after `head` went away, the
+    stream's teardown raised (EOFError from a channel whose close could not be sent) and that was taken
+    for the outcome. Once the reader is gone, the command ends as `tail` does (141), one host or several."""
+    import click
+
+    host = host_with_logs(tmp_path)
+    signal = isinstance(winding_down, KeyboardInterrupt)  # a signal reaches the main thread alone
+    for several in (False,) if signal else (False, True):
+        view = LogsView({}, raw=False, several=several)
+
+        def read_host(*_args: object, view: LogsView = view) -> int:
+            view.reader_gone = True
+            view.stop.set()
+            raise winding_down
+
+        monkeypatch.setattr(view, "read_host", read_host)
+        targets = [(host, [None])] * (2 if several else 1)
+        with pytest.raises(click.exceptions.Exit) as ended:
+            view.run(None, targets, lines=10, follow=False)  # type: ignore[arg-type]
+        assert ended.value.exit_code == 141 and view.failures == []

@@ -98,7 +98,12 @@ class LogsView:
     def run(self, ctx: Invocation, targets: Targets, *, lines: int, follow: bool) -> None:
         if len(targets) == 1:  # one host: read here, its errors raised as they are
             host, names = targets[0]
-            code = self.read_host(ctx, host, names, lines, follow)
+            try:
+                code = self.read_host(ctx, host, names, lines, follow)
+            except (Exception, KeyboardInterrupt):
+                if not self.reader_gone:
+                    raise
+                code = -1  # `| head` had what it wanted: how the stream then wound down is nobody's concern
             if self.reader_gone:
                 raise click.exceptions.Exit(READER_GONE)
             if code not in (0, -1):
@@ -112,8 +117,12 @@ class LogsView:
                 code = self.read_host(ctx, host, names, lines, follow)
                 if code not in (0, -1):
                     self.failures.append(code)
-            except FleetError as exc:  # one host failing leaves the others followed
-                with self.out_lock:
+            except Exception as exc:
+                if self.reader_gone:  # as above: the reader went away, so did the reason to read
+                    return
+                if not isinstance(exc, FleetError):
+                    raise
+                with self.out_lock:  # one host failing leaves the others followed
                     click.echo(f"{host.name}: error: {safe_text(str(exc))}", err=True)
                 self.failures.append(exc.exit_code)
 

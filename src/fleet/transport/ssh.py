@@ -444,7 +444,10 @@ class SshTransport:
             self.close()
             raise HostUnreachable(f"{self.host_name}: the SSH connection dropped ({exc}).", "") from exc
         finally:
-            chan.close()
+            # the stream's outcome is decided (an exit, a reader that stopped, a dropped connection): a close
+            # whose message cannot be sent (EOFError from a socket going away) must not replace it
+            with contextlib.suppress(Exception):
+                chan.close()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection must never raise
